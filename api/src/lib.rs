@@ -1,0 +1,18 @@
+//! Types shared by the allocator and the node agent: the `hostlb.io/v1`
+//! custom resources, label selectors with Kubernetes' semantics and errors,
+//! pool address ranges, and the annotation and label names of the contract.
+//!
+//! Nothing here talks to a cluster; both binaries build their decisions on
+//! these plain values.
+#![forbid(unsafe_code)]
+
+pub mod address;
+pub mod annotations;
+pub mod crds;
+pub mod selector;
+pub mod v1;
+mod validation;
+
+pub use address::{AddressError, AddressRange, Family, Prefix};
+pub use selector::{LabelSelector, Selector, SelectorError};
+pub use v1::{IPAddressPool, IPAddressPoolSpec, L2Advertisement, L2AdvertisementSpec};

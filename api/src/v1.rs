@@ -1,0 +1,234 @@
+//! The `hostlb.io/v1` custom resources (SPEC §2).
+//!
+//! Field names and meanings follow MetalLB's `metallb.io/v1beta1` objects of
+//! the same kind so a MetalLB manifest migrates by changing `apiVersion`.
+//! The schema is generated from these types; `deploy/crds/` holds the result.
+
+// `printcolumn(...)` repeats `type_ = ...` by design; clippy reads it as a duplicate.
+#![allow(clippy::duplicated_attributes)]
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::selector::LabelSelector;
+
+pub const GROUP: &str = "hostlb.io";
+pub const VERSION: &str = "v1";
+
+/// Condition types on pools and advertisements.
+pub mod conditions {
+    /// The object is valid and in use.
+    pub const READY: &str = "Ready";
+    /// Some entry or selector cannot be used; the message says which.
+    pub const INVALID: &str = "Invalid";
+    /// The pool overlaps an older pool and is not used for allocation.
+    pub const OVERLAPS: &str = "Overlaps";
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// A set of addresses the allocator may hand to LoadBalancer Services.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "hostlb.io",
+    version = "v1",
+    kind = "IPAddressPool",
+    doc = "A set of addresses the allocator may hand to LoadBalancer Services.",
+    namespaced,
+    status = "IPAddressPoolStatus",
+    shortname = "ipp",
+    category = "hostlb",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn(name = "Addresses", type_ = "string", json_path = ".spec.addresses"),
+    printcolumn(
+        name = "Auto Assign",
+        type_ = "boolean",
+        json_path = ".spec.autoAssign"
+    ),
+    printcolumn(
+        name = "Assigned IPv4",
+        type_ = "integer",
+        json_path = ".status.assignedIPv4"
+    ),
+    printcolumn(
+        name = "Assigned IPv6",
+        type_ = "integer",
+        json_path = ".status.assignedIPv6"
+    ),
+    printcolumn(
+        name = "Available IPv4",
+        type_ = "integer",
+        json_path = ".status.availableIPv4"
+    ),
+    printcolumn(
+        name = "Available IPv6",
+        type_ = "integer",
+        json_path = ".status.availableIPv6"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAddressPoolSpec {
+    /// Addresses to hand out: CIDRs (`10.0.0.0/24`), ranges
+    /// (`10.0.0.10-10.0.0.20`) or single addresses, IPv4 and IPv6 mixed.
+    /// Within the pool the lowest free address is taken, in the order written.
+    pub addresses: Vec<String>,
+    /// When false, addresses are given only to Services that ask for this
+    /// pool or for a specific address in it.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    #[schemars(extend("default" = true))]
+    pub auto_assign: bool,
+    /// Skip addresses ending in `.0` or `.255`, which some old clients drop.
+    #[serde(default, rename = "avoidBuggyIPs", skip_serializing_if = "is_false")]
+    pub avoid_buggy_ips: bool,
+    /// Limits the pool to some namespaces or Services and orders it among
+    /// other pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_allocation: Option<ServiceAllocation>,
+}
+
+/// Which Services a pool serves, and in what order pools are tried.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAllocation {
+    /// Lower is tried first; pools without a priority come after those with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Namespaces whose Services may use the pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// Namespaces, by label, whose Services may use the pool (ORed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespace_selectors: Vec<LabelSelector>,
+    /// Services, by label, that may use the pool (ORed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_selectors: Vec<LabelSelector>,
+}
+
+/// Written by the allocator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct IPAddressPoolStatus {
+    #[serde(default, rename = "assignedIPv4")]
+    pub assigned_ipv4: i64,
+    #[serde(default, rename = "assignedIPv6")]
+    pub assigned_ipv6: i64,
+    /// Saturates at the largest int64 for very large IPv6 pools.
+    #[serde(default, rename = "availableIPv4")]
+    pub available_ipv4: i64,
+    /// Saturates at the largest int64 for very large IPv6 pools.
+    #[serde(default, rename = "availableIPv6")]
+    pub available_ipv6: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Announces the addresses of some pools on the local network: one node per
+/// address answers ARP/ND for it.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "hostlb.io",
+    version = "v1",
+    kind = "L2Advertisement",
+    doc = "Announces the addresses of some pools on the local network: one node per address answers ARP/ND for it.",
+    namespaced,
+    status = "L2AdvertisementStatus",
+    shortname = "l2ad",
+    category = "hostlb",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn(
+        name = "IPAddressPools",
+        type_ = "string",
+        json_path = ".spec.ipAddressPools"
+    ),
+    printcolumn(
+        name = "IPAddressPool Selectors",
+        type_ = "string",
+        json_path = ".spec.ipAddressPoolSelectors"
+    ),
+    printcolumn(name = "Interfaces", type_ = "string", json_path = ".spec.interfaces"),
+    printcolumn(
+        name = "Node Selectors",
+        type_ = "string",
+        json_path = ".spec.nodeSelectors",
+        priority = "10"
+    ),
+    printcolumn(
+        name = "Preferred Nodes",
+        type_ = "string",
+        json_path = ".spec.preferredNodeSelectors",
+        priority = "10"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct L2AdvertisementSpec {
+    /// Pools, by name, whose addresses this advertisement announces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_address_pools: Vec<String>,
+    /// Pools, by label, whose addresses this advertisement announces (ORed
+    /// with `ipAddressPools`). With neither set, every pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_address_pool_selectors: Vec<LabelSelector>,
+    /// Nodes that may announce (ORed); empty means every node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_selectors: Vec<LabelSelector>,
+    /// Services this advertisement applies to (ORed); empty means every Service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_selectors: Vec<LabelSelector>,
+    /// Announce only on these interfaces; empty means the default-route interface.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<String>,
+    /// Soft preferences: among eligible nodes, those matching score the
+    /// weight and are elected first; the others remain failover candidates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred_node_selectors: Vec<PreferredNodeSelector>,
+}
+
+/// A weighted soft preference, shaped like Kubernetes' `PreferredSchedulingTerm`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PreferredNodeSelector {
+    /// Added to the score of each eligible node the preference matches.
+    #[schemars(extend("minimum" = 1, "maximum" = 100))]
+    pub weight: i32,
+    /// The nodes the weight applies to; empty matches every eligible node.
+    pub preference: LabelSelector,
+}
+
+/// Written by the allocator after it validates the advertisement.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct L2AdvertisementStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
