@@ -1,0 +1,800 @@
+//! The election engine: SPEC §5 computed for every VIP, kept up to date as the
+//! cluster and the gossip membership change.
+//!
+//! Data flow: [`Election::set_cluster`] compiles the cluster objects into
+//! *classes* (one per distinct set of advertisements that apply to a VIP:
+//! eligibility, scores and interfaces per node) and *VIPs* (address, class,
+//! endpoint filter); then every VIP is elected. Membership changes
+//! ([`Election::upsert_member`], [`Election::remove_member`]) re-elect only the
+//! VIPs they can affect.
+//!
+//! Speed comes from never hashing more than needed. Each VIP keeps, once
+//! computed, the order of all nodes by `sha256(node#ip)`; it depends on node
+//! names and the address only, so it survives every configuration and
+//! membership change. A VIP's winner is then the first candidate of its top
+//! score tier met while walking that order, usually within a few steps.
+//! Tiers of a few nodes (preferred edge nodes, say) are hashed directly.
+//!
+//! Every rule lives in [`Election::exclusion`]: the fast path and the full
+//! explanation ([`Election::explain`]) both ask it, so they cannot disagree.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use hostlb_api::Selector;
+use hostlb_api::annotations::EXCLUDE_FROM_EXTERNAL_LB;
+
+use super::hash::rank_key;
+use super::report::{Candidate, Excluded, Note, Reason, VipReport};
+use super::view::{Cluster, Labels, Member, OnLink, Pool, ServiceInfo};
+
+/// Index of a node in the engine; stable for the engine's lifetime.
+type NodeId = u32;
+
+/// Tiers (and Local endpoint lists) up to this size are hashed directly
+/// rather than found by walking the cached hash order.
+const DIRECT_HASH_MAX: usize = 8;
+
+/// What a node must do for one VIP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Duty {
+    /// Won the election: hold the address on `on_link.interface` with the
+    /// on-link prefix length, and answer ARP/ND for it.
+    Announce { ip: IpAddr, on_link: OnLink },
+    /// Eligible but off-link: hold `ip/32` (`/128`) on the virtual interface.
+    Virtual { ip: IpAddr },
+}
+
+struct Slot {
+    name: String,
+    /// Facts from the Node object; `None` when there is no Node of that name.
+    node: Option<NodeFacts>,
+    member: Option<Member>,
+}
+
+struct NodeFacts {
+    labels: Labels,
+    /// Rules that exclude the node whatever the advertisement.
+    veto: Option<Reason>,
+}
+
+struct CompiledAd {
+    service_selectors: Vec<Selector>,
+    interfaces: Vec<String>,
+    /// Per node: `nodeSelectors` match.
+    matches: Vec<bool>,
+    /// Per node: sum of matching preference weights, zero where `!matches`.
+    score: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct IfaceSet {
+    /// Listed interfaces, in the order the advertisements list them.
+    names: Vec<String>,
+    /// Some applicable advertisement lists no interface: the announce one.
+    announce: bool,
+}
+
+struct Class {
+    eligible: Vec<bool>,
+    score: Vec<u32>,
+    /// Eligible nodes grouped by score, highest first.
+    tiers: Vec<Tier>,
+    iface_sets: Vec<IfaceSet>,
+    iface_of: Vec<u16>,
+}
+
+struct Tier {
+    score: u32,
+    nodes: Vec<NodeId>,
+}
+
+enum EndpointFilter {
+    Anywhere,
+    Nowhere,
+    /// Sorted node ids with a usable endpoint (`externalTrafficPolicy: Local`).
+    Only(Vec<NodeId>),
+}
+
+struct Vip {
+    ip: IpAddr,
+    text: String,
+    /// Indices into `Compiled::services`, oldest first.
+    services: Vec<usize>,
+    pool: Option<String>,
+    class: Option<usize>,
+    endpoints: EndpointFilter,
+    note: Option<Note>,
+}
+
+/// Everything compiled from the cluster; read-only while electing.
+#[derive(Default)]
+struct Compiled {
+    slots: Vec<Slot>,
+    classes: Vec<Class>,
+    vips: Vec<Vip>,
+    services: Vec<String>,
+    direct_hash_max: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Win {
+    node: NodeId,
+    score: u32,
+    hash: [u8; 32],
+}
+
+/// The election for every VIP of the cluster. See the module docs.
+pub struct Election {
+    c: Compiled,
+    slot_of: HashMap<String, NodeId>,
+    /// Per address: every node id sorted by rank key, built on first need.
+    orders: HashMap<IpAddr, Vec<NodeId>>,
+    winners: Vec<Option<Win>>,
+    vip_of: HashMap<IpAddr, usize>,
+}
+
+impl Election {
+    pub fn new(cluster: &Cluster, members: impl IntoIterator<Item = Member>) -> Election {
+        Election::tuned(cluster, members, DIRECT_HASH_MAX)
+    }
+
+    /// [`Election::new`] with another direct-hashing threshold, so tests can
+    /// force the walk (0) or direct hashing (`usize::MAX`) everywhere.
+    pub(crate) fn tuned(
+        cluster: &Cluster,
+        members: impl IntoIterator<Item = Member>,
+        direct_hash_max: usize,
+    ) -> Election {
+        let mut e = Election {
+            c: Compiled {
+                direct_hash_max,
+                ..Compiled::default()
+            },
+            slot_of: HashMap::new(),
+            orders: HashMap::new(),
+            winners: Vec::new(),
+            vip_of: HashMap::new(),
+        };
+        for m in members {
+            let id = e.slot(&m.node);
+            e.c.slots[id as usize].member = Some(m);
+        }
+        e.set_cluster(cluster);
+        e
+    }
+
+    /// Replace the cluster objects and re-elect every VIP. Returns the
+    /// addresses whose winner changed (or that appeared or disappeared).
+    pub fn set_cluster(&mut self, cluster: &Cluster) -> Vec<IpAddr> {
+        let before = self.winner_ids();
+        for s in &mut self.c.slots {
+            s.node = None;
+        }
+        for n in &cluster.nodes {
+            let id = self.slot(&n.name);
+            let veto = if n.labels.contains_key(EXCLUDE_FROM_EXTERNAL_LB) {
+                Some(Reason::ExcludeLabel)
+            } else if n.network_unavailable {
+                Some(Reason::NetworkUnavailable)
+            } else {
+                None
+            };
+            self.c.slots[id as usize].node = Some(NodeFacts {
+                labels: n.labels.clone(),
+                veto,
+            });
+        }
+        self.compile(cluster);
+        self.orders.retain(|ip, _| self.vip_of.contains_key(ip));
+        self.winners = (0..self.c.vips.len())
+            .map(|v| elect(&self.c, &mut self.orders, v))
+            .collect();
+        let after = self.winner_ids();
+        changed(&before, &after)
+    }
+
+    /// A member joined, or its state (leaving, prefixes) changed.
+    pub fn upsert_member(&mut self, member: Member) -> Vec<IpAddr> {
+        let id = self.slot(&member.node);
+        let slot = &mut self.c.slots[id as usize];
+        if slot.member.as_ref() == Some(&member) {
+            return Vec::new();
+        }
+        slot.member = Some(member);
+        self.reconsider(id)
+    }
+
+    /// A member is gone (failed or left).
+    pub fn remove_member(&mut self, node: &str) -> Vec<IpAddr> {
+        let Some(&id) = self.slot_of.get(node) else {
+            return Vec::new();
+        };
+        if self.c.slots[id as usize].member.take().is_none() {
+            return Vec::new();
+        }
+        self.reconsider(id)
+    }
+
+    /// Re-elect after node `id` changed: the VIPs it won may move away, and
+    /// it may now beat the winner of others. Nothing else can change.
+    fn reconsider(&mut self, id: NodeId) -> Vec<IpAddr> {
+        let mut moved = Vec::new();
+        for v in 0..self.c.vips.len() {
+            let old = self.winners[v];
+            let new = if old.is_some_and(|w| w.node == id) {
+                elect(&self.c, &mut self.orders, v)
+            } else if self.c.exclusion(v, id).is_none() {
+                let vip = &self.c.vips[v];
+                let class = &self.c.classes[vip.class.expect("a candidate implies a class")];
+                let challenger = Win {
+                    node: id,
+                    score: class.score[id as usize],
+                    hash: rank_key(&self.c.slots[id as usize].name, &vip.text),
+                };
+                match old {
+                    Some(w) if self.c.order(&w, &challenger) != Ordering::Greater => old,
+                    _ => Some(challenger),
+                }
+            } else {
+                old
+            };
+            if new.map(|w| w.node) != old.map(|w| w.node) {
+                self.winners[v] = new;
+                moved.push(self.c.vips[v].ip);
+            }
+        }
+        moved
+    }
+
+    fn slot(&mut self, name: &str) -> NodeId {
+        if let Some(&id) = self.slot_of.get(name) {
+            return id;
+        }
+        let id = self.c.slots.len() as NodeId;
+        self.c.slots.push(Slot {
+            name: name.to_string(),
+            node: None,
+            member: None,
+        });
+        self.slot_of.insert(name.to_string(), id);
+        for (ip, order) in &mut self.orders {
+            let text = ip.to_string();
+            let key = (rank_key(name, &text), name);
+            let slots = &self.c.slots;
+            let pos = order.partition_point(|&n| {
+                let s = &slots[n as usize].name;
+                (rank_key(s, &text), s.as_str()) < key
+            });
+            order.insert(pos, id);
+        }
+        for class in &mut self.c.classes {
+            class.eligible.push(false);
+            class.score.push(0);
+            class.iface_of.push(0);
+        }
+        id
+    }
+
+    fn winner_ids(&self) -> HashMap<IpAddr, Option<NodeId>> {
+        self.c
+            .vips
+            .iter()
+            .zip(&self.winners)
+            .map(|(v, w)| (v.ip, w.map(|w| w.node)))
+            .collect()
+    }
+
+    /// The winner for `ip`, `None` when no node announces it or it is unknown.
+    pub fn winner(&self, ip: IpAddr) -> Option<&str> {
+        let v = *self.vip_of.get(&ip)?;
+        self.winners[v].map(|w| self.c.slots[w.node as usize].name.as_str())
+    }
+
+    /// Every VIP with its winner, in address order of compilation.
+    pub fn winners(&self) -> impl Iterator<Item = (IpAddr, Option<&str>)> {
+        self.c
+            .vips
+            .iter()
+            .zip(&self.winners)
+            .map(|(v, w)| (v.ip, w.map(|w| self.c.slots[w.node as usize].name.as_str())))
+    }
+
+    /// What `node` must hold: the VIPs it won and the off-link VIPs it is
+    /// eligible for (when its agent runs virtual mode).
+    pub fn duties(&self, node: &str) -> Vec<Duty> {
+        let Some(&id) = self.slot_of.get(node) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (v, vip) in self.c.vips.iter().enumerate() {
+            if self.winners[v].is_some_and(|w| w.node == id) {
+                let on_link = self
+                    .c
+                    .announce_target(v, id)
+                    .expect("a winner is on-link")
+                    .clone();
+                out.push(Duty::Announce {
+                    ip: vip.ip,
+                    on_link,
+                });
+            } else if self.c.exclusion(v, id) == Some(Reason::NotOnLink)
+                && self.c.slots[id as usize]
+                    .member
+                    .as_ref()
+                    .is_some_and(|m| m.virtual_mode)
+            {
+                out.push(Duty::Virtual { ip: vip.ip });
+            }
+        }
+        out
+    }
+
+    /// The full answer for one VIP: every node and why it won or lost.
+    pub fn explain(&self, ip: IpAddr) -> Option<VipReport> {
+        let v = *self.vip_of.get(&ip)?;
+        Some(self.report(v))
+    }
+
+    /// [`Election::explain`] for every VIP, by address.
+    pub fn report_all(&self) -> Vec<VipReport> {
+        let mut out: Vec<VipReport> = (0..self.c.vips.len()).map(|v| self.report(v)).collect();
+        out.sort_by_key(|r| r.ip);
+        out
+    }
+
+    fn report(&self, v: usize) -> VipReport {
+        let vip = &self.c.vips[v];
+        let mut nodes: Vec<NodeId> = (0..self.c.slots.len() as NodeId)
+            .filter(|&n| self.c.slots[n as usize].node.is_some())
+            .collect();
+        nodes.sort_by(|a, b| {
+            self.c.slots[*a as usize]
+                .name
+                .cmp(&self.c.slots[*b as usize].name)
+        });
+        let mut wins = Vec::new();
+        let mut virtual_nodes = Vec::new();
+        let mut excluded = Vec::new();
+        for n in nodes {
+            let slot = &self.c.slots[n as usize];
+            match self.c.exclusion(v, n) {
+                None => wins.push(Win {
+                    node: n,
+                    score: self.c.classes[vip.class.expect("candidate has a class")].score
+                        [n as usize],
+                    hash: rank_key(&slot.name, &vip.text),
+                }),
+                Some(Reason::NotOnLink) if slot.member.as_ref().is_some_and(|m| m.virtual_mode) => {
+                    virtual_nodes.push(slot.name.clone())
+                }
+                Some(reason) => excluded.push(Excluded {
+                    node: slot.name.clone(),
+                    reason,
+                }),
+            }
+        }
+        let mut by_hash: Vec<([u8; 32], NodeId)> = wins.iter().map(|w| (w.hash, w.node)).collect();
+        by_hash.sort();
+        wins.sort_by(|a, b| self.c.order(a, b));
+        let candidates: Vec<Candidate> = wins
+            .iter()
+            .map(|w| Candidate {
+                node: self.c.slots[w.node as usize].name.clone(),
+                score: w.score,
+                hash_rank: 1 + by_hash
+                    .iter()
+                    .position(|(_, n)| *n == w.node)
+                    .expect("present"),
+                hash: w.hash,
+            })
+            .collect();
+        let winner = candidates.first().map(|c| c.node.clone());
+        debug_assert_eq!(
+            winner.as_deref(),
+            self.winners[v].map(|w| self.c.slots[w.node as usize].name.as_str()),
+            "incremental winner must equal the full computation for {}",
+            vip.ip
+        );
+        VipReport {
+            ip: vip.ip,
+            services: vip
+                .services
+                .iter()
+                .map(|&s| self.c.services[s].clone())
+                .collect(),
+            pool: vip.pool.clone(),
+            winner,
+            candidates,
+            virtual_nodes,
+            excluded,
+            note: vip.note.clone(),
+        }
+    }
+
+    /// Compile pools, advertisements and Services into classes and VIPs.
+    fn compile(&mut self, cluster: &Cluster) {
+        let slots = &self.c.slots;
+        let n_slots = slots.len();
+
+        let mut pools: Vec<&Pool> = cluster.pools.iter().collect();
+        pools.sort_by(|a, b| {
+            (a.created.unwrap_or(i64::MAX), &a.name).cmp(&(b.created.unwrap_or(i64::MAX), &b.name))
+        });
+
+        let mut ads: Vec<_> = cluster.advertisements.iter().collect();
+        ads.sort_by(|a, b| a.name.cmp(&b.name));
+        let compiled_ads: Vec<CompiledAd> = ads
+            .iter()
+            .map(|ad| {
+                let mut matches = vec![false; n_slots];
+                let mut score = vec![0u32; n_slots];
+                for (i, slot) in slots.iter().enumerate() {
+                    let Some(facts) = &slot.node else { continue };
+                    if ad.node_selectors.is_empty()
+                        || ad.node_selectors.iter().any(|s| s.matches(&facts.labels))
+                    {
+                        matches[i] = true;
+                        score[i] = ad
+                            .preferences
+                            .iter()
+                            .filter(|p| p.selector.matches(&facts.labels))
+                            .map(|p| p.weight)
+                            .sum();
+                    }
+                }
+                CompiledAd {
+                    service_selectors: ad.service_selectors.clone(),
+                    interfaces: ad.interfaces.clone(),
+                    matches,
+                    score,
+                }
+            })
+            .collect();
+        // Advertisements selecting each pool (by name or label, once).
+        let pool_ads: Vec<Vec<usize>> = pools
+            .iter()
+            .map(|p| {
+                (0..ads.len())
+                    .filter(|&a| {
+                        let ad = ads[a];
+                        (ad.pools.is_empty() && ad.pool_selectors.is_empty())
+                            || ad.pools.contains(&p.name)
+                            || ad.pool_selectors.iter().any(|s| s.matches(&p.labels))
+                    })
+                    .collect()
+            })
+            .collect();
+
+        let mut services: Vec<&ServiceInfo> = cluster.services.iter().collect();
+        services.sort_by(|a, b| a.age_key().cmp(&b.age_key()));
+        let mut by_ip: BTreeMap<IpAddr, Vec<usize>> = BTreeMap::new();
+        for (i, s) in services.iter().enumerate() {
+            for ip in &s.addresses {
+                let list = by_ip.entry(*ip).or_default();
+                if !list.contains(&i) {
+                    list.push(i);
+                }
+            }
+        }
+
+        let mut class_of: HashMap<Vec<usize>, usize> = HashMap::new();
+        let mut class_ads: Vec<Vec<usize>> = Vec::new();
+        let mut vips = Vec::with_capacity(by_ip.len());
+        for (ip, svcs) in by_ip {
+            let oldest = services[svcs[0]];
+            let pool = oldest
+                .allocated_pool
+                .as_ref()
+                .and_then(|name| pools.iter().position(|p| p.name == *name))
+                .or_else(|| {
+                    pools
+                        .iter()
+                        .position(|p| p.ranges.iter().any(|r| r.contains(ip)))
+                });
+            let (class, mut note) = match pool {
+                None => (None, Some(Note::NoPool)),
+                Some(p) => {
+                    let applicable: Vec<usize> = pool_ads[p]
+                        .iter()
+                        .copied()
+                        .filter(|&a| {
+                            let sel = &compiled_ads[a].service_selectors;
+                            sel.is_empty() || sel.iter().any(|s| s.matches(&oldest.labels))
+                        })
+                        .collect();
+                    if applicable.is_empty() {
+                        (
+                            None,
+                            Some(Note::NoAdvertisement {
+                                pool: pools[p].name.clone(),
+                            }),
+                        )
+                    } else {
+                        let next = class_ads.len();
+                        let c = *class_of.entry(applicable.clone()).or_insert(next);
+                        if c == next {
+                            class_ads.push(applicable);
+                        }
+                        (Some(c), None)
+                    }
+                }
+            };
+            let endpoints = if !oldest.endpoints.any_usable {
+                EndpointFilter::Nowhere
+            } else if oldest.local_traffic {
+                let mut ids: Vec<NodeId> = oldest
+                    .endpoints
+                    .nodes
+                    .iter()
+                    .filter_map(|n| self.slot_of.get(n).copied())
+                    .collect();
+                ids.sort_unstable();
+                if ids.is_empty() {
+                    EndpointFilter::Nowhere
+                } else {
+                    EndpointFilter::Only(ids)
+                }
+            } else {
+                EndpointFilter::Anywhere
+            };
+            if note.is_none() && matches!(endpoints, EndpointFilter::Nowhere) {
+                note = Some(Note::NoEndpoints);
+            }
+            vips.push(Vip {
+                ip,
+                text: ip.to_string(),
+                services: svcs,
+                pool: pool.map(|p| pools[p].name.clone()),
+                class,
+                endpoints,
+                note,
+            });
+        }
+
+        let classes = class_ads
+            .iter()
+            .map(|ads| build_class(ads, &compiled_ads, n_slots))
+            .collect();
+
+        self.vip_of = vips.iter().enumerate().map(|(i, v)| (v.ip, i)).collect();
+        self.c.classes = classes;
+        self.c.vips = vips;
+        self.c.services = services.iter().map(|s| s.key.clone()).collect();
+    }
+}
+
+fn build_class(ads: &[usize], compiled: &[CompiledAd], n_slots: usize) -> Class {
+    let mut eligible = vec![false; n_slots];
+    let mut score = vec![0u32; n_slots];
+    let mut iface_sets: Vec<IfaceSet> = Vec::new();
+    let mut iface_of = vec![0u16; n_slots];
+    for n in 0..n_slots {
+        let mut set = IfaceSet {
+            names: Vec::new(),
+            announce: false,
+        };
+        for &a in ads {
+            let ad = &compiled[a];
+            if ad.matches[n] {
+                eligible[n] = true;
+                score[n] = score[n].saturating_add(ad.score[n]);
+                if ad.interfaces.is_empty() {
+                    set.announce = true;
+                }
+                for i in &ad.interfaces {
+                    if !set.names.contains(i) {
+                        set.names.push(i.clone());
+                    }
+                }
+            }
+        }
+        if eligible[n] {
+            let idx = match iface_sets.iter().position(|s| *s == set) {
+                Some(i) => i,
+                None => {
+                    iface_sets.push(set);
+                    iface_sets.len() - 1
+                }
+            };
+            iface_of[n] = idx as u16;
+        }
+    }
+    if iface_sets.is_empty() {
+        iface_sets.push(IfaceSet {
+            names: Vec::new(),
+            announce: true,
+        });
+    }
+    let mut by_score: BTreeMap<u32, Vec<NodeId>> = BTreeMap::new();
+    for n in 0..n_slots {
+        if eligible[n] {
+            by_score.entry(score[n]).or_default().push(n as NodeId);
+        }
+    }
+    let tiers = by_score
+        .into_iter()
+        .rev()
+        .map(|(score, nodes)| Tier { score, nodes })
+        .collect();
+    Class {
+        eligible,
+        score,
+        tiers,
+        iface_sets,
+        iface_of,
+    }
+}
+
+impl Compiled {
+    /// The one place the rules of SPEC §5.3–5.5 live: why node `n` is not a
+    /// candidate for VIP `v`, or `None` when it is one.
+    fn exclusion(&self, v: usize, n: NodeId) -> Option<Reason> {
+        let vip = &self.vips[v];
+        let slot = &self.slots[n as usize];
+        let Some(facts) = &slot.node else {
+            return Some(Reason::NotEligible);
+        };
+        let Some(class) = vip.class.map(|c| &self.classes[c]) else {
+            return Some(Reason::NotEligible);
+        };
+        if !class.eligible.get(n as usize).copied().unwrap_or(false) {
+            return Some(Reason::NotEligible);
+        }
+        if let Some(veto) = facts.veto {
+            return Some(veto);
+        }
+        let Some(member) = &slot.member else {
+            return Some(Reason::NotLive);
+        };
+        if member.leaving {
+            return Some(Reason::Leaving);
+        }
+        match &vip.endpoints {
+            EndpointFilter::Anywhere => {}
+            EndpointFilter::Nowhere => return Some(Reason::NoReadyEndpoint),
+            EndpointFilter::Only(ids) => {
+                if ids.binary_search(&n).is_err() {
+                    return Some(Reason::NoReadyEndpoint);
+                }
+            }
+        }
+        if self.announce_target(v, n).is_none() {
+            return Some(Reason::NotOnLink);
+        }
+        None
+    }
+
+    /// Where node `n` would hold VIP `v` (SPEC §6): the first listed
+    /// interface with an on-link prefix containing the address, else the
+    /// announce interface; the most specific prefix on that interface.
+    fn announce_target(&self, v: usize, n: NodeId) -> Option<&OnLink> {
+        let vip = &self.vips[v];
+        let class = &self.classes[vip.class?];
+        let member = self.slots[n as usize].member.as_ref()?;
+        let set = &class.iface_sets[class.iface_of[n as usize] as usize];
+        let best = |pred: &dyn Fn(&OnLink) -> bool| {
+            member
+                .on_link
+                .iter()
+                .filter(|o| pred(o) && o.prefix.contains(vip.ip))
+                .max_by_key(|o| o.prefix.prefix_len())
+        };
+        set.names
+            .iter()
+            .find_map(|name| best(&|o: &OnLink| o.interface == *name))
+            .or_else(|| {
+                if set.announce {
+                    best(&|o: &OnLink| o.announce)
+                } else {
+                    None
+                }
+            })
+    }
+
+    /// Election order: score descending, then rank key ascending (then name,
+    /// which only matters if sha256 ever collides).
+    fn order(&self, a: &Win, b: &Win) -> Ordering {
+        b.score
+            .cmp(&a.score)
+            .then_with(|| a.hash.cmp(&b.hash))
+            .then_with(|| {
+                self.slots[a.node as usize]
+                    .name
+                    .cmp(&self.slots[b.node as usize].name)
+            })
+    }
+
+    fn win(&self, v: usize, class: &Class, n: NodeId) -> Win {
+        Win {
+            node: n,
+            score: class.score[n as usize],
+            hash: rank_key(&self.slots[n as usize].name, &self.vips[v].text),
+        }
+    }
+
+    /// The best candidate among `nodes`, hashing each candidate.
+    fn best_of(&self, v: usize, class: &Class, nodes: &[NodeId]) -> Option<Win> {
+        nodes
+            .iter()
+            .filter(|&&n| self.exclusion(v, n).is_none())
+            .map(|&n| self.win(v, class, n))
+            .min_by(|a, b| self.order(a, b))
+    }
+}
+
+/// Elect VIP `v` from scratch (using the cached hash order when it helps).
+fn elect(c: &Compiled, orders: &mut HashMap<IpAddr, Vec<NodeId>>, v: usize) -> Option<Win> {
+    let vip = &c.vips[v];
+    let class = &c.classes[vip.class?];
+    match &vip.endpoints {
+        EndpointFilter::Nowhere => return None,
+        EndpointFilter::Only(ids) if ids.len() <= c.direct_hash_max => {
+            return c.best_of(v, class, ids);
+        }
+        _ => {}
+    }
+    for tier in &class.tiers {
+        if tier.nodes.len() <= c.direct_hash_max {
+            if let Some(w) = c.best_of(v, class, &tier.nodes) {
+                return Some(w);
+            }
+            continue;
+        }
+        // Walk all nodes in hash order: the first candidate met with a given
+        // score is the lowest hash of that score; stop at the best possible.
+        let order = orders.entry(vip.ip).or_insert_with(|| hash_order(c, v));
+        let mut best: Option<NodeId> = None;
+        let mut best_score = 0;
+        for &n in order.iter() {
+            let s = class.score[n as usize];
+            if best.is_some() && s <= best_score {
+                continue;
+            }
+            if c.exclusion(v, n).is_none() {
+                best = Some(n);
+                best_score = s;
+                if s >= tier.score {
+                    break;
+                }
+            }
+        }
+        return best.map(|n| c.win(v, class, n));
+    }
+    None
+}
+
+fn hash_order(c: &Compiled, v: usize) -> Vec<NodeId> {
+    let text = &c.vips[v].text;
+    let mut keyed: Vec<([u8; 32], NodeId)> = c
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (rank_key(&s.name, text), i as NodeId))
+        .collect();
+    keyed.sort_unstable_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then_with(|| c.slots[a.1 as usize].name.cmp(&c.slots[b.1 as usize].name))
+    });
+    keyed.into_iter().map(|(_, n)| n).collect()
+}
+
+fn changed(
+    before: &HashMap<IpAddr, Option<NodeId>>,
+    after: &HashMap<IpAddr, Option<NodeId>>,
+) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = after
+        .iter()
+        .filter(|(ip, w)| before.get(ip) != Some(w))
+        .map(|(ip, _)| *ip)
+        .collect();
+    out.extend(before.keys().filter(|ip| !after.contains_key(ip)));
+    out.sort();
+    out
+}
+
+/// The whole election for a cluster and its live members, explained.
+pub fn elect_all(cluster: &Cluster, members: impl IntoIterator<Item = Member>) -> Vec<VipReport> {
+    Election::new(cluster, members).report_all()
+}

@@ -1,0 +1,121 @@
+//! What the election says about one VIP, for people and tools: the winner,
+//! every candidate in election order, and why every other node sat out.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+/// Why a node is not a candidate for a VIP. The first rule a node fails is
+/// the one reported, in the order of the variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    /// No L2Advertisement for this VIP has `nodeSelectors` matching the node
+    /// (or no advertisement selects the VIP at all).
+    NotEligible,
+    /// Labelled `node.kubernetes.io/exclude-from-external-load-balancers`.
+    ExcludeLabel,
+    /// Node condition `NetworkUnavailable` is `True`.
+    NetworkUnavailable,
+    /// No agent is running there (not a gossip member).
+    NotLive,
+    /// The agent there is shutting down.
+    Leaving,
+    /// `externalTrafficPolicy: Local` and no usable endpoint on the node, or
+    /// no usable endpoint anywhere.
+    NoReadyEndpoint,
+    /// No on-link prefix of the node's announce interfaces contains the VIP,
+    /// and the agent there does not hold virtual addresses.
+    NotOnLink,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NotEligible => "not-eligible",
+            Reason::ExcludeLabel => "exclude-label",
+            Reason::NetworkUnavailable => "network-unavailable",
+            Reason::NotLive => "not-live",
+            Reason::Leaving => "leaving",
+            Reason::NoReadyEndpoint => "no-ready-endpoint",
+            Reason::NotOnLink => "not-on-link",
+        }
+    }
+
+    /// A sentence for tables and logs.
+    pub fn explain(self) -> &'static str {
+        match self {
+            Reason::NotEligible => "no advertisement for this address selects the node",
+            Reason::ExcludeLabel => "node has the exclude-from-external-load-balancers label",
+            Reason::NetworkUnavailable => "node condition NetworkUnavailable is True",
+            Reason::NotLive => "no agent is running on the node",
+            Reason::Leaving => "the agent on the node is shutting down",
+            Reason::NoReadyEndpoint => "no usable endpoint of the Service on the node",
+            Reason::NotOnLink => "no on-link prefix contains the address",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why no node at all can announce a VIP, when that is the case.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Note {
+    /// The address lies in no known IPAddressPool.
+    NoPool,
+    /// No L2Advertisement selects the pool for this Service.
+    NoAdvertisement { pool: String },
+    /// The Service has no usable endpoint anywhere.
+    NoEndpoints,
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Note::NoPool => f.write_str("the address is in no IPAddressPool"),
+            Note::NoAdvertisement { pool } => {
+                write!(f, "no L2Advertisement selects pool {pool} for this Service")
+            }
+            Note::NoEndpoints => f.write_str("the Service has no usable endpoint"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub node: String,
+    pub score: u32,
+    /// 1-based position among the candidates by hash alone: what the order
+    /// would be without preferences.
+    pub hash_rank: usize,
+    /// `sha256(node + "#" + ip)`.
+    pub hash: [u8; 32],
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Excluded {
+    pub node: String,
+    pub reason: Reason,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VipReport {
+    pub ip: IpAddr,
+    /// `namespace/name`, oldest first; the first gives the Service-side inputs.
+    pub services: Vec<String>,
+    pub pool: Option<String>,
+    pub winner: Option<String>,
+    /// In election order: score descending, then hash ascending.
+    pub candidates: Vec<Candidate>,
+    /// Eligible live nodes with no on-link prefix for the VIP: they hold it on
+    /// their virtual interface for routing software to export.
+    pub virtual_nodes: Vec<String>,
+    /// Every other node, by name.
+    pub excluded: Vec<Excluded>,
+    pub note: Option<Note>,
+}

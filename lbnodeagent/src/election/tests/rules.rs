@@ -1,0 +1,436 @@
+//! One test per rule of SPEC §5 beyond the preference examples: exclusions,
+//! on-link and virtual mode, interfaces, shared addresses, pool lookup.
+
+use hostlb_api::annotations::EXCLUDE_FROM_EXTERNAL_LB;
+
+use super::*;
+use crate::election::{Duty, Excluded, Note, Reason};
+
+fn reasons(r: &VipReport) -> Vec<(&str, Reason)> {
+    r.excluded
+        .iter()
+        .map(|x| (x.node.as_str(), x.reason))
+        .collect()
+}
+
+fn member(node: &str, prefixes: &[&str]) -> Member {
+    Member::alive(node, prefixes.iter().map(|p| p.parse::<Prefix>().unwrap()))
+}
+
+#[test]
+fn every_exclusion_reason() {
+    let mut unavailable = mk_node("unavailable", &[]);
+    unavailable.network_unavailable = true;
+    let nodes = vec![
+        mk_node("ok", &[]),
+        mk_node("not-selected", &[("role", "worker")]),
+        mk_node("excluded", &[(EXCLUDE_FROM_EXTERNAL_LB, "")]),
+        unavailable,
+        mk_node("dead", &[]),
+        mk_node("leaving", &[]),
+        mk_node("elsewhere", &[]),
+        mk_node("no-endpoint", &[]),
+    ];
+    // Eligible: nodes without a `role` label.
+    let mut ad = mk_ad("ad", &[]);
+    ad.node_selectors = vec![
+        hostlb_api::Selector::parse(&hostlb_api::LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![hostlb_api::selector::LabelSelectorRequirement {
+                key: "role".into(),
+                operator: "DoesNotExist".into(),
+                values: None,
+            }]),
+        })
+        .unwrap(),
+    ];
+    let ads = vec![ad];
+    let mut svc = mk_svc("default/web", &["10.0.0.1"]);
+    svc.local_traffic = true;
+    svc.endpoints = Endpoints::on([
+        "ok",
+        "not-selected",
+        "excluded",
+        "unavailable",
+        "dead",
+        "leaving",
+        "elsewhere",
+    ]);
+    let c = cluster(nodes, vec![mk_pool("p", &["10.0.0.0/24"])], ads, vec![svc]);
+    let mut members = vec![
+        member("ok", &["10.0.0.0/24"]),
+        member("not-selected", &["10.0.0.0/24"]),
+        member("excluded", &["10.0.0.0/24"]),
+        member("unavailable", &["10.0.0.0/24"]),
+        member("leaving", &["10.0.0.0/24"]),
+        member("no-endpoint", &["10.0.0.0/24"]),
+    ];
+    members[4].leaving = true;
+    let mut elsewhere = member("elsewhere", &["10.9.0.0/24"]);
+    elsewhere.virtual_mode = false;
+    members.push(elsewhere);
+    let r = report(&c, members, "10.0.0.1");
+    assert_eq!(r.winner.as_deref(), Some("ok"));
+    assert_eq!(
+        reasons(&r),
+        vec![
+            ("dead", Reason::NotLive),
+            ("elsewhere", Reason::NotOnLink),
+            ("excluded", Reason::ExcludeLabel),
+            ("leaving", Reason::Leaving),
+            ("no-endpoint", Reason::NoReadyEndpoint),
+            ("not-selected", Reason::NotEligible),
+            ("unavailable", Reason::NetworkUnavailable),
+        ]
+    );
+    assert!(r.virtual_nodes.is_empty());
+}
+
+#[test]
+fn off_link_nodes_go_virtual_and_never_win() {
+    let nodes = vec![
+        mk_node("rack1-a", &[]),
+        mk_node("rack1-b", &[]),
+        mk_node("rack2-a", &[]),
+    ];
+    let c = cluster(
+        nodes,
+        vec![mk_pool("p", &["10.1.0.100-10.1.0.200", "10.99.0.0/24"])],
+        vec![mk_ad("ad", &[])],
+        vec![
+            mk_svc("default/a", &["10.1.0.100"]),
+            mk_svc("default/b", &["10.99.0.5"]),
+        ],
+    );
+    let members = vec![
+        member("rack1-a", &["10.1.0.0/24"]),
+        member("rack1-b", &["10.1.0.0/24"]),
+        member("rack2-a", &["10.2.0.0/24"]),
+    ];
+    let e = Election::new(&c, members);
+    let r = e.explain(ip("10.1.0.100")).unwrap();
+    assert_eq!(r.virtual_nodes, vec!["rack2-a"]);
+    assert_eq!(r.candidates.len(), 2);
+    assert!(r.excluded.is_empty());
+    // An address on nobody's link: no winner, everyone virtual.
+    let r = e.explain(ip("10.99.0.5")).unwrap();
+    assert_eq!(r.winner, None);
+    assert_eq!(r.virtual_nodes, vec!["rack1-a", "rack1-b", "rack2-a"]);
+    assert_eq!(
+        e.duties("rack2-a"),
+        vec![
+            Duty::Virtual {
+                ip: ip("10.1.0.100")
+            },
+            Duty::Virtual {
+                ip: ip("10.99.0.5")
+            }
+        ]
+    );
+}
+
+#[test]
+fn most_specific_on_link_prefix_and_dhcpv6_host_route() {
+    let c = cluster(
+        vec![mk_node("a", &[])],
+        vec![mk_pool("p", &["fd00:1::100-fd00:1::1ff", "10.0.5.0/28"])],
+        vec![mk_ad("ad", &[])],
+        vec![mk_svc("default/a", &["fd00:1::100", "10.0.5.1"])],
+    );
+    // A DHCPv6 host has fd00:1::7/128 on the interface and fd00:1::/64 on-link.
+    let e = Election::new(
+        &c,
+        vec![member(
+            "a",
+            &["fd00:1::7/128", "fd00:1::/64", "10.0.0.0/16", "10.0.5.0/24"],
+        )],
+    );
+    let duties = e.duties("a");
+    let prefix_of = |want: &str| {
+        duties
+            .iter()
+            .find_map(|d| match d {
+                Duty::Announce { ip: i, on_link } if *i == ip(want) => {
+                    Some(on_link.prefix.to_string())
+                }
+                _ => None,
+            })
+            .unwrap()
+    };
+    assert_eq!(prefix_of("fd00:1::100"), "fd00:1::/64");
+    assert_eq!(prefix_of("10.0.5.1"), "10.0.5.0/24");
+}
+
+#[test]
+fn advertisement_interfaces_choose_where_to_announce() {
+    let nodes = vec![mk_node("a", &[]), mk_node("b", &[])];
+    let c = cluster(
+        nodes,
+        vec![mk_pool("p", &["10.20.0.0/24"])],
+        vec![mk_ad("ad", &[]).clone()]
+            .into_iter()
+            .map(|mut a| {
+                a.interfaces = vec!["eth1".into(), "eth2".into()];
+                a
+            })
+            .collect(),
+        vec![mk_svc("default/a", &["10.20.0.1"])],
+    );
+    let on = |iface: &str, prefix: &str, announce: bool| OnLink {
+        prefix: prefix.parse().unwrap(),
+        interface: iface.into(),
+        announce,
+    };
+    let a = Member {
+        node: "a".into(),
+        leaving: false,
+        virtual_mode: true,
+        // The VIP's subnet is on the default interface only: the ad does
+        // not allow that interface, so `a` is off-link for it.
+        on_link: vec![on("eth0", "10.20.0.0/24", true)],
+    };
+    let b = Member {
+        node: "b".into(),
+        leaving: false,
+        virtual_mode: false,
+        on_link: vec![
+            on("eth0", "10.0.0.0/24", true),
+            on("eth2", "10.20.0.0/24", false),
+        ],
+    };
+    let e = Election::new(&c, vec![a, b]);
+    let r = e.explain(ip("10.20.0.1")).unwrap();
+    assert_eq!(r.winner.as_deref(), Some("b"));
+    assert_eq!(r.virtual_nodes, vec!["a"]);
+    assert_eq!(
+        e.duties("b"),
+        vec![Duty::Announce {
+            ip: ip("10.20.0.1"),
+            on_link: on("eth2", "10.20.0.0/24", false)
+        }]
+    );
+}
+
+#[test]
+fn shared_address_elects_once_with_the_oldest_service_inputs() {
+    let nodes = vec![mk_node("a", &[]), mk_node("b", &[]), mk_node("c", &[])];
+    let mut old = mk_svc("default/old", &["10.0.0.1"]);
+    old.created = Some(100);
+    old.local_traffic = true;
+    old.endpoints = Endpoints::on(["c"]);
+    let mut new = mk_svc("default/new", &["10.0.0.1"]);
+    new.created = Some(200);
+    new.local_traffic = true;
+    new.endpoints = Endpoints::on(["a"]);
+    let c = cluster(
+        nodes,
+        vec![mk_pool("p", &["10.0.0.0/24"])],
+        vec![mk_ad("ad", &[])],
+        vec![new, old],
+    );
+    let r = report(&c, everywhere(&["a", "b", "c"]), "10.0.0.1");
+    assert_eq!(r.services, vec!["default/old", "default/new"]);
+    assert_eq!(r.winner.as_deref(), Some("c"));
+}
+
+#[test]
+fn pool_lookup_annotation_then_oldest_containing_pool() {
+    let nodes = vec![
+        mk_node("a", &[("role", "one")]),
+        mk_node("b", &[("role", "two")]),
+    ];
+    let mut older = mk_pool("older", &["10.0.0.0/24"]);
+    older.created = Some(1);
+    let mut newer = mk_pool("newer", &["10.0.0.0/25"]);
+    newer.created = Some(2);
+    let ads = vec![
+        mk_ad("for-older", &["older"]).nodes(&[("role", "one")]),
+        mk_ad("for-newer", &["newer"]).nodes(&[("role", "two")]),
+    ];
+    let plain = mk_svc("default/plain", &["10.0.0.1"]);
+    let mut annotated = mk_svc("default/annotated", &["10.0.0.2"]);
+    annotated.allocated_pool = Some("newer".into());
+    let mut unknown = mk_svc("default/unknown-pool", &["10.0.0.3"]);
+    unknown.allocated_pool = Some("gone".into());
+    let c = cluster(
+        nodes,
+        vec![newer, older],
+        ads,
+        vec![plain, annotated, unknown],
+    );
+    let e = Election::new(&c, everywhere(&["a", "b"]));
+    assert_eq!(
+        e.explain(ip("10.0.0.1")).unwrap().pool.as_deref(),
+        Some("older")
+    );
+    assert_eq!(e.winner(ip("10.0.0.1")), Some("a"));
+    assert_eq!(
+        e.explain(ip("10.0.0.2")).unwrap().pool.as_deref(),
+        Some("newer")
+    );
+    assert_eq!(e.winner(ip("10.0.0.2")), Some("b"));
+    assert_eq!(
+        e.explain(ip("10.0.0.3")).unwrap().pool.as_deref(),
+        Some("older")
+    );
+}
+
+#[test]
+fn pool_selection_by_name_label_or_all_and_service_scoping() {
+    let nodes = vec![mk_node("a", &[])];
+    let mut labelled = mk_pool("labelled", &["10.0.1.0/24"]);
+    labelled.labels = labels(&[("tier", "gold")]);
+    let pools = vec![
+        mk_pool("named", &["10.0.0.0/24"]),
+        labelled,
+        mk_pool("other", &["10.0.2.0/24"]),
+    ];
+    let mut by_label = mk_ad("by-label", &[]);
+    by_label.pool_selectors = vec![sel(&[("tier", "gold")])];
+    let mut matches_nothing = mk_ad("matches-nothing", &[]);
+    matches_nothing.pool_selectors = vec![sel(&[("tier", "none")])];
+    let ads = vec![mk_ad("by-name", &["named"]), by_label, matches_nothing];
+    let svcs = vec![
+        mk_svc("d/a", &["10.0.0.1"]),
+        mk_svc("d/b", &["10.0.1.1"]),
+        mk_svc("d/c", &["10.0.2.1"]),
+        mk_svc("d/d", &["10.0.3.1"]),
+    ];
+    let c = cluster(nodes, pools, ads, svcs);
+    let e = Election::new(&c, everywhere(&["a"]));
+    assert_eq!(e.winner(ip("10.0.0.1")), Some("a"));
+    assert_eq!(e.winner(ip("10.0.1.1")), Some("a"));
+    let r = e.explain(ip("10.0.2.1")).unwrap();
+    assert_eq!(r.winner, None);
+    assert_eq!(
+        r.note,
+        Some(Note::NoAdvertisement {
+            pool: "other".into()
+        })
+    );
+    assert_eq!(reasons(&r), vec![("a", Reason::NotEligible)]);
+    assert_eq!(e.explain(ip("10.0.3.1")).unwrap().note, Some(Note::NoPool));
+
+    // An ad with neither pools nor selectors selects every pool.
+    let c2 = cluster(
+        c.nodes.clone(),
+        c.pools.clone(),
+        vec![mk_ad("all", &[])],
+        c.services.clone(),
+    );
+    let e2 = Election::new(&c2, everywhere(&["a"]));
+    assert!(
+        e2.winners()
+            .all(|(ip_, w)| w == Some("a") || ip_ == ip("10.0.3.1"))
+    );
+
+    // serviceSelectors that match no Service leave the address unannounced.
+    let c3 = cluster(
+        c.nodes.clone(),
+        c.pools.clone(),
+        vec![mk_ad("frontend-only", &[]).services(&[("app", "frontend")])],
+        c.services.clone(),
+    );
+    let e3 = Election::new(&c3, everywhere(&["a"]));
+    assert_eq!(e3.winner(ip("10.0.0.1")), None);
+}
+
+#[test]
+fn no_usable_endpoint_anywhere_means_no_announcement() {
+    let mut svc = mk_svc("default/web", &["10.0.0.1"]);
+    svc.endpoints = Endpoints::default();
+    let c = cluster(
+        vec![mk_node("a", &[]), mk_node("b", &[])],
+        vec![mk_pool("p", &["10.0.0.0/24"])],
+        vec![mk_ad("ad", &[])],
+        vec![svc],
+    );
+    let e = Election::new(
+        &c,
+        vec![member("a", &["10.0.0.0/24"]), member("b", &["10.9.0.0/24"])],
+    );
+    let r = e.explain(ip("10.0.0.1")).unwrap();
+    assert_eq!(r.winner, None);
+    assert_eq!(r.note, Some(Note::NoEndpoints));
+    assert!(r.virtual_nodes.is_empty(), "no endpoints: not even virtual");
+    assert_eq!(
+        reasons(&r),
+        vec![
+            ("a", Reason::NoReadyEndpoint),
+            ("b", Reason::NoReadyEndpoint)
+        ]
+    );
+    assert!(e.duties("a").is_empty() && e.duties("b").is_empty());
+}
+
+#[test]
+fn dual_stack_addresses_elect_separately() {
+    let all: Vec<String> = (0..16).map(|i| format!("n{i}")).collect();
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let c = cluster(
+        all.iter().map(|n| mk_node(n, &[])).collect(),
+        vec![mk_pool("p", &["10.0.0.0/24", "fd00::/120"])],
+        vec![mk_ad("ad", &[])],
+        vec![mk_svc("default/dual", &["10.0.0.7", "fd00::7"])],
+    );
+    let e = Election::new(&c, everywhere(&all));
+    assert_eq!(
+        e.winner(ip("10.0.0.7")),
+        Some(hash_sorted(&all, "10.0.0.7")[0])
+    );
+    assert_eq!(
+        e.winner(ip("fd00::7")),
+        Some(hash_sorted(&all, "fd00::7")[0])
+    );
+    assert_ne!(
+        hash_sorted(&all, "10.0.0.7")[0],
+        hash_sorted(&all, "fd00::7")[0]
+    );
+}
+
+#[test]
+fn members_without_node_objects_never_win_and_are_not_listed() {
+    let c = cluster(
+        vec![mk_node("a", &[])],
+        vec![mk_pool("p", &["10.0.0.0/24"])],
+        vec![mk_ad("ad", &[])],
+        vec![mk_svc("default/web", &["10.0.0.1"])],
+    );
+    let mut members = everywhere(&["a", "stranger"]);
+    members.reverse();
+    let r = report(&c, members, "10.0.0.1");
+    assert_eq!(r.winner.as_deref(), Some("a"));
+    assert_eq!(r.candidates.len(), 1);
+    assert!(r.excluded.is_empty());
+    let none: Vec<Excluded> = Vec::new();
+    assert_eq!(r.excluded, none);
+}
+
+#[test]
+fn set_cluster_reports_exactly_the_moved_addresses() {
+    let all = ["a", "b", "c"];
+    let mut c = cluster(
+        all.iter().map(|n| mk_node(n, &[])).collect(),
+        vec![mk_pool("p", &["10.0.0.0/24"])],
+        vec![mk_ad("ad", &[])],
+        (1..=20)
+            .map(|i| mk_svc(&format!("d/s{i}"), &[&format!("10.0.0.{i}")]))
+            .collect(),
+    );
+    let mut e = Election::new(&c, everywhere(&all));
+    assert!(e.set_cluster(&c).is_empty(), "same cluster, nothing moves");
+    // Excluding node a moves exactly the addresses a held.
+    let held: Vec<IpAddr> = e
+        .winners()
+        .filter(|(_, w)| *w == Some("a"))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!held.is_empty());
+    c.nodes[0]
+        .labels
+        .insert(EXCLUDE_FROM_EXTERNAL_LB.into(), "true".into());
+    assert_eq!(e.set_cluster(&c), held);
+    // Removing a Service reports its address as changed.
+    c.services.pop();
+    assert_eq!(e.set_cluster(&c), vec![ip("10.0.0.20")]);
+}

@@ -1,0 +1,149 @@
+//! What the election is computed from: plain values, already validated.
+//!
+//! The agent builds a [`Cluster`] from its Kubernetes watches and [`Member`]s
+//! from gossip; `simulate` builds the same from YAML files. Objects that could
+//! not be parsed never get here: the conversion reports them and leaves them
+//! out, so everything in a view is usable.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use hostlb_api::{AddressRange, Prefix, Selector};
+
+pub type Labels = BTreeMap<String, String>;
+
+/// The cluster objects the election reads.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Cluster {
+    pub nodes: Vec<NodeInfo>,
+    pub pools: Vec<Pool>,
+    pub advertisements: Vec<Advertisement>,
+    pub services: Vec<ServiceInfo>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub labels: Labels,
+    /// The Node condition `NetworkUnavailable` is `True`.
+    pub network_unavailable: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pool {
+    pub name: String,
+    pub labels: Labels,
+    /// Creation time in seconds; when pools overlap, the older one owns the
+    /// addresses they share.
+    pub created: Option<i64>,
+    pub ranges: Vec<AddressRange>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Advertisement {
+    pub name: String,
+    /// Pools by name.
+    pub pools: Vec<String>,
+    /// Pools by label (ORed with `pools`); with neither, every pool.
+    pub pool_selectors: Vec<Selector>,
+    /// Hard eligibility (ORed); empty means every node.
+    pub node_selectors: Vec<Selector>,
+    /// Which Services (ORed); empty means every Service.
+    pub service_selectors: Vec<Selector>,
+    /// Announce only on these interfaces; empty means the announce interface.
+    pub interfaces: Vec<String>,
+    pub preferences: Vec<Preference>,
+}
+
+/// `preferredNodeSelectors` entry, weight already checked to be 1..=100.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Preference {
+    pub weight: u32,
+    pub selector: Selector,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceInfo {
+    /// `namespace/name`.
+    pub key: String,
+    pub labels: Labels,
+    /// Creation time in seconds; the oldest Service sharing an address gives
+    /// the Service-side inputs of its election.
+    pub created: Option<i64>,
+    /// The LoadBalancer addresses in status, each elected separately.
+    pub addresses: Vec<IpAddr>,
+    /// `hostlb.io/ip-allocated-from-pool`.
+    pub allocated_pool: Option<String>,
+    /// `externalTrafficPolicy: Local`.
+    pub local_traffic: bool,
+    pub endpoints: Endpoints,
+}
+
+impl ServiceInfo {
+    /// Oldest first, then by name, so every node orders Services the same way.
+    pub(crate) fn age_key(&self) -> (i64, &str) {
+        (self.created.unwrap_or(i64::MAX), &self.key)
+    }
+}
+
+/// Where a Service has usable endpoints (EndpointSlice `ready` unset or true,
+/// or `serving` true).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Endpoints {
+    /// Some usable endpoint exists, wherever it runs.
+    pub any_usable: bool,
+    /// Nodes running a usable endpoint.
+    pub nodes: BTreeSet<String>,
+}
+
+impl Endpoints {
+    /// Usable endpoints on the given nodes.
+    pub fn on<'a>(nodes: impl IntoIterator<Item = &'a str>) -> Self {
+        let nodes: BTreeSet<String> = nodes.into_iter().map(str::to_string).collect();
+        Endpoints {
+            any_usable: !nodes.is_empty(),
+            nodes,
+        }
+    }
+}
+
+/// A live gossip member: an agent that is running now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Equals the Kubernetes Node name.
+    pub node: String,
+    /// Shutting down: never a candidate, even before it disappears.
+    pub leaving: bool,
+    /// The agent holds off-link addresses on its virtual interface.
+    pub virtual_mode: bool,
+    pub on_link: Vec<OnLink>,
+}
+
+impl Member {
+    /// A live member with the given on-link prefixes on its announce interface.
+    pub fn alive(node: &str, prefixes: impl IntoIterator<Item = Prefix>) -> Self {
+        Member {
+            node: node.to_string(),
+            leaving: false,
+            virtual_mode: true,
+            on_link: prefixes
+                .into_iter()
+                .map(|prefix| OnLink {
+                    prefix,
+                    interface: String::new(),
+                    announce: true,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// An on-link route prefix on one of the member's interfaces.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OnLink {
+    pub prefix: Prefix,
+    pub interface: String,
+    /// On the interface the agent announces on by default (the default-route
+    /// interface or the configured one).
+    pub announce: bool,
+}
