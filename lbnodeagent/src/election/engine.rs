@@ -9,11 +9,12 @@
 //! VIPs they can affect.
 //!
 //! Speed comes from never hashing more than needed. Each VIP keeps, once
-//! computed, the order of all nodes by `sha256(node#ip)`; it depends on node
-//! names and the address only, so it survives every configuration and
-//! membership change. A VIP's winner is then the first candidate of its top
-//! score tier met while walking that order, usually within a few steps.
-//! Tiers of a few nodes (preferred edge nodes, say) are hashed directly.
+//! computed, the first nodes of its order by `sha256(node#ip)` (deepened
+//! when a walk needs more); it depends on node names and the address only,
+//! so it survives every configuration and membership change. A VIP's winner
+//! is then the first candidate of its top score tier met while walking that
+//! order, usually within a few steps. Tiers of a few nodes (preferred edge
+//! nodes, say) are hashed directly.
 //!
 //! Every rule lives in [`Election::exclusion`]: the fast path and the full
 //! explanation ([`Election::explain`]) both ask it, so they cannot disagree.
@@ -116,6 +117,7 @@ struct Compiled {
     vips: Vec<Vip>,
     services: Vec<String>,
     direct_hash_max: usize,
+    order_depth: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -129,27 +131,30 @@ struct Win {
 pub struct Election {
     c: Compiled,
     slot_of: HashMap<String, NodeId>,
-    /// Per address: every node id sorted by rank key, built on first need.
-    orders: HashMap<IpAddr, Vec<NodeId>>,
+    /// Per address: the first node ids by rank key, built on first need.
+    orders: HashMap<IpAddr, Order>,
     winners: Vec<Option<Win>>,
     vip_of: HashMap<IpAddr, usize>,
 }
 
 impl Election {
     pub fn new(cluster: &Cluster, members: impl IntoIterator<Item = Member>) -> Election {
-        Election::tuned(cluster, members, DIRECT_HASH_MAX)
+        Election::tuned(cluster, members, DIRECT_HASH_MAX, ORDER_DEPTH)
     }
 
-    /// [`Election::new`] with another direct-hashing threshold, so tests can
-    /// force the walk (0) or direct hashing (`usize::MAX`) everywhere.
+    /// [`Election::new`] with other thresholds, so tests can force the walk
+    /// (`direct_hash_max` 0) or direct hashing (`usize::MAX`) everywhere, and
+    /// make cached orders deepen (`order_depth` 1).
     pub(crate) fn tuned(
         cluster: &Cluster,
         members: impl IntoIterator<Item = Member>,
         direct_hash_max: usize,
+        order_depth: usize,
     ) -> Election {
         let mut e = Election {
             c: Compiled {
                 direct_hash_max,
+                order_depth: order_depth.max(1),
                 ..Compiled::default()
             },
             slot_of: HashMap::new(),
@@ -259,15 +264,9 @@ impl Election {
             member: None,
         });
         self.slot_of.insert(name.to_string(), id);
+        let slots = &self.c.slots;
         for (ip, order) in &mut self.orders {
-            let text = ip.to_string();
-            let key = (rank_key(name, &text), name);
-            let slots = &self.c.slots;
-            let pos = order.partition_point(|&n| {
-                let s = &slots[n as usize].name;
-                (rank_key(s, &text), s.as_str()) < key
-            });
-            order.insert(pos, id);
+            order.insert(slots, id, &ip.to_string());
         }
         for class in &mut self.c.classes {
             class.eligible.push(false);
@@ -725,7 +724,7 @@ impl Compiled {
 }
 
 /// Elect VIP `v` from scratch (using the cached hash order when it helps).
-fn elect(c: &Compiled, orders: &mut HashMap<IpAddr, Vec<NodeId>>, v: usize) -> Option<Win> {
+fn elect(c: &Compiled, orders: &mut HashMap<IpAddr, Order>, v: usize) -> Option<Win> {
     let vip = &c.vips[v];
     let class = &c.classes[vip.class?];
     match &vip.endpoints {
@@ -742,42 +741,91 @@ fn elect(c: &Compiled, orders: &mut HashMap<IpAddr, Vec<NodeId>>, v: usize) -> O
             }
             continue;
         }
-        // Walk all nodes in hash order: the first candidate met with a given
+        // Walk the nodes in hash order: the first candidate met with a given
         // score is the lowest hash of that score; stop at the best possible.
-        let order = orders.entry(vip.ip).or_insert_with(|| hash_order(c, v));
-        let mut best: Option<NodeId> = None;
-        let mut best_score = 0;
-        for &n in order.iter() {
-            let s = class.score[n as usize];
-            if best.is_some() && s <= best_score {
-                continue;
-            }
-            if c.exclusion(v, n).is_none() {
-                best = Some(n);
-                best_score = s;
-                if s >= tier.score {
-                    break;
+        // A cached prefix that ends before that is deepened and walked again.
+        let order = orders
+            .entry(vip.ip)
+            .or_insert_with(|| Order::build(&c.slots, &vip.text, c.order_depth));
+        loop {
+            let mut best: Option<NodeId> = None;
+            let mut best_score = 0;
+            let mut settled = false;
+            for &n in &order.ids {
+                let s = class.score[n as usize];
+                if best.is_some() && s <= best_score {
+                    continue;
+                }
+                if c.exclusion(v, n).is_none() {
+                    best = Some(n);
+                    best_score = s;
+                    if s >= tier.score {
+                        settled = true;
+                        break;
+                    }
                 }
             }
+            if settled || order.complete {
+                return best.map(|n| c.win(v, class, n));
+            }
+            *order = Order::build(&c.slots, &vip.text, order.ids.len() * 4);
         }
-        return best.map(|n| c.win(v, class, n));
     }
     None
 }
 
-fn hash_order(c: &Compiled, v: usize) -> Vec<NodeId> {
-    let text = &c.vips[v].text;
-    let mut keyed: Vec<([u8; 32], NodeId)> = c
-        .slots
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (rank_key(&s.name, text), i as NodeId))
-        .collect();
-    keyed.sort_unstable_by(|a, b| {
-        a.0.cmp(&b.0)
-            .then_with(|| c.slots[a.1 as usize].name.cmp(&c.slots[b.1 as usize].name))
-    });
-    keyed.into_iter().map(|(_, n)| n).collect()
+/// How many nodes of each VIP's hash order are kept at first: enough to end
+/// nearly every walk, while memory stays small next to the full order.
+const ORDER_DEPTH: usize = 32;
+
+/// The first `ids.len()` nodes in `sha256(node#ip)` order; `complete` when
+/// that is every node. The order depends only on node names and the address,
+/// so it survives every configuration and membership change.
+struct Order {
+    ids: Vec<NodeId>,
+    complete: bool,
+}
+
+impl Order {
+    fn build(slots: &[Slot], ip_text: &str, depth: usize) -> Order {
+        let mut keyed: Vec<([u8; 32], NodeId)> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (rank_key(&s.name, ip_text), i as NodeId))
+            .collect();
+        let by_key = |a: &([u8; 32], NodeId), b: &([u8; 32], NodeId)| {
+            a.0.cmp(&b.0)
+                .then_with(|| slots[a.1 as usize].name.cmp(&slots[b.1 as usize].name))
+        };
+        let complete = depth >= keyed.len();
+        if !complete {
+            keyed.select_nth_unstable_by(depth, by_key);
+            keyed.truncate(depth);
+        }
+        keyed.sort_unstable_by(by_key);
+        // A fresh vector: collecting from `keyed` in place would keep its
+        // much larger buffer alive for every VIP.
+        let mut ids = Vec::with_capacity(keyed.len());
+        ids.extend(keyed.iter().map(|&(_, n)| n));
+        Order { ids, complete }
+    }
+
+    /// Place a new node: inside the kept prefix, or nowhere when it sorts
+    /// after a prefix that is already not the whole order.
+    fn insert(&mut self, slots: &[Slot], id: NodeId, ip_text: &str) {
+        let name = &slots[id as usize].name;
+        let key = (rank_key(name, ip_text), name.as_str());
+        let pos = self.ids.partition_point(|&n| {
+            let s = &slots[n as usize].name;
+            (rank_key(s, ip_text), s.as_str()) < key
+        });
+        if pos < self.ids.len() || self.complete {
+            self.ids.insert(pos, id);
+            if !self.complete {
+                self.ids.pop();
+            }
+        }
+    }
 }
 
 fn changed(

@@ -250,8 +250,8 @@ proptest! {
     #[test]
     fn engine_agrees_with_the_reference(seed in any::<u64>()) {
         let w = world(seed);
-        for direct_hash_max in [0, 2, 8, usize::MAX] {
-            let e = Election::tuned(&w.cluster, w.members.clone(), direct_hash_max);
+        for (direct_hash_max, order_depth) in [(0, 1), (0, 3), (2, 2), (8, 32), (usize::MAX, 32)] {
+            let e = Election::tuned(&w.cluster, w.members.clone(), direct_hash_max, order_depth);
             assert_matches_reference(&e, &w);
         }
     }
@@ -363,13 +363,32 @@ proptest! {
         }
     }
 
+    /// Nodes that appear after the first election (new slots in partially
+    /// cached orders) are placed exactly where a fresh election puts them.
+    #[test]
+    fn nodes_added_later_equal_scratch(seed in any::<u64>(), split in any::<u64>()) {
+        let w = world(seed);
+        let mut r = Rng(split);
+        let mut early = w.cluster.clone();
+        early.nodes.retain(|_| r.chance(0.5));
+        let early_names: Vec<String> = early.nodes.iter().map(|n| n.name.clone()).collect();
+        let early_members: Vec<Member> = w.members.iter().filter(|m| early_names.contains(&m.node)).cloned().collect();
+        let depth = 1 + r.below(4) as usize;
+        let mut e = Election::tuned(&early, early_members, r.below(3) as usize, depth);
+        e.set_cluster(&w.cluster);
+        for m in &w.members {
+            e.upsert_member(m.clone());
+        }
+        assert_matches_reference(&e, &w);
+    }
+
     /// Any sequence of membership changes applied incrementally gives the
     /// same winners as computing from scratch, and matches the reference.
     #[test]
     fn incremental_equals_scratch(seed in any::<u64>(), ops in any::<u64>()) {
         let w = world(seed);
         let mut r = Rng(ops);
-        let mut e = Election::tuned(&w.cluster, w.members.clone(), r.below(4) as usize);
+        let mut e = Election::tuned(&w.cluster, w.members.clone(), r.below(4) as usize, 1 + r.below(4) as usize);
         let mut live: Vec<Member> = w.members.clone();
         let names: Vec<String> = w.cluster.nodes.iter().map(|n| n.name.clone()).collect();
         prop_assume!(!names.is_empty());

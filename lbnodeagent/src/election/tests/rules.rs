@@ -434,3 +434,34 @@ fn set_cluster_reports_exactly_the_moved_addresses() {
     c.services.pop();
     assert_eq!(e.set_cluster(&c), vec![ip("10.0.0.20")]);
 }
+
+#[test]
+fn a_node_added_after_the_first_election_can_win() {
+    // Pick an address where `b` sorts after `a`, so `b` lands at the end of
+    // the cached (complete) order.
+    let vip = (1..100)
+        .map(|i| format!("10.0.0.{i}"))
+        .find(|v| hash_sorted(&["a", "b"], v) == ["a", "b"])
+        .unwrap();
+    let svc = vec![mk_svc("default/web", &[vip.as_str()])];
+    let pools = vec![mk_pool("p", &["10.0.0.0/24"])];
+    let c1 = cluster(
+        vec![mk_node("a", &[])],
+        pools.clone(),
+        vec![mk_ad("ad", &[])],
+        svc.clone(),
+    );
+    // Walk the order for every tier so the cached order is used.
+    let mut e = Election::tuned(&c1, everywhere(&["a"]), 0, 32);
+    assert_eq!(e.winner(ip(&vip)), Some("a"));
+    let c2 = cluster(
+        vec![mk_node("a", &[]), mk_node("b", &[])],
+        pools,
+        vec![mk_ad("ad", &[])],
+        svc,
+    );
+    e.set_cluster(&c2);
+    e.upsert_member(everywhere(&["b"]).pop().unwrap());
+    e.remove_member("a");
+    assert_eq!(e.winner(ip(&vip)), Some("b"));
+}
