@@ -10,6 +10,7 @@ pub mod address;
 pub mod annotations;
 pub mod crds;
 pub mod selector;
+pub mod snapshot;
 pub mod v1;
 mod validation;
 

@@ -3,3 +3,5 @@
 #![forbid(unsafe_code)]
 
 pub mod election;
+pub mod inputs;
+pub mod simulate;

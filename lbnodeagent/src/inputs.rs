@@ -1,0 +1,508 @@
+//! Kubernetes objects to election inputs.
+//!
+//! The agent's watches and `simulate`'s files both end here, so the rules for
+//! which objects count and how they are read are written once. An object that
+//! cannot be used is reported as an [`ObjectError`] and left out; it never
+//! stops the others from being used.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use hostlb_api::annotations::{
+    DEFAULT_LOAD_BALANCER_CLASS, IP_ALLOCATED_FROM_POOL, SYSTEM_NAMESPACE, service_annotation,
+};
+use hostlb_api::selector::parse_list;
+use hostlb_api::snapshot::ObjectError;
+use hostlb_api::{AddressRange, IPAddressPool, L2Advertisement, Selector};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::election::{
+    Advertisement, Cluster, Endpoints, Labels, NodeInfo, Pool, Preference, ServiceInfo,
+};
+
+/// Which objects belong to this hostlb installation.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    /// Pools and advertisements are read from this namespace only.
+    pub namespace: String,
+    /// Services with this `spec.loadBalancerClass`, or none, are handled.
+    pub load_balancer_class: String,
+}
+
+impl Default for Scope {
+    fn default() -> Self {
+        Scope {
+            namespace: SYSTEM_NAMESPACE.to_string(),
+            load_balancer_class: DEFAULT_LOAD_BALANCER_CLASS.to_string(),
+        }
+    }
+}
+
+fn labels(meta: &ObjectMeta) -> Labels {
+    meta.labels.clone().unwrap_or_default()
+}
+
+fn created(meta: &ObjectMeta) -> Option<i64> {
+    meta.creation_timestamp.as_ref().map(|t| t.0.as_second())
+}
+
+pub fn node_info(node: &Node) -> NodeInfo {
+    let network_unavailable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "NetworkUnavailable" && c.status == "True");
+    NodeInfo {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        labels: labels(&node.metadata),
+        network_unavailable,
+    }
+}
+
+/// A pool keeps its valid entries even when some are invalid: the addresses
+/// already handed out from it stay announced while the typo is reported.
+pub fn pool(p: &IPAddressPool, errors: &mut Vec<ObjectError>) -> Pool {
+    let mut ranges = Vec::new();
+    for (i, entry) in p.spec.addresses.iter().enumerate() {
+        match AddressRange::parse(entry) {
+            Ok(r) => ranges.push(r),
+            Err(e) => errors.push(ObjectError::new(
+                "IPAddressPool",
+                &p.metadata,
+                format!("spec.addresses[{i}]: {e}"),
+            )),
+        }
+    }
+    Pool {
+        name: p.metadata.name.clone().unwrap_or_default(),
+        labels: labels(&p.metadata),
+        created: created(&p.metadata),
+        ranges,
+    }
+}
+
+/// An advertisement with any invalid selector or weight is left out whole:
+/// half of it could announce from nodes the operator did not intend.
+pub fn advertisement(ad: &L2Advertisement) -> Result<Advertisement, String> {
+    let spec = &ad.spec;
+    let mut preferences = Vec::new();
+    for (i, p) in spec.preferred_node_selectors.iter().enumerate() {
+        if !(1..=100).contains(&p.weight) {
+            return Err(format!(
+                "spec.preferredNodeSelectors[{i}].weight: Invalid value: {}: must be between 1 and 100, inclusive",
+                p.weight
+            ));
+        }
+        let selector = Selector::parse(&p.preference)
+            .map_err(|e| format!("spec.preferredNodeSelectors[{i}].preference: {e}"))?;
+        preferences.push(Preference {
+            weight: p.weight as u32,
+            selector,
+        });
+    }
+    Ok(Advertisement {
+        name: ad.metadata.name.clone().unwrap_or_default(),
+        pools: spec.ip_address_pools.clone(),
+        pool_selectors: parse_list(
+            "spec.ipAddressPoolSelectors",
+            &spec.ip_address_pool_selectors,
+        )?,
+        node_selectors: parse_list("spec.nodeSelectors", &spec.node_selectors)?,
+        service_selectors: parse_list("spec.serviceSelectors", &spec.service_selectors)?,
+        interfaces: spec.interfaces.clone(),
+        preferences,
+    })
+}
+
+/// Where each Service has usable endpoints, from its EndpointSlices.
+#[derive(Default)]
+pub struct EndpointIndex {
+    /// `(namespace, service)` → endpoints.
+    by_service: BTreeMap<(String, String), Endpoints>,
+}
+
+impl EndpointIndex {
+    pub fn build<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> Self {
+        let mut by_service: BTreeMap<(String, String), Endpoints> = BTreeMap::new();
+        for slice in slices {
+            let Some(svc) = slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"))
+            else {
+                continue;
+            };
+            let ns = slice.metadata.namespace.clone().unwrap_or_default();
+            let entry = by_service.entry((ns, svc.clone())).or_default();
+            for ep in &slice.endpoints {
+                // Usable: ready unset or true, or serving (terminating pods
+                // that still serve keep the address up).
+                let c = ep.conditions.as_ref();
+                let ready = c.and_then(|c| c.ready).unwrap_or(true);
+                let serving = c.and_then(|c| c.serving).unwrap_or(false);
+                if !(ready || serving) {
+                    continue;
+                }
+                entry.any_usable = true;
+                if let Some(node) = &ep.node_name {
+                    entry.nodes.insert(node.clone());
+                }
+            }
+        }
+        EndpointIndex { by_service }
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Endpoints {
+        self.by_service
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// True when hostlb handles the Service: `type: LoadBalancer` and no class or
+/// our class.
+pub fn handled(svc: &Service, scope: &Scope) -> bool {
+    let Some(spec) = &svc.spec else { return false };
+    spec.type_.as_deref() == Some("LoadBalancer")
+        && spec
+            .load_balancer_class
+            .as_deref()
+            .is_none_or(|c| c == scope.load_balancer_class)
+}
+
+/// The Service as the election sees it, `None` when hostlb does not handle it
+/// or it has no address yet.
+pub fn service_info(
+    svc: &Service,
+    scope: &Scope,
+    endpoints: &EndpointIndex,
+    errors: &mut Vec<ObjectError>,
+) -> Option<ServiceInfo> {
+    if !handled(svc, scope) {
+        return None;
+    }
+    let ns = svc.metadata.namespace.clone().unwrap_or_default();
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let mut addresses: Vec<IpAddr> = Vec::new();
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        let Some(text) = &ing.ip else { continue };
+        match text.parse::<IpAddr>() {
+            Ok(ip) if !addresses.contains(&ip) => addresses.push(ip),
+            Ok(_) => {}
+            Err(_) => errors.push(ObjectError::new(
+                "Service",
+                &svc.metadata,
+                format!("status.loadBalancer.ingress[{i}].ip: {text:?} is not an IP address"),
+            )),
+        }
+    }
+    if addresses.is_empty() {
+        return None;
+    }
+    let local = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.external_traffic_policy.as_deref())
+        == Some("Local");
+    Some(ServiceInfo {
+        key: format!("{ns}/{name}"),
+        labels: labels(&svc.metadata),
+        created: created(&svc.metadata),
+        addresses,
+        allocated_pool: service_annotation(
+            svc.metadata.annotations.as_ref(),
+            IP_ALLOCATED_FROM_POOL,
+        )
+        .map(str::to_string),
+        local_traffic: local,
+        endpoints: endpoints.get(&ns, &name),
+    })
+}
+
+/// Everything the election needs from the cluster's objects.
+#[allow(clippy::too_many_arguments)]
+pub fn cluster<'a>(
+    scope: &Scope,
+    nodes: impl IntoIterator<Item = &'a Node>,
+    pools: impl IntoIterator<Item = &'a IPAddressPool>,
+    advertisements: impl IntoIterator<Item = &'a L2Advertisement>,
+    services: impl IntoIterator<Item = &'a Service>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+) -> (Cluster, Vec<ObjectError>) {
+    let mut errors = Vec::new();
+    let in_scope = |meta: &ObjectMeta, kind: &str, errors: &mut Vec<ObjectError>| {
+        let ok = meta.namespace.as_deref() == Some(scope.namespace.as_str());
+        if !ok {
+            errors.push(ObjectError::new(
+                kind,
+                meta,
+                format!(
+                    "not in namespace {}; hostlb does not read it",
+                    scope.namespace
+                ),
+            ));
+        }
+        ok
+    };
+    let nodes = nodes.into_iter().map(node_info).collect();
+    let mut seen_pools = BTreeSet::new();
+    let mut out_pools = Vec::new();
+    for p in pools {
+        if in_scope(&p.metadata, "IPAddressPool", &mut errors) {
+            let pool = pool(p, &mut errors);
+            if seen_pools.insert(pool.name.clone()) {
+                out_pools.push(pool);
+            }
+        }
+    }
+    let mut ads = Vec::new();
+    for ad in advertisements {
+        if !in_scope(&ad.metadata, "L2Advertisement", &mut errors) {
+            continue;
+        }
+        match advertisement(ad) {
+            Ok(a) => ads.push(a),
+            Err(message) => errors.push(ObjectError::new("L2Advertisement", &ad.metadata, message)),
+        }
+    }
+    let index = EndpointIndex::build(slices);
+    let services = services
+        .into_iter()
+        .filter_map(|s| service_info(s, scope, &index, &mut errors))
+        .collect();
+    (
+        Cluster {
+            nodes,
+            pools: out_pools,
+            advertisements: ads,
+            services,
+        },
+        errors,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hostlb_api::snapshot::Snapshot;
+
+    fn load(yaml: &str) -> (Cluster, Vec<ObjectError>) {
+        let mut s = Snapshot::default();
+        s.add_str(yaml, "test").unwrap();
+        cluster(
+            &Scope::default(),
+            &s.nodes,
+            &s.pools,
+            &s.advertisements,
+            &s.services,
+            &s.endpoint_slices,
+        )
+    }
+
+    #[test]
+    fn preferred_nodes_are_read_with_weights_and_selectors() {
+        let (c, errors) = load(
+            r#"
+apiVersion: hostlb.io/v1
+kind: L2Advertisement
+metadata: {name: ad, namespace: hostlb-system}
+spec:
+  ipAddressPools: [p]
+  nodeSelectors: [{matchLabels: {role: lb}}]
+  preferredNodeSelectors:
+  - {weight: 60, preference: {matchLabels: {zone: primary}}}
+  - weight: 50
+    preference:
+      matchExpressions: [{key: gpu, operator: Exists}]
+"#,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        let ad = &c.advertisements[0];
+        assert_eq!(ad.pools, vec!["p"]);
+        assert_eq!(ad.node_selectors.len(), 1);
+        let weights: Vec<u32> = ad.preferences.iter().map(|p| p.weight).collect();
+        assert_eq!(weights, vec![60, 50]);
+        let gpu: Labels = [("gpu".to_string(), "x".to_string())].into();
+        assert!(!ad.preferences[0].selector.matches(&gpu));
+        assert!(ad.preferences[1].selector.matches(&gpu));
+    }
+
+    #[test]
+    fn bad_advertisements_are_reported_and_left_out_alone() {
+        let (c, errors) = load(
+            r#"
+apiVersion: hostlb.io/v1
+kind: L2Advertisement
+metadata: {name: bad-op, namespace: hostlb-system}
+spec:
+  nodeSelectors: [{}, {matchExpressions: [{key: zone, operator: Near, values: [a]}]}]
+---
+apiVersion: hostlb.io/v1
+kind: L2Advertisement
+metadata: {name: bad-weight, namespace: hostlb-system}
+spec:
+  preferredNodeSelectors: [{weight: 0, preference: {}}]
+---
+apiVersion: hostlb.io/v1
+kind: L2Advertisement
+metadata: {name: bad-pref, namespace: hostlb-system}
+spec:
+  preferredNodeSelectors: [{weight: 5, preference: {matchLabels: {"bad key": x}}}]
+---
+apiVersion: hostlb.io/v1
+kind: L2Advertisement
+metadata: {name: elsewhere, namespace: default}
+spec: {}
+---
+apiVersion: hostlb.io/v1
+kind: L2Advertisement
+metadata: {name: good, namespace: hostlb-system}
+spec: {}
+"#,
+        );
+        assert_eq!(c.advertisements.len(), 1);
+        assert_eq!(c.advertisements[0].name, "good");
+        let msgs: Vec<(String, String)> =
+            errors.into_iter().map(|e| (e.object, e.message)).collect();
+        assert_eq!(
+            msgs,
+            vec![
+                (
+                    "L2Advertisement/hostlb-system/bad-op".into(),
+                    r#"spec.nodeSelectors[1]: "Near" is not a valid label selector operator"#.into()
+                ),
+                (
+                    "L2Advertisement/hostlb-system/bad-weight".into(),
+                    "spec.preferredNodeSelectors[0].weight: Invalid value: 0: must be between 1 and 100, inclusive".into()
+                ),
+                (
+                    "L2Advertisement/hostlb-system/bad-pref".into(),
+                    r#"spec.preferredNodeSelectors[0].preference: key: Invalid value: "bad key": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"#.into()
+                ),
+                (
+                    "L2Advertisement/default/elsewhere".into(),
+                    "not in namespace hostlb-system; hostlb does not read it".into()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn pools_keep_valid_entries_and_report_bad_ones() {
+        let (c, errors) = load(
+            r#"
+apiVersion: hostlb.io/v1
+kind: IPAddressPool
+metadata: {name: p, namespace: hostlb-system, creationTimestamp: "2026-01-02T03:04:05Z"}
+spec:
+  addresses: [10.0.0.0/24, 10.0.1.300, "fd00::1-fd00::9"]
+"#,
+        );
+        assert_eq!(c.pools[0].ranges.len(), 2);
+        assert_eq!(c.pools[0].created, Some(1767323045));
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].object, "IPAddressPool/hostlb-system/p");
+        assert!(
+            errors[0]
+                .message
+                .starts_with(r#"spec.addresses[1]: invalid address "10.0.1.300""#)
+        );
+    }
+
+    #[test]
+    fn services_endpoints_and_classes() {
+        let (c, errors) = load(
+            r#"
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: shop
+  labels: {app: web}
+  annotations: {metallb.universe.tf/ip-allocated-from-pool: old-pool}
+spec: {type: LoadBalancer, externalTrafficPolicy: Local}
+status: {loadBalancer: {ingress: [{ip: 10.0.0.5}, {ip: "fd00::5"}, {hostname: lb.example}, {ip: nope}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: other-class, namespace: shop}
+spec: {type: LoadBalancer, loadBalancerClass: example.com/other}
+status: {loadBalancer: {ingress: [{ip: 10.0.0.6}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: cluster-ip, namespace: shop}
+spec: {type: ClusterIP}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: pending, namespace: shop}
+spec: {type: LoadBalancer, loadBalancerClass: hostlb.io/lb}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.1.0.1], nodeName: n1}
+- {addresses: [10.1.0.2], nodeName: n2, conditions: {ready: false, serving: true, terminating: true}}
+- {addresses: [10.1.0.3], nodeName: n3, conditions: {ready: false}}
+- {addresses: [10.1.0.4], nodeName: n4, conditions: {ready: true}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-other-ns, namespace: elsewhere, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints:
+- {addresses: [10.1.0.9], nodeName: n9}
+"#,
+        );
+        assert_eq!(c.services.len(), 1);
+        let s = &c.services[0];
+        assert_eq!(s.key, "shop/web");
+        assert_eq!(
+            s.addresses,
+            vec![
+                "10.0.0.5".parse::<IpAddr>().unwrap(),
+                "fd00::5".parse().unwrap()
+            ]
+        );
+        assert!(s.local_traffic);
+        assert_eq!(s.allocated_pool.as_deref(), Some("old-pool"));
+        assert!(s.endpoints.any_usable);
+        let nodes: Vec<&str> = s.endpoints.nodes.iter().map(String::as_str).collect();
+        assert_eq!(nodes, vec!["n1", "n2", "n4"]);
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].message.contains("\"nope\" is not an IP address"));
+    }
+
+    #[test]
+    fn network_unavailable_condition() {
+        let (c, _) = load(
+            r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1}
+status: {conditions: [{type: NetworkUnavailable, status: "True"}, {type: Ready, status: "True"}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: n2}
+status: {conditions: [{type: NetworkUnavailable, status: "False"}]}
+"#,
+        );
+        assert!(c.nodes[0].network_unavailable);
+        assert!(!c.nodes[1].network_unavailable);
+    }
+}
