@@ -1,0 +1,285 @@
+//! A Kubernetes API server for tests: the real HTTP protocol (paths, verbs,
+//! status codes, `Status` errors, watch streams, discovery) over an
+//! in-memory store, so `kube` and `kubectl` work against it unchanged.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! let server = hostlb_tests::apiserver::TestServer::start().await;
+//! let client = server.client();
+//! server.set_unavailable(); // every API call now gets 503
+//! server.set_available();
+//! # }
+//! ```
+//!
+//! See `tests/README.md` for what it implements and how it differs from a
+//! real API server.
+
+pub mod error;
+mod fields;
+mod http;
+mod patch;
+mod registry;
+mod schema;
+mod selectors;
+mod store;
+mod table;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+pub use error::ApiError;
+pub use registry::{GroupResource, ResourceDef};
+pub use store::Store;
+
+/// Whether the API answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Available,
+    /// Every API request gets `503 ServiceUnavailable`.
+    Unavailable,
+    /// The listening socket is closed and open connections dropped, so
+    /// clients get "connection refused".
+    Refuse,
+}
+
+/// Fault injection, shared by the library handle and the control path.
+pub struct Faults {
+    mode: watch::Sender<Mode>,
+    delay_ms: AtomicU64,
+    cut: watch::Sender<u64>,
+}
+
+impl Faults {
+    fn new() -> Arc<Self> {
+        Arc::new(Faults {
+            mode: watch::channel(Mode::Available).0,
+            delay_ms: AtomicU64::new(0),
+            cut: watch::channel(0).0,
+        })
+    }
+
+    pub fn mode(&self) -> Mode {
+        *self.mode.borrow()
+    }
+
+    pub fn set_mode(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    pub fn delay(&self) -> Duration {
+        Duration::from_millis(self.delay_ms.load(Ordering::Relaxed))
+    }
+
+    pub fn set_delay(&self, d: Duration) {
+        self.delay_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// End every open watch stream (clients see the stream close).
+    pub fn cut_watches(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+}
+
+/// One request that could change state, for tests that check who wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteRecord {
+    pub method: String,
+    pub path: String,
+    pub field_manager: Option<String>,
+    pub user_agent: String,
+    pub status: u16,
+}
+
+pub(crate) struct App {
+    store: Mutex<Store>,
+    faults: Arc<Faults>,
+    addr: SocketAddr,
+    writes: Mutex<Vec<WriteRecord>>,
+    bookmark_interval: Duration,
+}
+
+/// A running test server; it stops when dropped.
+pub struct TestServer {
+    app: Arc<App>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl TestServer {
+    /// Start on `127.0.0.1` with a free port.
+    pub async fn start() -> TestServer {
+        TestServer::start_on("127.0.0.1:0".parse().expect("literal"))
+            .await
+            .expect("bind 127.0.0.1:0")
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<TestServer> {
+        let listener = TcpListener::bind(addr).await?;
+        let app = Arc::new(App {
+            store: Mutex::new(Store::new()),
+            faults: Faults::new(),
+            addr: listener.local_addr()?,
+            writes: Mutex::new(Vec::new()),
+            bookmark_interval: Duration::from_secs(1),
+        });
+        let (shutdown, rx) = watch::channel(false);
+        tokio::spawn(serve(app.clone(), listener, rx));
+        Ok(TestServer { app, shutdown })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.app.addr
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.app.addr)
+    }
+
+    /// A client configuration for this server (namespace `default`).
+    pub fn config(&self) -> kube::Config {
+        kube::Config::new(self.url().parse().expect("valid url"))
+    }
+
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config()).expect("client for a plain HTTP server")
+    }
+
+    /// A kubeconfig pointing at this server, for `kubectl` and agents.
+    pub fn kubeconfig_yaml(&self) -> String {
+        kubeconfig_yaml(&self.url())
+    }
+
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::write(path, self.kubeconfig_yaml())
+    }
+
+    pub fn faults(&self) -> &Faults {
+        &self.app.faults
+    }
+
+    /// Every API request now gets `503 ServiceUnavailable`.
+    pub fn set_unavailable(&self) {
+        self.app.faults.set_mode(Mode::Unavailable);
+    }
+
+    /// Close the listening socket and drop open connections.
+    pub fn set_refusing(&self) {
+        self.app.faults.set_mode(Mode::Refuse);
+    }
+
+    pub fn set_available(&self) {
+        self.app.faults.set_mode(Mode::Available);
+    }
+
+    pub fn cut_watches(&self) {
+        self.app.faults.cut_watches();
+    }
+
+    /// Delay every API response by `d`.
+    pub fn set_delay(&self, d: Duration) {
+        self.app.faults.set_delay(d);
+    }
+
+    /// Forget the event history: watches from older resourceVersions get 410.
+    pub fn compact(&self) {
+        self.app.store.lock().expect("lock").compact();
+    }
+
+    /// Direct access to the store, for setup and assertions.
+    pub fn with_store<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
+        f(&mut self.app.store.lock().expect("lock"))
+    }
+
+    /// Requests that could change state, oldest first.
+    pub fn writes(&self) -> Vec<WriteRecord> {
+        self.app.writes.lock().expect("lock").clone()
+    }
+
+    pub fn clear_writes(&self) {
+        self.app.writes.lock().expect("lock").clear();
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+pub fn kubeconfig_yaml(url: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: testserver
+  cluster:
+    server: {url}
+users:
+- name: testserver
+  user: {{}}
+contexts:
+- name: testserver
+  context:
+    cluster: testserver
+    user: testserver
+    namespace: default
+current-context: testserver
+"
+    )
+}
+
+/// Accept connections until shutdown; in `Refuse` mode close the listener
+/// and every connection, and bind again when the mode changes back.
+async fn serve(app: Arc<App>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+    let router = Router::new().fallback(http::handle).with_state(app.clone());
+    let mut mode = app.faults.mode.subscribe();
+    let mut listener = Some(listener);
+    let mut conns = JoinSet::new();
+    loop {
+        if *mode.borrow_and_update() == Mode::Refuse {
+            listener = None;
+            conns.abort_all();
+            tokio::select! {
+                _ = mode.changed() => continue,
+                _ = shutdown.changed() => return,
+            }
+        }
+        let l = match &listener {
+            Some(l) => l,
+            None => match TcpListener::bind(app.addr).await {
+                Ok(l) => listener.insert(l),
+                Err(e) => {
+                    tracing::warn!(error = %e, addr = %app.addr, "rebinding the test server");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        tokio::select! {
+            accepted = l.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let svc = TowerToHyperService::new(router.clone());
+                conns.spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+            _ = mode.changed() => {}
+            _ = shutdown.changed() => {
+                conns.abort_all();
+                return;
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Test infrastructure shared by hostlb's integration tests: a Kubernetes
+//! API server that the unchanged `kube` client and `kubectl` talk to.
+
+pub mod apiserver;

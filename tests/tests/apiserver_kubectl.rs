@@ -1,0 +1,162 @@
+//! `kubectl` against the test API server: discovery, get (with the columns
+//! a real cluster prints), create, apply (client- and server-side), delete
+//! and schema errors.
+//!
+//! Needs `kubectl` on PATH (or `KUBECTL=/path`). Without it the test fails
+//! when `CI` is set and otherwise says it did not run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use hostlb_tests::apiserver::TestServer;
+
+struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    cache: PathBuf,
+    /// Client-side validation needs OpenAPI v2 before kubectl 1.27.
+    validate: &'static str,
+}
+
+impl Kubectl {
+    fn find(dir: &Path, server: &TestServer) -> Option<Kubectl> {
+        let bin = std::env::var_os("KUBECTL")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| "kubectl".into());
+        let out = Command::new(&bin)
+            .args(["version", "--client", "-o", "json"])
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let minor: u32 = v["clientVersion"]["minor"]
+            .as_str()?
+            .trim_end_matches('+')
+            .parse()
+            .ok()?;
+        let kubeconfig = dir.join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        Some(Kubectl {
+            bin,
+            kubeconfig,
+            cache: dir.join("cache"),
+            validate: if minor >= 27 {
+                "--validate=strict"
+            } else {
+                "--validate=false"
+            },
+        })
+    }
+
+    fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .args(args)
+            .env("HOME", self.cache.parent().unwrap())
+            .output()
+            .expect("run kubectl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.run(args);
+        assert!(ok, "kubectl {args:?} failed: {err}");
+        out
+    }
+
+    fn apply_yaml(
+        &self,
+        dir: &Path,
+        name: &str,
+        yaml: &str,
+        args: &[&str],
+    ) -> (bool, String, String) {
+        let f = dir.join(name);
+        std::fs::write(&f, yaml).unwrap();
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["-f", f.to_str().unwrap(), self.validate]);
+        self.run(&all)
+    }
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("hostlb-kubectl-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_create_apply_delete() {
+    let server = TestServer::start().await;
+    let dir = tempdir("crud");
+    let Some(k) = Kubectl::find(&dir, &server) else {
+        if std::env::var_os("CI").is_some() {
+            panic!("kubectl is required in CI: install it or set KUBECTL");
+        }
+        eprintln!("NOT RUN: kubectl not found (install it or set KUBECTL)");
+        return;
+    };
+    let k = tokio::task::spawn_blocking(move || {
+        // Built-in kinds.
+        let out = k.ok(&["get", "namespaces"]);
+        assert!(out.contains("default") && out.contains("kube-system"), "{out}");
+        let (ok, out, err) = k.apply_yaml(&dir, "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: greeting}\ndata: {hello: world}\n", &["create"]);
+        assert!(ok, "{err}");
+        assert!(out.contains("configmap/greeting created"), "{out}");
+        let out = k.ok(&["get", "configmap", "greeting", "-o", "jsonpath={.data.hello}"]);
+        assert_eq!(out, "world");
+        let (ok, _, err) = k.apply_yaml(&dir, "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: greeting}\ndata: {hello: world}\n", &["create"]);
+        assert!(!ok && err.contains("AlreadyExists") || err.contains("already exists"), "{err}");
+
+        // CRDs from the repository, then objects of them, client- and server-side apply.
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+        let (ok, out, err) = k.run(&["apply", "-f", crds.to_str().unwrap(), k.validate]);
+        assert!(ok, "{err}");
+        assert!(out.contains("ipaddresspools.hostlb.io created"), "{out}");
+        // From YAML: `kubectl create namespace` sends protobuf, which the
+        // test server does not speak.
+        let (ok, _, err) = k.apply_yaml(&dir, "ns.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: hostlb-system}\n", &["create"]);
+        assert!(ok, "{err}");
+        let pool = "apiVersion: hostlb.io/v1\nkind: IPAddressPool\nmetadata: {name: p1, namespace: hostlb-system}\nspec:\n  addresses: [192.168.10.0/24]\n";
+        let (ok, out, err) = k.apply_yaml(&dir, "pool.yaml", pool, &["apply"]);
+        assert!(ok, "{err}");
+        assert!(out.contains("ipaddresspool.hostlb.io/p1 created"), "{out}");
+        let (ok, out, err) = k.apply_yaml(&dir, "pool.yaml", &pool.replace("/24", "/25"), &["apply"]);
+        assert!(ok, "{err}");
+        assert!(out.contains("configured"), "{out}");
+        let (ok, _, err) = k.apply_yaml(&dir, "pool2.yaml", &pool.replace("p1", "p2"), &["apply", "--server-side"]);
+        assert!(ok, "{err}");
+        // The printer columns of the CRD.
+        let out = k.ok(&["get", "ipaddresspools", "-n", "hostlb-system"]);
+        let header = out.lines().next().unwrap();
+        for col in ["NAME", "ADDRESSES", "AUTO ASSIGN", "ASSIGNED IPV4", "AVAILABLE IPV6", "READY", "AGE"] {
+            assert!(header.contains(col), "{col} missing: {out}");
+        }
+        assert!(out.contains("[\"192.168.10.0/25\"]") || out.contains("192.168.10.0/25"), "{out}");
+        let out = k.ok(&["get", "ipp", "-A"]);
+        assert!(out.contains("hostlb-system") && out.contains("p2"), "short name and -A: {out}");
+
+        // Schema errors come back as the real server words them.
+        let bad = "apiVersion: hostlb.io/v1\nkind: L2Advertisement\nmetadata: {name: bad, namespace: hostlb-system}\nspec:\n  preferredNodeSelectors:\n  - weight: 0\n    preference: {}\n";
+        let (ok, _, err) = k.apply_yaml(&dir, "bad.yaml", bad, &["create"]);
+        assert!(!ok);
+        assert!(err.contains("is invalid") && err.contains("should be greater than or equal to 1"), "{err}");
+
+        // Delete, then NotFound.
+        let out = k.ok(&["delete", "configmap", "greeting"]);
+        assert!(out.contains("deleted"), "{out}");
+        let (ok, _, err) = k.run(&["get", "configmap", "greeting"]);
+        assert!(!ok && err.contains(r#"configmaps "greeting" not found"#), "{err}");
+        k
+    })
+    .await
+    .unwrap();
+    drop(k);
+}
