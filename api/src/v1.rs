@@ -12,7 +12,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::selector::LabelSelector;
+use crate::selector::{LabelSelector, Selector, parse_list};
 
 pub const GROUP: &str = "hostlb.io";
 pub const VERSION: &str = "v1";
@@ -214,6 +214,41 @@ pub struct L2AdvertisementSpec {
     /// weight and are elected first; the others remain failover candidates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preferred_node_selectors: Vec<PreferredNodeSelector>,
+}
+
+impl L2AdvertisementSpec {
+    /// The preferences with weights checked (1..=100) and selectors
+    /// compiled; the first problem, in Kubernetes' words, otherwise.
+    pub fn preferences(&self) -> Result<Vec<(u32, Selector)>, String> {
+        self.preferred_node_selectors
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                if !(1..=100).contains(&p.weight) {
+                    return Err(format!(
+                        "spec.preferredNodeSelectors[{i}].weight: Invalid value: {}: must be between 1 and 100, inclusive",
+                        p.weight
+                    ));
+                }
+                let selector = Selector::parse(&p.preference)
+                    .map_err(|e| format!("spec.preferredNodeSelectors[{i}].preference: {e}"))?;
+                Ok((p.weight as u32, selector))
+            })
+            .collect()
+    }
+
+    /// Every selector compiled, or the first problem: what makes the
+    /// advertisement unusable.
+    pub fn validate(&self) -> Result<(), String> {
+        self.preferences()?;
+        parse_list(
+            "spec.ipAddressPoolSelectors",
+            &self.ip_address_pool_selectors,
+        )?;
+        parse_list("spec.nodeSelectors", &self.node_selectors)?;
+        parse_list("spec.serviceSelectors", &self.service_selectors)?;
+        Ok(())
+    }
 }
 
 /// A weighted soft preference, shaped like Kubernetes' `PreferredSchedulingTerm`.

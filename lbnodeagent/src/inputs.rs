@@ -13,7 +13,7 @@ use hostlb_api::annotations::{
 };
 use hostlb_api::selector::parse_list;
 use hostlb_api::snapshot::ObjectError;
-use hostlb_api::{AddressRange, IPAddressPool, L2Advertisement, Selector};
+use hostlb_api::{AddressRange, IPAddressPool, L2Advertisement};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -89,21 +89,11 @@ pub fn pool(p: &IPAddressPool, errors: &mut Vec<ObjectError>) -> Pool {
 /// half of it could announce from nodes the operator did not intend.
 pub fn advertisement(ad: &L2Advertisement) -> Result<Advertisement, String> {
     let spec = &ad.spec;
-    let mut preferences = Vec::new();
-    for (i, p) in spec.preferred_node_selectors.iter().enumerate() {
-        if !(1..=100).contains(&p.weight) {
-            return Err(format!(
-                "spec.preferredNodeSelectors[{i}].weight: Invalid value: {}: must be between 1 and 100, inclusive",
-                p.weight
-            ));
-        }
-        let selector = Selector::parse(&p.preference)
-            .map_err(|e| format!("spec.preferredNodeSelectors[{i}].preference: {e}"))?;
-        preferences.push(Preference {
-            weight: p.weight as u32,
-            selector,
-        });
-    }
+    let preferences = spec
+        .preferences()?
+        .into_iter()
+        .map(|(weight, selector)| Preference { weight, selector })
+        .collect();
     Ok(Advertisement {
         name: ad.metadata.name.clone().unwrap_or_default(),
         pools: spec.ip_address_pools.clone(),

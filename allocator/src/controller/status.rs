@@ -1,0 +1,240 @@
+//! Writing what the allocator decided: Service status and pool annotation,
+//! pool status, advertisement status. Every write is a JSON merge patch
+//! under one field manager, sent only when something differs, so replaying
+//! the same decision writes nothing.
+
+use std::net::IpAddr;
+
+use hostlb_api::annotations::IP_ALLOCATED_FROM_POOL;
+use hostlb_api::v1::conditions::{INVALID, OVERLAPS, READY};
+use hostlb_api::{IPAddressPool, L2Advertisement};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use tracing::{debug, info, warn};
+
+use super::FIELD_MANAGER;
+use crate::engine::{PoolReport, PoolState};
+use crate::ledger::Answer;
+
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+/// The Service carries our pool annotation: we wrote its addresses.
+pub fn ours(svc: &Service) -> bool {
+    svc.annotations().contains_key(IP_ALLOCATED_FROM_POOL)
+}
+
+fn ingress_ips(svc: &Service) -> Vec<String> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.clone())
+        .collect()
+}
+
+/// Make the Service show `answer` (no answer or a failure: no address).
+/// Returns the addresses written to status when it wrote them.
+pub async fn write_service(
+    client: &Client,
+    svc: &Service,
+    answer: Option<&Answer>,
+) -> Result<Option<Vec<IpAddr>>, kube::Error> {
+    let (ips, pool): (Vec<IpAddr>, Option<&str>) = match answer {
+        Some(Ok(a)) => (a.ips.clone(), Some(a.pool.as_str())),
+        _ => (Vec::new(), None),
+    };
+    let api: Api<Service> = Api::namespaced(client.clone(), &svc.namespace().unwrap_or_default());
+    let name = svc.name_any();
+    let current_pool = svc
+        .annotations()
+        .get(IP_ALLOCATED_FROM_POOL)
+        .map(String::as_str);
+    if current_pool != pool {
+        let patch = json!({"metadata": {"annotations": {IP_ALLOCATED_FROM_POOL: pool}}});
+        api.patch(&name, &params(), &Patch::Merge(&patch)).await?;
+    }
+    let want: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
+    if ingress_ips(svc) == want {
+        return Ok(None);
+    }
+    let ingress: Value = if want.is_empty() {
+        Value::Null
+    } else {
+        Value::Array(want.iter().map(|ip| json!({"ip": ip})).collect())
+    };
+    api.patch_status(
+        &name,
+        &params(),
+        &Patch::Merge(&json!({"status": {"loadBalancer": {"ingress": ingress}}})),
+    )
+    .await?;
+    debug!(service = %format!("{}/{name}", svc.namespace().unwrap_or_default()), addresses = ?want, "status written");
+    Ok(Some(ips))
+}
+
+fn now() -> Time {
+    Time(jiff::Timestamp::now())
+}
+
+/// Conditions with `lastTransitionTime` carried over while the status of a
+/// condition does not change.
+fn conditions(
+    existing: &[Condition],
+    wanted: &[(&str, bool, &str, String)],
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    wanted
+        .iter()
+        .map(|(t, ok, reason, message)| {
+            let status = if *ok { "True" } else { "False" };
+            let since = existing
+                .iter()
+                .find(|c| c.type_ == *t && c.status == status)
+                .map(|c| c.last_transition_time.clone())
+                .unwrap_or_else(now);
+            Condition {
+                type_: t.to_string(),
+                status: status.into(),
+                reason: reason.to_string(),
+                message: message.clone(),
+                last_transition_time: since,
+                observed_generation: generation,
+            }
+        })
+        .collect()
+}
+
+/// Conditions equal but for their transition times.
+fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.type_ == y.type_
+                && x.status == y.status
+                && x.reason == y.reason
+                && x.message == y.message
+                && x.observed_generation == y.observed_generation
+        })
+}
+
+fn saturate(n: u128) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+pub async fn write_pool(client: &Client, pool: &IPAddressPool, r: &PoolReport) {
+    let existing = pool.status.clone().unwrap_or_default();
+    let (ready, invalid, overlaps) = match &r.state {
+        PoolState::Ready => (
+            (
+                READY,
+                true,
+                "Valid",
+                "addresses are handed out from this pool".to_string(),
+            ),
+            (INVALID, false, "Valid", String::new()),
+            (OVERLAPS, false, "NoOverlap", String::new()),
+        ),
+        PoolState::Invalid(m) => (
+            (
+                READY,
+                false,
+                "Invalid",
+                format!("no new addresses from this pool: {m}"),
+            ),
+            (INVALID, true, "Invalid", m.clone()),
+            (OVERLAPS, false, "NoOverlap", String::new()),
+        ),
+        PoolState::Overlaps(m) => (
+            (
+                READY,
+                false,
+                "Overlaps",
+                format!("no new addresses from this pool: {m}"),
+            ),
+            (INVALID, false, "Valid", String::new()),
+            (OVERLAPS, true, "Overlaps", m.clone()),
+        ),
+    };
+    let conds = conditions(
+        &existing.conditions,
+        &[ready, invalid, overlaps],
+        pool.metadata.generation,
+    );
+    let want = hostlb_api::v1::IPAddressPoolStatus {
+        assigned_ipv4: saturate(r.assigned[0]),
+        assigned_ipv6: saturate(r.assigned[1]),
+        available_ipv4: saturate(r.available[0]),
+        available_ipv6: saturate(r.available[1]),
+        conditions: conds,
+    };
+    let unchanged = existing.assigned_ipv4 == want.assigned_ipv4
+        && existing.assigned_ipv6 == want.assigned_ipv6
+        && existing.available_ipv4 == want.available_ipv4
+        && existing.available_ipv6 == want.available_ipv6
+        && same_conditions(&existing.conditions, &want.conditions);
+    if unchanged {
+        return;
+    }
+    if let PoolState::Invalid(m) | PoolState::Overlaps(m) = &r.state {
+        warn!(pool = %r.name, problem = %m, "pool not used for new addresses");
+    }
+    let api: Api<IPAddressPool> =
+        Api::namespaced(client.clone(), &pool.namespace().unwrap_or_default());
+    let patch = json!({"status": want});
+    if let Err(e) = api
+        .patch_status(&r.name, &params(), &Patch::Merge(&patch))
+        .await
+    {
+        warn!(pool = %r.name, error = %e, "writing pool status failed");
+    }
+}
+
+pub async fn write_advertisement(client: &Client, ad: &L2Advertisement) {
+    let existing = ad.status.clone().unwrap_or_default();
+    let verdict = ad.spec.validate();
+    let wanted = match &verdict {
+        Ok(()) => [
+            (
+                READY,
+                true,
+                "Valid",
+                "the advertisement is in use".to_string(),
+            ),
+            (INVALID, false, "Valid", String::new()),
+        ],
+        Err(m) => [
+            (
+                READY,
+                false,
+                "Invalid",
+                format!("the advertisement is not used: {m}"),
+            ),
+            (INVALID, true, "Invalid", m.clone()),
+        ],
+    };
+    let conds = conditions(&existing.conditions, &wanted, ad.metadata.generation);
+    if same_conditions(&existing.conditions, &conds) {
+        return;
+    }
+    if let Err(m) = &verdict {
+        info!(advertisement = %ad.name_any(), problem = %m, "advertisement is invalid");
+    }
+    let api: Api<L2Advertisement> =
+        Api::namespaced(client.clone(), &ad.namespace().unwrap_or_default());
+    let patch = json!({"status": {"conditions": conds}});
+    if let Err(e) = api
+        .patch_status(&ad.name_any(), &params(), &Patch::Merge(&patch))
+        .await
+    {
+        warn!(advertisement = %ad.name_any(), error = %e, "writing advertisement status failed");
+    }
+}

@@ -1,0 +1,197 @@
+//! What the allocator tells the outside: Prometheus metrics on `/metrics`,
+//! liveness on `/healthz` (the loop is turning) and readiness on `/readyz`
+//! (every watch completed its first list).
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::engine::{PoolReport, PoolState};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
+    family: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolStateLabels {
+    pool: String,
+}
+
+pub struct Telemetry {
+    registry: Mutex<Registry>,
+    allocations: Counter,
+    failures: Counter,
+    leader: Gauge,
+    services: Gauge,
+    assigned: Family<PoolLabels, Gauge>,
+    available: Family<PoolLabels, Gauge>,
+    pool_ready: Family<PoolStateLabels, Gauge>,
+    ready: AtomicBool,
+    /// Unix seconds of the loop's last turn.
+    beat: AtomicI64,
+}
+
+fn unix_now() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+impl Telemetry {
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("hostlb_allocator");
+        let t = Telemetry {
+            registry: Mutex::new(Registry::default()),
+            allocations: Counter::default(),
+            failures: Counter::default(),
+            leader: Gauge::default(),
+            services: Gauge::default(),
+            assigned: Family::default(),
+            available: Family::default(),
+            pool_ready: Family::default(),
+            ready: AtomicBool::new(false),
+            beat: AtomicI64::new(unix_now()),
+        };
+        registry.register(
+            "allocations",
+            "Addresses handed to Services",
+            t.allocations.clone(),
+        );
+        registry.register(
+            "allocation_failures",
+            "Services that could not get an address",
+            t.failures.clone(),
+        );
+        registry.register(
+            "leader",
+            "Whether this replica holds the Lease and writes",
+            t.leader.clone(),
+        );
+        registry.register(
+            "services",
+            "LoadBalancer Services handled",
+            t.services.clone(),
+        );
+        registry.register(
+            "pool_assigned_addresses",
+            "Addresses assigned from the pool",
+            t.assigned.clone(),
+        );
+        registry.register(
+            "pool_available_addresses",
+            "Addresses of the pool nobody holds",
+            t.available.clone(),
+        );
+        registry.register(
+            "pool_ready",
+            "Whether the pool hands out new addresses",
+            t.pool_ready.clone(),
+        );
+        *t.registry.lock().expect("fresh") = registry;
+        Arc::new(t)
+    }
+
+    pub fn allocated(&self) {
+        self.allocations.inc();
+    }
+
+    pub fn failed(&self) {
+        self.failures.inc();
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(leader as i64);
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    pub fn set_services(&self, n: usize) {
+        self.services.set(n as i64);
+    }
+
+    pub fn beat(&self) {
+        self.beat.store(unix_now(), Ordering::Relaxed);
+    }
+
+    pub fn set_pools(&self, reports: &[PoolReport]) {
+        let clamp = |n: u128| i64::try_from(n).unwrap_or(i64::MAX);
+        for r in reports {
+            for (i, family) in ["IPv4", "IPv6"].iter().enumerate() {
+                let l = PoolLabels {
+                    pool: r.name.clone(),
+                    family: family.to_string(),
+                };
+                self.assigned.get_or_create(&l).set(clamp(r.assigned[i]));
+                self.available.get_or_create(&l).set(clamp(r.available[i]));
+            }
+            self.pool_ready
+                .get_or_create(&PoolStateLabels {
+                    pool: r.name.clone(),
+                })
+                .set((r.state == PoolState::Ready) as i64);
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry.lock().expect("lock"))
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    fn alive(&self) -> bool {
+        unix_now() - self.beat.load(Ordering::Relaxed) < 30
+    }
+}
+
+/// `/metrics`, `/healthz`, `/readyz`.
+pub fn router(t: Arc<Telemetry>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(t): State<Arc<Telemetry>>| async move {
+                ([("content-type", "text/plain; version=0.0.4")], t.render())
+            }),
+        )
+        .route(
+            "/healthz",
+            get(|State(t): State<Arc<Telemetry>>| async move {
+                if t.alive() {
+                    (StatusCode::OK, "ok").into_response()
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "the control loop is stuck").into_response()
+                }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(|State(t): State<Arc<Telemetry>>| async move {
+                if t.is_ready() {
+                    (StatusCode::OK, "ok").into_response()
+                } else {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "waiting for the first list of every watch",
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .with_state(t)
+}

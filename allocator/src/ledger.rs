@@ -1,0 +1,282 @@
+//! The allocator's whole picture: every handled Service with the engine's
+//! answer for it, kept consistent as Services, pools and namespaces change.
+//!
+//! Both the controller and `allocator plan` drive allocation through this
+//! one type, so what `plan` prints is what the controller does. It decides
+//! the order things happen in: on a rebuild every Service keeps what it
+//! holds before any new address is handed out (oldest first), and a Service
+//! waiting for an address is retried whenever addresses are freed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::engine::{
+    AllocError, Allocator, Assigned, Labels, PoolReport, PoolSpec, ServiceRequest,
+};
+
+pub type Answer = Result<Assigned, AllocError>;
+
+#[derive(Default)]
+pub struct Ledger {
+    engine: Allocator,
+    services: BTreeMap<String, ServiceRequest>,
+    answers: BTreeMap<String, Answer>,
+}
+
+fn age(s: &ServiceRequest) -> (i64, String) {
+    (s.created.unwrap_or(i64::MAX), s.key.clone())
+}
+
+impl Ledger {
+    pub fn new() -> Self {
+        Ledger::default()
+    }
+
+    pub fn answer(&self, key: &str) -> Option<&Answer> {
+        self.answers.get(key)
+    }
+
+    /// Every Service with its answer, oldest first.
+    pub fn answers(&self) -> Vec<(&ServiceRequest, &Answer)> {
+        let mut v: Vec<(&ServiceRequest, &Answer)> = self
+            .services
+            .values()
+            .filter_map(|s| self.answers.get(&s.key).map(|a| (s, a)))
+            .collect();
+        v.sort_by_key(|(s, _)| age(s));
+        v
+    }
+
+    pub fn report(&self) -> Vec<PoolReport> {
+        self.engine.report()
+    }
+
+    pub fn len(&self) -> usize {
+        self.services.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+    }
+
+    fn by_age(&self, filter: impl Fn(&ServiceRequest) -> bool) -> Vec<String> {
+        let mut v: Vec<&ServiceRequest> = self.services.values().filter(|s| filter(s)).collect();
+        v.sort_by_key(|s| age(s));
+        v.into_iter().map(|s| s.key.clone()).collect()
+    }
+
+    /// Reconcile one Service; record the answer; follow evictions. Returns
+    /// whether any address was freed on the way.
+    fn run(&mut self, key: &str, allow_new: bool, changed: &mut BTreeSet<String>) -> bool {
+        let mut freed = false;
+        let mut queue = vec![key.to_string()];
+        while let Some(k) = queue.pop() {
+            let Some(req) = self.services.get(&k) else {
+                continue;
+            };
+            let before = self.engine.allocation(&k);
+            let out = self.engine.reconcile(req, allow_new);
+            let answer = match out.result {
+                Ok(Some(a)) => Ok(a),
+                Ok(None) => continue,
+                Err(e) => Err(e),
+            };
+            let after = self.engine.allocation(&k);
+            if before.as_ref().is_some_and(|b| {
+                after
+                    .as_ref()
+                    .is_none_or(|a| b.ips.iter().any(|ip| !a.ips.contains(ip)))
+            }) {
+                freed = true;
+            }
+            if self.answers.get(&k) != Some(&answer) {
+                changed.insert(k.clone());
+                self.answers.insert(k.clone(), answer);
+            }
+            for e in out.evicted {
+                freed = true;
+                self.answers.remove(&e);
+                changed.insert(e.clone());
+                queue.push(e);
+            }
+        }
+        freed
+    }
+
+    /// Retry, oldest first, the Services still waiting for an address or for
+    /// one of their families, until nothing changes.
+    fn settle(&mut self, changed: &mut BTreeSet<String>) {
+        for _ in 0..64 {
+            let waiting = self.by_age(|s| match self.answers.get(&s.key) {
+                Some(Ok(a)) => a.ips.len() < wanted_families(s),
+                _ => true,
+            });
+            let mut moved = BTreeSet::new();
+            for k in waiting {
+                self.run(&k, true, &mut moved);
+            }
+            if moved.is_empty() {
+                return;
+            }
+            changed.extend(moved);
+        }
+    }
+
+    /// Everything from scratch, as after a restart: every Service first keeps
+    /// what its status holds (oldest first, so the older of two claimants
+    /// wins), and only then are new addresses handed out.
+    pub fn rebuild(&mut self) -> BTreeSet<String> {
+        let mut changed = BTreeSet::new();
+        for allow_new in [false, true] {
+            for k in self.by_age(|_| true) {
+                self.run(&k, allow_new, &mut changed);
+            }
+        }
+        self.settle(&mut changed);
+        changed
+    }
+
+    /// Add or update a Service and give it its addresses.
+    pub fn upsert(&mut self, req: ServiceRequest) -> BTreeSet<String> {
+        let key = req.key.clone();
+        // A new shareable address can serve Services waiting with that key.
+        let shares = req.sharing_key.is_some();
+        self.services.insert(key.clone(), req);
+        let mut changed = BTreeSet::new();
+        let freed = self.run(&key, true, &mut changed);
+        if freed || (shares && self.answers.get(&key).is_some_and(|a| a.is_ok())) {
+            self.settle(&mut changed);
+        }
+        changed
+    }
+
+    /// Add or update a Service without allocating: used while the caches
+    /// fill, before [`Ledger::rebuild`].
+    pub fn insert(&mut self, req: ServiceRequest) {
+        self.services.insert(req.key.clone(), req);
+    }
+
+    /// A Service is gone or no longer handled: free its addresses.
+    pub fn remove(&mut self, key: &str) -> BTreeSet<String> {
+        let mut changed = BTreeSet::new();
+        self.services.remove(key);
+        if self.answers.remove(key).is_some() {
+            changed.insert(key.to_string());
+        }
+        if self.engine.release(key) {
+            self.settle(&mut changed);
+        }
+        changed
+    }
+
+    /// New pools: every Service is checked against them.
+    pub fn set_pools(&mut self, specs: &[PoolSpec]) -> BTreeSet<String> {
+        self.engine.set_pools(specs);
+        self.rerun(|_| true)
+    }
+
+    /// A namespace's labels changed: its Services are checked again.
+    pub fn set_namespace(&mut self, name: &str, labels: Labels) -> BTreeSet<String> {
+        self.engine.set_namespace(name, labels);
+        self.rerun(|s| s.namespace == name)
+    }
+
+    pub fn remove_namespace(&mut self, name: &str) -> BTreeSet<String> {
+        self.engine.remove_namespace(name);
+        self.rerun(|s| s.namespace == name)
+    }
+
+    /// Set pools and namespaces without reconciling, before a rebuild.
+    pub fn load(
+        &mut self,
+        pools: &[PoolSpec],
+        namespaces: impl IntoIterator<Item = (String, Labels)>,
+    ) {
+        self.engine.set_pools(pools);
+        for (n, l) in namespaces {
+            self.engine.set_namespace(&n, l);
+        }
+    }
+
+    fn rerun(&mut self, filter: impl Fn(&ServiceRequest) -> bool) -> BTreeSet<String> {
+        let mut changed = BTreeSet::new();
+        for k in self.by_age(filter) {
+            self.run(&k, true, &mut changed);
+        }
+        self.settle(&mut changed);
+        changed
+    }
+}
+
+fn wanted_families(s: &ServiceRequest) -> usize {
+    match s.policy {
+        crate::engine::FamilyPolicy::SingleStack => 1,
+        _ if !s.requested.is_empty() => s.requested.len(),
+        _ => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(name: &str, addrs: &[&str]) -> PoolSpec {
+        PoolSpec {
+            name: name.into(),
+            created: Some(1),
+            addresses: addrs.iter().map(|s| s.to_string()).collect(),
+            auto_assign: true,
+            ..Default::default()
+        }
+    }
+
+    fn svc(name: &str, created: i64) -> ServiceRequest {
+        ServiceRequest {
+            key: format!("d/{name}"),
+            namespace: "d".into(),
+            created: Some(created),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_waiting_service_gets_the_address_freed_by_another() {
+        let mut l = Ledger::new();
+        l.set_pools(&[pool("p", &["10.0.0.1"])]);
+        assert_eq!(l.upsert(svc("a", 1)), BTreeSet::from(["d/a".to_string()]));
+        let changed = l.upsert(svc("b", 2));
+        assert!(changed.contains("d/b"));
+        assert_eq!(
+            l.answer("d/b").unwrap().as_ref().unwrap_err().to_string(),
+            "no available addresses in pool p"
+        );
+        let changed = l.remove("d/a");
+        assert_eq!(
+            changed,
+            BTreeSet::from(["d/a".to_string(), "d/b".to_string()])
+        );
+        assert_eq!(
+            l.answer("d/b").unwrap().as_ref().unwrap().ips[0].to_string(),
+            "10.0.0.1"
+        );
+    }
+
+    #[test]
+    fn rebuild_keeps_statuses_before_allocating() {
+        let mut l = Ledger::new();
+        l.load(&[pool("p", &["10.0.0.0/30"])], []);
+        // A young Service without status would take .0 if it went first.
+        l.insert(svc("new", 5));
+        let mut held = svc("held", 9);
+        held.current = vec!["10.0.0.0".parse().unwrap()];
+        l.insert(held);
+        l.rebuild();
+        assert_eq!(
+            l.answer("d/held").unwrap().as_ref().unwrap().ips[0].to_string(),
+            "10.0.0.0"
+        );
+        assert_eq!(
+            l.answer("d/new").unwrap().as_ref().unwrap().ips[0].to_string(),
+            "10.0.0.1"
+        );
+    }
+}

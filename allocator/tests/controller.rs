@@ -1,0 +1,514 @@
+//! The allocator controller against the test API server: real HTTP, the
+//! unchanged kube client, watches, Leases and faults.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hostlb_allocator::controller::{self, Config, telemetry::Telemetry};
+use hostlb_api::annotations::IP_ALLOCATED_FROM_POOL;
+use hostlb_api::{IPAddressPool, L2Advertisement};
+use hostlb_tests::apiserver::TestServer;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+const NS: &str = "hostlb-system";
+
+async fn setup() -> TestServer {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (_, crd) in hostlb_api::crds::all() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let nss: Api<Namespace> = Api::all(client);
+    for ns in [NS, "shop"] {
+        nss.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    server
+}
+
+async fn pool(server: &TestServer, name: &str, spec: serde_json::Value) {
+    let api: Api<IPAddressPool> = Api::namespaced(server.client(), NS);
+    let p: IPAddressPool = serde_json::from_value(
+        json!({"apiVersion": "hostlb.io/v1", "kind": "IPAddressPool",
+        "metadata": {"name": name}, "spec": spec}),
+    )
+    .unwrap();
+    api.create(&PostParams::default(), &p).await.unwrap();
+}
+
+async fn service(server: &TestServer, name: &str, extra: serde_json::Value) {
+    let api: Api<Service> = Api::namespaced(server.client(), "shop");
+    let mut v = json!({"metadata": {"name": name}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+    json_patch::merge(&mut v, &extra);
+    api.create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+        .await
+        .unwrap();
+}
+
+struct Replica {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), controller::Error>>,
+    telemetry: Arc<Telemetry>,
+}
+
+impl Replica {
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+fn client_for(server: &TestServer, identity: &str) -> Client {
+    let mut config = server.config();
+    controller::identify(&mut config, identity);
+    Client::try_from(config).unwrap()
+}
+
+fn start(server: &TestServer, identity: &str, leader_election: bool) -> Replica {
+    let mut cfg = Config::for_test(identity);
+    cfg.leader_election = leader_election;
+    let telemetry = Telemetry::new();
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(controller::run(
+        client_for(server, identity),
+        cfg,
+        telemetry.clone(),
+        stopped,
+    ));
+    Replica {
+        stop,
+        task,
+        telemetry,
+    }
+}
+
+async fn eventually<F, Fut, T>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn ips(server: &TestServer, name: &str) -> Vec<String> {
+    let api: Api<Service> = Api::namespaced(server.client(), "shop");
+    let s = api.get(name).await.unwrap();
+    s.status
+        .and_then(|s| s.load_balancer)
+        .and_then(|lb| lb.ingress)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|i| i.ip)
+        .collect()
+}
+
+async fn wait_ips(server: &TestServer, name: &str, want: &[&str]) {
+    let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    eventually(&format!("{name} to hold {want:?}"), || {
+        let want = want.clone();
+        async move {
+            let got = ips(server, name).await;
+            (got == want).then_some(())
+        }
+    })
+    .await
+}
+
+async fn events(server: &TestServer, reason: &str) -> Vec<String> {
+    let api: Api<Event> = Api::namespaced(server.client(), "shop");
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.regarding.and_then(|r| r.name).unwrap_or_default(),
+                e.note.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// Writes to Services (not Leases or Events), for checking who wrote.
+fn service_writes(server: &TestServer) -> Vec<hostlb_tests::apiserver::WriteRecord> {
+    server
+        .writes()
+        .into_iter()
+        .filter(|w| w.path.contains("/services/") && w.status < 300)
+        .collect()
+}
+
+#[tokio::test]
+async fn pools_and_services_in_statuses_and_events_out() {
+    let server = setup().await;
+    pool(&server, "p1", json!({"addresses": ["10.0.0.0/30"]})).await;
+    service(&server, "a", json!({})).await;
+    let r = start(&server, "r1", false);
+    wait_ips(&server, "a", &["10.0.0.0"]).await;
+    let svcs: Api<Service> = Api::namespaced(server.client(), "shop");
+    assert_eq!(
+        svcs.get("a").await.unwrap().annotations()[IP_ALLOCATED_FROM_POOL],
+        "p1"
+    );
+
+    service(
+        &server,
+        "b",
+        json!({"metadata": {"annotations": {"hostlb.io/loadBalancerIPs": "10.0.0.3"}}}),
+    )
+    .await;
+    wait_ips(&server, "b", &["10.0.0.3"]).await;
+    // Not ours: another type, another class.
+    service(&server, "plain", json!({"spec": {"type": "ClusterIP"}})).await;
+    service(
+        &server,
+        "other-class",
+        json!({"spec": {"loadBalancerClass": "example.com/lb"}}),
+    )
+    .await;
+    service(&server, "c", json!({})).await;
+    wait_ips(&server, "c", &["10.0.0.1"]).await;
+    assert!(ips(&server, "plain").await.is_empty() && ips(&server, "other-class").await.is_empty());
+
+    let got = eventually("IPAllocated events", || async {
+        let e = events(&server, "IPAllocated").await;
+        (e.len() >= 3).then_some(e)
+    })
+    .await;
+    assert!(
+        got.contains(&"a: Assigned 10.0.0.0 from pool p1".to_string()),
+        "{got:?}"
+    );
+
+    // Pool status: counts and conditions.
+    let pools: Api<IPAddressPool> = Api::namespaced(server.client(), NS);
+    let st = eventually("pool status", || async {
+        let p = pools.get("p1").await.unwrap();
+        p.status.filter(|s| s.assigned_ipv4 == 3)
+    })
+    .await;
+    assert_eq!(st.available_ipv4, 1);
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.status, "True");
+
+    // Exhaustion is reported; a deletion frees the address for the waiting Service.
+    service(&server, "d", json!({})).await;
+    service(&server, "e", json!({})).await;
+    wait_ips(&server, "d", &["10.0.0.2"]).await;
+    let failed = eventually("AllocationFailed", || async {
+        let e = events(&server, "AllocationFailed").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert_eq!(
+        failed,
+        vec!["e: no available addresses in pool p1".to_string()]
+    );
+    svcs.delete("a", &DeleteParams::default()).await.unwrap();
+    wait_ips(&server, "e", &["10.0.0.0"]).await;
+
+    // A type change releases the address and clears what we wrote.
+    svcs.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"type": "ClusterIP"}})),
+    )
+    .await
+    .unwrap();
+    wait_ips(&server, "c", &[]).await;
+    eventually("annotation removed", || async {
+        (!svcs
+            .get("c")
+            .await
+            .unwrap()
+            .annotations()
+            .contains_key(IP_ALLOCATED_FROM_POOL))
+        .then_some(())
+    })
+    .await;
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_pool_is_reported_while_a_good_pool_serves() {
+    let server = setup().await;
+    pool(
+        &server,
+        "bad",
+        json!({"addresses": ["10.1.1.300", "10.1.2.0/24"]}),
+    )
+    .await;
+    pool(&server, "good", json!({"addresses": ["10.2.0.0/24"]})).await;
+    // An invalid advertisement is reported too.
+    let ads: Api<L2Advertisement> = Api::namespaced(server.client(), NS);
+    let ad: L2Advertisement = serde_json::from_value(json!({"apiVersion": "hostlb.io/v1", "kind": "L2Advertisement",
+        "metadata": {"name": "ad"}, "spec": {"nodeSelectors": [{"matchLabels": {"bad key": "x"}}]}}))
+    .unwrap();
+    ads.create(&PostParams::default(), &ad).await.unwrap();
+    service(&server, "a", json!({})).await;
+    let r = start(&server, "r1", false);
+    wait_ips(&server, "a", &["10.2.0.0"]).await;
+    let pools: Api<IPAddressPool> = Api::namespaced(server.client(), NS);
+    let st = eventually("invalid pool status", || async {
+        pools
+            .get("bad")
+            .await
+            .unwrap()
+            .status
+            .filter(|s| !s.conditions.is_empty())
+    })
+    .await;
+    let invalid = st.conditions.iter().find(|c| c.type_ == "Invalid").unwrap();
+    assert_eq!(invalid.status, "True");
+    assert!(
+        invalid
+            .message
+            .starts_with("spec.addresses[0]: invalid address \"10.1.1.300\""),
+        "{}",
+        invalid.message
+    );
+    assert_eq!(
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap()
+            .status,
+        "False"
+    );
+    let st = eventually("ad status", || async {
+        ads.get("ad")
+            .await
+            .unwrap()
+            .status
+            .filter(|s| !s.conditions.is_empty())
+    })
+    .await;
+    let invalid = st.conditions.iter().find(|c| c.type_ == "Invalid").unwrap();
+    assert!(
+        invalid
+            .message
+            .starts_with("spec.nodeSelectors[0]: key: Invalid value: \"bad key\""),
+        "{}",
+        invalid.message
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn restart_changes_nothing() {
+    let server = setup().await;
+    pool(
+        &server,
+        "p1",
+        json!({"addresses": ["10.0.0.0/24", "fd00::/120"]}),
+    )
+    .await;
+    for i in 0..20 {
+        let extra = if i % 3 == 0 {
+            json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"]}})
+        } else {
+            json!({})
+        };
+        service(&server, &format!("s{i}"), extra).await;
+    }
+    let r = start(&server, "r1", false);
+    for i in 0..20 {
+        let name = format!("s{i}");
+        let want = if i % 3 == 0 { 2 } else { 1 };
+        eventually(&format!("{name} allocated"), || async {
+            (ips(&server, &name).await.len() == want).then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    r.stop().await;
+    let mut before = Vec::new();
+    for i in 0..20 {
+        before.push(ips(&server, &format!("s{i}")).await);
+    }
+    server.clear_writes();
+    // Statuses edited by hand meanwhile on a Service is restored, the rest untouched.
+    let r = start(&server, "r2", false);
+    eventually("ready", || async { r.telemetry.is_ready().then_some(()) }).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        service_writes(&server),
+        vec![],
+        "a restart writes nothing to Services"
+    );
+    let mut after = Vec::new();
+    for i in 0..20 {
+        after.push(ips(&server, &format!("s{i}")).await);
+    }
+    assert_eq!(before, after);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn only_the_leader_writes_and_the_other_takes_over() {
+    let server = setup().await;
+    pool(&server, "p1", json!({"addresses": ["10.0.0.0/24"]})).await;
+    let a = start(&server, "replica-a", true);
+    let b = start(&server, "replica-b", true);
+    let leader = eventually("a leader", || async {
+        let (x, y) = (a.telemetry.render(), b.telemetry.render());
+        let lead = |m: &str| m.lines().any(|l| l == "hostlb_allocator_leader 1");
+        match (lead(&x), lead(&y)) {
+            (true, false) => Some("replica-a"),
+            (false, true) => Some("replica-b"),
+            _ => None,
+        }
+    })
+    .await;
+    for i in 0..5 {
+        service(&server, &format!("s{i}"), json!({})).await;
+    }
+    for i in 0..5 {
+        wait_ips(&server, &format!("s{i}"), &[&format!("10.0.0.{i}")]).await;
+    }
+    let writers: BTreeSet<String> = service_writes(&server)
+        .into_iter()
+        .map(|w| w.user_agent)
+        .collect();
+    assert_eq!(writers.len(), 1, "{writers:?}");
+    assert!(writers.iter().next().unwrap().contains(leader));
+
+    // The leader dies without releasing the Lease: the other takes over once
+    // it expires, rebuilds from the statuses and allocates new Services.
+    let (dead, survivor, survivor_name) = if leader == "replica-a" {
+        (a, b, "replica-b")
+    } else {
+        (b, a, "replica-a")
+    };
+    dead.task.abort();
+    server.clear_writes();
+    service(&server, "late", json!({})).await;
+    wait_ips(&server, "late", &["10.0.0.5"]).await;
+    let writers: BTreeSet<String> = service_writes(&server)
+        .into_iter()
+        .map(|w| w.user_agent)
+        .collect();
+    assert_eq!(writers.len(), 1);
+    assert!(
+        writers.iter().next().unwrap().contains(survivor_name),
+        "{writers:?}"
+    );
+    for i in 0..5 {
+        assert_eq!(
+            ips(&server, &format!("s{i}")).await,
+            vec![format!("10.0.0.{i}")],
+            "nothing moved on take-over"
+        );
+    }
+    survivor.stop().await;
+}
+
+#[tokio::test]
+async fn api_outage_then_recovery_without_double_allocation() {
+    let server = setup().await;
+    pool(&server, "p1", json!({"addresses": ["10.0.0.0/28"]})).await;
+    for i in 0..4 {
+        service(&server, &format!("s{i}"), json!({})).await;
+    }
+    let r = start(&server, "r1", false);
+    wait_ips(&server, "s3", &["10.0.0.3"]).await;
+    // Connections refused: the watches fail and retry with backoff.
+    server.set_refusing();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // While the API is away, objects change behind the controller's back
+    // (as if another client wrote during the outage).
+    server.with_store(|s| {
+        let svc = s.def("", "v1", "services").unwrap().clone();
+        s.delete(&svc, "shop", "s1", &serde_json::Value::Null, &Default::default()).unwrap();
+        s.create(&svc, "shop", json!({"metadata": {"name": "new1"}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}), &Default::default()).unwrap();
+        s.create(&svc, "shop", json!({"metadata": {"name": "new2"}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}), &Default::default()).unwrap();
+        s.compact();
+    });
+    server.set_available();
+    // After the outage (re-list on 410): the freed address is reused, nothing twice.
+    wait_ips(&server, "new1", &["10.0.0.1"]).await;
+    wait_ips(&server, "new2", &["10.0.0.4"]).await;
+    // Then a 503 window: the client retries and the next change still lands.
+    server.set_unavailable();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.set_available();
+    service(&server, "after", json!({})).await;
+    wait_ips(&server, "after", &["10.0.0.5"]).await;
+    let all: Vec<Vec<String>> = futures::future::join_all(
+        ["s0", "s2", "s3", "new1", "new2", "after"].map(|n| ips(&server, n)),
+    )
+    .await;
+    let flat: Vec<String> = all.into_iter().flatten().collect();
+    let unique: BTreeSet<&String> = flat.iter().collect();
+    assert_eq!(
+        unique.len(),
+        flat.len(),
+        "an address was given twice: {flat:?}"
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn namespace_labels_move_services_between_pools() {
+    let server = setup().await;
+    pool(&server, "general", json!({"addresses": ["10.0.0.0/24"]})).await;
+    pool(&server, "team-a", json!({"addresses": ["10.9.0.0/24"],
+        "serviceAllocation": {"priority": 1, "namespaceSelectors": [{"matchLabels": {"team": "a"}}]}})).await;
+    service(&server, "web", json!({})).await;
+    let r = start(&server, "r1", false);
+    wait_ips(&server, "web", &["10.0.0.0"]).await;
+    let nss: Api<Namespace> = Api::all(server.client());
+    nss.patch(
+        "shop",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}}})),
+    )
+    .await
+    .unwrap();
+    // The held address stays valid in the general pool: kept.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ips(&server, "web").await, vec!["10.0.0.0"]);
+    // A new Service goes to the team's pool.
+    service(&server, "api", json!({})).await;
+    wait_ips(&server, "api", &["10.9.0.0"]).await;
+    // Removing the label takes the team pool away from it.
+    nss.patch(
+        "shop",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": null}}})),
+    )
+    .await
+    .unwrap();
+    wait_ips(&server, "api", &["10.0.0.1"]).await;
+    r.stop().await;
+}
