@@ -20,6 +20,9 @@ pub struct Ledger {
     engine: Allocator,
     services: BTreeMap<String, ServiceRequest>,
     answers: BTreeMap<String, Answer>,
+    /// Services still waiting for an address (or one of their families),
+    /// oldest first: what [`Ledger::settle`] retries.
+    waiting: BTreeSet<(i64, String)>,
 }
 
 fn age(s: &ServiceRequest) -> (i64, String) {
@@ -48,6 +51,15 @@ impl Ledger {
 
     pub fn report(&self) -> Vec<PoolReport> {
         self.engine.report()
+    }
+
+    pub fn pools(&self) -> &[crate::engine::Pool] {
+        self.engine.pools()
+    }
+
+    /// Services holding `ip`.
+    pub fn holders_of(&self, ip: std::net::IpAddr) -> Vec<String> {
+        self.engine.holders_of(ip)
     }
 
     pub fn len(&self) -> usize {
@@ -88,6 +100,16 @@ impl Ledger {
             }) {
                 freed = true;
             }
+            let waits = match &answer {
+                Ok(a) => a.ips.len() < wanted_families(req),
+                Err(_) => true,
+            };
+            let slot = age(req);
+            if waits {
+                self.waiting.insert(slot);
+            } else {
+                self.waiting.remove(&slot);
+            }
             if self.answers.get(&k) != Some(&answer) {
                 changed.insert(k.clone());
                 self.answers.insert(k.clone(), answer);
@@ -106,10 +128,10 @@ impl Ledger {
     /// one of their families, until nothing changes.
     fn settle(&mut self, changed: &mut BTreeSet<String>) {
         for _ in 0..64 {
-            let waiting = self.by_age(|s| match self.answers.get(&s.key) {
-                Some(Ok(a)) => a.ips.len() < wanted_families(s),
-                _ => true,
-            });
+            let waiting: Vec<String> = self.waiting.iter().map(|(_, k)| k.clone()).collect();
+            if waiting.is_empty() {
+                return;
+            }
             let mut moved = BTreeSet::new();
             for k in waiting {
                 self.run(&k, true, &mut moved);
@@ -140,7 +162,9 @@ impl Ledger {
         let key = req.key.clone();
         // A new shareable address can serve Services waiting with that key.
         let shares = req.sharing_key.is_some();
-        self.services.insert(key.clone(), req);
+        if let Some(old) = self.services.insert(key.clone(), req) {
+            self.waiting.remove(&age(&old));
+        }
         let mut changed = BTreeSet::new();
         let freed = self.run(&key, true, &mut changed);
         if freed || (shares && self.answers.get(&key).is_some_and(|a| a.is_ok())) {
@@ -152,13 +176,17 @@ impl Ledger {
     /// Add or update a Service without allocating: used while the caches
     /// fill, before [`Ledger::rebuild`].
     pub fn insert(&mut self, req: ServiceRequest) {
-        self.services.insert(req.key.clone(), req);
+        if let Some(old) = self.services.insert(req.key.clone(), req) {
+            self.waiting.remove(&age(&old));
+        }
     }
 
     /// A Service is gone or no longer handled: free its addresses.
     pub fn remove(&mut self, key: &str) -> BTreeSet<String> {
         let mut changed = BTreeSet::new();
-        self.services.remove(key);
+        if let Some(req) = self.services.remove(key) {
+            self.waiting.remove(&age(&req));
+        }
         if self.answers.remove(key).is_some() {
             changed.insert(key.to_string());
         }

@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use hostlb_api::address::to_u128;
 use proptest::prelude::*;
 
 use super::*;
 use crate::engine::ipset::is_buggy;
+use crate::ledger::Ledger;
 
 struct Rng(u64);
 
@@ -109,73 +109,13 @@ fn random_service(r: &mut Rng, i: usize, pools: &[PoolSpec]) -> ServiceRequest {
     s
 }
 
-/// What the controller would have written for each Service.
-type Statuses = BTreeMap<String, (Vec<IpAddr>, Option<String>)>;
-
-/// Reconcile `s` the way the controller does (with its last status), write
-/// the status, and follow evictions until nothing moves.
-fn converge(
-    a: &mut Allocator,
-    services: &BTreeMap<String, ServiceRequest>,
-    statuses: &mut Statuses,
-    key: &str,
-) {
-    let mut queue = vec![key.to_string()];
-    let mut rounds = 0;
-    while let Some(k) = queue.pop() {
-        rounds += 1;
-        assert!(rounds < 1000, "evictions do not converge");
-        let Some(base) = services.get(&k) else {
-            continue;
-        };
-        let mut s = base.clone();
-        if let Some((ips, pool)) = statuses.get(&k) {
-            s.current = ips.clone();
-            s.current_pool = pool.clone();
-        }
-        let out = a.reconcile(&s, true);
-        match out.result {
-            Ok(Some(x)) => statuses.insert(k.clone(), (x.ips, Some(x.pool))),
-            _ => statuses.insert(k.clone(), (vec![], None)),
-        };
-        for e in out.evicted {
-            statuses.insert(e.clone(), (vec![], None));
-            queue.push(e);
-        }
-    }
-}
-
-/// As the controller does: Services still waiting for an address (or for
-/// one of their families) are retried, oldest first, until nothing changes.
-fn settle(a: &mut Allocator, services: &BTreeMap<String, ServiceRequest>, statuses: &mut Statuses) {
-    loop {
-        let mut waiting: Vec<&ServiceRequest> = services
-            .values()
-            .filter(|s| {
-                statuses
-                    .get(&s.key)
-                    .is_none_or(|(ips, _)| ips.len() < s.wanted().len())
-            })
-            .collect();
-        waiting.sort_by(|x, y| x.age().cmp(&y.age()));
-        let waiting: Vec<String> = waiting.into_iter().map(|s| s.key.clone()).collect();
-        let before = statuses.clone();
-        for k in waiting {
-            converge(a, services, statuses, &k);
-        }
-        if *statuses == before {
-            break;
-        }
-    }
-}
-
 fn check_invariants(
-    a: &Allocator,
+    a: &Ledger,
     services: &BTreeMap<String, ServiceRequest>,
 ) -> Result<(), TestCaseError> {
     let mut by_ip: BTreeMap<IpAddr, Vec<&ServiceRequest>> = BTreeMap::new();
     for (k, s) in services {
-        if let Some(x) = a.allocation(k) {
+        if let Some(x) = held(a, k) {
             let pool = a.pools().iter().find(|p| p.name == x.pool);
             prop_assert!(
                 pool.is_some(),
@@ -224,7 +164,8 @@ fn check_invariants(
 
 /// The naive lowest free address for a plain single-stack request: pools in
 /// the engine's order, ranges in the order written, nothing held, not buggy.
-fn naive_lowest(a: &Allocator, s: &ServiceRequest) -> Option<IpAddr> {
+fn naive_lowest(a: &Ledger, s: &ServiceRequest) -> Option<IpAddr> {
+    let holders = |ip: IpAddr| a.holders_of(ip);
     let team: Labels = [("team".to_string(), "x".to_string())].into();
     let ns_labels = (s.namespace == "a").then_some(&team);
     let mut pools: Vec<&Pool> = a
@@ -239,7 +180,7 @@ fn naive_lowest(a: &Allocator, s: &ServiceRequest) -> Option<IpAddr> {
             let (lo, hi) = r.bounds();
             for x in lo..=hi {
                 let addr = hostlb_api::address::from_u128(f, x);
-                if a.holders_of(addr).is_empty() && !(p.avoid_buggy_ips && is_buggy(f, x)) {
+                if holders(addr).is_empty() && !(p.avoid_buggy_ips && is_buggy(f, x)) {
                     return Some(addr);
                 }
             }
@@ -248,54 +189,56 @@ fn naive_lowest(a: &Allocator, s: &ServiceRequest) -> Option<IpAddr> {
     None
 }
 
+/// The Service as the controller hands it to the ledger: with the status
+/// it wrote last.
+fn with_status(ledger: &Ledger, s: &ServiceRequest) -> ServiceRequest {
+    let mut s = s.clone();
+    if let Some(Ok(a)) = ledger.answer(&s.key) {
+        s.current = a.ips.clone();
+        s.current_pool = Some(a.pool.clone());
+    }
+    s
+}
+
+fn held(ledger: &Ledger, key: &str) -> Option<Assigned> {
+    ledger.answer(key).and_then(|a| a.as_ref().ok()).cloned()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
+    /// Driven through the ledger exactly as the controller drives it.
     #[test]
     fn invariants_hold_and_rebuild_reproduces_the_state(seed in any::<u64>()) {
         let mut r = Rng(seed);
         let mut pools = random_pools(&mut r);
-        let mut a = with_pools(&pools);
-        a.set_namespace("a", [("team".to_string(), "x".to_string())].into());
-        a.set_namespace("b", Labels::new());
+        let namespaces = || vec![("a".to_string(), Labels::from([("team".to_string(), "x".to_string())])), ("b".to_string(), Labels::new())];
+        let mut ledger = Ledger::new();
+        ledger.load(&pools, namespaces());
+        ledger.rebuild();
         let mut services: BTreeMap<String, ServiceRequest> = BTreeMap::new();
-        let mut statuses = Statuses::new();
-        for step in 0..40 {
+        for _ in 0..40 {
             match r.below(10) {
                 0..=5 => {
                     let i = r.below(12) as usize;
                     let s = random_service(&mut r, i, &pools);
-                    let k = s.key.clone();
-                    services.insert(k.clone(), s);
-                    converge(&mut a, &services, &mut statuses, &k);
+                    services.insert(s.key.clone(), s.clone());
+                    ledger.upsert(with_status(&ledger, &s));
                 }
                 6 | 7 => {
                     let keys: Vec<String> = services.keys().cloned().collect();
                     if !keys.is_empty() {
                         let k = keys[r.below(keys.len() as u64) as usize].clone();
                         services.remove(&k);
-                        statuses.remove(&k);
-                        a.release(&k);
+                        ledger.remove(&k);
                     }
                 }
                 _ => {
                     pools = random_pools(&mut r);
-                    a.set_pools(&pools);
-                    let mut keys: Vec<&ServiceRequest> = services.values().collect();
-                    keys.sort_by(|x, y| x.age().cmp(&y.age()));
-                    let keys: Vec<String> = keys.into_iter().map(|s| s.key.clone()).collect();
-                    for k in keys {
-                        converge(&mut a, &services, &mut statuses, &k);
-                    }
+                    ledger.set_pools(&pools);
                 }
             }
-            settle(&mut a, &services, &mut statuses);
-            check_invariants(&a, &services)?;
-            // Status and engine agree.
-            for (k, (ips, _)) in &statuses {
-                let held = a.allocation(k).map(|x| x.ips).unwrap_or_default();
-                prop_assert_eq!(&held, ips, "step {}: status of {} differs from the engine", step, k);
-            }
+            check_invariants(&ledger, &services)?;
         }
 
         // Release then re-allocate: the lowest free address.
@@ -303,39 +246,22 @@ proptest! {
             .filter(|s| s.sharing_key.is_none() && s.requested.is_empty() && s.requested_pool.is_none() && s.policy == FamilyPolicy::SingleStack)
             .map(|s| s.key.clone()).collect();
         if let Some(k) = plain.first() {
-            a.release(k);
-            statuses.remove(k);
+            ledger.remove(k);
             let s = services[k].clone();
-            let want = naive_lowest(&a, &s);
-            let got = a.reconcile(&s, true).result.ok().flatten().map(|x| x.ips[0]);
-            prop_assert_eq!(got, want, "re-allocation of {}", k);
-            statuses.insert(k.clone(), (got.into_iter().collect(), a.allocation(k).map(|x| x.pool)));
-            settle(&mut a, &services, &mut statuses);
+            let want = naive_lowest(&ledger, &s);
+            ledger.upsert(s);
+            prop_assert_eq!(held(&ledger, k).map(|a| a.ips[0]), want, "re-allocation of {}", k);
         }
 
-        // Rebuild from the statuses, oldest first: keep, then allocate.
-        let mut b = with_pools(&pools);
-        b.set_namespace("a", [("team".to_string(), "x".to_string())].into());
-        b.set_namespace("b", Labels::new());
-        let mut order: Vec<&ServiceRequest> = services.values().collect();
-        order.sort_by(|x, y| x.age().cmp(&y.age()));
-        for allow_new in [false, true] {
-            for s in &order {
-                let mut s = (*s).clone();
-                if let Some((ips, pool)) = statuses.get(&s.key) {
-                    s.current = ips.clone();
-                    s.current_pool = pool.clone();
-                }
-                b.reconcile(&s, allow_new);
-            }
+        // Rebuild from the statuses, as a restarted controller does.
+        let mut rebuilt = Ledger::new();
+        rebuilt.load(&pools, namespaces());
+        for s in services.values() {
+            rebuilt.insert(with_status(&ledger, s));
         }
+        rebuilt.rebuild();
         for k in services.keys() {
-            if a.allocation(k) != b.allocation(k) {
-                eprintln!("pools: {:#?}", pools);
-                for s in &order { eprintln!("{} age={:?} policy={:?} primary={:?} share={:?} backend={:?} ports={:?} req={:?} reqpool={:?} status={:?} a={:?} b={:?}", s.key, s.created, s.policy, s.primary, s.sharing_key, s.backend_key, s.ports, s.requested, s.requested_pool, statuses.get(&s.key), a.allocation(&s.key), b.allocation(&s.key)); }
-            }
-            prop_assert_eq!(a.allocation(k), b.allocation(k), "rebuilt state differs for {}", k);
+            prop_assert_eq!(held(&ledger, k), held(&rebuilt, k), "rebuilt state differs for {}", k);
         }
-        let _ = to_u128;
     }
 }
