@@ -176,12 +176,20 @@ fn table(ledger: &Ledger, warnings: &[ObjectError]) -> String {
         "ASSIGNED IPV4/IPV6".into(),
         "AVAILABLE IPV4/IPV6".into(),
     ]];
+    let mut problems = Vec::new();
     for p in ledger.report() {
         let state = match &p.state {
-            PoolState::Ready => "Ready".to_string(),
-            PoolState::Invalid(m) => format!("Invalid: {m}"),
-            PoolState::Overlaps(m) => format!("Overlaps: {m}"),
-        };
+            PoolState::Ready => "Ready",
+            PoolState::Invalid(m) => {
+                problems.push(format!("  {}: {m}", p.name));
+                "Invalid"
+            }
+            PoolState::Overlaps(m) => {
+                problems.push(format!("  {}: {m}", p.name));
+                "Overlaps"
+            }
+        }
+        .to_string();
         pools.push(vec![
             p.name.clone(),
             state,
@@ -191,6 +199,13 @@ fn table(ledger: &Ledger, warnings: &[ObjectError]) -> String {
     }
     out.push('\n');
     out.push_str(&columns(&pools));
+    if !problems.is_empty() {
+        out.push_str("\npools not handing out new addresses:\n");
+        for p in problems {
+            out.push_str(&p);
+            out.push('\n');
+        }
+    }
     if !warnings.is_empty() {
         out.push_str("\nleft out:\n");
         for w in warnings {

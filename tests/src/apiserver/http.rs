@@ -19,7 +19,7 @@ use super::registry::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{Event, EventKind, PatchType, WriteOpts};
 use super::table;
-use super::{App, Mode, WriteRecord};
+use super::{App, Mode, RequestRecord};
 
 fn json_response(code: StatusCode, v: &Value) -> Response {
     (
@@ -101,7 +101,6 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         return ApiError::unavailable().into_response();
     }
     let method = req.method().clone();
-    let writes = !matches!(method, Method::GET | Method::HEAD);
     let q = query(&req);
     let user_agent = req
         .headers()
@@ -113,15 +112,14 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
-    if writes {
-        app.writes.lock().expect("lock").push(WriteRecord {
-            method: method.to_string(),
-            path,
-            field_manager: q.get("fieldManager").cloned(),
-            user_agent,
-            status: resp.status().as_u16(),
-        });
-    }
+    app.requests.lock().expect("lock").push(RequestRecord {
+        method: method.to_string(),
+        path,
+        watch: flag(&q, "watch"),
+        field_manager: q.get("fieldManager").cloned(),
+        user_agent,
+        status: resp.status().as_u16(),
+    });
     resp
 }
 

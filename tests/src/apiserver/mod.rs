@@ -90,21 +90,50 @@ impl Faults {
     }
 }
 
-/// One request that could change state, for tests that check who wrote.
+/// One API request, for tests that check who wrote and what a client needs
+/// permission for.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WriteRecord {
+pub struct RequestRecord {
     pub method: String,
     pub path: String,
+    /// A watch, as opposed to a list or a get.
+    pub watch: bool,
     pub field_manager: Option<String>,
     pub user_agent: String,
     pub status: u16,
 }
 
+impl RequestRecord {
+    /// The RBAC verb the request needs.
+    pub fn verb(&self) -> &'static str {
+        let segments = self.path.trim_matches('/').split('/').count();
+        // /api/v1/R, /api/v1/namespaces/N/R, /apis/G/V/R, /apis/G/V/namespaces/N/R
+        let core = self.path.starts_with("/api/");
+        let base = if core { 2 } else { 3 };
+        let collection =
+            segments == base + 1 || (segments == base + 3 && self.path.contains("/namespaces/"));
+        match (self.method.as_str(), collection) {
+            ("GET", true) if self.watch => "watch",
+            ("GET", true) => "list",
+            ("GET", false) => "get",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", true) => "deletecollection",
+            ("DELETE", false) => "delete",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Kept for callers that only look at writes.
+pub type WriteRecord = RequestRecord;
+
 pub(crate) struct App {
     store: Mutex<Store>,
     faults: Arc<Faults>,
     addr: SocketAddr,
-    writes: Mutex<Vec<WriteRecord>>,
+    requests: Mutex<Vec<RequestRecord>>,
     bookmark_interval: Duration,
 }
 
@@ -128,7 +157,7 @@ impl TestServer {
             store: Mutex::new(Store::new()),
             faults: Faults::new(),
             addr: listener.local_addr()?,
-            writes: Mutex::new(Vec::new()),
+            requests: Mutex::new(Vec::new()),
             bookmark_interval: Duration::from_secs(1),
         });
         let (shutdown, rx) = watch::channel(false);
@@ -200,12 +229,20 @@ impl TestServer {
     }
 
     /// Requests that could change state, oldest first.
-    pub fn writes(&self) -> Vec<WriteRecord> {
-        self.app.writes.lock().expect("lock").clone()
+    pub fn writes(&self) -> Vec<RequestRecord> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method != "GET")
+            .collect()
+    }
+
+    /// Every API request, oldest first.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.app.requests.lock().expect("lock").clone()
     }
 
     pub fn clear_writes(&self) {
-        self.app.writes.lock().expect("lock").clear();
+        self.app.requests.lock().expect("lock").clear();
     }
 }
 

@@ -1,0 +1,96 @@
+//! `allocator plan`, `convert` and `crds` as the real binary.
+
+use std::path::Path;
+use std::process::Command;
+
+fn allocator(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_allocator"))
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data"))
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn plan_prints_the_assignment_in_creation_order() {
+    let (ok, out, err) = allocator(&["plan", "-f", "plan.yaml", "-o", "json"]);
+    assert!(ok, "{err}");
+    // shop is labelled team=retail: the retail pool (priority 10) first, .0 avoided.
+    // ops/held keeps its status; ops/dual takes the last IPv4 and an IPv6;
+    // ops/late finds the general pool empty; the ClusterIP Service is not listed.
+    assert_eq!(
+        out,
+        concat!(
+            r#"{"services":[{"service":"shop/web","addresses":["192.168.20.1"],"pool":"retail"},"#,
+            r#"{"service":"ops/held","addresses":["192.168.10.201"],"pool":"general"},"#,
+            r#"{"service":"ops/dual","addresses":["192.168.10.200","fd00:10::200"],"pool":"general"},"#,
+            r#"{"service":"ops/late","error":"no available addresses in pool general"}]}"#,
+            "\n"
+        )
+    );
+    let (ok, table, _) = allocator(&["plan", "-f", "plan.yaml"]);
+    assert!(ok);
+    assert!(
+        table.contains("ops/held  192.168.10.201                general  kept"),
+        "{table}"
+    );
+    assert!(table.contains("typo     Invalid"), "{table}");
+    assert!(
+        table.contains("typo: spec.addresses[1]: invalid address \"192.168.30.300\""),
+        "{table}"
+    );
+}
+
+#[test]
+fn convert_rewrites_metallb_objects_and_names_what_it_leaves_out() {
+    std::fs::write(
+        std::env::temp_dir().join("hostlb-convert-in.yaml"),
+        "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata: {name: p, namespace: metallb-system}\nspec: {addresses: [10.0.0.0/24]}\n---\napiVersion: metallb.io/v1beta2\nkind: BGPPeer\nmetadata: {name: tor, namespace: metallb-system}\nspec: {}\n",
+    )
+    .unwrap();
+    let input = std::env::temp_dir().join("hostlb-convert-in.yaml");
+    let (ok, out, err) = allocator(&["convert", "-f", input.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&out).unwrap();
+    assert_eq!(docs.len(), 1);
+    assert_eq!(docs[0]["apiVersion"], "hostlb.io/v1");
+    assert_eq!(docs[0]["metadata"]["namespace"], "hostlb-system");
+    assert!(
+        err.contains("not carried over: BGPPeer/metallb-system/tor: hostlb has no BGP mode"),
+        "{err}"
+    );
+}
+
+#[test]
+fn crds_command_prints_the_committed_crds() {
+    let (ok, out, _) = allocator(&["crds"]);
+    assert!(ok);
+    for f in [
+        "hostlb.io_ipaddresspools.yaml",
+        "hostlb.io_l2advertisements.yaml",
+    ] {
+        let committed = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy/crds")
+                .join(f),
+        )
+        .unwrap();
+        assert!(
+            out.contains(&committed),
+            "{f} differs from `allocator crds`"
+        );
+    }
+}
+
+#[test]
+fn bad_input_fails_clearly() {
+    let (ok, _, err) = allocator(&["plan", "-f", "missing.yaml"]);
+    assert!(!ok && err.contains("reading missing.yaml"), "{err}");
+    let (ok, _, err) = allocator(&["run", "--lease-duration", "0"]);
+    assert!(!ok && err.contains("--lease-duration"), "{err}");
+}
