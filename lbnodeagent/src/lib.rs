@@ -1,7 +1,9 @@
 //! The hostlb node agent: elects one node per VIP and holds the VIP as a
 //! kernel address there.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+pub mod addrs;
+pub mod announce;
 pub mod election;
 pub mod inputs;
 pub mod simulate;

@@ -1,4 +1,6 @@
 //! Test infrastructure shared by hostlb's integration tests: a Kubernetes
-//! API server that the unchanged `kube` client and `kubectl` talk to.
+//! API server that the unchanged `kube` client and `kubectl` talk to, and
+//! network namespaces for real-kernel tests.
 
 pub mod apiserver;
+pub mod netns;

@@ -1,0 +1,369 @@
+//! Kernel addresses: the one place the agent reads links and routes and adds,
+//! renews and removes VIPs.
+//!
+//! The reconcile loop talks to an [`AddressBackend`]: [`NetlinkBackend`] on a
+//! real host, [`MemoryBackend`] in tests. Data flows one way: the loop asks
+//! for the announce interface and its on-link prefixes (which go into gossip
+//! and the election), adds the VIPs it wins, renews them at a third of their
+//! lifetime, removes the ones it loses, and listens to [`KernelEvent`]s to put
+//! back what someone removed by hand or to release everything when the
+//! carrier drops.
+//!
+//! Ownership is the invariant everything here protects: the backend touches
+//! only addresses it added itself, tagged with [`IFA_PROTO_HOSTLB`] and listed
+//! in a record file, so an address added by hand or by DHCP survives even when
+//! it equals a VIP.
+
+mod error;
+mod memory;
+mod netlink;
+mod record;
+mod routes;
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::time::Duration;
+use std::{fmt, str::FromStr};
+
+use hostlb_api::{Family, Prefix};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+pub use error::{Error, Result};
+pub use memory::{MemoryAddress, MemoryBackend};
+pub use netlink::{NetlinkBackend, NetlinkConfig};
+
+/// The `IFA_PROTO` value on every address the agent adds: `0x68`, ASCII `h`
+/// for hostlb. The kernel reserves 1-3 for its own addresses (loopback, router
+/// advertisement, link-local) and no common network manager sets this field,
+/// so `ip -d addr` shows `proto 0x68` on exactly our VIPs. Kernels before 5.18
+/// drop it silently, which is why a record file backs it up.
+pub const IFA_PROTO_HOSTLB: u8 = 0x68;
+
+/// The default `announce.virtual_interface`.
+pub const DEFAULT_VIRTUAL_INTERFACE: &str = "kube-lb0";
+
+/// An Ethernet address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl MacAddr {
+    /// `None` unless `bytes` is a 6-byte hardware address: tunnels and
+    /// point-to-point links have none, and nothing can be announced on them.
+    pub fn from_slice(bytes: &[u8]) -> Option<MacAddr> {
+        <[u8; 6]>::try_from(bytes).ok().map(MacAddr)
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+impl FromStr for MacAddr {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<MacAddr, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let mut out = [0u8; 6];
+        if parts.len() != 6 {
+            return Err(format!("{s:?} is not a MAC address like 02:00:00:00:00:01"));
+        }
+        for (slot, part) in out.iter_mut().zip(&parts) {
+            *slot = u8::from_str_radix(part, 16)
+                .map_err(|_| format!("{s:?} is not a MAC address like 02:00:00:00:00:01"))?;
+        }
+        Ok(MacAddr(out))
+    }
+}
+
+/// A link as the announce logic needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interface {
+    pub name: String,
+    pub index: u32,
+    /// `None` on links without an Ethernet address, where ARP and NDP cannot
+    /// be announced.
+    pub mac: Option<MacAddr>,
+    /// Administratively up and with carrier (`IFF_UP` and `IFF_LOWER_UP`).
+    pub carrier: bool,
+    /// On-link prefixes of both families from the main routing table, with
+    /// host bits cleared, sorted, without link-local, multicast and host
+    /// routes. Taken from routes, not addresses, so a DHCPv6 host holding
+    /// only a /128 still shows the /64 its router advertises.
+    pub prefixes: Vec<Prefix>,
+}
+
+impl Interface {
+    pub fn prefixes_of(&self, family: Family) -> impl Iterator<Item = &Prefix> {
+        self.prefixes.iter().filter(move |p| p.family() == family)
+    }
+
+    /// The most specific on-link prefix containing `ip`, if any.
+    pub fn on_link_prefix(&self, ip: IpAddr) -> Option<Prefix> {
+        self.prefixes
+            .iter()
+            .filter(|p| p.contains(ip))
+            .max_by_key(|p| p.prefix_len())
+            .copied()
+    }
+
+    /// `ip` as a secondary address with the prefix length of its on-link
+    /// route, so the host answers for it exactly as for its own address;
+    /// `None` when `ip` is not on-link here (the caller then uses virtual
+    /// mode).
+    pub fn vip(&self, ip: IpAddr, lifetime: Lifetime) -> Option<VipAddress> {
+        let prefix = self.on_link_prefix(ip)?;
+        Some(VipAddress {
+            interface: self.name.clone(),
+            ifindex: self.index,
+            ip,
+            prefix_len: prefix.prefix_len(),
+            lifetime,
+        })
+    }
+
+    /// `ip` as a host address (/32, /128) for the virtual interface: there is
+    /// no subnet, only a route for routing software to export.
+    pub fn host_vip(&self, ip: IpAddr, lifetime: Lifetime) -> VipAddress {
+        VipAddress {
+            interface: self.name.clone(),
+            ifindex: self.index,
+            ip,
+            prefix_len: Family::of(ip).bits(),
+            lifetime,
+        }
+    }
+}
+
+/// How long the kernel keeps an address without renewal
+/// (`announce.address_lifetime`): a host whose agent died stops answering
+/// within this bound instead of forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lifetime(Option<Duration>);
+
+impl Lifetime {
+    pub const FOREVER: Lifetime = Lifetime(None);
+
+    /// Zero means forever, as in the config file. Lifetimes are whole seconds
+    /// in the kernel: a fraction rounds up, so 1.5 s lasts 2 s.
+    pub fn new(lifetime: Duration) -> Lifetime {
+        if lifetime.is_zero() {
+            Lifetime::FOREVER
+        } else {
+            Lifetime(Some(lifetime))
+        }
+    }
+
+    pub fn duration(self) -> Option<Duration> {
+        self.0
+    }
+
+    /// The seconds the kernel counts down, `None` for forever.
+    pub fn kernel_seconds(self) -> Option<u32> {
+        self.0.map(|d| {
+            let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+            u32::try_from(secs.max(1)).unwrap_or(u32::MAX - 1)
+        })
+    }
+
+    /// When the caller should renew: a third of the lifetime leaves two
+    /// tries before the address lapses. `None` for forever.
+    pub fn renew_every(self) -> Option<Duration> {
+        self.0.map(|d| d / 3)
+    }
+}
+
+/// A VIP the agent wants the kernel to hold, on one interface.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct VipAddress {
+    pub interface: String,
+    pub ifindex: u32,
+    pub ip: IpAddr,
+    pub prefix_len: u8,
+    pub lifetime: Lifetime,
+}
+
+/// An address the backend added, as found in the kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnedAddress {
+    pub interface: String,
+    pub ifindex: u32,
+    pub ip: IpAddr,
+    pub prefix_len: u8,
+}
+
+impl OwnedAddress {
+    pub fn prefix(&self) -> Prefix {
+        Prefix::new(self.ip, self.prefix_len).expect("prefix length checked when added")
+    }
+}
+
+/// What `add` or `remove` did. Both are idempotent: adding what is there
+/// renews it, removing what is gone succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Done,
+    /// The interface holds this IP but the agent did not add it (by hand,
+    /// DHCP, another tool); it was left exactly as it was.
+    NotOurs,
+}
+
+/// A change in the kernel the reconcile loop must react to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelEvent {
+    /// One of our addresses disappeared without the backend removing it (by
+    /// hand, expiry, link deletion): add it again if still wanted. The
+    /// backend keeps counting it as its own until the caller removes it, so
+    /// a later `add` or `remove` of it behaves as before.
+    AddressRemoved(OwnedAddress),
+    /// The link went down or lost carrier, or was deleted: release its VIPs.
+    /// Carrier events come for every link, only on transitions; the caller
+    /// compares `ifindex` with its announce interfaces (a node has many
+    /// links, pod veths among them, and may announce on several).
+    CarrierLost {
+        ifindex: u32,
+        interface: String,
+    },
+    CarrierRegained {
+        ifindex: u32,
+        interface: String,
+    },
+    /// Kernel events were lost (netlink buffer overrun): re-read everything.
+    Resync,
+}
+
+/// Kernel events, in order. Subscribe before the first read of the kernel
+/// state so that nothing falls between the two.
+pub struct Events {
+    rx: mpsc::UnboundedReceiver<KernelEvent>,
+    _task: Option<AbortOnDrop>,
+}
+
+impl Events {
+    fn new(rx: mpsc::UnboundedReceiver<KernelEvent>, task: Option<JoinHandle<()>>) -> Self {
+        Events {
+            rx,
+            _task: task.map(AbortOnDrop),
+        }
+    }
+
+    /// The next event; `None` once the source has stopped (netlink socket
+    /// closed or the backend dropped), after which the caller should
+    /// subscribe again and resync.
+    pub async fn recv(&mut self) -> Option<KernelEvent> {
+        self.rx.recv().await
+    }
+
+    /// An event if one is waiting, without blocking.
+    pub fn try_recv(&mut self) -> Option<KernelEvent> {
+        self.rx.try_recv().ok()
+    }
+}
+
+/// Stops a background task with its owner, so a dropped backend or event
+/// stream leaves no netlink socket behind.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The agent's view of kernel addresses. Every method is idempotent and never
+/// changes an address the backend did not add.
+pub trait AddressBackend: Send + Sync {
+    /// The interface to announce `family` VIPs on: `configured` if set, else
+    /// the output interface of the main table's default route with the lowest
+    /// metric (for a multipath default route, its first next hop).
+    fn announce_interface(
+        &self,
+        family: Family,
+        configured: Option<&str>,
+    ) -> impl Future<Output = Result<Interface>> + Send;
+
+    /// A named interface with its prefixes, for L2Advertisement `interfaces`.
+    fn interface(&self, name: &str) -> impl Future<Output = Result<Interface>> + Send;
+
+    /// The virtual interface for off-link VIPs: a `dummy` link created on
+    /// demand, or an existing link of that name where the kernel has no dummy
+    /// driver.
+    fn ensure_virtual_interface(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Interface>> + Send;
+
+    /// Adds `vip`, or renews its lifetime if the backend added it before.
+    /// Call again at [`Lifetime::renew_every`].
+    fn add(&self, vip: &VipAddress) -> impl Future<Output = Result<Applied>> + Send;
+
+    /// Removes `vip` (any prefix length) if the backend added it.
+    fn remove(&self, vip: &VipAddress) -> impl Future<Output = Result<Applied>> + Send;
+
+    /// At startup: exactly the addresses a previous run of the agent left in
+    /// the kernel, which the backend now treats as its own. The caller keeps
+    /// (re-adds) or removes each.
+    fn adopt(&self) -> impl Future<Output = Result<Vec<OwnedAddress>>> + Send;
+
+    /// The backend's addresses as the kernel has them now, for the periodic
+    /// resync against the kernel.
+    fn owned(&self) -> impl Future<Output = Result<Vec<OwnedAddress>>> + Send;
+
+    /// Address and link events from now on.
+    fn subscribe(&self) -> impl Future<Output = Result<Events>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifetime_zero_is_forever_and_fractions_round_up() {
+        assert_eq!(Lifetime::new(Duration::ZERO), Lifetime::FOREVER);
+        assert_eq!(Lifetime::FOREVER.kernel_seconds(), None);
+        assert_eq!(Lifetime::FOREVER.renew_every(), None);
+        let l = Lifetime::new(Duration::from_secs(15));
+        assert_eq!(l.kernel_seconds(), Some(15));
+        assert_eq!(l.renew_every(), Some(Duration::from_secs(5)));
+        assert_eq!(
+            Lifetime::new(Duration::from_millis(1500)).kernel_seconds(),
+            Some(2)
+        );
+        assert_eq!(
+            Lifetime::new(Duration::from_millis(10)).kernel_seconds(),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn mac_addresses_print_and_parse_like_ip_does() {
+        let mac: MacAddr = "02:0a:FF:00:10:01".parse().unwrap();
+        assert_eq!(mac, MacAddr([0x02, 0x0a, 0xff, 0x00, 0x10, 0x01]));
+        assert_eq!(mac.to_string(), "02:0a:ff:00:10:01");
+        assert!("02:0a:ff:00:10".parse::<MacAddr>().is_err());
+        assert!("02:0a:ff:00:10:zz".parse::<MacAddr>().is_err());
+        assert_eq!(MacAddr::from_slice(&[1, 2, 3, 4]), None);
+    }
+
+    #[test]
+    fn a_vip_takes_the_most_specific_on_link_prefix() {
+        let iface = Interface {
+            name: "eth0".into(),
+            index: 2,
+            mac: None,
+            carrier: true,
+            prefixes: ["10.0.0.0/16", "10.0.5.0/24", "fd00::/64"]
+                .iter()
+                .map(|p| p.parse().unwrap())
+                .collect(),
+        };
+        let vip = |ip: &str| iface.vip(ip.parse().unwrap(), Lifetime::FOREVER);
+        assert_eq!(vip("10.0.5.9").unwrap().prefix_len, 24);
+        assert_eq!(vip("10.0.6.9").unwrap().prefix_len, 16);
+        assert_eq!(vip("fd00::9").unwrap().prefix_len, 64);
+        assert_eq!(vip("10.1.0.1"), None);
+        assert_eq!(iface.prefixes_of(Family::V6).count(), 1);
+    }
+}

@@ -1,0 +1,177 @@
+//! The record file: which addresses the agent added, kept under the run
+//! directory (`/run/lbnodeagent/addresses.json`) so that a restarted agent
+//! finds them on kernels that drop `IFA_PROTO` (before 5.18: RHEL 8 and 9).
+//!
+//! The file is rewritten whole on every change, through a temporary file and
+//! a rename, so a crash leaves either the old or the new list, never half of
+//! one. `/run` is a tmpfs: the record dies with the addresses at reboot.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Error, Result};
+
+pub(super) const FILE_NAME: &str = "addresses.json";
+
+/// One address, by interface name: indexes are reassigned when a link is
+/// recreated, names are what an operator reads.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Entry {
+    pub interface: String,
+    pub address: IpAddr,
+    pub prefix_len: u8,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    /// Bumped on an incompatible change, so an old agent refuses a new file
+    /// instead of misreading it.
+    version: u32,
+    addresses: BTreeSet<Entry>,
+}
+
+const VERSION: u32 = 1;
+
+pub(super) struct Record {
+    path: PathBuf,
+}
+
+impl Record {
+    pub fn new(run_dir: &Path) -> Record {
+        Record {
+            path: run_dir.join(FILE_NAME),
+        }
+    }
+
+    /// The entries of a previous run; none if there is no file.
+    pub fn load(&self) -> Result<BTreeSet<Entry>> {
+        let text = match fs::read(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+            Err(source) => {
+                return Err(Error::RecordRead {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        };
+        let file: File = serde_json::from_slice(&text).map_err(|source| Error::RecordCorrupt {
+            path: self.path.clone(),
+            source,
+        })?;
+        if file.version != VERSION {
+            return Err(Error::RecordCorrupt {
+                path: self.path.clone(),
+                source: serde::de::Error::custom(format!(
+                    "version {} is not {VERSION}, the version this agent writes",
+                    file.version
+                )),
+            });
+        }
+        Ok(file.addresses)
+    }
+
+    /// Replaces the file with `entries`. Synchronous on purpose: a few
+    /// hundred bytes on a tmpfs, written only when ownership changes.
+    pub fn store(&self, entries: &BTreeSet<Entry>) -> Result<()> {
+        let write_err = |source| Error::RecordWrite {
+            path: self.path.clone(),
+            source,
+        };
+        if let Some(dir) = self.path.parent() {
+            fs::create_dir_all(dir).map_err(write_err)?;
+        }
+        let file = File {
+            version: VERSION,
+            addresses: entries.clone(),
+        };
+        let mut text = serde_json::to_vec_pretty(&file).expect("the record serializes");
+        text.push(b'\n');
+        let tmp = self.path.with_extension("json.tmp");
+        let mut f = fs::File::create(&tmp).map_err(write_err)?;
+        f.write_all(&text).map_err(write_err)?;
+        f.sync_all().map_err(write_err)?;
+        drop(f);
+        fs::rename(&tmp, &self.path).map_err(write_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(interface: &str, address: &str, prefix_len: u8) -> Entry {
+        Entry {
+            interface: interface.to_string(),
+            address: address.parse().unwrap(),
+            prefix_len,
+        }
+    }
+
+    #[test]
+    fn missing_file_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Record::new(dir.path()).load().unwrap().is_empty());
+    }
+
+    #[test]
+    fn store_then_load_round_trips_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = dir.path().join("run/lbnodeagent");
+        let record = Record::new(&run_dir);
+        let entries: BTreeSet<Entry> = [
+            entry("eth0", "10.0.0.5", 24),
+            entry("kube-lb0", "fd00::5", 128),
+        ]
+        .into();
+        record.store(&entries).unwrap();
+        assert_eq!(record.load().unwrap(), entries);
+        let names: Vec<String> = fs::read_dir(&run_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec![FILE_NAME.to_string()]);
+
+        record.store(&BTreeSet::new()).unwrap();
+        assert!(record.load().unwrap().is_empty());
+    }
+
+    #[test]
+    fn corrupt_or_foreign_version_is_an_error_that_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = Record::new(dir.path());
+        fs::write(&record.path, "{not json").unwrap();
+        let err = record.load().unwrap_err();
+        assert!(matches!(err, Error::RecordCorrupt { .. }), "{err}");
+        assert!(err.to_string().contains("delete it"), "{err}");
+
+        fs::write(&record.path, r#"{"version": 7, "addresses": []}"#).unwrap();
+        let err = record.load().unwrap_err();
+        assert!(err.to_string().contains("version 7"), "{err}");
+    }
+
+    #[test]
+    fn file_format_is_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = Record::new(dir.path());
+        record
+            .store(&[entry("eth0", "10.0.0.5", 24)].into())
+            .unwrap();
+        let text = fs::read_to_string(&record.path).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "version": 1,
+                "addresses": [{"interface": "eth0", "address": "10.0.0.5", "prefix_len": 24}]
+            })
+        );
+    }
+}

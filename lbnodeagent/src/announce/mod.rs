@@ -1,0 +1,331 @@
+//! Telling the LAN that a VIP has moved here: gratuitous ARP for IPv4,
+//! unsolicited Neighbor Advertisements for IPv6, sent right after the
+//! address is added so switches and clients update at once instead of when
+//! their caches expire.
+//!
+//! Flow: the reconcile loop adds the address, then calls
+//! [`Announcer::announce`] with a check that it still owns the VIP; each
+//! round re-checks before sending, so a VIP lost mid-announcement stops being
+//! advertised immediately. [`Announcer::refresh`] repeats single rounds for
+//! as long as the VIP is held. Frames are built in [`packet`]; the raw
+//! socket lives in `sys`, the crate's only unsafe code.
+
+pub mod packet;
+#[allow(unsafe_code)]
+mod sys;
+
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::addrs::{Interface, MacAddr};
+use packet::{ArpOp, Frame};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot open a raw packet socket: {0}; the agent needs CAP_NET_RAW")]
+    Socket(#[source] io::Error),
+
+    #[error(
+        "sending a {kind} for {ip} on interface index {ifindex} failed: {source}; check that the interface still exists and is up"
+    )]
+    Send {
+        kind: &'static str,
+        ip: IpAddr,
+        ifindex: u32,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// `announce.garp_count` and `announce.garp_interval`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnnounceConfig {
+    /// Rounds per announcement; one round is an ARP request and an ARP
+    /// reply, or one Neighbor Advertisement.
+    pub count: u32,
+    pub interval: Duration,
+}
+
+impl Default for AnnounceConfig {
+    /// Three rounds half a second apart: a switch or host that drops the
+    /// first (port still learning, queue full) gets two more chances within
+    /// a second.
+    fn default() -> Self {
+        AnnounceConfig {
+            count: 3,
+            interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Where and what to announce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub ifindex: u32,
+    pub mac: MacAddr,
+    pub ip: IpAddr,
+}
+
+impl Target {
+    /// `None` when the interface has no Ethernet address to announce.
+    pub fn on(interface: &Interface, ip: IpAddr) -> Option<Target> {
+        Some(Target {
+            ifindex: interface.index,
+            mac: interface.mac?,
+            ip,
+        })
+    }
+
+    /// The frames of one round.
+    pub fn frames(&self) -> Vec<Frame> {
+        match self.ip {
+            IpAddr::V4(v4) => vec![
+                packet::gratuitous_arp(ArpOp::Request, self.mac, v4),
+                packet::gratuitous_arp(ArpOp::Reply, self.mac, v4),
+            ],
+            IpAddr::V6(v6) => vec![packet::unsolicited_na(self.mac, v6)],
+        }
+    }
+}
+
+/// Asked before every round: does this node still hold the VIP? Announcing a
+/// VIP another node has taken would pull its traffic back here.
+pub trait Ownership: Send {
+    fn still_owned(&mut self) -> bool;
+}
+
+impl<F: FnMut() -> bool + Send> Ownership for F {
+    fn still_owned(&mut self) -> bool {
+        self()
+    }
+}
+
+/// The reconcile loop's per-VIP ownership flag.
+impl Ownership for watch::Receiver<bool> {
+    fn still_owned(&mut self) -> bool {
+        *self.borrow_and_update()
+    }
+}
+
+/// How an announcement ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// All rounds sent.
+    Sent { rounds: u32 },
+    /// Ownership was lost after `rounds` rounds; nothing more was sent.
+    Lost { rounds: u32 },
+}
+
+/// Sends announcements through one raw socket, shared by every VIP.
+pub struct Announcer {
+    socket: sys::PacketSocket,
+}
+
+impl Announcer {
+    /// Opens the packet socket; needs CAP_NET_RAW and a Tokio runtime.
+    pub fn new() -> Result<Announcer> {
+        Ok(Announcer {
+            socket: sys::PacketSocket::open().map_err(Error::Socket)?,
+        })
+    }
+
+    async fn send_round(&self, target: &Target) -> Result<()> {
+        for frame in target.frames() {
+            self.socket
+                .send(target.ifindex, &frame)
+                .await
+                .map_err(|source| Error::Send {
+                    kind: frame.kind,
+                    ip: target.ip,
+                    ifindex: target.ifindex,
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// `config.count` rounds, `config.interval` apart, the first at once,
+    /// each only while `owned` says the VIP is still ours.
+    pub async fn announce(
+        &self,
+        target: &Target,
+        config: &AnnounceConfig,
+        owned: &mut impl Ownership,
+    ) -> Result<Outcome> {
+        let outcome = rounds(config, owned, || self.send_round(target)).await?;
+        tracing::info!(ip = %target.ip, ifindex = target.ifindex, mac = %target.mac,
+            ?outcome, "announced");
+        Ok(outcome)
+    }
+
+    /// One round every `every` until ownership is lost; for networks whose
+    /// switches forget MACs quickly. Send failures (a link flapping) are
+    /// logged and retried at the next round, since the reconcile loop, not
+    /// this task, decides when to give up a VIP.
+    pub async fn refresh(
+        &self,
+        target: &Target,
+        every: Duration,
+        owned: &mut impl Ownership,
+    ) -> Outcome {
+        let mut sent = 0;
+        loop {
+            tokio::time::sleep(every).await;
+            if !owned.still_owned() {
+                return Outcome::Lost { rounds: sent };
+            }
+            match self.send_round(target).await {
+                Ok(()) => sent += 1,
+                Err(e) => tracing::warn!(ip = %target.ip, error = %e, "refresh failed"),
+            }
+        }
+    }
+}
+
+/// The schedule of [`Announcer::announce`], apart from the socket. (A plain
+/// closure returning a future rather than an async closure: the latter's
+/// future is not `Send` for every lifetime, which spawning needs.)
+async fn rounds<F: Future<Output = Result<()>>>(
+    config: &AnnounceConfig,
+    owned: &mut impl Ownership,
+    mut send: impl FnMut() -> F,
+) -> Result<Outcome> {
+    for round in 0..config.count {
+        if round > 0 {
+            tokio::time::sleep(config.interval).await;
+        }
+        if !owned.still_owned() {
+            return Ok(Outcome::Lost { rounds: round });
+        }
+        send().await?;
+    }
+    Ok(Outcome::Sent {
+        rounds: config.count,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use std::future::ready;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    fn config(count: u32, ms: u64) -> AnnounceConfig {
+        AnnounceConfig {
+            count,
+            interval: Duration::from_millis(ms),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rounds_are_spaced_by_the_interval_first_at_once() {
+        let start = Instant::now();
+        let mut times = Vec::new();
+        let outcome = rounds(&config(3, 500), &mut || true, || {
+            times.push(start.elapsed());
+            ready(Ok(()))
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Sent { rounds: 3 });
+        assert_eq!(times, [0, 500, 1000].map(Duration::from_millis).to_vec());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ownership_is_checked_before_every_round() {
+        let checks = Arc::new(AtomicU32::new(0));
+        let c = Arc::clone(&checks);
+        // owned for the first two checks only
+        let mut owned = move || c.fetch_add(1, Ordering::SeqCst) < 2;
+        let mut sent = 0;
+        let outcome = rounds(&config(5, 100), &mut owned, || {
+            sent += 1;
+            ready(Ok(()))
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Lost { rounds: 2 });
+        assert_eq!(sent, 2);
+        assert_eq!(checks.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_channel_is_an_ownership_check() {
+        let (tx, mut rx) = watch::channel(true);
+        let mut sent = 0;
+        let outcome = rounds(&config(3, 100), &mut rx, || {
+            sent += 1;
+            if sent == 1 {
+                tx.send(false).unwrap();
+            }
+            ready(Ok(()))
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Lost { rounds: 1 });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_error_ends_the_announcement() {
+        let mut sent = 0;
+        let err = rounds(&config(3, 100), &mut || true, || {
+            sent += 1;
+            ready(Err(Error::Socket(io::Error::from_raw_os_error(
+                libc::ENETDOWN,
+            ))))
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::Socket(_)));
+        assert_eq!(sent, 1);
+    }
+
+    /// The reconcile loop spawns announcements on a multi-threaded runtime.
+    #[allow(dead_code)]
+    fn announcements_can_move_between_threads(a: &Announcer, t: &Target, c: &AnnounceConfig) {
+        fn send<T: Send>(_: T) {}
+        send(a.announce(t, c, &mut || true));
+        send(a.refresh(t, Duration::ZERO, &mut || true));
+    }
+
+    #[test]
+    fn a_round_is_request_and_reply_for_ipv4_and_one_na_for_ipv6() {
+        let mac = MacAddr([2, 0, 0, 0, 0, 1]);
+        let v4 = Target {
+            ifindex: 2,
+            mac,
+            ip: "10.0.0.1".parse().unwrap(),
+        };
+        let kinds: Vec<_> = v4.frames().iter().map(|f| f.kind).collect();
+        assert_eq!(kinds, ["arp request", "arp reply"]);
+        let v6 = Target {
+            ip: "fd00::1".parse().unwrap(),
+            ..v4
+        };
+        let kinds: Vec<_> = v6.frames().iter().map(|f| f.kind).collect();
+        assert_eq!(kinds, ["neighbor advertisement"]);
+    }
+
+    #[test]
+    fn no_mac_no_target() {
+        let iface = Interface {
+            name: "wg0".into(),
+            index: 4,
+            mac: None,
+            carrier: true,
+            prefixes: vec![],
+        };
+        assert_eq!(Target::on(&iface, "10.0.0.1".parse().unwrap()), None);
+    }
+}

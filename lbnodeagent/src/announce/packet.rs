@@ -1,0 +1,228 @@
+//! The announcement frames, byte for byte: gratuitous ARP for IPv4 and an
+//! unsolicited Neighbor Advertisement for IPv6. Pure functions, so every
+//! byte is checked by a unit test without a socket.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::addrs::MacAddr;
+
+pub const ETH_P_ARP: u16 = 0x0806;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+pub const BROADCAST: MacAddr = MacAddr([0xff; 6]);
+/// The Ethernet group of ff02::1 (all nodes): 33:33 and its low 32 bits.
+pub const ALL_NODES_MAC: MacAddr = MacAddr([0x33, 0x33, 0, 0, 0, 1]);
+pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
+/// 802.3's minimum frame without the checksum. The kernel sends ARP 42
+/// bytes long and lets the NIC pad; padding here keeps the frame valid on
+/// virtual NICs that pass runts on unchanged.
+const MIN_FRAME: usize = 60;
+
+/// A complete Ethernet frame and where it goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub destination: MacAddr,
+    pub ethertype: u16,
+    pub bytes: Vec<u8>,
+    /// For logs: "arp request", "arp reply", "neighbor advertisement".
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArpOp {
+    Request = 1,
+    Reply = 2,
+}
+
+fn ethernet(destination: MacAddr, source: MacAddr, ethertype: u16) -> Vec<u8> {
+    let mut f = Vec::with_capacity(MIN_FRAME + 32);
+    f.extend_from_slice(&destination.0);
+    f.extend_from_slice(&source.0);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f
+}
+
+/// A gratuitous ARP: sender and target IP are both the VIP, sent to
+/// broadcast. Switches and hosts differ in which operation they learn from,
+/// so the caller sends both. The target hardware address is zero in the
+/// request (RFC 5227's announcement) and our own in the reply, because Linux
+/// treats a reply as gratuitous, and so overrides a fresh cache entry, only
+/// when the target hardware address equals the sender's.
+pub fn gratuitous_arp(op: ArpOp, mac: MacAddr, ip: Ipv4Addr) -> Frame {
+    let mut f = ethernet(BROADCAST, mac, ETH_P_ARP);
+    f.extend_from_slice(&1u16.to_be_bytes()); // hardware: Ethernet
+    f.extend_from_slice(&0x0800u16.to_be_bytes()); // protocol: IPv4
+    f.push(6);
+    f.push(4);
+    f.extend_from_slice(&(op as u16).to_be_bytes());
+    f.extend_from_slice(&mac.0);
+    f.extend_from_slice(&ip.octets());
+    match op {
+        ArpOp::Request => f.extend_from_slice(&[0; 6]),
+        ArpOp::Reply => f.extend_from_slice(&mac.0),
+    }
+    f.extend_from_slice(&ip.octets());
+    f.resize(MIN_FRAME, 0);
+    Frame {
+        destination: BROADCAST,
+        ethertype: ETH_P_ARP,
+        bytes: f,
+        kind: match op {
+            ArpOp::Request => "arp request",
+            ArpOp::Reply => "arp reply",
+        },
+    }
+}
+
+/// An unsolicited Neighbor Advertisement (RFC 4861 7.2.6) to all nodes:
+/// Override set so caches replace the old owner's MAC, Solicited clear, the
+/// Target Link-Layer Address option carrying our MAC, hop limit 255 (which
+/// receivers require). The source is the VIP itself: RFC 4861 allows any
+/// address of the sending interface, and the VIP is one the moment it is
+/// added (no DAD), while the link-local address may still be tentative or
+/// absent.
+pub fn unsolicited_na(mac: MacAddr, ip: Ipv6Addr) -> Frame {
+    let mut icmp = Vec::with_capacity(32);
+    icmp.push(136); // Neighbor Advertisement
+    icmp.push(0); // code
+    icmp.extend_from_slice(&[0, 0]); // checksum, filled below
+    icmp.extend_from_slice(&[0x20, 0, 0, 0]); // R=0 S=0 O=1, reserved
+    icmp.extend_from_slice(&ip.octets());
+    icmp.push(2); // option: Target Link-Layer Address
+    icmp.push(1); // length in units of 8 bytes
+    icmp.extend_from_slice(&mac.0);
+    let sum = icmpv6_checksum(ip, ALL_NODES, &icmp);
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+
+    let mut f = ethernet(ALL_NODES_MAC, mac, ETH_P_IPV6);
+    f.extend_from_slice(&[0x60, 0, 0, 0]); // version 6, no class or flow
+    f.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
+    f.push(58); // next header: ICMPv6
+    f.push(255); // hop limit
+    f.extend_from_slice(&ip.octets());
+    f.extend_from_slice(&ALL_NODES.octets());
+    f.extend_from_slice(&icmp);
+    Frame {
+        destination: ALL_NODES_MAC,
+        ethertype: ETH_P_IPV6,
+        bytes: f,
+        kind: "neighbor advertisement",
+    }
+}
+
+/// The Internet checksum over the IPv6 pseudo-header and `message` (whose
+/// checksum field must be zero).
+pub fn icmpv6_checksum(source: Ipv6Addr, destination: Ipv6Addr, message: &[u8]) -> u16 {
+    let mut pseudo = Vec::with_capacity(40 + message.len());
+    pseudo.extend_from_slice(&source.octets());
+    pseudo.extend_from_slice(&destination.octets());
+    pseudo.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    pseudo.extend_from_slice(message);
+    !ones_complement_sum(&pseudo)
+}
+
+fn ones_complement_sum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAC: MacAddr = MacAddr([0x02, 0x00, 0x5e, 0x10, 0x00, 0x01]);
+
+    #[test]
+    fn arp_request_bytes() {
+        let f = gratuitous_arp(ArpOp::Request, MAC, Ipv4Addr::new(10, 77, 0, 100));
+        #[rustfmt::skip]
+        let mut want = vec![
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, // to broadcast
+            0x02, 0x00, 0x5e, 0x10, 0x00, 0x01, // from our MAC
+            0x08, 0x06,                         // ARP
+            0x00, 0x01, 0x08, 0x00, 6, 4,       // Ethernet/IPv4, lengths 6 and 4
+            0x00, 0x01,                         // request
+            0x02, 0x00, 0x5e, 0x10, 0x00, 0x01, // sender MAC
+            10, 77, 0, 100,                     // sender IP = VIP
+            0, 0, 0, 0, 0, 0,                   // target MAC: unknown
+            10, 77, 0, 100,                     // target IP = VIP
+        ];
+        want.resize(60, 0);
+        assert_eq!(f.bytes, want);
+        assert_eq!(f.destination, BROADCAST);
+        assert_eq!(f.ethertype, ETH_P_ARP);
+    }
+
+    #[test]
+    fn arp_reply_bytes() {
+        let f = gratuitous_arp(ArpOp::Reply, MAC, Ipv4Addr::new(192, 0, 2, 1));
+        #[rustfmt::skip]
+        let mut want = vec![
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x02, 0x00, 0x5e, 0x10, 0x00, 0x01,
+            0x08, 0x06,
+            0x00, 0x01, 0x08, 0x00, 6, 4,
+            0x00, 0x02,                         // reply
+            0x02, 0x00, 0x5e, 0x10, 0x00, 0x01,
+            192, 0, 2, 1,
+            0x02, 0x00, 0x5e, 0x10, 0x00, 0x01, // target MAC = sender MAC
+            192, 0, 2, 1,
+        ];
+        want.resize(60, 0);
+        assert_eq!(f.bytes, want);
+    }
+
+    #[test]
+    fn neighbor_advertisement_bytes() {
+        let ip: Ipv6Addr = "fd00:77::100".parse().unwrap();
+        let f = unsolicited_na(MAC, ip);
+        #[rustfmt::skip]
+        let want = vec![
+            0x33, 0x33, 0x00, 0x00, 0x00, 0x01, // to all nodes
+            0x02, 0x00, 0x5e, 0x10, 0x00, 0x01,
+            0x86, 0xdd,
+            0x60, 0, 0, 0,                      // IPv6
+            0, 32,                              // payload length
+            58, 255,                            // ICMPv6, hop limit 255
+            0xfd, 0, 0, 0x77, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x00, // from the VIP
+            0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01,    // to ff02::1
+            136, 0,                             // Neighbor Advertisement
+            0xf9, 0x9e,                         // checksum (computed independently)
+            0x20, 0, 0, 0,                      // Override only
+            0xfd, 0, 0, 0x77, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x00, // target = VIP
+            2, 1, 0x02, 0x00, 0x5e, 0x10, 0x00, 0x01, // target link-layer address
+        ];
+        assert_eq!(f.bytes, want);
+        assert_eq!(f.destination, ALL_NODES_MAC);
+        assert_eq!(f.ethertype, ETH_P_IPV6);
+    }
+
+    #[test]
+    fn checksum_verifies_over_the_finished_message() {
+        for ip in ["fd00:77::100", "2001:db8:ffff::ffff", "fe80::1"] {
+            let ip: Ipv6Addr = ip.parse().unwrap();
+            let f = unsolicited_na(MAC, ip);
+            let icmp = &f.bytes[54..];
+            let mut pseudo = Vec::new();
+            pseudo.extend_from_slice(&ip.octets());
+            pseudo.extend_from_slice(&ALL_NODES.octets());
+            pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
+            pseudo.extend_from_slice(&[0, 0, 0, 58]);
+            pseudo.extend_from_slice(icmp);
+            assert_eq!(ones_complement_sum(&pseudo), 0xffff, "{ip}");
+        }
+    }
+
+    #[test]
+    fn ones_complement_sum_folds_carries_and_pads_odd_lengths() {
+        assert_eq!(ones_complement_sum(&[0xff, 0xff, 0x00, 0x02]), 0x0002);
+        assert_eq!(ones_complement_sum(&[0x12, 0x34, 0x56]), 0x1234 + 0x5600);
+    }
+}

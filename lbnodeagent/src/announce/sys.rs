@@ -1,0 +1,106 @@
+//! The one module of the crate with `unsafe` code: a send-only `AF_PACKET`
+//! socket and the `sockaddr_ll` that names the interface a frame leaves by.
+//! socket2 opens the socket safely but has no constructor for link-layer
+//! addresses, and Tokio's registration of a raw descriptor is unsafe since
+//! it cannot check who owns the descriptor; those two steps are all.
+
+use std::io;
+use std::mem::size_of;
+
+use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, Socket, Type};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+use super::packet::Frame;
+
+/// A raw packet socket that sends complete Ethernet frames. Protocol 0 makes
+/// the kernel deliver nothing to it, so it never fills with received
+/// traffic. Needs CAP_NET_RAW.
+pub(super) struct PacketSocket {
+    fd: AsyncFd<Socket>,
+}
+
+impl PacketSocket {
+    /// Must be called inside a Tokio runtime (the socket registers with its
+    /// reactor).
+    pub fn open() -> io::Result<PacketSocket> {
+        let socket = Socket::new(Domain::PACKET, Type::RAW, Some(Protocol::from(0)))?;
+        socket.set_nonblocking(true)?;
+        // SAFETY: the `Socket` owns its descriptor and returns the same one
+        // from `as_raw_fd` until the `AsyncFd` drops it.
+        let fd = unsafe { AsyncFd::register_with_interest(socket, Interest::WRITABLE) }?;
+        Ok(PacketSocket { fd })
+    }
+
+    pub async fn send(&self, ifindex: u32, frame: &Frame) -> io::Result<()> {
+        let to = link_layer_address(ifindex, frame)?;
+        let sent = self
+            .fd
+            .async_io(Interest::WRITABLE, |s| s.send_to(&frame.bytes, &to))
+            .await?;
+        if sent != frame.bytes.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("sent {sent} of {} bytes", frame.bytes.len()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `sockaddr_ll` for `frame` leaving by interface `ifindex`.
+fn link_layer_address(ifindex: u32, frame: &Frame) -> io::Result<SockAddr> {
+    let ifindex = i32::try_from(ifindex)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface index too large"))?;
+    let mut storage = SockAddrStorage::zeroed();
+    // SAFETY: `sockaddr_ll` is a `sockaddr_*` type of this platform and fits
+    // in `sockaddr_storage` (view_as asserts the size); the storage is zeroed,
+    // so every field not set below is a valid zero.
+    let ll = unsafe { storage.view_as::<libc::sockaddr_ll>() };
+    ll.sll_family = libc::AF_PACKET as libc::sa_family_t;
+    ll.sll_protocol = frame.ethertype.to_be();
+    ll.sll_ifindex = ifindex;
+    ll.sll_halen = 6;
+    ll.sll_addr[..6].copy_from_slice(&frame.destination.0);
+    let len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: the first `len` bytes of `storage` hold the initialised
+    // `sockaddr_ll` written above.
+    Ok(unsafe { SockAddr::new(storage, len) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::announce::packet::{ArpOp, gratuitous_arp};
+
+    #[test]
+    fn link_layer_address_names_family_interface_and_destination() {
+        let frame = gratuitous_arp(
+            ArpOp::Request,
+            crate::addrs::MacAddr([2, 0, 0, 0, 0, 1]),
+            "10.0.0.1".parse().unwrap(),
+        );
+        let a = link_layer_address(7, &frame).unwrap();
+        assert_eq!(a.family(), libc::AF_PACKET as libc::sa_family_t);
+        assert_eq!(a.len() as usize, size_of::<libc::sockaddr_ll>());
+        // sockaddr_ll: family u16, protocol u16 (network order), ifindex i32,
+        // hatype u16, pkttype u8, halen u8, addr [u8; 8]
+        let storage = a.as_storage();
+        let bytes: &[u8] = storage_bytes(&storage);
+        assert_eq!(&bytes[2..4], &[0x08, 0x06]);
+        assert_eq!(&bytes[4..8], &7i32.to_ne_bytes());
+        assert_eq!(bytes[11], 6);
+        assert_eq!(&bytes[12..18], &[0xff; 6]);
+    }
+
+    /// The raw bytes of a socket address.
+    fn storage_bytes(storage: &SockAddrStorage) -> &[u8] {
+        // SAFETY: SockAddrStorage is plain old data of the given size.
+        unsafe {
+            std::slice::from_raw_parts(
+                (storage as *const SockAddrStorage).cast::<u8>(),
+                size_of::<SockAddrStorage>(),
+            )
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! The netlink address backend against a real kernel, in network namespaces.
+//! Needs root; fails (never skips) without it.
+
+mod kernel;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use hostlb_api::{Family, Prefix};
+use hostlb_tests::netns::{Lan, Netns, require_root, wait_for};
+use kernel::{Agent, SECOND, address_line, valid_lft};
+use lbnodeagent::addrs::{
+    AddressBackend, Applied, Error, KernelEvent, Lifetime, MacAddr, NetlinkConfig, OwnedAddress,
+    VipAddress,
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn prefix(s: &str) -> Prefix {
+    s.parse().unwrap()
+}
+
+/// The VIP on `a`'s eth0 with its on-link prefix.
+fn vip_on(agent: &Agent, family: Family, addr: &str, lifetime: Lifetime) -> VipAddress {
+    let addr = ip(addr);
+    agent.with(move |b| async move {
+        b.announce_interface(family, None)
+            .await
+            .unwrap()
+            .vip(addr, lifetime)
+            .expect("the VIP is on-link")
+    })
+}
+
+fn add(agent: &Agent, vip: &VipAddress) -> Applied {
+    let vip = vip.clone();
+    agent.with(move |b| async move { b.add(&vip).await.unwrap() })
+}
+
+fn remove(agent: &Agent, vip: &VipAddress) -> Applied {
+    let vip = vip.clone();
+    agent.with(move |b| async move { b.remove(&vip).await.unwrap() })
+}
+
+fn adopt(agent: &Agent) -> BTreeSet<IpAddr> {
+    agent.with(|b| async move { b.adopt().await.unwrap().into_iter().map(|o| o.ip).collect() })
+}
+
+#[test]
+fn announce_interface_follows_the_default_route_with_the_lowest_metric() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+
+    let eth0 = agent.with(|b| async move { b.announce_interface(Family::V4, None).await.unwrap() });
+    assert_eq!(eth0.name, "eth0");
+    assert_eq!(eth0.mac, Some(a.mac().parse::<MacAddr>().unwrap()));
+    assert!(eth0.carrier);
+    assert_eq!(
+        eth0.prefixes,
+        vec![prefix("10.77.0.0/24"), prefix("fd00:77::/64")],
+        "fe80::/64 and the kernel's local and multicast routes are left out"
+    );
+    let v6 = agent.with(|b| async move { b.announce_interface(Family::V6, None).await.unwrap() });
+    assert_eq!(v6, eth0);
+
+    // A second uplink whose default route has a lower metric takes over IPv4.
+    lan.add_interface("a", "eth1").unwrap();
+    a.ns.ip("addr add 10.78.0.11/24 dev eth1").unwrap();
+    a.ns.ip("route del default via 10.77.0.1").unwrap();
+    a.ns.ip("route add default via 10.77.0.1 dev eth0 metric 100")
+        .unwrap();
+    a.ns.ip("route add default via 10.78.0.1 dev eth1 metric 10")
+        .unwrap();
+    let v4 = agent.with(|b| async move { b.announce_interface(Family::V4, None).await.unwrap() });
+    assert_eq!(v4.name, "eth1");
+    assert_eq!(v4.prefixes, vec![prefix("10.78.0.0/24")]);
+    let v6 = agent.with(|b| async move { b.announce_interface(Family::V6, None).await.unwrap() });
+    assert_eq!(v6.name, "eth0");
+
+    // A configured interface wins over routes; a wrong name says what to fix.
+    let configured = agent.with(|b| async move {
+        b.announce_interface(Family::V4, Some("eth0"))
+            .await
+            .unwrap()
+    });
+    assert_eq!(configured.name, "eth0");
+    let err = agent.with(|b| async move { b.interface("eth9").await.unwrap_err() });
+    assert!(matches!(err, Error::NoSuchInterface { .. }), "{err}");
+    assert!(err.to_string().contains("announce.interface"), "{err}");
+
+    a.ns.ip("-6 route del default").unwrap();
+    let err =
+        agent.with(|b| async move { b.announce_interface(Family::V6, None).await.unwrap_err() });
+    assert!(
+        matches!(err, Error::NoDefaultRoute { family: Family::V6 }),
+        "{err}"
+    );
+}
+
+#[test]
+fn dhcpv6_host_address_still_finds_its_64_from_the_route() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    // What a DHCPv6 client and router advertisements leave: a /128 address,
+    // the /64 as an RA route, a default route via the router's link-local.
+    a.ns.ip("-6 addr flush dev eth0 scope global").unwrap();
+    a.ns.ip("-6 route flush dev eth0 proto boot").unwrap();
+    a.ns.ip("-6 addr add fd00:1::7/128 dev eth0 nodad").unwrap();
+    a.ns.ip("-6 route add fd00:1::/64 dev eth0 proto ra metric 100")
+        .unwrap();
+    a.ns.ip("-6 route add default via fe80::1 dev eth0 proto ra metric 1024")
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    let eth0 = agent.with(|b| async move { b.announce_interface(Family::V6, None).await.unwrap() });
+    assert_eq!(eth0.name, "eth0");
+    assert_eq!(
+        eth0.prefixes_of(Family::V6).copied().collect::<Vec<_>>(),
+        vec![prefix("fd00:1::/64")]
+    );
+    let vip = eth0.vip(ip("fd00:1::100"), Lifetime::FOREVER).unwrap();
+    assert_eq!(vip.prefix_len, 64);
+    assert_eq!(add(&agent, &vip), Applied::Done);
+
+    let line = address_line(&a.ns, "eth0", "fd00:1::100").expect("VIP added");
+    assert!(line.contains("fd00:1::100/64"), "{line}");
+    assert!(line.contains("nodad"), "{line}");
+    assert!(line.contains("noprefixroute"), "{line}");
+    assert!(line.contains("valid_lft forever"), "{line}");
+    assert!(
+        line.contains("deprecated") && line.contains("preferred_lft 0sec"),
+        "IPv6 VIPs stay out of source address selection: {line}"
+    );
+    // No second route for the /64: the RA route is the only one.
+    let routes = a.ns.ip("-6 route show fd00:1::/64").unwrap();
+    assert_eq!(routes.lines().count(), 1, "{routes}");
+}
+
+#[test]
+fn added_address_has_prefix_flags_lifetime_and_our_tag() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    let life = Lifetime::new(Duration::from_secs(30));
+    let v4 = vip_on(&agent, Family::V4, "10.77.0.100", life);
+    let v6 = vip_on(&agent, Family::V6, "fd00:77::100", life);
+    assert_eq!(add(&agent, &v4), Applied::Done);
+    assert_eq!(add(&agent, &v6), Applied::Done);
+
+    let line = address_line(&a.ns, "eth0", "10.77.0.100").unwrap();
+    assert!(line.contains("10.77.0.100/24"), "{line}");
+    assert!(line.contains("secondary"), "{line}");
+    assert!(line.contains("noprefixroute"), "{line}");
+    assert!(matches!(valid_lft(&line), Some(28..=30)), "{line}");
+    let line = address_line(&a.ns, "eth0", "fd00:77::100").unwrap();
+    assert!(
+        line.contains("fd00:77::100/64") && line.contains("nodad"),
+        "{line}"
+    );
+    assert!(matches!(valid_lft(&line), Some(28..=30)), "{line}");
+
+    // The tag alone identifies them: a fresh backend without the record
+    // adopts both (the kernel here keeps IFA_PROTO).
+    std::fs::remove_file(dir.path().join("addresses.json")).unwrap();
+    drop(agent);
+    let again = Agent::on_host(a, dir.path());
+    assert_eq!(
+        adopt(&again),
+        BTreeSet::from([ip("10.77.0.100"), ip("fd00:77::100")])
+    );
+
+    // Adding the same VIP again only renews it: still one address.
+    assert_eq!(add(&again, &v4), Applied::Done);
+    let out = a.ns.ip("addr show dev eth0").unwrap();
+    assert_eq!(out.matches("10.77.0.100/").count(), 1, "{out}");
+
+    // Removing is idempotent.
+    assert_eq!(remove(&again, &v4), Applied::Done);
+    assert_eq!(remove(&again, &v4), Applied::Done);
+    assert_eq!(address_line(&a.ns, "eth0", "10.77.0.100"), None);
+    assert!(
+        address_line(&a.ns, "eth0", &a.ipv4.to_string()).is_some(),
+        "the host's own address stays"
+    );
+}
+
+#[test]
+fn renewal_restores_the_lifetime_and_an_unrenewed_address_expires() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    let life = Lifetime::new(Duration::from_secs(3));
+    let vips = [
+        vip_on(&agent, Family::V4, "10.77.0.100", life),
+        vip_on(&agent, Family::V6, "fd00:77::100", life),
+    ];
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Subscribed first, so the expiry below is seen as an event.
+    agent.with(move |b| async move {
+        let mut events = b.subscribe().await.unwrap();
+        tokio::task::spawn_local(async move {
+            while let Some(e) = events.recv().await {
+                let _ = tx.send(e);
+            }
+        });
+    });
+    for v in &vips {
+        assert_eq!(add(&agent, v), Applied::Done);
+    }
+    std::thread::sleep(Duration::from_millis(2100));
+    for v in &vips {
+        let text = v.ip.to_string();
+        let before = valid_lft(&address_line(&a.ns, "eth0", &text).unwrap()).unwrap();
+        assert!(before <= 1, "{text}: {before} s left after 2.1 s of 3");
+        assert_eq!(add(&agent, v), Applied::Done);
+        let after = valid_lft(&address_line(&a.ns, "eth0", &text).unwrap()).unwrap();
+        assert!(after >= 2, "{text}: renewal set {after} s, want 3");
+    }
+
+    // No more renewals: the kernel drops both within about the lifetime,
+    // and the event stream reports each as ours and removed.
+    let renewed = Instant::now();
+    for v in &vips {
+        let text = v.ip.to_string();
+        wait_for(&format!("{text} to expire"), 6 * SECOND, || {
+            address_line(&a.ns, "eth0", &text).is_none().then_some(())
+        })
+        .unwrap();
+    }
+    let took = renewed.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900),
+        "expired after {took:?}, before its lifetime"
+    );
+    let mut removed = BTreeSet::new();
+    while removed.len() < 2 {
+        match rx
+            .recv_timeout(2 * SECOND)
+            .expect("an AddressRemoved event per VIP")
+        {
+            KernelEvent::AddressRemoved(o) => {
+                removed.insert(o.ip);
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    assert_eq!(removed, BTreeSet::from([vips[0].ip, vips[1].ip]));
+    assert!(address_line(&a.ns, "eth0", &a.ipv4.to_string()).is_some());
+}
+
+#[test]
+fn an_address_the_agent_did_not_add_is_never_touched() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    // By hand, equal to VIPs the agent is about to be given.
+    a.ns.ip("addr add 10.77.0.100/24 dev eth0").unwrap();
+    a.ns.ip("-6 addr add fd00:77::100/64 dev eth0 nodad")
+        .unwrap();
+    let life = Lifetime::new(Duration::from_secs(30));
+    for (family, addr) in [(Family::V4, "10.77.0.100"), (Family::V6, "fd00:77::100")] {
+        let vip = vip_on(&agent, family, addr, life);
+        let before = address_line(&a.ns, "eth0", addr).unwrap();
+        assert_eq!(add(&agent, &vip), Applied::NotOurs);
+        assert_eq!(remove(&agent, &vip), Applied::NotOurs);
+        let after = address_line(&a.ns, "eth0", addr).expect("still there");
+        assert_eq!(
+            after, before,
+            "unchanged: no lifetime, flags or tag of ours"
+        );
+        assert!(after.contains("valid_lft forever"), "{after}");
+    }
+    assert_eq!(adopt(&agent), BTreeSet::new());
+
+    // Ours once, then deleted and re-added by hand: now it is someone
+    // else's, and the kernel's missing tag says so despite the record.
+    let vip = vip_on(&agent, Family::V4, "10.77.0.101", life);
+    assert_eq!(add(&agent, &vip), Applied::Done);
+    a.ns.ip("addr del 10.77.0.101/24 dev eth0").unwrap();
+    a.ns.ip("addr add 10.77.0.101/24 dev eth0").unwrap();
+    assert_eq!(remove(&agent, &vip), Applied::NotOurs);
+    assert!(address_line(&a.ns, "eth0", "10.77.0.101").is_some());
+    // The host's own addresses survive adopt and everything above.
+    assert!(address_line(&a.ns, "eth0", &a.ipv4.to_string()).is_some());
+    assert!(address_line(&a.ns, "eth0", &a.ipv6.to_string()).is_some());
+}
+
+#[test]
+fn adopt_returns_exactly_what_a_previous_run_left() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let previous = Agent::on_host(a, dir.path());
+    for (family, addr) in [(Family::V4, "10.77.0.101"), (Family::V6, "fd00:77::101")] {
+        let vip = vip_on(&previous, family, addr, Lifetime::FOREVER);
+        assert_eq!(add(&previous, &vip), Applied::Done);
+    }
+    // The previous run dies without cleaning up; someone adds an address.
+    drop(previous);
+    a.ns.ip("addr add 10.77.0.102/24 dev eth0").unwrap();
+
+    let agent = Agent::on_host(a, dir.path());
+    let adopted = agent.with(|b| async move { b.adopt().await.unwrap() });
+    let eth0 = a.ns.ip("-o link show dev eth0").unwrap();
+    let ifindex: u32 = eth0.split(':').next().unwrap().parse().unwrap();
+    assert_eq!(
+        adopted,
+        vec![
+            OwnedAddress {
+                interface: "eth0".into(),
+                ifindex,
+                ip: ip("10.77.0.101"),
+                prefix_len: 24
+            },
+            OwnedAddress {
+                interface: "eth0".into(),
+                ifindex,
+                ip: ip("fd00:77::101"),
+                prefix_len: 64
+            },
+        ]
+    );
+    let owned = agent.with(|b| async move { b.owned().await.unwrap() });
+    assert_eq!(owned, adopted);
+
+    // The caller decides to let them go: both leave, the hand-made one stays,
+    // and the record is empty.
+    for o in adopted {
+        let vip = VipAddress {
+            interface: o.interface,
+            ifindex: o.ifindex,
+            ip: o.ip,
+            prefix_len: o.prefix_len,
+            lifetime: Lifetime::FOREVER,
+        };
+        assert_eq!(remove(&agent, &vip), Applied::Done);
+        assert_eq!(address_line(&a.ns, "eth0", &o.ip.to_string()), None);
+    }
+    assert!(address_line(&a.ns, "eth0", "10.77.0.102").is_some());
+    let record = std::fs::read_to_string(dir.path().join("addresses.json")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    assert_eq!(record["addresses"], serde_json::json!([]));
+}
+
+#[test]
+fn without_ifa_proto_the_record_alone_identifies_our_addresses() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    // As on a RHEL 8/9 kernel: no tag is sent or trusted.
+    let old_kernel = || NetlinkConfig {
+        ifa_proto: false,
+        ..NetlinkConfig::for_test(dir.path())
+    };
+    let previous = Agent::start(&a.ns, old_kernel());
+    let vip = vip_on(&previous, Family::V4, "10.77.0.101", Lifetime::FOREVER);
+    assert_eq!(add(&previous, &vip), Applied::Done);
+    drop(previous);
+    a.ns.ip("addr add 10.77.0.102/24 dev eth0").unwrap();
+
+    let record = std::fs::read_to_string(dir.path().join("addresses.json")).unwrap();
+    assert!(record.contains("10.77.0.101"), "{record}");
+    let agent = Agent::start(&a.ns, old_kernel());
+    assert_eq!(adopt(&agent), BTreeSet::from([ip("10.77.0.101")]));
+    drop(agent);
+
+    // Without the record nothing is ours, so nothing is touched.
+    std::fs::remove_file(dir.path().join("addresses.json")).unwrap();
+    let agent = Agent::start(&a.ns, old_kernel());
+    assert_eq!(adopt(&agent), BTreeSet::new());
+    assert_eq!(remove(&agent, &vip), Applied::NotOurs);
+    assert!(address_line(&a.ns, "eth0", "10.77.0.101").is_some());
+}
+
+#[test]
+fn our_address_removed_by_hand_is_an_event_and_can_be_added_again() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    let (tx, rx) = std::sync::mpsc::channel();
+    agent.with(move |b| async move {
+        let mut events = b.subscribe().await.unwrap();
+        tokio::task::spawn_local(async move {
+            while let Some(e) = events.recv().await {
+                let _ = tx.send(e);
+            }
+        });
+    });
+    let v4 = vip_on(&agent, Family::V4, "10.77.0.100", Lifetime::FOREVER);
+    let v6 = vip_on(&agent, Family::V6, "fd00:77::100", Lifetime::FOREVER);
+    add(&agent, &v4);
+    add(&agent, &v6);
+    // Not ours: no event.
+    a.ns.ip("addr add 10.77.0.50/24 dev eth0").unwrap();
+    a.ns.ip("addr del 10.77.0.50/24 dev eth0").unwrap();
+
+    a.ns.ip("addr del 10.77.0.100/24 dev eth0").unwrap();
+    let event = rx.recv_timeout(2 * SECOND).expect("an event");
+    let KernelEvent::AddressRemoved(o) = event else {
+        panic!("unexpected {event:?}")
+    };
+    assert_eq!(
+        (o.ip, o.prefix_len, o.interface.as_str()),
+        (v4.ip, 24, "eth0")
+    );
+    a.ns.ip("-6 addr del fd00:77::100/64 dev eth0").unwrap();
+    assert!(matches!(
+        rx.recv_timeout(2 * SECOND).expect("an event"),
+        KernelEvent::AddressRemoved(o) if o.ip == v6.ip
+    ));
+
+    // Put back, as the reconcile loop would.
+    assert_eq!(add(&agent, &v4), Applied::Done);
+    assert_eq!(add(&agent, &v6), Applied::Done);
+    assert!(address_line(&a.ns, "eth0", "10.77.0.100").is_some());
+    assert!(address_line(&a.ns, "eth0", "fd00:77::100").is_some());
+
+    // The agent's own removals are not reported.
+    assert_eq!(remove(&agent, &v4), Applied::Done);
+    assert_eq!(remove(&agent, &v6), Applied::Done);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Carrier: pull the cable at the switch, plug it back.
+    lan.set_port("a", false).unwrap();
+    let event = rx.recv_timeout(2 * SECOND).expect("carrier lost");
+    assert!(
+        matches!(&event, KernelEvent::CarrierLost { interface, .. } if interface == "eth0"),
+        "{event:?}"
+    );
+    lan.set_port("a", true).unwrap();
+    let event = rx.recv_timeout(2 * SECOND).expect("carrier regained");
+    assert!(
+        matches!(&event, KernelEvent::CarrierRegained { interface, .. } if interface == "eth0"),
+        "{event:?}"
+    );
+    let eth0 = agent.with(|b| async move { b.interface("eth0").await.unwrap() });
+    assert!(eth0.carrier);
+    assert_eq!(rx.try_recv().ok(), None, "nothing else was reported");
+}
+
+#[test]
+fn lost_kernel_events_ask_for_a_resync() {
+    require_root();
+    let ns = Netns::new("overrun").unwrap();
+    ns.ip("link add br0 type bridge").unwrap();
+    ns.ip("link set br0 up").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(
+        &ns,
+        NetlinkConfig {
+            event_buffer_bytes: 4096,
+            ..NetlinkConfig::for_test(dir.path())
+        },
+    );
+    let batch = dir.path().join("batch");
+    let lines: String = (0..1000)
+        .map(|i| format!("addr add 10.88.{}.{}/32 dev br0\n", i / 250, i % 250 + 1))
+        .collect();
+    std::fs::write(&batch, lines).unwrap();
+    let got = agent.with(move |b| async move {
+        let mut events = b.subscribe().await.unwrap();
+        // Blocks this namespace's only runtime thread, so nobody reads the
+        // event socket while the kernel fills it.
+        let status = std::process::Command::new("ip")
+            .arg("-batch")
+            .arg(&batch)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match events.recv().await {
+                    Some(KernelEvent::Resync) => return true,
+                    Some(_) => {}
+                    None => return false,
+                }
+            }
+        })
+        .await
+        .unwrap_or(false)
+    });
+    assert!(got, "a Resync event after the event buffer overflowed");
+}
+
+#[test]
+fn virtual_interface_falls_back_to_an_existing_bridge_and_holds_host_addresses() {
+    require_root();
+    let ns = Netns::new("virtual").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&ns, NetlinkConfig::for_test(dir.path()));
+
+    let first = agent.with(|b| async move { b.ensure_virtual_interface("kube-lb0").await });
+    match first {
+        // This kernel has the dummy driver: the link was created.
+        Ok(lb) => {
+            let details = ns.ip("-d link show dev kube-lb0").unwrap();
+            assert!(details.contains("dummy"), "{details}");
+            assert_eq!(lb.name, "kube-lb0");
+            ns.ip("link del kube-lb0").unwrap();
+        }
+        Err(err) => {
+            assert!(matches!(err, Error::VirtualInterface { .. }), "{err}");
+            let msg = err.to_string();
+            assert!(msg.contains("ip link add kube-lb0 type bridge"), "{msg}");
+            assert!(msg.contains("virtual_interface = \"\""), "{msg}");
+        }
+    }
+
+    // Pre-created and left down by the operator: used and brought up.
+    ns.ip("link add kube-lb0 type bridge").unwrap();
+    let lb = agent.with(|b| async move { b.ensure_virtual_interface("kube-lb0").await.unwrap() });
+    assert_eq!(lb.name, "kube-lb0");
+    let link = ns.ip("link show dev kube-lb0").unwrap();
+    assert!(link.contains(",UP"), "{link}");
+
+    let life = Lifetime::new(Duration::from_secs(30));
+    let v4 = lb.host_vip(ip("10.99.0.5"), life);
+    let v6 = lb.host_vip(ip("fd00:99::5"), life);
+    assert_eq!((v4.prefix_len, v6.prefix_len), (32, 128));
+    assert_eq!(add(&agent, &v4), Applied::Done);
+    assert_eq!(add(&agent, &v6), Applied::Done);
+    assert!(
+        address_line(&ns, "kube-lb0", "10.99.0.5")
+            .unwrap()
+            .contains("10.99.0.5/32")
+    );
+    assert!(
+        address_line(&ns, "kube-lb0", "fd00:99::5")
+            .unwrap()
+            .contains("fd00:99::5/128")
+    );
+    assert_eq!(adopt(&agent), BTreeSet::from([v4.ip, v6.ip]));
+}

@@ -1,0 +1,277 @@
+//! VIP moves on a real bridged LAN: the client's ARP and neighbour caches
+//! follow the VIP at once because of the gratuitous ARP / unsolicited NA,
+//! not because an entry expired. Needs root and arping, ndisc6, tcpdump;
+//! fails (never skips) without them.
+
+mod kernel;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use hostlb_api::Family;
+use hostlb_tests::netns::{Host, Lan, require_root, require_tools, wait_for};
+use kernel::{Agent, SECOND};
+use lbnodeagent::addrs::{AddressBackend, Applied, Lifetime, VipAddress};
+use lbnodeagent::announce::{AnnounceConfig, Outcome, Target};
+use tokio::sync::watch;
+
+fn setup() -> (Lan, tempfile::TempDir) {
+    require_root();
+    require_tools(&["arping", "ndisc6", "tcpdump"]);
+    let lan = Lan::new(&["a", "b", "client"]).unwrap();
+    (lan, tempfile::tempdir().unwrap())
+}
+
+/// Adds `vip` on the agent's announce interface; returns the address and the
+/// announcement target.
+fn acquire(agent: &Agent, ip: IpAddr) -> (VipAddress, Target) {
+    agent.with(move |b| async move {
+        let eth0 = b.announce_interface(Family::of(ip), None).await.unwrap();
+        let vip = eth0.vip(ip, Lifetime::FOREVER).unwrap();
+        assert_eq!(b.add(&vip).await.unwrap(), Applied::Done);
+        (vip, Target::on(&eth0, ip).expect("eth0 has a MAC"))
+    })
+}
+
+fn release(agent: &Agent, vip: &VipAddress) {
+    let vip = vip.clone();
+    let applied = agent.with(move |b| async move { b.remove(&vip).await.unwrap() });
+    assert_eq!(applied, Applied::Done);
+}
+
+fn announce(agent: &Agent, target: Target, config: AnnounceConfig) -> Outcome {
+    agent.with_both(move |_, announcer| async move {
+        announcer
+            .announce(&target, &config, &mut || true)
+            .await
+            .unwrap()
+    })
+}
+
+fn fast() -> AnnounceConfig {
+    AnnounceConfig {
+        count: 3,
+        interval: Duration::from_millis(100),
+    }
+}
+
+/// The MAC in the client's neighbour entry for `ip`, lower-case.
+fn client_entry(client: &Host, ip: &str) -> Option<(String, String)> {
+    let line = client.neighbour(ip).unwrap()?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let mac = words.iter().skip_while(|w| **w != "lladdr").nth(1)?;
+    Some((mac.to_lowercase(), words.last()?.to_string()))
+}
+
+/// Gives `client` a REACHABLE neighbour entry for `ip` at `mac`, as traffic
+/// to it a moment ago would: the kind of entry that would otherwise keep
+/// pointing at the old owner for tens of seconds.
+fn remember(client: &Host, ip: &str, mac: &str) {
+    client
+        .ns
+        .ip(&format!(
+            "neigh replace {ip} lladdr {mac} dev eth0 nud reachable"
+        ))
+        .unwrap();
+    let (entry_mac, state) = client_entry(client, ip).expect("entry just set");
+    assert_eq!((entry_mac.as_str(), state.as_str()), (mac, "REACHABLE"));
+}
+
+#[test]
+fn ipv4_vip_moves_and_gratuitous_arp_repoints_the_client() {
+    let (lan, dir) = setup();
+    let (a, b, client) = (lan.host("a"), lan.host("b"), lan.host("client"));
+    let agent_a = Agent::on_host(a, &dir.path().join("a"));
+    let agent_b = Agent::on_host(b, &dir.path().join("b"));
+    let vip = "10.77.0.100";
+
+    let (vip_a, _) = acquire(&agent_a, vip.parse().unwrap());
+    // The kernel on A answers ARP for the VIP with A's MAC.
+    let out = client
+        .ns
+        .run(&["arping", "-c", "1", "-w", "2", "-I", "eth0", vip])
+        .unwrap();
+    assert!(out.to_lowercase().contains(a.mac()), "arping saw {out}");
+    // The client talked to A a moment ago: a fresh entry pointing at A.
+    remember(client, vip, a.mac());
+
+    // Move: A lets go, B takes it. Until B announces, the client still
+    // believes A (its entry would stay for many seconds).
+    release(&agent_a, &vip_a);
+    let (_, target_b) = acquire(&agent_b, vip.parse().unwrap());
+    assert_eq!(client_entry(client, vip).unwrap().0, a.mac());
+
+    let capture = client
+        .ns
+        .capture("eth0", &format!("arp and ether src {}", b.mac()))
+        .unwrap();
+    assert_eq!(
+        announce(&agent_b, target_b, fast()),
+        Outcome::Sent { rounds: 3 }
+    );
+    wait_for("the client's entry to move to B", SECOND, || {
+        let (mac, _) = client_entry(client, vip)?;
+        (mac == b.mac()).then_some(())
+    })
+    .unwrap();
+
+    // On the wire: per round a request and a reply, VIP as sender and
+    // target, broadcast, from B's MAC.
+    let frames = capture
+        .wait_for(6, 2 * SECOND, |l| l.contains("ARP"))
+        .unwrap();
+    let requests = frames
+        .iter()
+        .filter(|l| l.contains(&format!("Request who-has {vip} tell {vip}")))
+        .count();
+    let replies = frames
+        .iter()
+        .filter(|l| l.contains(&format!("Reply {vip} is-at {}", b.mac())))
+        .count();
+    assert_eq!((requests, replies), (3, 3), "{frames:#?}");
+    assert!(
+        frames.iter().all(|l| l.contains("> ff:ff:ff:ff:ff:ff")),
+        "{frames:#?}"
+    );
+
+    let out = client
+        .ns
+        .run(&["arping", "-c", "1", "-w", "2", "-I", "eth0", vip])
+        .unwrap();
+    assert!(out.to_lowercase().contains(b.mac()), "arping saw {out}");
+}
+
+#[test]
+fn ipv6_vip_moves_and_neighbor_advertisement_repoints_the_client() {
+    let (lan, dir) = setup();
+    let (a, b, client) = (lan.host("a"), lan.host("b"), lan.host("client"));
+    let agent_a = Agent::on_host(a, &dir.path().join("a"));
+    let agent_b = Agent::on_host(b, &dir.path().join("b"));
+    let vip = "fd00:77::100";
+
+    let (vip_a, _) = acquire(&agent_a, vip.parse().unwrap());
+    let out = client
+        .ns
+        .run(&["ndisc6", "-1", "-r", "3", "-w", "500", vip, "eth0"])
+        .unwrap();
+    assert!(out.to_lowercase().contains(a.mac()), "ndisc6 saw {out}");
+    remember(client, vip, a.mac());
+
+    release(&agent_a, &vip_a);
+    let (_, target_b) = acquire(&agent_b, vip.parse().unwrap());
+    assert_eq!(client_entry(client, vip).unwrap().0, a.mac());
+
+    let capture = client
+        .ns
+        .capture("eth0", &format!("icmp6 and ether src {}", b.mac()))
+        .unwrap();
+    assert_eq!(
+        announce(&agent_b, target_b, fast()),
+        Outcome::Sent { rounds: 3 }
+    );
+    wait_for("the client's entry to move to B", SECOND, || {
+        let (mac, _) = client_entry(client, vip)?;
+        (mac == b.mac()).then_some(())
+    })
+    .unwrap();
+
+    let frames = capture
+        .wait_for(3, 2 * SECOND, |l| l.contains("neighbor advertisement"))
+        .unwrap();
+    for f in &frames {
+        assert!(f.contains("> 33:33:00:00:00:01"), "{f}");
+        assert!(
+            f.contains(&format!("{vip} > ff02::1")),
+            "source is the VIP: {f}"
+        );
+        assert!(f.contains("hlim 255"), "{f}");
+        assert!(f.contains("icmp6 sum ok"), "{f}");
+        assert!(f.contains(&format!("tgt is {vip}")), "{f}");
+        assert!(
+            f.contains("Flags [override]"),
+            "override only, not solicited: {f}"
+        );
+        assert!(f.contains(b.mac()), "target link-layer address option: {f}");
+    }
+    assert_eq!(frames.len(), 3, "{frames:#?}");
+
+    let out = client
+        .ns
+        .run(&["ndisc6", "-1", "-r", "3", "-w", "500", vip, "eth0"])
+        .unwrap();
+    assert!(out.to_lowercase().contains(b.mac()), "ndisc6 saw {out}");
+}
+
+#[test]
+fn announcing_stops_as_soon_as_ownership_is_lost() {
+    let (lan, dir) = setup();
+    let (a, client) = (lan.host("a"), lan.host("client"));
+    let agent = Agent::on_host(a, &dir.path().join("a"));
+    let (_, target) = acquire(&agent, "10.77.0.100".parse().unwrap());
+    let capture = client
+        .ns
+        .capture("eth0", &format!("arp and ether src {}", a.mac()))
+        .unwrap();
+
+    // Owned for two checks out of five rounds.
+    let checks = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&checks);
+    let outcome = agent.with_both(move |_, announcer| async move {
+        let mut owned = move || c.fetch_add(1, Ordering::SeqCst) < 2;
+        let config = AnnounceConfig {
+            count: 5,
+            interval: Duration::from_millis(50),
+        };
+        announcer
+            .announce(&target, &config, &mut owned)
+            .await
+            .unwrap()
+    });
+    assert_eq!(outcome, Outcome::Lost { rounds: 2 });
+    assert_eq!(checks.load(Ordering::SeqCst), 3);
+
+    // The periodic refresh keeps sending until the watch flag drops.
+    let (tx, rx) = watch::channel(true);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    agent.with_both(move |_, announcer| async move {
+        let mut rx = rx;
+        tokio::task::spawn_local(async move {
+            let outcome = announcer
+                .refresh(&target, Duration::from_millis(100), &mut rx)
+                .await;
+            let _ = done_tx.send(outcome);
+        });
+    });
+    std::thread::sleep(Duration::from_millis(450));
+    tx.send(false).unwrap();
+    let refreshed = done_rx
+        .recv_timeout(SECOND)
+        .expect("refresh returns once ownership is lost");
+    let Outcome::Lost { rounds } = refreshed else {
+        panic!("refresh ends only on lost ownership: {refreshed:?}")
+    };
+    // Rounds at 100, 200, 300, 400 ms; fewer only if this machine stalls.
+    assert!(
+        (2..=5).contains(&rounds),
+        "{rounds} refresh rounds in 450 ms"
+    );
+
+    // Exactly what was sent reaches the wire, nothing after the end.
+    let want = (2 * 2 + 2 * rounds) as usize;
+    capture
+        .wait_for(want, 2 * SECOND, |l| l.contains("ARP"))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let ours: Vec<_> = capture
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("ARP"))
+        .collect();
+    assert_eq!(
+        ours.len(),
+        want,
+        "two announce rounds and {rounds} refresh rounds, each a request and a reply: {ours:#?}"
+    );
+}
