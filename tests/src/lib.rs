@@ -4,3 +4,4 @@
 
 pub mod apiserver;
 pub mod netns;
+pub mod rng;

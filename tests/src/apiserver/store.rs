@@ -698,33 +698,22 @@ impl Store {
             .stored(def, ns, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(&def.gr(), name))?;
-        if let Some(uid) = options
-            .pointer("/preconditions/uid")
-            .and_then(Value::as_str)
-            && Some(uid) != meta_str(&old, "uid")
-        {
-            return Err(ApiError::precondition(
-                &def.gr(),
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    meta_str(&old, "uid").unwrap_or_default()
-                ),
-            ));
-        }
-        if let Some(rv) = options
-            .pointer("/preconditions/resourceVersion")
-            .and_then(Value::as_str)
-            && Some(rv) != meta_str(&old, "resourceVersion")
-        {
-            return Err(ApiError::precondition(
-                &def.gr(),
-                name,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    meta_str(&old, "resourceVersion").unwrap_or_default()
-                ),
-            ));
+        for (field, label) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
+            let want = options
+                .pointer(&format!("/preconditions/{field}"))
+                .and_then(Value::as_str);
+            if let Some(want) = want
+                && Some(want) != meta_str(&old, field)
+            {
+                return Err(ApiError::precondition(
+                    &def.gr(),
+                    name,
+                    &format!(
+                        "Precondition failed: {label} in precondition: {want}, {label} in object meta: {}",
+                        meta_str(&old, field).unwrap_or_default()
+                    ),
+                ));
+            }
         }
         if opts.dry_run {
             return Ok(Self::present(def, &old));

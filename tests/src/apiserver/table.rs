@@ -60,33 +60,22 @@ pub fn jsonpath(obj: &Value, path: &str) -> Vec<Value> {
     current
 }
 
+fn text(v: &Value) -> String {
+    v.as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| v.to_string())
+}
+
+/// One cell: a single scalar as is, a list (or several matches) joined with
+/// commas as kubectl shows them.
 fn cell(values: Vec<Value>) -> Value {
-    match values.len() {
-        0 => Value::Null,
-        1 => match &values[0] {
-            Value::Array(a) => Value::String(
-                a.iter()
-                    .map(|v| {
-                        v.as_str()
-                            .map(str::to_string)
-                            .unwrap_or_else(|| v.to_string())
-                    })
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
-            v => v.clone(),
-        },
-        _ => Value::String(
-            values
-                .iter()
-                .map(|v| {
-                    v.as_str()
-                        .map(str::to_string)
-                        .unwrap_or_else(|| v.to_string())
-                })
-                .collect::<Vec<_>>()
-                .join(","),
-        ),
+    let joined =
+        |items: &[Value]| Value::String(items.iter().map(text).collect::<Vec<_>>().join(","));
+    match values.as_slice() {
+        [] => Value::Null,
+        [Value::Array(a)] => joined(a),
+        [v] => v.clone(),
+        many => joined(many),
     }
 }
 

@@ -4,29 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use hostlb_tests::rng::Rng;
 use proptest::prelude::*;
 
 use super::*;
 use crate::engine::ipset::is_buggy;
 use crate::ledger::Ledger;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() as f64 / u64::MAX as f64) < p
-    }
-}
 
 fn random_pools(r: &mut Rng) -> Vec<PoolSpec> {
     let n = 1 + r.below(4);
