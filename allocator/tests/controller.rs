@@ -435,6 +435,10 @@ async fn only_the_leader_writes_and_the_other_takes_over() {
 
 #[tokio::test]
 async fn api_outage_then_recovery_without_double_allocation() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let server = setup().await;
     pool(&server, "p1", json!({"addresses": ["10.0.0.0/28"]})).await;
     for i in 0..4 {
@@ -458,14 +462,21 @@ async fn api_outage_then_recovery_without_double_allocation() {
     // After the outage (re-list on 410): the freed address is reused, nothing twice.
     wait_ips(&server, "new1", &["10.0.0.1"]).await;
     wait_ips(&server, "new2", &["10.0.0.4"]).await;
+    // A failed write is tried again by the controller.
+    server.fail_writes("/services/unlucky", 3);
+    server.with_store(|s| {
+        let svc = s.def("", "v1", "services").unwrap().clone();
+        s.create(&svc, "shop", json!({"metadata": {"name": "unlucky"}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}), &Default::default()).unwrap();
+    });
+    wait_ips(&server, "unlucky", &["10.0.0.5"]).await;
     // Then a 503 window: the client retries and the next change still lands.
     server.set_unavailable();
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.set_available();
     service(&server, "after", json!({})).await;
-    wait_ips(&server, "after", &["10.0.0.5"]).await;
+    wait_ips(&server, "after", &["10.0.0.6"]).await;
     let all: Vec<Vec<String>> = futures::future::join_all(
-        ["s0", "s2", "s3", "new1", "new2", "after"].map(|n| ips(&server, n)),
+        ["s0", "s2", "s3", "new1", "new2", "unlucky", "after"].map(|n| ips(&server, n)),
     )
     .await;
     let flat: Vec<String> = all.into_iter().flatten().collect();

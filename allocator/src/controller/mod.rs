@@ -32,6 +32,9 @@ use crate::inputs::{self, Scope};
 use crate::ledger::Ledger;
 use telemetry::Telemetry;
 
+/// How soon a failed write is tried again.
+const RETRY_WRITES: Duration = Duration::from_secs(2);
+
 /// The field manager of every write, so `managedFields` show who owns what.
 pub const FIELD_MANAGER: &str = "hostlb-allocator";
 
@@ -153,6 +156,8 @@ struct Loop {
     written: HashMap<String, Vec<IpAddr>>,
     /// Last failure reported per Service, so a repeated failure is one Event.
     reported: HashMap<String, String>,
+    /// Services whose write failed (API away, conflict): retried soon.
+    dirty: BTreeSet<String>,
 }
 
 /// Run until `shutdown` turns true.
@@ -224,11 +229,14 @@ pub async fn run(
         ledger: None,
         written: HashMap::new(),
         reported: HashMap::new(),
+        dirty: BTreeSet::new(),
     };
     telemetry.set_leader(l.leader);
     let mut resync = tokio::time::interval(cfg.resync);
     resync.tick().await;
     let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+    let mut retry = tokio::time::interval(RETRY_WRITES);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             input = inputs.next() => match input {
@@ -252,6 +260,10 @@ pub async fn run(
                 }
             }
             _ = heartbeat.tick() => telemetry.beat(),
+            _ = retry.tick(), if !l.dirty.is_empty() => {
+                let keys = std::mem::take(&mut l.dirty);
+                l.write(keys).await;
+            }
             _ = shutdown.changed() => {
                 info!("shutting down");
                 drop(leadership);
@@ -298,6 +310,7 @@ impl Loop {
             info!(identity = %self.cfg.identity, "lost the lease; writes stop");
             self.ledger = None;
             self.written.clear();
+            self.dirty.clear();
         }
     }
 
@@ -464,7 +477,8 @@ impl Loop {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    warn!(service = %key, error = %e, "writing status failed; retried on the next change or resync")
+                    warn!(service = %key, error = %e, "writing status failed; retrying");
+                    self.dirty.insert(key.clone());
                 }
             }
             self.report(&svc, &key, answer.as_ref()).await;

@@ -110,6 +110,14 @@ impl ApiError {
         )
     }
 
+    pub fn internal(message: &str) -> Self {
+        ApiError::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {message}"),
+        )
+    }
+
     pub fn unavailable() -> Self {
         ApiError::new(
             503,

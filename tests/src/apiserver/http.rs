@@ -101,6 +101,9 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         return ApiError::unavailable().into_response();
     }
     let method = req.method().clone();
+    if !matches!(method, Method::GET | Method::HEAD) && app.faults.take_write_failure(&path) {
+        return ApiError::internal("injected write failure").into_response();
+    }
     let q = query(&req);
     let user_agent = req
         .headers()
@@ -149,6 +152,11 @@ fn control(app: &App, cmd: &str, q: &HashMap<String, String>) -> Response {
             app.faults.set_delay(Duration::from_millis(ms));
         }
         "compact" => app.store.lock().expect("lock").compact(),
+        "fail-writes" => {
+            let n = q.get("n").and_then(|s| s.parse().ok()).unwrap_or(1);
+            app.faults
+                .fail_writes(q.get("path").map(String::as_str).unwrap_or_default(), n);
+        }
         _ => return ApiError::no_route(&format!("/testserver/{cmd}")).into_response(),
     }
     json_response(StatusCode::OK, &json!({"ok": cmd}))

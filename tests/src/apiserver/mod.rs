@@ -57,6 +57,9 @@ pub struct Faults {
     mode: watch::Sender<Mode>,
     delay_ms: AtomicU64,
     cut: watch::Sender<u64>,
+    /// The next this many writes whose path contains the pattern fail with
+    /// `500 InternalError`.
+    fail_writes: Mutex<(String, u64)>,
 }
 
 impl Faults {
@@ -65,6 +68,7 @@ impl Faults {
             mode: watch::channel(Mode::Available).0,
             delay_ms: AtomicU64::new(0),
             cut: watch::channel(0).0,
+            fail_writes: Mutex::new((String::new(), 0)),
         })
     }
 
@@ -87,6 +91,23 @@ impl Faults {
     /// End every open watch stream (clients see the stream close).
     pub fn cut_watches(&self) {
         self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// Fail the next `n` writes to paths containing `pattern` ("" for any)
+    /// with `500 InternalError`, which clients do not retry by themselves.
+    pub fn fail_writes(&self, pattern: &str, n: u64) {
+        *self.fail_writes.lock().expect("lock") = (pattern.to_string(), n);
+    }
+
+    /// Whether this write is one to fail, counting it down.
+    fn take_write_failure(&self, path: &str) -> bool {
+        let mut f = self.fail_writes.lock().expect("lock");
+        if f.1 > 0 && path.contains(f.0.as_str()) {
+            f.1 -= 1;
+            true
+        } else {
+            false
+        }
     }
 }
 
@@ -211,6 +232,12 @@ impl TestServer {
 
     pub fn cut_watches(&self) {
         self.app.faults.cut_watches();
+    }
+
+    /// Fail the next `n` writes to paths containing `pattern` ("" for any)
+    /// with `500 InternalError`.
+    pub fn fail_writes(&self, pattern: &str, n: u64) {
+        self.app.faults.fail_writes(pattern, n);
     }
 
     /// Delay every API response by `d`.
