@@ -5,5 +5,6 @@
 pub mod addrs;
 pub mod announce;
 pub mod election;
+pub mod gossip;
 pub mod inputs;
 pub mod simulate;

@@ -1,0 +1,254 @@
+//! Typed gossip settings (`[gossip]` in the agent's TOML, SPEC §8) and the
+//! shipped defaults, with the measurements behind them in `gossip/mod.rs`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chitchat::FailureDetectorConfig;
+
+use super::GossipError;
+use super::keys::{GossipKeys, default_key_file};
+use super::transport::AuthTransport;
+
+/// Gossip round period: with [`DEFAULT_PHI_THRESHOLD`] a crash is detected
+/// in about half a second (measurements in `gossip/mod.rs`); traffic per
+/// node is about 60 kB/s at 100 members.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
+/// Silence, in mean heartbeat intervals, after which a peer is dead: about
+/// 3.7 gossip rounds, one round more than the tightest setting that never
+/// flapped under CPU load or 10% loss.
+pub const DEFAULT_PHI_THRESHOLD: f64 = 8.0;
+/// How long a dead node's state is kept: long enough to ride out a
+/// partition, short enough that restarts do not pile stale generations
+/// into every digest.
+pub const DEFAULT_DEAD_NODE_GRACE: Duration = Duration::from_secs(10 * 60);
+/// How long a deleted key's tombstone is kept; a peer that missed it for
+/// longer is resent the whole (small) node state.
+pub const DEFAULT_TOMBSTONE_GRACE: Duration = Duration::from_secs(10 * 60);
+/// Rounds a leaving node keeps gossiping after publishing `leaving`, for
+/// peers the direct push missed.
+pub const DEFAULT_LEAVE_ROUNDS: u32 = 3;
+/// How far a frame's timestamp may be from our clock: covers clock skew,
+/// bounds how long a captured frame stays replayable.
+pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(30);
+pub const DEFAULT_PORT: u16 = 7934;
+pub const DEFAULT_CLUSTER_ID: &str = "hostlb";
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GossipConfig {
+    /// Separates clusters that share a network and, by mistake, a key.
+    pub cluster_id: String,
+    /// Must equal the Kubernetes Node name: the election ranks by it.
+    pub node_name: String,
+    pub agent_version: String,
+    pub listen: SocketAddr,
+    /// The address peers reach us on. Default: `listen` when it names one
+    /// address; with a wildcard `listen` the agent must fill it in (from the
+    /// announce interface's first address).
+    pub advertise: Option<SocketAddr>,
+    /// `ip:port` or `host:port` (DNS is re-resolved every minute by
+    /// chitchat). More can be handed over at run time with
+    /// [`Membership::set_seeds`](super::Membership::set_seeds).
+    pub seeds: Vec<String>,
+    pub key_file: PathBuf,
+    pub interval: Duration,
+    pub phi_threshold: f64,
+    pub dead_node_grace_period: Duration,
+    pub marked_for_deletion_grace_period: Duration,
+    pub leave_rounds: u32,
+    pub replay_window: Duration,
+    /// chitchat generation; `None` = the start time in ns, so every start is
+    /// a new generation that sorts after the previous one.
+    pub generation: Option<u64>,
+}
+
+impl Default for GossipConfig {
+    fn default() -> Self {
+        GossipConfig {
+            cluster_id: DEFAULT_CLUSTER_ID.to_string(),
+            node_name: String::new(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            listen: SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
+            advertise: None,
+            seeds: Vec::new(),
+            key_file: default_key_file(),
+            interval: DEFAULT_INTERVAL,
+            phi_threshold: DEFAULT_PHI_THRESHOLD,
+            dead_node_grace_period: DEFAULT_DEAD_NODE_GRACE,
+            marked_for_deletion_grace_period: DEFAULT_TOMBSTONE_GRACE,
+            leave_rounds: DEFAULT_LEAVE_ROUNDS,
+            replay_window: DEFAULT_REPLAY_WINDOW,
+            generation: None,
+        }
+    }
+}
+
+impl GossipConfig {
+    /// A node on `listen` (also its advertise address) with the shipped
+    /// timing and no seeds or key file.
+    pub fn for_test(node_name: &str, listen: SocketAddr) -> GossipConfig {
+        GossipConfig {
+            cluster_id: "test".to_string(),
+            node_name: node_name.to_string(),
+            listen,
+            advertise: Some(listen),
+            key_file: PathBuf::from("/nonexistent/test.key"),
+            ..GossipConfig::default()
+        }
+    }
+
+    /// Errors name the config key, as for every other agent setting.
+    pub fn validate(&self) -> Result<(), GossipError> {
+        let bad = |key: &'static str, problem: String| Err(GossipError::Config { key, problem });
+        if self.node_name.is_empty() {
+            return bad("node_name", "must not be empty".into());
+        }
+        if self.cluster_id.is_empty() {
+            return bad("gossip.cluster_id", "must not be empty".into());
+        }
+        if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(10) {
+            return bad(
+                "gossip.interval",
+                format!("{:?} is outside 10ms..10s", self.interval),
+            );
+        }
+        if !(self.phi_threshold.is_finite() && self.phi_threshold >= 2.0) {
+            return bad(
+                "gossip.phi_threshold",
+                format!("{} must be at least 2", self.phi_threshold),
+            );
+        }
+        if self.dead_node_grace_period < self.interval * 10 {
+            return bad(
+                "gossip.dead_node_grace_period",
+                "must be at least 10 gossip intervals".into(),
+            );
+        }
+        if self.replay_window < Duration::from_secs(1) {
+            return bad("gossip.replay_window", "must be at least 1s".into());
+        }
+        self.advertise_addr().map(|_| ())
+    }
+
+    pub fn advertise_addr(&self) -> Result<SocketAddr, GossipError> {
+        match self.advertise {
+            Some(addr) if addr.ip().is_unspecified() || addr.port() == 0 => {
+                Err(GossipError::Config {
+                    key: "gossip.advertise",
+                    problem: format!("{addr} is not an address peers can reach"),
+                })
+            }
+            Some(addr) => Ok(addr),
+            None if self.listen.ip().is_unspecified() => Err(GossipError::Config {
+                key: "gossip.advertise",
+                problem: format!(
+                    "listen is {}, so set advertise to the address peers reach this node on",
+                    self.listen
+                ),
+            }),
+            None => Ok(self.listen),
+        }
+    }
+
+    /// The failure detector, from these settings. `initial_interval` is the
+    /// gossip interval: chitchat's 5 s default is the prior mean for the
+    /// first samples and would make detection take ~40 s right after a peer
+    /// joins. `max_interval` discards gaps longer than 10 rounds (a paused
+    /// peer) so one long pause does not slow detection afterwards.
+    pub fn failure_detector(&self) -> FailureDetectorConfig {
+        FailureDetectorConfig {
+            phi_threshold: self.phi_threshold,
+            sampling_window_size: 1_000,
+            max_interval: self.interval * 10,
+            initial_interval: self.interval,
+            dead_node_grace_period: self.dead_node_grace_period,
+        }
+    }
+
+    /// The authenticated UDP transport, keyed from `key_file`.
+    pub fn auth_transport(&self) -> Result<AuthTransport, GossipError> {
+        let keys = GossipKeys::load(&self.key_file)?;
+        Ok(AuthTransport::new(keys, self.replay_window))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> GossipConfig {
+        GossipConfig::for_test("n1", "127.0.0.1:7934".parse().unwrap())
+    }
+
+    #[test]
+    fn for_test_is_valid() {
+        ok().validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases: Vec<(GossipConfig, &str)> = vec![
+            (
+                GossipConfig {
+                    node_name: String::new(),
+                    ..ok()
+                },
+                "node_name",
+            ),
+            (
+                GossipConfig {
+                    interval: Duration::from_millis(1),
+                    ..ok()
+                },
+                "gossip.interval",
+            ),
+            (
+                GossipConfig {
+                    phi_threshold: f64::NAN,
+                    ..ok()
+                },
+                "gossip.phi_threshold",
+            ),
+            (
+                GossipConfig {
+                    advertise: None,
+                    listen: "0.0.0.0:7934".parse().unwrap(),
+                    ..ok()
+                },
+                "gossip.advertise",
+            ),
+            (
+                GossipConfig {
+                    advertise: Some("0.0.0.0:7934".parse().unwrap()),
+                    ..ok()
+                },
+                "gossip.advertise",
+            ),
+        ];
+        for (config, key) in cases {
+            let err = config.validate().unwrap_err();
+            assert!(
+                matches!(&err, GossipError::Config { key: k, .. } if *k == key),
+                "{key}: {err}"
+            );
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn advertise_defaults_to_a_specific_listen_address() {
+        let config = GossipConfig {
+            advertise: None,
+            ..ok()
+        };
+        assert_eq!(config.advertise_addr().unwrap(), config.listen);
+    }
+
+    #[test]
+    fn detector_starts_from_the_gossip_interval() {
+        let fd = ok().failure_detector();
+        assert_eq!(fd.initial_interval, DEFAULT_INTERVAL);
+        assert_eq!(fd.phi_threshold, DEFAULT_PHI_THRESHOLD);
+    }
+}

@@ -1,0 +1,593 @@
+//! Membership: runs chitchat, publishes this node's state, and turns the
+//! cluster state into [`MembershipView`]s for the reconcile loop.
+//!
+//! A view is rebuilt when chitchat's live set changes (a node joined, was
+//! declared dead, or bumped its state version: chitchat checks this at the
+//! end of every gossip round) and, sooner, whenever any key changes (a
+//! key-change listener wakes the builder the moment a delta is applied), so
+//! a `leaving` status takes effect one message after it arrives rather than
+//! one round later. Views are only sent when they differ, so heartbeats
+//! never wake the reconcile loop.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chitchat::transport::Transport;
+use chitchat::{
+    Chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, ListenerHandle, NodeState,
+    ProtocolVersion, Version, spawn_chitchat,
+};
+use tokio::sync::{Mutex, Notify, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, info};
+
+use super::GossipError;
+use super::config::GossipConfig;
+use super::state::{self, LocalState, MemberInfo, Status};
+use crate::election::Member;
+
+/// Peers told directly when this node starts leaving; the rest hear it by
+/// ordinary gossip within a round or two. Each push costs a SYN carrying the
+/// whole digest, so a 1 000-node cluster is not sent 1 000 of them at once.
+const MAX_LEAVE_PUSH: usize = 128;
+/// Runtime seeds probed per round while no peer is known.
+const SEEDS_PER_ROUND_ALONE: usize = 3;
+/// With peers known, one unknown seed every this many rounds: enough to merge
+/// two halves that never met, cheap when seeds list nodes without an agent.
+const SEED_ROUNDS_CONNECTED: u32 = 10;
+
+/// Membership as the reconcile loop sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MembershipView {
+    /// This node, as peers see it.
+    pub local: MemberInfo,
+    /// The election's input: live members whose status is `alive`, this node
+    /// included while it is, one per node name (highest generation), sorted
+    /// by name.
+    pub members: Vec<Member>,
+    /// Every live node, leaving ones included, with everything it publishes
+    /// (held VIPs, agent version): for `lbnodeagent status` and for a
+    /// leaving node to see that others have taken over its VIPs.
+    pub nodes: Vec<MemberInfo>,
+}
+
+impl MembershipView {
+    /// A live, alive member by name.
+    pub fn member(&self, node: &str) -> Option<&Member> {
+        self.members.iter().find(|m| m.node == node)
+    }
+
+    pub fn node(&self, node: &str) -> Option<&MemberInfo> {
+        self.nodes.iter().find(|m| m.node == node)
+    }
+}
+
+/// A running gossip member. Dropping it stops gossip at once, without
+/// telling anyone: peers find out through their failure detectors, exactly
+/// as after a crash. Use [`Membership::leave`] to go gracefully.
+pub struct Membership {
+    handle: Arc<ChitchatHandle>,
+    chitchat: Arc<Mutex<Chitchat>>,
+    id: ChitchatId,
+    views: watch::Receiver<MembershipView>,
+    refresh: Arc<Notify>,
+    seeds: watch::Sender<Vec<SocketAddr>>,
+    leaving: AtomicBool,
+    interval: Duration,
+    leave_rounds: u32,
+    task: JoinHandle<()>,
+    _listener: ListenerHandle,
+}
+
+impl Membership {
+    /// Starts gossiping on `transport` (normally the config's
+    /// [`auth_transport`](GossipConfig::auth_transport); tests pass
+    /// chitchat's `ChannelTransport`).
+    pub async fn start(
+        config: &GossipConfig,
+        local: LocalState,
+        transport: &dyn Transport,
+    ) -> Result<Membership, GossipError> {
+        config.validate()?;
+        let advertise = config.advertise_addr()?;
+        let generation = config.generation.unwrap_or_else(generation_now);
+        let id = ChitchatId::new(config.node_name.as_str(), generation, advertise);
+        let leaving = local.status == Status::Leaving;
+        let chitchat_config = ChitchatConfig {
+            chitchat_id: id.clone(),
+            cluster_id: config.cluster_id.clone(),
+            gossip_interval: config.interval,
+            listen_addr: config.listen,
+            seed_nodes: config.seeds.clone(),
+            failure_detector_config: config.failure_detector(),
+            marked_for_deletion_grace_period: config.marked_for_deletion_grace_period,
+            catchup_callback: None,
+            extra_liveness_predicate: Some(Box::new(state::is_live)),
+            // Every node runs chitchat 0.13, which reads V1; its compressed
+            // digest keeps SYNs of large clusters well inside one datagram.
+            protocol_version: ProtocolVersion::V1,
+        };
+        let kvs = state::initial_key_values(&config.agent_version, &local);
+        let handle = spawn_chitchat(chitchat_config, kvs, transport)
+            .await
+            .map_err(|error| GossipError::Start {
+                listen: config.listen,
+                message: format!("{error:#}"),
+            })?;
+        let chitchat = handle.chitchat();
+        let refresh = Arc::new(Notify::new());
+        let (listener, watcher, first) = {
+            let c = chitchat.lock().await;
+            let notify = refresh.clone();
+            let listener = c.subscribe_event("", move |_| notify.notify_one());
+            (listener, c.live_nodes_watcher(), build_view(&c))
+        };
+        let (views_tx, views) = watch::channel(first);
+        let (seeds, seeds_rx) = watch::channel(Vec::new());
+        let handle = Arc::new(handle);
+        let task = tokio::spawn(
+            ViewTask {
+                handle: handle.clone(),
+                chitchat: chitchat.clone(),
+                own: [config.listen, advertise].into_iter().collect(),
+                watcher,
+                refresh: refresh.clone(),
+                seeds: seeds_rx,
+                views: views_tx,
+                interval: config.interval,
+            }
+            .run(),
+        );
+        info!(node = %config.node_name, generation, %advertise, listen = %config.listen, "gossip started");
+        Ok(Membership {
+            handle,
+            chitchat,
+            id,
+            views,
+            refresh,
+            seeds,
+            leaving: AtomicBool::new(leaving),
+            interval: config.interval,
+            leave_rounds: config.leave_rounds,
+            task,
+            _listener: listener,
+        })
+    }
+
+    /// Views as they change; the current one is there at once.
+    pub fn views(&self) -> watch::Receiver<MembershipView> {
+        self.views.clone()
+    }
+
+    pub fn view(&self) -> MembershipView {
+        self.views.borrow().clone()
+    }
+
+    pub fn chitchat_id(&self) -> &ChitchatId {
+        &self.id
+    }
+
+    /// The chitchat instance, for diagnostics (failure-detection timeouts,
+    /// dead nodes). Hold its lock briefly: gossip waits on it.
+    pub fn chitchat(&self) -> Arc<Mutex<Chitchat>> {
+        self.chitchat.clone()
+    }
+
+    /// Publishes this node's state; only changed keys are gossiped. Once
+    /// [`set_leaving`](Self::set_leaving) was called the status stays
+    /// `leaving`, whatever `local` says, so a reconcile pass during shutdown
+    /// cannot make the node a candidate again.
+    pub async fn publish(&self, mut local: LocalState) {
+        if self.leaving.load(Ordering::SeqCst) {
+            local.status = Status::Leaving;
+        }
+        state::publish(self.chitchat.lock().await.self_node_state(), &local);
+        self.refresh.notify_one();
+    }
+
+    /// Seeds handed over at run time (the InternalIPs of the cluster's
+    /// Nodes), replacing the previous run-time list. chitchat's own seed list
+    /// is fixed at start, so these are probed by this layer: a few per round
+    /// while no peer is known, then one every few rounds if some still are
+    /// not members.
+    pub fn set_seeds(&self, seeds: impl IntoIterator<Item = SocketAddr>) {
+        let mut seeds: Vec<SocketAddr> = seeds.into_iter().collect();
+        seeds.sort();
+        seeds.dedup();
+        self.seeds.send_replace(seeds);
+    }
+
+    /// Publishes `leaving` and pushes it to live peers at once (a SYN makes
+    /// each answer, and our reply carries the new status), so they drop this
+    /// node from their live views within a round trip. Gossip keeps running:
+    /// the node still sees who takes over its VIPs.
+    pub async fn set_leaving(&self) {
+        self.leaving.store(true, Ordering::SeqCst);
+        let peers: Vec<SocketAddr> = {
+            let mut c = self.chitchat.lock().await;
+            c.self_node_state()
+                .set(state::KEY_STATUS, Status::Leaving.as_str());
+            let own = c.self_chitchat_id().clone();
+            c.live_nodes()
+                .filter(|id| **id != own)
+                .map(|id| id.gossip_advertise_addr)
+                .collect::<HashSet<_>>()
+                .into_iter()
+                .take(MAX_LEAVE_PUSH)
+                .collect()
+        };
+        for peer in &peers {
+            // Fails only if the server already stopped.
+            let _ = self.handle.gossip(*peer);
+        }
+        self.refresh.notify_one();
+        info!(pushed = peers.len(), "gossip: leaving");
+    }
+
+    /// Graceful leave: publish `leaving`, keep gossiping for the configured
+    /// rounds so every peer hears it, then stop.
+    pub async fn leave(self) -> Result<(), GossipError> {
+        self.set_leaving().await;
+        tokio::time::sleep(self.interval * self.leave_rounds).await;
+        self.shutdown().await
+    }
+
+    /// Stops gossip now (after [`set_leaving`](Self::set_leaving), for a
+    /// caller that waited for its own handover).
+    pub async fn shutdown(self) -> Result<(), GossipError> {
+        let _ = self.handle.initiate_shutdown();
+        self.handle
+            .termination_watcher()
+            .await
+            .map_err(|error| GossipError::Stopped(format!("{error:#}")))
+    }
+
+    /// Resolves when the gossip server stops on its own: a broken socket.
+    /// The agent should treat that as fatal (not ready, restart).
+    pub fn stopped(&self) -> impl Future<Output = Result<(), GossipError>> + use<> {
+        let watcher = self.handle.termination_watcher();
+        async move {
+            watcher
+                .await
+                .map_err(|error| GossipError::Stopped(format!("{error:#}")))
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.handle.abort();
+    }
+}
+
+/// Start time in ns since the Unix epoch: a restart gets a larger generation
+/// as long as the clock does not step back across it (the stale generation
+/// then only lingers until peers declare it dead, about a second).
+fn generation_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+struct ViewTask {
+    handle: Arc<ChitchatHandle>,
+    chitchat: Arc<Mutex<Chitchat>>,
+    own: HashSet<SocketAddr>,
+    watcher: watch::Receiver<BTreeMap<ChitchatId, NodeState>>,
+    refresh: Arc<Notify>,
+    seeds: watch::Receiver<Vec<SocketAddr>>,
+    views: watch::Sender<MembershipView>,
+    interval: Duration,
+}
+
+impl ViewTask {
+    async fn run(mut self) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probe = SeedProbe::default();
+        let mut builder = ViewBuilder::default();
+        loop {
+            tokio::select! {
+                changed = self.watcher.changed() => if changed.is_err() {
+                    return;
+                },
+                () = self.refresh.notified() => {}
+                _ = tick.tick() => {
+                    self.probe_seeds(&mut probe).await;
+                    continue;
+                }
+            }
+            let view = builder.build(&*self.chitchat.lock().await);
+            self.views.send_if_modified(|current| {
+                if *current == view {
+                    return false;
+                }
+                debug!(
+                    members = view.members.len(),
+                    nodes = view.nodes.len(),
+                    "membership changed"
+                );
+                *current = view;
+                true
+            });
+        }
+    }
+
+    async fn probe_seeds(&mut self, probe: &mut SeedProbe) {
+        let seeds = self.seeds.borrow().clone();
+        if seeds.is_empty() {
+            return;
+        }
+        let (known, alone) = {
+            let c = self.chitchat.lock().await;
+            let known: HashSet<SocketAddr> =
+                c.live_nodes().map(|id| id.gossip_advertise_addr).collect();
+            let alone = known.len() <= 1;
+            (known, alone)
+        };
+        let unknown: Vec<SocketAddr> = seeds
+            .into_iter()
+            .filter(|seed| !known.contains(seed) && !self.own.contains(seed))
+            .collect();
+        for seed in probe.pick(&unknown, alone) {
+            let _ = self.handle.gossip(seed);
+        }
+    }
+}
+
+/// Round-robin over run-time seeds that are not (yet) members.
+#[derive(Debug, Default)]
+struct SeedProbe {
+    next: usize,
+    rounds: u32,
+}
+
+impl SeedProbe {
+    fn pick(&mut self, unknown: &[SocketAddr], alone: bool) -> Vec<SocketAddr> {
+        if unknown.is_empty() {
+            return Vec::new();
+        }
+        let count = if alone {
+            SEEDS_PER_ROUND_ALONE
+        } else {
+            self.rounds += 1;
+            if self.rounds < SEED_ROUNDS_CONNECTED {
+                return Vec::new();
+            }
+            self.rounds = 0;
+            1
+        };
+        let picked = (0..count.min(unknown.len()))
+            .map(|i| unknown[(self.next + i) % unknown.len()])
+            .collect();
+        self.next = self.next.wrapping_add(count);
+        picked
+    }
+}
+
+/// The view from chitchat's state. Uses `live_nodes()` (failure detector
+/// only) and filters `leaving` itself, after keeping the newest generation of
+/// each node name: a node that restarted and then started leaving must not
+/// be represented by its stale older generation.
+pub fn build_view(c: &Chitchat) -> MembershipView {
+    ViewBuilder::default().build(c)
+}
+
+/// Builds views, decoding each node's state only when its version moved:
+/// the builder runs with chitchat's lock held, which gossip waits on.
+#[derive(Default)]
+pub struct ViewBuilder {
+    decoded: HashMap<ChitchatId, (Version, Option<MemberInfo>)>,
+}
+
+impl ViewBuilder {
+    fn decode(&mut self, id: &ChitchatId, node: &NodeState) -> Option<MemberInfo> {
+        let version = node.max_version();
+        match self.decoded.get(id) {
+            Some((seen, info)) if *seen == version => info.clone(),
+            _ => {
+                let info = state::decode(node);
+                self.decoded.insert(id.clone(), (version, info.clone()));
+                info
+            }
+        }
+    }
+
+    pub fn build(&mut self, c: &Chitchat) -> MembershipView {
+        let view = self.build_inner(c);
+        let known: HashSet<&ChitchatId> = c.node_states().keys().collect();
+        self.decoded.retain(|id, _| known.contains(id));
+        view
+    }
+
+    fn build_inner(&mut self, c: &Chitchat) -> MembershipView {
+        let own = c.self_chitchat_id();
+        let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
+        for id in c.live_nodes() {
+            if id.node_id == own.node_id && id != own {
+                // Our own name is always us, whatever generation a stale copy of
+                // us claims (the clock may have stepped back across a restart).
+                continue;
+            }
+            newest
+                .entry(&id.node_id)
+                .and_modify(|best| {
+                    if id.generation_id > best.generation_id {
+                        *best = id;
+                    }
+                })
+                .or_insert(id);
+        }
+        let nodes: Vec<MemberInfo> = newest
+            .values()
+            .filter_map(|id| c.node_state(id).and_then(|node| self.decode(id, node)))
+            .collect();
+        let members = nodes
+            .iter()
+            .filter(|n| n.status == Status::Alive)
+            .map(MemberInfo::to_member)
+            .collect();
+        let local = c
+            .node_state(own)
+            .and_then(state::decode)
+            .unwrap_or_else(|| MemberInfo {
+                // Unreachable in practice: `status` is among the initial keys.
+                node: own.node_id.to_string(),
+                generation: own.generation_id,
+                gossip_addr: own.gossip_advertise_addr,
+                agent_version: String::new(),
+                status: Status::Leaving,
+                virtual_mode: false,
+                on_link: Vec::new(),
+                vips: Default::default(),
+            });
+        MembershipView {
+            local,
+            members,
+            nodes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::net::IpAddr;
+
+    use chitchat::FailureDetectorConfig;
+
+    use super::*;
+    use crate::election::OnLink;
+
+    fn chitchat_for(node: &str, local: &LocalState) -> Chitchat {
+        let id = ChitchatId::new(node, 1, "127.0.0.1:7000".parse().unwrap());
+        let config = ChitchatConfig {
+            chitchat_id: id,
+            cluster_id: "t".into(),
+            gossip_interval: Duration::from_millis(100),
+            listen_addr: "127.0.0.1:7000".parse().unwrap(),
+            seed_nodes: Vec::new(),
+            failure_detector_config: FailureDetectorConfig::default(),
+            marked_for_deletion_grace_period: Duration::from_secs(60),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: ProtocolVersion::V1,
+        };
+        Chitchat::with_chitchat_id_and_seeds(
+            config,
+            watch::channel(HashSet::new()).1,
+            state::initial_key_values("9.9.9", local),
+        )
+    }
+
+    fn sample() -> LocalState {
+        LocalState {
+            status: Status::Alive,
+            virtual_mode: true,
+            on_link: vec![
+                OnLink {
+                    prefix: "10.0.0.0/24".parse().unwrap(),
+                    interface: "eth0".into(),
+                    announce: true,
+                },
+                OnLink {
+                    prefix: "2001:db8::/64".parse().unwrap(),
+                    interface: "eth0".into(),
+                    announce: true,
+                },
+            ],
+            vips: ["10.0.0.10", "2001:db8::10"]
+                .iter()
+                .map(|s| s.parse::<IpAddr>().unwrap())
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn published_state_reads_back_as_a_member() {
+        let local = sample();
+        let c = chitchat_for("n1", &local);
+        let view = build_view(&c);
+        assert_eq!(view.local.node, "n1");
+        assert_eq!(view.local.agent_version, "9.9.9");
+        assert_eq!(view.local.vips, local.vips);
+        assert_eq!(view.members.len(), 1);
+        let member = &view.members[0];
+        assert!(!member.leaving && member.virtual_mode);
+        let mut got = member.on_link.clone();
+        got.sort();
+        let mut want = local.on_link.clone();
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn republishing_rewrites_only_changes_and_drops_stale_vip_chunks() {
+        let mut local = sample();
+        local.vips = (0..1_000u32)
+            .map(|i| IpAddr::from([10, 1, (i >> 8) as u8, i as u8]))
+            .collect();
+        let mut c = chitchat_for("n1", &local);
+        let chunks = c
+            .self_node_state()
+            .iter_prefix(state::KEY_VIPS_PREFIX)
+            .count();
+        assert!(chunks > 1, "1000 VIPs need several chunks");
+
+        let before = c.self_node_state().max_version();
+        state::publish(c.self_node_state(), &local);
+        assert_eq!(
+            c.self_node_state().max_version(),
+            before,
+            "same state, no new versions"
+        );
+
+        local.vips = BTreeSet::from(["10.9.9.9".parse().unwrap()]);
+        local.status = Status::Leaving;
+        state::publish(c.self_node_state(), &local);
+        assert_eq!(
+            c.self_node_state()
+                .iter_prefix(state::KEY_VIPS_PREFIX)
+                .count(),
+            1
+        );
+        let view = build_view(&c);
+        assert_eq!(view.local.vips, local.vips);
+        assert_eq!(view.local.status, Status::Leaving);
+        assert!(view.members.is_empty(), "a leaving node is no member");
+        assert_eq!(view.nodes.len(), 1, "but still a node");
+    }
+
+    #[test]
+    fn cached_decoding_follows_state_changes() {
+        let mut c = chitchat_for("n1", &sample());
+        let mut builder = ViewBuilder::default();
+        assert_eq!(builder.build(&c).node("n1").unwrap().vips.len(), 2);
+        let mut changed = sample();
+        changed.vips.clear();
+        state::publish(c.self_node_state(), &changed);
+        assert!(builder.build(&c).node("n1").unwrap().vips.is_empty());
+    }
+
+    #[test]
+    fn seed_probe_is_fast_alone_and_slow_when_connected() {
+        let seeds: Vec<SocketAddr> = (1..=5)
+            .map(|i| SocketAddr::from(([10, 0, 0, i], 7934)))
+            .collect();
+        let mut probe = SeedProbe::default();
+        let first = probe.pick(&seeds, true);
+        let second = probe.pick(&seeds, true);
+        assert_eq!(first.len(), SEEDS_PER_ROUND_ALONE);
+        assert_eq!(second[0], seeds[3], "round robin continues");
+        let connected: usize = (0..SEED_ROUNDS_CONNECTED * 3)
+            .map(|_| probe.pick(&seeds, false).len())
+            .sum();
+        assert_eq!(connected, 3);
+        assert!(probe.pick(&[], true).is_empty());
+    }
+}

@@ -1,0 +1,330 @@
+//! What a node publishes in gossip, and how it is written as chitchat
+//! key-values.
+//!
+//! | key | value |
+//! |---|---|
+//! | `version` | agent version |
+//! | `status` | `alive` or `leaving` |
+//! | `onlink.v4`, `onlink.v6` | JSON list of `{"if", "prefix", "announce"}` |
+//! | `virtual` | `true` / `false` |
+//! | `vips.0`, `vips.1`, … | held VIPs, space-separated, sorted, each value ≤ [`VIPS_CHUNK_BYTES`] |
+//!
+//! `status` is written last when a node starts. chitchat sends a node's keys
+//! in version order, so a peer that has `status` has everything else: a
+//! member never shows up half-described. VIPs are split over several keys
+//! because chitchat never splits one value, and a value larger than a
+//! datagram would never be sent at all. Decoding is lenient: unknown keys
+//! and unparsable entries are skipped, so a newer agent can add to the format
+//! without breaking an older one mid-upgrade.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+
+use chitchat::NodeState;
+use hostlb_api::{Family, Prefix};
+use serde::{Deserialize, Serialize};
+
+use crate::election::{Member, OnLink};
+
+pub const KEY_VERSION: &str = "version";
+pub const KEY_STATUS: &str = "status";
+pub const KEY_ONLINK_V4: &str = "onlink.v4";
+pub const KEY_ONLINK_V6: &str = "onlink.v6";
+pub const KEY_VIRTUAL: &str = "virtual";
+pub const KEY_VIPS_PREFIX: &str = "vips.";
+/// Bound on one `vips.N` value: small against the 64 KiB datagram, large
+/// enough that a node with 1 000 IPv4 VIPs needs only a handful of keys.
+pub const VIPS_CHUNK_BYTES: usize = 4_000;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Status {
+    #[default]
+    Alive,
+    /// Shutting down: peers drop it from their live view at once.
+    Leaving,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Alive => "alive",
+            Status::Leaving => "leaving",
+        }
+    }
+
+    /// Anything but `alive` (including a status a newer agent may invent)
+    /// keeps the node out of elections: when in doubt, not a candidate.
+    fn parse(text: &str) -> Status {
+        if text == "alive" {
+            Status::Alive
+        } else {
+            Status::Leaving
+        }
+    }
+}
+
+/// The state this node publishes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalState {
+    pub status: Status,
+    /// The agent holds off-link VIPs on its virtual interface.
+    pub virtual_mode: bool,
+    pub on_link: Vec<OnLink>,
+    pub vips: BTreeSet<IpAddr>,
+}
+
+/// One node as seen through gossip.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    pub node: String,
+    /// Chitchat generation: start time in ns; a restart makes a new one.
+    pub generation: u64,
+    pub gossip_addr: SocketAddr,
+    pub agent_version: String,
+    pub status: Status,
+    pub virtual_mode: bool,
+    pub on_link: Vec<OnLink>,
+    pub vips: BTreeSet<IpAddr>,
+}
+
+impl MemberInfo {
+    /// The election's view of this node.
+    pub fn to_member(&self) -> Member {
+        Member {
+            node: self.node.clone(),
+            leaving: self.status != Status::Alive,
+            virtual_mode: self.virtual_mode,
+            on_link: self.on_link.clone(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct OnLinkWire {
+    #[serde(rename = "if")]
+    interface: String,
+    prefix: String,
+    #[serde(default)]
+    announce: bool,
+}
+
+fn encode_on_link(on_link: &[OnLink], family: Family) -> String {
+    let entries: Vec<OnLinkWire> = on_link
+        .iter()
+        .filter(|o| o.prefix.family() == family)
+        .map(|o| OnLinkWire {
+            interface: o.interface.clone(),
+            prefix: o.prefix.to_string(),
+            announce: o.announce,
+        })
+        .collect();
+    serde_json::to_string(&entries).expect("strings and bools always serialize")
+}
+
+fn decode_on_link(text: &str, family: Family, out: &mut Vec<OnLink>) {
+    let Ok(entries) = serde_json::from_str::<Vec<OnLinkWire>>(text) else {
+        tracing::debug!(value = text, "unparsable on-link list in gossip; ignored");
+        return;
+    };
+    for entry in entries {
+        match entry.prefix.parse::<Prefix>() {
+            Ok(prefix) if prefix.family() == family => out.push(OnLink {
+                prefix,
+                interface: entry.interface,
+                announce: entry.announce,
+            }),
+            _ => tracing::debug!(
+                prefix = entry.prefix,
+                "bad on-link prefix in gossip; ignored"
+            ),
+        }
+    }
+}
+
+/// Sorted VIPs cut into values of at most [`VIPS_CHUNK_BYTES`].
+fn vip_chunks(vips: &BTreeSet<IpAddr>) -> Vec<String> {
+    let mut chunks = Vec::new();
+    let mut current = String::new();
+    for ip in vips {
+        let text = ip.to_string();
+        if !current.is_empty() && current.len() + 1 + text.len() > VIPS_CHUNK_BYTES {
+            chunks.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push(' ');
+        }
+        current.push_str(&text);
+    }
+    if !current.is_empty() {
+        chunks.push(current);
+    }
+    chunks
+}
+
+fn vip_key(index: usize) -> String {
+    format!("{KEY_VIPS_PREFIX}{index}")
+}
+
+/// Key-values for a node that is starting, `status` last (see module doc).
+pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(String, String)> {
+    let mut kvs = vec![
+        (KEY_VERSION.to_string(), agent_version.to_string()),
+        (
+            KEY_ONLINK_V4.to_string(),
+            encode_on_link(&local.on_link, Family::V4),
+        ),
+        (
+            KEY_ONLINK_V6.to_string(),
+            encode_on_link(&local.on_link, Family::V6),
+        ),
+        (KEY_VIRTUAL.to_string(), local.virtual_mode.to_string()),
+    ];
+    kvs.extend(
+        vip_chunks(&local.vips)
+            .into_iter()
+            .enumerate()
+            .map(|(i, chunk)| (vip_key(i), chunk)),
+    );
+    kvs.push((KEY_STATUS.to_string(), local.status.as_str().to_string()));
+    kvs
+}
+
+/// Writes `local` into our own node state. Unchanged keys are left alone
+/// (chitchat's `set` is a no-op for an equal value), so only what changed is
+/// gossiped.
+pub fn publish(node: &mut NodeState, local: &LocalState) {
+    node.set(KEY_ONLINK_V4, encode_on_link(&local.on_link, Family::V4));
+    node.set(KEY_ONLINK_V6, encode_on_link(&local.on_link, Family::V6));
+    node.set(KEY_VIRTUAL, local.virtual_mode.to_string());
+    let chunks = vip_chunks(&local.vips);
+    let stale: Vec<String> = node
+        .iter_prefix(KEY_VIPS_PREFIX)
+        .map(|(key, _)| key.to_string())
+        .filter(|key| {
+            key[KEY_VIPS_PREFIX.len()..]
+                .parse::<usize>()
+                .map_or(true, |i| i >= chunks.len())
+        })
+        .collect();
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        node.set(vip_key(i), chunk);
+    }
+    for key in stale {
+        node.delete(&key);
+    }
+    node.set(KEY_STATUS, local.status.as_str());
+}
+
+/// A node's published state, or `None` while its `status` has not arrived.
+pub fn decode(node: &NodeState) -> Option<MemberInfo> {
+    let status = Status::parse(node.get(KEY_STATUS)?);
+    let mut on_link = Vec::new();
+    if let Some(text) = node.get(KEY_ONLINK_V4) {
+        decode_on_link(text, Family::V4, &mut on_link);
+    }
+    if let Some(text) = node.get(KEY_ONLINK_V6) {
+        decode_on_link(text, Family::V6, &mut on_link);
+    }
+    let mut vips = BTreeSet::new();
+    for (_, value) in node.iter_prefix(KEY_VIPS_PREFIX) {
+        vips.extend(
+            value
+                .value
+                .split_ascii_whitespace()
+                .filter_map(|ip| ip.parse::<IpAddr>().ok()),
+        );
+    }
+    let id = node.chitchat_id();
+    Some(MemberInfo {
+        node: id.node_id.to_string(),
+        generation: id.generation_id,
+        gossip_addr: id.gossip_advertise_addr,
+        agent_version: node.get(KEY_VERSION).unwrap_or_default().to_string(),
+        status,
+        virtual_mode: node.get(KEY_VIRTUAL) == Some("true"),
+        on_link,
+        vips,
+    })
+}
+
+/// chitchat's `extra_liveness_predicate`: a leaving node (or one whose state
+/// has not arrived yet) is not live.
+pub fn is_live(node: &NodeState) -> bool {
+    node.get(KEY_STATUS) == Some(Status::Alive.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on_link(prefix: &str, interface: &str, announce: bool) -> OnLink {
+        OnLink {
+            prefix: prefix.parse().unwrap(),
+            interface: interface.to_string(),
+            announce,
+        }
+    }
+
+    #[test]
+    fn vip_chunks_are_bounded_and_cover_everything() {
+        let vips: BTreeSet<IpAddr> = (0..2_000u32)
+            .map(|i| IpAddr::from([10, (i >> 16) as u8, (i >> 8) as u8, i as u8]))
+            .chain((0..300u32).map(|i| IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0xffff, i as u16])))
+            .collect();
+        let chunks = vip_chunks(&vips);
+        assert!(chunks.len() > 1);
+        assert!(chunks.iter().all(|c| c.len() <= VIPS_CHUNK_BYTES));
+        let back: BTreeSet<IpAddr> = chunks
+            .iter()
+            .flat_map(|c| c.split(' '))
+            .map(|ip| ip.parse().unwrap())
+            .collect();
+        assert_eq!(back, vips);
+        assert!(vip_chunks(&BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn status_is_written_last() {
+        let kvs = initial_key_values("1.2.3", &LocalState::default());
+        assert_eq!(kvs.last().unwrap(), &("status".into(), "alive".into()));
+    }
+
+    #[test]
+    fn on_link_round_trips_per_family() {
+        let list = vec![
+            on_link("10.0.0.0/24", "eth0", true),
+            on_link("2001:db8::/64", "eth0", true),
+            on_link("192.168.7.0/24", "eth1,odd", false),
+        ];
+        let v4 = encode_on_link(&list, Family::V4);
+        let v6 = encode_on_link(&list, Family::V6);
+        assert!(!v4.contains("2001"), "{v4}");
+        let mut back = Vec::new();
+        decode_on_link(&v4, Family::V4, &mut back);
+        decode_on_link(&v6, Family::V6, &mut back);
+        back.sort();
+        let mut want = list.clone();
+        want.sort();
+        assert_eq!(back, want);
+    }
+
+    #[test]
+    fn decoding_skips_what_it_cannot_read() {
+        let mut out = Vec::new();
+        decode_on_link("not json", Family::V4, &mut out);
+        decode_on_link(
+            r#"[{"if":"eth0","prefix":"10.1.0.0/16","announce":true,"future":1},
+                {"if":"eth0","prefix":"bogus"},
+                {"if":"eth0","prefix":"2001:db8::/64"}]"#,
+            Family::V4,
+            &mut out,
+        );
+        assert_eq!(out, vec![on_link("10.1.0.0/16", "eth0", true)]);
+    }
+
+    #[test]
+    fn unknown_status_is_not_alive() {
+        assert_eq!(Status::parse("alive"), Status::Alive);
+        assert_eq!(Status::parse("draining"), Status::Leaving);
+    }
+}

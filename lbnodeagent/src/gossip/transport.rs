@@ -1,0 +1,760 @@
+//! The authenticated UDP transport: chitchat's `Transport` whose every
+//! datagram on the wire is a signed [`frame`](super::frame).
+//!
+//! chitchat keeps its envelope codec crate-private, so the only public way to
+//! turn a `ChitchatEnvelope` into bytes and back is chitchat's own
+//! `UdpSocket`. Each opened socket therefore runs a small loopback relay:
+//!
+//! ```text
+//!            send(to, env)                           recv()
+//! chitchat ─────────────▶ codec (chitchat UdpSocket, 127.0.0.1:c) ◀──────── decoded envelope
+//!                           │  encodes env, sends to port[to]         ▲  from_addr = port[peer]
+//!                           ▼                                         │  (rewritten to peer)
+//!                     port[to] (127.0.0.1:p, connected to codec) ─────┘
+//!                           │  we read, sign, send      ▲  we verify, then inject
+//!                           ▼                           │
+//!                        wire (listen address) ◀────── network
+//! ```
+//!
+//! One loopback "port" socket per peer carries both directions: bytes the
+//! codec sends to `port[P]` are for peer P, and what we inject through
+//! `port[P]` reaches the codec with `port[P]` as source, which maps back to
+//! P. No FIFO pairing is assumed anywhere, so a late or lost loopback
+//! datagram can never shift one peer's message onto another. Ports idle for
+//! a while are closed once there are more than [`MAX_PORTS`].
+//!
+//! `recv` is cancel-safe (chitchat polls it inside `select!`): its only await
+//! points are `recv_from` on the codec and the wire socket, both cancel-safe,
+//! and everything between receiving a wire datagram and handing its payload
+//! to the codec (verification, replay state, reassembly, injection) is
+//! synchronous, with injection a non-blocking `send` on a std socket.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use async_trait::async_trait;
+use chitchat::ChitchatEnvelope;
+use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport, UdpSocket as CodecSocket};
+use sha2::{Digest, Sha256};
+use tracing::{debug, warn};
+
+use super::frame::{Accepted, Inbound, MAX_DATAGRAM, Outbound, Reject};
+use super::keys::GossipKeys;
+
+/// Loopback port sockets kept open before idle ones are closed. A node
+/// exchanges with about six random peers per gossip round, so even in a
+/// 1 000-node cluster far fewer than this are busy at any moment; the cap
+/// keeps file descriptors bounded however large the cluster grows.
+pub const MAX_PORTS: usize = 512;
+/// A port unused for this long is closed when over [`MAX_PORTS`].
+const PORT_IDLE: Duration = Duration::from_secs(2);
+/// How long `send` waits for the codec's bytes on loopback. Loopback
+/// delivery is immediate; this only bounds the stall of chitchat's loop if
+/// the kernel dropped the datagram.
+const LOOPBACK_TIMEOUT: Duration = Duration::from_millis(250);
+/// Receive buffer: larger than any valid datagram, so an oversized one is
+/// seen whole and counted instead of silently truncated.
+const RECV_BUF: usize = 65_536;
+
+/// Wall-clock milliseconds since the Unix epoch. Frames carry this time, so
+/// it must be real time (nodes compare it); tests pass in their own.
+#[derive(Clone)]
+pub struct WallClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl WallClock {
+    pub fn system() -> WallClock {
+        WallClock(Arc::new(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0)
+        }))
+    }
+
+    pub fn from_fn(f: impl Fn() -> u64 + Send + Sync + 'static) -> WallClock {
+        WallClock(Arc::new(f))
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for WallClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WallClock")
+    }
+}
+
+/// Counters for the agent's metrics. Monotonic, shared by every socket the
+/// transport opens.
+#[derive(Debug, Default)]
+pub struct AuthCounters {
+    pub frames_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub frames_received: AtomicU64,
+    pub bytes_received: AtomicU64,
+    /// Messages handed to chitchat after verification.
+    pub messages_accepted: AtomicU64,
+    /// Messages that needed two datagrams.
+    pub messages_fragmented: AtomicU64,
+    pub dropped_oversized: AtomicU64,
+    pub dropped_malformed: AtomicU64,
+    pub dropped_bad_mac: AtomicU64,
+    pub dropped_stale: AtomicU64,
+    pub dropped_replayed: AtomicU64,
+    /// Verified messages lost on loopback (full buffer) or arriving at the
+    /// codec from a socket that is not one of our ports.
+    pub dropped_loopback: AtomicU64,
+    /// Outgoing messages dropped: too large even in two fragments, or the
+    /// codec's bytes never came back over loopback.
+    pub send_failed: AtomicU64,
+}
+
+/// A point-in-time copy of [`AuthCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuthStats {
+    pub frames_sent: u64,
+    pub bytes_sent: u64,
+    pub frames_received: u64,
+    pub bytes_received: u64,
+    pub messages_accepted: u64,
+    pub messages_fragmented: u64,
+    pub dropped_oversized: u64,
+    pub dropped_malformed: u64,
+    pub dropped_bad_mac: u64,
+    pub dropped_stale: u64,
+    pub dropped_replayed: u64,
+    pub dropped_loopback: u64,
+    pub send_failed: u64,
+}
+
+impl AuthStats {
+    /// Every datagram or message dropped for any reason.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_oversized
+            + self.dropped_malformed
+            + self.dropped_bad_mac
+            + self.dropped_stale
+            + self.dropped_replayed
+            + self.dropped_loopback
+    }
+}
+
+impl AuthCounters {
+    pub fn snapshot(&self) -> AuthStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        AuthStats {
+            frames_sent: get(&self.frames_sent),
+            bytes_sent: get(&self.bytes_sent),
+            frames_received: get(&self.frames_received),
+            bytes_received: get(&self.bytes_received),
+            messages_accepted: get(&self.messages_accepted),
+            messages_fragmented: get(&self.messages_fragmented),
+            dropped_oversized: get(&self.dropped_oversized),
+            dropped_malformed: get(&self.dropped_malformed),
+            dropped_bad_mac: get(&self.dropped_bad_mac),
+            dropped_stale: get(&self.dropped_stale),
+            dropped_replayed: get(&self.dropped_replayed),
+            dropped_loopback: get(&self.dropped_loopback),
+            send_failed: get(&self.send_failed),
+        }
+    }
+
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn reject(&self, reason: Reject) {
+        let counter = match reason {
+            Reject::Oversized => &self.dropped_oversized,
+            Reject::Malformed => &self.dropped_malformed,
+            Reject::BadMac => &self.dropped_bad_mac,
+            Reject::Stale { .. } => &self.dropped_stale,
+            Reject::Replayed => &self.dropped_replayed,
+        };
+        Self::add(counter, 1);
+    }
+}
+
+/// chitchat `Transport` that signs and verifies every datagram.
+#[derive(Clone, Debug)]
+pub struct AuthTransport {
+    /// Shared with every opened socket, so a key reload (SIGHUP during a
+    /// rotation) takes effect without restarting gossip.
+    keys: Arc<RwLock<GossipKeys>>,
+    replay_window: Duration,
+    max_datagram: usize,
+    clock: WallClock,
+    counters: Arc<AuthCounters>,
+}
+
+impl AuthTransport {
+    pub fn new(keys: GossipKeys, replay_window: Duration) -> AuthTransport {
+        Self::with_clock(keys, replay_window, WallClock::system())
+    }
+
+    pub fn with_clock(
+        keys: GossipKeys,
+        replay_window: Duration,
+        clock: WallClock,
+    ) -> AuthTransport {
+        AuthTransport {
+            keys: Arc::new(RwLock::new(keys)),
+            replay_window,
+            max_datagram: MAX_DATAGRAM,
+            clock,
+            counters: Arc::default(),
+        }
+    }
+
+    /// Splits messages above `bytes` (at least about 32 kB) in two. For
+    /// tests: chitchat's own messages rarely exceed what one datagram holds
+    /// with our overhead, and this makes them take the fragment path.
+    pub fn with_max_datagram(mut self, bytes: usize) -> AuthTransport {
+        self.max_datagram = bytes;
+        self
+    }
+
+    /// Replaces the keys for every socket already opened and to come: the
+    /// next datagram is signed and verified with the new set.
+    pub fn set_keys(&self, keys: GossipKeys) {
+        *self
+            .keys
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = keys;
+    }
+
+    pub fn counters(&self) -> Arc<AuthCounters> {
+        self.counters.clone()
+    }
+
+    /// Opens the concrete socket (the trait object hides its type; tests want
+    /// it to inspect port counts).
+    pub async fn open_socket(&self, listen_addr: SocketAddr) -> anyhow::Result<AuthSocket> {
+        let wire = tokio::net::UdpSocket::bind(listen_addr)
+            .await
+            .with_context(|| format!("failed to bind gossip socket {listen_addr}/udp"))?;
+        let local = wire.local_addr()?;
+        let codec = CodecSocket::open((Ipv4Addr::LOCALHOST, 0).into()).await?;
+        let codec_addr = codec.local_addr()?;
+        Ok(AuthSocket {
+            wire,
+            local,
+            codec,
+            codec_addr,
+            ports: HashMap::new(),
+            by_port: HashMap::new(),
+            keys: self.keys.clone(),
+            outbound: Outbound::new(sender_id(local)).with_max_datagram(self.max_datagram),
+            inbound: Inbound::new(self.replay_window.as_millis() as u64),
+            clock: self.clock.clone(),
+            counters: self.counters.clone(),
+            warnings: Warnings::default(),
+            buf: vec![0u8; RECV_BUF].into_boxed_slice(),
+            send_buf: vec![0u8; RECV_BUF].into_boxed_slice(),
+        })
+    }
+}
+
+#[async_trait]
+impl Transport for AuthTransport {
+    async fn open(&self, listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
+        Ok(Box::new(self.open_socket(listen_addr).await?))
+    }
+}
+
+/// Distinct per opened socket so sequence numbers never collide across
+/// restarts; it is under the MAC, so it needs to be unique, not secret.
+fn sender_id(local: SocketAddr) -> u64 {
+    static OPENED: AtomicU64 = AtomicU64::new(0);
+    let mut hash = Sha256::new();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    hash.update(now.to_be_bytes());
+    hash.update(std::process::id().to_be_bytes());
+    hash.update(local.to_string().as_bytes());
+    hash.update(OPENED.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    let digest = hash.finalize();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(id)
+}
+
+/// A loopback socket dedicated to one peer, connected to the codec. A plain
+/// non-blocking std socket: injecting is one `send` syscall that either
+/// queues the datagram or fails at once, with no readiness state that a
+/// fresh tokio socket would not have yet.
+struct Port {
+    socket: std::net::UdpSocket,
+    local: SocketAddr,
+    last_used: tokio::time::Instant,
+}
+
+impl Port {
+    fn open(codec: SocketAddr) -> io::Result<Port> {
+        let socket = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?;
+        socket.connect(codec)?;
+        socket.set_nonblocking(true)?;
+        let local = socket.local_addr()?;
+        Ok(Port {
+            socket,
+            local,
+            last_used: tokio::time::Instant::now(),
+        })
+    }
+
+    /// The codec's bytes for this peer. Loopback delivery normally completes
+    /// before the codec's `send_to` returns, so the first read finds them;
+    /// otherwise poll briefly (yield, then 1 ms sleeps) up to `timeout`.
+    async fn recv(&self, buf: &mut [u8], timeout: Duration) -> io::Result<Option<usize>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for attempt in 0u32.. {
+            match self.socket.recv(buf) {
+                Ok(len) => return Ok(Some(len)),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            if attempt < 8 {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        Ok(None)
+    }
+
+    /// A datagram already queued, if any; never waits.
+    fn try_recv(&self, buf: &mut [u8]) -> Option<usize> {
+        self.socket.recv(buf).ok()
+    }
+}
+
+pub struct AuthSocket {
+    wire: tokio::net::UdpSocket,
+    local: SocketAddr,
+    codec: CodecSocket,
+    codec_addr: SocketAddr,
+    ports: HashMap<SocketAddr, Port>,
+    /// Port socket address → peer.
+    by_port: HashMap<SocketAddr, SocketAddr>,
+    keys: Arc<RwLock<GossipKeys>>,
+    outbound: Outbound,
+    inbound: Inbound,
+    clock: WallClock,
+    counters: Arc<AuthCounters>,
+    warnings: Warnings,
+    buf: Box<[u8]>,
+    send_buf: Box<[u8]>,
+}
+
+/// Drops are counted for metrics; these two also mean an operator mistake
+/// (a wrong key, a clock without NTP) that would otherwise look like a
+/// silent partition, so they are logged too, at most once a minute.
+#[derive(Default)]
+struct Warnings {
+    bad_mac: Option<tokio::time::Instant>,
+    stale: Option<tokio::time::Instant>,
+}
+
+impl Warnings {
+    const EVERY: Duration = Duration::from_secs(60);
+
+    fn due(last: &mut Option<tokio::time::Instant>) -> bool {
+        let now = tokio::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < Self::EVERY) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
+    fn reject(&mut self, reason: Reject, from: SocketAddr) {
+        match reason {
+            Reject::BadMac if Self::due(&mut self.bad_mac) => {
+                warn!(%from, "dropping gossip that fails authentication; does the peer use another gossip key?");
+            }
+            Reject::Stale { skew_ms } if Self::due(&mut self.stale) => {
+                warn!(%from, skew_ms, "dropping gossip stamped outside the replay window; check the clocks (NTP) of both nodes");
+            }
+            _ => {}
+        }
+    }
+}
+
+fn read_keys(keys: &RwLock<GossipKeys>) -> std::sync::RwLockReadGuard<'_, GossipKeys> {
+    // A panic while holding the lock cannot leave the keys half-written
+    // (the write is one assignment), so a poisoned lock is still good.
+    keys.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl AuthSocket {
+    /// Open loopback port sockets (one per recent peer).
+    pub fn ports(&self) -> usize {
+        self.ports.len()
+    }
+
+    fn port_for(&mut self, peer: SocketAddr) -> io::Result<&mut Port> {
+        if !self.ports.contains_key(&peer) {
+            if self.ports.len() >= MAX_PORTS {
+                self.close_idle_ports();
+            }
+            let port = Port::open(self.codec_addr)?;
+            self.by_port.insert(port.local, peer);
+            self.ports.insert(peer, port);
+        }
+        let port = self.ports.get_mut(&peer).expect("inserted above");
+        port.last_used = tokio::time::Instant::now();
+        Ok(port)
+    }
+
+    /// Closes ports idle for [`PORT_IDLE`]; if none is, the least recently
+    /// used one, so the count stays bounded.
+    fn close_idle_ports(&mut self) {
+        let now = tokio::time::Instant::now();
+        let mut idle: Vec<SocketAddr> = self
+            .ports
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.last_used) >= PORT_IDLE)
+            .map(|(peer, _)| *peer)
+            .collect();
+        if idle.is_empty()
+            && let Some((peer, _)) = self.ports.iter().min_by_key(|(_, p)| p.last_used)
+        {
+            idle.push(*peer);
+        }
+        for peer in idle {
+            if let Some(port) = self.ports.remove(&peer) {
+                self.by_port.remove(&port.local);
+            }
+        }
+    }
+
+    /// Signs `payload` and sends it to `to`; returns wire bytes sent.
+    async fn send_sealed(&mut self, to: SocketAddr, len: usize) -> anyhow::Result<usize> {
+        let now = self.clock.now_ms();
+        let sealed = self
+            .outbound
+            .seal(&read_keys(&self.keys), &self.send_buf[..len], now);
+        let frames = match sealed {
+            Ok(frames) => frames,
+            Err(_) => {
+                AuthCounters::add(&self.counters.send_failed, 1);
+                warn!(%to, len, "gossip message too large even in two datagrams; dropped");
+                return Ok(0);
+            }
+        };
+        if frames.len() > 1 {
+            AuthCounters::add(&self.counters.messages_fragmented, 1);
+        }
+        let mut sent = 0;
+        for frame in &frames {
+            sent += self
+                .wire
+                .send_to(frame, to)
+                .await
+                .with_context(|| format!("failed to send gossip to {to}"))?;
+            AuthCounters::add(&self.counters.frames_sent, 1);
+        }
+        AuthCounters::add(&self.counters.bytes_sent, sent as u64);
+        Ok(sent)
+    }
+
+    /// Verifies one wire datagram and, once a whole message is there, hands
+    /// it to the codec through the sender's port. Synchronous on purpose:
+    /// see the module doc on cancel-safety.
+    fn accept_wire(&mut self, len: usize, from: SocketAddr) {
+        AuthCounters::add(&self.counters.frames_received, 1);
+        AuthCounters::add(&self.counters.bytes_received, len as u64);
+        let now = self.clock.now_ms();
+        let accepted = self
+            .inbound
+            .accept(&read_keys(&self.keys), &self.buf[..len], now);
+        let message = match accepted {
+            Ok(Accepted::Whole(payload)) => payload.to_vec(),
+            Ok(Accepted::Reassembled(payload)) => payload,
+            Ok(Accepted::Pending) => return,
+            Err(reason) => {
+                self.counters.reject(reason);
+                self.warnings.reject(reason, from);
+                debug!(%from, len, ?reason, "gossip datagram dropped");
+                return;
+            }
+        };
+        if message.len() > MAX_DATAGRAM {
+            // Cannot travel over loopback either; chitchat never emits one.
+            self.counters.reject(Reject::Oversized);
+            return;
+        }
+        let injected = self
+            .port_for(from)
+            .and_then(|port| port.socket.send(&message));
+        match injected {
+            Ok(_) => AuthCounters::add(&self.counters.messages_accepted, 1),
+            Err(error) => {
+                AuthCounters::add(&self.counters.dropped_loopback, 1);
+                debug!(%from, %error, "verified gossip message lost on loopback");
+            }
+        }
+    }
+}
+
+fn is_transient(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::OutOfMemory
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+#[async_trait]
+impl Socket for AuthSocket {
+    fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.local)
+    }
+
+    async fn send(
+        &mut self,
+        to: SocketAddr,
+        envelope: ChitchatEnvelope,
+    ) -> anyhow::Result<SendOutcome> {
+        let port_addr = self.port_for(to)?.local;
+        // Anything already queued on this port is for `to` as well (a reply
+        // whose bytes came late): forward it before the new one.
+        let mut sent = 0;
+        while let Some(len) = self.ports[&to].try_recv(&mut self.send_buf) {
+            sent += self.send_sealed(to, len).await?;
+        }
+        self.codec
+            .send(port_addr, envelope)
+            .await
+            .context("failed to encode gossip message")?;
+        let port = &self.ports[&to];
+        let len = match port
+            .recv(&mut self.send_buf, LOOPBACK_TIMEOUT)
+            .await
+            .context("loopback relay failed")?
+        {
+            Some(len) => len,
+            None => {
+                // Still on its way: the next send to `to` forwards it.
+                AuthCounters::add(&self.counters.send_failed, 1);
+                return Ok(SendOutcome {
+                    num_bytes_sent: sent,
+                });
+            }
+        };
+        sent += self.send_sealed(to, len).await?;
+        Ok(SendOutcome {
+            num_bytes_sent: sent,
+        })
+    }
+
+    async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
+        loop {
+            tokio::select! {
+                biased;
+                decoded = self.codec.recv() => {
+                    let mut outcome = decoded?;
+                    match self.by_port.get(&outcome.from_addr) {
+                        Some(peer) => {
+                            outcome.from_addr = *peer;
+                            return Ok(outcome);
+                        }
+                        None => {
+                            // Not one of our ports (a local process, or a port
+                            // closed while its message was queued).
+                            AuthCounters::add(&self.counters.dropped_loopback, 1);
+                        }
+                    }
+                }
+                received = self.wire.recv_from(&mut self.buf) => match received {
+                    Ok((len, from)) => self.accept_wire(len, from),
+                    Err(error) if is_transient(&error) => {
+                        debug!(%error, "transient gossip receive error");
+                    }
+                    Err(error) => return Err(error).context("gossip socket failed"),
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chitchat::{ChitchatMessage, ProtocolVersion};
+
+    use super::*;
+    use crate::gossip::frame::{Header, seal_one};
+
+    fn envelope() -> ChitchatEnvelope {
+        // The only message whose contents the public API can build.
+        ChitchatEnvelope {
+            version: ProtocolVersion::V0,
+            message: ChitchatMessage::BadCluster,
+        }
+    }
+
+    fn transport(key: u8) -> AuthTransport {
+        AuthTransport::new(
+            GossipKeys::from_keys(&[[key; 32]]).unwrap(),
+            Duration::from_secs(30),
+        )
+    }
+
+    async fn open(t: &AuthTransport) -> AuthSocket {
+        t.open_socket((Ipv4Addr::LOCALHOST, 0).into())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn messages_and_replies_reach_the_real_peer() {
+        let (ta, tb) = (transport(1), transport(1));
+        let (mut a, mut b) = (open(&ta).await, open(&tb).await);
+        let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        a.send(b_addr, envelope()).await.unwrap();
+        let got = b.recv().await.unwrap();
+        assert_eq!(got.from_addr, a_addr, "from_addr rewritten to the peer");
+        assert_eq!(got.envelope, envelope());
+        b.send(got.from_addr, envelope()).await.unwrap();
+        let reply = a.recv().await.unwrap();
+        assert_eq!(reply.from_addr, b_addr);
+        assert_eq!(b.ports(), 1, "one loopback port per peer, both ways");
+        let sent = ta.counters().snapshot();
+        assert_eq!(sent.frames_sent, 1);
+        assert_eq!(sent.messages_accepted, 1);
+        // A BadCluster envelope is its 4-byte header.
+        assert_eq!(sent.bytes_sent, (4 + crate::gossip::frame::OVERHEAD) as u64);
+    }
+
+    #[tokio::test]
+    async fn recv_is_cancel_safe_under_select() {
+        let (ta, tb) = (transport(2), transport(2));
+        let (mut a, mut b) = (open(&ta).await, open(&tb).await);
+        let b_addr = b.local_addr().unwrap();
+        let junk = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        const N: usize = 200;
+        let sender = tokio::spawn(async move {
+            for i in 0..N {
+                a.send(b_addr, envelope()).await.unwrap();
+                if i % 3 == 0 {
+                    junk.send_to(b"not a frame", b_addr).await.unwrap();
+                }
+                if i % 20 == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            a
+        });
+        let mut received = 0;
+        let mut cancelled = 0;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while received < N && tokio::time::Instant::now() < deadline {
+            tokio::select! {
+                got = b.recv() => {
+                    got.unwrap();
+                    received += 1;
+                }
+                // Cancels `recv` at arbitrary points, as chitchat's gossip
+                // tick does.
+                () = tokio::task::yield_now() => cancelled += 1,
+            }
+        }
+        let _a = sender.await.unwrap();
+        assert_eq!(received, N, "every message survives cancellation");
+        assert!(cancelled > 0, "the test did cancel recv");
+        let stats = tb.counters().snapshot();
+        assert_eq!(stats.dropped_malformed, N.div_ceil(3) as u64);
+        assert_eq!(stats.messages_accepted, N as u64);
+    }
+
+    #[tokio::test]
+    async fn reloaded_keys_apply_to_open_sockets() {
+        let (ta, tb) = (transport(5), transport(6));
+        let (mut a, mut b) = (open(&ta).await, open(&tb).await);
+        let b_addr = b.local_addr().unwrap();
+        a.send(b_addr, envelope()).await.unwrap();
+        let quiet = tokio::time::timeout(Duration::from_millis(100), b.recv()).await;
+        assert!(quiet.is_err(), "key 5 is not accepted by [6]");
+        // Rotation step on b: [6, 5].
+        tb.set_keys(GossipKeys::from_keys(&[[6u8; 32], [5u8; 32]]).unwrap());
+        a.send(b_addr, envelope()).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), b.recv())
+            .await
+            .expect("accepted after reload")
+            .unwrap();
+        assert_eq!(got.from_addr, a.local_addr().unwrap());
+        assert_eq!(tb.counters().snapshot().dropped_bad_mac, 1);
+    }
+
+    #[tokio::test]
+    async fn foreign_and_forged_datagrams_are_counted_not_fatal() {
+        let (ta, tb, tx) = (transport(3), transport(3), transport(4));
+        let (mut a, mut b, mut x) = (open(&ta).await, open(&tb).await, open(&tx).await);
+        let b_addr = b.local_addr().unwrap();
+        // Wrong key.
+        x.send(b_addr, envelope()).await.unwrap();
+        // Right key, stale timestamp.
+        let raw = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        let keys = GossipKeys::from_keys(&[[3u8; 32]]).unwrap();
+        let mut stale = Vec::new();
+        let header = Header {
+            fragment: 0,
+            fragments: 1,
+            tags: 1,
+            sender: 42,
+            seq: 1,
+            timestamp_ms: WallClock::system().now_ms() - 60_000,
+        };
+        seal_one(&keys, &header, b"anything", &mut stale);
+        raw.send_to(&stale, b_addr).await.unwrap();
+        // A valid frame whose payload chitchat cannot decode is dropped by
+        // chitchat's codec; a valid one after it still arrives.
+        let mut undecodable = Vec::new();
+        seal_one(
+            &keys,
+            &Header {
+                timestamp_ms: WallClock::system().now_ms(),
+                ..header
+            },
+            b"garbage",
+            &mut undecodable,
+        );
+        raw.send_to(&undecodable, b_addr).await.unwrap();
+        a.send(b_addr, envelope()).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), b.recv())
+            .await
+            .expect("valid message after garbage")
+            .unwrap();
+        assert_eq!(got.from_addr, a.local_addr().unwrap());
+        let stats = tb.counters().snapshot();
+        assert_eq!(stats.dropped_bad_mac, 1);
+        assert_eq!(stats.dropped_stale, 1);
+        // Nothing from x ever reached chitchat.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), b.recv())
+                .await
+                .is_err()
+        );
+    }
+}
