@@ -12,23 +12,7 @@ use k8s_openapi::api::core::v1::Service;
 
 use crate::engine::{AllocationSpec, FamilyPolicy, Labels, PoolSpec, Port, ServiceRequest};
 
-/// Which Services this allocator handles.
-#[derive(Clone, Debug)]
-pub struct Scope {
-    /// Pools are read from this namespace only.
-    pub namespace: String,
-    /// `spec.loadBalancerClass` handled besides no class.
-    pub load_balancer_class: String,
-}
-
-impl Default for Scope {
-    fn default() -> Self {
-        Scope {
-            namespace: hostlb_api::annotations::SYSTEM_NAMESPACE.into(),
-            load_balancer_class: hostlb_api::annotations::DEFAULT_LOAD_BALANCER_CLASS.into(),
-        }
-    }
-}
+pub use hostlb_api::Scope;
 
 pub fn service_key(svc: &Service) -> String {
     format!(
@@ -36,16 +20,6 @@ pub fn service_key(svc: &Service) -> String {
         svc.metadata.namespace.as_deref().unwrap_or_default(),
         svc.metadata.name.as_deref().unwrap_or_default()
     )
-}
-
-/// `type: LoadBalancer` with no class or the handled class.
-pub fn handled(svc: &Service, scope: &Scope) -> bool {
-    let Some(spec) = &svc.spec else { return false };
-    spec.type_.as_deref() == Some("LoadBalancer")
-        && spec
-            .load_balancer_class
-            .as_deref()
-            .is_none_or(|c| c == scope.load_balancer_class)
 }
 
 fn parse_family(s: &str) -> Option<Family> {
@@ -278,21 +252,5 @@ mod tests {
             vec!["10.0.0.3".parse::<IpAddr>().unwrap()],
             "the annotation wins over spec.loadBalancerIP"
         );
-    }
-
-    #[test]
-    fn handled_services() {
-        let scope = Scope::default();
-        let mk = |t: &str, class: Option<&str>| {
-            let mut spec = json!({"type": t});
-            if let Some(c) = class {
-                spec["loadBalancerClass"] = json!(c);
-            }
-            svc(json!({"metadata": {"name": "s"}, "spec": spec}))
-        };
-        assert!(handled(&mk("LoadBalancer", None), &scope));
-        assert!(handled(&mk("LoadBalancer", Some("hostlb.io/lb")), &scope));
-        assert!(!handled(&mk("LoadBalancer", Some("other.io/lb")), &scope));
-        assert!(!handled(&mk("ClusterIP", None), &scope));
     }
 }

@@ -81,7 +81,7 @@ pub fn run(opts: &Options) -> Result<Plan, SnapshotError> {
     // after the dated ones.
     let mut requests = Vec::new();
     for (i, svc) in snap.services.iter().enumerate() {
-        if !inputs::handled(svc, &opts.scope) {
+        if !opts.scope.handles(svc) {
             continue;
         }
         let mut r = inputs::service_request(svc);

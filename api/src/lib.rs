@@ -9,11 +9,13 @@
 pub mod address;
 pub mod annotations;
 pub mod crds;
+pub mod scope;
 pub mod selector;
 pub mod snapshot;
 pub mod v1;
 mod validation;
 
 pub use address::{AddressError, AddressRange, Family, Prefix};
+pub use scope::Scope;
 pub use selector::{LabelSelector, Selector, SelectorError};
 pub use v1::{IPAddressPool, IPAddressPoolSpec, L2Advertisement, L2AdvertisementSpec};

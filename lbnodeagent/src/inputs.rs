@@ -8,9 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use hostlb_api::annotations::{
-    DEFAULT_LOAD_BALANCER_CLASS, IP_ALLOCATED_FROM_POOL, SYSTEM_NAMESPACE, service_annotation,
-};
+use hostlb_api::annotations::{IP_ALLOCATED_FROM_POOL, service_annotation};
 use hostlb_api::selector::parse_list;
 use hostlb_api::snapshot::ObjectError;
 use hostlb_api::{AddressRange, IPAddressPool, L2Advertisement};
@@ -22,23 +20,7 @@ use crate::election::{
     Advertisement, Cluster, Endpoints, Labels, NodeInfo, Pool, Preference, ServiceInfo,
 };
 
-/// Which objects belong to this hostlb installation.
-#[derive(Clone, Debug)]
-pub struct Scope {
-    /// Pools and advertisements are read from this namespace only.
-    pub namespace: String,
-    /// Services with this `spec.loadBalancerClass`, or none, are handled.
-    pub load_balancer_class: String,
-}
-
-impl Default for Scope {
-    fn default() -> Self {
-        Scope {
-            namespace: SYSTEM_NAMESPACE.to_string(),
-            load_balancer_class: DEFAULT_LOAD_BALANCER_CLASS.to_string(),
-        }
-    }
-}
+pub use hostlb_api::Scope;
 
 fn labels(meta: &ObjectMeta) -> Labels {
     meta.labels.clone().unwrap_or_default()
@@ -155,17 +137,6 @@ impl EndpointIndex {
     }
 }
 
-/// True when hostlb handles the Service: `type: LoadBalancer` and no class or
-/// our class.
-pub fn handled(svc: &Service, scope: &Scope) -> bool {
-    let Some(spec) = &svc.spec else { return false };
-    spec.type_.as_deref() == Some("LoadBalancer")
-        && spec
-            .load_balancer_class
-            .as_deref()
-            .is_none_or(|c| c == scope.load_balancer_class)
-}
-
 /// The Service as the election sees it, `None` when hostlb does not handle it
 /// or it has no address yet.
 pub fn service_info(
@@ -174,7 +145,7 @@ pub fn service_info(
     endpoints: &EndpointIndex,
     errors: &mut Vec<ObjectError>,
 ) -> Option<ServiceInfo> {
-    if !handled(svc, scope) {
+    if !scope.handles(svc) {
         return None;
     }
     let ns = svc.metadata.namespace.clone().unwrap_or_default();

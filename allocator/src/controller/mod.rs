@@ -406,7 +406,7 @@ impl Loop {
 
     async fn service_changed(&mut self, svc: &Service) {
         let key = inputs::service_key(svc);
-        let changed = if inputs::handled(svc, &self.cfg.scope) {
+        let changed = if self.cfg.scope.handles(svc) {
             let r = self.request_for(svc);
             self.ledger.as_mut().expect("active").upsert(r)
         } else {
@@ -436,7 +436,7 @@ impl Loop {
         let services = self.stores.services.state();
         for svc in &services {
             let key = inputs::service_key(svc);
-            if inputs::handled(svc, &self.cfg.scope) {
+            if self.cfg.scope.handles(svc) {
                 let r = self.request_for(svc);
                 ledger.insert(r);
                 all.insert(key);
