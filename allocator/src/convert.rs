@@ -17,16 +17,8 @@ pub struct Converted {
     pub notes: Vec<String>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConvertError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{path}: not valid YAML: {message}")]
-    Yaml { path: String, message: String },
-}
+/// A file that cannot be read: the same failures as any snapshot.
+pub use hostlb_api::snapshot::SnapshotError as ConvertError;
 
 const POOL_FIELDS: &[&str] = &[
     "addresses",
