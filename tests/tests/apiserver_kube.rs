@@ -178,6 +178,57 @@ async fn pagination_and_selectors() {
             .is_empty()
     );
 
+    // Pages across namespaces follow the store's order (namespace, then
+    // name), whatever the names' characters, and all report the first
+    // page's resourceVersion.
+    let nss: Api<Namespace> = Api::all(server.client());
+    for ns in ["a", "a-b"] {
+        nss.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+        let in_ns: Api<ConfigMap> = Api::namespaced(server.client(), ns);
+        for n in ["x", "y"] {
+            in_ns
+                .create(&PostParams::default(), &cm(n, &[("paged", "yes")]))
+                .await
+                .unwrap();
+        }
+    }
+    let all: Api<ConfigMap> = Api::all(server.client());
+    let mut seen = Vec::new();
+    let mut token: Option<String> = None;
+    let mut versions = std::collections::BTreeSet::new();
+    loop {
+        let mut lp = ListParams::default().labels("paged=yes").limit(1);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = all.list(&lp).await.unwrap();
+        versions.insert(page.metadata.resource_version.clone().unwrap());
+        seen.extend(
+            page.items
+                .iter()
+                .map(|c| format!("{}/{}", c.namespace().unwrap(), c.name_any())),
+        );
+        // Something changes between pages.
+        Api::<ConfigMap>::namespaced(server.client(), "a")
+            .create(
+                &PostParams::default(),
+                &cm(&format!("noise{}", seen.len()), &[]),
+            )
+            .await
+            .unwrap();
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(t) => token = Some(t),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["a/x", "a/y", "a-b/x", "a-b/y"]);
+    assert_eq!(versions.len(), 1, "{versions:?}");
+
     let names = |l: kube::core::ObjectList<ConfigMap>| {
         l.items.iter().map(|c| c.name_any()).collect::<Vec<_>>()
     };
@@ -592,6 +643,109 @@ async fn patch_kinds_and_apply_create() {
     .await
     .unwrap();
     assert_eq!(cms.get("ssa").await.unwrap().data.unwrap()["a"], "mine");
+    // A patch that leaves no object is refused, and the server goes on.
+    for p in [
+        json!([{"op": "replace", "path": "", "value": [1, 2]}]),
+        json!([{"op": "replace", "path": "/metadata", "value": "x"}]),
+    ] {
+        let p: json_patch::Patch = serde_json::from_value(p).unwrap();
+        let e = api_err(
+            cms.patch("ssa", &PatchParams::default(), &Patch::Json::<()>(p))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(
+            (e.code, e.reason.as_str()),
+            (422, "Invalid"),
+            "{}",
+            e.message
+        );
+    }
+    assert_eq!(cms.get("ssa").await.unwrap().data.unwrap()["a"], "mine");
+}
+
+#[tokio::test]
+async fn services_are_filled_in_as_the_real_server_does() {
+    let server = TestServer::start().await;
+    let svcs: Api<Service> = Api::namespaced(server.client(), "default");
+    let lb = |name: &str, extra: serde_json::Value| -> Service {
+        let mut v = json!({"metadata": {"name": name}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+        json_patch::merge(&mut v, &extra);
+        serde_json::from_value(v).unwrap()
+    };
+    let s = svcs
+        .create(&PostParams::default(), &lb("web", json!({})))
+        .await
+        .unwrap();
+    let spec = s.spec.unwrap();
+    assert_eq!(spec.ip_family_policy.as_deref(), Some("SingleStack"));
+    assert_eq!(spec.ip_families, Some(vec!["IPv4".to_string()]));
+    let ip = spec.cluster_ip.clone().unwrap();
+    assert!(ip.starts_with("10.96."), "{ip}");
+    assert!(spec.ports.unwrap()[0].node_port.is_some());
+    // Dual-stack by default; a single-stack cluster narrows and refuses.
+    let s = svcs
+        .create(
+            &PostParams::default(),
+            &lb(
+                "dual",
+                json!({"spec": {"ipFamilyPolicy": "PreferDualStack"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.spec.unwrap().cluster_ips.unwrap().len(), 2);
+    server.with_store(|s| s.set_service_families(&["IPv4"]));
+    let s = svcs
+        .create(
+            &PostParams::default(),
+            &lb(
+                "prefer",
+                json!({"spec": {"ipFamilyPolicy": "PreferDualStack"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.spec.unwrap().ip_families, Some(vec!["IPv4".to_string()]));
+    let e = api_err(
+        svcs.create(
+            &PostParams::default(),
+            &lb(
+                "require",
+                json!({"spec": {"ipFamilyPolicy": "RequireDualStack"}}),
+            ),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(e.code, 422);
+    assert!(
+        e.message.contains("not configured for dual-stack"),
+        "{}",
+        e.message
+    );
+    // What was allocated stays on update; the cluster IP cannot change.
+    svcs.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"ports": [{"port": 80}, {"port": 443}]}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        svcs.get("web").await.unwrap().spec.unwrap().cluster_ip,
+        Some(ip)
+    );
+    let e = api_err(
+        svcs.patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"clusterIP": "10.96.200.1"}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(e.code, 422);
 }
 
 #[tokio::test]

@@ -160,6 +160,11 @@ impl ApiError {
         }))
     }
 
+    /// A 422 without field causes, for a body that cannot be an object.
+    pub fn unprocessable(message: impl Into<String>) -> Self {
+        ApiError::new(422, "Invalid", message)
+    }
+
     pub fn invalid_crd(name: &str, message: &str) -> Self {
         ApiError::new(
             422,

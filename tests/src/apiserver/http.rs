@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -56,18 +56,19 @@ fn query(req: &Request) -> HashMap<String, String> {
 
 /// Percent-decoding of a query component (`+` is a space).
 fn decode(s: &str) -> String {
+    let hex = |c: u8| (c as char).to_digit(16);
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                Ok(c) => {
-                    out.push(c);
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
                     i += 2;
                 }
-                Err(_) => out.push(b'%'),
+                _ => out.push(b'%'),
             },
             c => out.push(c),
         }
@@ -115,14 +116,17 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
-    app.requests.lock().expect("lock").push(RequestRecord {
-        method: method.to_string(),
-        path,
-        watch: flag(&q, "watch"),
-        field_manager: q.get("fieldManager").cloned(),
-        user_agent,
-        status: resp.status().as_u16(),
-    });
+    app.requests
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(RequestRecord {
+            method: method.to_string(),
+            path,
+            watch: flag(&q, "watch"),
+            field_manager: q.get("fieldManager").cloned(),
+            user_agent,
+            status: resp.status().as_u16(),
+        });
     resp
 }
 
@@ -151,7 +155,11 @@ fn control(app: &App, cmd: &str, q: &HashMap<String, String>) -> Response {
             let ms = q.get("ms").and_then(|s| s.parse().ok()).unwrap_or(0);
             app.faults.set_delay(Duration::from_millis(ms));
         }
-        "compact" => app.store.lock().expect("lock").compact(),
+        "compact" => app
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .compact(),
         "fail-writes" => {
             let n = q.get("n").and_then(|s| s.parse().ok()).unwrap_or(1);
             app.faults
@@ -226,7 +234,7 @@ async fn route(
     let def = app
         .store
         .lock()
-        .expect("lock")
+        .unwrap_or_else(PoisonError::into_inner)
         .def(group, version, plural)
         .cloned()
         .ok_or_else(|| ApiError::no_route(path))?;
@@ -272,10 +280,14 @@ async fn route(
             let obj = app
                 .store
                 .lock()
-                .expect("lock")
+                .unwrap_or_else(PoisonError::into_inner)
                 .get(&target.def, &ns, name)?;
             if wants_table(&headers) {
-                let rv = app.store.lock().expect("lock").resource_version();
+                let rv = app
+                    .store
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .resource_version();
                 return Ok(json_response(
                     StatusCode::OK,
                     &table::table(&target.def, &[obj], rv),
@@ -291,17 +303,17 @@ async fn route(
             let created = app
                 .store
                 .lock()
-                .expect("lock")
+                .unwrap_or_else(PoisonError::into_inner)
                 .create(&target.def, &ns, obj, &opts)?;
             Ok(json_response(StatusCode::CREATED, &created))
         }
         (Method::PUT, Some(name)) => {
             let obj = parse_body(&body)?;
-            let updated =
-                app.store
-                    .lock()
-                    .expect("lock")
-                    .update(&target.def, &ns, name, obj, &opts)?;
+            let updated = app
+                .store
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .update(&target.def, &ns, name, obj, &opts)?;
             Ok(json_response(StatusCode::OK, &updated))
         }
         (Method::PATCH, Some(name)) => {
@@ -316,7 +328,7 @@ async fn route(
                 "application/apply-patch+yaml" => PatchType::Apply,
                 other => return Err(ApiError::unsupported_media_type(other)),
             };
-            let mut store = app.store.lock().expect("lock");
+            let mut store = app.store.lock().unwrap_or_else(PoisonError::into_inner);
             let existed = store.get(&target.def, &ns, name).is_ok();
             let patched = store.patch(&target.def, &ns, name, kind, &body, &opts)?;
             let code = if existed {
@@ -332,23 +344,31 @@ async fn route(
             } else {
                 parse_body(&body)?
             };
-            let deleted =
-                app.store
-                    .lock()
-                    .expect("lock")
-                    .delete(&target.def, &ns, name, &options, &opts)?;
+            let deleted = app
+                .store
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .delete(&target.def, &ns, name, &options, &opts)?;
             Ok(json_response(StatusCode::OK, &deleted))
         }
         (Method::DELETE, None) => {
             let (labels, fields) = selectors(q)?;
-            let items = app.store.lock().expect("lock").delete_collection(
-                &target.def,
-                target.namespace.as_deref(),
-                &labels,
-                &fields,
-                &opts,
-            )?;
-            let rv = app.store.lock().expect("lock").resource_version();
+            let items = app
+                .store
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .delete_collection(
+                    &target.def,
+                    target.namespace.as_deref(),
+                    &labels,
+                    &fields,
+                    &opts,
+                )?;
+            let rv = app
+                .store
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .resource_version();
             Ok(json_response(
                 StatusCode::OK,
                 &list_body(&target.def, items, rv, None),
@@ -391,28 +411,39 @@ fn list_body(def: &ResourceDef, items: Vec<Value>, rv: u64, cont: Option<String>
     })
 }
 
-fn object_key(o: &Value) -> String {
-    format!(
-        "{}/{}",
-        o.pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or_default(),
-        o.pointer("/metadata/name")
+/// Where an object sorts in a list: by namespace, then name, as the store
+/// keeps them.
+fn object_key(o: &Value) -> (String, String) {
+    let get = |p: &str| {
+        o.pointer(p)
             .and_then(Value::as_str)
             .unwrap_or_default()
-    )
+            .to_string()
+    };
+    (get("/metadata/namespace"), get("/metadata/name"))
 }
 
-fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
+/// A continue token: the resourceVersion of the first page (every page
+/// reports it, so a watch from it sees whatever changed while paging) and
+/// the last object sent. Names and namespaces cannot hold a NUL.
+fn continue_token(rv: u64, last: &(String, String)) -> String {
+    format!("{rv}\0{}\0{}", last.0, last.1)
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
-fn unhex(s: &str) -> Option<String> {
-    (0..s.len())
+fn parse_continue(s: &str) -> Option<(u64, (String, String))> {
+    let bytes = (0..s.len())
         .step_by(2)
         .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-        .collect::<Option<Vec<u8>>>()
-        .and_then(|b| String::from_utf8(b).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let mut parts = text.split('\0');
+    let rv = parts.next()?.parse().ok()?;
+    let ns = parts.next()?.to_string();
+    let name = parts.next()?.to_string();
+    parts.next().is_none().then_some((rv, (ns, name)))
 }
 
 fn list(
@@ -422,14 +453,18 @@ fn list(
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(q)?;
-    let (mut items, rv) =
-        app.store
-            .lock()
-            .expect("lock")
-            .list(&t.def, t.namespace.as_deref(), &labels, &fields);
+    let (mut items, mut rv, floor) = {
+        let store = app.store.lock().unwrap_or_else(PoisonError::into_inner);
+        let (items, rv) = store.list(&t.def, t.namespace.as_deref(), &labels, &fields);
+        (items, rv, store.floor())
+    };
     if let Some(token) = q.get("continue").filter(|c| !c.is_empty()) {
-        let after =
-            unhex(token).ok_or_else(|| ApiError::bad_request("continue key is not valid"))?;
+        let (first_rv, after) = parse_continue(token)
+            .ok_or_else(|| ApiError::bad_request("continue key is not valid"))?;
+        if first_rv < floor {
+            return Err(ApiError::gone(first_rv, floor + 1));
+        }
+        rv = first_rv;
         items.retain(|o| object_key(o) > after);
     }
     let mut cont = None;
@@ -440,7 +475,7 @@ fn list(
         && items.len() > limit
     {
         items.truncate(limit);
-        cont = items.last().map(|o| hex(&object_key(o)));
+        cont = items.last().map(|o| continue_token(rv, &object_key(o)));
     }
     if wants_table(headers) {
         return Ok(json_response(
@@ -471,7 +506,7 @@ fn version() -> Value {
 }
 
 fn group_list(app: &App) -> Value {
-    let store = app.store.lock().expect("lock");
+    let store = app.store.lock().unwrap_or_else(PoisonError::into_inner);
     let mut groups: Vec<(String, Vec<String>)> = Vec::new();
     for d in store.defs().iter().filter(|d| !d.group.is_empty()) {
         match groups.iter_mut().find(|(g, _)| *g == d.group) {
@@ -494,7 +529,7 @@ fn group_list(app: &App) -> Value {
 }
 
 fn resource_list(app: &App, group: &str, version: &str, path: &str) -> Result<Response, ApiError> {
-    let store = app.store.lock().expect("lock");
+    let store = app.store.lock().unwrap_or_else(PoisonError::into_inner);
     let defs: Vec<&ResourceDef> = store
         .defs()
         .iter()
@@ -552,7 +587,7 @@ fn gv_key(d: &ResourceDef) -> String {
 /// `kubectl`'s default validation, which only looks for a PATCH operation
 /// taking `fieldValidation` and then leaves validation to the server.
 fn openapi_index(app: &App) -> Value {
-    let store = app.store.lock().expect("lock");
+    let store = app.store.lock().unwrap_or_else(PoisonError::into_inner);
     let rv = store.resource_version();
     let mut paths = serde_json::Map::new();
     for d in store.defs() {
@@ -566,7 +601,7 @@ fn openapi_index(app: &App) -> Value {
 }
 
 fn openapi_doc(app: &App, key: &str, path: &str) -> Result<Response, ApiError> {
-    let store = app.store.lock().expect("lock");
+    let store = app.store.lock().unwrap_or_else(PoisonError::into_inner);
     let mut paths = serde_json::Map::new();
     for d in store.defs().iter().filter(|d| gv_key(d) == key) {
         let p = if d.namespaced {
@@ -647,7 +682,7 @@ fn watch(app: &Arc<App>, t: &Target, q: &HashMap<String, String>) -> Result<Resp
     };
     // Under one lock: the starting point, the backlog and the subscription.
     let (initial, mut sub, start_rv) = {
-        let store = app.store.lock().expect("lock");
+        let store = app.store.lock().unwrap_or_else(PoisonError::into_inner);
         let sub = store.subscribe();
         let start_rv = store.resource_version();
         let initial: Result<Vec<Bytes>, ApiError> =
@@ -690,6 +725,7 @@ fn watch(app: &Arc<App>, t: &Target, q: &HashMap<String, String>) -> Result<Resp
         Err(e) => return Err(e),
     };
     let mut cut = app.faults.cut.subscribe();
+    let faults = app.faults.clone();
     let interval = app.bookmark_interval;
     tokio::spawn(async move {
         for l in initial {
@@ -712,10 +748,14 @@ fn watch(app: &Arc<App>, t: &Target, q: &HashMap<String, String>) -> Result<Resp
                         if ev.gr != def.gr() {
                             continue;
                         }
-                        if let Some(kind) = visible(&ev, ns.as_deref(), &labels, &fields)
-                            && tx.send(Ok(line(kind, &present(&ev.object)))).await.is_err()
-                        {
-                            return;
+                        if let Some(kind) = visible(&ev, ns.as_deref(), &labels, &fields) {
+                            let lag = faults.watch_lag(&def.plural);
+                            if !lag.is_zero() {
+                                tokio::time::sleep(lag).await;
+                            }
+                            if tx.send(Ok(line(kind, &present(&ev.object)))).await.is_err() {
+                                return;
+                            }
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
@@ -742,4 +782,19 @@ fn watch(app: &Arc<App>, t: &Target, q: &HashMap<String, String>) -> Result<Resp
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from_stream(ReceiverStream::new(rx)))
         .expect("valid response"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode;
+
+    #[test]
+    fn query_decoding_takes_any_bytes() {
+        assert_eq!(decode("a%3Db+c"), "a=b c");
+        assert_eq!(decode("%E2%82%AC"), "\u{20ac}");
+        // Not escapes: kept as written, never a panic on a multi-byte char.
+        assert_eq!(decode("%zz%+1"), "%zz% 1");
+        assert_eq!(decode("%\u{e9}\u{e9}"), "%\u{e9}\u{e9}");
+        assert_eq!(decode("100%"), "100%");
+    }
 }

@@ -21,13 +21,15 @@ mod patch;
 mod registry;
 mod schema;
 mod selectors;
+mod services;
 mod store;
 mod table;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
@@ -60,6 +62,8 @@ pub struct Faults {
     /// The next this many writes whose path contains the pattern fail with
     /// `500 InternalError`.
     fail_writes: Mutex<(String, u64)>,
+    /// Resource (plural) → how late its watch events reach watchers.
+    watch_lag: Mutex<HashMap<String, Duration>>,
 }
 
 impl Faults {
@@ -69,6 +73,7 @@ impl Faults {
             delay_ms: AtomicU64::new(0),
             cut: watch::channel(0).0,
             fail_writes: Mutex::new((String::new(), 0)),
+            watch_lag: Mutex::new(HashMap::new()),
         })
     }
 
@@ -96,12 +101,42 @@ impl Faults {
     /// Fail the next `n` writes to paths containing `pattern` ("" for any)
     /// with `500 InternalError`, which clients do not retry by themselves.
     pub fn fail_writes(&self, pattern: &str, n: u64) {
-        *self.fail_writes.lock().expect("lock") = (pattern.to_string(), n);
+        *self
+            .fail_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = (pattern.to_string(), n);
+    }
+
+    /// Hold each watch event of `resource` (a plural, such as "namespaces")
+    /// for `lag` before sending it, in order, as a slow watch does; zero to
+    /// stop.
+    pub fn set_watch_lag(&self, resource: &str, lag: Duration) {
+        let mut m = self
+            .watch_lag
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if lag.is_zero() {
+            m.remove(resource);
+        } else {
+            m.insert(resource.to_string(), lag);
+        }
+    }
+
+    pub fn watch_lag(&self, resource: &str) -> Duration {
+        self.watch_lag
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(resource)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Whether this write is one to fail, counting it down.
     fn take_write_failure(&self, path: &str) -> bool {
-        let mut f = self.fail_writes.lock().expect("lock");
+        let mut f = self
+            .fail_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if f.1 > 0 && path.contains(f.0.as_str()) {
             f.1 -= 1;
             true
@@ -245,14 +280,27 @@ impl TestServer {
         self.app.faults.set_delay(d);
     }
 
+    /// Deliver the watch events of `resource` (a plural) `lag` late.
+    pub fn set_watch_lag(&self, resource: &str, lag: Duration) {
+        self.app.faults.set_watch_lag(resource, lag);
+    }
+
     /// Forget the event history: watches from older resourceVersions get 410.
     pub fn compact(&self) {
-        self.app.store.lock().expect("lock").compact();
+        self.app
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .compact();
     }
 
     /// Direct access to the store, for setup and assertions.
     pub fn with_store<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
-        f(&mut self.app.store.lock().expect("lock"))
+        f(&mut self
+            .app
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Requests that could change state, oldest first.
@@ -265,11 +313,19 @@ impl TestServer {
 
     /// Every API request, oldest first.
     pub fn requests(&self) -> Vec<RequestRecord> {
-        self.app.requests.lock().expect("lock").clone()
+        self.app
+            .requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn clear_writes(&self) {
-        self.app.requests.lock().expect("lock").clear();
+        self.app
+            .requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 }
 

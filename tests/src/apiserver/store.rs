@@ -18,6 +18,7 @@ use super::patch;
 use super::registry::{self, GroupResource, ResourceDef};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
+use super::services::ServiceNetwork;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
@@ -66,6 +67,13 @@ pub struct WriteOpts {
     pub strict: bool,
     /// The request is to the `/status` subresource.
     pub status: bool,
+}
+
+fn services_gr() -> GroupResource {
+    GroupResource {
+        group: String::new(),
+        plural: "services".into(),
+    }
 }
 
 fn namespaces_gr() -> GroupResource {
@@ -124,6 +132,7 @@ pub struct Store {
     counter: u64,
     /// Field ownership per object, for server-side apply conflicts.
     owners: HashMap<(GroupResource, String, String), Owners>,
+    service_network: ServiceNetwork,
 }
 
 type ObjectKey = (GroupResource, String, String);
@@ -165,6 +174,7 @@ impl Store {
             random: RandomState::new(),
             counter: 0,
             owners: HashMap::new(),
+            service_network: ServiceNetwork::default(),
         };
         let ns = s.def("", "v1", "namespaces").expect("builtin").clone();
         for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -315,6 +325,34 @@ impl Store {
         (items, self.rv)
     }
 
+    /// The IP families Services are served in, primary first (both by
+    /// default): a single-stack cluster rejects RequireDualStack and gives
+    /// PreferDualStack one family.
+    pub fn set_service_families(&mut self, families: &[&str]) {
+        self.service_network.families = families.iter().map(|f| f.to_string()).collect();
+    }
+
+    /// Fill in a Service as the real server does.
+    fn default_service(
+        &mut self,
+        def: &ResourceDef,
+        obj: &mut Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        if def.gr() != services_gr() {
+            return Ok(());
+        }
+        let name = meta_str(obj, "name").unwrap_or_default().to_string();
+        self.service_network.fill_in(obj, old).map_err(|causes| {
+            ApiError::invalid(&def.qualified_kind(), &def.group, &def.kind, &name, causes)
+        })
+    }
+
+    /// The oldest resourceVersion whose later events are still kept.
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
     /// The events after `rv` for a new watch, or `410 Gone` when some of them
     /// are no longer kept. Taken under the same lock as `subscribe` so no
     /// event falls between the two.
@@ -454,6 +492,7 @@ impl Store {
         m.remove("deletionTimestamp");
         m.remove("resourceVersion");
         self.admit(def, &mut obj, opts.strict)?;
+        self.default_service(def, &mut obj, None)?;
         if def.gr() == namespaces_gr() {
             obj["status"] = json!({"phase": "Active"});
         }
@@ -578,6 +617,7 @@ impl Store {
             );
         }
         self.admit(def, &mut new, opts.strict)?;
+        self.default_service(def, &mut new, Some(&old))?;
         if def.gr() == namespaces_gr() {
             new["status"] = json!({"phase": "Active"});
         }
@@ -677,6 +717,12 @@ impl Store {
         let old = old.ok_or_else(|| ApiError::not_found(&def.gr(), name))?;
         let mut new = old.clone();
         patch::apply(kind, &mut new, body)?;
+        if !new.is_object() || !new.get("metadata").is_some_and(Value::is_object) {
+            return Err(ApiError::unprocessable(format!(
+                "the patched {} {name:?} is not an object with metadata",
+                def.singular
+            )));
+        }
         if let Some(rv) = meta_str(&new, "resourceVersion")
             && Some(rv) != meta_str(&old, "resourceVersion")
         {
