@@ -74,6 +74,12 @@ pub fn service_request(svc: &Service) -> ServiceRequest {
                 .find_map(|ip| ip.parse::<IpAddr>().ok())
                 .map(Family::of)
         });
+    let families: Vec<Family> = spec
+        .ip_families
+        .iter()
+        .flatten()
+        .filter_map(|f| parse_family(f))
+        .collect();
     let policy = match spec.ip_family_policy.as_deref() {
         Some("PreferDualStack") => FamilyPolicy::PreferDualStack,
         Some("RequireDualStack") => FamilyPolicy::RequireDualStack,
@@ -123,6 +129,7 @@ pub fn service_request(svc: &Service) -> ServiceRequest {
             .map(|t| t.0.as_second()),
         primary,
         policy,
+        families,
         requested,
         request_error,
         requested_pool: service_annotation(annotations, ADDRESS_POOL).map(str::to_string),

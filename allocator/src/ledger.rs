@@ -23,6 +23,10 @@ pub struct Ledger {
     /// Services still waiting for an address (or one of their families),
     /// oldest first: what [`Ledger::settle`] retries.
     waiting: BTreeSet<(i64, String)>,
+    /// Leave Services alone until their namespace is known: namespace
+    /// selectors cannot be judged without its labels, and judging them on
+    /// none could take away an address the Service rightly holds.
+    require_namespaces: bool,
 }
 
 fn age(s: &ServiceRequest) -> (i64, String) {
@@ -32,6 +36,21 @@ fn age(s: &ServiceRequest) -> (i64, String) {
 impl Ledger {
     pub fn new() -> Self {
         Ledger::default()
+    }
+
+    /// A ledger for a live cluster, where a Service may be seen before its
+    /// namespace: such Services wait, untouched, until the namespace is set.
+    pub fn requiring_namespaces() -> Self {
+        Ledger {
+            require_namespaces: true,
+            ..Ledger::default()
+        }
+    }
+
+    /// The Service is in the ledger but nothing was decided for it yet (its
+    /// namespace is not known): its status must be left as it is.
+    pub fn undecided(&self, key: &str) -> bool {
+        self.services.contains_key(key) && !self.answers.contains_key(key)
     }
 
     pub fn answer(&self, key: &str) -> Option<&Answer> {
@@ -85,6 +104,9 @@ impl Ledger {
             let Some(req) = self.services.get(&k) else {
                 continue;
             };
+            if self.require_namespaces && !self.engine.knows_namespace(&req.namespace) {
+                continue;
+            }
             let before = self.engine.allocation(&k);
             let out = self.engine.reconcile(req, allow_new);
             let answer = match out.result {
@@ -110,7 +132,13 @@ impl Ledger {
             } else {
                 self.waiting.remove(&slot);
             }
-            if self.answers.get(&k) != Some(&answer) {
+            // Changed when the answer moved, or when the Service does not
+            // show it (its status was edited or lost): either needs a write.
+            let shown = match &answer {
+                Ok(a) => a.ips == req.current && req.current_pool.as_ref() == Some(&a.pool),
+                Err(_) => req.current.is_empty() && req.current_pool.is_none(),
+            };
+            if self.answers.get(&k) != Some(&answer) || !shown {
                 changed.insert(k.clone());
                 self.answers.insert(k.clone(), answer);
             }
@@ -132,14 +160,17 @@ impl Ledger {
             if waiting.is_empty() {
                 return;
             }
-            let mut moved = BTreeSet::new();
+            // Progress is an answer that moved; a Service merely not showing
+            // its answer yet is written, not retried.
+            let mut progress = false;
             for k in waiting {
-                self.run(&k, true, &mut moved);
+                let before = self.answers.get(&k).cloned();
+                self.run(&k, true, changed);
+                progress |= self.answers.get(&k) != before.as_ref();
             }
-            if moved.is_empty() {
+            if !progress {
                 return;
             }
-            changed.extend(moved);
         }
     }
 
@@ -236,10 +267,10 @@ impl Ledger {
 }
 
 fn wanted_families(s: &ServiceRequest) -> usize {
-    match s.policy {
-        crate::engine::FamilyPolicy::SingleStack => 1,
-        _ if !s.requested.is_empty() => s.requested.len(),
-        _ => 2,
+    if !s.requested.is_empty() && s.policy != crate::engine::FamilyPolicy::SingleStack {
+        s.requested.len()
+    } else {
+        s.wanted().len()
     }
 }
 
@@ -306,5 +337,91 @@ mod tests {
             l.answer("d/new").unwrap().as_ref().unwrap().ips[0].to_string(),
             "10.0.0.1"
         );
+    }
+
+    fn ip(s: &str) -> std::net::IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn asking_for_a_held_address_never_takes_it() {
+        let mut l = Ledger::new();
+        l.set_pools(&[pool("p", &["10.0.0.0/30"])]);
+        let mut young = svc("young", 9);
+        young.requested = vec![ip("10.0.0.2")];
+        l.upsert(young);
+        // An older Service asking for the same address gets an error, and the
+        // holder keeps it: only addresses already in status are contested.
+        let mut old = svc("old", 1);
+        old.requested = vec![ip("10.0.0.2")];
+        let changed = l.upsert(old);
+        assert_eq!(changed, BTreeSet::from(["d/old".to_string()]));
+        assert_eq!(
+            l.answer("d/old").unwrap().as_ref().unwrap_err().to_string(),
+            "10.0.0.2 is in use by d/young: it does not allow sharing (no hostlb.io/allow-shared-ip)"
+        );
+        assert_eq!(
+            l.answer("d/young").unwrap().as_ref().unwrap().ips,
+            vec![ip("10.0.0.2")]
+        );
+    }
+
+    #[test]
+    fn prefer_dual_stack_on_a_single_stack_cluster_wants_one_family() {
+        let mut l = Ledger::new();
+        l.set_pools(&[pool("p", &["10.0.0.0/30", "fd00::/126"])]);
+        let mut s = svc("s", 1);
+        s.policy = crate::engine::FamilyPolicy::PreferDualStack;
+        s.primary = Some(hostlb_api::Family::V4);
+        s.families = vec![hostlb_api::Family::V4];
+        l.upsert(s.clone());
+        assert_eq!(
+            l.answer("d/s").unwrap().as_ref().unwrap().ips,
+            vec![ip("10.0.0.0")]
+        );
+        assert!(l.waiting.is_empty(), "one family is all it wants");
+        // With both families listed it gets both.
+        s.families = vec![hostlb_api::Family::V4, hostlb_api::Family::V6];
+        l.upsert(s);
+        assert_eq!(
+            l.answer("d/s").unwrap().as_ref().unwrap().ips,
+            vec![ip("10.0.0.0"), ip("fd00::")]
+        );
+    }
+
+    #[test]
+    fn a_service_waits_for_its_namespace_untouched() {
+        let mut l = Ledger::requiring_namespaces();
+        l.set_pools(&[pool("p", &["10.0.0.0/30"])]);
+        let mut s = svc("s", 1);
+        s.current = vec![ip("10.0.0.3")];
+        assert!(l.upsert(s).is_empty());
+        assert!(l.undecided("d/s"));
+        let changed = l.set_namespace("d", Labels::new());
+        assert_eq!(changed, BTreeSet::from(["d/s".to_string()]));
+        assert!(!l.undecided("d/s"));
+        assert_eq!(
+            l.answer("d/s").unwrap().as_ref().unwrap().ips,
+            vec![ip("10.0.0.3")]
+        );
+    }
+
+    #[test]
+    fn a_service_not_showing_its_unchanged_answer_is_written_again() {
+        let mut l = Ledger::new();
+        l.set_pools(&[pool("p", &["10.0.0.0/30"])]);
+        let mut s = svc("s", 1);
+        l.upsert(s.clone());
+        let a = l.answer("d/s").unwrap().clone().unwrap();
+        s.current = a.ips.clone();
+        s.current_pool = Some(a.pool.clone());
+        assert!(
+            l.upsert(s.clone()).is_empty(),
+            "shown as decided: nothing to write"
+        );
+        // Someone cleared the status: same answer, but it must be written.
+        s.current.clear();
+        assert_eq!(l.upsert(s), BTreeSet::from(["d/s".to_string()]));
+        assert_eq!(l.answer("d/s").unwrap().as_ref().unwrap(), &a);
     }
 }

@@ -523,3 +523,85 @@ async fn namespace_labels_move_services_between_pools() {
     wait_ips(&server, "api", &["10.0.0.1"]).await;
     r.stop().await;
 }
+
+#[tokio::test]
+async fn a_service_seen_before_its_namespace_waits_for_it() {
+    let server = setup().await;
+    pool(&server, "general", json!({"addresses": ["10.0.0.0/24"]})).await;
+    pool(&server, "team-a", json!({"addresses": ["10.9.0.0/24"],
+        "serviceAllocation": {"priority": 1, "namespaceSelectors": [{"matchLabels": {"team": "a"}}]}})).await;
+    let r = start(&server, "r1", false);
+    eventually("ready", || async { r.telemetry.is_ready().then_some(()) }).await;
+    // The namespace's watch is slow, so the Service's event arrives first:
+    // judged on no labels it would take a general address for good.
+    server.set_watch_lag("namespaces", Duration::from_millis(1500));
+    let nss: Api<Namespace> = Api::all(server.client());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "late", "labels": {"team": "a"}}}))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let svcs: Api<Service> = Api::namespaced(server.client(), "late");
+    svcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(
+            json!({"metadata": {"name": "web"}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}),
+        )
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let shown = |s: Service| -> Vec<String> {
+        s.status
+            .and_then(|s| s.load_balancer)
+            .and_then(|lb| lb.ingress)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| i.ip)
+            .collect()
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(shown(svcs.get("web").await.unwrap()).is_empty());
+    eventually("web allocated from its team's pool", || async {
+        (shown(svcs.get("web").await.unwrap()) == vec!["10.9.0.0".to_string()]).then_some(())
+    })
+    .await;
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_status_changed_by_someone_else_is_restored() {
+    let server = setup().await;
+    pool(&server, "p1", json!({"addresses": ["10.0.0.0/30"]})).await;
+    service(&server, "a", json!({})).await;
+    let r = start(&server, "r1", false);
+    wait_ips(&server, "a", &["10.0.0.0"]).await;
+    let svcs: Api<Service> = Api::namespaced(server.client(), "shop");
+    // Emptied, or set to an address in no pool: written back.
+    for ingress in [json!(null), json!([{"ip": "10.7.7.7"}])] {
+        svcs.patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": ingress}}})),
+        )
+        .await
+        .unwrap();
+        wait_ips(&server, "a", &["10.0.0.0"]).await;
+    }
+    // Set to another free address of the pool: that is its address now, and
+    // the one it left is free for the next Service.
+    svcs.patch_status(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.3"}]}}})),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    service(&server, "b", json!({})).await;
+    wait_ips(&server, "b", &["10.0.0.0"]).await;
+    assert_eq!(ips(&server, "a").await, vec!["10.0.0.3"]);
+    r.stop().await;
+}

@@ -13,13 +13,13 @@
 mod status;
 pub mod telemetry;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, stream::BoxStream};
 use hostlb_api::{IPAddressPool, L2Advertisement};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -34,6 +34,12 @@ use telemetry::Telemetry;
 
 /// How soon a failed write is tried again.
 const RETRY_WRITES: Duration = Duration::from_secs(2);
+
+/// How long a confirmation that this replica holds the Lease is trusted,
+/// and how much life the Lease must have left beyond that: together they
+/// keep a replica whose renewals fail from writing after it could have been
+/// replaced.
+const LEASE_CHECK: Duration = Duration::from_millis(500);
 
 /// The field manager of every write, so `managedFields` show who owns what.
 pub const FIELD_MANAGER: &str = "hostlb-allocator";
@@ -86,6 +92,8 @@ pub enum Error {
     Lease(#[from] kube_lease_manager::LeaseManagerError),
     #[error("every watch stream ended")]
     WatchesEnded,
+    #[error("leader election stopped: {0}")]
+    LeaseEnded(String),
 }
 
 /// Events are boxed where they are large: one enum travels through the merged
@@ -132,6 +140,80 @@ where
         .boxed()
 }
 
+/// What we wrote to a Service before the cache showed it.
+struct Written {
+    shown: status::Shown,
+    /// resourceVersion our last write returned.
+    rv: Option<String>,
+    /// resourceVersion of the cached object when we wrote.
+    before_rv: Option<String>,
+}
+
+impl Written {
+    /// The cached object is at least as new as our write, so it is the
+    /// truth again (someone may have changed it after us). resourceVersions
+    /// are compared as numbers when both are (etcd revisions); otherwise any
+    /// version other than the one we wrote over counts as newer.
+    fn superseded_by(&self, svc: &Service) -> bool {
+        let cached = svc.metadata.resource_version.as_deref();
+        let as_num = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok());
+        match (as_num(cached), as_num(self.rv.as_deref())) {
+            (Some(c), Some(w)) => c >= w,
+            _ => cached != self.before_rv.as_deref(),
+        }
+    }
+}
+
+/// Confirms, before writes, that the Lease is still ours: the lease
+/// manager's view can lag when renewals fail.
+struct LeaseGuard {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    confirmed: Option<std::time::Instant>,
+}
+
+impl LeaseGuard {
+    async fn holds(&mut self) -> bool {
+        if self.confirmed.is_some_and(|t| t.elapsed() < LEASE_CHECK) {
+            return true;
+        }
+        self.confirmed = None;
+        // Bounded: the loop waits on this, and an API that does not answer
+        // in time cannot confirm anything anyway.
+        let lease = match tokio::time::timeout(LEASE_CHECK * 4, self.api.get_opt(&self.name)).await
+        {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot confirm the lease; writes wait");
+                return false;
+            }
+            Err(_) => {
+                warn!("cannot confirm the lease in time; writes wait");
+                return false;
+            }
+        };
+        let spec = lease.and_then(|l| l.spec).unwrap_or_default();
+        let ours = spec.holder_identity.as_deref() == Some(self.identity.as_str());
+        let until = spec
+            .renew_time
+            .zip(spec.lease_duration_seconds)
+            .and_then(|(t, d)| {
+                t.0.checked_add(jiff::SignedDuration::from_secs(d.into()))
+                    .ok()
+            });
+        let margin = jiff::SignedDuration::try_from(LEASE_CHECK).unwrap_or_default();
+        let fresh = until.is_some_and(|u| u > jiff::Timestamp::now() + margin);
+        if ours && fresh {
+            self.confirmed = Some(std::time::Instant::now());
+            true
+        } else {
+            warn!(holder = ?spec.holder_identity, "the lease is not (or no longer surely) ours; writes wait");
+            false
+        }
+    }
+}
+
 struct Stores {
     services: Store<Service>,
     pools: Store<IPAddressPool>,
@@ -152,12 +234,18 @@ struct Loop {
     /// Present while active (leader and synced).
     ledger: Option<Ledger>,
     /// Status we wrote and the cache has not shown yet: a stale event must
-    /// not make the ledger act on the old status.
-    written: HashMap<String, Vec<IpAddr>>,
+    /// neither make the ledger act on the old status nor skip a write.
+    written: HashMap<String, Written>,
     /// Last failure reported per Service, so a repeated failure is one Event.
     reported: HashMap<String, String>,
     /// Services whose write failed (API away, conflict): retried soon.
     dirty: BTreeSet<String>,
+    /// A pool or advertisement status write failed: retried soon.
+    statuses_dirty: bool,
+    /// The pools the ledger was last given: our own pool status writes come
+    /// back as pool events and must not re-check every Service.
+    pools_seen: Vec<crate::engine::PoolSpec>,
+    guard: Option<LeaseGuard>,
 }
 
 /// Run until `shutdown` turns true.
@@ -192,7 +280,7 @@ pub async fn run(
     // Without leader election this replica always leads; the sender is kept
     // so the receiver never reports it gone.
     let (_always, always_rx) = watch::channel(true);
-    let (mut leadership, lease_task) = if cfg.leader_election {
+    let (leadership, lease_task) = if cfg.leader_election {
         let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &cfg.lease_name)
             .with_namespace(&ns)
             .with_identity(&cfg.identity)
@@ -213,6 +301,13 @@ pub async fn run(
             instance: Some(cfg.identity.clone()),
         },
     );
+    let guard = cfg.leader_election.then(|| LeaseGuard {
+        api: Api::namespaced(client.clone(), &ns),
+        name: cfg.lease_name.clone(),
+        identity: cfg.identity.clone(),
+        confirmed: None,
+    });
+    let mut leadership = leadership;
     let mut l = Loop {
         cfg: cfg.clone(),
         client,
@@ -230,6 +325,9 @@ pub async fn run(
         written: HashMap::new(),
         reported: HashMap::new(),
         dirty: BTreeSet::new(),
+        statuses_dirty: false,
+        pools_seen: Vec::new(),
+        guard,
     };
     telemetry.set_leader(l.leader);
     let mut resync = tokio::time::interval(cfg.resync);
@@ -245,10 +343,18 @@ pub async fn run(
             },
             changed = leadership.changed() => {
                 if changed.is_err() {
-                    // The lease task ended: treat as not leading.
+                    // The lease task ended and this replica can never lead
+                    // again: stop writing and exit, so it is restarted.
                     l.set_leader(false).await;
-                    leadership = watch::channel(false).1;
-                    continue;
+                    let why = match lease_task {
+                        Some(task) => match task.await {
+                            Ok(Ok(_)) => "released".to_string(),
+                            Ok(Err(e)) => e.to_string(),
+                            Err(e) => e.to_string(),
+                        },
+                        None => "no lease task".to_string(),
+                    };
+                    return Err(Error::LeaseEnded(why));
                 }
                 let now = *leadership.borrow_and_update();
                 l.set_leader(now).await;
@@ -260,9 +366,11 @@ pub async fn run(
                 }
             }
             _ = heartbeat.tick() => telemetry.beat(),
-            _ = retry.tick(), if !l.dirty.is_empty() => {
+            _ = retry.tick(), if !l.dirty.is_empty() || l.statuses_dirty => {
                 let keys = std::mem::take(&mut l.dirty);
+                l.statuses_dirty = false;
                 l.write(keys).await;
+                l.write_advertisements().await;
             }
             _ = shutdown.changed() => {
                 info!("shutting down");
@@ -311,6 +419,10 @@ impl Loop {
             self.ledger = None;
             self.written.clear();
             self.dirty.clear();
+            self.statuses_dirty = false;
+            if let Some(g) = &mut self.guard {
+                g.confirmed = None;
+            }
         }
     }
 
@@ -346,6 +458,11 @@ impl Loop {
             },
             Input::Pool(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
                 let specs = self.pool_specs();
+                if specs == self.pools_seen {
+                    // Only a status changed (often our own write).
+                    return;
+                }
+                self.pools_seen = specs.clone();
                 let changed = self.ledger.as_mut().expect("active").set_pools(&specs);
                 self.write(changed).await;
             }
@@ -367,33 +484,58 @@ impl Loop {
                 self.write(changed).await;
             }
             Input::Advertisement(watcher::Event::Apply(ad)) => {
-                status::write_advertisement(&self.client, &ad).await;
+                if self.lease_holds().await {
+                    self.write_advertisement(&ad).await;
+                } else {
+                    self.statuses_dirty = true;
+                }
             }
             _ => {}
         }
     }
 
+    /// Pools sorted by name, so the same pools compare equal whatever
+    /// order the cache lists them in.
     fn pool_specs(&self) -> Vec<crate::engine::PoolSpec> {
-        self.stores
+        let mut specs: Vec<_> = self
+            .stores
             .pools
             .state()
             .iter()
             .map(|p| inputs::pool_spec(p))
-            .collect()
+            .collect();
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        specs
+    }
+
+    /// What we wrote to the Service, while the cache has not caught up.
+    fn overlay(&mut self, svc: &Service) -> Option<status::Shown> {
+        let key = inputs::service_key(svc);
+        let w = self.written.get(&key)?;
+        if w.shown == status::Shown::of(svc) || w.superseded_by(svc) {
+            self.written.remove(&key);
+            return None;
+        }
+        Some(w.shown.clone())
     }
 
     /// The Service as the ledger should see it: with the status we wrote
     /// when the cache has not caught up yet.
     fn request_for(&mut self, svc: &Service) -> crate::engine::ServiceRequest {
         let mut r = inputs::service_request(svc);
-        if let Some(w) = self.written.get(&r.key) {
-            if *w == r.current {
-                self.written.remove(&r.key);
-            } else {
-                r.current = w.clone();
-            }
+        if let Some(shown) = self.overlay(svc) {
+            r.current = shown.ips;
+            r.current_pool = shown.pool;
         }
         r
+    }
+
+    /// Writes go out only while the Lease is surely ours.
+    async fn lease_holds(&mut self) -> bool {
+        match &mut self.guard {
+            Some(g) => g.holds().await,
+            None => true,
+        }
     }
 
     async fn service_deleted(&mut self, svc: &Service) {
@@ -422,8 +564,9 @@ impl Loop {
 
     /// Rebuild the ledger from the caches and write every difference.
     async fn activate(&mut self) {
-        let mut ledger = Ledger::new();
+        let mut ledger = Ledger::requiring_namespaces();
         let pools = self.pool_specs();
+        self.pools_seen = pools.clone();
         let namespaces: Vec<_> = self
             .stores
             .namespaces
@@ -434,6 +577,10 @@ impl Loop {
         ledger.load(&pools, namespaces);
         let mut all = BTreeSet::new();
         let services = self.stores.services.state();
+        let present: std::collections::HashSet<String> =
+            services.iter().map(|s| inputs::service_key(s)).collect();
+        self.written.retain(|k, _| present.contains(k));
+        self.reported.retain(|k, _| present.contains(k));
         for svc in &services {
             let key = inputs::service_key(svc);
             if self.cfg.scope.handles(svc) {
@@ -449,57 +596,102 @@ impl Loop {
         debug!(services = ledger.len(), took = ?started.elapsed(), "rebuilt allocations");
         self.ledger = Some(ledger);
         self.write(all).await;
+        self.write_advertisements().await;
+    }
+
+    async fn write_advertisement(&mut self, ad: &L2Advertisement) {
+        if let Err(e) = status::write_advertisement(&self.client, ad).await {
+            warn!(advertisement = %ad.name_any(), error = %e, "writing advertisement status failed; retrying");
+            self.statuses_dirty = true;
+        }
+    }
+
+    async fn write_advertisements(&mut self) {
+        if self.ledger.is_none() || !self.leader || !self.lease_holds().await {
+            return;
+        }
         for ad in self.stores.advertisements.state() {
-            status::write_advertisement(&self.client, &ad).await;
+            self.write_advertisement(&ad).await;
         }
     }
 
     /// Make the cluster match the ledger for `keys`, then the pool statuses.
     async fn write(&mut self, keys: BTreeSet<String>) {
-        let Some(ledger) = &self.ledger else { return };
-        if !self.leader {
+        if self.ledger.is_none() || !self.leader {
             return;
         }
-        let mut answers: BTreeMap<String, Option<crate::ledger::Answer>> = BTreeMap::new();
-        for k in &keys {
-            answers.insert(k.clone(), ledger.answer(k).cloned());
+        if !self.lease_holds().await {
+            self.dirty.extend(keys);
+            self.statuses_dirty = true;
+            return;
         }
-        for (key, answer) in answers {
+        for key in keys {
             let Some((ns, name)) = key.split_once('/') else {
                 continue;
             };
             let Some(svc) = self.stores.services.get(&ObjectRef::new(name).within(ns)) else {
                 continue;
             };
-            match status::write_service(&self.client, &svc, answer.as_ref()).await {
-                Ok(Some(written)) => {
-                    self.written.insert(key.clone(), written);
+            let ledger = self.ledger.as_ref().expect("checked");
+            if ledger.undecided(&key) {
+                // Its namespace is not known yet; its status stays as it is.
+                continue;
+            }
+            let answer = ledger.answer(&key).cloned();
+            let before = self
+                .overlay(&svc)
+                .unwrap_or_else(|| status::Shown::of(&svc));
+            match status::write_service(&self.client, &svc, &before, answer.as_ref()).await {
+                Ok((after, rv)) => {
+                    let assigned = after.ips != before.ips && !after.ips.is_empty();
+                    if after != status::Shown::of(&svc) {
+                        self.written.insert(
+                            key.clone(),
+                            Written {
+                                shown: after,
+                                rv,
+                                before_rv: svc.metadata.resource_version.clone(),
+                            },
+                        );
+                    }
+                    self.report(&svc, &key, answer.as_ref(), assigned).await;
                 }
-                Ok(None) => {}
                 Err(e) => {
                     warn!(service = %key, error = %e, "writing status failed; retrying");
                     self.dirty.insert(key.clone());
+                    self.report(&svc, &key, answer.as_ref(), false).await;
                 }
             }
-            self.report(&svc, &key, answer.as_ref()).await;
         }
-        let ledger = self.ledger.as_ref().expect("checked");
+        self.write_pools().await;
+    }
+
+    async fn write_pools(&mut self) {
+        let Some(ledger) = &self.ledger else { return };
         let reports = ledger.report();
         self.telemetry.set_pools(&reports);
         self.telemetry.set_services(ledger.len());
         for p in self.stores.pools.state() {
-            if let Some(r) = reports.iter().find(|r| r.name == p.name_any()) {
-                status::write_pool(&self.client, &p, r).await;
+            if let Some(r) = reports.iter().find(|r| r.name == p.name_any())
+                && let Err(e) = status::write_pool(&self.client, &p, r).await
+            {
+                warn!(pool = %r.name, error = %e, "writing pool status failed; retrying");
+                self.statuses_dirty = true;
             }
         }
     }
 
     /// Events for what changed: an address given, or a failure (once per
-    /// distinct reason).
-    async fn report(&mut self, svc: &Service, key: &str, answer: Option<&crate::ledger::Answer>) {
-        let current = inputs::service_request(svc).current;
-        let (type_, reason, note) = match answer {
-            Some(Ok(a)) if a.ips != current => {
+    /// distinct reason; again if publishing it failed).
+    async fn report(
+        &mut self,
+        svc: &Service,
+        key: &str,
+        answer: Option<&crate::ledger::Answer>,
+        assigned: bool,
+    ) {
+        let (type_, reason, note, failure) = match answer {
+            Some(Ok(a)) if assigned => {
                 self.reported.remove(key);
                 self.telemetry.allocated();
                 let ips: Vec<String> = a.ips.iter().map(|i| i.to_string()).collect();
@@ -508,6 +700,7 @@ impl Loop {
                     kube::runtime::events::EventType::Normal,
                     hostlb_api::annotations::reasons::IP_ALLOCATED,
                     format!("Assigned {} from pool {}", ips.join(", "), a.pool),
+                    None,
                 )
             }
             Some(Err(e)) => {
@@ -515,13 +708,12 @@ impl Loop {
                 if self.reported.get(key) == Some(&msg) {
                     return;
                 }
-                self.reported.insert(key.to_string(), msg.clone());
-                self.telemetry.failed();
                 warn!(service = %key, reason = %msg, "allocation failed");
                 (
                     kube::runtime::events::EventType::Warning,
                     hostlb_api::annotations::reasons::ALLOCATION_FAILED,
-                    msg,
+                    msg.clone(),
+                    Some(msg),
                 )
             }
             _ => return,
@@ -534,8 +726,75 @@ impl Loop {
             secondary: None,
         };
         use kube::Resource;
-        if let Err(e) = self.recorder.publish(&ev, &svc.object_ref(&())).await {
-            debug!(service = %key, error = %e, "publishing an Event failed");
+        match self.recorder.publish(&ev, &svc.object_ref(&())).await {
+            Ok(()) => {
+                if let Some(msg) = failure {
+                    self.telemetry.failed();
+                    self.reported.insert(key.to_string(), msg);
+                }
+            }
+            Err(e) => debug!(service = %key, error = %e, "publishing an Event failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hostlb_tests::apiserver::TestServer;
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+
+    async fn guard_against(server: &TestServer, lease: serde_json::Value) -> bool {
+        let api: Api<Lease> = Api::namespaced(server.client(), "hostlb-system");
+        api.patch(
+            "hostlb-allocator",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "hostlb-allocator"}, "spec": lease}),
+            ),
+        )
+        .await
+        .unwrap();
+        let mut g = LeaseGuard {
+            api,
+            name: "hostlb-allocator".into(),
+            identity: "me".into(),
+            confirmed: None,
+        };
+        g.holds().await
+    }
+
+    fn ago(secs: i64) -> String {
+        (jiff::Timestamp::now() - jiff::SignedDuration::from_secs(secs)).to_string()
+    }
+
+    #[tokio::test]
+    async fn writes_wait_unless_the_lease_is_surely_ours() {
+        let server = TestServer::start().await;
+        let nss: Api<Namespace> = Api::all(server.client());
+        nss.create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "hostlb-system"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+        let lease = |holder: &str, renewed: i64, duration: i32| json!({"holderIdentity": holder, "renewTime": ago(renewed), "leaseDurationSeconds": duration});
+        assert!(guard_against(&server, lease("me", 1, 15)).await);
+        assert!(!guard_against(&server, lease("other", 1, 15)).await);
+        // Ours, but expired or about to: the manager may not know yet.
+        assert!(!guard_against(&server, lease("me", 20, 15)).await);
+        assert!(!guard_against(&server, lease("me", 15, 15)).await);
+        assert!(!guard_against(&server, json!({"holderIdentity": "me"})).await);
+        // The API away: no confirmation, no writes.
+        server.set_unavailable();
+        let mut g = LeaseGuard {
+            api: Api::namespaced(server.client(), "hostlb-system"),
+            name: "hostlb-allocator".into(),
+            identity: "me".into(),
+            confirmed: None,
+        };
+        assert!(!g.holds().await);
     }
 }

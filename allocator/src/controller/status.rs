@@ -31,55 +31,82 @@ pub fn ours(svc: &Service) -> bool {
     svc.annotations().contains_key(IP_ALLOCATED_FROM_POOL)
 }
 
-fn ingress_ips(svc: &Service) -> Vec<String> {
-    svc.status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.clone())
-        .collect()
+/// What a Service shows of our decision: its ingress addresses and our pool
+/// annotation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shown {
+    pub ips: Vec<IpAddr>,
+    pub pool: Option<String>,
 }
 
-/// Make the Service show `answer` (no answer or a failure: no address).
-/// Returns the addresses written to status when it wrote them.
+impl Shown {
+    pub fn of(svc: &Service) -> Shown {
+        Shown {
+            ips: svc
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.as_deref()?.parse().ok())
+                .collect(),
+            pool: svc.annotations().get(IP_ALLOCATED_FROM_POOL).cloned(),
+        }
+    }
+
+    fn of_answer(answer: Option<&Answer>) -> Shown {
+        match answer {
+            Some(Ok(a)) => Shown {
+                ips: a.ips.clone(),
+                pool: Some(a.pool.clone()),
+            },
+            _ => Shown::default(),
+        }
+    }
+}
+
+/// Make the Service show `answer` (no answer or a failure: no address),
+/// given that it shows `before` now (which may be newer than `svc`, when the
+/// cache has not seen our last write yet). Returns what it shows afterwards
+/// and the resourceVersion of the last write, if there was one.
 pub async fn write_service(
     client: &Client,
     svc: &Service,
+    before: &Shown,
     answer: Option<&Answer>,
-) -> Result<Option<Vec<IpAddr>>, kube::Error> {
-    let (ips, pool): (Vec<IpAddr>, Option<&str>) = match answer {
-        Some(Ok(a)) => (a.ips.clone(), Some(a.pool.as_str())),
-        _ => (Vec::new(), None),
-    };
+) -> Result<(Shown, Option<String>), kube::Error> {
+    let want = Shown::of_answer(answer);
     let api: Api<Service> = Api::namespaced(client.clone(), &svc.namespace().unwrap_or_default());
     let name = svc.name_any();
-    let current_pool = svc
-        .annotations()
-        .get(IP_ALLOCATED_FROM_POOL)
-        .map(String::as_str);
-    if current_pool != pool {
-        let patch = json!({"metadata": {"annotations": {IP_ALLOCATED_FROM_POOL: pool}}});
-        api.patch(&name, &params(), &Patch::Merge(&patch)).await?;
+    let mut rv = None;
+    if before.pool != want.pool {
+        let patch = json!({"metadata": {"annotations": {IP_ALLOCATED_FROM_POOL: want.pool}}});
+        let after = api.patch(&name, &params(), &Patch::Merge(&patch)).await?;
+        rv = after.resource_version();
     }
-    let want: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
-    if ingress_ips(svc) == want {
-        return Ok(None);
+    if before.ips != want.ips {
+        let ingress: Value = if want.ips.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(
+                want.ips
+                    .iter()
+                    .map(|ip| json!({"ip": ip.to_string()}))
+                    .collect(),
+            )
+        };
+        let after = api
+            .patch_status(
+                &name,
+                &params(),
+                &Patch::Merge(&json!({"status": {"loadBalancer": {"ingress": ingress}}})),
+            )
+            .await?;
+        rv = after.resource_version();
+        debug!(service = %format!("{}/{name}", svc.namespace().unwrap_or_default()), addresses = ?want.ips, "status written");
     }
-    let ingress: Value = if want.is_empty() {
-        Value::Null
-    } else {
-        Value::Array(want.iter().map(|ip| json!({"ip": ip})).collect())
-    };
-    api.patch_status(
-        &name,
-        &params(),
-        &Patch::Merge(&json!({"status": {"loadBalancer": {"ingress": ingress}}})),
-    )
-    .await?;
-    debug!(service = %format!("{}/{name}", svc.namespace().unwrap_or_default()), addresses = ?want, "status written");
-    Ok(Some(ips))
+    Ok((want, rv))
 }
 
 fn now() -> Time {
@@ -130,7 +157,12 @@ fn saturate(n: u128) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-pub async fn write_pool(client: &Client, pool: &IPAddressPool, r: &PoolReport) {
+/// Write the pool's status when it differs from what the cache shows.
+pub async fn write_pool(
+    client: &Client,
+    pool: &IPAddressPool,
+    r: &PoolReport,
+) -> Result<(), kube::Error> {
     let existing = pool.status.clone().unwrap_or_default();
     let (ready, invalid, overlaps) = match &r.state {
         PoolState::Ready => (
@@ -182,7 +214,7 @@ pub async fn write_pool(client: &Client, pool: &IPAddressPool, r: &PoolReport) {
         && existing.available_ipv6 == want.available_ipv6
         && same_conditions(&existing.conditions, &want.conditions);
     if unchanged {
-        return;
+        return Ok(());
     }
     if let PoolState::Invalid(m) | PoolState::Overlaps(m) = &r.state {
         warn!(pool = %r.name, problem = %m, "pool not used for new addresses");
@@ -190,15 +222,13 @@ pub async fn write_pool(client: &Client, pool: &IPAddressPool, r: &PoolReport) {
     let api: Api<IPAddressPool> =
         Api::namespaced(client.clone(), &pool.namespace().unwrap_or_default());
     let patch = json!({"status": want});
-    if let Err(e) = api
-        .patch_status(&r.name, &params(), &Patch::Merge(&patch))
+    api.patch_status(&r.name, &params(), &Patch::Merge(&patch))
         .await
-    {
-        warn!(pool = %r.name, error = %e, "writing pool status failed");
-    }
+        .map(drop)
 }
 
-pub async fn write_advertisement(client: &Client, ad: &L2Advertisement) {
+/// Write the advertisement's conditions when they differ from the cache.
+pub async fn write_advertisement(client: &Client, ad: &L2Advertisement) -> Result<(), kube::Error> {
     let existing = ad.status.clone().unwrap_or_default();
     let verdict = ad.spec.validate();
     let wanted = match &verdict {
@@ -223,7 +253,7 @@ pub async fn write_advertisement(client: &Client, ad: &L2Advertisement) {
     };
     let conds = conditions(&existing.conditions, &wanted, ad.metadata.generation);
     if same_conditions(&existing.conditions, &conds) {
-        return;
+        return Ok(());
     }
     if let Err(m) = &verdict {
         info!(advertisement = %ad.name_any(), problem = %m, "advertisement is invalid");
@@ -231,10 +261,7 @@ pub async fn write_advertisement(client: &Client, ad: &L2Advertisement) {
     let api: Api<L2Advertisement> =
         Api::namespaced(client.clone(), &ad.namespace().unwrap_or_default());
     let patch = json!({"status": {"conditions": conds}});
-    if let Err(e) = api
-        .patch_status(&ad.name_any(), &params(), &Patch::Merge(&patch))
+    api.patch_status(&ad.name_any(), &params(), &Patch::Merge(&patch))
         .await
-    {
-        warn!(advertisement = %ad.name_any(), error = %e, "writing advertisement status failed");
-    }
+        .map(drop)
 }

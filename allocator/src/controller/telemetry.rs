@@ -38,6 +38,8 @@ pub struct Telemetry {
     assigned: Family<PoolLabels, Gauge>,
     available: Family<PoolLabels, Gauge>,
     pool_ready: Family<PoolStateLabels, Gauge>,
+    /// Pools with series, so a deleted pool's series go with it.
+    pools: Mutex<std::collections::BTreeSet<String>>,
     ready: AtomicBool,
     /// Unix seconds of the loop's last turn.
     beat: AtomicI64,
@@ -59,6 +61,7 @@ impl Telemetry {
             assigned: Family::default(),
             available: Family::default(),
             pool_ready: Family::default(),
+            pools: Mutex::new(Default::default()),
             ready: AtomicBool::new(false),
             beat: AtomicI64::new(unix_now()),
         };
@@ -131,6 +134,23 @@ impl Telemetry {
 
     pub fn set_pools(&self, reports: &[PoolReport]) {
         let clamp = |n: u128| i64::try_from(n).unwrap_or(i64::MAX);
+        let now: std::collections::BTreeSet<String> =
+            reports.iter().map(|r| r.name.clone()).collect();
+        let mut known = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in known.difference(&now) {
+            for family in ["IPv4", "IPv6"] {
+                let l = PoolLabels {
+                    pool: gone.clone(),
+                    family: family.to_string(),
+                };
+                self.assigned.remove(&l);
+                self.available.remove(&l);
+            }
+            self.pool_ready
+                .remove(&PoolStateLabels { pool: gone.clone() });
+        }
+        *known = now;
+        drop(known);
         for r in reports {
             for (i, family) in ["IPv4", "IPv6"].iter().enumerate() {
                 let l = PoolLabels {
@@ -194,4 +214,32 @@ pub fn router(t: Arc<Telemetry>) -> Router {
             }),
         )
         .with_state(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(name: &str) -> PoolReport {
+        PoolReport {
+            name: name.into(),
+            state: PoolState::Ready,
+            assigned: [3, 0],
+            available: [5, 0],
+        }
+    }
+
+    #[test]
+    fn a_deleted_pool_loses_its_series() {
+        let t = Telemetry::new();
+        t.set_pools(&[report("a"), report("b")]);
+        let text = t.render();
+        assert!(text.contains(r#"pool="a""#) && text.contains(r#"pool="b""#));
+        t.set_pools(&[report("b")]);
+        let text = t.render();
+        assert!(!text.contains(r#"pool="a""#), "{text}");
+        assert!(
+            text.contains(r#"hostlb_allocator_pool_available_addresses{pool="b",family="IPv4"} 5"#)
+        );
+    }
 }

@@ -52,6 +52,9 @@ pub struct ServiceRequest {
     pub created: Option<i64>,
     pub primary: Option<Family>,
     pub policy: FamilyPolicy,
+    /// `spec.ipFamilies` as the API server filled it in: on a single-stack
+    /// cluster PreferDualStack lists one family, and only that one is wanted.
+    pub families: Vec<Family>,
     /// Addresses asked for (`hostlb.io/loadBalancerIPs` or
     /// `spec.loadBalancerIP`).
     pub requested: Vec<IpAddr>,
@@ -81,7 +84,7 @@ impl ServiceRequest {
     }
 
     /// The families to allocate, primary first.
-    fn wanted(&self) -> Vec<Family> {
+    pub(crate) fn wanted(&self) -> Vec<Family> {
         let p = self.primary();
         let other = if p == Family::V4 {
             Family::V6
@@ -90,6 +93,7 @@ impl ServiceRequest {
         };
         match self.policy {
             FamilyPolicy::SingleStack => vec![p],
+            FamilyPolicy::PreferDualStack if self.families.len() == 1 => vec![p],
             _ => vec![p, other],
         }
     }
@@ -244,6 +248,10 @@ impl Allocator {
 
     pub fn remove_namespace(&mut self, name: &str) {
         self.namespaces.remove(name);
+    }
+
+    pub fn knows_namespace(&self, name: &str) -> bool {
+        self.namespaces.contains_key(name)
     }
 
     /// What a Service holds, if anything.
@@ -634,7 +642,6 @@ impl Allocator {
         if !self.admits(p, svc) {
             return Err(AllocError::NotAdmitted(p.name.clone()));
         }
-        let mut losers = Vec::new();
         for ip in requested {
             if p.avoid_buggy_ips && is_buggy(family_of(*ip), to_u128(*ip)) {
                 return Err(AllocError::Buggy {
@@ -642,11 +649,20 @@ impl Allocator {
                     pool: p.name.clone(),
                 });
             }
-            losers.extend(self.contest(svc, *ip)?);
+            // A request only gets a free or shareable address: asking for an
+            // address never takes it from the Service holding it, whatever
+            // their ages (that contest is for addresses already in status).
+            if let Err((holder, why)) = self.shareable(svc, *ip) {
+                return Err(AllocError::InUse {
+                    ip: *ip,
+                    holder,
+                    why,
+                });
+            }
         }
         let mut ips = requested.to_vec();
         ips.sort_by_key(|ip| family_of(*ip) != svc.primary());
-        Ok((i, ips, losers))
+        Ok((i, ips, Vec::new()))
     }
 
     /// The lowest address of family `f` in pool `p` that `svc` may take:
@@ -679,15 +695,16 @@ impl Allocator {
         None
     }
 
-    /// Addresses for every wanted family from pool `i`.
+    /// Addresses for every wanted family from pool `i`. The primary family
+    /// is always required (a PreferDualStack Service that cannot get it here
+    /// tries the next pool); the other only with RequireDualStack.
     fn allocate_in(&self, svc: &ServiceRequest, i: usize) -> Result<Vec<IpAddr>, AllocError> {
         let p = &self.pools[i];
-        let strict = svc.policy != FamilyPolicy::PreferDualStack;
         let mut ips = Vec::new();
-        let mut exhausted = None;
-        for f in svc.wanted() {
+        for (n, f) in svc.wanted().into_iter().enumerate() {
+            let required = n == 0 || svc.policy == FamilyPolicy::RequireDualStack;
             if !p.has_family(f) {
-                if strict {
+                if required {
                     return Err(AllocError::NoFamily {
                         pool: p.name.clone(),
                         family: f,
@@ -698,25 +715,15 @@ impl Allocator {
             }
             match self.pick(svc, p, f) {
                 Some(ip) => ips.push(ip),
-                None if strict && svc.policy == FamilyPolicy::RequireDualStack => {
+                None if !required => {}
+                None if n > 0 => {
                     return Err(AllocError::ExhaustedFamily {
                         pool: p.name.clone(),
                         family: f,
                     });
                 }
-                None if strict => return Err(AllocError::Exhausted(p.name.clone())),
-                None => exhausted = Some(f),
+                None => return Err(AllocError::Exhausted(p.name.clone())),
             }
-        }
-        if ips.is_empty() {
-            return Err(match exhausted {
-                Some(_) => AllocError::Exhausted(p.name.clone()),
-                None => AllocError::NoFamily {
-                    pool: p.name.clone(),
-                    family: svc.primary(),
-                    policy: svc.policy,
-                },
-            });
         }
         Ok(ips)
     }
@@ -778,7 +785,12 @@ impl Allocator {
                             }
                         })
                         .sum();
-                    available[i] = p.capacity[i].saturating_sub(used);
+                    // Nothing is available from a pool that hands nothing out.
+                    available[i] = if p.usable() {
+                        p.capacity[i].saturating_sub(used)
+                    } else {
+                        0
+                    };
                 }
                 PoolReport {
                     name: p.name.clone(),

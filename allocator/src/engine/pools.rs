@@ -199,7 +199,9 @@ pub fn compile(specs: &[PoolSpec]) -> Vec<Pool> {
             PoolState::Invalid(problems.join("; "))
         };
         if state == PoolState::Ready {
-            let clash = out.iter().find_map(|older| {
+            // Only pools in use can be overlapped: a broken older pool must
+            // not take a good newer one down with it.
+            let clash = out.iter().filter(|older| older.usable()).find_map(|older| {
                 ranges.iter().find_map(|r| {
                     older
                         .ranges
