@@ -249,6 +249,7 @@ async fn garbage_and_forgeries_are_dropped_and_counted() {
             sender: 0xdead_beef,
             seq,
             timestamp_ms,
+            destination: target.addr,
         };
         let mut out = Vec::new();
         frame::seal_one(&keys, &header, payload, &mut out);
@@ -297,15 +298,20 @@ async fn garbage_and_forgeries_are_dropped_and_counted() {
     spy.send_to(&reseal(KEY_A, now - 60_000, 2), target.addr)
         .await
         .unwrap();
-    // The genuine frame, twice: the second is a replay whatever the first was.
+    // The genuine frame, sent to the spy: not for b.
     spy.send_to(&genuine, target.addr).await.unwrap();
     spy.send_to(&genuine, target.addr).await.unwrap();
+    // A fresh frame for b, twice: the second is a replay.
+    let fresh = reseal(KEY_A, now, 3);
+    spy.send_to(&fresh, target.addr).await.unwrap();
+    spy.send_to(&fresh, target.addr).await.unwrap();
 
     wait_until(Duration::from_secs(3), "done counting", || {
         let s = target.counters.snapshot();
         s.dropped_malformed - before.dropped_malformed >= malformed
             && s.dropped_bad_mac - before.dropped_bad_mac >= bad_mac
             && s.dropped_stale > before.dropped_stale
+            && s.dropped_misdirected - before.dropped_misdirected >= 2
             && s.dropped_replayed > before.dropped_replayed
     })
     .await;
@@ -316,10 +322,8 @@ async fn garbage_and_forgeries_are_dropped_and_counted() {
     );
     assert_eq!(after.dropped_bad_mac - before.dropped_bad_mac, bad_mac);
     assert_eq!(after.dropped_stale - before.dropped_stale, 1);
-    // The first copy was new to b unless a's sequence had moved on by more
-    // than the replay window; the second is a replay either way.
-    let replayed = after.dropped_replayed - before.dropped_replayed;
-    assert!((1..=2).contains(&replayed), "{after:?}");
+    assert_eq!(after.dropped_misdirected - before.dropped_misdirected, 2);
+    assert_eq!(after.dropped_replayed - before.dropped_replayed, 1);
 
     // The cluster stays formed and gossip keeps running.
     tokio::time::sleep(DEFAULT_INTERVAL * 5).await;
@@ -334,6 +338,60 @@ async fn garbage_and_forgeries_are_dropped_and_counted() {
         );
     }
     assert!(target.counters.snapshot().messages_accepted > before.messages_accepted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_syn_replayed_to_another_node_draws_no_answer() {
+    // A spy that a lone agent probes as a run-time seed captures its SYN.
+    let spy = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let a = start("a", free_addr(), &[], &[KEY_A]).await;
+    a.membership.set_seeds([spy.local_addr().unwrap()]);
+    let mut buf = vec![0u8; 65_536];
+    let (len, _) = tokio::time::timeout(Duration::from_secs(3), spy.recv_from(&mut buf))
+        .await
+        .expect("a probes its seed")
+        .unwrap();
+    let syn = buf[..len].to_vec();
+    a.membership.set_seeds([]);
+    // A node that never heard from a: the SYN would be new to it. Replayed
+    // from the victim's address, it would make the node send the victim its
+    // whole state.
+    let d = start("d", free_addr(), &[], &[KEY_A]).await;
+    let victim = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    victim.send_to(&syn, d.addr).await.unwrap();
+    let answered =
+        tokio::time::timeout(Duration::from_millis(500), victim.recv_from(&mut buf)).await;
+    assert!(answered.is_err(), "the replayed SYN was answered");
+    wait_until(Duration::from_secs(1), "the replay counted", || {
+        d.counters.snapshot().dropped_misdirected == 1
+    })
+    .await;
+    assert_eq!(d.counters.snapshot().messages_accepted, 0);
+
+    // The same SYN addressed to d does draw an answer: the silence above is
+    // the destination check, not a deaf node.
+    let payload = &syn[frame::HEADER_LEN..syn.len() - frame::TAG_LEN];
+    let header = Header {
+        fragment: 0,
+        fragments: 1,
+        tags: 1,
+        sender: 0x5eed,
+        seq: 1,
+        timestamp_ms: WallClock::system().now_ms(),
+        destination: d.addr,
+    };
+    let mut for_d = Vec::new();
+    frame::seal_one(
+        &GossipKeys::from_keys(&[KEY_A]).unwrap(),
+        &header,
+        payload,
+        &mut for_d,
+    );
+    victim.send_to(&for_d, d.addr).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), victim.recv_from(&mut buf))
+        .await
+        .expect("d answers a SYN sent to it")
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

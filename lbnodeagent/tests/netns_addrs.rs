@@ -364,12 +364,14 @@ fn without_ifa_proto_the_record_alone_identifies_our_addresses() {
     let a = lan.host("a");
     let dir = tempfile::tempdir().unwrap();
     // As on a RHEL 8/9 kernel: no tag is sent or trusted.
+    let life = Lifetime::new(Duration::from_secs(30));
     let old_kernel = || NetlinkConfig {
         ifa_proto: false,
+        address_lifetime: life,
         ..NetlinkConfig::for_test(dir.path())
     };
     let previous = Agent::start(&a.ns, old_kernel());
-    let vip = vip_on(&previous, Family::V4, "10.77.0.101", Lifetime::FOREVER);
+    let vip = vip_on(&previous, Family::V4, "10.77.0.101", life);
     assert_eq!(add(&previous, &vip), Applied::Done);
     drop(previous);
     a.ns.ip("addr add 10.77.0.102/24 dev eth0").unwrap();
@@ -548,4 +550,355 @@ fn virtual_interface_falls_back_to_an_existing_bridge_and_holds_host_addresses()
             .contains("fd00:99::5/128")
     );
     assert_eq!(adopt(&agent), BTreeSet::from([v4.ip, v6.ip]));
+}
+
+/// Kernel events of `agent`'s backend from now on, on a channel.
+fn subscribe(agent: &Agent) -> std::sync::mpsc::Receiver<KernelEvent> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    agent.with(move |b| async move {
+        let mut events = b.subscribe().await.unwrap();
+        tokio::task::spawn_local(async move {
+            while let Some(e) = events.recv().await {
+                let _ = tx.send(e);
+            }
+        });
+    });
+    rx
+}
+
+fn sysctl(ns: &Netns, key: &str) -> String {
+    ns.run(&["sysctl", "-n", key]).unwrap().trim().to_string()
+}
+
+#[test]
+fn an_address_that_expired_and_was_re_added_by_hand_is_not_claimed_after_a_restart() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    // No IPv6, so the kernel tags none of its own addresses: that must not
+    // make the agent doubt that this kernel keeps tags.
+    for conf in ["all", "default", "lo", "eth0"] {
+        a.ns.sysctl(&format!("net.ipv6.conf.{conf}.disable_ipv6"), "1")
+            .unwrap();
+    }
+    let life = Lifetime::new(Duration::from_secs(2));
+    // With tags, and as on a kernel that drops them.
+    for ifa_proto in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = || NetlinkConfig {
+            ifa_proto,
+            address_lifetime: life,
+            ..NetlinkConfig::for_test(dir.path())
+        };
+        let previous = Agent::start(&a.ns, config());
+        let permanent = vip_on(&previous, Family::V4, "10.77.0.101", life);
+        let longer = vip_on(&previous, Family::V4, "10.77.0.102", life);
+        assert_eq!(add(&previous, &permanent), Applied::Done);
+        assert_eq!(add(&previous, &longer), Applied::Done);
+        // The agent dies; its record stays; its addresses expire.
+        drop(previous);
+        for ip in ["10.77.0.101", "10.77.0.102"] {
+            wait_for(&format!("{ip} to expire"), 5 * SECOND, || {
+                address_line(&a.ns, "eth0", ip).is_none().then_some(())
+            })
+            .unwrap();
+        }
+        // Someone puts the IPs back by hand: one permanent, one with a
+        // lifetime longer than the agent's.
+        a.ns.ip("addr add 10.77.0.101/24 dev eth0").unwrap();
+        a.ns.ip("addr add 10.77.0.102/24 dev eth0 valid_lft 100 preferred_lft 100")
+            .unwrap();
+        let record = std::fs::read_to_string(dir.path().join("addresses.json")).unwrap();
+        assert!(record.contains("10.77.0.101"), "{record}");
+
+        let agent = Agent::start(&a.ns, config());
+        assert_eq!(adopt(&agent), BTreeSet::new(), "ifa_proto = {ifa_proto}");
+        for vip in [&permanent, &longer] {
+            assert_eq!(remove(&agent, vip), Applied::NotOurs, "{}", vip.ip);
+            assert_eq!(add(&agent, vip), Applied::NotOurs, "{}", vip.ip);
+        }
+        // Untouched: neither removed nor given the agent's lifetime.
+        assert!(
+            address_line(&a.ns, "eth0", "10.77.0.101")
+                .unwrap()
+                .contains("valid_lft forever")
+        );
+        assert!(matches!(
+            valid_lft(&address_line(&a.ns, "eth0", "10.77.0.102").unwrap()),
+            Some(90..=100)
+        ));
+        drop(agent);
+        a.ns.ip("addr del 10.77.0.101/24 dev eth0").unwrap();
+        a.ns.ip("addr del 10.77.0.102/24 dev eth0").unwrap();
+    }
+}
+
+#[test]
+fn after_our_address_is_removed_one_re_added_by_hand_is_not_ours() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    // With tags; and without, with lifetime forever, where the record is all
+    // the agent has.
+    for (ifa_proto, life) in [
+        (true, Lifetime::new(Duration::from_secs(30))),
+        (false, Lifetime::FOREVER),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = Agent::start(
+            &a.ns,
+            NetlinkConfig {
+                ifa_proto,
+                address_lifetime: life,
+                ..NetlinkConfig::for_test(dir.path())
+            },
+        );
+        let rx = subscribe(&agent);
+        let vip = vip_on(&agent, Family::V4, "10.77.0.100", life);
+        assert_eq!(add(&agent, &vip), Applied::Done);
+        assert_eq!(add(&agent, &vip), Applied::Done, "renewed");
+
+        a.ns.ip("addr del 10.77.0.100/24 dev eth0").unwrap();
+        let event = rx.recv_timeout(2 * SECOND).expect("an event");
+        assert!(
+            matches!(&event, KernelEvent::AddressRemoved(o) if o.ip == vip.ip),
+            "{event:?}"
+        );
+        // Put back by hand before the agent does: someone else's now.
+        a.ns.ip("addr add 10.77.0.100/24 dev eth0").unwrap();
+        let before = address_line(&a.ns, "eth0", "10.77.0.100").unwrap();
+        assert_eq!(
+            add(&agent, &vip),
+            Applied::NotOurs,
+            "ifa_proto = {ifa_proto}"
+        );
+        assert_eq!(remove(&agent, &vip), Applied::NotOurs);
+        assert_eq!(adopt(&agent), BTreeSet::new());
+        let after = address_line(&a.ns, "eth0", "10.77.0.100").expect("left in place");
+        assert_eq!(after, before);
+        assert!(after.contains("valid_lft forever"), "{after}");
+        // Not ours, so its removal is no event.
+        a.ns.ip("addr del 10.77.0.100/24 dev eth0").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(rx.try_recv().ok(), None);
+    }
+}
+
+#[test]
+fn renewing_a_held_address_does_not_read_every_address() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    // A host with thousands of addresses (on another link), which every
+    // full `add` has to read.
+    a.ns.ip("link add many type bridge").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let batch = dir.path().join("batch");
+    let lines: String = (0..2000)
+        .map(|i| format!("addr add 10.90.{}.{}/32 dev many\n", i / 250, i % 250 + 1))
+        .collect();
+    std::fs::write(&batch, lines).unwrap();
+    a.ns.run(&["ip", "-batch", batch.to_str().unwrap()])
+        .unwrap();
+
+    let agent = Agent::on_host(a, &dir.path().join("run"));
+    let vip = vip_on(
+        &agent,
+        Family::V4,
+        "10.77.0.100",
+        Lifetime::new(Duration::from_secs(30)),
+    );
+    assert_eq!(add(&agent, &vip), Applied::Done);
+    let renew_all = |agent: &Agent| {
+        let vip = vip.clone();
+        agent.with(move |b| async move {
+            let started = Instant::now();
+            for _ in 0..30 {
+                assert_eq!(b.add(&vip).await.unwrap(), Applied::Done);
+            }
+            started.elapsed()
+        })
+    };
+    // Nobody watches for deletions: every renewal reads the kernel.
+    let checked = renew_all(&agent);
+    let _rx = subscribe(&agent);
+    // The first renewal after subscribing reads the kernel once more.
+    assert_eq!(add(&agent, &vip), Applied::Done);
+    let fast = renew_all(&agent);
+    eprintln!("30 renewals: {checked:?} reading the kernel, {fast:?} without");
+    assert!(
+        fast * 5 < checked,
+        "renewals with a subscription took {fast:?}, without {checked:?}"
+    );
+    let line = address_line(&a.ns, "eth0", "10.77.0.100").unwrap();
+    assert!(matches!(valid_lft(&line), Some(28..=30)), "{line}");
+}
+
+#[test]
+fn removing_a_vip_that_became_primary_keeps_a_secondary_added_by_hand() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    // The node holds only a /32, the subnet on-link by a route: a VIP in the
+    // subnet becomes its primary address.
+    a.ns.ip("-4 addr flush dev eth0").unwrap();
+    a.ns.ip("addr add 10.77.0.11/32 dev eth0").unwrap();
+    a.ns.ip("route add 10.77.0.0/24 dev eth0 scope link")
+        .unwrap();
+    a.ns.ip("route replace default via 10.77.0.1 dev eth0 onlink")
+        .unwrap();
+    for conf in ["all", "default", "eth0"] {
+        a.ns.sysctl(&format!("net.ipv4.conf.{conf}.promote_secondaries"), "0")
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    let vip = vip_on(&agent, Family::V4, "10.77.0.100", Lifetime::FOREVER);
+    assert_eq!(vip.prefix_len, 24);
+    assert_eq!(add(&agent, &vip), Applied::Done);
+    let line = address_line(&a.ns, "eth0", "10.77.0.100").unwrap();
+    assert!(!line.contains("secondary"), "the VIP is primary: {line}");
+    // Later expiry of a primary would take secondaries with it: turned on
+    // as soon as the VIP became primary.
+    assert_eq!(sysctl(&a.ns, "net.ipv4.conf.eth0.promote_secondaries"), "1");
+
+    // Someone adds an address to that subnet, and someone turns the sysctl
+    // off again.
+    a.ns.ip("addr add 10.77.0.50/24 dev eth0").unwrap();
+    let theirs = address_line(&a.ns, "eth0", "10.77.0.50").unwrap();
+    assert!(theirs.contains("secondary"), "{theirs}");
+    a.ns.sysctl("net.ipv4.conf.eth0.promote_secondaries", "0")
+        .unwrap();
+
+    assert_eq!(remove(&agent, &vip), Applied::Done);
+    assert_eq!(address_line(&a.ns, "eth0", "10.77.0.100"), None);
+    let left = address_line(&a.ns, "eth0", "10.77.0.50").expect("the hand-added address survives");
+    assert!(!left.contains("secondary"), "promoted to primary: {left}");
+    assert_eq!(sysctl(&a.ns, "net.ipv4.conf.eth0.promote_secondaries"), "1");
+    assert!(address_line(&a.ns, "eth0", "10.77.0.11").is_some());
+}
+
+#[test]
+fn a_cancelled_remove_never_leaves_an_address_the_agent_forgot() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    // The VIP becomes the primary of its subnet, so that removing it waits on
+    // more than the deletion (turning on promote_secondaries).
+    a.ns.ip("-4 addr flush dev eth0").unwrap();
+    a.ns.ip("addr add 10.77.0.11/32 dev eth0").unwrap();
+    a.ns.ip("route add 10.77.0.0/24 dev eth0 scope link")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Without tags, where an address in the kernel that the agent forgot is
+    // lost to it for good.
+    let agent = Agent::start(
+        &a.ns,
+        NetlinkConfig {
+            ifa_proto: false,
+            address_lifetime: Lifetime::FOREVER,
+            ..NetlinkConfig::for_test(dir.path())
+        },
+    );
+    let _rx = subscribe(&agent);
+    let eth0 = agent.with(|b| async move { b.interface("eth0").await.unwrap() });
+    let vip = eth0.vip(ip("10.77.0.100"), Lifetime::FOREVER).unwrap();
+    let mut completed = false;
+    // Cancelled after 1, 2, ... polls: at every await point of `remove`.
+    for polls in 1..60 {
+        let _ = a.ns.ip("addr del 10.77.0.50/24 dev eth0");
+        a.ns.sysctl("net.ipv4.conf.eth0.promote_secondaries", "0")
+            .unwrap();
+        assert_eq!(add(&agent, &vip), Applied::Done);
+        a.ns.ip("addr add 10.77.0.50/24 dev eth0").unwrap();
+        let v = vip.clone();
+        let done = agent.with(move |b| async move {
+            let mut removing = std::pin::pin!(b.remove(&v));
+            for _ in 0..polls {
+                if futures::poll!(removing.as_mut()).is_ready() {
+                    return true;
+                }
+                tokio::task::yield_now().await;
+            }
+            false
+        });
+        // Let a deletion already sent reach the kernel and its event the
+        // subscription.
+        std::thread::sleep(Duration::from_millis(20));
+        let owned = agent.with(|b| async move { b.owned().await.unwrap() });
+        let present = address_line(&a.ns, "eth0", "10.77.0.100").is_some();
+        assert_eq!(
+            owned.iter().any(|o| o.ip == vip.ip),
+            present,
+            "after {polls} polls (completed: {done}): owned exactly while in the kernel"
+        );
+        assert!(address_line(&a.ns, "eth0", "10.77.0.50").is_some());
+        if done {
+            completed = true;
+            break;
+        }
+    }
+    assert!(completed, "remove completes with enough polls");
+    // Whatever happened, removing again leaves nothing behind.
+    assert_eq!(remove(&agent, &vip), Applied::Done);
+    assert_eq!(address_line(&a.ns, "eth0", "10.77.0.100"), None);
+    let record = std::fs::read_to_string(dir.path().join("addresses.json")).unwrap();
+    assert!(!record.contains("10.77.0.100"), "{record}");
+}
+
+#[test]
+fn a_carrier_change_among_lost_events_is_reported_before_the_resync() {
+    require_root();
+    let ns = Netns::new("overrun-carrier").unwrap();
+    ns.ip("link add br0 type bridge").unwrap();
+    ns.ip("link set br0 up").unwrap();
+    ns.ip("link add v0 type veth peer name v1").unwrap();
+    ns.ip("link set v0 up").unwrap();
+    ns.ip("link set v1 up").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(
+        &ns,
+        NetlinkConfig {
+            event_buffer_bytes: 4096,
+            ..NetlinkConfig::for_test(dir.path())
+        },
+    );
+    // A burst that overflows the event buffer, then v0 loses carrier (its
+    // peer goes down): that notification is lost with the rest.
+    let batch = dir.path().join("batch");
+    let mut lines: String = (0..1000)
+        .map(|i| format!("addr add 10.88.{}.{}/32 dev br0\n", i / 250, i % 250 + 1))
+        .collect();
+    lines.push_str("link set v1 down\n");
+    std::fs::write(&batch, lines).unwrap();
+    let events = agent.with(move |b| async move {
+        let mut events = b.subscribe().await.unwrap();
+        // Blocks this namespace's only runtime thread, so nobody reads the
+        // event socket while the kernel fills it.
+        let status = std::process::Command::new("ip")
+            .arg("-batch")
+            .arg(&batch)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let mut seen = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(e) = events.recv().await {
+                let resync = e == KernelEvent::Resync;
+                seen.push(e);
+                if resync {
+                    return;
+                }
+            }
+        })
+        .await;
+        seen
+    });
+    assert_eq!(events.last(), Some(&KernelEvent::Resync), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, KernelEvent::CarrierLost { interface, .. } if interface == "v0")),
+        "v0's carrier loss before the resync: {events:?}"
+    );
 }

@@ -275,3 +275,53 @@ fn announcing_stops_as_soon_as_ownership_is_lost() {
         "two announce rounds and {rounds} refresh rounds, each a request and a reply: {ours:#?}"
     );
 }
+
+#[test]
+fn a_round_that_fails_while_the_link_is_down_does_not_end_the_announcement() {
+    let (lan, dir) = setup();
+    let (a, client) = (lan.host("a"), lan.host("client"));
+    let agent = Agent::on_host(a, &dir.path().join("a"));
+    let (_, target) = acquire(&agent, "10.77.0.100".parse().unwrap());
+    let capture = client
+        .ns
+        .capture("eth0", &format!("arp and ether src {}", a.mac()))
+        .unwrap();
+    // Down for the first round (sending fails), up again before the second.
+    a.ns.ip("link set eth0 down").unwrap();
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(150));
+            a.ns.ip("link set eth0 up").unwrap();
+        });
+        agent.with_both(move |_, announcer| async move {
+            let config = AnnounceConfig {
+                count: 3,
+                interval: Duration::from_millis(400),
+            };
+            announcer.announce(&target, &config, &mut || true).await
+        })
+    });
+    assert_eq!(outcome.unwrap(), Outcome::Sent { rounds: 2 });
+    let frames = capture
+        .wait_for(4, 2 * SECOND, |l| l.contains("ARP"))
+        .unwrap();
+    assert_eq!(
+        frames.len(),
+        4,
+        "two rounds of request and reply: {frames:#?}"
+    );
+
+    // Down for every round: only then an error.
+    a.ns.ip("link set eth0 down").unwrap();
+    let err = agent.with_both(move |_, announcer| async move {
+        let config = AnnounceConfig {
+            count: 2,
+            interval: Duration::from_millis(10),
+        };
+        announcer
+            .announce(&target, &config, &mut || true)
+            .await
+            .unwrap_err()
+    });
+    assert!(err.to_string().contains("10.77.0.100"), "{err}");
+}

@@ -48,6 +48,15 @@ pub enum Error {
     )]
     Ipv6Disabled { interface: String },
 
+    #[error(
+        "cannot turn on net.ipv4.conf.{interface}.promote_secondaries: {source}; a VIP that is the primary address of its subnet was left in place, since deleting it would delete the other addresses of that subnet too; set that sysctl to 1 (the agent needs /proc/sys/net writable)"
+    )]
+    PromoteSecondaries {
+        interface: String,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("{ip}/{prefix_len} is not a valid address: the prefix length is out of range")]
     InvalidPrefix { ip: IpAddr, prefix_len: u8 },
 
@@ -101,6 +110,7 @@ impl Error {
             Error::InterfaceGone { .. } => "interface_gone",
             Error::VirtualInterface { .. } => "virtual_interface",
             Error::Ipv6Disabled { .. } => "ipv6_disabled",
+            Error::PromoteSecondaries { .. } => "promote_secondaries",
             Error::InvalidPrefix { .. } => "invalid_prefix",
             Error::RecordWrite { .. } | Error::RecordRead { .. } | Error::RecordCorrupt { .. } => {
                 "record"

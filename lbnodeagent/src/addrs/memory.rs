@@ -6,6 +6,12 @@
 //! The "kernel" is shared between backends made by [`MemoryBackend::restart`],
 //! which models an agent restart: the new backend owns nothing until it
 //! adopts what the old one left.
+//!
+//! It models a kernel that keeps tags, and ownership follows the netlink
+//! rules for one: an address is ours exactly when it carries our tag. An
+//! untagged address is never touched, even at an IP this backend added
+//! before (someone re-added it by hand after ours went), and `add` answering
+//! [`Applied::NotOurs`] stops counting that IP as ours.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -317,13 +323,15 @@ impl AddressBackend for MemoryBackend {
         }
         let key = (vip.ifindex, vip.ip);
         let expires = vip.lifetime.duration().map(|d| Instant::now() + d);
-        let owned = self.owned_set().contains(&key);
         match k
             .addresses
             .iter_mut()
             .find(|a| a.ifindex == vip.ifindex && a.ip == vip.ip)
         {
-            Some(a) if !(a.ours || owned) => return Ok(Applied::NotOurs),
+            Some(a) if !a.ours => {
+                self.owned_set().remove(&key);
+                return Ok(Applied::NotOurs);
+            }
             Some(a) => {
                 a.prefix_len = vip.prefix_len;
                 a.lifetime = vip.lifetime;
@@ -514,6 +522,31 @@ mod tests {
             })
         );
         assert_eq!(events.try_recv(), Some(KernelEvent::Resync));
+        assert_eq!(events.try_recv(), None);
+    }
+
+    #[tokio::test]
+    async fn an_address_re_added_by_hand_after_ours_went_is_not_ours() {
+        let b = host();
+        let mut events = b.subscribe().await.unwrap();
+        let eth0 = b.interface("eth0").await.unwrap();
+        let vip = eth0.vip(ip("10.0.0.100"), Lifetime::FOREVER).unwrap();
+        b.add(&vip).await.unwrap();
+        b.remove_by_hand("eth0", vip.ip);
+        assert!(matches!(
+            events.try_recv(),
+            Some(KernelEvent::AddressRemoved(o)) if o.ip == vip.ip
+        ));
+        // Put back by hand before the agent does: someone else's now.
+        b.add_by_hand("eth0", vip.ip, 24);
+        assert_eq!(b.add(&vip).await.unwrap(), Applied::NotOurs);
+        assert_eq!(b.remove(&vip).await.unwrap(), Applied::NotOurs);
+        let left = b.addresses();
+        assert_eq!(left.len(), 1);
+        assert!(!left[0].ours && left[0].renewals == 0, "{left:?}");
+        assert_eq!(left[0].lifetime, Lifetime::FOREVER);
+        // No longer ours: its removal is nobody's event.
+        b.remove_by_hand("eth0", vip.ip);
         assert_eq!(events.try_recv(), None);
     }
 

@@ -37,8 +37,12 @@ pub use netlink::{NetlinkBackend, NetlinkConfig};
 /// for hostlb. The kernel reserves 1-3 for its own addresses (loopback, router
 /// advertisement, link-local) and no common network manager sets this field,
 /// so `ip -d addr` shows `proto 0x68` on exactly our VIPs. Kernels before 5.18
-/// drop it silently, which is why a record file backs it up.
+/// drop it silently, which is why a record file backs it up (and why, on
+/// those kernels, the address lifetime serves as evidence; see `netlink`).
 pub const IFA_PROTO_HOSTLB: u8 = 0x68;
+
+/// The default `announce.address_lifetime` (SPEC §6).
+pub const DEFAULT_ADDRESS_LIFETIME: Duration = Duration::from_secs(15);
 
 /// The default `announce.virtual_interface`.
 pub const DEFAULT_VIRTUAL_INTERFACE: &str = "kube-lb0";
@@ -215,8 +219,9 @@ pub enum Applied {
 pub enum KernelEvent {
     /// One of our addresses disappeared without the backend removing it (by
     /// hand, expiry, link deletion): add it again if still wanted. The
-    /// backend keeps counting it as its own until the caller removes it, so
-    /// a later `add` or `remove` of it behaves as before.
+    /// backend keeps the IP on its books until the caller adds or removes
+    /// it, but not whatever holds that IP next: if someone re-adds it by hand
+    /// first, `add` and `remove` answer [`Applied::NotOurs`] and leave it.
     AddressRemoved(OwnedAddress),
     /// The link went down or lost carrier, or was deleted: release its VIPs.
     /// Carrier events come for every link, only on transitions; the caller
@@ -274,6 +279,13 @@ impl Drop for AbortOnDrop {
 
 /// The agent's view of kernel addresses. Every method is idempotent and never
 /// changes an address the backend did not add.
+///
+/// Every method may be cancelled (its future dropped) at any point. `add` and
+/// `remove` are cancel-safe in this sense: a cancelled call may or may not
+/// have taken effect in the kernel, but never leaves there an address the
+/// backend no longer counts as its own (ownership is recorded before an
+/// address is added and dropped only after the kernel confirmed its
+/// deletion); call it again to settle it.
 pub trait AddressBackend: Send + Sync {
     /// The interface to announce `family` VIPs on: `configured` if set, else
     /// the output interface of the main table's default route with the lowest
@@ -296,7 +308,8 @@ pub trait AddressBackend: Send + Sync {
     ) -> impl Future<Output = Result<Interface>> + Send;
 
     /// Adds `vip`, or renews its lifetime if the backend added it before.
-    /// Call again at [`Lifetime::renew_every`].
+    /// Call again at [`Lifetime::renew_every`]. While an event subscription
+    /// runs, renewing an address the backend holds costs one netlink request.
     fn add(&self, vip: &VipAddress) -> impl Future<Output = Result<Applied>> + Send;
 
     /// Removes `vip` (any prefix length) if the backend added it.

@@ -4,15 +4,49 @@
 //! its own, bound to the link and address multicast groups, because a socket
 //! that both dumps and listens mixes replies with notifications.
 //!
+//! # Ownership
+//!
 //! Ownership lives in two places that back each other up: the `IFA_PROTO`
-//! tag in the kernel (5.18 and later) and the record file. An address is ours
-//! when it carries our tag, or, where the kernel does not keep tags, when the
-//! record lists it. Once the kernel is seen to keep tags, an untagged address
-//! is never ours, even if the record lists it: someone re-added it by hand.
+//! tag in the kernel and the record file. Whether the kernel keeps the tag is
+//! decided once, from the running kernel's release (5.18 and later keep it),
+//! and checked once against the kernel's answer after the first address is
+//! added. It is never inferred from tags seen on other addresses: a host with
+//! IPv6 disabled has no kernel-tagged address at all.
+//!
+//! - **Tags kept**: an address is ours exactly when it carries our tag. An
+//!   untagged address is never ours, even if the record lists it: someone
+//!   re-added it by hand.
+//! - **Tags dropped** (older kernels, or `ifa_proto = false`): the record
+//!   alone cannot tell our address from one someone added by hand with the
+//!   same IP and prefix after ours expired or was deleted. So a recorded
+//!   address is only claimed with evidence only ours have: a finite remaining
+//!   lifetime no longer than the one the agent gives its addresses (addresses
+//!   added by hand are almost always permanent), and, within a run, only if
+//!   the kernel has not reported it deleted since the agent added it. With
+//!   `address_lifetime = 0` (forever) there is no such evidence and the
+//!   record is trusted: an address that was ours, deleted while the agent was
+//!   down, and re-added by hand with the same IP and prefix is then claimed.
+//!
+//! # Cancellation
+//!
+//! `add` and `remove` may be cancelled at any await point without leaving an
+//! address in the kernel that the backend no longer counts as its own: an
+//! address is recorded before it is added, and forgotten only after the
+//! kernel confirmed its deletion. A cancelled call may or may not have taken
+//! effect in the kernel; calling it again settles it.
+//!
+//! # Renewal
+//!
+//! Renewing an address this run holds, with an unchanged prefix length, is a
+//! single `RTM_NEWADDR` with `NLM_F_REPLACE` and no dump, as long as an event
+//! subscription is running: the subscription is what tells the backend that
+//! the address was deleted meanwhile (and that whatever now holds the IP may
+//! be someone else's), which sends the next `add` down the full path.
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::{StreamExt, TryStreamExt};
@@ -20,7 +54,7 @@ use hostlb_api::{Family, Prefix};
 use rtnetlink::constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, RTMGRP_LINK};
 use rtnetlink::packet_core::NetlinkPayload;
 use rtnetlink::packet_route::address::{
-    AddressAttribute, AddressFlags, AddressMessage, AddressProtocol, CacheInfo,
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage, AddressProtocol, CacheInfo,
 };
 use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
@@ -32,8 +66,8 @@ use super::error::errno;
 use super::record::{Entry, Record};
 use super::routes::{self, Route};
 use super::{
-    AbortOnDrop, AddressBackend, Applied, Error, Events, IFA_PROTO_HOSTLB, Interface, KernelEvent,
-    MacAddr, OwnedAddress, Result, VipAddress,
+    AbortOnDrop, AddressBackend, Applied, DEFAULT_ADDRESS_LIFETIME, Error, Events,
+    IFA_PROTO_HOSTLB, Interface, KernelEvent, Lifetime, MacAddr, OwnedAddress, Result, VipAddress,
 };
 
 /// Where the backend keeps its record and how it tags addresses.
@@ -41,10 +75,19 @@ use super::{
 pub struct NetlinkConfig {
     /// Holds `addresses.json`; `/run/lbnodeagent` in production.
     pub run_dir: PathBuf,
-    /// Tag added addresses with [`IFA_PROTO_HOSTLB`] and trust the tag.
-    /// Turned off only to exercise the record-only path that kernels before
-    /// 5.18 take, or if another tool on the host used the same value.
+    /// Tag added addresses with [`IFA_PROTO_HOSTLB`] and trust the tag where
+    /// the kernel keeps it. Turned off only to exercise the record-only path
+    /// that kernels before 5.18 take, or if another tool on the host used the
+    /// same value.
     pub ifa_proto: bool,
+    /// The lifetime the agent gives its addresses
+    /// (`announce.address_lifetime`). Where the kernel drops tags, an address
+    /// a previous run recorded is only claimed if the kernel counts down no
+    /// more than this for it (see the module doc). After lowering it, or
+    /// going from forever to a finite lifetime, across a restart on such a
+    /// kernel, the previous run's addresses are left alone (they expire by
+    /// their old lifetime, or stay if that was forever).
+    pub address_lifetime: Lifetime,
     /// Receive buffer of event sockets. Bursts beyond it are lost and
     /// reported as [`KernelEvent::Resync`].
     pub event_buffer_bytes: usize,
@@ -55,6 +98,7 @@ impl Default for NetlinkConfig {
         NetlinkConfig {
             run_dir: PathBuf::from("/run/lbnodeagent"),
             ifa_proto: true,
+            address_lifetime: Lifetime::new(DEFAULT_ADDRESS_LIFETIME),
             event_buffer_bytes: 1 << 20,
         }
     }
@@ -71,39 +115,152 @@ impl NetlinkConfig {
     }
 }
 
+/// Where the running kernel's release is (what `uname -r` prints).
+const OS_RELEASE: &str = "/proc/sys/kernel/osrelease";
+
+/// Whether a kernel of this release keeps `IFA_PROTO`: 5.18 and later do.
+/// Distribution suffixes are ignored (`5.14.0-362.el9.x86_64`,
+/// `6.18.44-fc-v657`); `None` when the release does not start with a
+/// version number.
+fn release_keeps_tags(release: &str) -> Option<bool> {
+    fn leading_number(s: &str) -> Option<u32> {
+        let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        s[..end].parse().ok()
+    }
+    let mut parts = release.trim().split('.');
+    let major = leading_number(parts.next()?)?;
+    let minor = match parts.next() {
+        Some(minor) => leading_number(minor)?,
+        None => 0,
+    };
+    Some((major, minor) >= (5, 18))
+}
+
+/// Whether the kernel keeps our tag, and so whether the tag alone decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tags {
+    Kept,
+    /// Dropped by the kernel, or not sent (`ifa_proto = false`): the record
+    /// decides, with the lifetime as evidence.
+    Dropped,
+}
+
+/// What the backend knows about one of its addresses in the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Presence {
+    /// Added or found by this run, and no deletion reported since by a
+    /// running event subscription: renewing it needs no dump.
+    Held,
+    /// Not known: an add in flight or failed, events lost, or no subscription
+    /// was watching. The next `add` reads the kernel.
+    Unverified,
+    /// The kernel reported it deleted by someone else (by hand, expiry, link
+    /// deletion). Whatever holds that IP now, the agent did not add: an
+    /// untagged address there is never ours.
+    Removed,
+}
+
+/// An address this run added or adopted.
+#[derive(Clone, Debug)]
+struct Owned {
+    address: OwnedAddress,
+    /// The longest lifetime this run may have left the kernel counting down
+    /// for it: where tags are dropped, a longer remaining lifetime proves the
+    /// address is someone else's.
+    lifetime: Lifetime,
+    presence: Presence,
+}
+
+type Key = (u32, IpAddr);
+
 /// Which addresses this run owns, shared with event subscriptions so they
 /// can tell our removed addresses from everyone else's.
 struct State {
     /// Added or adopted by this run and not removed since, by (ifindex, ip).
-    owned: BTreeMap<(u32, IpAddr), OwnedAddress>,
+    owned: BTreeMap<Key, Owned>,
     /// Listed by a previous run's record and not yet settled by `adopt`;
     /// still ours, so they stay in the record.
     previous: BTreeSet<Entry>,
-    /// The kernel has been seen to keep `IFA_PROTO` on some address.
-    proto_honoured: bool,
+    tags: Tags,
+    /// The first address added is read back once to check [`Tags`] against
+    /// what the kernel did with its tag.
+    probe_pending: bool,
+    /// Deletions this backend made whose notification some running
+    /// subscription has yet to see (one count per subscription), so that it
+    /// does not report them as someone else's.
+    own_deletes: HashMap<Key, u32>,
+    /// Running event subscriptions.
+    subscriptions: u32,
+    /// Interfaces whose `promote_secondaries` this run turned on.
+    promoted: BTreeSet<String>,
 }
 
 impl State {
-    fn recorded(&self, interface: &str, a: &KernelAddress) -> bool {
-        self.owned
-            .get(&(a.ifindex, a.ip))
-            .is_some_and(|o| o.prefix_len == a.prefix_len)
-            || self.previous.contains(&Entry {
-                interface: interface.to_string(),
-                address: a.ip,
-                prefix_len: a.prefix_len,
-            })
+    /// Where tags are dropped: whether the record makes `a` ours. The owned
+    /// entry (this run's knowledge) takes precedence over the previous run's
+    /// record; both need the lifetime evidence.
+    fn claims(&self, interface: &str, a: &KernelAddress, configured: Lifetime) -> bool {
+        match self.owned.get(&(a.ifindex, a.ip)) {
+            Some(o) if o.presence == Presence::Removed => false,
+            Some(o) if o.address.prefix_len == a.prefix_len => {
+                counts_down_within(a.valid_secs, o.lifetime)
+            }
+            _ => {
+                self.previous.contains(&Entry {
+                    interface: interface.to_string(),
+                    address: a.ip,
+                    prefix_len: a.prefix_len,
+                }) && counts_down_within(a.valid_secs, configured)
+            }
+        }
+    }
+
+    /// Drops `ip` (one prefix length, or all) from what this run owns and
+    /// from the previous run's record.
+    /// Whether anything changed (and the record must be written).
+    fn forget(&mut self, interface: &str, key: Key, prefix_len: Option<u8>) -> bool {
+        let matches = |len: u8| prefix_len.is_none_or(|p| p == len);
+        let owned = self
+            .owned
+            .get(&key)
+            .is_some_and(|o| matches(o.address.prefix_len))
+            && self.owned.remove(&key).is_some();
+        let before = self.previous.len();
+        self.previous
+            .retain(|e| !(e.interface == interface && e.address == key.1 && matches(e.prefix_len)));
+        owned || self.previous.len() != before
     }
 
     fn entries(&self) -> BTreeSet<Entry> {
         let mut out = self.previous.clone();
         out.extend(self.owned.values().map(|o| Entry {
-            interface: o.interface.clone(),
-            address: o.ip,
-            prefix_len: o.prefix_len,
+            interface: o.address.interface.clone(),
+            address: o.address.ip,
+            prefix_len: o.address.prefix_len,
         }));
         out
     }
+}
+
+/// The evidence where tags are dropped: a finite remaining lifetime no
+/// longer than `lifetime`, or anything if `lifetime` is forever.
+fn counts_down_within(valid_secs: Option<u32>, lifetime: Lifetime) -> bool {
+    match lifetime.kernel_seconds() {
+        None => true,
+        Some(max) => valid_secs.is_some_and(|v| v <= max),
+    }
+}
+
+/// The longer of two lifetimes, forever being the longest.
+fn longer(a: Lifetime, b: Lifetime) -> Lifetime {
+    match (a.duration(), b.duration()) {
+        (Some(x), Some(y)) => Lifetime::new(x.max(y)),
+        _ => Lifetime::FOREVER,
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// An address as dumped by the kernel.
@@ -113,6 +270,10 @@ struct KernelAddress {
     ip: IpAddr,
     prefix_len: u8,
     proto: Option<u8>,
+    /// Remaining valid lifetime in seconds; `None` for forever.
+    valid_secs: Option<u32>,
+    /// `IFA_F_SECONDARY`: another address of the same subnet is the primary.
+    secondary: bool,
     message: AddressMessage,
 }
 
@@ -121,11 +282,17 @@ impl KernelAddress {
         let mut address = None;
         let mut local = None;
         let mut proto = None;
+        let mut valid_secs = None;
+        let mut secondary = m.header.flags.contains(AddressHeaderFlags::Secondary);
         for attr in &m.attributes {
             match attr {
                 AddressAttribute::Address(ip) => address = Some(*ip),
                 AddressAttribute::Local(ip) => local = Some(*ip),
                 AddressAttribute::Protocol(p) => proto = Some(u8::from(*p)),
+                AddressAttribute::CacheInfo(ci) if ci.ifa_valid != u32::MAX => {
+                    valid_secs = Some(ci.ifa_valid);
+                }
+                AddressAttribute::Flags(f) => secondary |= f.contains(AddressFlags::Secondary),
                 _ => {}
             }
         }
@@ -136,8 +303,77 @@ impl KernelAddress {
             ip: local.or(address)?,
             prefix_len: m.header.prefix_len,
             proto,
+            valid_secs,
+            secondary,
             message: m.clone(),
         })
+    }
+
+    fn key(&self) -> Key {
+        (self.ifindex, self.ip)
+    }
+
+    /// Another IPv4 address on the same link with the same prefix length in
+    /// the same subnet as `self`: the kernel makes one of them the primary
+    /// and the others its secondaries.
+    fn shares_subnet_with(&self, other: &KernelAddress) -> bool {
+        shares_subnet(self.ifindex, self.ip, self.prefix_len, other)
+    }
+}
+
+/// Whether `other` is another IPv4 address on link `ifindex` in the subnet
+/// `ip/prefix_len`, with the same prefix length: the kernel makes the first
+/// of such addresses the primary and the others its secondaries.
+fn shares_subnet(ifindex: u32, ip: IpAddr, prefix_len: u8, other: &KernelAddress) -> bool {
+    ip.is_ipv4()
+        && other.ip.is_ipv4()
+        && other.ifindex == ifindex
+        && other.ip != ip
+        && other.prefix_len == prefix_len
+        && Prefix::new(ip, prefix_len).is_some_and(|p| p.contains(other.ip))
+}
+
+/// A deletion about to be sent: running subscriptions are told to expect its
+/// notification, so they do not report it as someone else's. Dropped without
+/// [`happened`](Self::happened) (the kernel refused, the address was gone
+/// already, or the call was cancelled), the expectation is withdrawn; if a
+/// cancelled deletion did take effect, its notification is then reported,
+/// which is harmless (the address is still owned, so the caller decides).
+struct ExpectedDelete<'a> {
+    state: &'a Mutex<State>,
+    key: Key,
+    count: u32,
+}
+
+impl<'a> ExpectedDelete<'a> {
+    fn new(state: &'a Mutex<State>, key: Key) -> ExpectedDelete<'a> {
+        let mut s = lock(state);
+        let count = s.subscriptions;
+        if count > 0 {
+            *s.own_deletes.entry(key).or_default() += count;
+        }
+        ExpectedDelete { state, key, count }
+    }
+
+    /// The kernel confirmed: each subscription consumes its count when the
+    /// notification arrives.
+    fn happened(mut self) {
+        self.count = 0;
+    }
+}
+
+impl Drop for ExpectedDelete<'_> {
+    fn drop(&mut self) {
+        if self.count == 0 {
+            return;
+        }
+        let mut s = lock(self.state);
+        if let MapEntry::Occupied(mut e) = s.own_deletes.entry(self.key) {
+            *e.get_mut() = e.get().saturating_sub(self.count);
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
     }
 }
 
@@ -152,45 +388,45 @@ pub struct NetlinkBackend {
 }
 
 impl NetlinkBackend {
-    /// Opens the netlink connection and reads the previous run's record.
+    /// Opens the netlink connection, reads the previous run's record and
+    /// decides from the kernel release whether tags are kept.
     pub async fn new(config: NetlinkConfig) -> Result<NetlinkBackend> {
         let (connection, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
         let connection = AbortOnDrop(tokio::spawn(connection));
         let record = Record::new(&config.run_dir);
         let previous = record.load()?;
-        let backend = NetlinkBackend {
+        let tags = if config.ifa_proto {
+            tags_of_running_kernel()
+        } else {
+            Tags::Dropped
+        };
+        Ok(NetlinkBackend {
             handle,
-            config,
             record: Arc::new(record),
             state: Arc::new(Mutex::new(State {
                 owned: BTreeMap::new(),
                 previous,
-                proto_honoured: false,
+                tags,
+                probe_pending: config.ifa_proto,
+                own_deletes: HashMap::new(),
+                subscriptions: 0,
+                promoted: BTreeSet::new(),
             })),
+            config,
             _connection: connection,
-        };
-        let all = backend.addresses(None, None).await?;
-        backend.learn(&all);
-        Ok(backend)
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Kernels from 5.18 put `IFA_PROTO` on their own link-local and
-    /// loopback addresses and keep ours; seeing any tag proves they do.
-    fn learn(&self, addrs: &[KernelAddress]) {
-        if addrs.iter().any(|a| a.proto.is_some()) {
-            self.lock().proto_honoured = true;
-        }
+        lock(&self.state)
     }
 
     fn is_ours(&self, state: &State, interface: &str, a: &KernelAddress) -> bool {
         match a.proto {
             Some(p) => self.config.ifa_proto && p == IFA_PROTO_HOSTLB,
             None => {
-                !(self.config.ifa_proto && state.proto_honoured) && state.recorded(interface, a)
+                state.tags == Tags::Dropped
+                    && state.claims(interface, a, self.config.address_lifetime)
             }
         }
     }
@@ -326,9 +562,25 @@ impl NetlinkBackend {
         request.execute().await
     }
 
-    async fn delete_from_kernel(&self, a: &KernelAddress) -> Result<()> {
+    /// Deletes one of our addresses from the kernel; the caller forgets it
+    /// once this returns `Ok`. An IPv4 address that is the primary of its
+    /// subnet with others behind it gets `promote_secondaries` first, or the
+    /// kernel would delete those with it.
+    async fn delete_ours(
+        &self,
+        a: &KernelAddress,
+        interface: &str,
+        on_link: &[KernelAddress],
+    ) -> Result<()> {
+        if !a.secondary && on_link.iter().any(|o| a.shares_subnet_with(o)) {
+            self.promote_secondaries(a.ifindex, interface).await?;
+        }
+        let expected = ExpectedDelete::new(&self.state, a.key());
         match self.handle.address().del(a.message.clone()).execute().await {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                expected.happened();
+                Ok(())
+            }
             // Gone already, or its link is: what we wanted.
             Err(e) if matches!(errno(&e), Some(libc::EADDRNOTAVAIL | libc::ENODEV)) => Ok(()),
             Err(e) => Err(Error::netlink(
@@ -336,6 +588,38 @@ impl NetlinkBackend {
                 e,
             )),
         }
+    }
+
+    /// `sysctl net.ipv4.conf.<interface>.promote_secondaries=1`, unless it is
+    /// on already. With it off, deleting the primary IPv4 address of a subnet
+    /// deletes every secondary address of that subnet too, and those may be
+    /// someone else's. Like every `/proc/sys/net` file it belongs to the
+    /// network namespace of the calling thread, which is the namespace the
+    /// backend manages (the agent's threads all live in the host's).
+    async fn promote_secondaries(&self, ifindex: u32, interface: &str) -> Result<()> {
+        // The name the kernel uses now, in case the link was renamed; a link
+        // that is gone took its addresses with it.
+        let Some(link) = self.link_by_index(ifindex).await? else {
+            return Ok(());
+        };
+        let name = link_name(&link).unwrap_or_else(|| interface.to_string());
+        let path = Path::new("/proc/sys/net/ipv4/conf")
+            .join(&name)
+            .join("promote_secondaries");
+        let failed = |source| Error::PromoteSecondaries {
+            interface: name.clone(),
+            source,
+        };
+        let current = std::fs::read_to_string(&path).map_err(failed)?;
+        if current.trim() == "1" {
+            return Ok(());
+        }
+        std::fs::write(&path, "1\n").map_err(failed)?;
+        if self.lock().promoted.insert(name.clone()) {
+            tracing::info!(interface = %name,
+                "turned on net.ipv4.conf.{name}.promote_secondaries, so that removing a VIP that is the primary address of its subnet keeps the other addresses of that subnet");
+        }
+        Ok(())
     }
 
     async fn names(&self) -> Result<HashMap<u32, String>> {
@@ -351,7 +635,6 @@ impl NetlinkBackend {
     async fn ours_in_kernel(&self) -> Result<Vec<OwnedAddress>> {
         let names = self.names().await?;
         let all = self.addresses(None, None).await?;
-        self.learn(&all);
         let state = self.lock();
         let mut out: Vec<OwnedAddress> = all
             .into_iter()
@@ -368,14 +651,245 @@ impl NetlinkBackend {
         out.sort();
         Ok(out)
     }
+
+    /// The fast path of `add`: an address this run holds, renewed with the
+    /// same prefix length by one replace and no dump. `None` when the full
+    /// path is needed: no subscription is watching for deletions, the
+    /// address was reported deleted or is not known to be there, its prefix
+    /// length changes, or the tag check is still due.
+    async fn renew(&self, vip: &VipAddress) -> Option<Result<Applied>> {
+        let key = (vip.ifindex, vip.ip);
+        {
+            let mut state = self.lock();
+            if state.subscriptions == 0 || state.probe_pending {
+                return None;
+            }
+            let o = state.owned.get_mut(&key)?;
+            if o.presence != Presence::Held
+                || o.address.prefix_len != vip.prefix_len
+                || o.address.interface != vip.interface
+            {
+                return None;
+            }
+            // Until the kernel confirms, it counts down either lifetime.
+            o.lifetime = longer(o.lifetime, vip.lifetime);
+        }
+        let result = self.add_to_kernel(vip).await;
+        let mut state = self.lock();
+        let o = state.owned.get_mut(&key);
+        Some(match result {
+            Ok(()) => {
+                if let Some(o) = o {
+                    o.lifetime = vip.lifetime;
+                }
+                Ok(Applied::Done)
+            }
+            Err(e) => {
+                if let Some(o) = o.filter(|o| o.presence == Presence::Held) {
+                    o.presence = Presence::Unverified;
+                }
+                Err(add_error(vip, e))
+            }
+        })
+    }
+
+    /// The full path of `add`: reads the link's addresses to decide
+    /// ownership, replaces an old prefix length, adds.
+    async fn add_checked(&self, vip: &VipAddress) -> Result<Applied> {
+        let key = (vip.ifindex, vip.ip);
+        let on_link = self
+            .addresses(Some(Family::of(vip.ip)), Some(vip.ifindex))
+            .await?;
+        let stale: Vec<&KernelAddress> = {
+            let mut state = self.lock();
+            let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = on_link
+                .iter()
+                .filter(|a| a.ip == vip.ip)
+                .partition(|a| self.is_ours(&state, &vip.interface, a));
+            if !foreign.is_empty() {
+                tracing::warn!(ip = %vip.ip, interface = %vip.interface,
+                    "address already present and not added by hostlb; leaving it alone");
+                // Nothing of ours holds this IP any more (someone re-added
+                // it after ours went): stop counting it as ours.
+                if ours.is_empty() && state.forget(&vip.interface, key, None) {
+                    self.store(&state)?;
+                }
+                return Ok(Applied::NotOurs);
+            }
+            ours.into_iter()
+                .filter(|a| a.prefix_len != vip.prefix_len)
+                .collect()
+        };
+        // Our own address with an old prefix length (the on-link route
+        // changed): IPv4 would keep both, so remove the old one first. It is
+        // forgotten only once the kernel confirmed, so a failure or a
+        // cancellation leaves it owned.
+        for a in &stale {
+            self.delete_ours(a, &vip.interface, &on_link).await?;
+            let mut state = self.lock();
+            if state.forget(&vip.interface, key, Some(a.prefix_len)) {
+                self.store(&state)?;
+            }
+        }
+        let before = {
+            let mut state = self.lock();
+            let before = state.owned.get(&key).cloned();
+            let lifetime = before
+                .as_ref()
+                .map_or(vip.lifetime, |b| longer(b.lifetime, vip.lifetime));
+            state.owned.insert(
+                key,
+                Owned {
+                    address: OwnedAddress {
+                        interface: vip.interface.clone(),
+                        ifindex: vip.ifindex,
+                        ip: vip.ip,
+                        prefix_len: vip.prefix_len,
+                    },
+                    lifetime,
+                    presence: Presence::Unverified,
+                },
+            );
+            // Recorded before the kernel has it: a crash in between leaves a
+            // record of a missing address (harmless), never an unrecorded one.
+            if let Err(e) = self.store(&state) {
+                restore(&mut state.owned, key, before);
+                return Err(e);
+            }
+            before
+        };
+        if becomes_primary(vip, &on_link) {
+            // Whatever is added to this subnet later becomes its secondary,
+            // and would go with it when it is deleted or expires.
+            if let Err(e) = self.promote_secondaries(vip.ifindex, &vip.interface).await {
+                tracing::warn!(ip = %vip.ip, error = %e,
+                    "the VIP is the primary address of its subnet; addresses added to that subnet later go with it when it expires");
+            }
+        }
+        if let Err(e) = self.add_to_kernel(vip).await {
+            let mut state = self.lock();
+            match before {
+                None => {
+                    state.owned.remove(&key);
+                    let _ = self.store(&state);
+                }
+                Some(_) => {
+                    if let Some(o) = state.owned.get_mut(&key) {
+                        o.presence = Presence::Unverified;
+                    }
+                }
+            }
+            return Err(add_error(vip, e));
+        }
+        {
+            let mut state = self.lock();
+            if let Some(o) = state.owned.get_mut(&key) {
+                o.lifetime = vip.lifetime;
+                // Unless a deletion was reported meanwhile.
+                if o.presence == Presence::Unverified {
+                    o.presence = Presence::Held;
+                }
+            }
+        }
+        if before.is_none() {
+            tracing::info!(ip = %vip.ip, prefix_len = vip.prefix_len, interface = %vip.interface,
+                "added address");
+        }
+        if self.lock().probe_pending {
+            self.probe_tags(vip).await;
+        }
+        Ok(Applied::Done)
+    }
+
+    /// Reads the first address added back, once, to check [`Tags`] against
+    /// what the kernel did with its tag: proof either way overrides the
+    /// release number (a backport, or a kernel that lies about its version).
+    /// A failed read leaves the check to the next add.
+    async fn probe_tags(&self, vip: &VipAddress) {
+        let Ok(back) = self
+            .addresses(Some(Family::of(vip.ip)), Some(vip.ifindex))
+            .await
+        else {
+            return;
+        };
+        let Some(a) = back
+            .iter()
+            .find(|a| a.ip == vip.ip && a.prefix_len == vip.prefix_len)
+        else {
+            return;
+        };
+        let kept = a.proto == Some(IFA_PROTO_HOSTLB);
+        let mut state = self.lock();
+        if !std::mem::take(&mut state.probe_pending) {
+            return;
+        }
+        match (state.tags, kept) {
+            (Tags::Dropped, true) => {
+                tracing::info!(
+                    "the kernel keeps address tags although its release predates them; ownership follows the tag"
+                );
+                state.tags = Tags::Kept;
+            }
+            (Tags::Kept, false) => {
+                tracing::warn!(ip = %vip.ip,
+                    "the kernel dropped the tag of an address just added although its release keeps tags; ownership follows the record");
+                state.tags = Tags::Dropped;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// [`Tags`] from the running kernel's release; an unreadable release is
+/// treated as old, which only makes ownership stricter.
+fn tags_of_running_kernel() -> Tags {
+    let release = std::fs::read_to_string(OS_RELEASE).unwrap_or_default();
+    match release_keeps_tags(&release) {
+        Some(true) => Tags::Kept,
+        Some(false) => {
+            tracing::info!(
+                release = release.trim(),
+                "kernel before 5.18 drops address tags; the record and address lifetimes identify ours"
+            );
+            Tags::Dropped
+        }
+        None => {
+            tracing::warn!(
+                release = release.trim(),
+                path = OS_RELEASE,
+                "cannot read the kernel version; treating it as one that drops address tags"
+            );
+            Tags::Dropped
+        }
+    }
+}
+
+/// Whether `vip` becomes the primary IPv4 address of its subnet: no other
+/// address on the link shares it. A /32 never has secondaries.
+fn becomes_primary(vip: &VipAddress, on_link: &[KernelAddress]) -> bool {
+    vip.ip.is_ipv4()
+        && vip.prefix_len < 32
+        && !on_link
+            .iter()
+            .any(|o| shares_subnet(vip.ifindex, vip.ip, vip.prefix_len, o))
+}
+
+/// The error of a refused add, saying what to do.
+fn add_error(vip: &VipAddress, e: rtnetlink::Error) -> Error {
+    match errno(&e) {
+        Some(libc::ENODEV) => Error::InterfaceGone { index: vip.ifindex },
+        Some(libc::EACCES) if vip.ip.is_ipv6() => Error::Ipv6Disabled {
+            interface: vip.interface.clone(),
+        },
+        _ => Error::netlink(
+            format!("adding {}/{} to {}", vip.ip, vip.prefix_len, vip.interface),
+            e,
+        ),
+    }
 }
 
 /// Puts an entry back as it was before a failed change.
-fn restore(
-    owned: &mut BTreeMap<(u32, IpAddr), OwnedAddress>,
-    key: (u32, IpAddr),
-    before: Option<OwnedAddress>,
-) {
+fn restore(owned: &mut BTreeMap<Key, Owned>, key: Key, before: Option<Owned>) {
     match before {
         Some(b) => owned.insert(key, b),
         None => owned.remove(&key),
@@ -490,113 +1004,36 @@ impl AddressBackend for NetlinkBackend {
                 prefix_len: vip.prefix_len,
             });
         }
-        let family = Family::of(vip.ip);
-        let same_ip: Vec<KernelAddress> = self
-            .addresses(Some(family), Some(vip.ifindex))
-            .await?
-            .into_iter()
-            .filter(|a| a.ip == vip.ip)
-            .collect();
-        let key = (vip.ifindex, vip.ip);
-        let (stale, before) = {
-            let mut state = self.lock();
-            let mut stale = Vec::new();
-            for a in &same_ip {
-                if !self.is_ours(&state, &vip.interface, a) {
-                    tracing::warn!(ip = %vip.ip, interface = %vip.interface,
-                        "address already present and not added by hostlb; leaving it alone");
-                    return Ok(Applied::NotOurs);
-                }
-                if a.prefix_len != vip.prefix_len {
-                    stale.push(a.clone());
-                }
-            }
-            // Recorded before the kernel has it: a crash in between leaves a
-            // record of a missing address (harmless), never an unrecorded one.
-            let before = state.owned.insert(
-                key,
-                OwnedAddress {
-                    interface: vip.interface.clone(),
-                    ifindex: vip.ifindex,
-                    ip: vip.ip,
-                    prefix_len: vip.prefix_len,
-                },
-            );
-            if let Err(e) = self.store(&state) {
-                restore(&mut state.owned, key, before);
-                return Err(e);
-            }
-            (stale, before)
-        };
-        // Our own address with an old prefix length (the on-link route
-        // changed): IPv4 would keep both, so remove the old one first.
-        for a in &stale {
-            self.delete_from_kernel(a).await?;
+        if let Some(renewed) = self.renew(vip).await {
+            return renewed;
         }
-        if let Err(e) = self.add_to_kernel(vip).await {
-            let mut state = self.lock();
-            restore(&mut state.owned, key, before);
-            let _ = self.store(&state);
-            return Err(match errno(&e) {
-                Some(libc::ENODEV) => Error::InterfaceGone { index: vip.ifindex },
-                Some(libc::EACCES) if family == Family::V6 => Error::Ipv6Disabled {
-                    interface: vip.interface.clone(),
-                },
-                _ => Error::netlink(
-                    format!("adding {}/{} to {}", vip.ip, vip.prefix_len, vip.interface),
-                    e,
-                ),
-            });
-        }
-        if before.is_none() {
-            tracing::info!(ip = %vip.ip, prefix_len = vip.prefix_len, interface = %vip.interface,
-                "added address");
-        }
-        if self.config.ifa_proto && !self.lock().proto_honoured {
-            let back = self.addresses(Some(family), Some(vip.ifindex)).await?;
-            self.learn(&back);
-        }
-        Ok(Applied::Done)
+        self.add_checked(vip).await
     }
 
     async fn remove(&self, vip: &VipAddress) -> Result<Applied> {
-        let same_ip: Vec<KernelAddress> = self
-            .addresses(Some(Family::of(vip.ip)), Some(vip.ifindex))
-            .await?
-            .into_iter()
-            .filter(|a| a.ip == vip.ip)
-            .collect();
         let key = (vip.ifindex, vip.ip);
-        let (ours, foreign, before) = {
-            let mut state = self.lock();
-            let (ours, foreign): (Vec<KernelAddress>, Vec<KernelAddress>) = same_ip
-                .into_iter()
-                .partition(|a| self.is_ours(&state, &vip.interface, a));
-            // Forgotten before the kernel removes it, so the deletion event is
-            // not mistaken for someone else removing our address.
-            let before = state.owned.remove(&key);
-            let previous = state.previous.clone();
-            state
-                .previous
-                .retain(|e| !(e.interface == vip.interface && e.address == vip.ip));
-            if let Err(e) = self.store(&state) {
-                restore(&mut state.owned, key, before);
-                state.previous = previous;
-                return Err(e);
-            }
-            (ours, foreign, before)
+        let on_link = self
+            .addresses(Some(Family::of(vip.ip)), Some(vip.ifindex))
+            .await?;
+        let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = {
+            let state = self.lock();
+            on_link
+                .iter()
+                .filter(|a| a.ip == vip.ip)
+                .partition(|a| self.is_ours(&state, &vip.interface, a))
         };
         for a in &ours {
-            if let Err(e) = self.delete_from_kernel(a).await {
-                if let Some(b) = before {
-                    let mut state = self.lock();
-                    state.owned.insert(key, b);
-                    let _ = self.store(&state);
-                }
-                return Err(e);
-            }
+            self.delete_ours(a, &vip.interface, &on_link).await?;
             tracing::info!(ip = %a.ip, prefix_len = a.prefix_len, interface = %vip.interface,
                 "removed address");
+        }
+        {
+            // Forgotten only now that the kernel confirmed: a failed or
+            // cancelled remove leaves it owned, to be removed again.
+            let mut state = self.lock();
+            if state.forget(&vip.interface, key, None) {
+                self.store(&state)?;
+            }
         }
         if ours.is_empty() && !foreign.is_empty() {
             tracing::warn!(ip = %vip.ip, interface = %vip.interface,
@@ -612,7 +1049,14 @@ impl AddressBackend for NetlinkBackend {
         state.previous.clear();
         state.owned = found
             .iter()
-            .map(|o| ((o.ifindex, o.ip), o.clone()))
+            .map(|o| {
+                let owned = Owned {
+                    address: o.clone(),
+                    lifetime: self.config.address_lifetime,
+                    presence: Presence::Held,
+                };
+                ((o.ifindex, o.ip), owned)
+            })
             .collect();
         self.store(&state)?;
         for o in &found {
@@ -641,29 +1085,24 @@ impl AddressBackend for NetlinkBackend {
             .map_err(Error::Socket)?;
         // Bound before the link states are read, so no change falls between.
         let links = self.links().await?;
-        let mut translator = Translator {
-            links: HashMap::new(),
-            state: Arc::clone(&self.state),
-        };
-        translator.seed(&links);
+        let mut translator = Translator::new(Arc::clone(&self.state), &links);
         let handle = self.handle.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             let connection = AbortOnDrop(tokio::spawn(connection));
             while let Some((message, _)) = messages.next().await {
                 let overrun = matches!(message.payload, NetlinkPayload::Overrun(_));
-                for event in translator.translate(message.payload) {
-                    if tx.send(event).is_err() {
-                        return;
-                    }
-                }
+                let mut events = translator.translate(message.payload);
                 if overrun {
-                    // Carrier changes may be among the lost events: restart
-                    // the comparison from the kernel's current state.
+                    // Carrier changes may be among the lost events: compare
+                    // with the kernel's links now, and only then resync.
                     let links: std::result::Result<Vec<LinkMessage>, _> =
                         handle.link().get().execute().try_collect().await;
-                    if let Ok(links) = links {
-                        translator.seed(&links);
+                    events.extend(translator.overrun(links.ok().as_deref()));
+                }
+                for event in events {
+                    if tx.send(event).is_err() {
+                        return;
                     }
                 }
             }
@@ -675,6 +1114,8 @@ impl AddressBackend for NetlinkBackend {
 }
 
 /// Turns raw netlink notifications into the few events the agent acts on.
+/// While one runs, the backend renews addresses without reading the kernel
+/// first: this is what tells it they were deleted.
 struct Translator {
     /// Name and carrier of each link, to report transitions only: the kernel
     /// sends `RTM_NEWLINK` for every statistics or flag change.
@@ -683,29 +1124,43 @@ struct Translator {
 }
 
 impl Translator {
-    fn seed(&mut self, links: &[LinkMessage]) {
-        self.links = links
-            .iter()
-            .map(|l| {
-                (
-                    l.header.index,
-                    (link_name(l).unwrap_or_default(), link_carrier(l)),
-                )
-            })
-            .collect();
+    fn new(state: Arc<Mutex<State>>, links: &[LinkMessage]) -> Translator {
+        {
+            let mut s = lock(&state);
+            if s.subscriptions == 0 {
+                // Nobody watched until now: deletions may have gone unseen.
+                unverify(&mut s);
+            }
+            s.subscriptions += 1;
+        }
+        Translator {
+            links: link_states(links),
+            state,
+        }
     }
 
     fn translate(&mut self, payload: NetlinkPayload<RouteNetlinkMessage>) -> Vec<KernelEvent> {
         match payload {
-            NetlinkPayload::Overrun(_) => vec![KernelEvent::Resync],
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelAddress(m)) => {
                 let Some(a) = KernelAddress::parse(&m) else {
                     return vec![];
                 };
-                let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                match state.owned.get(&(a.ifindex, a.ip)) {
-                    Some(o) if o.prefix_len == a.prefix_len => {
-                        vec![KernelEvent::AddressRemoved(o.clone())]
+                let mut state = lock(&self.state);
+                if let MapEntry::Occupied(mut e) = state.own_deletes.entry(a.key()) {
+                    // The backend's own deletion.
+                    *e.get_mut() -= 1;
+                    if *e.get() == 0 {
+                        e.remove();
+                    }
+                    return vec![];
+                }
+                match state.owned.get_mut(&a.key()) {
+                    Some(o)
+                        if o.address.prefix_len == a.prefix_len
+                            && o.presence != Presence::Removed =>
+                    {
+                        o.presence = Presence::Removed;
+                        vec![KernelEvent::AddressRemoved(o.address.clone())]
                     }
                     _ => vec![],
                 }
@@ -716,50 +1171,127 @@ impl Translator {
                 let name = link_name(&l).unwrap_or_default();
                 let was = self.links.insert(index, (name.clone(), carrier));
                 match was {
-                    Some((_, before)) if before != carrier => vec![if carrier {
-                        KernelEvent::CarrierRegained {
-                            ifindex: index,
-                            interface: name,
-                        }
-                    } else {
-                        KernelEvent::CarrierLost {
-                            ifindex: index,
-                            interface: name,
-                        }
-                    }],
+                    Some((_, before)) if before != carrier => {
+                        vec![carrier_event(index, name, carrier)]
+                    }
                     _ => vec![],
                 }
             }
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(l)) => {
                 match self.links.remove(&l.header.index) {
-                    Some((name, true)) => vec![KernelEvent::CarrierLost {
-                        ifindex: l.header.index,
-                        interface: name,
-                    }],
+                    Some((name, true)) => vec![carrier_event(l.header.index, name, false)],
                     _ => vec![],
                 }
             }
             _ => vec![],
         }
     }
+
+    /// After an overrun, with the links as the kernel has them now (`None`
+    /// if reading them failed): the carrier transitions since the last known
+    /// state, then [`KernelEvent::Resync`]. Lost deletions may include ours,
+    /// so every held address is checked again at its next renewal.
+    fn overrun(&mut self, links: Option<&[LinkMessage]>) -> Vec<KernelEvent> {
+        {
+            let mut state = lock(&self.state);
+            unverify(&mut state);
+            state.own_deletes.clear();
+        }
+        let mut events = Vec::new();
+        if let Some(links) = links {
+            let now = link_states(links);
+            let mut indexes: Vec<u32> = self.links.keys().chain(now.keys()).copied().collect();
+            indexes.sort_unstable();
+            indexes.dedup();
+            for index in indexes {
+                match (self.links.get(&index), now.get(&index)) {
+                    (Some((_, before)), Some((name, carrier))) if before != carrier => {
+                        events.push(carrier_event(index, name.clone(), *carrier));
+                    }
+                    // Deleted meanwhile, with carrier when last seen.
+                    (Some((name, true)), None) => {
+                        events.push(carrier_event(index, name.clone(), false));
+                    }
+                    _ => {}
+                }
+            }
+            self.links = now;
+        }
+        events.push(KernelEvent::Resync);
+        events
+    }
+}
+
+impl Drop for Translator {
+    fn drop(&mut self) {
+        let mut state = lock(&self.state);
+        state.subscriptions = state.subscriptions.saturating_sub(1);
+        if state.subscriptions == 0 {
+            // Nobody is left to consume them.
+            state.own_deletes.clear();
+        }
+    }
+}
+
+/// Every held address must be read from the kernel again before renewal.
+fn unverify(state: &mut State) {
+    for o in state.owned.values_mut() {
+        if o.presence == Presence::Held {
+            o.presence = Presence::Unverified;
+        }
+    }
+}
+
+fn link_states(links: &[LinkMessage]) -> HashMap<u32, (String, bool)> {
+    links
+        .iter()
+        .map(|l| {
+            (
+                l.header.index,
+                (link_name(l).unwrap_or_default(), link_carrier(l)),
+            )
+        })
+        .collect()
+}
+
+fn carrier_event(ifindex: u32, interface: String, carrier: bool) -> KernelEvent {
+    if carrier {
+        KernelEvent::CarrierRegained { ifindex, interface }
+    } else {
+        KernelEvent::CarrierLost { ifindex, interface }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
+    fn state(owned: &[OwnedAddress]) -> Arc<Mutex<State>> {
+        Arc::new(Mutex::new(State {
+            owned: owned
+                .iter()
+                .map(|o| {
+                    let owned = Owned {
+                        address: o.clone(),
+                        lifetime: Lifetime::FOREVER,
+                        presence: Presence::Held,
+                    };
+                    ((o.ifindex, o.ip), owned)
+                })
+                .collect(),
+            previous: BTreeSet::new(),
+            tags: Tags::Kept,
+            probe_pending: false,
+            own_deletes: HashMap::new(),
+            subscriptions: 0,
+            promoted: BTreeSet::new(),
+        }))
+    }
+
     fn translator(owned: &[OwnedAddress]) -> Translator {
-        Translator {
-            links: HashMap::new(),
-            state: Arc::new(Mutex::new(State {
-                owned: owned
-                    .iter()
-                    .map(|o| ((o.ifindex, o.ip), o.clone()))
-                    .collect(),
-                previous: BTreeSet::new(),
-                proto_honoured: true,
-            })),
-        }
+        Translator::new(state(owned), &[])
     }
 
     fn link(index: u32, name: &str, flags: LinkFlags) -> LinkMessage {
@@ -788,6 +1320,18 @@ mod tests {
         }
     }
 
+    fn kernel_address(ip: &str, prefix_len: u8, valid_secs: Option<u32>) -> KernelAddress {
+        let mut m = AddressMessage::default();
+        m.header.index = 2;
+        m.header.prefix_len = prefix_len;
+        m.attributes
+            .push(AddressAttribute::Address(ip.parse().unwrap()));
+        let mut ci = CacheInfo::default();
+        ci.ifa_valid = valid_secs.unwrap_or(u32::MAX);
+        m.attributes.push(AddressAttribute::CacheInfo(ci));
+        KernelAddress::parse(&m).unwrap()
+    }
+
     #[test]
     fn only_our_removed_addresses_are_reported() {
         let mut t = translator(&[ours(2, "10.0.0.100", 24)]);
@@ -799,13 +1343,35 @@ mod tests {
         assert!(t.translate(del_address(2, "10.0.0.7", 24)).is_empty());
         assert!(t.translate(del_address(3, "10.0.0.100", 24)).is_empty());
         assert!(t.translate(del_address(2, "10.0.0.100", 32)).is_empty());
+        // Reported once: whatever holds the IP later was not added by us.
+        assert!(t.translate(del_address(2, "10.0.0.100", 24)).is_empty());
+        let state = lock(&t.state);
+        assert_eq!(
+            state.owned[&(2, "10.0.0.100".parse().unwrap())].presence,
+            Presence::Removed
+        );
+    }
+
+    #[test]
+    fn our_own_deletions_are_not_reported() {
+        let mut t = translator(&[ours(2, "10.0.0.100", 24)]);
+        let key = (2, "10.0.0.100".parse().unwrap());
+        ExpectedDelete::new(&t.state, key).happened();
+        assert!(t.translate(del_address(2, "10.0.0.100", 24)).is_empty());
+        assert!(lock(&t.state).own_deletes.is_empty(), "consumed");
+        // A deletion the kernel refused (or that was cancelled) leaves no
+        // expectation behind, so the next one by hand is reported.
+        drop(ExpectedDelete::new(&t.state, key));
+        assert_eq!(
+            t.translate(del_address(2, "10.0.0.100", 24)),
+            vec![KernelEvent::AddressRemoved(ours(2, "10.0.0.100", 24))]
+        );
     }
 
     #[test]
     fn carrier_transitions_are_reported_once() {
         let up = LinkFlags::Up | LinkFlags::LowerUp | LinkFlags::Running;
-        let mut t = translator(&[]);
-        t.seed(&[link(2, "eth0", up)]);
+        let mut t = Translator::new(state(&[]), &[link(2, "eth0", up)]);
         let new = |l| NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l));
         assert!(t.translate(new(link(2, "eth0", up))).is_empty());
         assert_eq!(
@@ -846,11 +1412,151 @@ mod tests {
     }
 
     #[test]
-    fn overrun_asks_for_a_resync() {
-        let mut t = translator(&[]);
-        assert_eq!(
-            t.translate(NetlinkPayload::Overrun(Vec::new())),
-            vec![KernelEvent::Resync]
+    fn overrun_reports_carrier_changes_it_hid_before_asking_for_a_resync() {
+        let up = LinkFlags::Up | LinkFlags::LowerUp;
+        let mut t = Translator::new(
+            state(&[ours(2, "10.0.0.100", 24)]),
+            &[
+                link(2, "eth0", up),
+                link(3, "eth1", LinkFlags::Up),
+                link(4, "veth4", up),
+            ],
         );
+        assert!(t.translate(NetlinkPayload::Overrun(Vec::new())).is_empty());
+        // Meanwhile eth0 lost carrier, eth1 gained it, veth4 was deleted and
+        // veth5 created.
+        let now = [
+            link(2, "eth0", LinkFlags::Up),
+            link(3, "eth1", up),
+            link(5, "veth5", up),
+        ];
+        let lost = |i: u32, n: &str| KernelEvent::CarrierLost {
+            ifindex: i,
+            interface: n.into(),
+        };
+        assert_eq!(
+            t.overrun(Some(&now)),
+            vec![
+                lost(2, "eth0"),
+                KernelEvent::CarrierRegained {
+                    ifindex: 3,
+                    interface: "eth1".into()
+                },
+                lost(4, "veth4"),
+                KernelEvent::Resync,
+            ]
+        );
+        // The comparison continues from the new state.
+        let new = |l| NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l));
+        assert!(t.translate(new(link(2, "eth0", LinkFlags::Up))).is_empty());
+        // Lost events may have hidden a deletion of ours: checked again at
+        // the next renewal.
+        assert_eq!(
+            lock(&t.state).owned[&(2, "10.0.0.100".parse().unwrap())].presence,
+            Presence::Unverified
+        );
+        // Links unreadable: still a resync.
+        assert_eq!(t.overrun(None), vec![KernelEvent::Resync]);
+    }
+
+    #[test]
+    fn subscriptions_are_counted_and_a_new_one_rechecks_held_addresses() {
+        let s = state(&[ours(2, "10.0.0.100", 24)]);
+        let key = (2, "10.0.0.100".parse().unwrap());
+        let first = Translator::new(Arc::clone(&s), &[]);
+        assert_eq!(lock(&s).owned[&key].presence, Presence::Unverified);
+        lock(&s).owned.get_mut(&key).unwrap().presence = Presence::Held;
+        let second = Translator::new(Arc::clone(&s), &[]);
+        assert_eq!(lock(&s).subscriptions, 2);
+        assert_eq!(lock(&s).owned[&key].presence, Presence::Held);
+        ExpectedDelete::new(&s, key).happened();
+        assert_eq!(lock(&s).own_deletes[&key], 2, "one per subscription");
+        drop(first);
+        drop(second);
+        assert_eq!(lock(&s).subscriptions, 0);
+        assert!(lock(&s).own_deletes.is_empty());
+    }
+
+    #[test]
+    fn tag_support_follows_the_kernel_release() {
+        for (release, kept) in [
+            ("6.18.44-fc-v657", Some(true)),
+            ("5.18.0", Some(true)),
+            ("5.18-rc1", Some(true)),
+            ("6.1.0-18-amd64", Some(true)),
+            ("10.0", Some(true)),
+            ("5.14.0-362.el9.x86_64", Some(false)),
+            ("4.18.0-553.el8_10.x86_64", Some(false)),
+            ("5.17.15\n", Some(false)),
+            ("6", Some(true)),
+            ("", None),
+            ("linux", None),
+            ("5.x", None),
+        ] {
+            assert_eq!(release_keeps_tags(release), kept, "{release:?}");
+        }
+    }
+
+    #[test]
+    fn without_tags_a_recorded_address_needs_a_lifetime_only_ours_have() {
+        let mut s = lock(&state(&[])).owned.clone();
+        s.clear();
+        let fifteen = Lifetime::new(Duration::from_secs(15));
+        let mut st = State {
+            owned: s,
+            previous: BTreeSet::from([Entry {
+                interface: "eth0".into(),
+                address: "10.0.0.100".parse().unwrap(),
+                prefix_len: 24,
+            }]),
+            tags: Tags::Dropped,
+            probe_pending: false,
+            own_deletes: HashMap::new(),
+            subscriptions: 0,
+            promoted: BTreeSet::new(),
+        };
+        let a = |valid| kernel_address("10.0.0.100", 24, valid);
+        // A previous run's address: counting down no more than our lifetime.
+        assert!(st.claims("eth0", &a(Some(9)), fifteen));
+        assert!(st.claims("eth0", &a(Some(15)), fifteen));
+        // Permanent or longer-lived: added by hand after ours went.
+        assert!(!st.claims("eth0", &a(None), fifteen));
+        assert!(!st.claims("eth0", &a(Some(100)), fifteen));
+        // Not recorded, or another prefix length or interface.
+        assert!(!st.claims("eth0", &kernel_address("10.0.0.7", 24, Some(9)), fifteen));
+        assert!(!st.claims("eth0", &kernel_address("10.0.0.100", 25, Some(9)), fifteen));
+        assert!(!st.claims("eth1", &a(Some(9)), fifteen));
+        // Forever configured: the record is all there is.
+        assert!(st.claims("eth0", &a(None), Lifetime::FOREVER));
+
+        // This run's own address: its own lifetime is the bound, and once
+        // the kernel reported it deleted, nothing at that IP is ours.
+        let key = (2, "10.0.0.100".parse().unwrap());
+        st.owned.insert(
+            key,
+            Owned {
+                address: ours(2, "10.0.0.100", 24),
+                lifetime: Lifetime::new(Duration::from_secs(30)),
+                presence: Presence::Held,
+            },
+        );
+        assert!(st.claims("eth0", &a(Some(25)), fifteen));
+        assert!(!st.claims("eth0", &a(None), fifteen));
+        st.owned.get_mut(&key).unwrap().lifetime = Lifetime::FOREVER;
+        assert!(st.claims("eth0", &a(None), fifteen));
+        st.owned.get_mut(&key).unwrap().presence = Presence::Removed;
+        assert!(!st.claims("eth0", &a(None), fifteen));
+        assert!(!st.claims("eth0", &a(Some(9)), fifteen));
+    }
+
+    #[test]
+    fn longer_lifetime_treats_zero_as_forever() {
+        let s = |n| Lifetime::new(Duration::from_secs(n));
+        assert_eq!(longer(s(5), s(15)), s(15));
+        assert_eq!(longer(s(5), Lifetime::FOREVER), Lifetime::FOREVER);
+        assert!(counts_down_within(Some(3), s(3)));
+        assert!(!counts_down_within(Some(4), s(3)));
+        assert!(!counts_down_within(None, s(3)));
+        assert!(counts_down_within(None, Lifetime::FOREVER));
     }
 }

@@ -6,7 +6,9 @@
 //! Flow: the reconcile loop adds the address, then calls
 //! [`Announcer::announce`] with a check that it still owns the VIP; each
 //! round re-checks before sending, so a VIP lost mid-announcement stops being
-//! advertised immediately. [`Announcer::refresh`] repeats single rounds for
+//! advertised immediately. A round that fails to send (the link flapping
+//! down for a moment) is logged and the next one tried: the rounds exist to
+//! survive exactly such moments. [`Announcer::refresh`] repeats single rounds for
 //! as long as the VIP is held. Frames are built in [`packet`]; the raw
 //! socket lives in `sys`, the crate's only unsafe code.
 
@@ -116,7 +118,8 @@ impl Ownership for watch::Receiver<bool> {
 /// How an announcement ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// All rounds sent.
+    /// Every round was tried; `rounds` of them were sent (fewer than
+    /// configured when some failed, each failure logged).
     Sent { rounds: u32 },
     /// Ownership was lost after `rounds` rounds; nothing more was sent.
     Lost { rounds: u32 },
@@ -151,7 +154,8 @@ impl Announcer {
     }
 
     /// `config.count` rounds, `config.interval` apart, the first at once,
-    /// each only while `owned` says the VIP is still ours.
+    /// each only while `owned` says the VIP is still ours. A round that fails
+    /// is logged and the next one tried; an error only if every round failed.
     pub async fn announce(
         &self,
         target: &Target,
@@ -196,18 +200,27 @@ async fn rounds<F: Future<Output = Result<()>>>(
     owned: &mut impl Ownership,
     mut send: impl FnMut() -> F,
 ) -> Result<Outcome> {
+    let mut sent = 0;
+    let mut last_error = None;
     for round in 0..config.count {
         if round > 0 {
             tokio::time::sleep(config.interval).await;
         }
         if !owned.still_owned() {
-            return Ok(Outcome::Lost { rounds: round });
+            return Ok(Outcome::Lost { rounds: sent });
         }
-        send().await?;
+        match send().await {
+            Ok(()) => sent += 1,
+            Err(e) => {
+                tracing::warn!(round, error = %e, "announcement round failed; trying the next");
+                last_error = Some(e);
+            }
+        }
     }
-    Ok(Outcome::Sent {
-        rounds: config.count,
-    })
+    match last_error {
+        Some(e) if sent == 0 => Err(e),
+        _ => Ok(Outcome::Sent { rounds: sent }),
+    }
 }
 
 #[cfg(test)]
@@ -276,19 +289,50 @@ mod tests {
         assert_eq!(outcome, Outcome::Lost { rounds: 1 });
     }
 
+    fn down() -> Error {
+        Error::Socket(io::Error::from_raw_os_error(libc::ENETDOWN))
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_send_error_ends_the_announcement() {
-        let mut sent = 0;
+    async fn a_failed_round_does_not_end_the_announcement() {
+        let start = Instant::now();
+        let mut tried = Vec::new();
+        // The link is down for the first round only.
+        let outcome = rounds(&config(3, 100), &mut || true, || {
+            tried.push(start.elapsed());
+            ready(if tried.len() == 1 {
+                Err(down())
+            } else {
+                Ok(())
+            })
+        })
+        .await
+        .unwrap();
+        assert_eq!(outcome, Outcome::Sent { rounds: 2 });
+        assert_eq!(tried, [0, 100, 200].map(Duration::from_millis).to_vec());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_every_round_failing_is_an_error() {
+        let mut tried = 0;
         let err = rounds(&config(3, 100), &mut || true, || {
-            sent += 1;
-            ready(Err(Error::Socket(io::Error::from_raw_os_error(
-                libc::ENETDOWN,
-            ))))
+            tried += 1;
+            ready(Err(down()))
         })
         .await
         .unwrap_err();
         assert!(matches!(err, Error::Socket(_)));
-        assert_eq!(sent, 1);
+        assert_eq!(tried, 3, "every round was tried");
+        // Ownership lost after failures: nothing sent, nothing to report.
+        let mut checks = 0;
+        let mut owned = move || {
+            checks += 1;
+            checks < 2
+        };
+        let outcome = rounds(&config(3, 100), &mut owned, || ready(Err(down())))
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::Lost { rounds: 0 });
     }
 
     /// The reconcile loop spawns announcements on a multi-threaded runtime.

@@ -166,10 +166,12 @@ impl GossipConfig {
         }
     }
 
-    /// The authenticated UDP transport, keyed from `key_file`.
+    /// The authenticated UDP transport, keyed from `key_file`, accepting
+    /// frames addressed to the advertise address (see `transport`).
     pub fn auth_transport(&self) -> Result<AuthTransport, GossipError> {
+        let advertise = self.advertise_addr()?;
         let keys = GossipKeys::load(&self.key_file)?;
-        Ok(AuthTransport::new(keys, self.replay_window))
+        Ok(AuthTransport::new(keys, self.replay_window).with_destinations([advertise]))
     }
 }
 

@@ -4,15 +4,18 @@
 //!
 //! ```text
 //! offset  size  field
-//!      0     4  magic "HLG" + format version 0x01
+//!      0     4  magic "HLG" + format version 0x02
 //!      4     1  fragment index (0-based)
 //!      5     1  fragment count (1..=MAX_FRAGMENTS)
 //!      6     1  tag count t (1..=MAX_KEYS)
 //!      7     8  sender id: random per opened socket, big-endian
 //!     15     8  sequence number: per sender, +1 per message, big-endian
 //!     23     8  timestamp: sender wall clock, ms since the Unix epoch
-//!     31     n  payload (a chitchat envelope, or one fragment of it)
-//!   31+n  32·t  HMAC-SHA256 over bytes [0, 31+n), one per key of the
+//!     31    16  destination IP: the receiver's address as the sender
+//!               addressed it, IPv6 (IPv4 as ::ffff:a.b.c.d)
+//!     47     2  destination UDP port, big-endian
+//!     49     n  payload (a chitchat envelope, or one fragment of it)
+//!   49+n  32·t  HMAC-SHA256 over bytes [0, 49+n), one per key of the
 //!               sender, in key-file order
 //! ```
 //!
@@ -26,17 +29,32 @@
 //! Everything but the tags is under the MAC, so nothing in a frame is
 //! trusted before a tag checks out; only the magic and the tag count are read
 //! first, to find the tags and to skip the HMAC for traffic that is not ours.
+//!
+//! The destination binds a frame to its receiver. Without it, a frame
+//! captured on its way to one node could be replayed, within the replay
+//! window, to every other node from a spoofed source: each would take it for
+//! a fresh message and answer the spoofed address with a large reply (an
+//! amplifier), and open a loopback port for it. The receiver drops a frame
+//! whose destination is not itself ([`Reject::Misdirected`]), so a captured
+//! frame is accepted at most once, by the node it was sent to.
+//!
+//! Version 1 frames (no destination) are rejected as
+//! [`Reject::OtherVersion`], never misread: agents before and after the
+//! change do not gossip with each other.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use hmac::Mac;
 use hmac::digest::{CtOutput, generic_array::GenericArray};
 
 use super::keys::{GossipKeys, MAX_KEYS};
 
-pub const MAGIC: [u8; 4] = *b"HLG\x01";
-pub const HEADER_LEN: usize = 31;
+/// The frame format this agent writes and reads.
+pub const VERSION: u8 = 2;
+pub const MAGIC: [u8; 4] = [b'H', b'L', b'G', VERSION];
+pub const HEADER_LEN: usize = 49;
 pub const TAG_LEN: usize = 32;
 /// Bytes a frame adds to its payload with one key.
 pub const OVERHEAD: usize = HEADER_LEN + TAG_LEN;
@@ -74,6 +92,9 @@ pub enum Reject {
     Oversized,
     /// Too short, not our magic, or header fields out of range.
     Malformed,
+    /// Our magic with another format version: an agent of another release
+    /// that cannot talk to this one.
+    OtherVersion { version: u8 },
     /// No accepted key produces its tag: wrong key, corruption, forgery.
     BadMac,
     /// Timestamp outside the replay window (a replay, or a badly wrong
@@ -81,6 +102,10 @@ pub enum Reject {
     Stale { skew_ms: i64 },
     /// Sequence number already seen from that sender.
     Replayed,
+    /// Authentic, but addressed to another node: a replay of a frame
+    /// captured on its way there (or a peer that reaches this node on an
+    /// address it does not know as its own; see `transport`).
+    Misdirected { to: SocketAddr },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +116,8 @@ pub struct Header {
     pub sender: u64,
     pub seq: u64,
     pub timestamp_ms: u64,
+    /// The receiver, as the sender addressed it.
+    pub destination: SocketAddr,
 }
 
 impl Header {
@@ -102,6 +129,12 @@ impl Header {
         out.extend_from_slice(&self.sender.to_be_bytes());
         out.extend_from_slice(&self.seq.to_be_bytes());
         out.extend_from_slice(&self.timestamp_ms.to_be_bytes());
+        let ip = match self.destination.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        out.extend_from_slice(&ip.octets());
+        out.extend_from_slice(&self.destination.port().to_be_bytes());
     }
 
     fn read(bytes: &[u8]) -> Header {
@@ -110,6 +143,9 @@ impl Header {
             b.copy_from_slice(&bytes[at..at + 8]);
             u64::from_be_bytes(b)
         };
+        let mut ip = [0u8; 16];
+        ip.copy_from_slice(&bytes[31..47]);
+        let port = u16::from_be_bytes([bytes[47], bytes[48]]);
         Header {
             fragment: bytes[4],
             fragments: bytes[5],
@@ -117,6 +153,7 @@ impl Header {
             sender: u64_at(7),
             seq: u64_at(15),
             timestamp_ms: u64_at(23),
+            destination: canonical(SocketAddr::new(Ipv6Addr::from(ip).into(), port)),
         }
     }
 }
@@ -144,6 +181,11 @@ pub fn seal_one(keys: &GossipKeys, header: &Header, payload: &[u8], out: &mut Ve
 pub fn open_one<'a>(keys: &GossipKeys, datagram: &'a [u8]) -> Result<(Header, &'a [u8]), Reject> {
     if datagram.len() > MAX_DATAGRAM {
         return Err(Reject::Oversized);
+    }
+    if datagram.len() >= 4 && datagram[..3] == MAGIC[..3] && datagram[3] != VERSION {
+        return Err(Reject::OtherVersion {
+            version: datagram[3],
+        });
     }
     if datagram.len() < OVERHEAD || datagram[..4] != MAGIC {
         return Err(Reject::Malformed);
@@ -173,6 +215,13 @@ pub fn open_one<'a>(keys: &GossipKeys, datagram: &'a [u8]) -> Result<(Header, &'
     Ok((header, &signed[HEADER_LEN..]))
 }
 
+/// `addr` with an IPv4-mapped IPv6 address turned into IPv4 and no IPv6 flow
+/// label or scope, so that the same endpoint compares equal however a socket
+/// API spelled it.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
 /// The sending half: numbers, stamps, splits and signs messages.
 #[derive(Debug)]
 pub struct Outbound {
@@ -198,13 +247,15 @@ impl Outbound {
         self
     }
 
-    /// The datagrams for one message, in order. A message that fits one
-    /// datagram is sent whole; a larger one (chitchat fills its replies up to
-    /// the UDP limit, which our overhead then exceeds) is split evenly in two.
+    /// The datagrams for one message to `to`, in order. A message that fits
+    /// one datagram is sent whole; a larger one (chitchat fills its replies
+    /// up to the UDP limit, which our overhead then exceeds) is split evenly
+    /// in two.
     pub fn seal(
         &mut self,
         keys: &GossipKeys,
         payload: &[u8],
+        to: SocketAddr,
         now_ms: u64,
     ) -> Result<Vec<Vec<u8>>, Reject> {
         let per_frame = self.max_datagram - HEADER_LEN - TAG_LEN * keys.len();
@@ -226,6 +277,7 @@ impl Outbound {
                 sender: self.sender,
                 seq,
                 timestamp_ms: now_ms,
+                destination: to,
             };
             let mut frame = Vec::with_capacity(part.len() + MAX_OVERHEAD);
             seal_one(keys, &header, part, &mut frame);
@@ -311,13 +363,23 @@ impl Inbound {
         }
     }
 
+    /// Checks one datagram: tag, destination (`for_us` says whether an
+    /// address is this receiver's), freshness, replay; then reassembles.
+    /// Nothing of a rejected frame is remembered, so a misdirected frame
+    /// does not use up its sequence number here.
     pub fn accept<'a>(
         &mut self,
         keys: &GossipKeys,
         datagram: &'a [u8],
         now_ms: u64,
+        for_us: impl FnOnce(SocketAddr) -> bool,
     ) -> Result<Accepted<'a>, Reject> {
         let (header, payload) = open_one(keys, datagram)?;
+        if !for_us(header.destination) {
+            return Err(Reject::Misdirected {
+                to: header.destination,
+            });
+        }
         if header.timestamp_ms.abs_diff(now_ms) > self.window_ms {
             let skew_ms = (header.timestamp_ms as i128 - now_ms as i128)
                 .clamp(i64::MIN as i128, i64::MAX as i128) as i64;
@@ -421,9 +483,15 @@ mod tests {
     const KB: &[u8; 32] = &[0xb; 32];
     const NOW: u64 = 1_700_000_000_000;
     const WINDOW: u64 = 30_000;
+    /// The receiver in these tests.
+    const ME: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1)), 7934);
+
+    fn for_me(to: SocketAddr) -> bool {
+        to == ME
+    }
 
     fn seal(k: &GossipKeys, out: &mut Outbound, payload: &[u8], at: u64) -> Vec<Vec<u8>> {
-        out.seal(k, payload, at).unwrap()
+        out.seal(k, payload, ME, at).unwrap()
     }
 
     #[test]
@@ -435,7 +503,7 @@ mod tests {
         assert_eq!(frames[0].len(), 5 + OVERHEAD);
         let mut inb = Inbound::new(WINDOW);
         assert_eq!(
-            inb.accept(&k, &frames[0], NOW),
+            inb.accept(&k, &frames[0], NOW, for_me),
             Ok(Accepted::Whole(&b"hello"[..]))
         );
     }
@@ -447,7 +515,7 @@ mod tests {
         assert_eq!(frames.len(), 1);
         let mut inb = Inbound::new(WINDOW);
         assert_eq!(
-            inb.accept(&k, &frames[0], NOW),
+            inb.accept(&k, &frames[0], NOW, for_me),
             Ok(Accepted::Whole(&[][..]))
         );
     }
@@ -460,9 +528,12 @@ mod tests {
             for bit in 0..8 {
                 let mut bad = frame.clone();
                 bad[byte] ^= 1 << bit;
-                let got = Inbound::new(WINDOW).accept(&k, &bad, NOW);
+                let got = Inbound::new(WINDOW).accept(&k, &bad, NOW, for_me);
                 assert!(
-                    matches!(got, Err(Reject::BadMac | Reject::Malformed)),
+                    matches!(
+                        got,
+                        Err(Reject::BadMac | Reject::Malformed | Reject::OtherVersion { .. })
+                    ),
                     "flip at {byte}:{bit} gave {got:?}"
                 );
             }
@@ -474,7 +545,7 @@ mod tests {
         let k = keys(&[KA]);
         let frame = seal(&k, &mut Outbound::new(1), b"payload", NOW).remove(0);
         for len in 0..frame.len() {
-            let got = Inbound::new(WINDOW).accept(&k, &frame[..len], NOW);
+            let got = Inbound::new(WINDOW).accept(&k, &frame[..len], NOW, for_me);
             assert!(
                 matches!(got, Err(Reject::BadMac | Reject::Malformed)),
                 "truncated to {len}: {got:?}"
@@ -482,7 +553,7 @@ mod tests {
         }
         let junk: Vec<u8> = (0..200u32).map(|i| (i * 37 % 251) as u8).collect();
         assert_eq!(
-            Inbound::new(WINDOW).accept(&k, &junk, NOW),
+            Inbound::new(WINDOW).accept(&k, &junk, NOW, for_me),
             Err(Reject::Malformed)
         );
         // Our magic and a plausible tag count, but no valid tag.
@@ -490,12 +561,12 @@ mod tests {
         magic_junk.extend_from_slice(&junk);
         magic_junk[6] = 1;
         assert_eq!(
-            Inbound::new(WINDOW).accept(&k, &magic_junk, NOW),
+            Inbound::new(WINDOW).accept(&k, &magic_junk, NOW, for_me),
             Err(Reject::BadMac)
         );
         let huge = vec![0u8; MAX_DATAGRAM + 1];
         assert_eq!(
-            Inbound::new(WINDOW).accept(&k, &huge, NOW),
+            Inbound::new(WINDOW).accept(&k, &huge, NOW, for_me),
             Err(Reject::Oversized)
         );
     }
@@ -509,17 +580,17 @@ mod tests {
         let from_b = seal(&b, &mut Outbound::new(2), b"x", NOW).remove(0);
         let from_ba = seal(&ba, &mut Outbound::new(3), b"x", NOW).remove(0);
         assert_eq!(from_ba.len(), from_a.len() + TAG_LEN);
-        let ok = |k: &GossipKeys, f: &[u8]| Inbound::new(WINDOW).accept(k, f, NOW).is_ok();
+        let ok = |k: &GossipKeys, f: &[u8]| Inbound::new(WINDOW).accept(k, f, NOW, for_me).is_ok();
         // [B, A] talks with [A] and with [B], both ways.
         assert!(ok(&ba, &from_a) && ok(&a, &from_ba));
         assert!(ok(&ba, &from_b) && ok(&b, &from_ba));
         // [A] and [B] do not.
         assert_eq!(
-            Inbound::new(WINDOW).accept(&a, &from_b, NOW),
+            Inbound::new(WINDOW).accept(&a, &from_b, NOW, for_me),
             Err(Reject::BadMac)
         );
         assert_eq!(
-            Inbound::new(WINDOW).accept(&b, &from_a, NOW),
+            Inbound::new(WINDOW).accept(&b, &from_a, NOW, for_me),
             Err(Reject::BadMac)
         );
         // Dropping the tag a receiver could verify leaves nothing it accepts.
@@ -527,7 +598,7 @@ mod tests {
         only_b.truncate(from_ba.len() - TAG_LEN);
         only_b[6] = 1;
         assert_eq!(
-            Inbound::new(WINDOW).accept(&a, &only_b, NOW),
+            Inbound::new(WINDOW).accept(&a, &only_b, NOW, for_me),
             Err(Reject::BadMac)
         );
     }
@@ -541,18 +612,18 @@ mod tests {
         let edge = seal(&k, &mut out, b"x", NOW - WINDOW).remove(0);
         let mut inb = Inbound::new(WINDOW);
         assert_eq!(
-            inb.accept(&k, &old, NOW),
+            inb.accept(&k, &old, NOW, for_me),
             Err(Reject::Stale {
                 skew_ms: -(WINDOW as i64) - 1
             })
         );
         assert_eq!(
-            inb.accept(&k, &future, NOW),
+            inb.accept(&k, &future, NOW, for_me),
             Err(Reject::Stale {
                 skew_ms: WINDOW as i64 + 1
             })
         );
-        assert!(inb.accept(&k, &edge, NOW).is_ok());
+        assert!(inb.accept(&k, &edge, NOW, for_me).is_ok());
     }
 
     #[test]
@@ -565,18 +636,18 @@ mod tests {
         let mut inb = Inbound::new(WINDOW);
         // Arrive as 0, 3, 1, 4, 2: all new.
         for i in [0, 3, 1, 4, 2] {
-            assert!(inb.accept(&k, &frames[i], NOW).is_ok(), "frame {i}");
+            assert!(inb.accept(&k, &frames[i], NOW, for_me).is_ok(), "frame {i}");
         }
         for (i, frame) in frames.iter().enumerate() {
             assert_eq!(
-                inb.accept(&k, frame, NOW + 10),
+                inb.accept(&k, frame, NOW + 10, for_me),
                 Err(Reject::Replayed),
                 "frame {i}"
             );
         }
         // Another sender's sequence numbers are independent.
         let other = seal(&k, &mut Outbound::new(10), b"m", NOW).remove(0);
-        assert!(inb.accept(&k, &other, NOW).is_ok());
+        assert!(inb.accept(&k, &other, NOW, for_me).is_ok());
     }
 
     #[test]
@@ -589,8 +660,8 @@ mod tests {
             later = seal(&k, &mut out, b"m", NOW).remove(0);
         }
         let mut inb = Inbound::new(WINDOW);
-        assert!(inb.accept(&k, &later, NOW).is_ok());
-        assert_eq!(inb.accept(&k, &first, NOW), Err(Reject::Replayed));
+        assert!(inb.accept(&k, &later, NOW, for_me).is_ok());
+        assert_eq!(inb.accept(&k, &first, NOW, for_me), Err(Reject::Replayed));
     }
 
     #[test]
@@ -598,12 +669,12 @@ mod tests {
         let k = keys(&[KA]);
         let frame = seal(&k, &mut Outbound::new(5), b"m", NOW).remove(0);
         let mut inb = Inbound::new(WINDOW);
-        assert!(inb.accept(&k, &frame, NOW).is_ok());
+        assert!(inb.accept(&k, &frame, NOW, for_me).is_ok());
         let fresh = seal(&k, &mut Outbound::new(6), b"m", NOW + 3 * WINDOW).remove(0);
-        assert!(inb.accept(&k, &fresh, NOW + 3 * WINDOW).is_ok());
+        assert!(inb.accept(&k, &fresh, NOW + 3 * WINDOW, for_me).is_ok());
         assert_eq!(inb.senders(), 1, "sender 5 swept");
         assert!(matches!(
-            inb.accept(&k, &frame, NOW + 3 * WINDOW),
+            inb.accept(&k, &frame, NOW + 3 * WINDOW, for_me),
             Err(Reject::Stale { .. })
         ));
     }
@@ -617,17 +688,29 @@ mod tests {
         assert_eq!(frames.len(), 2);
         assert!(frames.iter().all(|f| f.len() <= MAX_DATAGRAM));
         let mut inb = Inbound::new(WINDOW);
-        assert_eq!(inb.accept(&k, &frames[1], NOW), Ok(Accepted::Pending));
+        assert_eq!(
+            inb.accept(&k, &frames[1], NOW, for_me),
+            Ok(Accepted::Pending)
+        );
         // A duplicate of a pending fragment changes nothing.
-        assert_eq!(inb.accept(&k, &frames[1], NOW), Ok(Accepted::Pending));
-        let whole = inb.accept(&k, &frames[0], NOW);
+        assert_eq!(
+            inb.accept(&k, &frames[1], NOW, for_me),
+            Ok(Accepted::Pending)
+        );
+        let whole = inb.accept(&k, &frames[0], NOW, for_me);
         assert!(
             whole == Ok(Accepted::Reassembled(payload.clone())),
             "not reassembled"
         );
         // Once delivered, either fragment again is a replay.
-        assert_eq!(inb.accept(&k, &frames[0], NOW), Err(Reject::Replayed));
-        assert_eq!(inb.accept(&k, &frames[1], NOW), Err(Reject::Replayed));
+        assert_eq!(
+            inb.accept(&k, &frames[0], NOW, for_me),
+            Err(Reject::Replayed)
+        );
+        assert_eq!(
+            inb.accept(&k, &frames[1], NOW, for_me),
+            Err(Reject::Replayed)
+        );
         // The largest single-frame payload is not split.
         let max_whole = vec![1u8; MAX_DATAGRAM - OVERHEAD];
         let frames = seal(&k, &mut out, &max_whole, NOW);
@@ -635,9 +718,74 @@ mod tests {
         assert_eq!(frames[0].len(), MAX_DATAGRAM);
         let too_big = vec![0u8; 2 * (MAX_DATAGRAM - OVERHEAD) + 1];
         assert!(matches!(
-            out.seal(&k, &too_big, NOW),
+            out.seal(&k, &too_big, ME, NOW),
             Err(Reject::Oversized)
         ));
+    }
+
+    #[test]
+    fn a_frame_is_accepted_only_by_the_receiver_it_was_addressed_to() {
+        let k = keys(&[KA]);
+        let other: SocketAddr = "10.0.0.2:7934".parse().unwrap();
+        let to_other = Outbound::new(8)
+            .seal(&k, b"syn", other, NOW)
+            .unwrap()
+            .remove(0);
+        // Replayed to us: authentic, recent, never seen, and still refused.
+        let mut inb = Inbound::new(WINDOW);
+        assert_eq!(
+            inb.accept(&k, &to_other, NOW, for_me),
+            Err(Reject::Misdirected { to: other })
+        );
+        assert_eq!(inb.senders(), 0, "nothing of it is remembered");
+        // The node it was for takes it.
+        assert_eq!(
+            Inbound::new(WINDOW).accept(&k, &to_other, NOW, |to| to == other),
+            Ok(Accepted::Whole(&b"syn"[..]))
+        );
+        // Rewriting the destination to ours breaks the tag.
+        let mut redirected = to_other.clone();
+        let IpAddr::V4(me) = ME.ip() else {
+            unreachable!()
+        };
+        redirected[31..47].copy_from_slice(&me.to_ipv6_mapped().octets());
+        redirected[47..49].copy_from_slice(&ME.port().to_be_bytes());
+        assert_eq!(
+            inb.accept(&k, &redirected, NOW, for_me),
+            Err(Reject::BadMac)
+        );
+    }
+
+    #[test]
+    fn destinations_of_both_families_round_trip() {
+        let k = keys(&[KA]);
+        for (to, seen) in [
+            ("10.0.0.1:7934", "10.0.0.1:7934"),
+            ("[fd00::1]:1", "[fd00::1]:1"),
+            ("[::ffff:10.0.0.1]:7934", "10.0.0.1:7934"),
+        ] {
+            let to: SocketAddr = to.parse().unwrap();
+            let frame = Outbound::new(1).seal(&k, b"x", to, NOW).unwrap().remove(0);
+            let (header, payload) = open_one(&k, &frame).unwrap();
+            assert_eq!(header.destination, seen.parse::<SocketAddr>().unwrap());
+            assert_eq!(payload, b"x");
+        }
+    }
+
+    #[test]
+    fn another_format_version_is_named_not_misread() {
+        let k = keys(&[KA]);
+        let mut frame = seal(&k, &mut Outbound::new(1), b"x", NOW).remove(0);
+        frame[3] = 1;
+        assert_eq!(
+            Inbound::new(WINDOW).accept(&k, &frame, NOW, for_me),
+            Err(Reject::OtherVersion { version: 1 })
+        );
+        // Short as a version 1 frame with an empty payload was.
+        assert_eq!(
+            open_one(&k, &frame[..63]).map(|_| ()),
+            Err(Reject::OtherVersion { version: 1 })
+        );
     }
 
     #[test]
@@ -651,11 +799,12 @@ mod tests {
                 sender: 1,
                 seq: 1,
                 timestamp_ms: NOW,
+                destination: ME,
             };
             let mut frame = Vec::new();
             seal_one(&k, &header, b"x", &mut frame);
             assert_eq!(
-                Inbound::new(WINDOW).accept(&k, &frame, NOW),
+                Inbound::new(WINDOW).accept(&k, &frame, NOW, for_me),
                 Err(Reject::Malformed),
                 "{fragment}/{fragments}"
             );

@@ -3,11 +3,15 @@
 //!
 //! A view is rebuilt when chitchat's live set changes (a node joined, was
 //! declared dead, or bumped its state version: chitchat checks this at the
-//! end of every gossip round) and, sooner, whenever any key changes (a
+//! end of every gossip round) and, sooner, whenever a key is set (a
 //! key-change listener wakes the builder the moment a delta is applied), so
 //! a `leaving` status takes effect one message after it arrives rather than
-//! one round later. Views are only sent when they differ, so heartbeats
-//! never wake the reconcile loop.
+//! one round later. chitchat fires no key-change event for a deleted key:
+//! when a peer's held VIPs shrink by whole `vips.N` chunks (the last chunks
+//! dropped and the others unchanged, or every VIP released), the change
+//! shows up at the end of the next round instead, through the version bump.
+//! Views are only sent when they differ, so heartbeats never wake the
+//! reconcile loop.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -181,10 +185,15 @@ impl Membership {
     /// `leaving`, whatever `local` says, so a reconcile pass during shutdown
     /// cannot make the node a candidate again.
     pub async fn publish(&self, mut local: LocalState) {
+        let mut chitchat = self.chitchat.lock().await;
+        // Read under the lock that `set_leaving` sets it under: read before
+        // waiting for the lock, it could be stale by the time this writes,
+        // and `alive` would overwrite `leaving`.
         if self.leaving.load(Ordering::SeqCst) {
             local.status = Status::Leaving;
         }
-        state::publish(self.chitchat.lock().await.self_node_state(), &local);
+        state::publish(chitchat.self_node_state(), &local);
+        drop(chitchat);
         self.refresh.notify_one();
     }
 
@@ -205,9 +214,11 @@ impl Membership {
     /// node from their live views within a round trip. Gossip keeps running:
     /// the node still sees who takes over its VIPs.
     pub async fn set_leaving(&self) {
-        self.leaving.store(true, Ordering::SeqCst);
         let peers: Vec<SocketAddr> = {
             let mut c = self.chitchat.lock().await;
+            // Flag and status change together under the lock, so a `publish`
+            // either wrote before (and is overwritten here) or sees the flag.
+            self.leaving.store(true, Ordering::SeqCst);
             c.self_node_state()
                 .set(state::KEY_STATUS, Status::Leaving.as_str());
             let own = c.self_chitchat_id().clone();

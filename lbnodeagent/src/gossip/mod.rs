@@ -34,15 +34,23 @@
 //! the cancel-safe `recv_from` of the codec and of the wire socket, and
 //! everything from receiving a wire datagram to injecting it is
 //! synchronous. Cost: two loopback copies per message, one socket per
-//! recent peer (at most [`MAX_PORTS`], idle ones closed first).
+//! recent peer (at most [`MAX_PORTS`], idle ones closed first, each kept
+//! bound [`PORT_GRACE`] longer so its number is not reused while the codec
+//! may still hold a message injected through it). A port is opened only for
+//! a peer chitchat sends to or whose message verified: forged, replayed and
+//! misdirected datagrams open none.
 //!
 //! # Frames (`frame`)
 //!
-//! `magic "HLG\x01" | fragment | fragments | tags | sender u64 | seq u64 |
-//! timestamp-ms u64 | payload | HMAC-SHA256 × tags`: 31 header bytes, 32
-//! per tag, 63 bytes with one key. Drops are counted by reason in
-//! [`AuthCounters`] (for metrics) and never stop gossip; a wrong key and a
-//! wrong clock are also logged, at most once a minute.
+//! `magic "HLG\x02" | fragment | fragments | tags | sender u64 | seq u64 |
+//! timestamp-ms u64 | destination ip (16) + port (2) | payload |
+//! HMAC-SHA256 × tags`: 49 header bytes, 32 per tag, 81 bytes with one key.
+//! Drops are counted by reason in [`AuthCounters`] (for metrics) and never
+//! stop gossip; a wrong key, a wrong clock, a frame addressed to another
+//! node and a frame of another format version are also logged, at most once
+//! a minute. Version 1 frames are refused, not misread: agents on either
+//! side of that change do not gossip with each other, so upgrade all agents
+//! of a cluster together.
 //!
 //! - **Keys** ([`GossipKeys`]): a file of one or two hex lines, each at
 //!   least 32 bytes. Frames carry a tag under every configured key and are
@@ -53,10 +61,16 @@
 //! - **Replay**: a frame whose timestamp is more than the replay window
 //!   (30 s) from our clock is dropped; within it, each sender's sequence
 //!   numbers are tracked with a 128-entry sliding bitmap (IPsec style), so
-//!   a duplicate is dropped and reordering is not. A captured frame can
-//!   still be replayed once, within the window, to a node it was not sent
-//!   to: it is an authentic, recent message, and chitchat ignores state it
-//!   already has.
+//!   a duplicate is dropped and reordering is not. Every frame names the
+//!   address its sender sent it to, under the MAC, and a node drops frames
+//!   addressed to anyone else: a SYN captured on its way to one node cannot
+//!   be replayed to the others with a spoofed source to make each send a
+//!   large reply to a victim. A node accepts its own address (with a
+//!   wildcard listen address, any local address on the gossip port) and the
+//!   addresses given to [`AuthTransport::with_destinations`] (the advertise
+//!   address, by [`GossipConfig::auth_transport`]). What remains: a frame
+//!   captured in flight and delivered to its own receiver before the
+//!   original, from a spoofed source, draws one reply to that source, once.
 //! - **Size**: chitchat fills its messages up to the IPv4 UDP maximum,
 //!   65 507 bytes, which the frame overhead would exceed. A message that no
 //!   longer fits one datagram is split in two signed fragments and
@@ -115,14 +129,14 @@
 //!
 //! **Bandwidth** per node at 100 ms, measured per socket on chitchat's
 //! in-memory transport with a paused clock (10 VIPs and two prefixes per
-//! node; "wire" adds the 63-byte frame and 28 bytes of IPv4/UDP headers per
+//! node; "wire" adds the 81-byte frame and 28 bytes of IPv4/UDP headers per
 //! datagram; received ≈ sent):
 //!
 //! | members | chitchat payload | on the wire | datagrams/s |
 //! |---|---|---|---|
-//! | 3 | 3.5 kB/s | 8.9 kB/s | 60 |
-//! | 10 | 10.5 kB/s | 18.8 kB/s | 92 |
-//! | 100 | 58.6 kB/s | 66.8 kB/s | 90 |
+//! | 3 | 3.5 kB/s | 10.0 kB/s | 60 |
+//! | 10 | 10.5 kB/s | 20.5 kB/s | 92 |
+//! | 100 | 58.6 kB/s | 68.4 kB/s | 90 |
 //!
 //! Digests (every member's heartbeat and versions) dominate, so traffic per
 //! node grows linearly with members and halves at 200 ms (5.1 and 29.7
@@ -163,7 +177,9 @@ pub use config::{
 pub use keys::{GossipKeys, MAX_KEYS, MIN_KEY_LEN};
 pub use membership::{Membership, MembershipView, ViewBuilder, build_view};
 pub use state::{KEY_STATUS, LocalState, MemberInfo, Status};
-pub use transport::{AuthCounters, AuthSocket, AuthStats, AuthTransport, MAX_PORTS, WallClock};
+pub use transport::{
+    AuthCounters, AuthSocket, AuthStats, AuthTransport, MAX_PORTS, PORT_GRACE, WallClock,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GossipError {

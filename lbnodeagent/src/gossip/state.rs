@@ -13,7 +13,10 @@
 //! in version order, so a peer that has `status` has everything else: a
 //! member never shows up half-described. VIPs are split over several keys
 //! because chitchat never splits one value, and a value larger than a
-//! datagram would never be sent at all. Decoding is lenient: unknown keys
+//! datagram would never be sent at all. Chunks no longer needed are deleted,
+//! and chitchat raises no key-change event for a deletion: a peer's view
+//! drops VIPs that went with a deleted chunk only at the end of its next
+//! gossip round (see `membership`). Decoding is lenient: unknown keys
 //! and unparsable entries are skipped, so a newer agent can add to the format
 //! without breaking an older one mid-upgrade.
 

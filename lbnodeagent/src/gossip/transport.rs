@@ -20,8 +20,28 @@
 //! codec sends to `port[P]` are for peer P, and what we inject through
 //! `port[P]` reaches the codec with `port[P]` as source, which maps back to
 //! P. No FIFO pairing is assumed anywhere, so a late or lost loopback
-//! datagram can never shift one peer's message onto another. Ports idle for
-//! a while are closed once there are more than [`MAX_PORTS`].
+//! datagram can never shift one peer's message onto another. A port is only
+//! opened for a peer chitchat sends to, or once a whole message from it has
+//! verified, so forged or misdirected datagrams open none. Ports idle for a
+//! while are closed once there are more than [`MAX_PORTS`]; a closed port
+//! stays bound (and mapped to its peer) for [`PORT_GRACE`] first, so that a
+//! message injected through it and still queued at the codec is delivered as
+//! its peer's, and its port number cannot be reused for another peer while
+//! such a message may be pending.
+//!
+//! A frame names its receiver (see `frame`), and one addressed elsewhere is
+//! dropped. It is for this socket when its destination is the socket's own
+//! address, or one of the addresses given to
+//! [`AuthTransport::with_destinations`] (the advertise address, which a NAT
+//! may make different from any local one). With a wildcard listen address
+//! (`0.0.0.0`, `::`), any local address of the host on our port counts:
+//! peers address this node by its advertise address, but replies go to the
+//! source address of what we sent, which the kernel picks and which on a
+//! multi-homed host may be another of ours. Whether an address is local is
+//! asked of the kernel (binding a socket to it succeeds only if it is) and
+//! cached for a few seconds. Where binding to foreign addresses is allowed
+//! (`net.ipv4.ip_nonlocal_bind`, `net.ipv6.ip_nonlocal_bind`), that answer
+//! means nothing, and only the configured destinations are accepted.
 //!
 //! `recv` is cancel-safe (chitchat polls it inside `select!`): its only await
 //! points are `recv_from` on the codec and the wire socket, both cancel-safe,
@@ -29,9 +49,9 @@
 //! to the codec (verification, replay state, reassembly, injection) is
 //! synchronous, with injection a non-blocking `send` on a std socket.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -43,7 +63,7 @@ use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport, UdpSocket
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
-use super::frame::{Accepted, Inbound, MAX_DATAGRAM, Outbound, Reject};
+use super::frame::{Accepted, Inbound, MAX_DATAGRAM, Outbound, Reject, canonical};
 use super::keys::GossipKeys;
 
 /// Loopback port sockets kept open before idle ones are closed. A node
@@ -53,6 +73,15 @@ use super::keys::GossipKeys;
 pub const MAX_PORTS: usize = 512;
 /// A port unused for this long is closed when over [`MAX_PORTS`].
 const PORT_IDLE: Duration = Duration::from_secs(2);
+/// How long a closed port stays bound: far longer than chitchat takes to read
+/// what the codec has queued (ten gossip rounds), short enough that closed
+/// ports do not pile up.
+pub const PORT_GRACE: Duration = Duration::from_secs(1);
+/// How long the kernel's answer to "is this address one of ours" is reused.
+const LOCAL_PROBE_TTL: Duration = Duration::from_secs(10);
+/// Addresses whose answer is cached at once; only authenticated frames add
+/// to it.
+const MAX_LOCAL_PROBES: usize = 256;
 /// How long `send` waits for the codec's bytes on loopback. Loopback
 /// delivery is immediate; this only bounds the stall of chitchat's loop if
 /// the kernel dropped the datagram.
@@ -108,6 +137,10 @@ pub struct AuthCounters {
     pub dropped_bad_mac: AtomicU64,
     pub dropped_stale: AtomicU64,
     pub dropped_replayed: AtomicU64,
+    /// Authentic frames addressed to another node (replays; see `frame`).
+    pub dropped_misdirected: AtomicU64,
+    /// Frames of another format version (an agent of another release).
+    pub dropped_other_version: AtomicU64,
     /// Verified messages lost on loopback (full buffer) or arriving at the
     /// codec from a socket that is not one of our ports.
     pub dropped_loopback: AtomicU64,
@@ -130,6 +163,8 @@ pub struct AuthStats {
     pub dropped_bad_mac: u64,
     pub dropped_stale: u64,
     pub dropped_replayed: u64,
+    pub dropped_misdirected: u64,
+    pub dropped_other_version: u64,
     pub dropped_loopback: u64,
     pub send_failed: u64,
 }
@@ -142,6 +177,8 @@ impl AuthStats {
             + self.dropped_bad_mac
             + self.dropped_stale
             + self.dropped_replayed
+            + self.dropped_misdirected
+            + self.dropped_other_version
             + self.dropped_loopback
     }
 }
@@ -161,6 +198,8 @@ impl AuthCounters {
             dropped_bad_mac: get(&self.dropped_bad_mac),
             dropped_stale: get(&self.dropped_stale),
             dropped_replayed: get(&self.dropped_replayed),
+            dropped_misdirected: get(&self.dropped_misdirected),
+            dropped_other_version: get(&self.dropped_other_version),
             dropped_loopback: get(&self.dropped_loopback),
             send_failed: get(&self.send_failed),
         }
@@ -177,6 +216,8 @@ impl AuthCounters {
             Reject::BadMac => &self.dropped_bad_mac,
             Reject::Stale { .. } => &self.dropped_stale,
             Reject::Replayed => &self.dropped_replayed,
+            Reject::Misdirected { .. } => &self.dropped_misdirected,
+            Reject::OtherVersion { .. } => &self.dropped_other_version,
         };
         Self::add(counter, 1);
     }
@@ -190,6 +231,8 @@ pub struct AuthTransport {
     keys: Arc<RwLock<GossipKeys>>,
     replay_window: Duration,
     max_datagram: usize,
+    /// Accepted as a frame's destination besides the socket's own address.
+    destinations: Vec<SocketAddr>,
     clock: WallClock,
     counters: Arc<AuthCounters>,
 }
@@ -208,6 +251,7 @@ impl AuthTransport {
             keys: Arc::new(RwLock::new(keys)),
             replay_window,
             max_datagram: MAX_DATAGRAM,
+            destinations: Vec::new(),
             clock,
             counters: Arc::default(),
         }
@@ -218,6 +262,20 @@ impl AuthTransport {
     /// with our overhead, and this makes them take the fragment path.
     pub fn with_max_datagram(mut self, bytes: usize) -> AuthTransport {
         self.max_datagram = bytes;
+        self
+    }
+
+    /// Addresses peers may send to that reach this node, besides the
+    /// socket's own: the advertise address (needed when it is not a local
+    /// address, behind a NAT, or when the host allows binding to foreign
+    /// addresses), and any other address seeds name this node by. Frames
+    /// addressed anywhere else are dropped as replays (see `frame`).
+    pub fn with_destinations(
+        mut self,
+        destinations: impl IntoIterator<Item = SocketAddr>,
+    ) -> AuthTransport {
+        self.destinations
+            .extend(destinations.into_iter().map(canonical));
         self
     }
 
@@ -250,6 +308,9 @@ impl AuthTransport {
             codec_addr,
             ports: HashMap::new(),
             by_port: HashMap::new(),
+            closing: VecDeque::new(),
+            max_ports: MAX_PORTS,
+            destinations: Destinations::new(local, self.destinations.clone()),
             keys: self.keys.clone(),
             outbound: Outbound::new(sender_id(local)).with_max_datagram(self.max_datagram),
             inbound: Inbound::new(self.replay_window.as_millis() as u64),
@@ -340,14 +401,103 @@ impl Port {
     }
 }
 
+/// Which destinations name this socket (see the module doc).
+struct Destinations {
+    local: SocketAddr,
+    configured: Vec<SocketAddr>,
+    /// With a wildcard listen address: whether the host may bind foreign
+    /// addresses, which makes [`Destinations::is_local`] meaningless.
+    nonlocal_bind: bool,
+    probed: HashMap<IpAddr, (bool, tokio::time::Instant)>,
+}
+
+impl Destinations {
+    fn new(local: SocketAddr, configured: Vec<SocketAddr>) -> Destinations {
+        let local = canonical(local);
+        // Documentation addresses (RFC 5737, RFC 3849): never assigned to a
+        // host, so binding one succeeds only where any address would.
+        let nonlocal_bind = local.ip().is_unspecified()
+            && [
+                IpAddr::from(Ipv4Addr::new(192, 0, 2, 1)),
+                IpAddr::from(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
+            ]
+            .into_iter()
+            .any(bindable);
+        if nonlocal_bind && configured.is_empty() {
+            warn!(listen = %local, "this host allows binding foreign addresses (ip_nonlocal_bind), so gossip cannot tell which addresses are its own; it accepts only frames sent to the listen address; set gossip.advertise");
+        }
+        Destinations {
+            local,
+            configured,
+            nonlocal_bind,
+            probed: HashMap::new(),
+        }
+    }
+
+    fn accepts(&mut self, to: SocketAddr) -> bool {
+        let to = canonical(to);
+        if self.configured.contains(&to) {
+            return true;
+        }
+        if to.port() != self.local.port() {
+            return false;
+        }
+        match self.local.ip() {
+            ip if !ip.is_unspecified() => to.ip() == ip,
+            // An IPv4 wildcard only receives IPv4.
+            IpAddr::V4(_) if to.is_ipv6() => false,
+            _ => !self.nonlocal_bind && self.is_local(to.ip()),
+        }
+    }
+
+    /// Whether `ip` is an address of this host, by the kernel's word.
+    fn is_local(&mut self, ip: IpAddr) -> bool {
+        if ip.is_unspecified() || ip.is_multicast() {
+            return false;
+        }
+        let now = tokio::time::Instant::now();
+        if let Some((local, at)) = self.probed.get(&ip)
+            && now.duration_since(*at) < LOCAL_PROBE_TTL
+        {
+            return *local;
+        }
+        if self.probed.len() >= MAX_LOCAL_PROBES {
+            self.probed
+                .retain(|_, (_, at)| now.duration_since(*at) < LOCAL_PROBE_TTL);
+            if self.probed.len() >= MAX_LOCAL_PROBES {
+                self.probed.clear();
+            }
+        }
+        let local = bindable(ip);
+        self.probed.insert(ip, (local, now));
+        local
+    }
+}
+
+/// Whether a UDP socket can be bound to `ip`: the kernel allows it for its
+/// own addresses only (unless nonlocal binding is on).
+fn bindable(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
+/// A port closed to make room, kept bound for [`PORT_GRACE`].
+struct Closing {
+    port: Port,
+    since: tokio::time::Instant,
+}
+
 pub struct AuthSocket {
     wire: tokio::net::UdpSocket,
     local: SocketAddr,
     codec: CodecSocket,
     codec_addr: SocketAddr,
     ports: HashMap<SocketAddr, Port>,
-    /// Port socket address → peer.
+    /// Port socket address → peer, for open and closing ports.
     by_port: HashMap<SocketAddr, SocketAddr>,
+    /// Closed ports in their grace period, oldest first.
+    closing: VecDeque<Closing>,
+    max_ports: usize,
+    destinations: Destinations,
     keys: Arc<RwLock<GossipKeys>>,
     outbound: Outbound,
     inbound: Inbound,
@@ -358,13 +508,16 @@ pub struct AuthSocket {
     send_buf: Box<[u8]>,
 }
 
-/// Drops are counted for metrics; these two also mean an operator mistake
-/// (a wrong key, a clock without NTP) that would otherwise look like a
-/// silent partition, so they are logged too, at most once a minute.
+/// Drops are counted for metrics; these also mean an operator mistake (a
+/// wrong key, a clock without NTP, an address the node does not know as its
+/// own, a half-finished upgrade) that would otherwise look like a silent
+/// partition, so they are logged too, each at most once a minute.
 #[derive(Default)]
 struct Warnings {
     bad_mac: Option<tokio::time::Instant>,
     stale: Option<tokio::time::Instant>,
+    misdirected: Option<tokio::time::Instant>,
+    other_version: Option<tokio::time::Instant>,
 }
 
 impl Warnings {
@@ -387,6 +540,12 @@ impl Warnings {
             Reject::Stale { skew_ms } if Self::due(&mut self.stale) => {
                 warn!(%from, skew_ms, "dropping gossip stamped outside the replay window; check the clocks (NTP) of both nodes");
             }
+            Reject::Misdirected { to } if Self::due(&mut self.misdirected) => {
+                warn!(%from, %to, "dropping gossip addressed to another node: a replay, or a peer or seed that names this node by an address it does not know as its own; give that address to gossip as its advertise address");
+            }
+            Reject::OtherVersion { version } if Self::due(&mut self.other_version) => {
+                warn!(%from, version, "dropping gossip in another frame format; agents of this release and that one do not gossip with each other, so upgrade every agent");
+            }
             _ => {}
         }
     }
@@ -404,9 +563,15 @@ impl AuthSocket {
         self.ports.len()
     }
 
+    /// Ports closed to make room and still in their grace period.
+    pub fn closing_ports(&self) -> usize {
+        self.closing.len()
+    }
+
     fn port_for(&mut self, peer: SocketAddr) -> io::Result<&mut Port> {
+        self.release_closed_ports();
         if !self.ports.contains_key(&peer) {
-            if self.ports.len() >= MAX_PORTS {
+            if self.ports.len() >= self.max_ports {
                 self.close_idle_ports();
             }
             let port = Port::open(self.codec_addr)?;
@@ -435,7 +600,28 @@ impl AuthSocket {
         }
         for peer in idle {
             if let Some(port) = self.ports.remove(&peer) {
-                self.by_port.remove(&port.local);
+                // Still bound and mapped: see the module doc.
+                self.closing.push_back(Closing { port, since: now });
+            }
+        }
+        // Bounded like the open ones: past that, the oldest go at once.
+        while self.closing.len() > self.max_ports {
+            if let Some(gone) = self.closing.pop_front() {
+                self.by_port.remove(&gone.port.local);
+            }
+        }
+    }
+
+    /// Unbinds closed ports whose grace period is over.
+    fn release_closed_ports(&mut self) {
+        let now = tokio::time::Instant::now();
+        while self
+            .closing
+            .front()
+            .is_some_and(|c| now.duration_since(c.since) >= PORT_GRACE)
+        {
+            if let Some(gone) = self.closing.pop_front() {
+                self.by_port.remove(&gone.port.local);
             }
         }
     }
@@ -445,7 +631,7 @@ impl AuthSocket {
         let now = self.clock.now_ms();
         let sealed = self
             .outbound
-            .seal(&read_keys(&self.keys), &self.send_buf[..len], now);
+            .seal(&read_keys(&self.keys), &self.send_buf[..len], to, now);
         let frames = match sealed {
             Ok(frames) => frames,
             Err(_) => {
@@ -477,9 +663,12 @@ impl AuthSocket {
         AuthCounters::add(&self.counters.frames_received, 1);
         AuthCounters::add(&self.counters.bytes_received, len as u64);
         let now = self.clock.now_ms();
+        let destinations = &mut self.destinations;
         let accepted = self
             .inbound
-            .accept(&read_keys(&self.keys), &self.buf[..len], now);
+            .accept(&read_keys(&self.keys), &self.buf[..len], now, |to| {
+                destinations.accepts(to)
+            });
         let message = match accepted {
             Ok(Accepted::Whole(payload)) => payload.to_vec(),
             Ok(Accepted::Reassembled(payload)) => payload,
@@ -725,6 +914,7 @@ mod tests {
             sender: 42,
             seq: 1,
             timestamp_ms: WallClock::system().now_ms() - 60_000,
+            destination: b_addr,
         };
         seal_one(&keys, &header, b"anything", &mut stale);
         raw.send_to(&stale, b_addr).await.unwrap();
@@ -756,5 +946,126 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    /// A frame as `a` sent it to `spy`: what an eavesdropper captures.
+    async fn capture(a: &mut AuthSocket) -> Vec<u8> {
+        let spy = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        a.send(spy.local_addr().unwrap(), envelope()).await.unwrap();
+        let mut buf = vec![0u8; RECV_BUF];
+        let (len, _) = spy.recv_from(&mut buf).await.unwrap();
+        buf.truncate(len);
+        buf
+    }
+
+    #[tokio::test]
+    async fn a_frame_replayed_to_another_node_is_dropped_and_opens_no_port() {
+        let (ta, tc) = (transport(8), transport(8));
+        let (mut a, mut c) = (open(&ta).await, open(&tc).await);
+        let captured = capture(&mut a).await;
+        // Replayed to c from a spoofed source, within the replay window.
+        let attacker = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        attacker
+            .send_to(&captured, c.local_addr().unwrap())
+            .await
+            .unwrap();
+        let delivered = tokio::time::timeout(Duration::from_millis(200), c.recv()).await;
+        assert!(
+            delivered.is_err(),
+            "nothing reaches chitchat, so nothing is answered"
+        );
+        assert_eq!(c.ports(), 0, "no loopback port for the spoofed source");
+        let stats = tc.counters().snapshot();
+        assert_eq!(stats.dropped_misdirected, 1, "{stats:?}");
+        assert_eq!(stats.messages_accepted, 0);
+        // Addressed to c, the same key and clock get through.
+        a.send(c.local_addr().unwrap(), envelope()).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), c.recv())
+            .await
+            .expect("a frame for c")
+            .unwrap();
+        assert_eq!(got.from_addr, a.local_addr().unwrap());
+    }
+
+    #[tokio::test]
+    async fn destinations_are_the_own_address_local_ones_on_a_wildcard_and_configured_ones() {
+        let nat: SocketAddr = "203.0.113.7:9999".parse().unwrap();
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let mut specific = Destinations::new(addr("127.0.0.1:7000"), vec![nat]);
+        assert!(specific.accepts(addr("127.0.0.1:7000")));
+        assert!(specific.accepts(addr("[::ffff:127.0.0.1]:7000")));
+        assert!(specific.accepts(nat));
+        assert!(!specific.accepts(addr("127.0.0.1:7001")));
+        assert!(
+            !specific.accepts(addr("127.0.0.2:7000")),
+            "local, but not ours"
+        );
+
+        let mut wildcard = Destinations::new(addr("0.0.0.0:7000"), vec![nat]);
+        assert!(wildcard.accepts(nat));
+        assert!(!wildcard.accepts(addr("127.0.0.1:7001")));
+        assert!(
+            !wildcard.accepts(addr("192.0.2.55:7000")),
+            "not an address of this host"
+        );
+        assert!(!wildcard.accepts(addr("[::1]:7000")), "an IPv4 socket");
+        assert!(!wildcard.accepts(addr("0.0.0.0:7000")));
+        if wildcard.nonlocal_bind {
+            // This host binds anything: only what was configured counts.
+            assert!(!wildcard.accepts(addr("127.0.0.1:7000")));
+        } else {
+            assert!(wildcard.accepts(addr("127.0.0.1:7000")));
+            assert!(
+                wildcard.accepts(addr("127.0.0.2:7000")),
+                "all of 127/8 is local"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_stays_bound_and_delivers_what_it_had_queued() {
+        // chitchat's encoding of an envelope, as the codec would send it.
+        let encoder = CodecSocket::open((Ipv4Addr::LOCALHOST, 0).into())
+            .await
+            .unwrap();
+        let sink = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let mut encoder = encoder;
+        encoder
+            .send(sink.local_addr().unwrap(), envelope())
+            .await
+            .unwrap();
+        let mut encoded = vec![0u8; RECV_BUF];
+        let len = sink.recv(&mut encoded).unwrap();
+        encoded.truncate(len);
+
+        let tb = transport(9);
+        let mut b = open(&tb).await;
+        b.max_ports = 1;
+        let p1: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let p2: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        // A verified message from p1 is injected, and before chitchat reads
+        // it, a message from p2 needs the only port.
+        let port1 = b.port_for(p1).unwrap().local;
+        b.ports[&p1].socket.send(&encoded).unwrap();
+        b.port_for(p2).unwrap();
+        assert_eq!((b.ports(), b.closing_ports()), (1, 1));
+        assert!(
+            std::net::UdpSocket::bind(port1).is_err(),
+            "p1's port number cannot go to anyone else yet"
+        );
+        let got = tokio::time::timeout(Duration::from_secs(5), b.recv())
+            .await
+            .expect("the queued message is delivered")
+            .unwrap();
+        assert_eq!(got.from_addr, p1, "as p1's");
+        // After the grace period it is let go.
+        tokio::time::sleep(PORT_GRACE + Duration::from_millis(50)).await;
+        b.release_closed_ports();
+        assert_eq!(b.closing_ports(), 0);
+        assert!(std::net::UdpSocket::bind(port1).is_ok());
     }
 }
