@@ -21,7 +21,7 @@
 //!
 //! A frame carries one tag per configured key, and is accepted when any tag
 //! verifies under any accepted key. With one key that is plain
-//! HMAC-SHA256 (63 bytes of overhead). During a rotation (`[B, A]`: B is the
+//! HMAC-SHA256 (81 bytes of overhead). During a rotation (`[B, A]`: B is the
 //! new key) frames carry both tags, so nodes still on `[A]` and nodes
 //! already on `[B]` both talk to the rotating ones: a rotation is two rolling
 //! restarts, `[A]` → `[B, A]` → `[B]`, and never splits the cluster.
