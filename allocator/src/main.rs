@@ -208,7 +208,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .await
                 .context("finding the cluster (in-cluster or ~/.kube/config)")?,
         };
-        controller::identify(&mut config, &identity);
+        controller::prepare_client(&mut config, &identity);
         let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
         let telemetry = Telemetry::new();
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -77,7 +77,7 @@ impl Replica {
 
 fn client_for(server: &TestServer, identity: &str) -> Client {
     let mut config = server.config();
-    controller::identify(&mut config, identity);
+    controller::prepare_client(&mut config, identity);
     Client::try_from(config).unwrap()
 }
 
@@ -469,7 +469,7 @@ async fn api_outage_then_recovery_without_double_allocation() {
         s.create(&svc, "shop", json!({"metadata": {"name": "unlucky"}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}), &Default::default()).unwrap();
     });
     wait_ips(&server, "unlucky", &["10.0.0.5"]).await;
-    // Then a 503 window: the client retries and the next change still lands.
+    // Then a 503 window: the next change still lands.
     server.set_unavailable();
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.set_available();
@@ -604,4 +604,28 @@ async fn a_status_changed_by_someone_else_is_restored() {
     wait_ips(&server, "b", &["10.0.0.0"]).await;
     assert_eq!(ips(&server, "a").await, vec!["10.0.0.3"]);
     r.stop().await;
+}
+
+/// The client gives a failed write back at once instead of retrying it for
+/// minutes, so the controller's own retry, after a fresh Lease check, is
+/// the only one.
+#[tokio::test]
+async fn a_write_during_an_outage_fails_at_once() {
+    let server = setup().await;
+    service(&server, "s", json!({})).await;
+    let api: Api<Service> = Api::namespaced(client_for(&server, "r1"), "shop");
+    server.set_unavailable();
+    let patch = json!({"status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}]}}});
+    let params = PatchParams::apply(controller::FIELD_MANAGER);
+    let patch = Patch::Merge(&patch);
+    let write = api.patch_status("s", &params, &patch);
+    let got = tokio::time::timeout(Duration::from_secs(10), write)
+        .await
+        .expect("the client gave the write back");
+    match got {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 503, "{s:?}"),
+        other => panic!("expected 503, got {other:?}"),
+    }
+    server.set_available();
+    assert!(ips(&server, "s").await.is_empty(), "nothing was written");
 }

@@ -219,7 +219,7 @@ async fn rbac_grants_exactly_what_a_session_uses() {
     }
     server.clear_writes();
     let mut config = server.config();
-    controller::identify(&mut config, "rbac-check");
+    controller::prepare_client(&mut config, "rbac-check");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut cfg = Config::for_test("rbac-check");
     cfg.lease_duration = 2;

@@ -44,15 +44,41 @@ const LEASE_CHECK: Duration = Duration::from_millis(500);
 /// The field manager of every write, so `managedFields` show who owns what.
 pub const FIELD_MANAGER: &str = "hostlb-allocator";
 
-/// Name this replica in every request (`User-Agent`), so audit logs and
-/// tests can tell replicas apart.
-pub fn identify(config: &mut kube::Config, identity: &str) {
+/// How long one write may take. A write still in flight when the Lease
+/// passes to another replica could land after that replica rebuilt its
+/// state; bounding it bounds how late that can be (the new leader restores
+/// any status it did not decide, see `status`).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `write`, failed if it takes longer than [`WRITE_TIMEOUT`].
+async fn bounded<T>(
+    write: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    tokio::time::timeout(WRITE_TIMEOUT, write)
+        .await
+        .unwrap_or_else(|_| {
+            Err(kube::Error::Service(
+                format!("no answer within {WRITE_TIMEOUT:?}").into(),
+            ))
+        })
+}
+
+/// Prepares the client configuration for the controller.
+///
+/// Names this replica in every request (`User-Agent`), so audit logs and
+/// tests can tell replicas apart. Turns off the client's own retries of
+/// 429/503/504: they back off for up to minutes per request, during which
+/// the Lease can pass to another replica and the write still land. The
+/// controller retries failed writes itself, every few seconds, each time
+/// after confirming the Lease again.
+pub fn prepare_client(config: &mut kube::Config, identity: &str) {
     if let Ok(v) = http::HeaderValue::from_str(&format!(
         "hostlb-allocator/{} ({identity})",
         env!("CARGO_PKG_VERSION")
     )) {
         config.headers.push((http::header::USER_AGENT, v));
     }
+    config.default_retry = false;
 }
 
 #[derive(Clone, Debug)]
@@ -600,7 +626,7 @@ impl Loop {
     }
 
     async fn write_advertisement(&mut self, ad: &L2Advertisement) {
-        if let Err(e) = status::write_advertisement(&self.client, ad).await {
+        if let Err(e) = bounded(status::write_advertisement(&self.client, ad)).await {
             warn!(advertisement = %ad.name_any(), error = %e, "writing advertisement status failed; retrying");
             self.statuses_dirty = true;
         }
@@ -625,7 +651,16 @@ impl Loop {
             self.statuses_dirty = true;
             return;
         }
-        for key in keys {
+        let mut keys = keys.into_iter();
+        while let Some(key) = keys.next() {
+            // A long batch can outlast the Lease: confirm it again (cached
+            // for LEASE_CHECK) before each write.
+            if !self.lease_holds().await {
+                self.dirty.insert(key);
+                self.dirty.extend(keys);
+                self.statuses_dirty = true;
+                return;
+            }
             let Some((ns, name)) = key.split_once('/') else {
                 continue;
             };
@@ -641,7 +676,14 @@ impl Loop {
             let before = self
                 .overlay(&svc)
                 .unwrap_or_else(|| status::Shown::of(&svc));
-            match status::write_service(&self.client, &svc, &before, answer.as_ref()).await {
+            match bounded(status::write_service(
+                &self.client,
+                &svc,
+                &before,
+                answer.as_ref(),
+            ))
+            .await
+            {
                 Ok((after, rv)) => {
                     let assigned = after.ips != before.ips && !after.ips.is_empty();
                     if after != status::Shown::of(&svc) {
@@ -673,7 +715,7 @@ impl Loop {
         self.telemetry.set_services(ledger.len());
         for p in self.stores.pools.state() {
             if let Some(r) = reports.iter().find(|r| r.name == p.name_any())
-                && let Err(e) = status::write_pool(&self.client, &p, r).await
+                && let Err(e) = bounded(status::write_pool(&self.client, &p, r)).await
             {
                 warn!(pool = %r.name, error = %e, "writing pool status failed; retrying");
                 self.statuses_dirty = true;
