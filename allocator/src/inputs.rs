@@ -105,15 +105,7 @@ pub fn service_request(svc: &Service) -> ServiceRequest {
             port: p.port,
         })
         .collect();
-    let current: Vec<IpAddr> = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.as_deref()?.parse().ok())
-        .collect();
+    let current = ingress_ips(svc);
     let (requested, request_error) = match requested(svc) {
         Ok(v) => (v, None),
         Err(e) => (Vec::new(), Some(e)),
@@ -139,6 +131,19 @@ pub fn service_request(svc: &Service) -> ServiceRequest {
         current,
         current_pool: service_annotation(annotations, IP_ALLOCATED_FROM_POOL).map(str::to_string),
     }
+}
+
+/// The addresses in `status.loadBalancer.ingress` (hostnames and entries
+/// that do not parse are not addresses anyone can hold).
+pub fn ingress_ips(svc: &Service) -> Vec<IpAddr> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect()
 }
 
 pub fn pool_spec(p: &IPAddressPool) -> PoolSpec {

@@ -646,21 +646,16 @@ impl Loop {
         if self.ledger.is_none() || !self.leader {
             return;
         }
-        if !self.lease_holds().await {
-            self.dirty.extend(keys);
-            self.statuses_dirty = true;
-            return;
-        }
         let mut keys = keys.into_iter();
-        while let Some(key) = keys.next() {
+        loop {
             // A long batch can outlast the Lease: confirm it again (cached
-            // for LEASE_CHECK) before each write.
+            // for LEASE_CHECK) before each write, the pool statuses included.
             if !self.lease_holds().await {
-                self.dirty.insert(key);
                 self.dirty.extend(keys);
                 self.statuses_dirty = true;
                 return;
             }
+            let Some(key) = keys.next() else { break };
             let Some((ns, name)) = key.split_once('/') else {
                 continue;
             };

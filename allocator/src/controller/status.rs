@@ -42,15 +42,7 @@ pub struct Shown {
 impl Shown {
     pub fn of(svc: &Service) -> Shown {
         Shown {
-            ips: svc
-                .status
-                .as_ref()
-                .and_then(|s| s.load_balancer.as_ref())
-                .and_then(|lb| lb.ingress.as_ref())
-                .into_iter()
-                .flatten()
-                .filter_map(|i| i.ip.as_deref()?.parse().ok())
-                .collect(),
+            ips: crate::inputs::ingress_ips(svc),
             pool: svc.annotations().get(IP_ALLOCATED_FROM_POOL).cloned(),
         }
     }

@@ -237,16 +237,7 @@ pub fn compile(specs: &[PoolSpec]) -> Vec<Pool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn spec(name: &str, created: i64, addrs: &[&str]) -> PoolSpec {
-        PoolSpec {
-            name: name.into(),
-            created: Some(created),
-            addresses: addrs.iter().map(|a| a.to_string()).collect(),
-            auto_assign: true,
-            ..Default::default()
-        }
-    }
+    use crate::engine::tests::pool as spec;
 
     #[test]
     fn invalid_and_overlapping_pools_are_marked_others_stay_ready() {
