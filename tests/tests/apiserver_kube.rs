@@ -38,6 +38,19 @@ fn cm(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
     }
 }
 
+/// The first address in a Service's `status.loadBalancer.ingress`.
+fn first_ingress_ip(s: &Service) -> Option<&str> {
+    s.status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .as_deref()
+}
+
 fn api_err(e: kube::Error) -> kube::core::Status {
     match e {
         kube::Error::Api(s) => *s,
@@ -476,12 +489,7 @@ async fn status_subresource_and_generation() {
         .patch_status("web", &PatchParams::default(), &Patch::Merge(&st))
         .await
         .unwrap();
-    assert_eq!(
-        s.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0]
-            .ip
-            .as_deref(),
-        Some("10.0.0.1")
-    );
+    assert_eq!(first_ingress_ip(&s), Some("10.0.0.1"));
     assert_eq!(
         s.spec.unwrap().type_.as_deref(),
         Some("LoadBalancer"),
@@ -495,12 +503,7 @@ async fn status_subresource_and_generation() {
         .patch("web", &PatchParams::default(), &Patch::Merge(&main))
         .await
         .unwrap();
-    assert_eq!(
-        s.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0]
-            .ip
-            .as_deref(),
-        Some("10.0.0.1")
-    );
+    assert_eq!(first_ingress_ip(&s), Some("10.0.0.1"));
     assert_eq!(s.metadata.generation, Some(2));
 
     // Server-side apply of the status needs a field manager, and creates no object.
@@ -531,12 +534,7 @@ async fn status_subresource_and_generation() {
         )
         .await
         .unwrap();
-    assert_eq!(
-        s.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0]
-            .ip
-            .as_deref(),
-        Some("10.0.0.2")
-    );
+    assert_eq!(first_ingress_ip(&s), Some("10.0.0.2"));
     let e = api_err(
         svcs.patch_status(
             "nope",

@@ -496,13 +496,7 @@ impl Store {
         if def.gr() == namespaces_gr() {
             obj["status"] = json!({"phase": "Active"});
         }
-        let crd_defs = if def.gr() == crd_gr() {
-            let defs = registry::from_crd(&obj)?;
-            obj["status"] = crd_status(&obj);
-            Some(defs)
-        } else {
-            None
-        };
+        let crd_defs = crd_definitions(def, &mut obj)?;
         if opts.dry_run {
             return Ok(Self::present(def, &obj));
         }
@@ -628,13 +622,7 @@ impl Store {
                 .unwrap_or(1);
             meta_mut(&mut new).insert("generation".into(), json!(generation + 1));
         }
-        let crd_defs = if def.gr() == crd_gr() {
-            let defs = registry::from_crd(&new)?;
-            new["status"] = crd_status(&new);
-            Some(defs)
-        } else {
-            None
-        };
+        let crd_defs = crd_definitions(def, &mut new)?;
         if new == old {
             return Ok(Self::present(def, &old));
         }
@@ -851,6 +839,20 @@ fn apply_conflict(def: &ResourceDef, name: &str, clashes: &[(String, String)]) -
         list.join("\n")
     );
     e
+}
+
+/// For a CRD being written: the resources it defines (checked before it is
+/// stored), with its status set to established. `None` for other kinds.
+fn crd_definitions(
+    def: &ResourceDef,
+    obj: &mut Value,
+) -> Result<Option<Vec<ResourceDef>>, ApiError> {
+    if def.gr() != crd_gr() {
+        return Ok(None);
+    }
+    let defs = registry::from_crd(obj)?;
+    obj["status"] = crd_status(obj);
+    Ok(Some(defs))
 }
 
 fn crd_status(crd: &Value) -> Value {
