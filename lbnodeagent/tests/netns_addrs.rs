@@ -49,6 +49,42 @@ fn adopt(agent: &Agent) -> BTreeSet<IpAddr> {
     agent.with(|b| async move { b.adopt().await.unwrap().into_iter().map(|o| o.ip).collect() })
 }
 
+/// `ip -batch` lines adding `count` /32 host addresses in `net` (the first
+/// two octets, e.g. "10.88") to `dev`.
+fn host_addresses(net: &str, dev: &str, count: usize) -> String {
+    (0..count)
+        .map(|i| format!("addr add {net}.{}.{}/32 dev {dev}\n", i / 250, i % 250 + 1))
+        .collect()
+}
+
+/// Runs the `ip -batch` file `batch` while nobody reads `agent`'s event
+/// socket, then collects its events up to the first Resync (for at most 5 s).
+fn events_through_a_burst(agent: &Agent, batch: std::path::PathBuf) -> Vec<KernelEvent> {
+    agent.with(move |b| async move {
+        let mut events = b.subscribe().await.unwrap();
+        // Blocks this namespace's only runtime thread, so nobody reads the
+        // event socket while the kernel fills it.
+        let status = std::process::Command::new("ip")
+            .arg("-batch")
+            .arg(&batch)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let mut seen = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(e) = events.recv().await {
+                let resync = e == KernelEvent::Resync;
+                seen.push(e);
+                if resync {
+                    return;
+                }
+            }
+        })
+        .await;
+        seen
+    })
+}
+
 #[test]
 fn announce_interface_follows_the_default_route_with_the_lowest_metric() {
     require_root();
@@ -473,33 +509,13 @@ fn lost_kernel_events_ask_for_a_resync() {
         },
     );
     let batch = dir.path().join("batch");
-    let lines: String = (0..1000)
-        .map(|i| format!("addr add 10.88.{}.{}/32 dev br0\n", i / 250, i % 250 + 1))
-        .collect();
-    std::fs::write(&batch, lines).unwrap();
-    let got = agent.with(move |b| async move {
-        let mut events = b.subscribe().await.unwrap();
-        // Blocks this namespace's only runtime thread, so nobody reads the
-        // event socket while the kernel fills it.
-        let status = std::process::Command::new("ip")
-            .arg("-batch")
-            .arg(&batch)
-            .status()
-            .unwrap();
-        assert!(status.success());
-        tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match events.recv().await {
-                    Some(KernelEvent::Resync) => return true,
-                    Some(_) => {}
-                    None => return false,
-                }
-            }
-        })
-        .await
-        .unwrap_or(false)
-    });
-    assert!(got, "a Resync event after the event buffer overflowed");
+    std::fs::write(&batch, host_addresses("10.88", "br0", 1000)).unwrap();
+    let events = events_through_a_burst(&agent, batch);
+    assert_eq!(
+        events.last(),
+        Some(&KernelEvent::Resync),
+        "a Resync event after the event buffer overflowed: {events:?}"
+    );
 }
 
 #[test]
@@ -694,10 +710,7 @@ fn renewing_a_held_address_does_not_read_every_address() {
     a.ns.ip("link add many type bridge").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let batch = dir.path().join("batch");
-    let lines: String = (0..2000)
-        .map(|i| format!("addr add 10.90.{}.{}/32 dev many\n", i / 250, i % 250 + 1))
-        .collect();
-    std::fs::write(&batch, lines).unwrap();
+    std::fs::write(&batch, host_addresses("10.90", "many", 2000)).unwrap();
     a.ns.run(&["ip", "-batch", batch.to_str().unwrap()])
         .unwrap();
 
@@ -866,34 +879,10 @@ fn a_carrier_change_among_lost_events_is_reported_before_the_resync() {
     // A burst that overflows the event buffer, then v0 loses carrier (its
     // peer goes down): that notification is lost with the rest.
     let batch = dir.path().join("batch");
-    let mut lines: String = (0..1000)
-        .map(|i| format!("addr add 10.88.{}.{}/32 dev br0\n", i / 250, i % 250 + 1))
-        .collect();
+    let mut lines = host_addresses("10.88", "br0", 1000);
     lines.push_str("link set v1 down\n");
     std::fs::write(&batch, lines).unwrap();
-    let events = agent.with(move |b| async move {
-        let mut events = b.subscribe().await.unwrap();
-        // Blocks this namespace's only runtime thread, so nobody reads the
-        // event socket while the kernel fills it.
-        let status = std::process::Command::new("ip")
-            .arg("-batch")
-            .arg(&batch)
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let mut seen = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            while let Some(e) = events.recv().await {
-                let resync = e == KernelEvent::Resync;
-                seen.push(e);
-                if resync {
-                    return;
-                }
-            }
-        })
-        .await;
-        seen
-    });
+    let events = events_through_a_burst(&agent, batch);
     assert_eq!(events.last(), Some(&KernelEvent::Resync), "{events:?}");
     assert!(
         events

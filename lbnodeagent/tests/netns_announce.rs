@@ -79,21 +79,26 @@ fn remember(client: &Host, ip: &str, mac: &str) {
     assert_eq!((entry_mac.as_str(), state.as_str()), (mac, "REACHABLE"));
 }
 
-#[test]
-fn ipv4_vip_moves_and_gratuitous_arp_repoints_the_client() {
+/// Moves `vip` from host A to host B as the reconcile loop will, and checks
+/// that the client's neighbour entry follows B's announcement rather than
+/// waiting for expiry. `probe` asks the network who has the VIP (arping,
+/// ndisc6) and returns what the tool printed, lower-case; `check_frames`
+/// gets what the client captured from B's MAC with `filter`, and B's MAC.
+fn vip_moves_and_the_client_follows(
+    vip: &str,
+    probe: impl Fn(&Host) -> String,
+    filter: &str,
+    check_frames: impl FnOnce(&hostlb_tests::netns::Capture, &str),
+) {
     let (lan, dir) = setup();
     let (a, b, client) = (lan.host("a"), lan.host("b"), lan.host("client"));
     let agent_a = Agent::on_host(a, &dir.path().join("a"));
     let agent_b = Agent::on_host(b, &dir.path().join("b"));
-    let vip = "10.77.0.100";
 
     let (vip_a, _) = acquire(&agent_a, vip.parse().unwrap());
-    // The kernel on A answers ARP for the VIP with A's MAC.
-    let out = client
-        .ns
-        .run(&["arping", "-c", "1", "-w", "2", "-I", "eth0", vip])
-        .unwrap();
-    assert!(out.to_lowercase().contains(a.mac()), "arping saw {out}");
+    // The kernel on A answers for the VIP with A's MAC.
+    let out = probe(client);
+    assert!(out.contains(a.mac()), "the probe saw {out}");
     // The client talked to A a moment ago: a fresh entry pointing at A.
     remember(client, vip, a.mac());
 
@@ -105,7 +110,7 @@ fn ipv4_vip_moves_and_gratuitous_arp_repoints_the_client() {
 
     let capture = client
         .ns
-        .capture("eth0", &format!("arp and ether src {}", b.mac()))
+        .capture("eth0", &format!("{filter} and ether src {}", b.mac()))
         .unwrap();
     assert_eq!(
         announce(&agent_b, target_b, fast()),
@@ -116,92 +121,75 @@ fn ipv4_vip_moves_and_gratuitous_arp_repoints_the_client() {
         (mac == b.mac()).then_some(())
     })
     .unwrap();
+    check_frames(&capture, b.mac());
 
-    // On the wire: per round a request and a reply, VIP as sender and
-    // target, broadcast, from B's MAC.
-    let frames = capture
-        .wait_for(6, 2 * SECOND, |l| l.contains("ARP"))
-        .unwrap();
-    let requests = frames
-        .iter()
-        .filter(|l| l.contains(&format!("Request who-has {vip} tell {vip}")))
-        .count();
-    let replies = frames
-        .iter()
-        .filter(|l| l.contains(&format!("Reply {vip} is-at {}", b.mac())))
-        .count();
-    assert_eq!((requests, replies), (3, 3), "{frames:#?}");
-    assert!(
-        frames.iter().all(|l| l.contains("> ff:ff:ff:ff:ff:ff")),
-        "{frames:#?}"
-    );
+    let out = probe(client);
+    assert!(out.contains(b.mac()), "the probe saw {out}");
+}
 
-    let out = client
-        .ns
-        .run(&["arping", "-c", "1", "-w", "2", "-I", "eth0", vip])
-        .unwrap();
-    assert!(out.to_lowercase().contains(b.mac()), "arping saw {out}");
+#[test]
+fn ipv4_vip_moves_and_gratuitous_arp_repoints_the_client() {
+    let vip = "10.77.0.100";
+    let arping = |client: &Host| {
+        client
+            .ns
+            .run(&["arping", "-c", "1", "-w", "2", "-I", "eth0", vip])
+            .unwrap()
+            .to_lowercase()
+    };
+    vip_moves_and_the_client_follows(vip, arping, "arp", |capture, b_mac| {
+        // On the wire: per round a request and a reply, VIP as sender and
+        // target, broadcast, from B's MAC.
+        let frames = capture
+            .wait_for(6, 2 * SECOND, |l| l.contains("ARP"))
+            .unwrap();
+        let requests = frames
+            .iter()
+            .filter(|l| l.contains(&format!("Request who-has {vip} tell {vip}")))
+            .count();
+        let replies = frames
+            .iter()
+            .filter(|l| l.contains(&format!("Reply {vip} is-at {b_mac}")))
+            .count();
+        assert_eq!((requests, replies), (3, 3), "{frames:#?}");
+        assert!(
+            frames.iter().all(|l| l.contains("> ff:ff:ff:ff:ff:ff")),
+            "{frames:#?}"
+        );
+    });
 }
 
 #[test]
 fn ipv6_vip_moves_and_neighbor_advertisement_repoints_the_client() {
-    let (lan, dir) = setup();
-    let (a, b, client) = (lan.host("a"), lan.host("b"), lan.host("client"));
-    let agent_a = Agent::on_host(a, &dir.path().join("a"));
-    let agent_b = Agent::on_host(b, &dir.path().join("b"));
     let vip = "fd00:77::100";
-
-    let (vip_a, _) = acquire(&agent_a, vip.parse().unwrap());
-    let out = client
-        .ns
-        .run(&["ndisc6", "-1", "-r", "3", "-w", "500", vip, "eth0"])
-        .unwrap();
-    assert!(out.to_lowercase().contains(a.mac()), "ndisc6 saw {out}");
-    remember(client, vip, a.mac());
-
-    release(&agent_a, &vip_a);
-    let (_, target_b) = acquire(&agent_b, vip.parse().unwrap());
-    assert_eq!(client_entry(client, vip).unwrap().0, a.mac());
-
-    let capture = client
-        .ns
-        .capture("eth0", &format!("icmp6 and ether src {}", b.mac()))
-        .unwrap();
-    assert_eq!(
-        announce(&agent_b, target_b, fast()),
-        Outcome::Sent { rounds: 3 }
-    );
-    wait_for("the client's entry to move to B", SECOND, || {
-        let (mac, _) = client_entry(client, vip)?;
-        (mac == b.mac()).then_some(())
-    })
-    .unwrap();
-
-    let frames = capture
-        .wait_for(3, 2 * SECOND, |l| l.contains("neighbor advertisement"))
-        .unwrap();
-    for f in &frames {
-        assert!(f.contains("> 33:33:00:00:00:01"), "{f}");
-        assert!(
-            f.contains(&format!("{vip} > ff02::1")),
-            "source is the VIP: {f}"
-        );
-        assert!(f.contains("hlim 255"), "{f}");
-        assert!(f.contains("icmp6 sum ok"), "{f}");
-        assert!(f.contains(&format!("tgt is {vip}")), "{f}");
-        assert!(
-            f.contains("Flags [override]"),
-            "override only, not solicited: {f}"
-        );
-        assert!(f.contains(b.mac()), "target link-layer address option: {f}");
-    }
-    assert_eq!(frames.len(), 3, "{frames:#?}");
-
-    let out = client
-        .ns
-        .run(&["ndisc6", "-1", "-r", "3", "-w", "500", vip, "eth0"])
-        .unwrap();
-    assert!(out.to_lowercase().contains(b.mac()), "ndisc6 saw {out}");
+    let ndisc6 = |client: &Host| {
+        client
+            .ns
+            .run(&["ndisc6", "-1", "-r", "3", "-w", "500", vip, "eth0"])
+            .unwrap()
+            .to_lowercase()
+    };
+    vip_moves_and_the_client_follows(vip, ndisc6, "icmp6", |capture, b_mac| {
+        let frames = capture
+            .wait_for(3, 2 * SECOND, |l| l.contains("neighbor advertisement"))
+            .unwrap();
+        for f in &frames {
+            assert!(f.contains("> 33:33:00:00:00:01"), "{f}");
+            assert!(
+                f.contains(&format!("{vip} > ff02::1")),
+                "source is the VIP: {f}"
+            );
+            assert!(f.contains("hlim 255"), "{f}");
+            assert!(f.contains("icmp6 sum ok"), "{f}");
+            assert!(f.contains(&format!("tgt is {vip}")), "{f}");
+            assert!(
+                f.contains("Flags [override]"),
+                "override only, not solicited: {f}"
+            );
+            assert!(f.contains(b_mac), "target link-layer address option: {f}");
+        }
+        assert_eq!(frames.len(), 3, "{frames:#?}");
+    });
 }
 
 #[test]
