@@ -537,19 +537,16 @@ impl NetlinkBackend {
             flags |= AddressFlags::Nodad;
         }
         msg.attributes.push(AddressAttribute::Flags(flags));
-        if let Some(secs) = vip.lifetime.kernel_seconds() {
+        // IPv6 VIPs are deprecated from the start (preferred 0): RFC 6724
+        // then never picks them as the source of the node's own connections,
+        // which would break when the VIP moves. They still accept traffic and
+        // answer neighbour solicitations. An IPv4 VIP kept forever needs no
+        // lifetimes at all.
+        let valid = vip.lifetime.kernel_seconds();
+        if valid.is_some() || vip.ip.is_ipv6() {
             let mut ci = CacheInfo::default();
-            ci.ifa_valid = secs;
-            // IPv6 VIPs are deprecated from the start (preferred 0): RFC 6724
-            // then never picks them as the source of the node's own
-            // connections, which would break when the VIP moves. They still
-            // accept traffic and answer neighbour solicitations.
-            ci.ifa_preferred = if vip.ip.is_ipv6() { 0 } else { secs };
-            msg.attributes.push(AddressAttribute::CacheInfo(ci));
-        } else if vip.ip.is_ipv6() {
-            let mut ci = CacheInfo::default();
-            ci.ifa_valid = u32::MAX;
-            ci.ifa_preferred = 0;
+            ci.ifa_valid = valid.unwrap_or(u32::MAX);
+            ci.ifa_preferred = if vip.ip.is_ipv6() { 0 } else { ci.ifa_valid };
             msg.attributes.push(AddressAttribute::CacheInfo(ci));
         }
         if self.config.ifa_proto {
