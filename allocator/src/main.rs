@@ -1,16 +1,17 @@
 //! `allocator`: assigns addresses from IPAddressPools to LoadBalancer Services.
 #![forbid(unsafe_code)]
 
+mod cli;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use hostlb_allocator::controller::{self, telemetry::Telemetry};
+use hostlb_allocator::controller;
 use hostlb_allocator::inputs::Scope;
-use hostlb_allocator::{convert, plan};
+use hostlb_allocator::plan;
 use hostlb_api::annotations::{DEFAULT_LOAD_BALANCER_CLASS, SYSTEM_NAMESPACE};
 
 #[derive(Parser)]
@@ -114,6 +115,23 @@ impl RunArgs {
         }
         Only::parse_from(["allocator"]).run
     }
+
+    fn into_run(self) -> cli::Run {
+        cli::Run {
+            kubeconfig: self.kubeconfig,
+            identity: self.identity,
+            listen: self.listen,
+            controller: controller::Config {
+                scope: self.scope.scope(),
+                // Filled in by `cli::run`, from the host name when unset.
+                identity: String::new(),
+                lease_name: self.lease_name,
+                lease_duration: self.lease_duration,
+                leader_election: !self.no_leader_election,
+                resync: Duration::from_secs(self.resync),
+            },
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -122,124 +140,24 @@ fn main() -> ExitCode {
         .command
         .unwrap_or_else(|| Command::Run(RunArgs::default()))
     {
-        Command::Run(args) => run(args),
-        Command::Crds { output_dir } => crds(output_dir),
+        Command::Run(args) => cli::run(args.into_run()),
+        Command::Crds { output_dir } => cli::crds(output_dir.as_deref()),
         Command::Plan {
             files,
             output,
             scope,
-        } => plan_cmd(files, output, scope.scope()),
-        Command::Convert { files, namespace } => convert_cmd(files, &namespace),
+        } => cli::plan(&plan::Options {
+            files,
+            output,
+            scope: scope.scope(),
+        }),
+        Command::Convert { files, namespace } => cli::convert(&files, &namespace),
     };
     match result {
-        Ok(code) => code,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
     }
-}
-
-fn crds(output_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    for (file, crd) in hostlb_api::crds::all() {
-        let yaml = hostlb_api::crds::to_yaml(&crd);
-        match &output_dir {
-            Some(dir) => {
-                let path = dir.join(file);
-                std::fs::write(&path, yaml)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-            None => print!("---\n{yaml}"),
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn plan_cmd(files: Vec<PathBuf>, output: plan::Output, scope: Scope) -> anyhow::Result<ExitCode> {
-    let p = plan::run(&plan::Options {
-        files,
-        output,
-        scope,
-    })?;
-    if output == plan::Output::Json {
-        for w in &p.warnings {
-            eprintln!("warning: {}: {}", w.object, w.message);
-        }
-    }
-    print!("{}", p.text);
-    Ok(ExitCode::SUCCESS)
-}
-
-fn convert_cmd(files: Vec<PathBuf>, namespace: &str) -> anyhow::Result<ExitCode> {
-    for f in files {
-        let c = convert::convert_file(&f, namespace)?;
-        print!("{}", c.yaml);
-        for n in c.notes {
-            eprintln!("not carried over: {n}");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    rt.block_on(async move {
-        let identity = match &args.identity {
-            Some(i) => i.clone(),
-            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .context("no --identity/POD_NAME and no hostname")?,
-        };
-        let mut config = match &args.kubeconfig {
-            Some(path) => {
-                let kc = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                    .await
-                    .context("using the kubeconfig")?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("finding the cluster (in-cluster or ~/.kube/config)")?,
-        };
-        controller::prepare_client(&mut config, &identity);
-        let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-        let telemetry = Telemetry::new();
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("listening on {}", args.listen))?;
-        let server = axum::serve(listener, controller::telemetry::router(telemetry.clone()));
-        tokio::spawn(async move {
-            if let Err(e) = server.await {
-                tracing::error!(error = %e, "metrics server stopped");
-            }
-        });
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("installing a SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            let _ = stop.send(true);
-        });
-        let cfg = controller::Config {
-            scope: args.scope.scope(),
-            identity,
-            lease_name: args.lease_name.clone(),
-            lease_duration: args.lease_duration,
-            leader_election: !args.no_leader_election,
-            resync: Duration::from_secs(args.resync),
-        };
-        controller::run(client, cfg, telemetry, stopped).await?;
-        Ok(ExitCode::SUCCESS)
-    })
 }
