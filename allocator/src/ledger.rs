@@ -9,6 +9,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use hostlb_api::rules::age_key;
+
 use crate::engine::{
     AllocError, Allocator, Assigned, Labels, PoolReport, PoolSpec, ServiceRequest,
 };
@@ -30,7 +32,8 @@ pub struct Ledger {
 }
 
 fn age(s: &ServiceRequest) -> (i64, String) {
-    (s.created.unwrap_or(i64::MAX), s.key.clone())
+    let (t, k) = age_key(s.created, &s.key);
+    (t, k.to_string())
 }
 
 impl Ledger {

@@ -9,6 +9,7 @@
 pub mod address;
 pub mod annotations;
 pub mod crds;
+pub mod rules;
 pub mod scope;
 pub mod selector;
 pub mod snapshot;

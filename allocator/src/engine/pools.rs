@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use hostlb_api::rules::age_key;
 use hostlb_api::selector::parse_list;
 use hostlb_api::{AddressRange, Family, Selector};
 
@@ -152,9 +153,7 @@ fn capacity(spans: &[(u128, u128)], family: Family, avoid_buggy: bool) -> u128 {
 /// Check every pool; older pools win overlaps.
 pub fn compile(specs: &[PoolSpec]) -> Vec<Pool> {
     let mut order: Vec<&PoolSpec> = specs.iter().collect();
-    order.sort_by(|a, b| {
-        (a.created.unwrap_or(i64::MAX), &a.name).cmp(&(b.created.unwrap_or(i64::MAX), &b.name))
-    });
+    order.sort_by(|a, b| age_key(a.created, &a.name).cmp(&age_key(b.created, &b.name)));
     let mut out: Vec<Pool> = Vec::with_capacity(order.len());
     for spec in order {
         let mut problems = Vec::new();

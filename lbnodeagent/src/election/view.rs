@@ -82,7 +82,7 @@ pub struct ServiceInfo {
 impl ServiceInfo {
     /// Oldest first, then by name, so every node orders Services the same way.
     pub(crate) fn age_key(&self) -> (i64, &str) {
-        (self.created.unwrap_or(i64::MAX), &self.key)
+        hostlb_api::rules::age_key(self.created, &self.key)
     }
 }
 
@@ -138,7 +138,11 @@ impl Member {
     }
 }
 
-/// An on-link route prefix on one of the member's interfaces.
+/// An on-link route prefix on one of the member's interfaces. A member
+/// publishes the prefixes of every interface, not only the ones it announces
+/// on: a node that has a VIP's prefix on an interface it may not announce on
+/// must be known as such, or it would hold the VIP in virtual mode and its
+/// kernel would answer ARP for it there.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OnLink {
     pub prefix: Prefix,

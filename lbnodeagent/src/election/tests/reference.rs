@@ -36,7 +36,8 @@ pub(super) fn elect(c: &Cluster, members: &[Member]) -> BTreeMap<IpAddr, Answer>
         let named = oldest
             .allocated_pool
             .as_ref()
-            .and_then(|n| c.pools.iter().find(|p| &p.name == n));
+            .and_then(|n| c.pools.iter().find(|p| &p.name == n))
+            .filter(|p| p.ranges.iter().any(|r| r.contains(ip)));
         let pool = named.or_else(|| {
             c.pools
                 .iter()
