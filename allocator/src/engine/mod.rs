@@ -16,6 +16,7 @@ use std::net::IpAddr;
 
 use hostlb_api::Family;
 use hostlb_api::address::{from_u128, to_u128};
+use hostlb_api::rules::{age_key, pool_holding};
 
 use ipset::{UsedSet, is_buggy};
 use pools::family_index;
@@ -76,7 +77,7 @@ pub struct ServiceRequest {
 
 impl ServiceRequest {
     fn age(&self) -> (i64, &str) {
-        (self.created.unwrap_or(i64::MAX), &self.key)
+        age_key(self.created, &self.key)
     }
 
     fn primary(&self) -> Family {
@@ -395,12 +396,7 @@ impl Allocator {
     /// The pool addresses `ips` belong to: the one named by the Service's
     /// annotation when it holds them all, else the oldest one that does.
     fn pool_of(&self, ips: &[IpAddr], hint: Option<&str>) -> Option<usize> {
-        if let Some(&i) = hint.and_then(|h| self.by_name.get(h))
-            && ips.iter().all(|ip| self.pools[i].contains(*ip))
-        {
-            return Some(i);
-        }
-        (0..self.pools.len()).find(|&i| ips.iter().all(|ip| self.pools[i].contains(*ip)))
+        pool_holding(&self.pools, hint, ips, |p| &p.name, Pool::contains)
     }
 
     fn admits(&self, p: &Pool, svc: &ServiceRequest) -> bool {
