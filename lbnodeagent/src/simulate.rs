@@ -2,7 +2,9 @@
 //! operator can check a configuration or ask "what if node-a goes down?".
 //!
 //! Live members are all Nodes minus `--down`. Without `--on-link` a node is
-//! on-link for every address (one L2 segment); `--on-link NODE=CIDR` gives the
+//! on-link for every address (one L2 segment), on its announce interface and
+//! on every interface an advertisement names, so an advertisement that lists
+//! `interfaces` finds them; `--on-link NODE=CIDR` gives the
 //! node exactly the listed prefixes on its announce interface,
 //! `NODE=CIDR@IFACE` a prefix on another interface (for advertisements that
 //! list `interfaces`), and `NODE=none` no on-link prefix at all.
@@ -68,6 +70,14 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
         }
     }
     let on_link = parse_on_link(&opts.on_link, &node_names)?;
+    let mut ad_interfaces: Vec<&str> = cluster
+        .advertisements
+        .iter()
+        .flat_map(|a| a.interfaces.iter().map(String::as_str))
+        .collect();
+    ad_interfaces.sort_unstable();
+    ad_interfaces.dedup();
+    let one_segment = everything(&ad_interfaces);
     let members: Vec<Member> = node_names
         .iter()
         .filter(|n| !opts.down.iter().any(|d| d == *n))
@@ -75,7 +85,10 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
             node: n.to_string(),
             leaving: false,
             virtual_mode: true,
-            on_link: on_link.get(*n).cloned().unwrap_or_else(everything),
+            on_link: on_link
+                .get(*n)
+                .cloned()
+                .unwrap_or_else(|| one_segment.clone()),
         })
         .collect();
     let reports = Election::new(&cluster, members).report_all();
@@ -85,13 +98,19 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
     })
 }
 
-fn everything() -> Vec<OnLink> {
-    ["0.0.0.0/0", "::/0"]
-        .iter()
-        .map(|p| OnLink {
-            prefix: p.parse().expect("constant prefix"),
-            interface: String::new(),
-            announce: true,
+/// Every address on-link on the announce interface (named "") and on each
+/// of `interfaces`.
+fn everything(interfaces: &[&str]) -> Vec<OnLink> {
+    let announce = std::iter::once(("", true));
+    let listed = interfaces.iter().map(|i| (*i, false));
+    announce
+        .chain(listed)
+        .flat_map(|(interface, announce)| {
+            ["0.0.0.0/0", "::/0"].map(|p| OnLink {
+                prefix: p.parse().expect("constant prefix"),
+                interface: interface.to_string(),
+                announce,
+            })
         })
         .collect()
 }
@@ -240,9 +259,14 @@ fn table(reports: &[VipReport], errors: &[ObjectError], opts: &Options) -> Strin
             r.services.join(", ")
         );
         match (&r.winner, &r.note) {
-            (Some(w), _) => {
-                let _ = writeln!(out, "  winner: {w}");
-            }
+            (Some(w), _) => match r.winner_on.as_ref().filter(|o| !o.interface.is_empty()) {
+                Some(on) => {
+                    let _ = writeln!(out, "  winner: {w} on {}", on.interface);
+                }
+                None => {
+                    let _ = writeln!(out, "  winner: {w}");
+                }
+            },
             (None, Some(note)) => {
                 let _ = writeln!(out, "  winner: none ({note})");
             }

@@ -256,6 +256,29 @@ fn on_link_and_virtual_mode() {
     assert!(order(x).iter().any(|(n, _)| n == "worker-3"));
 }
 
+/// Without `--on-link` all nodes share one segment, also through the
+/// interfaces advertisements name: both nodes are candidates, and exactly
+/// one announces, on its own advertisement's interface.
+#[test]
+fn one_segment_includes_the_interfaces_advertisements_name() {
+    let v = case("per-node-interfaces", "per-node-interfaces.yaml", &[]);
+    let x = vip(&v, "192.168.10.1");
+    assert_eq!(
+        order(x),
+        by_hash(&["node-a", "node-b"], "192.168.10.1", 0),
+        "{x}"
+    );
+    assert_eq!(x["virtual"], serde_json::json!([]));
+    let (table, _, ok) = simulate(&["-f", "per-node-interfaces.yaml"]);
+    assert!(ok);
+    let winner = x["winner"].as_str().unwrap();
+    let iface = if winner == "node-a" { "eth0" } else { "eth1" };
+    assert!(
+        table.contains(&format!("winner: {winner} on {iface}\n")),
+        "{table}"
+    );
+}
+
 #[test]
 fn the_json_has_exactly_the_documented_shape() {
     let v = case("seventy-plus-thirty", "seventy-plus-thirty.yaml", &[]);

@@ -25,6 +25,7 @@ use std::net::IpAddr;
 
 use hostlb_api::Selector;
 use hostlb_api::annotations::EXCLUDE_FROM_EXTERNAL_LB;
+use hostlb_api::rules::{age_key, pool_holding};
 
 use super::hash::rank_key;
 use super::report::{Candidate, Excluded, Note, Reason, VipReport};
@@ -390,6 +391,10 @@ impl Election {
             })
             .collect();
         let winner = candidates.first().map(|c| c.node.clone());
+        let winner_on = wins
+            .first()
+            .and_then(|w| self.c.announce_target(v, w.node))
+            .cloned();
         debug_assert_eq!(
             winner.as_deref(),
             self.winners[v].map(|w| self.c.slots[w.node as usize].name.as_str()),
@@ -405,6 +410,7 @@ impl Election {
                 .collect(),
             pool: vip.pool.clone(),
             winner,
+            winner_on,
             candidates,
             virtual_nodes,
             excluded,
@@ -418,9 +424,7 @@ impl Election {
         let n_slots = slots.len();
 
         let mut pools: Vec<&Pool> = cluster.pools.iter().collect();
-        pools.sort_by(|a, b| {
-            (a.created.unwrap_or(i64::MAX), &a.name).cmp(&(b.created.unwrap_or(i64::MAX), &b.name))
-        });
+        pools.sort_by(|a, b| age_key(a.created, &a.name).cmp(&age_key(b.created, &b.name)));
 
         let mut ads: Vec<_> = cluster.advertisements.iter().collect();
         ads.sort_by(|a, b| a.name.cmp(&b.name));
@@ -483,15 +487,13 @@ impl Election {
         let mut vips = Vec::with_capacity(by_ip.len());
         for (ip, svcs) in by_ip {
             let oldest = services[svcs[0]];
-            let pool = oldest
-                .allocated_pool
-                .as_ref()
-                .and_then(|name| pools.iter().position(|p| p.name == *name))
-                .or_else(|| {
-                    pools
-                        .iter()
-                        .position(|p| p.ranges.iter().any(|r| r.contains(ip)))
-                });
+            let pool = pool_holding(
+                &pools,
+                oldest.allocated_pool.as_deref(),
+                &[ip],
+                |p| &p.name,
+                |p, ip| p.ranges.iter().any(|r| r.contains(ip)),
+            );
             let (class, mut note) = match pool {
                 None => (None, Some(Note::NoPool)),
                 Some(p) => {
@@ -660,7 +662,18 @@ impl Compiled {
             }
         }
         if self.announce_target(v, n).is_none() {
-            return Some(Reason::NotOnLink);
+            // Off-link only if no interface at all has the prefix: a node
+            // that has it on an interface the advertisements do not allow
+            // must not go virtual, since with Linux's default `arp_ignore=0`
+            // its kernel would answer ARP for the virtual address on that
+            // interface, beside the winner.
+            return Some(
+                if member.on_link.iter().any(|o| o.prefix.contains(vip.ip)) {
+                    Reason::InterfaceNotAllowed
+                } else {
+                    Reason::NotOnLink
+                },
+            );
         }
         None
     }

@@ -6,6 +6,8 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
+use super::view::OnLink;
+
 /// Why a node is not a candidate for a VIP. The first rule a node fails is
 /// the one reported, in the order of the variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -25,9 +27,13 @@ pub enum Reason {
     /// `externalTrafficPolicy: Local` and no usable endpoint on the node, or
     /// no usable endpoint anywhere.
     NoReadyEndpoint,
-    /// No on-link prefix of the node's announce interfaces contains the VIP,
+    /// No on-link prefix of any of the node's interfaces contains the VIP,
     /// and the agent there does not hold virtual addresses.
     NotOnLink,
+    /// The node has an on-link prefix containing the VIP, but only on
+    /// interfaces the advertisements do not allow (`interfaces`, or not the
+    /// announce interface). It neither announces nor goes virtual.
+    InterfaceNotAllowed,
 }
 
 impl Reason {
@@ -40,6 +46,7 @@ impl Reason {
             Reason::Leaving => "leaving",
             Reason::NoReadyEndpoint => "no-ready-endpoint",
             Reason::NotOnLink => "not-on-link",
+            Reason::InterfaceNotAllowed => "interface-not-allowed",
         }
     }
 
@@ -53,6 +60,9 @@ impl Reason {
             Reason::Leaving => "the agent on the node is shutting down",
             Reason::NoReadyEndpoint => "no usable endpoint of the Service on the node",
             Reason::NotOnLink => "no on-link prefix contains the address",
+            Reason::InterfaceNotAllowed => {
+                "the address is on-link only on interfaces its advertisements do not allow"
+            }
         }
     }
 }
@@ -110,6 +120,8 @@ pub struct VipReport {
     pub services: Vec<String>,
     pub pool: Option<String>,
     pub winner: Option<String>,
+    /// Where the winner holds the address: interface and on-link prefix.
+    pub winner_on: Option<OnLink>,
     /// In election order: score descending, then hash ascending.
     pub candidates: Vec<Candidate>,
     /// Eligible live nodes with no on-link prefix for the VIP: they hold it on

@@ -260,8 +260,16 @@ proptest! {
             let mut r = Rng(seed ^ node.name.len() as u64);
             let e = Election::new(&w.cluster, shuffled(&w.members, &mut r));
             for d in e.duties(&node.name) {
-                if let Duty::Announce { ip, .. } = d {
-                    announcers.entry(ip).or_default().push(node.name.clone());
+                match d {
+                    Duty::Announce { ip, .. } => {
+                        announcers.entry(ip).or_default().push(node.name.clone());
+                    }
+                    // A virtual address on a node that has the prefix on
+                    // any interface would be answered there too.
+                    Duty::Virtual { ip } => {
+                        let m = w.members.iter().find(|m| m.node == node.name).unwrap();
+                        prop_assert!(!m.on_link.iter().any(|o| o.prefix.contains(ip)));
+                    }
                 }
             }
         }

@@ -185,8 +185,9 @@ fn advertisement_interfaces_choose_where_to_announce() {
         node: "a".into(),
         leaving: false,
         virtual_mode: true,
-        // The VIP's subnet is on the default interface only: the ad does
-        // not allow that interface, so `a` is off-link for it.
+        // The VIP's subnet is on the default interface only, which the ad
+        // does not allow: `a` sits out. It must not go virtual either, or
+        // its kernel would answer ARP for the VIP on eth0 beside `b`.
         on_link: vec![on("eth0", "10.20.0.0/24", true)],
     };
     let b = Member {
@@ -201,12 +202,60 @@ fn advertisement_interfaces_choose_where_to_announce() {
     let e = Election::new(&c, vec![a, b]);
     let r = e.explain(ip("10.20.0.1")).unwrap();
     assert_eq!(r.winner.as_deref(), Some("b"));
-    assert_eq!(r.virtual_nodes, vec!["a"]);
+    assert!(r.virtual_nodes.is_empty());
+    assert_eq!(reasons(&r), vec![("a", Reason::InterfaceNotAllowed)]);
+    assert_eq!(e.duties("a"), vec![]);
     assert_eq!(
         e.duties("b"),
         vec![Duty::Announce {
             ip: ip("10.20.0.1"),
             on_link: on("eth2", "10.20.0.0/24", false)
+        }]
+    );
+}
+
+#[test]
+fn a_prefix_only_on_a_non_announce_interface_excludes_rather_than_goes_virtual() {
+    let c = cluster(
+        vec![mk_node("a", &[]), mk_node("b", &[]), mk_node("far", &[])],
+        vec![mk_pool("p", &["10.20.0.0/24"])],
+        vec![mk_ad("ad", &[])],
+        vec![mk_svc("default/a", &["10.20.0.1"])],
+    );
+    let on = |iface: &str, prefix: &str, announce: bool| OnLink {
+        prefix: prefix.parse().unwrap(),
+        interface: iface.into(),
+        announce,
+    };
+    let with = |node: &str, on_link: Vec<OnLink>| Member {
+        node: node.into(),
+        leaving: false,
+        virtual_mode: true,
+        on_link,
+    };
+    let members = vec![
+        // The VIP's subnet is on a storage NIC, not the announce interface.
+        with(
+            "a",
+            vec![
+                on("eth0", "10.0.0.0/24", true),
+                on("eth1", "10.20.0.0/16", false),
+            ],
+        ),
+        with("b", vec![on("eth0", "10.20.0.0/24", true)]),
+        with("far", vec![on("eth0", "10.9.0.0/24", true)]),
+    ];
+    let e = Election::new(&c, members);
+    let r = e.explain(ip("10.20.0.1")).unwrap();
+    assert_eq!(r.winner.as_deref(), Some("b"));
+    assert_eq!(reasons(&r), vec![("a", Reason::InterfaceNotAllowed)]);
+    // Only a node with the prefix on no interface at all goes virtual.
+    assert_eq!(r.virtual_nodes, vec!["far"]);
+    assert_eq!(e.duties("a"), vec![]);
+    assert_eq!(
+        e.duties("far"),
+        vec![Duty::Virtual {
+            ip: ip("10.20.0.1")
         }]
     );
 }
@@ -252,11 +301,16 @@ fn pool_lookup_annotation_then_oldest_containing_pool() {
     annotated.allocated_pool = Some("newer".into());
     let mut unknown = mk_svc("default/unknown-pool", &["10.0.0.3"]);
     unknown.allocated_pool = Some("gone".into());
+    // "newer" was edited and no longer holds .200: the annotation is stale
+    // and the allocator (`hostlb_api::rules::pool_holding`) counts the
+    // address as "older"'s, so must the agent.
+    let mut stale = mk_svc("default/stale", &["10.0.0.200"]);
+    stale.allocated_pool = Some("newer".into());
     let c = cluster(
         nodes,
         vec![newer, older],
         ads,
-        vec![plain, annotated, unknown],
+        vec![plain, annotated, unknown, stale],
     );
     let e = Election::new(&c, everywhere(&["a", "b"]));
     assert_eq!(
@@ -273,6 +327,11 @@ fn pool_lookup_annotation_then_oldest_containing_pool() {
         e.explain(ip("10.0.0.3")).unwrap().pool.as_deref(),
         Some("older")
     );
+    assert_eq!(
+        e.explain(ip("10.0.0.200")).unwrap().pool.as_deref(),
+        Some("older")
+    );
+    assert_eq!(e.winner(ip("10.0.0.200")), Some("a"));
 }
 
 #[test]
