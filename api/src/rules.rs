@@ -77,6 +77,9 @@ mod tests {
     fn oldest_first_puts_unknown_ages_last_and_breaks_ties_by_name() {
         let mut v = vec![(None, "a"), (Some(5), "z"), (Some(5), "b"), (Some(1), "y")];
         v.sort_by(|a, b| age_key(a.0, a.1).cmp(&age_key(b.0, b.1)));
-        assert_eq!(v, vec![(Some(1), "y"), (Some(5), "b"), (Some(5), "z"), (None, "a")]);
+        assert_eq!(
+            v,
+            vec![(Some(1), "y"), (Some(5), "b"), (Some(5), "z"), (None, "a")]
+        );
     }
 }
