@@ -135,7 +135,9 @@ impl RunArgs {
 }
 
 fn main() -> ExitCode {
+    hostlb_api::logging::init("info");
     let cli = Cli::parse();
+    tracing::debug!(version = env!("CARGO_PKG_VERSION"), "allocator starting");
     let result = match cli
         .command
         .unwrap_or_else(|| Command::Run(RunArgs::default()))

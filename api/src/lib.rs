@@ -9,6 +9,8 @@
 pub mod address;
 pub mod annotations;
 pub mod crds;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod rules;
 pub mod scope;
 pub mod selector;

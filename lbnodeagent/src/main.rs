@@ -42,7 +42,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    hostlb_api::logging::init("info");
+    let cli = Cli::parse();
+    tracing::debug!(version = env!("CARGO_PKG_VERSION"), "lbnodeagent starting");
+    match cli.command {
         Command::Simulate {
             files,
             down,
