@@ -108,6 +108,8 @@ impl Ledger {
                 continue;
             };
             if self.require_namespaces && !self.engine.knows_namespace(&req.namespace) {
+                // Undecided, but what its status holds is nobody else's.
+                self.engine.reserve(req);
                 continue;
             }
             let before = self.engine.allocation(&k);
@@ -406,6 +408,38 @@ mod tests {
         assert_eq!(
             l.answer("d/s").unwrap().as_ref().unwrap().ips,
             vec![ip("10.0.0.3")]
+        );
+    }
+
+    #[test]
+    fn a_rebuild_reserves_addresses_of_services_whose_namespace_is_unknown() {
+        let mut l = Ledger::requiring_namespaces();
+        l.load(
+            &[pool("p", &["10.0.0.0/30"])],
+            [("d".to_string(), Labels::new())],
+        );
+        let mut early = svc("early", 1);
+        early.namespace = "later".into();
+        early.key = "later/early".into();
+        early.current = vec![ip("10.0.0.0")];
+        l.insert(early);
+        l.insert(svc("new", 5));
+        l.rebuild();
+        assert!(l.undecided("later/early"));
+        assert_eq!(
+            l.answer("d/new").unwrap().as_ref().unwrap().ips,
+            vec![ip("10.0.0.1")],
+            "the address in the undecided Service's status is not handed out"
+        );
+        assert_eq!(
+            l.holders_of(ip("10.0.0.0")),
+            vec!["later/early".to_string()]
+        );
+        // Once the namespace is known the Service is judged as usual.
+        l.set_namespace("later", Labels::new());
+        assert_eq!(
+            l.answer("later/early").unwrap().as_ref().unwrap().ips,
+            vec![ip("10.0.0.0")]
         );
     }
 

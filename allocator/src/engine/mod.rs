@@ -421,19 +421,10 @@ impl Allocator {
                 };
             }
         };
-        let mut held: Vec<IpAddr> = Vec::new();
-        for ip in &svc.current {
-            if !held.contains(ip) {
-                held.push(*ip);
-            }
-        }
-        if held.is_empty()
-            && let Some(a) = self.allocs.get(&svc.key)
-        {
-            held = a.ips.clone();
-        }
+        let held = self.held(svc);
         if !held.is_empty()
-            && let Ok((pool, ips, losers)) = self.check_keep(svc, &held, &requested, allow_new)
+            && let Ok((pool, ips, losers)) =
+                self.check_keep(svc, &held, &requested, allow_new, true)
         {
             self.evict(&losers);
             evicted.extend(losers);
@@ -494,6 +485,46 @@ impl Allocator {
         }
     }
 
+    /// The addresses the Service holds: its status, else what it was given
+    /// here and has not shown yet.
+    fn held(&self, svc: &ServiceRequest) -> Vec<IpAddr> {
+        let mut held: Vec<IpAddr> = Vec::new();
+        for ip in &svc.current {
+            if !held.contains(ip) {
+                held.push(*ip);
+            }
+        }
+        if held.is_empty()
+            && let Some(a) = self.allocs.get(&svc.key)
+        {
+            held = a.ips.clone();
+        }
+        held
+    }
+
+    /// Hold what the Service holds without judging it against its namespace
+    /// (not known yet) or its request, so that nobody else is given those
+    /// addresses before it can be judged. Takes nothing from anyone: an
+    /// address held by another Service that cannot share stays theirs.
+    /// Returns whether anything is held.
+    pub fn reserve(&mut self, svc: &ServiceRequest) -> bool {
+        let held = self.held(svc);
+        if held.is_empty() {
+            return false;
+        }
+        match self.check_keep(svc, &held, &[], false, false) {
+            Ok((pool, ips, losers)) if losers.is_empty() => {
+                let name = self.pools[pool].name.clone();
+                self.assign(svc, &name, &ips);
+                true
+            }
+            _ => {
+                self.release(&svc.key);
+                false
+            }
+        }
+    }
+
     /// Requested addresses, checked against the Service's families.
     fn check_requested(&self, svc: &ServiceRequest) -> Result<Vec<IpAddr>, AllocError> {
         if let Some(e) = &svc.request_error {
@@ -521,14 +552,17 @@ impl Allocator {
 
     /// Whether the Service can keep `held`; the pool, the addresses to hold
     /// (families adjusted to its policy) and the younger Services to evict.
+    /// Without `judge`, only whether the addresses can be held at all, not
+    /// whether the Service's namespace and request still want them.
     fn check_keep(
         &self,
         svc: &ServiceRequest,
         held: &[IpAddr],
         requested: &[IpAddr],
         allow_new: bool,
+        judge: bool,
     ) -> Result<(usize, Vec<IpAddr>, Vec<String>), AllocError> {
-        if !requested.is_empty() {
+        if judge && !requested.is_empty() {
             let a: BTreeSet<_> = held.iter().collect();
             let b: BTreeSet<_> = requested.iter().collect();
             if a != b {
@@ -554,12 +588,13 @@ impl Allocator {
             .pool_of(&ips, svc.current_pool.as_deref())
             .ok_or(AllocError::NotInPool(ips[0]))?;
         let p = &self.pools[pool];
-        if let Some(r) = &svc.requested_pool
+        if judge
+            && let Some(r) = &svc.requested_pool
             && *r != p.name
         {
             return Err(AllocError::BadRequest("requested pool changed".into()));
         }
-        if !self.admits(p, svc) {
+        if judge && !self.admits(p, svc) {
             return Err(AllocError::NotAdmitted(p.name.clone()));
         }
         let mut losers = Vec::new();
@@ -575,7 +610,7 @@ impl Allocator {
         // Families the policy wants and the pool can still give, unless the
         // Service named its addresses.
         for f in &wanted {
-            if !requested.is_empty() || ips.iter().any(|ip| family_of(*ip) == *f) {
+            if !judge || !requested.is_empty() || ips.iter().any(|ip| family_of(*ip) == *f) {
                 continue;
             }
             let added = if allow_new && p.usable() && p.has_family(*f) {
