@@ -10,7 +10,9 @@ use hostlb_api::annotations::{
 use hostlb_api::{Family, IPAddressPool};
 use k8s_openapi::api::core::v1::Service;
 
-use crate::engine::{AllocationSpec, FamilyPolicy, Labels, PoolSpec, Port, ServiceRequest};
+use crate::engine::{
+    AllocationSpec, Backend, FamilyPolicy, Labels, PoolSpec, Port, ServiceRequest,
+};
 
 pub use hostlb_api::Scope;
 
@@ -85,16 +87,16 @@ pub fn service_request(svc: &Service) -> ServiceRequest {
         Some("RequireDualStack") => FamilyPolicy::RequireDualStack,
         _ => FamilyPolicy::SingleStack,
     };
-    let local = spec.external_traffic_policy.as_deref() == Some("Local");
-    let backend_key = if local {
-        spec.selector
-            .iter()
-            .flatten()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    } else {
-        String::new()
+    let selector = spec.selector.as_ref().filter(|s| !s.is_empty());
+    let backend = match (spec.external_traffic_policy.as_deref(), selector) {
+        (Some("Local"), Some(sel)) => Backend::Local(
+            sel.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        (Some("Local"), None) => Backend::LocalUnselected,
+        _ => Backend::Cluster,
     };
     let ports = spec
         .ports
@@ -126,7 +128,7 @@ pub fn service_request(svc: &Service) -> ServiceRequest {
         request_error,
         requested_pool: service_annotation(annotations, ADDRESS_POOL).map(str::to_string),
         sharing_key: service_annotation(annotations, ALLOW_SHARED_IP).map(str::to_string),
-        backend_key,
+        backend,
         ports,
         current,
         current_pool: service_annotation(annotations, IP_ALLOCATED_FROM_POOL).map(str::to_string),
@@ -215,11 +217,35 @@ mod tests {
             Some("dns"),
             "MetalLB form honoured"
         );
-        assert_eq!(r.backend_key, "a=1,b=2");
+        assert_eq!(r.backend, Backend::Local("a=1,b=2".into()));
         assert_eq!(r.ports.len(), 2);
         assert_eq!(r.ports[1].protocol, "TCP");
         assert_eq!(r.current, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
         assert_eq!(r.current_pool.as_deref(), Some("new"));
+    }
+
+    #[test]
+    fn traffic_policy_and_selector_make_the_backend() {
+        let backend = |spec: serde_json::Value| {
+            service_request(&svc(
+                json!({"metadata": {"name": "s", "namespace": "d"}, "spec": spec}),
+            ))
+            .backend
+        };
+        assert_eq!(backend(json!({"selector": {"app": "x"}})), Backend::Cluster);
+        assert_eq!(
+            backend(json!({"externalTrafficPolicy": "Local", "selector": {"app": "x"}})),
+            Backend::Local("app=x".into())
+        );
+        assert_eq!(
+            backend(json!({"externalTrafficPolicy": "Local"})),
+            Backend::LocalUnselected
+        );
+        assert_eq!(
+            backend(json!({"externalTrafficPolicy": "Local", "selector": {}})),
+            Backend::LocalUnselected,
+            "an empty selector selects nothing either"
+        );
     }
 
     #[test]

@@ -42,6 +42,34 @@ impl std::fmt::Display for Port {
     }
 }
 
+/// Where a Service's traffic goes, as far as sharing an address goes:
+/// Services on one address are announced from one node, so with
+/// `externalTrafficPolicy: Local` they must have their endpoints on the same
+/// nodes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// `externalTrafficPolicy: Cluster`: every node forwards.
+    #[default]
+    Cluster,
+    /// `Local` with this pod selector (`k=v` pairs, sorted, comma-separated):
+    /// the same selector means the same pods.
+    Local(String),
+    /// `Local` without a selector: its endpoints are set by hand, in
+    /// EndpointSlices the allocator does not watch, so nothing can show they
+    /// are another Service's. It shares with no Service.
+    LocalUnselected,
+}
+
+impl Backend {
+    fn shares_with(&self, other: &Backend) -> bool {
+        match (self, other) {
+            (Backend::Cluster, Backend::Cluster) => true,
+            (Backend::Local(a), Backend::Local(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
 /// A Service as the engine sees it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceRequest {
@@ -65,9 +93,8 @@ pub struct ServiceRequest {
     pub requested_pool: Option<String>,
     /// `hostlb.io/allow-shared-ip`.
     pub sharing_key: Option<String>,
-    /// Which pods the Service sends to when `externalTrafficPolicy: Local`
-    /// (its selector), empty for `Cluster`: sharing needs equal keys.
-    pub backend_key: String,
+    /// Where its traffic goes: sharing needs the same.
+    pub backend: Backend,
     pub ports: Vec<Port>,
     /// Addresses in `status.loadBalancer.ingress`.
     pub current: Vec<IpAddr>,
@@ -180,7 +207,7 @@ pub struct PoolReport {
 #[derive(Clone, Debug)]
 struct Holding {
     sharing: Option<String>,
-    backend: String,
+    backend: Backend,
     services: BTreeMap<String, Vec<Port>>,
 }
 
@@ -308,12 +335,12 @@ impl Allocator {
         for &ip in ips {
             let h = self.holders.entry(ip).or_insert_with(|| Holding {
                 sharing: svc.sharing_key.clone(),
-                backend: svc.backend_key.clone(),
+                backend: svc.backend.clone(),
                 services: BTreeMap::new(),
             });
             if h.services.is_empty() {
                 h.sharing = svc.sharing_key.clone();
-                h.backend = svc.backend_key.clone();
+                h.backend = svc.backend.clone();
             }
             h.services.insert(svc.key.clone(), svc.ports.clone());
             self.used[family_index(family_of(ip))].insert(to_u128(ip));
@@ -348,7 +375,10 @@ impl Allocator {
             (None, _) => "it does not allow sharing (no hostlb.io/allow-shared-ip)".to_string(),
             (_, None) => "this Service does not allow sharing (no hostlb.io/allow-shared-ip)".to_string(),
             (Some(a), Some(b)) if a != b => format!("sharing key {b:?} differs from {a:?}"),
-            _ if h.backend != svc.backend_key => {
+            _ if [&h.backend, &svc.backend].contains(&&Backend::LocalUnselected) => {
+                "a Service with externalTrafficPolicy: Local and no selector shares with none (its endpoints cannot be compared)".to_string()
+            }
+            _ if !h.backend.shares_with(&svc.backend) => {
                 "shared addresses need externalTrafficPolicy: Cluster on all Services, or the same pod selector".to_string()
             }
             _ => {

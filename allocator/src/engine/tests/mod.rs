@@ -95,7 +95,11 @@ impl SvcExt for ServiceRequest {
         self
     }
     fn local(mut self, selector: &str) -> Self {
-        self.backend_key = selector.into();
+        self.backend = if selector.is_empty() {
+            Backend::LocalUnselected
+        } else {
+            Backend::Local(selector.into())
+        };
         self
     }
     fn holding(mut self, addrs: &[&str], pool: &str) -> Self {

@@ -77,7 +77,9 @@ fn random_service(r: &mut Rng, i: usize, pools: &[PoolSpec]) -> ServiceRequest {
         s.sharing_key = Some(["k1", "k2"][r.below(2) as usize].into());
     }
     if r.chance(0.3) {
-        s.backend_key = "app=x".into();
+        s.backend = Backend::Local("app=x".into());
+    } else if r.chance(0.1) {
+        s.backend = Backend::LocalUnselected;
     }
     s.ports = vec![Port {
         protocol: ["TCP", "UDP"][r.below(2) as usize].into(),
@@ -128,11 +130,12 @@ fn check_invariants(
                 "{} shared without a common key",
                 ip
             );
-            prop_assert_eq!(
-                &h.backend_key,
-                &holders[0].backend_key,
-                "{} shared across different backends",
-                ip
+            prop_assert!(
+                h.backend.shares_with(&holders[0].backend),
+                "{} shared across backends {:?} and {:?}",
+                ip,
+                h.backend,
+                holders[0].backend
             );
         }
         let mut ports = std::collections::BTreeSet::new();

@@ -339,6 +339,35 @@ fn sharing_keys_ports_and_traffic_policy() {
     assert_eq!(alloc(&mut a, &svc("next", 12)), Ok(vec!["10.0.0.0".into()]));
 }
 
+/// A Local Service without a selector has hand-made endpoints nobody here
+/// can compare: it shares with no Service, Cluster or Local, selector or not.
+#[test]
+fn a_local_service_without_a_selector_shares_with_none() {
+    let mut a = with_pools(&[pool("p", 1, &["10.0.0.0/29"])]);
+    let cluster = svc("cluster", 1).share("k").ports(&[("TCP", 1)]);
+    assert_eq!(alloc(&mut a, &cluster), Ok(vec!["10.0.0.0".into()]));
+    let bare = svc("bare", 2).share("k").ports(&[("TCP", 2)]).local("");
+    assert_eq!(alloc(&mut a, &bare), Ok(vec!["10.0.0.1".into()]));
+    let bare2 = svc("bare2", 3).share("k").ports(&[("TCP", 3)]).local("");
+    assert_eq!(alloc(&mut a, &bare2), Ok(vec!["10.0.0.2".into()]));
+    let selected = svc("selected", 4)
+        .share("k")
+        .ports(&[("TCP", 4)])
+        .local("app=x");
+    assert_eq!(alloc(&mut a, &selected), Ok(vec!["10.0.0.3".into()]));
+    assert_eq!(
+        alloc(
+            &mut a,
+            &svc("ask", 5)
+                .share("k")
+                .ports(&[("TCP", 5)])
+                .local("")
+                .request(&["10.0.0.0"])
+        ),
+        Err("10.0.0.0 is in use by default/cluster: a Service with externalTrafficPolicy: Local and no selector shares with none (its endpoints cannot be compared)".into())
+    );
+}
+
 #[test]
 fn held_addresses_are_kept_while_valid() {
     let mut a = with_pools(&[pool("p", 1, &["10.0.0.0/24"])]);
