@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 pub mod addrs;
+pub mod agent;
 pub mod announce;
 pub mod election;
 pub mod gossip;

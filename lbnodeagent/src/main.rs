@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use lbnodeagent::agent::{self, AgentConfig, config::DEFAULT_CONFIG_PATH};
 use lbnodeagent::inputs::Scope;
 use lbnodeagent::simulate::{self, Output};
 
@@ -17,6 +18,32 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the agent: elect, hold VIPs, gossip, report (systemd service).
+    Run {
+        #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+        config: PathBuf,
+    },
+    /// Check a config file and exit non-zero naming the bad key and line.
+    Check {
+        #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+        config: PathBuf,
+    },
+    /// Remove every address the agent owns and tell peers this node left
+    /// (systemd `ExecStopPost=`, runs even after the agent was killed).
+    Cleanup {
+        #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+        config: PathBuf,
+    },
+    /// Show a running agent's members, held VIPs and per-VIP election.
+    Status {
+        #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+        config: PathBuf,
+        /// Print the raw JSON of /status.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a new gossip key: `lbnodeagent keygen > /etc/lbnodeagent/gossip.key`.
+    Keygen,
     /// Compute the election offline from YAML files (`kubectl get -o yaml`).
     Simulate {
         /// File with Nodes, Services, EndpointSlices, IPAddressPools and
@@ -46,6 +73,80 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing::debug!(version = env!("CARGO_PKG_VERSION"), "lbnodeagent starting");
     match cli.command {
+        Command::Run { config } => runtime().block_on(async {
+            match agent::run(&config).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, "lbnodeagent stopped");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
+        Command::Check { config } => match AgentConfig::load(&config) {
+            Ok(c) => {
+                println!("{}: ok (node {})", config.display(), c.node_name);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Cleanup { config } => runtime().block_on(async {
+            match agent::cleanup::cleanup(&config).await {
+                Ok(c) => {
+                    println!(
+                        "removed {} addresses ({} failed), told {} peers",
+                        c.removed, c.failed, c.told
+                    );
+                    if c.failed == 0 {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("cleanup: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
+        Command::Status { config, json } => {
+            let listen = AgentConfig::load(&config)
+                .map(|c| c.http_listen)
+                .unwrap_or_else(|_| {
+                    agent::config::DEFAULT_HTTP_LISTEN
+                        .parse()
+                        .expect("constant")
+                });
+            match agent::status::fetch(listen) {
+                Ok(doc) if json => {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&doc).expect("serializes")
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(doc) => {
+                    print!("{}", agent::status::render(&doc));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("status: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Keygen => match agent::keygen() {
+            Ok(key) => {
+                println!("{key}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("keygen: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Simulate {
             files,
             down,
@@ -76,4 +177,12 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
 }

@@ -4,4 +4,5 @@
 
 pub mod apiserver;
 pub mod netns;
+pub mod probe;
 pub mod rng;

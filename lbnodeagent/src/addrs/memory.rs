@@ -294,6 +294,11 @@ impl AddressBackend for MemoryBackend {
         Ok(k.describe(index).expect("just found"))
     }
 
+    async fn interfaces(&self) -> Result<Vec<Interface>> {
+        let k = self.kernel();
+        Ok(k.links.keys().filter_map(|&i| k.describe(i)).collect())
+    }
+
     async fn ensure_virtual_interface(&self, name: &str) -> Result<Interface> {
         let exists = self.kernel().link_by_name(name).is_some();
         if !exists {

@@ -299,6 +299,12 @@ pub trait AddressBackend: Send + Sync {
     /// A named interface with its prefixes, for L2Advertisement `interfaces`.
     fn interface(&self, name: &str) -> impl Future<Output = Result<Interface>> + Send;
 
+    /// Every link with its on-link prefixes. The agent publishes the
+    /// prefixes of all of them, so the election can tell a node that has a
+    /// VIP's subnet on an interface it may not announce on (and must then
+    /// stay out) from one that has it nowhere (and goes virtual).
+    fn interfaces(&self) -> impl Future<Output = Result<Vec<Interface>>> + Send;
+
     /// The virtual interface for off-link VIPs: a `dummy` link created on
     /// demand, or an existing link of that name where the kernel has no dummy
     /// driver.

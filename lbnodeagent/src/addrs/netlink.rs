@@ -955,6 +955,12 @@ impl AddressBackend for NetlinkBackend {
         self.describe(&link).await
     }
 
+    async fn interfaces(&self) -> Result<Vec<Interface>> {
+        let routes = self.routes().await?;
+        let links = self.links().await?;
+        Ok(links.iter().map(|l| describe_link(l, &routes)).collect())
+    }
+
     async fn ensure_virtual_interface(&self, name: &str) -> Result<Interface> {
         let created = self
             .handle

@@ -212,6 +212,37 @@ impl Election {
         self.reconsider(id)
     }
 
+    /// Replace the whole membership with `members` (a gossip view): members
+    /// that changed are upserted, missing ones removed, unchanged ones cost
+    /// nothing. Returns the addresses whose winner changed, sorted.
+    pub fn set_members(&mut self, members: &[Member]) -> Vec<IpAddr> {
+        let mut moved = Vec::new();
+        let keep: std::collections::HashSet<&str> =
+            members.iter().map(|m| m.node.as_str()).collect();
+        let gone: Vec<String> = self
+            .c
+            .slots
+            .iter()
+            .filter(|s| s.member.is_some() && !keep.contains(s.name.as_str()))
+            .map(|s| s.name.clone())
+            .collect();
+        for node in gone {
+            moved.extend(self.remove_member(&node));
+        }
+        for m in members {
+            moved.extend(self.upsert_member(m.clone()));
+        }
+        moved.sort();
+        moved.dedup();
+        moved
+    }
+
+    /// Live members as the engine has them, by name.
+    pub fn member(&self, node: &str) -> Option<&Member> {
+        let id = *self.slot_of.get(node)?;
+        self.c.slots[id as usize].member.as_ref()
+    }
+
     /// A member is gone (failed or left).
     pub fn remove_member(&mut self, node: &str) -> Vec<IpAddr> {
         let Some(&id) = self.slot_of.get(node) else {

@@ -524,3 +524,48 @@ fn a_node_added_after_the_first_election_can_win() {
     e.remove_member("a");
     assert_eq!(e.winner(ip(&vip)), Some("b"));
 }
+
+#[test]
+fn set_members_equals_a_fresh_engine_and_reports_moves() {
+    let nodes = vec![mk_node("a", &[]), mk_node("b", &[]), mk_node("c", &[])];
+    let svcs = (1..=20)
+        .map(|i| mk_svc(&format!("default/s{i}"), &[&format!("10.0.0.{i}")]))
+        .collect();
+    let c = cluster(
+        nodes,
+        vec![mk_pool("p", &["10.0.0.0/24"])],
+        vec![mk_ad("ad", &[])],
+        svcs,
+    );
+    let all = everywhere(&["a", "b", "c"]);
+    let mut e = Election::new(&c, all.clone());
+    let before: Vec<(IpAddr, Option<String>)> = e
+        .winners()
+        .map(|(i, w)| (i, w.map(str::to_string)))
+        .collect();
+    // "b" fails, "c" starts leaving.
+    let mut view: Vec<Member> = all.iter().filter(|m| m.node != "b").cloned().collect();
+    view.iter_mut().find(|m| m.node == "c").unwrap().leaving = true;
+    let moved = e.set_members(&view);
+    let fresh = Election::new(&c, view.clone());
+    let after: Vec<(IpAddr, Option<String>)> = e
+        .winners()
+        .map(|(i, w)| (i, w.map(str::to_string)))
+        .collect();
+    let want: Vec<(IpAddr, Option<String>)> = fresh
+        .winners()
+        .map(|(i, w)| (i, w.map(str::to_string)))
+        .collect();
+    assert_eq!(after, want);
+    let expect_moved: Vec<IpAddr> = before
+        .iter()
+        .zip(&after)
+        .filter(|(x, y)| x.1 != y.1)
+        .map(|(x, _)| x.0)
+        .collect();
+    assert!(!expect_moved.is_empty());
+    assert_eq!(moved, expect_moved);
+    assert!(after.iter().all(|(_, w)| w.as_deref() == Some("a")));
+    // The same view again changes nothing.
+    assert!(e.set_members(&view).is_empty());
+}

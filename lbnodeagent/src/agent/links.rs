@@ -1,0 +1,225 @@
+//! This node's links as the reconcile loop uses them: what it publishes in
+//! gossip (the on-link prefixes of every link, marked when on an announce
+//! interface) and how an election [`Duty`], which names interfaces, becomes
+//! a [`VipAddress`] with the ifindex the backend needs and a [`Target`] with
+//! the MAC the announcer needs. Pure: the loop reads the kernel, this
+//! decides.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use hostlb_api::Family;
+
+use crate::addrs::{Interface, Lifetime, VipAddress};
+use crate::announce::Target;
+use crate::election::{Duty, OnLink};
+
+/// How a VIP is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Won the election: a secondary address on an on-link interface; the
+    /// kernel answers ARP/ND for it.
+    Local,
+    /// Off-link: `/32` or `/128` on the virtual interface for routing
+    /// software to export.
+    Virtual,
+}
+
+/// An address the loop wants the kernel to hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Want {
+    pub vip: VipAddress,
+    pub mode: Mode,
+    /// Where to send gratuitous ARP / unsolicited NA; `None` in virtual
+    /// mode or on a link without a MAC.
+    pub target: Option<Target>,
+}
+
+/// A snapshot of the node's links.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Links {
+    pub all: Vec<Interface>,
+    /// The announce interface per family (the default-route one, or the
+    /// configured one); `None` when there is none (no default route).
+    pub announce_v4: Option<u32>,
+    pub announce_v6: Option<u32>,
+    /// The virtual interface, when virtual mode is on and it exists.
+    pub virtual_link: Option<Interface>,
+}
+
+impl Links {
+    pub fn by_name(&self, name: &str) -> Option<&Interface> {
+        self.all.iter().find(|i| i.name == name)
+    }
+
+    pub fn by_index(&self, index: u32) -> Option<&Interface> {
+        self.all.iter().find(|i| i.index == index)
+    }
+
+    fn announce_index(&self, family: Family) -> Option<u32> {
+        match family {
+            Family::V4 => self.announce_v4,
+            Family::V6 => self.announce_v6,
+        }
+    }
+
+    /// Whether `index` is an announce interface of either family.
+    pub fn is_announce(&self, index: u32) -> bool {
+        self.announce_v4 == Some(index) || self.announce_v6 == Some(index)
+    }
+
+    /// The prefixes this node publishes: those of every link with carrier,
+    /// except the virtual interface (whose host routes are not a subnet).
+    /// A link without carrier publishes nothing, so the node stops being a
+    /// candidate for VIPs there the moment the cable is pulled.
+    pub fn on_link(&self) -> Vec<OnLink> {
+        let virtual_index = self.virtual_link.as_ref().map(|v| v.index);
+        let mut out: Vec<OnLink> = self
+            .all
+            .iter()
+            .filter(|i| i.carrier && Some(i.index) != virtual_index)
+            .flat_map(|i| {
+                i.prefixes.iter().map(move |p| OnLink {
+                    prefix: *p,
+                    interface: i.name.clone(),
+                    announce: self.announce_index(p.family()) == Some(i.index),
+                })
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// What the kernel must hold for `duties`; duties whose interface is
+    /// gone (or virtual mode without its interface) are returned apart, for
+    /// the log: the next links refresh re-elects without them.
+    pub fn wants(
+        &self,
+        duties: &[Duty],
+        lifetime: Lifetime,
+    ) -> (BTreeMap<IpAddr, Want>, Vec<(IpAddr, String)>) {
+        let mut out = BTreeMap::new();
+        let mut missing = Vec::new();
+        for duty in duties {
+            match duty {
+                Duty::Announce { ip, on_link } => match self.by_name(&on_link.interface) {
+                    Some(iface) => {
+                        let vip = VipAddress {
+                            interface: iface.name.clone(),
+                            ifindex: iface.index,
+                            ip: *ip,
+                            prefix_len: on_link.prefix.prefix_len(),
+                            lifetime,
+                        };
+                        out.insert(
+                            *ip,
+                            Want {
+                                vip,
+                                mode: Mode::Local,
+                                target: Target::on(iface, *ip),
+                            },
+                        );
+                    }
+                    None => missing.push((*ip, on_link.interface.clone())),
+                },
+                Duty::Virtual { ip } => match &self.virtual_link {
+                    Some(v) => {
+                        out.insert(
+                            *ip,
+                            Want {
+                                vip: v.host_vip(*ip, lifetime),
+                                mode: Mode::Virtual,
+                                target: None,
+                            },
+                        );
+                    }
+                    None => missing.push((*ip, "the virtual interface".to_string())),
+                },
+            }
+        }
+        (out, missing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addrs::MacAddr;
+
+    fn iface(name: &str, index: u32, carrier: bool, prefixes: &[&str]) -> Interface {
+        Interface {
+            name: name.into(),
+            index,
+            mac: Some(MacAddr([2, 0, 0, 0, 0, index as u8])),
+            carrier,
+            prefixes: prefixes.iter().map(|p| p.parse().unwrap()).collect(),
+        }
+    }
+
+    fn links() -> Links {
+        Links {
+            all: vec![
+                iface("eth0", 2, true, &["10.0.0.0/24", "fd00::/64"]),
+                iface("eth1", 3, true, &["10.9.0.0/24"]),
+                iface("eth2", 4, false, &["10.8.0.0/24"]),
+                iface("kube-lb0", 5, true, &["10.7.0.1/32"]),
+            ],
+            announce_v4: Some(2),
+            announce_v6: Some(2),
+            virtual_link: Some(iface("kube-lb0", 5, true, &[])),
+        }
+    }
+
+    #[test]
+    fn publishes_every_link_with_carrier_except_the_virtual_one() {
+        let got: Vec<(String, String, bool)> = links()
+            .on_link()
+            .into_iter()
+            .map(|o| (o.interface, o.prefix.to_string(), o.announce))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("eth0".into(), "10.0.0.0/24".into(), true),
+                ("eth1".into(), "10.9.0.0/24".into(), false),
+                ("eth0".into(), "fd00::/64".into(), true),
+            ]
+        );
+    }
+
+    #[test]
+    fn duties_become_addresses_with_ifindex_prefix_and_mac() {
+        let l = links();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let on = |iface: &str, p: &str| OnLink {
+            prefix: p.parse().unwrap(),
+            interface: iface.into(),
+            announce: false,
+        };
+        let duties = vec![
+            Duty::Announce {
+                ip: ip("10.9.0.7"),
+                on_link: on("eth1", "10.9.0.0/24"),
+            },
+            Duty::Virtual {
+                ip: ip("192.0.2.1"),
+            },
+            Duty::Announce {
+                ip: ip("10.5.0.1"),
+                on_link: on("gone0", "10.5.0.0/24"),
+            },
+        ];
+        let (wants, missing) = l.wants(&duties, Lifetime::FOREVER);
+        let local = &wants[&ip("10.9.0.7")];
+        assert_eq!(local.mode, Mode::Local);
+        assert_eq!((local.vip.ifindex, local.vip.prefix_len), (3, 24));
+        assert_eq!(local.target.unwrap().mac, MacAddr([2, 0, 0, 0, 0, 3]));
+        let virt = &wants[&ip("192.0.2.1")];
+        assert_eq!(virt.mode, Mode::Virtual);
+        assert_eq!((virt.vip.ifindex, virt.vip.prefix_len), (5, 32));
+        assert_eq!(virt.target, None);
+        assert_eq!(missing, vec![(ip("10.5.0.1"), "gone0".to_string())]);
+    }
+}

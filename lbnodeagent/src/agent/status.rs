@@ -1,0 +1,222 @@
+//! `/status` as JSON and `lbnodeagent status` as a page for people: members
+//! with their state and prefixes, the VIPs this node holds, and per VIP the
+//! winner, the runners-up with score and hash rank, and why every other node
+//! lost.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::election::VipReport;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StatusDoc {
+    pub node: String,
+    pub ready: bool,
+    /// Why not ready, when not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready: Option<String>,
+    pub api_healthy: bool,
+    pub members: Vec<MemberDoc>,
+    pub held: Vec<HeldDoc>,
+    pub vips: Vec<VipDoc>,
+    /// Kubernetes objects left out, with the reason.
+    pub object_errors: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MemberDoc {
+    pub node: String,
+    pub status: String,
+    pub gossip: String,
+    pub version: String,
+    /// `prefix@interface`, `*` after an announce interface's.
+    pub prefixes: Vec<String>,
+    pub vips: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HeldDoc {
+    pub ip: IpAddr,
+    pub interface: String,
+    pub prefix_len: u8,
+    pub mode: String,
+    /// Removal waits for the new winner to show it holds the address.
+    #[serde(default)]
+    pub handing_over: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct VipDoc {
+    pub ip: IpAddr,
+    pub services: Vec<String>,
+    pub pool: Option<String>,
+    pub winner: Option<String>,
+    pub interface: Option<String>,
+    pub candidates: Vec<CandidateDoc>,
+    #[serde(rename = "virtual")]
+    pub virtual_nodes: Vec<String>,
+    pub excluded: Vec<ExcludedDoc>,
+    pub note: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CandidateDoc {
+    pub node: String,
+    pub score: u32,
+    pub hash_rank: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExcludedDoc {
+    pub node: String,
+    pub reason: String,
+    pub explanation: String,
+}
+
+impl VipDoc {
+    pub fn from_report(r: &VipReport) -> VipDoc {
+        VipDoc {
+            ip: r.ip,
+            services: r.services.clone(),
+            pool: r.pool.clone(),
+            winner: r.winner.clone(),
+            interface: r.winner_on.as_ref().map(|o| o.interface.clone()),
+            candidates: r
+                .candidates
+                .iter()
+                .map(|c| CandidateDoc {
+                    node: c.node.clone(),
+                    score: c.score,
+                    hash_rank: c.hash_rank,
+                })
+                .collect(),
+            virtual_nodes: r.virtual_nodes.clone(),
+            excluded: r
+                .excluded
+                .iter()
+                .map(|x| ExcludedDoc {
+                    node: x.node.clone(),
+                    reason: x.reason.to_string(),
+                    explanation: x.reason.explain().to_string(),
+                })
+                .collect(),
+            note: r.note.as_ref().map(|n| n.to_string()),
+        }
+    }
+}
+
+/// The page `lbnodeagent status` prints.
+pub fn render(doc: &StatusDoc) -> String {
+    let mut out = String::new();
+    let ready = match (&doc.not_ready, doc.ready) {
+        (_, true) => "ready".to_string(),
+        (Some(why), false) => format!("not ready: {why}"),
+        (None, false) => "not ready".to_string(),
+    };
+    let _ = writeln!(out, "node {}: {ready}", doc.node);
+    let _ = writeln!(out, "\nmembers ({}):", doc.members.len());
+    for m in &doc.members {
+        let _ = writeln!(
+            out,
+            "  {:<20} {:<8} {:<22} vips {:<4} {}",
+            m.node,
+            m.status,
+            m.gossip,
+            m.vips,
+            m.prefixes.join(" ")
+        );
+    }
+    let _ = writeln!(out, "\nheld here ({}):", doc.held.len());
+    for h in &doc.held {
+        let _ = writeln!(
+            out,
+            "  {}/{} on {} ({}){}",
+            h.ip,
+            h.prefix_len,
+            h.interface,
+            h.mode,
+            if h.handing_over { ", handing over" } else { "" }
+        );
+    }
+    for v in &doc.vips {
+        let _ = writeln!(
+            out,
+            "\n{}  pool {}  services {}",
+            v.ip,
+            v.pool.as_deref().unwrap_or("-"),
+            v.services.join(", ")
+        );
+        match (&v.winner, &v.note) {
+            (Some(w), _) => {
+                let on = v
+                    .interface
+                    .as_deref()
+                    .map(|i| format!(" on {i}"))
+                    .unwrap_or_default();
+                let _ = writeln!(out, "  winner: {w}{on}");
+            }
+            (None, Some(n)) => {
+                let _ = writeln!(out, "  winner: none ({n})");
+            }
+            (None, None) => {
+                let _ = writeln!(out, "  winner: none (no live, eligible, on-link candidate)");
+            }
+        }
+        for (i, c) in v.candidates.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  {:>3}. {:<20} score {:<4} hash rank {}",
+                i + 1,
+                c.node,
+                c.score,
+                c.hash_rank
+            );
+        }
+        if !v.virtual_nodes.is_empty() {
+            let _ = writeln!(out, "  virtual: {}", v.virtual_nodes.join(", "));
+        }
+        for x in &v.excluded {
+            let _ = writeln!(
+                out,
+                "  excluded {:<20} {} ({})",
+                x.node, x.reason, x.explanation
+            );
+        }
+    }
+    if !doc.object_errors.is_empty() {
+        let _ = writeln!(out, "\nobjects left out:");
+        for e in &doc.object_errors {
+            let _ = writeln!(out, "  {e}");
+        }
+    }
+    out
+}
+
+/// Fetches `/status` from a running agent: a plain HTTP/1.0 GET on the
+/// loopback listener, so the command needs no HTTP client stack.
+pub fn fetch(addr: std::net::SocketAddr) -> Result<StatusDoc, String> {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_secs(5);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| {
+        format!("cannot reach the agent on {addr}: {e}; is `lbnodeagent run` running (systemctl status lbnodeagent)?")
+    })?;
+    s.set_read_timeout(Some(timeout)).ok();
+    s.write_all(format!("GET /status HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .map_err(|e| format!("writing to {addr}: {e}"))?;
+    let mut body = Vec::new();
+    s.read_to_end(&mut body)
+        .map_err(|e| format!("reading from {addr}: {e}"))?;
+    let text = String::from_utf8_lossy(&body);
+    let (head, json) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("{addr} sent no HTTP response"))?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return Err(format!(
+            "the agent answered {}: {json}",
+            head.lines().next().unwrap_or("")
+        ));
+    }
+    serde_json::from_str(json).map_err(|e| format!("unreadable /status from {addr}: {e}"))
+}

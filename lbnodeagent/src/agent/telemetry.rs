@@ -1,0 +1,293 @@
+//! What the agent shows operators: Prometheus metrics, health and readiness,
+//! and `/status`, on `http.listen` (127.0.0.1:7472).
+//!
+//! Metrics and health are shared atomics the loop updates. `/status` is
+//! built by the reconcile loop itself, on request, through a channel: the
+//! loop owns the election and the held addresses, and answering from its
+//! own state means the page can never show a mix of two moments.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, oneshot};
+
+use super::status::StatusDoc;
+use crate::gossip::AuthCounters;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: &'static str,
+    pub result: &'static str,
+}
+
+pub struct Telemetry {
+    registry: Mutex<Registry>,
+    pub owned_vips: Gauge,
+    pub live_members: Gauge,
+    pub elections: Counter,
+    pub election_seconds: Histogram,
+    pub address_ops: Family<OpLabels, Counter>,
+    pub takeover_seconds: Histogram,
+    pub object_errors: Gauge,
+    pub events_dropped: Counter,
+    pub api_writes: Family<OpLabels, Counter>,
+    gossip: Mutex<Option<Arc<AuthCounters>>>,
+    /// First reconcile applied.
+    pub applied: AtomicBool,
+    pub api_healthy: AtomicBool,
+    pub carrier: AtomicBool,
+    pub leaving: AtomicBool,
+    /// Unix seconds of the loop's last turn.
+    beat: AtomicI64,
+    status: Mutex<Option<mpsc::Sender<oneshot::Sender<StatusDoc>>>>,
+}
+
+fn unix_now() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+impl Telemetry {
+    pub fn new() -> Arc<Telemetry> {
+        let mut registry = Registry::with_prefix("hostlb_agent");
+        let buckets = [
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+        ];
+        let t = Telemetry {
+            registry: Mutex::new(Registry::default()),
+            owned_vips: Gauge::default(),
+            live_members: Gauge::default(),
+            elections: Counter::default(),
+            election_seconds: Histogram::new(buckets),
+            address_ops: Family::default(),
+            takeover_seconds: Histogram::new([0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0]),
+            object_errors: Gauge::default(),
+            events_dropped: Counter::default(),
+            api_writes: Family::default(),
+            gossip: Mutex::new(None),
+            applied: AtomicBool::new(false),
+            api_healthy: AtomicBool::new(false),
+            carrier: AtomicBool::new(true),
+            leaving: AtomicBool::new(false),
+            beat: AtomicI64::new(unix_now()),
+            status: Mutex::new(None),
+        };
+        registry.register(
+            "owned_vips",
+            "Addresses this node holds",
+            t.owned_vips.clone(),
+        );
+        registry.register(
+            "live_members",
+            "Live, alive gossip members, this node included",
+            t.live_members.clone(),
+        );
+        registry.register(
+            "elections",
+            "Reconcile passes that re-ran the election",
+            t.elections.clone(),
+        );
+        registry.register(
+            "election_duration_seconds",
+            "Time to update the election and compute this node's duties",
+            t.election_seconds.clone(),
+        );
+        registry.register(
+            "address_operations",
+            "Kernel address adds, renewals and removals by result",
+            t.address_ops.clone(),
+        );
+        registry.register(
+            "takeover_seconds",
+            "From a member's loss in the gossip view to this node holding one of its VIPs",
+            t.takeover_seconds.clone(),
+        );
+        registry.register(
+            "object_errors",
+            "Kubernetes objects left out because they could not be used",
+            t.object_errors.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events not sent because the queue was full",
+            t.events_dropped.clone(),
+        );
+        registry.register(
+            "api_writes",
+            "Annotation patches and Events written to the API server by result",
+            t.api_writes.clone(),
+        );
+        *t.registry.lock().expect("fresh") = registry;
+        Arc::new(t)
+    }
+
+    pub fn op(&self, op: &'static str, ok: bool) {
+        self.address_ops
+            .get_or_create(&OpLabels {
+                op,
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+
+    pub fn write(&self, op: &'static str, ok: bool) {
+        self.api_writes
+            .get_or_create(&OpLabels {
+                op,
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+
+    pub fn set_gossip_counters(&self, c: Arc<AuthCounters>) {
+        *self.gossip.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+    }
+
+    pub fn set_status_channel(&self, tx: mpsc::Sender<oneshot::Sender<StatusDoc>>) {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+    }
+
+    pub fn beat(&self) {
+        self.beat.store(unix_now(), Ordering::Relaxed);
+    }
+
+    fn alive(&self) -> bool {
+        unix_now() - self.beat.load(Ordering::Relaxed) < 30
+    }
+
+    /// Why the node is not ready, or `None`.
+    pub fn not_ready(&self) -> Option<&'static str> {
+        if self.leaving.load(Ordering::Relaxed) {
+            Some("the agent is shutting down")
+        } else if !self.applied.load(Ordering::Relaxed) {
+            Some("waiting for the first reconcile (every watch listed, gossip started)")
+        } else if !self.carrier.load(Ordering::Relaxed) {
+            Some("the announce interface has no carrier")
+        } else if !self.api_healthy.load(Ordering::Relaxed) {
+            Some("degraded: the API server is unreachable; electing from the last known objects")
+        } else {
+            None
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(
+            &mut out,
+            &self.registry.lock().unwrap_or_else(|e| e.into_inner()),
+        )
+        .expect("writing to a String cannot fail");
+        // Gossip drops are counted by the transport; rendered from its
+        // snapshot so the two never disagree.
+        if let Some(c) = &*self.gossip.lock().unwrap_or_else(|e| e.into_inner()) {
+            let s = c.snapshot();
+            let body = out.trim_end_matches("# EOF\n").to_string();
+            out = body;
+            out.push_str(
+                "# HELP hostlb_agent_gossip_frames_dropped Gossip datagrams dropped, by reason.\n",
+            );
+            out.push_str("# TYPE hostlb_agent_gossip_frames_dropped counter\n");
+            let by_reason = [
+                ("oversized", s.dropped_oversized),
+                ("malformed", s.dropped_malformed),
+                ("bad_mac", s.dropped_bad_mac),
+                ("stale", s.dropped_stale),
+                ("replayed", s.dropped_replayed),
+                ("misdirected", s.dropped_misdirected),
+                ("other_version", s.dropped_other_version),
+                ("loopback", s.dropped_loopback),
+            ];
+            for (reason, n) in by_reason {
+                out.push_str(&format!(
+                    "hostlb_agent_gossip_frames_dropped_total{{reason=\"{reason}\"}} {n}\n"
+                ));
+            }
+            out.push_str("# EOF\n");
+        }
+        out
+    }
+
+    async fn status(&self) -> Option<StatusDoc> {
+        let tx = self
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let (reply, rx) = oneshot::channel();
+        tx.send(reply).await.ok()?;
+        tokio::time::timeout(Duration::from_secs(5), rx)
+            .await
+            .ok()?
+            .ok()
+    }
+}
+
+/// `/metrics`, `/healthz`, `/readyz`, `/status`.
+pub fn router(t: Arc<Telemetry>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(t): State<Arc<Telemetry>>| async move {
+                (
+                    [(
+                        "content-type",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    t.render(),
+                )
+            }),
+        )
+        .route(
+            "/healthz",
+            get(|State(t): State<Arc<Telemetry>>| async move {
+                if t.alive() {
+                    (StatusCode::OK, "ok").into_response()
+                } else {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the reconcile loop is stuck",
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(|State(t): State<Arc<Telemetry>>| async move {
+                match t.not_ready() {
+                    None => (StatusCode::OK, "ok".to_string()).into_response(),
+                    Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()).into_response(),
+                }
+            }),
+        )
+        .route(
+            "/status",
+            get(|State(t): State<Arc<Telemetry>>| async move {
+                match t.status().await {
+                    Some(doc) => (
+                        [("content-type", "application/json")],
+                        serde_json::to_string(&doc).expect("status serializes"),
+                    )
+                        .into_response(),
+                    None => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the reconcile loop did not answer",
+                    )
+                        .into_response(),
+                }
+            }),
+        )
+        .with_state(t)
+}

@@ -1,0 +1,358 @@
+//! A small cluster on one machine for end-to-end tests of `lbnodeagent run`:
+//! the test API server in its own host namespace on a bridged LAN, three or
+//! more hosts each running the real agent binary with its own config, run
+//! directory and log, and a client host that probes VIPs. Objects are
+//! written with the real `kubectl`. Everything is torn down on drop.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use hostlb_tests::apiserver::TestServer;
+use hostlb_tests::netns::{Host, Lan, NsRuntime, require_root, require_tools, wait_for};
+
+pub const API_PORT: u16 = 6443;
+
+pub struct Cluster {
+    // Drop order: agents (killed in Drop), server, runtime, LAN, files.
+    agents: BTreeMap<String, Child>,
+    pub server: Option<TestServer>,
+    api_rt: NsRuntime,
+    pub lan: Lan,
+    pub dir: tempfile::TempDir,
+    pub kubeconfig: PathBuf,
+    pub nodes: Vec<String>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, mut c) in std::mem::take(&mut self.agents) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            for n in &self.nodes {
+                if let Ok(log) = std::fs::read_to_string(self.log_path(n)) {
+                    eprintln!("----- {n} log -----\n{log}");
+                }
+            }
+        }
+    }
+}
+
+impl Cluster {
+    /// `nodes` hosts with agents (not started), an API server with the CRDs,
+    /// the system namespace and Node objects, and a `client` host.
+    pub fn new(nodes: &[&str]) -> Cluster {
+        require_root();
+        require_tools(&["arping", "kubectl"]);
+        let mut roles = vec!["api"];
+        roles.extend_from_slice(nodes);
+        roles.push("client");
+        let lan = Lan::new(&roles).unwrap();
+        let api = lan.host("api");
+        let api_rt = api.ns.runtime().unwrap();
+        let listen = std::net::SocketAddr::new(api.ipv4.into(), API_PORT);
+        let server = api_rt.run(move || async move { TestServer::start_on(listen).await.unwrap() });
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        std::fs::write(
+            dir.path().join("gossip.key"),
+            "6b5e1f0d9a3c47e2b8d4f1a6c3e9b7d2a5f8c1e4b7d0a3f6c9e2b5d8a1f4c7e0\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            dir.path().join("gossip.key"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        let c = Cluster {
+            agents: BTreeMap::new(),
+            server: Some(server),
+            api_rt,
+            lan,
+            dir,
+            kubeconfig,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        };
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+        c.kubectl(&["apply", "-f", crds.to_str().unwrap()]);
+        c.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: hostlb-system}\n");
+        for n in nodes {
+            let ip = c.lan.host(n).ipv4;
+            c.apply(&format!(
+                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {n}\n  labels: {{kubernetes.io/hostname: {n}}}\n"
+            ));
+            c.kubectl(&[
+                "patch",
+                "node",
+                n,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &format!(
+                    r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{ip}"}}]}}}}"#
+                ),
+            ]);
+        }
+        c
+    }
+
+    pub fn host(&self, role: &str) -> &Host {
+        self.lan.host(role)
+    }
+
+    pub fn log_path(&self, node: &str) -> PathBuf {
+        self.dir.path().join(format!("{node}.log"))
+    }
+
+    pub fn config_path(&self, node: &str) -> PathBuf {
+        self.dir.path().join(format!("{node}.toml"))
+    }
+
+    pub fn run_dir(&self, node: &str) -> PathBuf {
+        self.dir.path().join(format!("{node}-run"))
+    }
+
+    /// The agent's config: no seeds (they come from the Nodes'
+    /// InternalIPs), a short address lifetime, quick announcements.
+    pub fn write_config(&self, node: &str, extra: &str) {
+        let text = format!(
+            r#"node_name = "{node}"
+kubeconfig = "{kubeconfig}"
+run_dir = "{run}"
+[gossip]
+listen = "{ip}:7934"
+key_file = "{key}"
+[announce]
+address_lifetime = "6s"
+garp_count = 2
+garp_interval = "200ms"
+{extra}
+"#,
+            kubeconfig = self.kubeconfig.display(),
+            run = self.run_dir(node).display(),
+            ip = self.lan.host(node).ipv4,
+            key = self.dir.path().join("gossip.key").display(),
+        );
+        std::fs::write(self.config_path(node), text).unwrap();
+    }
+
+    /// Starts the real agent on `node` (writing a default config first if
+    /// there is none).
+    pub fn start(&mut self, node: &str) {
+        if !self.config_path(node).exists() {
+            self.write_config(node, "");
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(node))
+            .unwrap();
+        let config = self.config_path(node);
+        let mut cmd = self.lan.host(node).ns.command(
+            env!("CARGO_BIN_EXE_lbnodeagent"),
+            &["run", "--config", config.to_str().unwrap()],
+        );
+        cmd.env("RUST_LOG", "info,lbnodeagent=debug")
+            .stdout(Stdio::null())
+            .stderr(log);
+        let child = cmd.spawn().unwrap();
+        self.agents.insert(node.to_string(), child);
+    }
+
+    pub fn start_all(&mut self) {
+        for n in self.nodes.clone() {
+            self.start(&n);
+        }
+    }
+
+    /// The agent's process id (of the binary, not of `ip netns exec`, which
+    /// execs it).
+    pub fn pid(&self, node: &str) -> u32 {
+        self.agents[node].id()
+    }
+
+    pub fn signal(&self, node: &str, signal: &str) {
+        let pid = self.pid(node).to_string();
+        hostlb_tests::netns::run("kill", &["-s", signal, &pid]).unwrap();
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill(&mut self, node: &str) {
+        let mut c = self.agents.remove(node).expect("running");
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    /// Waits for the agent to exit by itself; its exit code.
+    pub fn wait_exit(&mut self, node: &str, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let c = self.agents.get_mut(node).expect("started");
+            if let Some(status) = c.try_wait().unwrap() {
+                self.agents.remove(node);
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `lbnodeagent ARGS` on `node`'s host; (success, stdout, stderr).
+    pub fn agent_command(&self, node: &str, args: &[&str]) -> (bool, String, String) {
+        let out = self
+            .lan
+            .host(node)
+            .ns
+            .command(env!("CARGO_BIN_EXE_lbnodeagent"), args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// `kubectl ARGS` from the API host; panics on failure.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        self.try_kubectl(args)
+            .unwrap_or_else(|e| panic!("kubectl {}: {e}", args.join(" ")))
+    }
+
+    pub fn try_kubectl(&self, args: &[&str]) -> Result<String, String> {
+        let kc = self.kubeconfig.to_str().unwrap().to_string();
+        let mut argv = vec!["--kubeconfig", kc.as_str()];
+        argv.extend_from_slice(args);
+        let out = self
+            .lan
+            .host("api")
+            .ns
+            .command("kubectl", &argv)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// `kubectl apply` of a YAML document.
+    pub fn apply(&self, yaml: &str) {
+        let path = self.dir.path().join(format!(
+            "apply-{}.yaml",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::write(&path, yaml).unwrap();
+        self.kubectl(&["apply", "-f", path.to_str().unwrap()]);
+    }
+
+    /// A pool over `addresses` and one advertisement (`ad_spec` is the rest
+    /// of its spec, YAML flow style, may be empty).
+    pub fn pool_and_ad(&self, addresses: &[&str], ad_spec: &str) {
+        self.apply(&format!(
+            "apiVersion: hostlb.io/v1\nkind: IPAddressPool\nmetadata: {{name: pool, namespace: hostlb-system}}\nspec:\n  addresses: [{}]\n",
+            addresses.join(", ")
+        ));
+        self.apply(&format!(
+            "apiVersion: hostlb.io/v1\nkind: L2Advertisement\nmetadata: {{name: ad, namespace: hostlb-system}}\nspec: {{{ad_spec}}}\n"
+        ));
+    }
+
+    /// A LoadBalancer Service `name` in `default` holding `ips` in its
+    /// status (as the allocator would write it), with ready endpoints on
+    /// `endpoint_nodes`.
+    pub fn service(&self, name: &str, ips: &[&str], endpoint_nodes: &[&str], spec_extra: &str) {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: LoadBalancer\n  ports: [{{port: 80, protocol: TCP}}]\n  {spec_extra}\n"
+        ));
+        self.endpoints(name, endpoint_nodes);
+        let ingress: Vec<String> = ips.iter().map(|ip| format!(r#"{{"ip":"{ip}"}}"#)).collect();
+        self.kubectl(&[
+            "patch",
+            "service",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(
+                r#"{{"status":{{"loadBalancer":{{"ingress":[{}]}}}}}}"#,
+                ingress.join(",")
+            ),
+        ]);
+    }
+
+    /// The Service's EndpointSlice: one ready endpoint per node.
+    pub fn endpoints(&self, name: &str, nodes: &[&str]) {
+        let eps: Vec<String> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                format!(
+                    "- {{addresses: [10.244.0.{}], nodeName: {n}, conditions: {{ready: true}}}}",
+                    i + 10
+                )
+            })
+            .collect();
+        self.apply(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-slice\n  namespace: default\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nendpoints:\n{}\n",
+            if eps.is_empty() { "[]".to_string() } else { eps.join("\n") }
+        ));
+    }
+
+    /// A Service annotation, or "" when unset.
+    pub fn annotation(&self, service: &str, key: &str) -> String {
+        let escaped = key.replace('.', "\\.").replace('/', "\\/");
+        self.kubectl(&[
+            "get",
+            "service",
+            service,
+            "-o",
+            &format!("jsonpath={{.metadata.annotations.{escaped}}}"),
+        ])
+    }
+
+    /// Which agents hold `ip` in their kernel (by `ip addr`).
+    pub fn holders(&self, ip: &str) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| {
+                self.lan
+                    .host(n)
+                    .ns
+                    .ip("-o addr show")
+                    .map(|out| out.lines().any(|l| l.contains(&format!(" {ip}/"))))
+                    .unwrap_or(false)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The node whose eth0 has `mac`.
+    pub fn node_of_mac(&self, mac: &str) -> Option<String> {
+        self.nodes
+            .iter()
+            .find(|n| self.lan.host(n).mac() == mac)
+            .cloned()
+    }
+
+    /// Waits until exactly one agent holds `ip`; its name.
+    pub fn wait_single_holder(&self, ip: &str, timeout: Duration) -> String {
+        wait_for(&format!("one holder of {ip}"), timeout, || {
+            let h = self.holders(ip);
+            (h.len() == 1).then(|| h[0].clone())
+        })
+        .unwrap_or_else(|e| panic!("{e}: holders now {:?}", self.holders(ip)))
+    }
+}

@@ -1,0 +1,252 @@
+//! A client's view of a VIP on the wire: a broadcast ARP request every few
+//! milliseconds, so every host that would answer does, and which MAC
+//! answered each, with the time it arrived. Tests and benchmarks judge
+//! failover by this, not by what an agent believes.
+//!
+//! The prober is a few lines of Python on a raw `AF_PACKET` socket: iputils
+//! `arping` cannot probe faster than once a second, and Python's standard
+//! library has packet sockets without any unsafe code here.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::netns::{Netns, NetnsError, Result};
+
+/// One reply: when it was read and the MAC that sent it (lower-case).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub at: Instant,
+    pub mac: String,
+}
+
+/// A running probe; stops (kills arping) on drop.
+pub struct ArpProbe {
+    child: Child,
+    replies: Arc<Mutex<Vec<Reply>>>,
+    pub interval: Duration,
+    pub started: Instant,
+}
+
+impl ArpProbe {
+    /// Probes `ip` from `ns` out of `interface` (whose address is
+    /// `source`) every `interval`.
+    pub fn start(
+        ns: &Netns,
+        interface: &str,
+        source: &str,
+        ip: &str,
+        interval: Duration,
+    ) -> Result<ArpProbe> {
+        let secs = format!("{:.4}", interval.as_secs_f64());
+        let mut cmd = ns.command(
+            "python3",
+            &["-u", "-c", ARP_PROBER, interface, source, ip, &secs],
+        );
+        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = cmd.spawn().map_err(|source| NetnsError::Spawn {
+            command: "python3 (ARP prober)".into(),
+            source,
+        })?;
+        let stdout = child.stdout.take().expect("piped");
+        let replies = Arc::new(Mutex::new(Vec::new()));
+        let sink = replies.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                if let Some(mac) = parse_reply(&line) {
+                    sink.lock().unwrap_or_else(|e| e.into_inner()).push(Reply {
+                        at: Instant::now(),
+                        mac,
+                    });
+                }
+            }
+        });
+        Ok(ArpProbe {
+            child,
+            replies,
+            interval,
+            started: Instant::now(),
+        })
+    }
+
+    pub fn replies(&self) -> Vec<Reply> {
+        self.replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replies received since `t`.
+    pub fn since(&self, t: Instant) -> Vec<Reply> {
+        self.replies().into_iter().filter(|r| r.at >= t).collect()
+    }
+
+    /// Waits until a reply from `mac` arrives after `t`; its arrival time.
+    pub fn wait_for_mac(&self, mac: &str, t: Instant, timeout: Duration) -> Option<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(r) = self.since(t).into_iter().find(|r| r.mac == mac) {
+                return Some(r.at);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The MACs that answered in `[from, to]`, in order of first reply.
+    pub fn macs_between(&self, from: Instant, to: Instant) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for r in self.replies() {
+            if r.at >= from && r.at <= to && !out.contains(&r.mac) {
+                out.push(r.mac);
+            }
+        }
+        out
+    }
+}
+
+impl Drop for ArpProbe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a client saw across one event (a fault at `t0`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Longest silence between two replies after `t0` (or from `t0` to the
+    /// first reply), less one probe interval: the time no owner answered.
+    pub outage: Duration,
+    /// Probes that got no answer in that window, estimated as the longest
+    /// silence divided by the interval, minus one.
+    pub lost: u64,
+    /// How long two MACs alternated: from the first reply of the new MAC to
+    /// the last reply of any other after it; zero if they never overlapped.
+    pub two_owners: Duration,
+    /// The MAC answering at the end.
+    pub last_mac: Option<String>,
+}
+
+/// Judges the replies after `t0` up to `end`.
+pub fn judge(replies: &[Reply], t0: Instant, end: Instant, interval: Duration) -> Outcome {
+    let window: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.at >= t0 && r.at <= end)
+        .collect();
+    let mut longest = Duration::ZERO;
+    let mut prev = t0;
+    for r in &window {
+        longest = longest.max(r.at.saturating_duration_since(prev));
+        prev = r.at;
+    }
+    longest = longest.max(end.saturating_duration_since(prev));
+    let last_mac = window.last().map(|r| r.mac.clone());
+    let two_owners = match &last_mac {
+        Some(last) => {
+            let first_new = window.iter().find(|r| &r.mac == last).map(|r| r.at);
+            let last_other = window.iter().rev().find(|r| &r.mac != last).map(|r| r.at);
+            match (first_new, last_other) {
+                (Some(a), Some(b)) if b > a => b - a,
+                _ => Duration::ZERO,
+            }
+        }
+        None => Duration::ZERO,
+    };
+    let step = interval.as_nanos().max(1);
+    Outcome {
+        outage: longest.saturating_sub(interval),
+        lost: (longest.as_nanos() / step).saturating_sub(1) as u64,
+        two_owners,
+        last_mac,
+    }
+}
+
+/// Sends an ARP request for the target every interval and prints one line
+/// per reply: `reply from IP [MAC]`.
+const ARP_PROBER: &str = r#"
+import select, socket, struct, sys, time
+iface, src, dst, interval = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
+s.bind((iface, 0x0806))
+mac = s.getsockname()[4]
+src_b, dst_b = socket.inet_aton(src), socket.inet_aton(dst)
+frame = (b"\xff" * 6 + mac + b"\x08\x06" + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1)
+         + mac + src_b + b"\x00" * 6 + dst_b)
+frame += b"\x00" * (60 - len(frame))
+due = time.monotonic()
+while True:
+    now = time.monotonic()
+    if now >= due:
+        s.send(frame)
+        due = max(due + interval, now)
+    ready, _, _ = select.select([s], [], [], max(0.0, due - time.monotonic()))
+    if ready:
+        p = s.recv(256)
+        if len(p) >= 42 and p[20:22] == b"\x00\x02" and p[28:32] == dst_b:
+            sys.stdout.write("reply from %s [%s]\n" % (dst, p[22:28].hex(":")))
+            sys.stdout.flush()
+"#;
+
+/// `reply from 10.77.0.100 [02:aa:bb:cc:dd:ee]` (also arping's form,
+/// `Unicast reply from 10.77.0.100 [02:AA:BB:CC:DD:EE]  0.712ms`).
+fn parse_reply(line: &str) -> Option<String> {
+    if !line.contains("reply from") {
+        return None;
+    }
+    let start = line.find('[')? + 1;
+    let end = start + line[start..].find(']')?;
+    Some(line[start..end].to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_arping_replies() {
+        assert_eq!(
+            parse_reply("Unicast reply from 10.77.0.100 [02:AA:BB:CC:DD:EE]  0.712ms"),
+            Some("02:aa:bb:cc:dd:ee".into())
+        );
+        assert_eq!(
+            parse_reply("Broadcast reply from 10.77.0.100 [02:aa:bb:cc:dd:ee]  1.0ms"),
+            Some("02:aa:bb:cc:dd:ee".into())
+        );
+        assert_eq!(parse_reply("ARPING 10.77.0.100 from 10.77.0.15 eth0"), None);
+    }
+
+    #[test]
+    fn judges_outage_and_overlap() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let r = |n: u64, mac: &str| Reply {
+            at: ms(n),
+            mac: mac.into(),
+        };
+        let iv = Duration::from_millis(10);
+        // Old answers until 20 ms, silence, new from 320 ms on.
+        let replies = vec![r(10, "a"), r(20, "a"), r(320, "b"), r(330, "b")];
+        let o = judge(&replies, t0, ms(335), iv);
+        assert_eq!(o.outage, Duration::from_millis(290));
+        assert_eq!(o.lost, 29);
+        assert_eq!(o.two_owners, Duration::ZERO);
+        assert_eq!(o.last_mac.as_deref(), Some("b"));
+        // Make before break: both answer between 100 and 130 ms.
+        let replies = vec![
+            r(90, "a"),
+            r(100, "b"),
+            r(110, "a"),
+            r(120, "b"),
+            r(130, "a"),
+            r(140, "b"),
+        ];
+        let o = judge(&replies, t0, ms(145), iv);
+        assert_eq!(o.two_owners, Duration::from_millis(30));
+        assert_eq!(o.lost, 8);
+    }
+}
