@@ -69,7 +69,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    hostlb_api::logging::init("info");
+    // kube logs every failed request at error level; the watches report
+    // failures once per outage instead.
+    hostlb_api::logging::init("info,kube_client::client::builder=off");
     let cli = Cli::parse();
     tracing::debug!(version = env!("CARGO_PKG_VERSION"), "lbnodeagent starting");
     match cli.command {

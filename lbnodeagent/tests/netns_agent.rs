@@ -78,8 +78,7 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
     let mut c = three_nodes();
     let probe = probe(&c);
 
-    let created = Instant::now();
-    c.service("web", &[VIP], &["node-a"], "");
+    let created = c.service("web", &[VIP], &["node-a"], "");
     let owner = settled(&c, &probe, Duration::from_secs(20));
     let first_reply = probe.since(created).first().map(|r| r.at).unwrap();
     eprintln!(
@@ -213,4 +212,329 @@ fn a_killed_agent_stops_answering_within_the_address_lifetime() {
     );
     assert!(o.outage < Duration::from_millis(1500), "{o:?}");
     assert!(gone - killed_at < Duration::from_secs(8));
+}
+
+/// A restarted agent keeps the addresses it still wins (no outage while it
+/// was down and comes back), removes the ones it no longer should hold, and
+/// never touches an address someone added by hand, even one equal to a VIP.
+#[test]
+fn a_restart_adopts_its_own_addresses_and_leaves_hand_added_ones() {
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    c.pool_and_ad(&["10.77.0.100-10.77.0.120"], "");
+    // Forever: the test restarts agents at its own pace.
+    c.lifetime = "0s".into();
+    c.start_all();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    // Find a second VIP the same node wins.
+    let mut stale = None;
+    for i in 101..=120 {
+        let ip = format!("10.77.0.{i}");
+        c.service(&format!("s{i}"), &[&ip], &["node-a"], "");
+        let holder = c.wait_single_holder(&ip, Duration::from_secs(10));
+        if holder == owner {
+            stale = Some((format!("s{i}"), ip));
+            break;
+        }
+    }
+    let (stale_svc, stale_ip) = stale.expect("some VIP of 20 hashes to the owner");
+    let ip_cmd = |c: &Cluster, args: &str| c.host(&owner).ns.ip(args).unwrap();
+
+    c.kill(&owner);
+    // While it is down: the stale VIP's Service goes away, and someone adds
+    // an address by hand on the owner's interface.
+    c.kubectl(&["delete", "service", &stale_svc]);
+    ip_cmd(&c, "addr add 10.77.0.250/24 dev eth0");
+    let restart_at = Instant::now();
+    c.start(&owner);
+    wait_for("the stale address to go", Duration::from_secs(10), || {
+        (!c.holders(&stale_ip).contains(&owner)).then_some(())
+    })
+    .unwrap();
+    wait_for(
+        "the owner to hold its VIP alone",
+        Duration::from_secs(10),
+        || (c.holders(VIP) == [owner.clone()]).then_some(()),
+    )
+    .unwrap();
+    let o = judge(&probe.replies(), restart_at, Instant::now(), PROBE_EVERY);
+    assert!(o.lost <= 2, "the adopted VIP stopped answering: {o:?}");
+    let addrs = ip_cmd(&c, "-o addr show dev eth0");
+    assert!(addrs.contains("10.77.0.250/24"), "{addrs}");
+
+    // A hand-added address equal to a VIP the node wins is left alone.
+    c.kill(&owner);
+    let (ok, out, _) = c.agent_command(
+        &owner,
+        &[
+            "cleanup",
+            "--config",
+            c.config_path(&owner).to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{out}");
+    ip_cmd(&c, &format!("addr add {VIP}/24 dev eth0"));
+    c.start(&owner);
+    std::thread::sleep(Duration::from_secs(3));
+    let (ok, out, _) = c.agent_command(
+        &owner,
+        &[
+            "cleanup",
+            "--config",
+            c.config_path(&owner).to_str().unwrap(),
+        ],
+    );
+    assert!(ok);
+    let addrs = ip_cmd(&c, "-d -o addr show dev eth0");
+    let line = addrs
+        .lines()
+        .find(|l| l.contains(&format!(" {VIP}/24")))
+        .unwrap_or_else(|| panic!("the hand-added {VIP} was removed: {addrs}"));
+    assert!(!line.contains("proto 0x68"), "the agent claimed it: {line}");
+    assert!(out.contains("removed 0 addresses"), "{out}");
+}
+
+/// `externalTrafficPolicy: Local` keeps the VIP on a node with a ready
+/// endpoint, and it follows the endpoints.
+#[test]
+fn local_traffic_policy_follows_endpoints() {
+    let c = three_nodes();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-b"], "externalTrafficPolicy: Local");
+    assert_eq!(settled(&c, &probe, Duration::from_secs(20)), "node-b");
+    let moved_at = Instant::now();
+    c.endpoints("web", &["node-c"]);
+    let o = until_only(
+        &probe,
+        c.host("node-c").mac(),
+        moved_at,
+        Duration::from_secs(10),
+    );
+    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(5)), "node-c");
+    assert!(o.lost <= 2, "{o:?}");
+    // No endpoint anywhere: nobody announces, and the annotation is cleared.
+    c.endpoints("web", &[]);
+    wait_for("nobody to hold the VIP", Duration::from_secs(10), || {
+        c.holders(VIP).is_empty().then_some(())
+    })
+    .unwrap();
+    wait_for(
+        "the annotation to be cleared",
+        Duration::from_secs(10),
+        || {
+            c.annotation("web", "hostlb.io/announcing-IPv4")
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .unwrap();
+}
+
+/// A node label change and an L2Advertisement edit move the VIP.
+#[test]
+fn a_label_change_and_an_advertisement_edit_move_the_vip() {
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    c.pool_and_ad(
+        &["10.77.0.100-10.77.0.120"],
+        "preferredNodeSelectors: [{weight: 50, preference: {matchLabels: {tier: edge}}}]",
+    );
+    c.kubectl(&["label", "node", "node-a", "tier=edge"]);
+    c.start_all();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    assert_eq!(settled(&c, &probe, Duration::from_secs(20)), "node-a");
+
+    let t = Instant::now();
+    c.kubectl(&["label", "node", "node-a", "tier-"]);
+    c.kubectl(&["label", "node", "node-c", "tier=edge"]);
+    let o = until_only(&probe, c.host("node-c").mac(), t, Duration::from_secs(10));
+    assert!(o.lost <= 2, "{o:?}");
+
+    let t = Instant::now();
+    c.pool_and_ad(
+        &["10.77.0.100-10.77.0.120"],
+        "nodeSelectors: [{matchLabels: {kubernetes.io/hostname: node-b}}]",
+    );
+    let o = until_only(&probe, c.host("node-b").mac(), t, Duration::from_secs(10));
+    assert!(o.lost <= 2, "{o:?}");
+    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(5)), "node-b");
+}
+
+/// Each address of a dual-stack Service is elected and held on its own;
+/// the IPv6 one answers neighbour solicitations from the client.
+#[test]
+fn a_dual_stack_service_holds_both_families() {
+    let c = three_nodes();
+    let probe = probe(&c);
+    let v6 = "fd00:77::100";
+    c.service("web", &[VIP, v6], &["node-a"], "");
+    settled(&c, &probe, Duration::from_secs(20));
+    let holder6 = c.wait_single_holder(v6, Duration::from_secs(10));
+    let out = wait_for(
+        "an answer to a neighbour solicitation",
+        Duration::from_secs(10),
+        || {
+            c.host("client")
+                .ns
+                .run(&["ndisc6", "-1", "-r", "1", "-w", "500", v6, "eth0"])
+                .ok()
+        },
+    )
+    .unwrap();
+    let mac = c.host(&holder6).mac().to_ascii_uppercase();
+    assert!(
+        out.to_ascii_uppercase().contains(&mac),
+        "{out} (want {mac})"
+    );
+    wait_for("the IPv6 annotation", Duration::from_secs(10), || {
+        (c.annotation("web", "hostlb.io/announcing-IPv6") == format!("{holder6},eth0"))
+            .then_some(())
+    })
+    .unwrap();
+}
+
+/// An address no node has on-link goes, as a host route, on the virtual
+/// interface of every eligible node, and never on eth0.
+#[test]
+fn an_off_link_vip_goes_on_the_virtual_interface() {
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    c.pool_and_ad(&["10.99.0.0/24"], "");
+    for n in c.nodes.clone() {
+        // No dummy driver on every kernel: an empty bridge serves.
+        let ns = &c.host(&n).ns;
+        ns.ip("link add kube-lb0 type bridge").unwrap();
+        ns.ip("link set kube-lb0 up").unwrap();
+    }
+    c.start_all();
+    c.service("web", &["10.99.0.5"], &["node-a"], "");
+    wait_for(
+        "every node to hold the off-link VIP",
+        Duration::from_secs(20),
+        || (c.holders("10.99.0.5").len() == 3).then_some(()),
+    )
+    .unwrap();
+    for n in &c.nodes {
+        let out = c.host(n).ns.ip("-o addr show dev kube-lb0").unwrap();
+        assert!(out.contains("10.99.0.5/32"), "{n}: {out}");
+        let eth0 = c.host(n).ns.ip("-o addr show dev eth0").unwrap();
+        assert!(!eth0.contains("10.99.0.5"), "{n}: {eth0}");
+    }
+}
+
+/// SIGHUP applies a good file and refuses a bad one, keeping the agent and
+/// its VIPs; `check` says which key is wrong.
+#[test]
+fn sighup_reloads_a_good_file_and_refuses_a_bad_one() {
+    let c = three_nodes();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    let config = c.config_path(&owner);
+    let good = std::fs::read_to_string(&config).unwrap();
+
+    std::fs::write(&config, format!("{good}\n[http]\nlisten = \"nowhere\"\n")).unwrap();
+    let (ok, _, err) = c.agent_command(&owner, &["check", "--config", config.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("http.listen"), "{err}");
+    let t = Instant::now();
+    c.signal(&owner, "HUP");
+    wait_for("the refusal in the log", Duration::from_secs(5), || {
+        std::fs::read_to_string(c.log_path(&owner))
+            .unwrap()
+            .contains("reload refused")
+            .then_some(())
+    })
+    .unwrap();
+    std::fs::write(&config, good.replace("garp_count = 2", "garp_count = 1")).unwrap();
+    let (ok, out, _) = c.agent_command(&owner, &["check", "--config", config.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    c.signal(&owner, "HUP");
+    wait_for("the reload in the log", Duration::from_secs(5), || {
+        std::fs::read_to_string(c.log_path(&owner))
+            .unwrap()
+            .contains("config reloaded")
+            .then_some(())
+    })
+    .unwrap();
+    let o = judge(&probe.replies(), t, Instant::now(), PROBE_EVERY);
+    assert_eq!(o.last_mac.as_deref(), Some(c.host(&owner).mac()));
+    assert!(o.lost <= 1, "{o:?}");
+}
+
+/// A malformed L2Advertisement is reported and left out; the good one next
+/// to it keeps working. `lbnodeagent status` shows both facts.
+#[test]
+fn a_malformed_advertisement_does_not_stop_a_good_one() {
+    let c = three_nodes();
+    c.apply(
+        "apiVersion: hostlb.io/v1\nkind: L2Advertisement\nmetadata: {name: broken, namespace: hostlb-system}\nspec:\n  nodeSelectors: [{matchLabels: {\"not a key!\": x}}]\n",
+    );
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    let (ok, out, err) = c.agent_command(
+        &owner,
+        &[
+            "status",
+            "--config",
+            c.config_path(&owner).to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("winner: {owner} on eth0")), "{out}");
+    assert!(out.contains("broken"), "{out}");
+    assert!(out.contains("members (3)"), "{out}");
+}
+
+/// With the API server down, agents keep the last known objects and still
+/// fail over on a crash; they report degraded readiness and catch up when
+/// it returns.
+#[test]
+fn an_api_outage_does_not_stop_failover() {
+    let mut c = three_nodes();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    // Down for good: new requests get 503 and open watches are cut.
+    c.server.as_ref().unwrap().set_unavailable();
+    c.server.as_ref().unwrap().cut_watches();
+    let other = c.nodes.iter().find(|n| **n != owner).unwrap().clone();
+    wait_for("degraded readiness", Duration::from_secs(30), || {
+        let (_, out, _) = c.agent_command(
+            &other,
+            &[
+                "status",
+                "--json",
+                "--config",
+                c.config_path(&other).to_str().unwrap(),
+            ],
+        );
+        out.contains("degraded").then_some(())
+    })
+    .unwrap();
+    let t = Instant::now();
+    c.kill(&owner);
+    let (ok, _, _) = c.agent_command(
+        &owner,
+        &[
+            "cleanup",
+            "--config",
+            c.config_path(&owner).to_str().unwrap(),
+        ],
+    );
+    assert!(ok);
+    let next = c.wait_single_holder(VIP, Duration::from_secs(5));
+    let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(5));
+    assert!(o.outage < Duration::from_millis(1500), "{o:?}");
+    c.server.as_ref().unwrap().set_available();
+    wait_for(
+        "the annotation to catch up",
+        Duration::from_secs(30),
+        || {
+            (c.annotation("web", "hostlb.io/announcing-IPv4") == format!("{next},eth0"))
+                .then_some(())
+        },
+    )
+    .unwrap();
 }

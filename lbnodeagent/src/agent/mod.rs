@@ -121,6 +121,8 @@ pub struct Agent<B: AddressBackend + 'static> {
     backend: Arc<B>,
     announcer: Option<Arc<Announcer>>,
     membership: Membership,
+    /// Kept to apply a reloaded key file to the open sockets.
+    transport: crate::gossip::AuthTransport,
     views: watch::Receiver<MembershipView>,
     view: MembershipView,
     kube: KubeInputs,
@@ -184,9 +186,21 @@ async fn kube_client(cfg: &AgentConfig) -> Result<kube::Client, AgentError> {
     };
     let kubeconfig =
         kube::config::Kubeconfig::read_from(&cfg.kubeconfig).map_err(|e| bad(e.to_string()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| bad(e.to_string()))?;
+    // The client's own retries of 503s back off for minutes, during which
+    // the watches look healthy; the watchers retry themselves, and report.
+    config.default_retry = false;
+    if let Ok(v) = format!(
+        "hostlb-lbnodeagent/{} ({})",
+        env!("CARGO_PKG_VERSION"),
+        cfg.node_name
+    )
+    .parse()
+    {
+        config.headers.push((http::header::USER_AGENT, v));
+    }
     kube::Client::try_from(config).map_err(|e| bad(e.to_string()))
 }
 
@@ -283,6 +297,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             backend,
             announcer,
             membership,
+            transport,
             views,
             view,
             kube,
@@ -500,7 +515,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     warn!(keys = ?restart, "reloaded; these settings take effect only after a restart");
                 }
                 match GossipKeys::load(&new.gossip.key_file) {
-                    Ok(_) => {}
+                    Ok(keys) => self.transport.set_keys(keys),
                     Err(e) => {
                         error!(error = %e, "reload refused: the gossip key file is unusable; keeping the running config");
                         return;

@@ -25,6 +25,8 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub kubeconfig: PathBuf,
     pub nodes: Vec<String>,
+    /// `announce.address_lifetime` of configs written from now on.
+    pub lifetime: String,
 }
 
 impl Drop for Cluster {
@@ -78,6 +80,7 @@ impl Cluster {
             dir,
             kubeconfig,
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            lifetime: "6s".into(),
         };
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
         c.kubectl(&["apply", "-f", crds.to_str().unwrap()]);
@@ -129,7 +132,7 @@ run_dir = "{run}"
 listen = "{ip}:7934"
 key_file = "{key}"
 [announce]
-address_lifetime = "6s"
+address_lifetime = "{lifetime}"
 garp_count = 2
 garp_interval = "200ms"
 {extra}
@@ -138,6 +141,7 @@ garp_interval = "200ms"
             run = self.run_dir(node).display(),
             ip = self.lan.host(node).ipv4,
             key = self.dir.path().join("gossip.key").display(),
+            lifetime = self.lifetime,
         );
         std::fs::write(self.config_path(node), text).unwrap();
     }
@@ -158,9 +162,12 @@ garp_interval = "200ms"
             env!("CARGO_BIN_EXE_lbnodeagent"),
             &["run", "--config", config.to_str().unwrap()],
         );
-        cmd.env("RUST_LOG", "info,lbnodeagent=debug")
-            .stdout(Stdio::null())
-            .stderr(log);
+        cmd.env(
+            "RUST_LOG",
+            "info,lbnodeagent=debug,kube_client::client::builder=off",
+        )
+        .stdout(Stdio::null())
+        .stderr(log);
         let child = cmd.spawn().unwrap();
         self.agents.insert(node.to_string(), child);
     }
@@ -272,25 +279,47 @@ garp_interval = "200ms"
 
     /// A LoadBalancer Service `name` in `default` holding `ips` in its
     /// status (as the allocator would write it), with ready endpoints on
-    /// `endpoint_nodes`.
-    pub fn service(&self, name: &str, ips: &[&str], endpoint_nodes: &[&str], spec_extra: &str) {
+    /// `endpoint_nodes`. Returns when the status write was sent: the moment
+    /// the addresses exist.
+    pub fn service(
+        &self,
+        name: &str,
+        ips: &[&str],
+        endpoint_nodes: &[&str],
+        spec_extra: &str,
+    ) -> Instant {
         self.apply(&format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: LoadBalancer\n  ports: [{{port: 80, protocol: TCP}}]\n  {spec_extra}\n"
         ));
         self.endpoints(name, endpoint_nodes);
         let ingress: Vec<String> = ips.iter().map(|ip| format!(r#"{{"ip":"{ip}"}}"#)).collect();
-        self.kubectl(&[
-            "patch",
-            "service",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &format!(
-                r#"{{"status":{{"loadBalancer":{{"ingress":[{}]}}}}}}"#,
-                ingress.join(",")
-            ),
-        ]);
+        self.set_status(name, &ingress.join(","))
+    }
+
+    /// Writes `status.loadBalancer.ingress` (a JSON list body) through the
+    /// test server's client, skipping kubectl's start-up time so the
+    /// returned instant is when the write was sent.
+    pub fn set_status(&self, name: &str, ingress: &str) -> Instant {
+        let config = self.server.as_ref().expect("running").config();
+        let name = name.to_string();
+        let patch: serde_json::Value = serde_json::from_str(&format!(
+            r#"{{"status":{{"loadBalancer":{{"ingress":[{ingress}]}}}}}}"#
+        ))
+        .unwrap();
+        self.api_rt.run(move || async move {
+            let client = kube::Client::try_from(config).expect("a client");
+            let api: kube::Api<k8s_openapi::api::core::v1::Service> =
+                kube::Api::namespaced(client, "default");
+            let sent = Instant::now();
+            api.patch_status(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+            sent
+        })
     }
 
     /// The Service's EndpointSlice: one ready endpoint per node.
@@ -306,8 +335,8 @@ garp_interval = "200ms"
             })
             .collect();
         self.apply(&format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-slice\n  namespace: default\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nendpoints:\n{}\n",
-            if eps.is_empty() { "[]".to_string() } else { eps.join("\n") }
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-slice\n  namespace: default\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nendpoints:{}\n",
+            if eps.is_empty() { " []".to_string() } else { format!("\n{}", eps.join("\n")) }
         ));
     }
 
