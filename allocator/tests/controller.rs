@@ -629,3 +629,123 @@ async fn a_write_during_an_outage_fails_at_once() {
     server.set_available();
     assert!(ips(&server, "s").await.is_empty(), "nothing was written");
 }
+
+/// Every state of the Services in `shop` as a watch sees it; a state where
+/// two Services without a sharing key hold one address is recorded.
+fn watch_for_double_holders(server: &TestServer) -> Arc<std::sync::Mutex<Vec<String>>> {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let found = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let api: Api<Service> = Api::namespaced(server.client(), "shop");
+    let out = found.clone();
+    tokio::spawn(async move {
+        let mut held: std::collections::HashMap<String, (Vec<String>, bool)> = Default::default();
+        let mut events = watcher(api, watcher::Config::default()).boxed();
+        while let Some(Ok(ev)) = events.next().await {
+            match ev {
+                watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
+                    let shares = s.annotations().contains_key("hostlb.io/allow-shared-ip");
+                    let ips: Vec<String> = s
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.load_balancer.as_ref())
+                        .and_then(|lb| lb.ingress.clone())
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|i| i.ip)
+                        .collect();
+                    held.insert(s.name_any(), (ips, shares));
+                }
+                watcher::Event::Delete(s) => {
+                    held.remove(&s.name_any());
+                }
+                _ => continue,
+            }
+            let mut by_ip: std::collections::BTreeMap<&String, Vec<&String>> = Default::default();
+            for (name, (ips, shares)) in &held {
+                for ip in ips.iter().filter(|_| !shares) {
+                    by_ip.entry(ip).or_default().push(name);
+                }
+            }
+            for (ip, names) in by_ip.into_iter().filter(|(_, n)| n.len() > 1) {
+                out.lock().unwrap().push(format!("{ip} held by {names:?}"));
+            }
+        }
+    });
+    found
+}
+
+async fn leader_is(r: &Replica) -> bool {
+    r.telemetry
+        .render()
+        .lines()
+        .any(|l| l == "hostlb_allocator_leader 1")
+}
+
+/// The leader's writes become slow (an overloaded API server): it loses the
+/// Lease, and no write it started lands after the other replica took over
+/// and handed the address out again. Without a server-side bound, its
+/// rewrite of `x`'s emptied status would land seconds later, on an address
+/// the new leader had meanwhile given to `y`.
+#[tokio::test]
+async fn a_deposed_leaders_slow_writes_never_land() {
+    let server = setup().await;
+    pool(&server, "p", json!({"addresses": ["10.0.0.0/31"]})).await;
+    pool(
+        &server,
+        "r",
+        json!({"addresses": ["10.1.0.0/32"], "autoAssign": false}),
+    )
+    .await;
+    service(&server, "x", json!({})).await;
+    let a = start(&server, "replica-a", true);
+    eventually("replica-a to lead", || async {
+        leader_is(&a).await.then_some(())
+    })
+    .await;
+    wait_ips(&server, "x", &["10.0.0.0"]).await;
+    let b = start(&server, "replica-b", true);
+    let doubles = watch_for_double_holders(&server);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    server.set_slow_writes("replica-a", Duration::from_secs(8));
+    server.clear_writes();
+    let started = tokio::time::Instant::now();
+    // Someone empties x's status: replica-a writes it back, slowly.
+    let api: Api<Service> = Api::namespaced(server.client(), "shop");
+    api.patch_status(
+        "x",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": null}}})),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Then x asks for pool r.
+    api.patch(
+        "x",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"hostlb.io/address-pool": "r"}}})),
+    )
+    .await
+    .unwrap();
+    eventually("replica-b to lead", || async {
+        leader_is(&b).await.then_some(())
+    })
+    .await;
+    wait_ips(&server, "x", &["10.1.0.0"]).await;
+    service(&server, "y", json!({})).await;
+    wait_ips(&server, "y", &["10.0.0.0"]).await;
+    // Past the time replica-a's writes take.
+    tokio::time::sleep_until(started + Duration::from_secs(10)).await;
+    assert_eq!(doubles.lock().unwrap().clone(), Vec::<String>::new());
+    assert_eq!(ips(&server, "x").await, vec!["10.1.0.0"]);
+    assert_eq!(ips(&server, "y").await, vec!["10.0.0.0"]);
+    let landed: Vec<_> = service_writes(&server)
+        .into_iter()
+        .filter(|w| w.user_agent.contains("replica-a"))
+        .collect();
+    assert!(landed.is_empty(), "{landed:#?}");
+    a.task.abort();
+    b.stop().await;
+}

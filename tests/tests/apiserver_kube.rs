@@ -1187,3 +1187,87 @@ async fn controller_reconciles_and_writes() {
     eventually("reconcile after changes", all_seen("w")).await;
     task.abort();
 }
+
+/// Slow writes behave as on a real server: the `timeout` parameter ends one
+/// that would take longer, with a 504 and nothing applied; without it the
+/// write lands even after the client gave up on it. Other clients' writes
+/// are not slowed.
+#[tokio::test]
+async fn slow_writes_honour_the_timeout_parameter() {
+    let server = TestServer::start().await;
+    let mut config = server.config();
+    config.headers.push((
+        axum::http::header::USER_AGENT,
+        "slowpoke/1".parse().unwrap(),
+    ));
+    // The client's own retries of 504s would hide the answer.
+    config.default_retry = false;
+    let slow = Client::try_from(config).unwrap();
+    server.set_slow_writes("slowpoke", Duration::from_millis(600));
+    let create = |name: &str, timeout: Option<&str>| {
+        let api: Api<ConfigMap> = Api::default_namespaced(slow.clone());
+        let mut req = kube::core::Request::new(api.resource_url())
+            .create(
+                &PostParams::default(),
+                serde_json::to_vec(&cm(name, &[])).unwrap(),
+            )
+            .unwrap();
+        if let Some(t) = timeout {
+            *req.uri_mut() = format!("{}?timeout={t}", req.uri().path()).parse().unwrap();
+        }
+        let slow = slow.clone();
+        async move { slow.request::<ConfigMap>(req).await }
+    };
+    let cms: Api<ConfigMap> = Api::default_namespaced(server.client());
+
+    let t = tokio::time::Instant::now();
+    match create("bounded", Some("300ms")).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!((s.code, s.reason.as_str()), (504, "Timeout"), "{s:?}")
+        }
+        other => panic!("expected a 504, got {other:?}"),
+    }
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        cms.get_opt("bounded").await.unwrap().is_none(),
+        "not applied"
+    );
+
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), create("abandoned", None))
+            .await
+            .is_err(),
+        "the client gives up first"
+    );
+    assert!(cms.get_opt("abandoned").await.unwrap().is_none());
+    eventually("the abandoned write to land", || async {
+        cms.get_opt("abandoned").await.unwrap().is_some()
+    })
+    .await;
+
+    create("in-time", Some("2s")).await.unwrap();
+    let t = tokio::time::Instant::now();
+    cms.create(&PostParams::default(), &cm("other-client", &[]))
+        .await
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_millis(600));
+    let junk = kube::core::Request::new(cms.resource_url())
+        .create(
+            &PostParams::default(),
+            serde_json::to_vec(&cm("junk", &[])).unwrap(),
+        )
+        .unwrap();
+    let (mut parts, body) = junk.into_parts();
+    parts.uri = format!("{}?timeout=soon", parts.uri.path())
+        .parse()
+        .unwrap();
+    match server
+        .client()
+        .request::<ConfigMap>(axum::http::Request::from_parts(parts, body))
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 400, "{s:?}"),
+        other => panic!("expected a 400, got {other:?}"),
+    }
+}

@@ -35,32 +35,74 @@ use telemetry::Telemetry;
 /// How soon a failed write is tried again.
 const RETRY_WRITES: Duration = Duration::from_secs(2);
 
-/// How long a confirmation that this replica holds the Lease is trusted,
-/// and how much life the Lease must have left beyond that: together they
-/// keep a replica whose renewals fail from writing after it could have been
-/// replaced.
+/// How long a confirmation that this replica holds the Lease is trusted
+/// before the Lease is read again (someone may have changed its holder).
 const LEASE_CHECK: Duration = Duration::from_millis(500);
 
 /// The field manager of every write, so `managedFields` show who owns what.
 pub const FIELD_MANAGER: &str = "hostlb-allocator";
 
-/// How long one write may take. A write still in flight when the Lease
-/// passes to another replica could land after that replica rebuilt its
-/// state; bounding it bounds how late that can be (the new leader restores
-/// any status it did not decide, see `status`).
-const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a write may take, whatever the Lease duration.
+const MAX_WRITE: Duration = Duration::from_secs(5);
 
-/// `write`, failed if it takes longer than [`WRITE_TIMEOUT`].
+/// The largest clock difference between replicas allowed for: another
+/// replica judges our Lease expired on its own clock.
+const MAX_SKEW: Duration = Duration::from_secs(1);
+
+/// How long writes may take and how much Lease they need.
+///
+/// A write started while the Lease is ours must be over, on the client and
+/// on the server, before another replica can take the Lease and rebuild;
+/// otherwise it could land after that replica handed the same address to
+/// someone else. So a write starts only when the Lease has more than
+/// `write + skew` left, the client gives up after `write`, and the server is
+/// told (`timeout`) to apply it within what is left of `write`, or not at
+/// all. The holder renews the Lease when half of it is left (see `run`),
+/// which is more than `write + skew`, so writes never wait on a healthy
+/// Lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    pub write: Duration,
+    pub skew: Duration,
+}
+
+impl Timing {
+    /// A third of the Lease for a write, a tenth for clock skew, within
+    /// [`MAX_WRITE`] and [`MAX_SKEW`]; without leader election, no skew.
+    pub fn new(lease_duration: u64, leader_election: bool) -> Timing {
+        if !leader_election {
+            return Timing {
+                write: MAX_WRITE,
+                skew: Duration::ZERO,
+            };
+        }
+        let d = Duration::from_secs(lease_duration);
+        Timing {
+            write: (d / 3).min(MAX_WRITE),
+            skew: (d / 10).min(MAX_SKEW),
+        }
+    }
+
+    /// How much Lease a write needs left when it starts.
+    fn needed(&self) -> Duration {
+        self.write + self.skew
+    }
+}
+
+/// When a write started now must be done, on both sides.
+fn write_deadline(timing: Timing) -> tokio::time::Instant {
+    tokio::time::Instant::now() + timing.write
+}
+
+/// `write`, failed if it is not done by `deadline` (the server was told the
+/// same, so it does not apply it later either).
 async fn bounded<T>(
+    deadline: tokio::time::Instant,
     write: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, kube::Error> {
-    tokio::time::timeout(WRITE_TIMEOUT, write)
+    tokio::time::timeout_at(deadline, write)
         .await
-        .unwrap_or_else(|_| {
-            Err(kube::Error::Service(
-                format!("no answer within {WRITE_TIMEOUT:?}").into(),
-            ))
-        })
+        .unwrap_or_else(|_| Err(kube::Error::Service("no answer in time".into())))
 }
 
 /// Prepares the client configuration for the controller.
@@ -190,21 +232,33 @@ impl Written {
     }
 }
 
-/// Confirms, before writes, that the Lease is still ours: the lease
-/// manager's view can lag when renewals fail.
+/// Confirms, before writes, that the Lease is still ours for longer than a
+/// write can take: the lease manager's view can lag when renewals fail.
 struct LeaseGuard {
     api: Api<Lease>,
     name: String,
     identity: String,
-    confirmed: Option<std::time::Instant>,
+    timing: Timing,
+    /// When the Lease was last read and found ours, and when it ends, both
+    /// on this replica's monotonic clock.
+    confirmed: Option<(tokio::time::Instant, tokio::time::Instant)>,
 }
 
 impl LeaseGuard {
     async fn holds(&mut self) -> bool {
-        if self.confirmed.is_some_and(|t| t.elapsed() < LEASE_CHECK) {
+        let needed = self.timing.needed();
+        if let Some((read, until)) = self.confirmed
+            && read.elapsed() < LEASE_CHECK
+            && until > tokio::time::Instant::now() + needed
+        {
             return true;
         }
         self.confirmed = None;
+        // The Lease's end is a wall-clock time: it is mapped onto the
+        // monotonic clock as of before the read, so the read's own latency
+        // only makes the answer more careful.
+        let asked = tokio::time::Instant::now();
+        let wall = jiff::Timestamp::now();
         // Bounded: the loop waits on this, and an API that does not answer
         // in time cannot confirm anything anyway.
         let lease = match tokio::time::timeout(LEASE_CHECK * 4, self.api.get_opt(&self.name)).await
@@ -221,22 +275,24 @@ impl LeaseGuard {
         };
         let spec = lease.and_then(|l| l.spec).unwrap_or_default();
         let ours = spec.holder_identity.as_deref() == Some(self.identity.as_str());
-        let until = spec
+        let left = spec
             .renew_time
             .zip(spec.lease_duration_seconds)
             .and_then(|(t, d)| {
                 t.0.checked_add(jiff::SignedDuration::from_secs(d.into()))
                     .ok()
-            });
-        let margin = jiff::SignedDuration::try_from(LEASE_CHECK).unwrap_or_default();
-        let fresh = until.is_some_and(|u| u > jiff::Timestamp::now() + margin);
-        if ours && fresh {
-            self.confirmed = Some(std::time::Instant::now());
-            true
-        } else {
-            warn!(holder = ?spec.holder_identity, "the lease is not (or no longer surely) ours; writes wait");
-            false
+            })
+            .and_then(|end| Duration::try_from(end.duration_since(wall)).ok());
+        let until = left.map(|l| asked + l);
+        if ours && let Some(until) = until {
+            self.confirmed = Some((asked, until));
+            if until > tokio::time::Instant::now() + needed {
+                return true;
+            }
         }
+        warn!(holder = ?spec.holder_identity, left = ?left, needed = ?needed,
+            "the lease is not (or not surely long enough) ours; writes wait");
+        false
     }
 }
 
@@ -272,6 +328,7 @@ struct Loop {
     /// back as pool events and must not re-check every Service.
     pools_seen: Vec<crate::engine::PoolSpec>,
     guard: Option<LeaseGuard>,
+    timing: Timing,
 }
 
 /// Run until `shutdown` turns true.
@@ -311,7 +368,8 @@ pub async fn run(
             .with_namespace(&ns)
             .with_identity(&cfg.identity)
             .with_duration(cfg.lease_duration)
-            .with_grace(cfg.lease_duration.div_ceil(3).max(1))
+            // Renewed with half of it left: more than a write needs (Timing).
+            .with_grace(cfg.lease_duration.div_ceil(2).max(1))
             .build()
             .await?;
         let (rx, task) = manager.watch().await;
@@ -327,10 +385,12 @@ pub async fn run(
             instance: Some(cfg.identity.clone()),
         },
     );
+    let timing = Timing::new(cfg.lease_duration, cfg.leader_election);
     let guard = cfg.leader_election.then(|| LeaseGuard {
         api: Api::namespaced(client.clone(), &ns),
         name: cfg.lease_name.clone(),
         identity: cfg.identity.clone(),
+        timing,
         confirmed: None,
     });
     let mut leadership = leadership;
@@ -354,6 +414,7 @@ pub async fn run(
         statuses_dirty: false,
         pools_seen: Vec::new(),
         guard,
+        timing,
     };
     telemetry.set_leader(l.leader);
     let mut resync = tokio::time::interval(cfg.resync);
@@ -626,7 +687,13 @@ impl Loop {
     }
 
     async fn write_advertisement(&mut self, ad: &L2Advertisement) {
-        if let Err(e) = bounded(status::write_advertisement(&self.client, ad)).await {
+        let deadline = write_deadline(self.timing);
+        if let Err(e) = bounded(
+            deadline,
+            status::write_advertisement(&self.client, ad, deadline),
+        )
+        .await
+        {
             warn!(advertisement = %ad.name_any(), error = %e, "writing advertisement status failed; retrying");
             self.statuses_dirty = true;
         }
@@ -648,8 +715,8 @@ impl Loop {
         }
         let mut keys = keys.into_iter();
         loop {
-            // A long batch can outlast the Lease: confirm it again (cached
-            // for LEASE_CHECK) before each write, the pool statuses included.
+            // A long batch can outlast the Lease: confirm it again (read at
+            // most every LEASE_CHECK) before each write.
             if !self.lease_holds().await {
                 self.dirty.extend(keys);
                 self.statuses_dirty = true;
@@ -671,12 +738,11 @@ impl Loop {
             let before = self
                 .overlay(&svc)
                 .unwrap_or_else(|| status::Shown::of(&svc));
-            match bounded(status::write_service(
-                &self.client,
-                &svc,
-                &before,
-                answer.as_ref(),
-            ))
+            let deadline = write_deadline(self.timing);
+            match bounded(
+                deadline,
+                status::write_service(&self.client, &svc, &before, answer.as_ref(), deadline),
+            )
             .await
             {
                 Ok((after, rv)) => {
@@ -709,8 +775,15 @@ impl Loop {
         self.telemetry.set_pools(&reports);
         self.telemetry.set_services(ledger.len());
         for p in self.stores.pools.state() {
+            if !self.lease_holds().await {
+                self.statuses_dirty = true;
+                return;
+            }
             if let Some(r) = reports.iter().find(|r| r.name == p.name_any())
-                && let Err(e) = bounded(status::write_pool(&self.client, &p, r)).await
+                && let Err(e) = {
+                    let deadline = write_deadline(self.timing);
+                    bounded(deadline, status::write_pool(&self.client, &p, r, deadline)).await
+                }
             {
                 warn!(pool = %r.name, error = %e, "writing pool status failed; retrying");
                 self.statuses_dirty = true;
@@ -798,6 +871,7 @@ mod tests {
             api,
             name: "hostlb-allocator".into(),
             identity: "me".into(),
+            timing: Timing::new(15, true),
             confirmed: None,
         };
         g.holds().await
@@ -820,6 +894,11 @@ mod tests {
         let lease = |holder: &str, renewed: i64, duration: i32| json!({"holderIdentity": holder, "renewTime": ago(renewed), "leaseDurationSeconds": duration});
         assert!(guard_against(&server, lease("me", 1, 15)).await);
         assert!(!guard_against(&server, lease("other", 1, 15)).await);
+        // Ours, but with less left than a write (5 s) and the clock margin
+        // (1 s) need: a write started now could land after it expires.
+        assert_eq!(Timing::new(15, true).needed(), Duration::from_secs(6));
+        assert!(!guard_against(&server, lease("me", 10, 15)).await);
+        assert!(guard_against(&server, lease("me", 8, 15)).await);
         // Ours, but expired or about to: the manager may not know yet.
         assert!(!guard_against(&server, lease("me", 20, 15)).await);
         assert!(!guard_against(&server, lease("me", 15, 15)).await);
@@ -830,6 +909,7 @@ mod tests {
             api: Api::namespaced(server.client(), "hostlb-system"),
             name: "hostlb-allocator".into(),
             identity: "me".into(),
+            timing: Timing::new(15, true),
             confirmed: None,
         };
         assert!(!g.holds().await);

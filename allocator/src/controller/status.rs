@@ -26,6 +26,43 @@ fn params() -> PatchParams {
     }
 }
 
+/// A merge patch of `name` (or of its status) that the server applies by
+/// `deadline` or not at all: the `timeout` parameter bounds the request on
+/// the server too, where the client giving up would not.
+async fn patch_by<K>(
+    client: &Client,
+    api: &Api<K>,
+    name: &str,
+    status: bool,
+    patch: &Value,
+    deadline: tokio::time::Instant,
+) -> Result<K, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if left.is_zero() {
+        return Err(kube::Error::Service("no time left for the write".into()));
+    }
+    let request = kube::core::Request::new(api.resource_url());
+    let patch = Patch::Merge(patch);
+    let req = if status {
+        request.patch_subresource("status", name, &params(), &patch)
+    } else {
+        request.patch(name, &params(), &patch)
+    }
+    .map_err(kube::Error::BuildRequest)?;
+    let (mut parts, body) = req.into_parts();
+    let uri = parts.uri.to_string();
+    let sep = if uri.contains('?') { '&' } else { '?' };
+    parts.uri = format!("{uri}{sep}timeout={}ms", left.as_millis().max(1))
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| kube::Error::Service(e.into()))?;
+    client
+        .request::<K>(http::Request::from_parts(parts, body))
+        .await
+}
+
 /// The Service carries our pool annotation: we wrote its addresses.
 pub fn ours(svc: &Service) -> bool {
     svc.annotations().contains_key(IP_ALLOCATED_FROM_POOL)
@@ -67,6 +104,7 @@ pub async fn write_service(
     svc: &Service,
     before: &Shown,
     answer: Option<&Answer>,
+    deadline: tokio::time::Instant,
 ) -> Result<(Shown, Option<String>), kube::Error> {
     let want = Shown::of_answer(answer);
     let api: Api<Service> = Api::namespaced(client.clone(), &svc.namespace().unwrap_or_default());
@@ -74,7 +112,7 @@ pub async fn write_service(
     let mut rv = None;
     if before.pool != want.pool {
         let patch = json!({"metadata": {"annotations": {IP_ALLOCATED_FROM_POOL: want.pool}}});
-        let after = api.patch(&name, &params(), &Patch::Merge(&patch)).await?;
+        let after = patch_by(client, &api, &name, false, &patch, deadline).await?;
         rv = after.resource_version();
     }
     if before.ips != want.ips {
@@ -88,13 +126,8 @@ pub async fn write_service(
                     .collect(),
             )
         };
-        let after = api
-            .patch_status(
-                &name,
-                &params(),
-                &Patch::Merge(&json!({"status": {"loadBalancer": {"ingress": ingress}}})),
-            )
-            .await?;
+        let patch = json!({"status": {"loadBalancer": {"ingress": ingress}}});
+        let after = patch_by(client, &api, &name, true, &patch, deadline).await?;
         rv = after.resource_version();
         debug!(service = %format!("{}/{name}", svc.namespace().unwrap_or_default()), addresses = ?want.ips, "status written");
     }
@@ -154,6 +187,7 @@ pub async fn write_pool(
     client: &Client,
     pool: &IPAddressPool,
     r: &PoolReport,
+    deadline: tokio::time::Instant,
 ) -> Result<(), kube::Error> {
     let existing = pool.status.clone().unwrap_or_default();
     let (ready, invalid, overlaps) = match &r.state {
@@ -214,13 +248,17 @@ pub async fn write_pool(
     let api: Api<IPAddressPool> =
         Api::namespaced(client.clone(), &pool.namespace().unwrap_or_default());
     let patch = json!({"status": want});
-    api.patch_status(&r.name, &params(), &Patch::Merge(&patch))
+    patch_by(client, &api, &r.name, true, &patch, deadline)
         .await
         .map(drop)
 }
 
 /// Write the advertisement's conditions when they differ from the cache.
-pub async fn write_advertisement(client: &Client, ad: &L2Advertisement) -> Result<(), kube::Error> {
+pub async fn write_advertisement(
+    client: &Client,
+    ad: &L2Advertisement,
+    deadline: tokio::time::Instant,
+) -> Result<(), kube::Error> {
     let existing = ad.status.clone().unwrap_or_default();
     let verdict = ad.spec.validate();
     let wanted = match &verdict {
@@ -253,7 +291,7 @@ pub async fn write_advertisement(client: &Client, ad: &L2Advertisement) -> Resul
     let api: Api<L2Advertisement> =
         Api::namespaced(client.clone(), &ad.namespace().unwrap_or_default());
     let patch = json!({"status": {"conditions": conds}});
-    api.patch_status(&ad.name_any(), &params(), &Patch::Merge(&patch))
+    patch_by(client, &api, &ad.name_any(), true, &patch, deadline)
         .await
         .map(drop)
 }

@@ -126,6 +126,15 @@ impl ApiError {
         )
     }
 
+    /// The request's `timeout` passed before it was done; nothing applied.
+    pub fn timeout() -> Self {
+        ApiError::new(
+            504,
+            "Timeout",
+            "Timeout: request did not complete within requested timeout - context deadline exceeded",
+        )
+    }
+
     /// A 422 with one cause per field problem, shaped as the real server's.
     pub fn invalid(
         qualified_kind: &str,

@@ -112,7 +112,7 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
-    let resp = match route(&app, req, &path, &q).await {
+    let resp = match handle_in_time(&app, req, &path, &q, &user_agent).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
@@ -128,6 +128,74 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
             status: resp.status().as_u16(),
         });
     resp
+}
+
+/// The request as a real server handles it: a slow write takes its time
+/// and lands even if the client has gone (it runs in its own task), unless
+/// the `timeout` parameter ends it first, with a 504 and nothing applied.
+async fn handle_in_time(
+    app: &Arc<App>,
+    req: Request,
+    path: &str,
+    q: &HashMap<String, String>,
+    user_agent: &str,
+) -> Result<Response, ApiError> {
+    let timeout = match q.get("timeout") {
+        Some(t) => Some(go_duration(t).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "invalid timeout specified in the request URL: {t:?}"
+            ))
+        })?),
+        None => None,
+    };
+    let write = !matches!(*req.method(), Method::GET | Method::HEAD);
+    let takes = if write {
+        app.faults.write_time(user_agent)
+    } else {
+        Duration::ZERO
+    };
+    if timeout.is_some_and(|t| takes >= t) {
+        tokio::time::sleep(timeout.unwrap_or_default()).await;
+        return Err(ApiError::timeout());
+    }
+    let (app, path, q) = (app.clone(), path.to_string(), q.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(takes).await;
+        route(&app, req, &path, &q).await
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::internal(&e.to_string())))
+}
+
+/// A Go duration as `timeout` carries it: `5s`, `1m30s`, `250ms`, `1.5s`.
+fn go_duration(s: &str) -> Option<Duration> {
+    let mut total = 0f64;
+    let mut rest = s;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let n = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..n].parse().ok()?;
+        rest = &rest[n..];
+        let u = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let unit = match &rest[..u] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[u..];
+        total += value * unit;
+    }
+    Duration::try_from_secs_f64(total).ok()
 }
 
 fn control(app: &App, cmd: &str, q: &HashMap<String, String>) -> Response {

@@ -64,6 +64,8 @@ pub struct Faults {
     fail_writes: Mutex<(String, u64)>,
     /// Resource (plural) → how late its watch events reach watchers.
     watch_lag: Mutex<HashMap<String, Duration>>,
+    /// User-Agent pattern → how long the writes of matching clients take.
+    slow_writes: Mutex<HashMap<String, Duration>>,
 }
 
 impl Faults {
@@ -74,6 +76,7 @@ impl Faults {
             cut: watch::channel(0).0,
             fail_writes: Mutex::new((String::new(), 0)),
             watch_lag: Mutex::new(HashMap::new()),
+            slow_writes: Mutex::new(HashMap::new()),
         })
     }
 
@@ -128,6 +131,35 @@ impl Faults {
             .unwrap_or_else(PoisonError::into_inner)
             .get(resource)
             .copied()
+            .unwrap_or_default()
+    }
+
+    /// Make every write from a client whose User-Agent contains `pattern`
+    /// take `d` before it is applied, as on an overloaded server: the write
+    /// lands after `d` even if the client gave up on it, unless its `timeout`
+    /// parameter is shorter (then it gets a 504 and is not applied). Zero
+    /// to stop.
+    pub fn set_slow_writes(&self, pattern: &str, d: Duration) {
+        let mut m = self
+            .slow_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if d.is_zero() {
+            m.remove(pattern);
+        } else {
+            m.insert(pattern.to_string(), d);
+        }
+    }
+
+    /// How long a write from this client takes (the longest matching).
+    fn write_time(&self, user_agent: &str) -> Duration {
+        self.slow_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(p, _)| user_agent.contains(p.as_str()))
+            .map(|(_, d)| *d)
+            .max()
             .unwrap_or_default()
     }
 
@@ -278,6 +310,12 @@ impl TestServer {
     /// Delay every API response by `d`.
     pub fn set_delay(&self, d: Duration) {
         self.app.faults.set_delay(d);
+    }
+
+    /// Writes from clients whose User-Agent contains `pattern` take `d`
+    /// (see [`Faults::set_slow_writes`]).
+    pub fn set_slow_writes(&self, pattern: &str, d: Duration) {
+        self.app.faults.set_slow_writes(pattern, d);
     }
 
     /// Deliver the watch events of `resource` (a plural) `lag` late.
