@@ -33,15 +33,20 @@ fn parse_family(s: &str) -> Option<Family> {
 }
 
 /// The addresses a Service asks for: `hostlb.io/loadBalancerIPs` (or its
-/// MetalLB forms), else `spec.loadBalancerIP`.
+/// MetalLB forms), else `spec.loadBalancerIP`. Both set, with the field's
+/// address not among the annotation's, is an error naming both: which one
+/// was meant is not ours to guess.
 fn requested(svc: &Service) -> Result<Vec<IpAddr>, String> {
     let annotations = svc.metadata.annotations.as_ref();
-    let (source, list) = match service_annotation(annotations, LOAD_BALANCER_IPS) {
-        Some(v) => (LOAD_BALANCER_IPS, v.to_string()),
-        None => match svc.spec.as_ref().and_then(|s| s.load_balancer_ip.clone()) {
-            Some(ip) if !ip.is_empty() => ("spec.loadBalancerIP", ip),
-            _ => return Ok(Vec::new()),
-        },
+    let field = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_ip.clone())
+        .filter(|ip| !ip.is_empty());
+    let (source, list) = match (service_annotation(annotations, LOAD_BALANCER_IPS), &field) {
+        (Some(v), _) => (LOAD_BALANCER_IPS, v.to_string()),
+        (None, Some(ip)) => ("spec.loadBalancerIP", ip.clone()),
+        (None, None) => return Ok(Vec::new()),
     };
     let mut out: Vec<IpAddr> = Vec::new();
     for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -55,6 +60,15 @@ fn requested(svc: &Service) -> Result<Vec<IpAddr>, String> {
             ));
         }
         out.push(ip);
+    }
+    if source == LOAD_BALANCER_IPS
+        && let Some(f) = field
+        && !f.parse::<IpAddr>().is_ok_and(|ip| out.contains(&ip))
+    {
+        return Err(format!(
+            "{LOAD_BALANCER_IPS} ({}) and spec.loadBalancerIP ({f}) differ; set one of them",
+            list.trim()
+        ));
     }
     Ok(out)
 }
@@ -286,9 +300,17 @@ mod tests {
             Some("10.0.0.4"),
         );
         assert_eq!(
-            r.requested,
-            vec!["10.0.0.3".parse::<IpAddr>().unwrap()],
-            "the annotation wins over spec.loadBalancerIP"
+            r.request_error.as_deref(),
+            Some(
+                "hostlb.io/loadBalancerIPs (10.0.0.3) and spec.loadBalancerIP (10.0.0.4) differ; set one of them"
+            ),
+            "no silent choice between the two"
         );
+        let r = with(
+            json!({"hostlb.io/loadBalancerIPs": "10.0.0.3,fd00::3"}),
+            Some("10.0.0.3"),
+        );
+        assert_eq!(r.request_error, None, "the same address in both is fine");
+        assert_eq!(r.requested.len(), 2);
     }
 }

@@ -127,8 +127,10 @@ impl Ledger {
             }) {
                 freed = true;
             }
+            // A Service keeping its addresses while its request is not met
+            // waits too: the request may be met once something changes.
             let waits = match &answer {
-                Ok(a) => a.ips.len() < wanted_families(req),
+                Ok(a) => a.pending.is_some() || a.ips.len() < wanted_families(req),
                 Err(_) => true,
             };
             let slot = age(req);
@@ -153,6 +155,7 @@ impl Ledger {
                 changed.insert(e.clone());
                 queue.push(e);
             }
+            queue.extend(out.recheck);
         }
         freed
     }
@@ -440,6 +443,56 @@ mod tests {
         assert_eq!(
             l.answer("later/early").unwrap().as_ref().unwrap().ips,
             vec![ip("10.0.0.0")]
+        );
+    }
+
+    /// Nobody knows who changed after a restart: of two Services holding
+    /// one address on terms that no longer match, the older keeps it.
+    #[test]
+    fn after_a_restart_the_older_keeps_an_address_its_sharers_no_longer_share() {
+        let mut l = Ledger::new();
+        l.set_pools(&[pool("p", &["10.0.0.0/30"])]);
+        let mut old = svc("old", 1);
+        old.sharing_key = Some("k".into());
+        old.ports = vec![crate::engine::Port {
+            protocol: "TCP".into(),
+            port: 1,
+        }];
+        let mut young = svc("young", 2);
+        young.sharing_key = Some("k".into());
+        l.upsert(old.clone());
+        l.upsert(young.clone());
+        let shown = |l: &Ledger, mut s: ServiceRequest| {
+            let a = l.answer(&s.key).unwrap().clone().unwrap();
+            s.current = a.ips;
+            s.current_pool = Some(a.pool);
+            s
+        };
+        let (old, young) = (shown(&l, old), shown(&l, young));
+        assert_eq!(old.current, young.current);
+        // The younger changes its key: refused, both keep the address.
+        let mut edited = young.clone();
+        edited.sharing_key = Some("other".into());
+        l.upsert(edited.clone());
+        assert!(
+            l.answer("d/young")
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .pending
+                .is_some()
+        );
+        assert_eq!(l.holders_of(ip("10.0.0.0")).len(), 2);
+        // A restart: the older keeps it, the younger gets another.
+        let mut r = Ledger::new();
+        r.load(&[pool("p", &["10.0.0.0/30"])], []);
+        r.insert(old);
+        r.insert(edited);
+        r.rebuild();
+        assert_eq!(r.holders_of(ip("10.0.0.0")), vec!["d/old".to_string()]);
+        assert_eq!(
+            r.answer("d/young").unwrap().as_ref().unwrap().ips,
+            vec![ip("10.0.0.1")]
         );
     }
 

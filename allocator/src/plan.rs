@@ -43,6 +43,10 @@ enum JsonService {
         service: String,
         addresses: Vec<String>,
         pool: String,
+        /// Why what the Service asks for is not applied while it keeps
+        /// `addresses`.
+        #[serde(rename = "notApplied", skip_serializing_if = "Option::is_none")]
+        not_applied: Option<String>,
     },
     Failed {
         service: String,
@@ -103,6 +107,7 @@ pub fn run(opts: &Options) -> Result<Plan, SnapshotError> {
                         service: s.key.clone(),
                         addresses: x.ips.iter().map(|i| i.to_string()).collect(),
                         pool: x.pool.clone(),
+                        not_applied: x.pending.as_ref().map(ToString::to_string),
                     },
                     Err(e) => JsonService::Failed {
                         service: s.key.clone(),
@@ -159,6 +164,10 @@ fn table(ledger: &Ledger, warnings: &[ObjectError]) -> String {
                             .collect::<Vec<_>>()
                             .join(", ")
                     )
+                };
+                let note = match &x.pending {
+                    Some(why) => format!("{note}; not applied: {why}"),
+                    None => note,
                 };
                 rows.push(vec![s.key.clone(), ips.join(", "), x.pool.clone(), note]);
             }

@@ -749,3 +749,94 @@ async fn a_deposed_leaders_slow_writes_never_land() {
     a.task.abort();
     b.stop().await;
 }
+
+async fn request_condition(server: &TestServer, name: &str) -> Option<(String, String)> {
+    let api: Api<Service> = Api::namespaced(server.client(), "shop");
+    let s = api.get(name).await.unwrap();
+    s.status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "hostlb.io/AddressRequest")
+        .map(|c| (c.status, c.message))
+}
+
+async fn wait_condition(server: &TestServer, name: &str, status: &str, message: &str) {
+    let want = Some((status.to_string(), message.to_string()));
+    eventually(&format!("{name}'s condition {want:?}"), || {
+        let want = want.clone();
+        async move { (request_condition(server, name).await == want).then_some(()) }
+    })
+    .await
+}
+
+/// An edit the allocator cannot act on leaves the address where it is, with
+/// a Warning Event and a condition saying why; fixing the edit applies it.
+#[tokio::test]
+async fn an_invalid_edit_keeps_the_address_and_says_why() {
+    let server = setup().await;
+    pool(&server, "p1", json!({"addresses": ["10.0.0.0/29"]})).await;
+    service(&server, "web", json!({})).await;
+    let r = start(&server, "r1", false);
+    wait_ips(&server, "web", &["10.0.0.0"]).await;
+    assert_eq!(request_condition(&server, "web").await, None);
+    let api: Api<Service> = Api::namespaced(server.client(), "shop");
+    let annotate = |v: serde_json::Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": v}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    annotate(json!({"hostlb.io/loadBalancerIPs": "10.0.0.x"})).await;
+    let why = "hostlb.io/loadBalancerIPs: \"10.0.0.x\" is not an IP address";
+    wait_condition(&server, "web", "False", why).await;
+    assert_eq!(ips(&server, "web").await, vec!["10.0.0.0"]);
+    eventually("the Event", || async {
+        events(&server, "RequestNotApplied")
+            .await
+            .contains(&format!("web: keeping 10.0.0.0: {why}"))
+            .then_some(())
+    })
+    .await;
+    // A pool that is gone: the same.
+    annotate(json!({"hostlb.io/loadBalancerIPs": null, "hostlb.io/address-pool": "gone"})).await;
+    wait_condition(&server, "web", "False", "pool gone does not exist").await;
+    assert_eq!(ips(&server, "web").await, vec!["10.0.0.0"]);
+    // Both ways of asking, disagreeing: named both, address kept.
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({
+            "metadata": {"annotations": {"hostlb.io/address-pool": null, "hostlb.io/loadBalancerIPs": "10.0.0.3"}},
+            "spec": {"loadBalancerIP": "10.0.0.4"}})),
+    )
+    .await
+    .unwrap();
+    // (A repeated Event of one reason is a series on the first, keeping its
+    // note: the condition carries the current reason.)
+    wait_condition(
+        &server,
+        "web",
+        "False",
+        "hostlb.io/loadBalancerIPs (10.0.0.3) and spec.loadBalancerIP (10.0.0.4) differ; set one of them",
+    )
+    .await;
+    assert_eq!(ips(&server, "web").await, vec!["10.0.0.0"]);
+    // Fixed: acted on.
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"loadBalancerIP": null}})),
+    )
+    .await
+    .unwrap();
+    wait_ips(&server, "web", &["10.0.0.3"]).await;
+    wait_condition(&server, "web", "True", "").await;
+    r.stop().await;
+}

@@ -800,33 +800,50 @@ impl Loop {
         answer: Option<&crate::ledger::Answer>,
         assigned: bool,
     ) {
-        let (type_, reason, note, failure) = match answer {
-            Some(Ok(a)) if assigned => {
+        use hostlb_api::annotations::reasons;
+        // A failure, or a request not applied while the addresses are kept:
+        // a Warning once per distinct reason.
+        let failure = match answer {
+            Some(Ok(a)) => a.pending.as_ref().map(|why| {
+                let ips: Vec<String> = a.ips.iter().map(|i| i.to_string()).collect();
+                (
+                    reasons::REQUEST_NOT_APPLIED,
+                    format!("keeping {}: {why}", ips.join(", ")),
+                )
+            }),
+            Some(Err(e)) => Some((reasons::ALLOCATION_FAILED, e.to_string())),
+            None => return,
+        };
+        let (type_, reason, note, failure) = match (failure, answer) {
+            (Some((reason, msg)), _) => {
+                if self.reported.get(key) == Some(&msg) {
+                    return;
+                }
+                warn!(service = %key, reason = %msg, "{}", if reason == reasons::ALLOCATION_FAILED { "allocation failed" } else { "request not applied" });
+                (
+                    kube::runtime::events::EventType::Warning,
+                    reason,
+                    msg.clone(),
+                    Some(msg),
+                )
+            }
+            (None, Some(Ok(a))) if assigned => {
                 self.reported.remove(key);
                 self.telemetry.allocated();
                 let ips: Vec<String> = a.ips.iter().map(|i| i.to_string()).collect();
                 info!(service = %key, addresses = %ips.join(","), pool = %a.pool, "assigned");
                 (
                     kube::runtime::events::EventType::Normal,
-                    hostlb_api::annotations::reasons::IP_ALLOCATED,
+                    reasons::IP_ALLOCATED,
                     format!("Assigned {} from pool {}", ips.join(", "), a.pool),
                     None,
                 )
             }
-            Some(Err(e)) => {
-                let msg = e.to_string();
-                if self.reported.get(key) == Some(&msg) {
-                    return;
-                }
-                warn!(service = %key, reason = %msg, "allocation failed");
-                (
-                    kube::runtime::events::EventType::Warning,
-                    hostlb_api::annotations::reasons::ALLOCATION_FAILED,
-                    msg.clone(),
-                    Some(msg),
-                )
+            _ => {
+                // Applied: the next failure is news again.
+                self.reported.remove(key);
+                return;
             }
-            _ => return,
         };
         let ev = kube::runtime::events::Event {
             type_,

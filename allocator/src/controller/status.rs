@@ -68,12 +68,25 @@ pub fn ours(svc: &Service) -> bool {
     svc.annotations().contains_key(IP_ALLOCATED_FROM_POOL)
 }
 
-/// What a Service shows of our decision: its ingress addresses and our pool
-/// annotation.
+/// The Service condition saying whether what the Service asks for
+/// (addresses, pool, sharing) is applied: `False` while it keeps the
+/// addresses it holds and its request is not met, with the reason.
+pub const ADDRESS_REQUEST: &str = "hostlb.io/AddressRequest";
+
+/// What a Service shows of our decision: its ingress addresses, our pool
+/// annotation, and why its request is not applied (our condition).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Shown {
     pub ips: Vec<IpAddr>,
     pub pool: Option<String>,
+    pub pending: Option<String>,
+}
+
+fn service_conditions(svc: &Service) -> &[Condition] {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
 }
 
 impl Shown {
@@ -81,6 +94,10 @@ impl Shown {
         Shown {
             ips: crate::inputs::ingress_ips(svc),
             pool: svc.annotations().get(IP_ALLOCATED_FROM_POOL).cloned(),
+            pending: service_conditions(svc)
+                .iter()
+                .find(|c| c.type_ == ADDRESS_REQUEST && c.status == "False")
+                .map(|c| c.message.clone()),
         }
     }
 
@@ -89,10 +106,28 @@ impl Shown {
             Some(Ok(a)) => Shown {
                 ips: a.ips.clone(),
                 pool: Some(a.pool.clone()),
+                pending: a.pending.as_ref().map(ToString::to_string),
             },
             _ => Shown::default(),
         }
     }
+}
+
+/// The Service's conditions with ours set to say `pending`; the others
+/// as they are.
+fn with_request_condition(svc: &Service, pending: Option<&String>) -> Vec<Condition> {
+    let existing = service_conditions(svc);
+    let ours = match pending {
+        Some(why) => (ADDRESS_REQUEST, false, "NotApplied", why.clone()),
+        None => (ADDRESS_REQUEST, true, "Applied", String::new()),
+    };
+    let mut out: Vec<Condition> = existing
+        .iter()
+        .filter(|c| c.type_ != ADDRESS_REQUEST)
+        .cloned()
+        .collect();
+    out.extend(conditions(existing, &[ours], None));
+    out
 }
 
 /// Make the Service show `answer` (no answer or a failure: no address),
@@ -115,6 +150,7 @@ pub async fn write_service(
         let after = patch_by(client, &api, &name, false, &patch, deadline).await?;
         rv = after.resource_version();
     }
+    let mut status = serde_json::Map::new();
     if before.ips != want.ips {
         let ingress: Value = if want.ips.is_empty() {
             Value::Null
@@ -126,10 +162,19 @@ pub async fn write_service(
                     .collect(),
             )
         };
-        let patch = json!({"status": {"loadBalancer": {"ingress": ingress}}});
+        status.insert("loadBalancer".into(), json!({"ingress": ingress}));
+    }
+    // A condition is written once something was not applied, and then kept
+    // up to date; Services that never had one do not get one.
+    if before.pending != want.pending {
+        let conds = with_request_condition(svc, want.pending.as_ref());
+        status.insert("conditions".into(), json!(conds));
+    }
+    if !status.is_empty() {
+        let patch = json!({ "status": status });
         let after = patch_by(client, &api, &name, true, &patch, deadline).await?;
         rv = after.resource_version();
-        debug!(service = %format!("{}/{name}", svc.namespace().unwrap_or_default()), addresses = ?want.ips, "status written");
+        debug!(service = %format!("{}/{name}", svc.namespace().unwrap_or_default()), addresses = ?want.ips, pending = ?want.pending, "status written");
     }
     Ok((want, rv))
 }

@@ -176,6 +176,12 @@ pub enum AllocError {
     ExhaustedAll(String),
     #[error("no IPAddressPool serves this Service (none with autoAssign admits it)")]
     NoPool,
+    #[error("{ip} is shared with {holder}: {why}; the change is not applied while they share it")]
+    ChangeRefused {
+        ip: IpAddr,
+        holder: String,
+        why: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,6 +189,10 @@ pub struct Assigned {
     pub pool: String,
     /// Primary family first.
     pub ips: Vec<IpAddr>,
+    /// What the Service asks for and does not get, while it keeps `ips`:
+    /// an edit never takes a serving address away (a request that cannot be
+    /// read or met, a sharing change the other holders do not share).
+    pub pending: Option<AllocError>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -191,6 +201,9 @@ pub struct Outcome {
     pub result: Result<Option<Assigned>, AllocError>,
     /// Younger Services that lost an address to this one: reconcile them.
     pub evicted: Vec<String>,
+    /// Services whose refused change this one's change made possible:
+    /// reconcile them too.
+    pub recheck: Vec<String>,
 }
 
 /// Counts and state of one pool, for its status.
@@ -206,15 +219,43 @@ pub struct PoolReport {
 
 #[derive(Clone, Debug)]
 struct Holding {
+    /// The address's terms: what every holder shares it on.
     sharing: Option<String>,
     backend: Backend,
+    /// Holders with the ports they were given the address with.
     services: BTreeMap<String, Vec<Port>>,
+    /// Holders that asked for other terms (sharing key, traffic policy)
+    /// than the address's, and were refused: the terms they asked for.
+    refused: BTreeMap<String, (Option<String>, Backend)>,
 }
 
 #[derive(Clone, Debug)]
 struct Alloc {
     pool: String,
     ips: Vec<IpAddr>,
+    /// The ports it holds them with (the previous ones if a change was
+    /// refused).
+    ports: Vec<Port>,
+}
+
+/// What a Service can keep of what it holds.
+struct Keep {
+    pool: usize,
+    ips: Vec<IpAddr>,
+    /// Younger Services to take the addresses from (after a restart).
+    losers: Vec<String>,
+    /// Its change of sharing terms, refused.
+    refused: Option<AllocError>,
+}
+
+/// A Service's request against what it can keep.
+enum Change {
+    /// Asks for nothing else.
+    None,
+    /// Cannot be read or names a pool that does not exist.
+    Invalid(AllocError),
+    /// Other addresses (these, or empty for another pool).
+    Valid(Vec<IpAddr>),
 }
 
 pub struct Allocator {
@@ -238,6 +279,36 @@ impl Default for Allocator {
 
 fn family_of(ip: IpAddr) -> Family {
     Family::of(ip)
+}
+
+/// Why `svc` cannot share an address held on these terms, if it cannot.
+fn terms_conflict(
+    sharing: &Option<String>,
+    backend: &Backend,
+    svc: &ServiceRequest,
+) -> Option<String> {
+    Some(match (sharing, &svc.sharing_key) {
+        (None, _) => "it does not allow sharing (no hostlb.io/allow-shared-ip)".to_string(),
+        (_, None) => "this Service does not allow sharing (no hostlb.io/allow-shared-ip)".to_string(),
+        (Some(a), Some(b)) if a != b => format!("sharing key {b:?} differs from {a:?}"),
+        _ if [backend, &svc.backend].contains(&&Backend::LocalUnselected) => {
+            "a Service with externalTrafficPolicy: Local and no selector shares with none (its endpoints cannot be compared)".to_string()
+        }
+        _ if !backend.shares_with(&svc.backend) => {
+            "shared addresses need externalTrafficPolicy: Cluster on all Services, or the same pod selector".to_string()
+        }
+        _ => return None,
+    })
+}
+
+/// The first of `others` using a port `svc` uses, and the words for it.
+fn port_clash(svc: &ServiceRequest, others: &[(&String, &Vec<Port>)]) -> Option<(String, String)> {
+    others.iter().find_map(|(k, ports)| {
+        svc.ports
+            .iter()
+            .find(|p| ports.contains(p))
+            .map(|p| ((*k).clone(), format!("port {p} is used by {k}")))
+    })
 }
 
 impl Allocator {
@@ -287,6 +358,7 @@ impl Allocator {
         self.allocs.get(key).map(|a| Assigned {
             pool: a.pool.clone(),
             ips: a.ips.clone(),
+            pending: None,
         })
     }
 
@@ -314,6 +386,7 @@ impl Allocator {
                 continue;
             };
             h.services.remove(key);
+            h.refused.remove(key);
             if h.services.is_empty() {
                 let h = self.holders.remove(&ip).expect("present");
                 self.used[family_index(family_of(ip))].remove(to_u128(ip));
@@ -330,21 +403,55 @@ impl Allocator {
         true
     }
 
-    fn assign(&mut self, svc: &ServiceRequest, pool: &str, ips: &[IpAddr]) {
+    /// Record that `svc` holds `ips` from `pool`. With `refused`, its
+    /// change of terms was refused and it keeps its previous ports; a change
+    /// that every other holder had asked for becomes the address's terms,
+    /// and those holders are returned, to be reconciled again.
+    fn assign(
+        &mut self,
+        svc: &ServiceRequest,
+        pool: &str,
+        ips: &[IpAddr],
+        refused: bool,
+    ) -> Vec<String> {
+        let previous = self.allocs.get(&svc.key).map(|a| a.ports.clone());
         self.release(&svc.key);
+        let ports = match previous {
+            Some(p) if refused => p,
+            _ => svc.ports.clone(),
+        };
+        let mut recheck = Vec::new();
         for &ip in ips {
             let h = self.holders.entry(ip).or_insert_with(|| Holding {
                 sharing: svc.sharing_key.clone(),
                 backend: svc.backend.clone(),
                 services: BTreeMap::new(),
+                refused: BTreeMap::new(),
             });
             if h.services.is_empty() {
                 h.sharing = svc.sharing_key.clone();
                 h.backend = svc.backend.clone();
+            } else if refused {
+                h.refused.insert(
+                    svc.key.clone(),
+                    (svc.sharing_key.clone(), svc.backend.clone()),
+                );
+            } else if h.sharing != svc.sharing_key || h.backend != svc.backend {
+                if let Some(k) = &h.sharing
+                    && let Some(set) = self.shared.get_mut(k)
+                {
+                    set.remove(&ip);
+                    if set.is_empty() {
+                        self.shared.remove(k);
+                    }
+                }
+                h.sharing = svc.sharing_key.clone();
+                h.backend = svc.backend.clone();
+                recheck.extend(std::mem::take(&mut h.refused).into_keys());
             }
-            h.services.insert(svc.key.clone(), svc.ports.clone());
+            h.services.insert(svc.key.clone(), ports.clone());
             self.used[family_index(family_of(ip))].insert(to_u128(ip));
-            if let Some(k) = &svc.sharing_key {
+            if let Some(k) = &h.sharing {
                 self.shared.entry(k.clone()).or_default().insert(ip);
             }
         }
@@ -353,10 +460,14 @@ impl Allocator {
             Alloc {
                 pool: pool.to_string(),
                 ips: ips.to_vec(),
+                ports,
             },
         );
         let (t, k) = svc.age();
         self.ages.insert(svc.key.clone(), (t, k.to_string()));
+        recheck.sort();
+        recheck.dedup();
+        recheck
     }
 
     /// Whether `svc` may hold `ip` next to its current holders; `Err` names
@@ -371,27 +482,37 @@ impl Allocator {
             return Ok(());
         };
         let holder = (*first).clone();
-        let why = match (&h.sharing, &svc.sharing_key) {
-            (None, _) => "it does not allow sharing (no hostlb.io/allow-shared-ip)".to_string(),
-            (_, None) => "this Service does not allow sharing (no hostlb.io/allow-shared-ip)".to_string(),
-            (Some(a), Some(b)) if a != b => format!("sharing key {b:?} differs from {a:?}"),
-            _ if [&h.backend, &svc.backend].contains(&&Backend::LocalUnselected) => {
-                "a Service with externalTrafficPolicy: Local and no selector shares with none (its endpoints cannot be compared)".to_string()
+        if let Some(why) = terms_conflict(&h.sharing, &h.backend, svc) {
+            return Err((holder, why));
+        }
+        match port_clash(svc, &others) {
+            Some((_, why)) => Err((holder, why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `svc`, which holds `ip` already, may go on holding it on the
+    /// terms it asks for now: the address's own terms, when no port
+    /// collides; other terms only when every other holder asked for them
+    /// too. `Err` names a holder and why.
+    fn member_may_change(&self, svc: &ServiceRequest, ip: IpAddr) -> Result<(), (String, String)> {
+        let h = &self.holders[&ip];
+        let others: Vec<(&String, &Vec<Port>)> =
+            h.services.iter().filter(|(k, _)| **k != svc.key).collect();
+        let same = h.sharing == svc.sharing_key && h.backend == svc.backend;
+        for (k, _) in &others {
+            let (sharing, backend) = match h.refused.get(*k) {
+                Some((s, b)) if !same => (s, b),
+                _ => (&h.sharing, &h.backend),
+            };
+            if let Some(why) = terms_conflict(sharing, backend, svc) {
+                return Err(((*k).clone(), why));
             }
-            _ if !h.backend.shares_with(&svc.backend) => {
-                "shared addresses need externalTrafficPolicy: Cluster on all Services, or the same pod selector".to_string()
-            }
-            _ => {
-                let clash = others.iter().find_map(|(k, ports)| {
-                    svc.ports.iter().find(|p| ports.contains(p)).map(|p| format!("port {p} is used by {k}"))
-                });
-                match clash {
-                    Some(c) => c,
-                    None => return Ok(()),
-                }
-            }
-        };
-        Err((holder, why))
+        }
+        match port_clash(svc, &others) {
+            Some((k, why)) => Err((k, why)),
+            None => Ok(()),
+        }
     }
 
     /// The Services that must give `ip` up for `svc`, when `svc` is older
@@ -439,79 +560,156 @@ impl Allocator {
 
     /// Decide the Service's addresses: keep what it holds while valid, else
     /// allocate (when `allow_new`). Idempotent.
+    ///
+    /// What it holds is taken away only when it cannot be held any more (its
+    /// pool or namespace no longer admit it, an older Service claims it
+    /// after a restart), never for an edit of the Service itself: a request
+    /// for other addresses or another pool moves it only once the new
+    /// request is met, and until then (or while the request cannot even be
+    /// read) it keeps what it holds, with the reason in `pending`.
     pub fn reconcile(&mut self, svc: &ServiceRequest, allow_new: bool) -> Outcome {
         let mut evicted = Vec::new();
-        let requested = match self.check_requested(svc) {
+        let request = self.check_requested(svc);
+        let held = self.held(svc);
+        if !held.is_empty() {
+            let named: &[IpAddr] = request.as_deref().unwrap_or(&[]);
+            if let Ok(keep) = self.check_keep(svc, &held, named, allow_new, true) {
+                let pool_name = self.pools[keep.pool].name.clone();
+                // A refused sharing change is named first: it is what the
+                // Service holds its address on.
+                let mut pending = keep.refused.clone();
+                let moved = match self.request_change(svc, &keep, &pool_name, &request) {
+                    Change::None => None,
+                    Change::Invalid(e) => {
+                        pending.get_or_insert(e);
+                        None
+                    }
+                    Change::Valid(_) if !allow_new => None,
+                    Change::Valid(requested) => match self.allocate_requested(svc, &requested) {
+                        Ok(m) => Some(m),
+                        Err(e) => {
+                            pending.get_or_insert(e);
+                            None
+                        }
+                    },
+                };
+                let (pool, ips, losers, refused) = match moved {
+                    Some((pool, ips, losers)) => (pool, ips, losers, false),
+                    None => (keep.pool, keep.ips, keep.losers, keep.refused.is_some()),
+                };
+                self.evict(&losers);
+                evicted.extend(losers);
+                let name = self.pools[pool].name.clone();
+                let recheck = self.assign(svc, &name, &ips, refused);
+                return Outcome {
+                    result: Ok(Some(Assigned {
+                        pool: name,
+                        ips,
+                        pending,
+                    })),
+                    evicted,
+                    recheck,
+                };
+            }
+        }
+        self.release(&svc.key);
+        let requested = match request {
             Ok(r) => r,
             Err(e) => {
-                self.release(&svc.key);
                 return Outcome {
                     result: Err(e),
                     evicted,
+                    recheck: Vec::new(),
                 };
             }
         };
-        let held = self.held(svc);
-        if !held.is_empty()
-            && let Ok((pool, ips, losers)) =
-                self.check_keep(svc, &held, &requested, allow_new, true)
-        {
-            self.evict(&losers);
-            evicted.extend(losers);
-            let name = self.pools[pool].name.clone();
-            self.assign(svc, &name, &ips);
-            return Outcome {
-                result: Ok(Some(Assigned { pool: name, ips })),
-                evicted,
-            };
-        }
-        self.release(&svc.key);
         if !allow_new {
             return Outcome {
                 result: Ok(None),
                 evicted,
+                recheck: Vec::new(),
             };
         }
-        let result = if !requested.is_empty() {
-            self.assign_requested(svc, &requested)
-                .map(|(pool, ips, losers)| {
-                    self.evict(&losers);
-                    evicted.extend(losers);
-                    (pool, ips)
-                })
-        } else if let Some(name) = &svc.requested_pool {
-            match self.by_name.get(name) {
-                None => Err(AllocError::UnknownPool(name.clone())),
-                Some(&i) => {
-                    let p = &self.pools[i];
-                    if let PoolState::Invalid(why) | PoolState::Overlaps(why) = &p.state {
-                        Err(AllocError::PoolUnusable {
-                            pool: name.clone(),
-                            why: why.clone(),
-                        })
-                    } else if !self.admits(p, svc) {
-                        Err(AllocError::NotAdmitted(name.clone()))
-                    } else {
-                        self.allocate_in(svc, i).map(|ips| (i, ips))
-                    }
-                }
-            }
-        } else {
-            self.allocate_auto(svc)
-        };
-        match result {
-            Ok((pool, ips)) => {
+        match self.allocate_requested(svc, &requested) {
+            Ok((pool, ips, losers)) => {
+                self.evict(&losers);
+                evicted.extend(losers);
                 let name = self.pools[pool].name.clone();
-                self.assign(svc, &name, &ips);
+                let recheck = self.assign(svc, &name, &ips, false);
                 Outcome {
-                    result: Ok(Some(Assigned { pool: name, ips })),
+                    result: Ok(Some(Assigned {
+                        pool: name,
+                        ips,
+                        pending: None,
+                    })),
                     evicted,
+                    recheck,
                 }
             }
             Err(e) => Outcome {
                 result: Err(e),
                 evicted,
+                recheck: Vec::new(),
             },
+        }
+    }
+
+    /// New addresses as the Service asks for them: the addresses it names,
+    /// else from the pool it names, else from the pools that admit it.
+    fn allocate_requested(
+        &self,
+        svc: &ServiceRequest,
+        requested: &[IpAddr],
+    ) -> Result<(usize, Vec<IpAddr>, Vec<String>), AllocError> {
+        if !requested.is_empty() {
+            return self.assign_requested(svc, requested);
+        }
+        let (pool, ips) = if let Some(name) = &svc.requested_pool {
+            let Some(&i) = self.by_name.get(name) else {
+                return Err(AllocError::UnknownPool(name.clone()));
+            };
+            let p = &self.pools[i];
+            if let PoolState::Invalid(why) | PoolState::Overlaps(why) = &p.state {
+                return Err(AllocError::PoolUnusable {
+                    pool: name.clone(),
+                    why: why.clone(),
+                });
+            }
+            if !self.admits(p, svc) {
+                return Err(AllocError::NotAdmitted(name.clone()));
+            }
+            (i, self.allocate_in(svc, i)?)
+        } else {
+            self.allocate_auto(svc)?
+        };
+        Ok((pool, ips, Vec::new()))
+    }
+
+    /// How the Service's request (addresses, pool) stands against what it
+    /// can keep.
+    fn request_change(
+        &self,
+        svc: &ServiceRequest,
+        keep: &Keep,
+        pool: &str,
+        request: &Result<Vec<IpAddr>, AllocError>,
+    ) -> Change {
+        let requested = match request {
+            Ok(r) => r,
+            Err(e) => return Change::Invalid(e.clone()),
+        };
+        if let Some(name) = &svc.requested_pool
+            && !self.by_name.contains_key(name)
+        {
+            return Change::Invalid(AllocError::UnknownPool(name.clone()));
+        }
+        let same_ips = requested.is_empty()
+            || requested.iter().collect::<BTreeSet<_>>() == keep.ips.iter().collect();
+        let same_pool = svc.requested_pool.as_deref().is_none_or(|r| r == pool);
+        if same_ips && same_pool {
+            Change::None
+        } else {
+            Change::Valid(requested.clone())
         }
     }
 
@@ -543,9 +741,9 @@ impl Allocator {
             return false;
         }
         match self.check_keep(svc, &held, &[], false, false) {
-            Ok((pool, ips, losers)) if losers.is_empty() => {
-                let name = self.pools[pool].name.clone();
-                self.assign(svc, &name, &ips);
+            Ok(keep) if keep.losers.is_empty() => {
+                let name = self.pools[keep.pool].name.clone();
+                self.assign(svc, &name, &keep.ips, keep.refused.is_some());
                 true
             }
             _ => {
@@ -580,10 +778,13 @@ impl Allocator {
         Ok(ips)
     }
 
-    /// Whether the Service can keep `held`; the pool, the addresses to hold
-    /// (families adjusted to its policy) and the younger Services to evict.
-    /// Without `judge`, only whether the addresses can be held at all, not
-    /// whether the Service's namespace and request still want them.
+    /// Whether the Service can keep `held` (its request aside, see
+    /// [`Allocator::request_change`]): the pool, the addresses to hold
+    /// (families adjusted to its policy, none added when it names its
+    /// addresses in `requested`), the younger Services to evict, and a
+    /// refused change of sharing terms. Without `judge`, only whether the
+    /// addresses can be held at all, not whether the Service's namespace
+    /// still wants them.
     fn check_keep(
         &self,
         svc: &ServiceRequest,
@@ -591,14 +792,7 @@ impl Allocator {
         requested: &[IpAddr],
         allow_new: bool,
         judge: bool,
-    ) -> Result<(usize, Vec<IpAddr>, Vec<String>), AllocError> {
-        if judge && !requested.is_empty() {
-            let a: BTreeSet<_> = held.iter().collect();
-            let b: BTreeSet<_> = requested.iter().collect();
-            if a != b {
-                return Err(AllocError::BadRequest("requested addresses changed".into()));
-            }
-        }
+    ) -> Result<Keep, AllocError> {
         let wanted = svc.wanted();
         // Keep the wanted families only, one address each.
         let mut ips: Vec<IpAddr> = Vec::new();
@@ -618,16 +812,11 @@ impl Allocator {
             .pool_of(&ips, svc.current_pool.as_deref())
             .ok_or(AllocError::NotInPool(ips[0]))?;
         let p = &self.pools[pool];
-        if judge
-            && let Some(r) = &svc.requested_pool
-            && *r != p.name
-        {
-            return Err(AllocError::BadRequest("requested pool changed".into()));
-        }
         if judge && !self.admits(p, svc) {
             return Err(AllocError::NotAdmitted(p.name.clone()));
         }
         let mut losers = Vec::new();
+        let mut refused = None;
         for ip in &ips {
             if p.avoid_buggy_ips && is_buggy(family_of(*ip), to_u128(*ip)) {
                 return Err(AllocError::Buggy {
@@ -635,7 +824,23 @@ impl Allocator {
                     pool: p.name.clone(),
                 });
             }
-            losers.extend(self.contest(svc, *ip)?);
+            let member = self
+                .holders
+                .get(ip)
+                .is_some_and(|h| h.services.contains_key(&svc.key));
+            if !member {
+                // Claimed from the status alone (after a restart): nobody
+                // can know who changed, so the older Service wins.
+                losers.extend(self.contest(svc, *ip)?);
+            } else if let Err((holder, why)) = self.member_may_change(svc, *ip) {
+                // It holds the address with others, and changed: the change
+                // is refused, and everyone keeps the address.
+                refused.get_or_insert(AllocError::ChangeRefused {
+                    ip: *ip,
+                    holder,
+                    why,
+                });
+            }
         }
         // Families the policy wants and the pool can still give, unless the
         // Service named its addresses.
@@ -663,7 +868,12 @@ impl Allocator {
         ips.sort_by_key(|ip| family_of(*ip) != svc.primary());
         losers.sort();
         losers.dedup();
-        Ok((pool, ips, losers))
+        Ok(Keep {
+            pool,
+            ips,
+            losers,
+            refused,
+        })
     }
 
     fn assign_requested(

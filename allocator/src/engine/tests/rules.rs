@@ -426,10 +426,12 @@ fn the_older_service_keeps_a_contested_address() {
     assert!(a.allocation("default/younger").is_none());
     // The younger then gets a new address.
     assert_eq!(alloc(&mut a, &younger), Ok(vec!["10.0.0.0".into()]));
-    // And cannot take it back.
+    // And cannot take it back: asking for it keeps what it holds.
     let out = a.reconcile(&svc("younger", 2).request(&["10.0.0.5"]), true);
+    let kept = out.result.unwrap().unwrap();
+    assert_eq!(kept.ips, ips(&["10.0.0.0"]));
     assert_eq!(
-        out.result.unwrap_err().to_string(),
+        kept.pending.unwrap().to_string(),
         "10.0.0.5 is in use by default/older: it does not allow sharing (no hostlb.io/allow-shared-ip)"
     );
 }
@@ -493,4 +495,122 @@ fn pool_counts() {
     assert_eq!(p.state, PoolState::Ready);
     let q = r.iter().find(|x| x.name == "q").unwrap();
     assert_eq!((q.assigned, q.available), ([0, 0], [4, 0]));
+}
+
+fn kept(a: &mut Allocator, s: &ServiceRequest) -> (Vec<String>, Option<String>) {
+    let x = a.reconcile(s, true).result.unwrap().unwrap();
+    (
+        x.ips.iter().map(|i| i.to_string()).collect(),
+        x.pending.map(|e| e.to_string()),
+    )
+}
+
+/// An edit never takes a serving address away: a request that cannot be
+/// read, a pool that is gone, an address that is taken leave the Service
+/// with what it holds and the reason; a request that can be met moves it.
+#[test]
+fn an_edit_that_cannot_be_met_keeps_the_address() {
+    let mut a = with_pools(&[
+        pool("p", 1, &["10.0.0.0/29"]),
+        pool("q", 2, &["10.1.0.0/29"]),
+    ]);
+    let web = svc("web", 1).holding(&["10.0.0.3"], "p");
+    assert_eq!(kept(&mut a, &web), (vec!["10.0.0.3".into()], None));
+    let mut typo = web.clone();
+    typo.request_error =
+        Some("hostlb.io/loadBalancerIPs: \"10.0.0.x\" is not an IP address".into());
+    assert_eq!(
+        kept(&mut a, &typo),
+        (
+            vec!["10.0.0.3".into()],
+            Some("hostlb.io/loadBalancerIPs: \"10.0.0.x\" is not an IP address".into())
+        )
+    );
+    let gone = web.clone().in_pool("deleted");
+    assert_eq!(
+        kept(&mut a, &gone),
+        (
+            vec!["10.0.0.3".into()],
+            Some("pool deleted does not exist".into())
+        )
+    );
+    assert_eq!(alloc(&mut a, &svc("other", 2)), Ok(vec!["10.0.0.0".into()]));
+    let taken = web.clone().request(&["10.0.0.0"]);
+    assert_eq!(
+        kept(&mut a, &taken),
+        (
+            vec!["10.0.0.3".into()],
+            Some("10.0.0.0 is in use by default/other: it does not allow sharing (no hostlb.io/allow-shared-ip)".into())
+        )
+    );
+    // Requests that can be met are acted on.
+    assert_eq!(
+        kept(&mut a, &web.clone().request(&["10.0.0.5"])),
+        (vec!["10.0.0.5".into()], None)
+    );
+    assert!(
+        a.holders_of(ip("10.0.0.3")).is_empty(),
+        "the old address is free"
+    );
+    let moved = svc("web", 1).holding(&["10.0.0.5"], "p").in_pool("q");
+    assert_eq!(kept(&mut a, &moved), (vec!["10.1.0.0".into()], None));
+    // Without a status or anything held, an unreadable request is an error.
+    let mut fresh = svc("fresh", 3);
+    fresh.request_error = Some("bad".into());
+    assert_eq!(alloc(&mut a, &fresh), Err("bad".into()));
+}
+
+/// A Service that changes its sharing key or its Local selector while it
+/// shares an address is refused and keeps it; so do the others. When every
+/// holder asks for the same new terms, they apply.
+#[test]
+fn a_sharing_change_is_refused_not_evicting() {
+    let mut a = with_pools(&[pool("p", 1, &["10.0.0.0/29"])]);
+    let old = svc("old", 1).share("k").ports(&[("TCP", 1)]);
+    let young = svc("young", 2).share("k").ports(&[("TCP", 2)]);
+    assert_eq!(alloc(&mut a, &old), Ok(vec!["10.0.0.0".into()]));
+    assert_eq!(alloc(&mut a, &young), Ok(vec!["10.0.0.0".into()]));
+    // The older one changes its key: it is refused, the younger stays.
+    let old_edited = old.clone().share("other").holding(&["10.0.0.0"], "p");
+    let out = a.reconcile(&old_edited, true);
+    assert!(out.evicted.is_empty());
+    assert_eq!(
+        out.result.unwrap().unwrap().pending.unwrap().to_string(),
+        "10.0.0.0 is shared with default/young: sharing key \"other\" differs from \"k\"; the change is not applied while they share it"
+    );
+    let mut holders = a.holders_of(ip("10.0.0.0"));
+    holders.sort();
+    assert_eq!(
+        holders,
+        vec!["default/old".to_string(), "default/young".to_string()]
+    );
+    let young_held = young.clone().holding(&["10.0.0.0"], "p");
+    assert_eq!(kept(&mut a, &young_held), (vec!["10.0.0.0".into()], None));
+    // A newcomer with the address's key still shares it.
+    let third = svc("third", 3).share("k").ports(&[("TCP", 3)]);
+    assert_eq!(alloc(&mut a, &third), Ok(vec!["10.0.0.0".into()]));
+    a.release("default/third");
+    // The younger one asks for the same new key: both have it now.
+    let out = a.reconcile(&young_held.clone().share("other"), true);
+    assert_eq!(out.result.unwrap().unwrap().pending, None);
+    assert_eq!(out.recheck, vec!["default/old".to_string()]);
+    assert_eq!(kept(&mut a, &old_edited), (vec!["10.0.0.0".into()], None));
+    let newcomer = svc("new", 4).share("other").ports(&[("TCP", 4)]);
+    assert_eq!(alloc(&mut a, &newcomer), Ok(vec!["10.0.0.0".into()]));
+
+    // The same for a Local pod selector.
+    let l1 = svc("l1", 5).share("l").ports(&[("TCP", 1)]).local("app=x");
+    let l2 = svc("l2", 6).share("l").ports(&[("TCP", 2)]).local("app=x");
+    assert_eq!(alloc(&mut a, &l1), Ok(vec!["10.0.0.1".into()]));
+    assert_eq!(alloc(&mut a, &l2), Ok(vec!["10.0.0.1".into()]));
+    let (ips, pending) = kept(
+        &mut a,
+        &l2.clone().local("app=y").holding(&["10.0.0.1"], "p"),
+    );
+    assert_eq!(ips, vec!["10.0.0.1".to_string()]);
+    assert!(pending.unwrap().contains("the same pod selector"));
+    assert_eq!(
+        kept(&mut a, &l1.clone().holding(&["10.0.0.1"], "p")),
+        (vec!["10.0.0.1".into()], None)
+    );
 }
