@@ -446,6 +446,29 @@ mod tests {
         );
     }
 
+    /// A request that cannot be met yet keeps the Service where it is, and
+    /// is acted on as soon as the address it asks for is freed.
+    #[test]
+    fn an_unmet_request_waits_in_place_and_is_met_when_freed() {
+        let mut l = Ledger::new();
+        l.set_pools(&[pool("p", &["10.0.0.0/30"])]);
+        l.upsert(svc("a", 1));
+        l.upsert(svc("b", 2));
+        let mut b = svc("b", 2);
+        b.current = vec![ip("10.0.0.1")];
+        b.current_pool = Some("p".into());
+        b.requested = vec![ip("10.0.0.0")];
+        l.upsert(b);
+        let kept = l.answer("d/b").unwrap().clone().unwrap();
+        assert_eq!(kept.ips, vec![ip("10.0.0.1")]);
+        assert!(kept.pending.is_some());
+        let changed = l.remove("d/a");
+        assert!(changed.contains("d/b"));
+        let moved = l.answer("d/b").unwrap().clone().unwrap();
+        assert_eq!((moved.ips, moved.pending), (vec![ip("10.0.0.0")], None));
+        assert!(l.holders_of(ip("10.0.0.1")).is_empty());
+    }
+
     /// Nobody knows who changed after a restart: of two Services holding
     /// one address on terms that no longer match, the older keeps it.
     #[test]
