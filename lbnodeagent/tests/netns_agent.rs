@@ -108,8 +108,10 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
         o.outage.as_millis(),
         o.two_owners.as_millis()
     );
-    assert!(o.outage < Duration::from_millis(1500), "{o:?}");
-    assert_eq!(o.two_owners, Duration::ZERO, "{o:?}");
+    // Make before break: peers take over before the addresses go, so the
+    // client loses (almost) nothing; both answer only briefly.
+    assert!(o.lost <= 2, "{o:?}");
+    assert!(o.two_owners < Duration::from_millis(500), "{o:?}");
     wait_for("the annotation to follow", Duration::from_secs(10), || {
         (c.annotation("web", "hostlb.io/announcing-IPv4") == format!("{next},eth0")).then_some(())
     })

@@ -3,14 +3,16 @@
 //! host stops answering for its VIPs at once and its peers take over within
 //! a gossip round instead of after failure detection.
 //!
-//! It removes every address the agent owns (by its tags and record, never
-//! anything else) and announces this node as `leaving` in gossip under a new
-//! generation, which peers take as the node's newest state, to the peers
-//! the agent last knew (`/run/lbnodeagent/peers`) and the configured seeds.
+//! It announces this node as `leaving` in gossip under a new generation,
+//! which peers take as the node's newest state, to the peers the agent last
+//! knew (`/run/lbnodeagent/peers`) and the configured seeds; waits (briefly)
+//! until they show the node's VIPs as theirs, so no ARP request goes
+//! unanswered; then removes every address the agent owns (by its tags and
+//! record, never anything else).
 //! A config that cannot be read does not stop the removal: the addresses
 //! are found through the default run directory.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -51,8 +53,27 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
         ..NetlinkConfig::default()
     })
     .await?;
-    let mut out = Cleaned::default();
     let owned = backend.adopt().await?;
+    let mut out = Cleaned::default();
+    // Make before break: peers learn this node left and take its VIPs over
+    // (the kernel here answers meanwhile), then the addresses go.
+    let mut gossip = None;
+    if let Some(cfg) = cfg {
+        let announced: Vec<IpAddr> = owned
+            .iter()
+            .filter(|a| Some(&a.interface) != cfg.announce.virtual_interface.as_ref())
+            .map(|a| a.ip)
+            .collect();
+        match tell_peers(cfg, &backend, &run_dir, &announced).await {
+            Ok((membership, told)) => {
+                out.told = told;
+                gossip = membership;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot tell peers this node left; they notice by failure detection")
+            }
+        }
+    }
     for a in owned {
         let vip = VipAddress {
             interface: a.interface.clone(),
@@ -72,22 +93,21 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
             }
         }
     }
-    if let Some(cfg) = cfg {
-        match tell_peers(cfg, &backend, &run_dir).await {
-            Ok(n) => out.told = n,
-            Err(e) => {
-                warn!(error = %e, "cannot tell peers this node left; they notice by failure detection")
-            }
-        }
+    if let Some(m) = gossip {
+        let _ = m.shutdown().await;
     }
     Ok(out)
 }
 
+/// Starts gossip as this node, `leaving`, and waits until a peer answered
+/// and every address in `held` shows up at another node (each bounded).
+/// Returns the running membership, to stop once the addresses are gone.
 async fn tell_peers(
     mut cfg: AgentConfig,
     backend: &NetlinkBackend,
     run_dir: &Path,
-) -> Result<usize, AgentError> {
+    held: &[IpAddr],
+) -> Result<(Option<Membership>, usize), AgentError> {
     let mut seeds: Vec<String> = std::fs::read_to_string(run_dir.join(PEERS_FILE))
         .unwrap_or_default()
         .lines()
@@ -98,7 +118,7 @@ async fn tell_peers(
     seeds.sort();
     seeds.dedup();
     if seeds.is_empty() {
-        return Ok(0);
+        return Ok((None, 0));
     }
     cfg.gossip.seeds = seeds;
     if cfg.gossip.advertise.is_none() && cfg.gossip.listen.ip().is_unspecified() {
@@ -124,26 +144,37 @@ async fn tell_peers(
     };
     let membership = Membership::start(&cfg.gossip, local, &transport).await?;
     let mut views = membership.views();
-    let deadline = Instant::now() + REACH_PEERS;
-    let mut told = 0;
-    while Instant::now() < deadline {
-        told = views
-            .borrow()
-            .nodes
+    let others = |v: &crate::gossip::MembershipView| -> Vec<crate::gossip::MemberInfo> {
+        v.nodes
             .iter()
             .filter(|n| n.node != cfg.node_name)
-            .count();
-        if told > 0 {
+            .cloned()
+            .collect()
+    };
+    let deadline = Instant::now() + REACH_PEERS;
+    while others(&views.borrow()).is_empty() && Instant::now() < deadline {
+        let _ = tokio::time::timeout_at(deadline.into(), views.changed()).await;
+    }
+    let told = others(&views.borrow()).len();
+    if told == 0 {
+        return Ok((Some(membership), 0));
+    }
+    // Push the state to every live peer at once.
+    membership.set_leaving().await;
+    let deadline = Instant::now() + super::HANDOVER_MAX;
+    loop {
+        let peers = others(&views.borrow());
+        let taken = held
+            .iter()
+            .all(|ip| peers.iter().any(|n| n.vips.contains(ip)));
+        if taken || Instant::now() >= deadline {
+            if !taken {
+                warn!("not every VIP was taken over in time; removing anyway");
+            }
             break;
         }
         let _ = tokio::time::timeout_at(deadline.into(), views.changed()).await;
     }
-    if told > 0 {
-        // Push the state to every live peer, then let it spread a round.
-        membership.set_leaving().await;
-        tokio::time::sleep(cfg.gossip.interval * 2).await;
-    }
-    let _ = membership.shutdown().await;
     info!(peers = told, "told peers this node left");
-    Ok(told)
+    Ok((Some(membership), told))
 }

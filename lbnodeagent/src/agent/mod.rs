@@ -156,6 +156,8 @@ pub struct Agent<B: AddressBackend + 'static> {
     gossip_started: Instant,
     first_peer: Option<Instant>,
     settled: bool,
+    /// Held VIPs and live members last told to systemd (`STATUS=`).
+    last_status: (usize, usize),
 }
 
 /// Starts the agent on a real host and runs it until SIGTERM/SIGINT.
@@ -322,6 +324,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             gossip_started: Instant::now(),
             first_peer: None,
             settled: false,
+            last_status: (usize::MAX, 0),
         })
     }
 
@@ -678,6 +681,14 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.publish().await;
         self.report_announcing(&wants);
         self.telemetry.owned_vips.set(self.held.len() as i64);
+        let status = (self.held.len(), self.view.members.len());
+        if status != self.last_status {
+            self.last_status = status;
+            notify(&[sd_notify::NotifyState::Status(&format!(
+                "holding {} VIPs; {} live members",
+                status.0, status.1
+            ))]);
+        }
         if !self.notified_ready {
             self.notified_ready = true;
             self.telemetry.applied.store(true, Ordering::Relaxed);

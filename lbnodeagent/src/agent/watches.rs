@@ -158,6 +158,17 @@ impl Drop for KubeInputs {
     }
 }
 
+/// Drops what the agent never reads before an object enters a store:
+/// `managedFields` and kubectl's last-applied copy are often larger than the
+/// rest of a Service, and there are thousands of them.
+fn slim<K: kube::Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
 fn spawn_watch<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
@@ -178,6 +189,7 @@ where
         let mut synced = false;
         let mut stream = watcher(api, watcher::Config::default())
             .default_backoff()
+            .modify(slim)
             .reflect(writer)
             .boxed();
         while let Some(ev) = stream.next().await {

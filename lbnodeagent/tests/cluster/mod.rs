@@ -384,4 +384,75 @@ garp_interval = "200ms"
         })
         .unwrap_or_else(|e| panic!("{e}: holders now {:?}", self.holders(ip)))
     }
+
+    /// `n` Services `bulk-0..n` with one address each from `first` on
+    /// (IPv4, consecutive), ready endpoints on `endpoint_node`, created
+    /// through the API directly (kubectl would take minutes for 1,000).
+    pub fn bulk_services(&self, n: usize, first: std::net::Ipv4Addr, endpoint_node: &str) {
+        let config = self.server.as_ref().expect("running").config();
+        let node = endpoint_node.to_string();
+        self.api_rt.run(move || async move {
+            use k8s_openapi::api::core::v1::Service;
+            use k8s_openapi::api::discovery::v1::EndpointSlice;
+            let client = kube::Client::try_from(config).expect("a client");
+            let services: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
+            let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client, "default");
+            let pp = kube::api::PostParams::default();
+            for i in 0..n {
+                let name = format!("bulk-{i}");
+                let ip = std::net::Ipv4Addr::from(u32::from(first) + i as u32);
+                let svc: Service = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}
+                }))
+                .unwrap();
+                services.create(&pp, &svc).await.unwrap();
+                let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("{name}-slice"), "namespace": "default",
+                                 "labels": {"kubernetes.io/service-name": name}},
+                    "addressType": "IPv4",
+                    "endpoints": [{"addresses": ["10.244.0.10"], "nodeName": node,
+                                   "conditions": {"ready": true}}]
+                }))
+                .unwrap();
+                slices.create(&pp, &slice).await.unwrap();
+                let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}}});
+                services
+                    .patch_status(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+
+    /// Addresses held on `node`'s eth0 besides its own.
+    pub fn held_count(&self, node: &str) -> usize {
+        let out = self
+            .lan
+            .host(node)
+            .ns
+            .ip("-o -4 addr show dev eth0")
+            .unwrap_or_default();
+        out.lines().count().saturating_sub(1)
+    }
+
+    /// Resident memory of the agent on `node`, in KiB.
+    pub fn rss_kib(&self, node: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid(node))).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// CPU time the agent on `node` used so far (user + system).
+    pub fn cpu_time(&self, node: &str) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid(node))).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        Duration::from_millis(ticks * 10)
+    }
 }
