@@ -25,6 +25,12 @@ pub struct Ledger {
     /// Services still waiting for an address (or one of their families),
     /// oldest first: what [`Ledger::settle`] retries.
     waiting: BTreeSet<(i64, String)>,
+    /// What was decided for Services whose status does not show it yet:
+    /// the addresses and pool they hold from then on.
+    decided: BTreeMap<String, (Vec<std::net::IpAddr>, Option<String>)>,
+    /// Services refused an address they shared (their edit no longer fit
+    /// it), not reported yet.
+    refusals: BTreeMap<String, AllocError>,
     /// Leave Services alone until their namespace is known: namespace
     /// selectors cannot be judged without its labels, and judging them on
     /// none could take away an address the Service rightly holds.
@@ -54,6 +60,11 @@ impl Ledger {
     /// namespace is not known): its status must be left as it is.
     pub fn undecided(&self, key: &str) -> bool {
         self.services.contains_key(key) && !self.answers.contains_key(key)
+    }
+
+    /// The refusals since the last call, to report.
+    pub fn take_refusals(&mut self) -> BTreeMap<String, AllocError> {
+        std::mem::take(&mut self.refusals)
     }
 
     pub fn answer(&self, key: &str) -> Option<&Answer> {
@@ -104,8 +115,19 @@ impl Ledger {
         let mut freed = false;
         let mut queue = vec![key.to_string()];
         while let Some(k) = queue.pop() {
-            let Some(req) = self.services.get(&k) else {
+            let Some(stored) = self.services.get(&k) else {
                 continue;
+            };
+            let decided;
+            let req = match self.decided.get(&k) {
+                Some((ips, pool)) => {
+                    let mut r = stored.clone();
+                    r.current = ips.clone();
+                    r.current_pool = pool.clone();
+                    decided = r;
+                    &decided
+                }
+                None => stored,
             };
             if self.require_namespaces && !self.engine.knows_namespace(&req.namespace) {
                 // Undecided, but what its status holds is nobody else's.
@@ -114,6 +136,10 @@ impl Ledger {
             }
             let before = self.engine.allocation(&k);
             let out = self.engine.reconcile(req, allow_new);
+            if let Some(r) = out.refused {
+                self.refusals.insert(k.clone(), r);
+                changed.insert(k.clone());
+            }
             let answer = match out.result {
                 Ok(Some(a)) => Ok(a),
                 Ok(None) => continue,
@@ -142,9 +168,21 @@ impl Ledger {
             // Changed when the answer moved, or when the Service does not
             // show it (its status was edited or lost): either needs a write.
             let shown = match &answer {
-                Ok(a) => a.ips == req.current && req.current_pool.as_ref() == Some(&a.pool),
-                Err(_) => req.current.is_empty() && req.current_pool.is_none(),
+                Ok(a) => a.ips == stored.current && stored.current_pool.as_ref() == Some(&a.pool),
+                Err(_) => stored.current.is_empty() && stored.current_pool.is_none(),
             };
+            // Until its status shows the answer (it is written next), the
+            // Service holds what was decided: settling and other changes
+            // start from that, not from the status this replaced.
+            if shown {
+                self.decided.remove(&k);
+            } else {
+                let (ips, pool) = match &answer {
+                    Ok(a) => (a.ips.clone(), Some(a.pool.clone())),
+                    Err(_) => (Vec::new(), None),
+                };
+                self.decided.insert(k.clone(), (ips, pool));
+            }
             if self.answers.get(&k) != Some(&answer) || !shown {
                 changed.insert(k.clone());
                 self.answers.insert(k.clone(), answer);
@@ -155,7 +193,6 @@ impl Ledger {
                 changed.insert(e.clone());
                 queue.push(e);
             }
-            queue.extend(out.recheck);
         }
         freed
     }
@@ -201,6 +238,7 @@ impl Ledger {
         let key = req.key.clone();
         // A new shareable address can serve Services waiting with that key.
         let shares = req.sharing_key.is_some();
+        self.decided.remove(&key);
         if let Some(old) = self.services.insert(key.clone(), req) {
             self.waiting.remove(&age(&old));
         }
@@ -215,6 +253,7 @@ impl Ledger {
     /// Add or update a Service without allocating: used while the caches
     /// fill, before [`Ledger::rebuild`].
     pub fn insert(&mut self, req: ServiceRequest) {
+        self.decided.remove(&req.key);
         if let Some(old) = self.services.insert(req.key.clone(), req) {
             self.waiting.remove(&age(&old));
         }
@@ -223,6 +262,7 @@ impl Ledger {
     /// A Service is gone or no longer handled: free its addresses.
     pub fn remove(&mut self, key: &str) -> BTreeSet<String> {
         let mut changed = BTreeSet::new();
+        self.decided.remove(key);
         if let Some(req) = self.services.remove(key) {
             self.waiting.remove(&age(&req));
         }
@@ -493,28 +533,32 @@ mod tests {
         };
         let (old, young) = (shown(&l, old), shown(&l, young));
         assert_eq!(old.current, young.current);
-        // The younger changes its key: refused, both keep the address.
+        // The younger changes its key: it is refused and moves, the older
+        // keeps the address.
         let mut edited = young.clone();
         edited.sharing_key = Some("other".into());
-        l.upsert(edited.clone());
-        assert!(
-            l.answer("d/young")
-                .unwrap()
-                .as_ref()
-                .unwrap()
-                .pending
-                .is_some()
+        let changed = l.upsert(edited.clone());
+        assert_eq!(changed, BTreeSet::from(["d/young".to_string()]));
+        assert!(l.take_refusals().contains_key("d/young"));
+        assert_eq!(l.holders_of(ip("10.0.0.0")), vec!["d/old".to_string()]);
+        assert_eq!(
+            l.answer("d/young").unwrap().as_ref().unwrap().ips,
+            vec![ip("10.0.0.1")],
+            "settling starts from what was decided, not the old status"
         );
-        assert_eq!(l.holders_of(ip("10.0.0.0")).len(), 2);
-        // A restart: the older keeps it, the younger gets another.
+        // A restart before the new status was written: both statuses claim
+        // the address and nobody knows who changed, so the older keeps it.
         let mut r = Ledger::new();
         r.load(&[pool("p", &["10.0.0.0/30"])], []);
+        let mut young_first = edited;
+        young_first.created = Some(0);
+        young_first.key = "d/a-young".into();
         r.insert(old);
-        r.insert(edited);
+        r.insert(young_first);
         r.rebuild();
-        assert_eq!(r.holders_of(ip("10.0.0.0")), vec!["d/old".to_string()]);
+        assert_eq!(r.holders_of(ip("10.0.0.0")), vec!["d/a-young".to_string()]);
         assert_eq!(
-            r.answer("d/young").unwrap().as_ref().unwrap().ips,
+            r.answer("d/old").unwrap().as_ref().unwrap().ips,
             vec![ip("10.0.0.1")]
         );
     }

@@ -840,3 +840,38 @@ async fn an_invalid_edit_keeps_the_address_and_says_why() {
     wait_condition(&server, "web", "True", "").await;
     r.stop().await;
 }
+
+/// The older of two Services sharing an address changes its key: it is the
+/// one refused (an Event, and another address); the younger keeps it.
+#[tokio::test]
+async fn a_sharing_edit_refuses_the_edited_service() {
+    let server = setup().await;
+    pool(&server, "p1", json!({"addresses": ["10.0.0.0/29"]})).await;
+    let shared = |port: i32| {
+        json!({"metadata": {"annotations": {"hostlb.io/allow-shared-ip": "k"}},
+               "spec": {"ports": [{"port": port}]}})
+    };
+    service(&server, "old", shared(1)).await;
+    let r = start(&server, "r1", false);
+    wait_ips(&server, "old", &["10.0.0.0"]).await;
+    service(&server, "young", shared(2)).await;
+    wait_ips(&server, "young", &["10.0.0.0"]).await;
+    let api: Api<Service> = Api::namespaced(server.client(), "shop");
+    api.patch(
+        "old",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"hostlb.io/allow-shared-ip": "other"}}})),
+    )
+    .await
+    .unwrap();
+    wait_ips(&server, "old", &["10.0.0.1"]).await;
+    assert_eq!(ips(&server, "young").await, vec!["10.0.0.0"]);
+    eventually("the Event", || async {
+        events(&server, "RequestNotApplied")
+            .await
+            .contains(&"old: 10.0.0.0 stays with shop/young, which shares it: sharing key \"other\" differs from \"k\"".to_string())
+            .then_some(())
+    })
+    .await;
+    r.stop().await;
+}

@@ -713,6 +713,7 @@ impl Loop {
         if self.ledger.is_none() || !self.leader {
             return;
         }
+        let mut refusals = self.ledger.as_mut().expect("checked").take_refusals();
         let mut keys = keys.into_iter();
         loop {
             // A long batch can outlast the Lease: confirm it again (read at
@@ -735,6 +736,9 @@ impl Loop {
                 continue;
             }
             let answer = ledger.answer(&key).cloned();
+            if let Some(r) = refusals.remove(&key) {
+                self.report_refusal(&svc, &key, &r).await;
+            }
             let before = self
                 .overlay(&svc)
                 .unwrap_or_else(|| status::Shown::of(&svc));
@@ -788,6 +792,23 @@ impl Loop {
                 warn!(pool = %r.name, error = %e, "writing pool status failed; retrying");
                 self.statuses_dirty = true;
             }
+        }
+    }
+
+    /// A Warning that the Service's edit no longer fit the address it
+    /// shared, which stays with the others.
+    async fn report_refusal(&mut self, svc: &Service, key: &str, why: &crate::engine::AllocError) {
+        warn!(service = %key, reason = %why, "edit refused");
+        let ev = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: hostlb_api::annotations::reasons::REQUEST_NOT_APPLIED.into(),
+            note: Some(why.to_string()),
+            action: "Allocate".into(),
+            secondary: None,
+        };
+        use kube::Resource;
+        if let Err(e) = self.recorder.publish(&ev, &svc.object_ref(&())).await {
+            debug!(service = %key, error = %e, "publishing an Event failed");
         }
     }
 

@@ -176,7 +176,7 @@ pub enum AllocError {
     ExhaustedAll(String),
     #[error("no IPAddressPool serves this Service (none with autoAssign admits it)")]
     NoPool,
-    #[error("{ip} is shared with {holder}: {why}; the change is not applied while they share it")]
+    #[error("{ip} stays with {holder}, which shares it: {why}")]
     ChangeRefused {
         ip: IpAddr,
         holder: String,
@@ -191,7 +191,7 @@ pub struct Assigned {
     pub ips: Vec<IpAddr>,
     /// What the Service asks for and does not get, while it keeps `ips`:
     /// an edit never takes a serving address away (a request that cannot be
-    /// read or met, a sharing change the other holders do not share).
+    /// read or met, a pool that is gone).
     pub pending: Option<AllocError>,
 }
 
@@ -201,9 +201,10 @@ pub struct Outcome {
     pub result: Result<Option<Assigned>, AllocError>,
     /// Younger Services that lost an address to this one: reconcile them.
     pub evicted: Vec<String>,
-    /// Services whose refused change this one's change made possible:
-    /// reconcile them too.
-    pub recheck: Vec<String>,
+    /// This Service's edit no longer fit an address it shared, so it was
+    /// refused that address (the others keep it): news for an Event, not a
+    /// state, as the Service holds what it was given instead.
+    pub refused: Option<AllocError>,
 }
 
 /// Counts and state of one pool, for its status.
@@ -222,20 +223,14 @@ struct Holding {
     /// The address's terms: what every holder shares it on.
     sharing: Option<String>,
     backend: Backend,
-    /// Holders with the ports they were given the address with.
+    /// Holders with their ports.
     services: BTreeMap<String, Vec<Port>>,
-    /// Holders that asked for other terms (sharing key, traffic policy)
-    /// than the address's, and were refused: the terms they asked for.
-    refused: BTreeMap<String, (Option<String>, Backend)>,
 }
 
 #[derive(Clone, Debug)]
 struct Alloc {
     pool: String,
     ips: Vec<IpAddr>,
-    /// The ports it holds them with (the previous ones if a change was
-    /// refused).
-    ports: Vec<Port>,
 }
 
 /// What a Service can keep of what it holds.
@@ -244,8 +239,6 @@ struct Keep {
     ips: Vec<IpAddr>,
     /// Younger Services to take the addresses from (after a restart).
     losers: Vec<String>,
-    /// Its change of sharing terms, refused.
-    refused: Option<AllocError>,
 }
 
 /// A Service's request against what it can keep.
@@ -386,7 +379,6 @@ impl Allocator {
                 continue;
             };
             h.services.remove(key);
-            h.refused.remove(key);
             if h.services.is_empty() {
                 let h = self.holders.remove(&ip).expect("present");
                 self.used[family_index(family_of(ip))].remove(to_u128(ip));
@@ -403,55 +395,21 @@ impl Allocator {
         true
     }
 
-    /// Record that `svc` holds `ips` from `pool`. With `refused`, its
-    /// change of terms was refused and it keeps its previous ports; a change
-    /// that every other holder had asked for becomes the address's terms,
-    /// and those holders are returned, to be reconciled again.
-    fn assign(
-        &mut self,
-        svc: &ServiceRequest,
-        pool: &str,
-        ips: &[IpAddr],
-        refused: bool,
-    ) -> Vec<String> {
-        let previous = self.allocs.get(&svc.key).map(|a| a.ports.clone());
+    fn assign(&mut self, svc: &ServiceRequest, pool: &str, ips: &[IpAddr]) {
         self.release(&svc.key);
-        let ports = match previous {
-            Some(p) if refused => p,
-            _ => svc.ports.clone(),
-        };
-        let mut recheck = Vec::new();
         for &ip in ips {
             let h = self.holders.entry(ip).or_insert_with(|| Holding {
                 sharing: svc.sharing_key.clone(),
                 backend: svc.backend.clone(),
                 services: BTreeMap::new(),
-                refused: BTreeMap::new(),
             });
             if h.services.is_empty() {
                 h.sharing = svc.sharing_key.clone();
                 h.backend = svc.backend.clone();
-            } else if refused {
-                h.refused.insert(
-                    svc.key.clone(),
-                    (svc.sharing_key.clone(), svc.backend.clone()),
-                );
-            } else if h.sharing != svc.sharing_key || h.backend != svc.backend {
-                if let Some(k) = &h.sharing
-                    && let Some(set) = self.shared.get_mut(k)
-                {
-                    set.remove(&ip);
-                    if set.is_empty() {
-                        self.shared.remove(k);
-                    }
-                }
-                h.sharing = svc.sharing_key.clone();
-                h.backend = svc.backend.clone();
-                recheck.extend(std::mem::take(&mut h.refused).into_keys());
             }
-            h.services.insert(svc.key.clone(), ports.clone());
+            h.services.insert(svc.key.clone(), svc.ports.clone());
             self.used[family_index(family_of(ip))].insert(to_u128(ip));
-            if let Some(k) = &h.sharing {
+            if let Some(k) = &svc.sharing_key {
                 self.shared.entry(k.clone()).or_default().insert(ip);
             }
         }
@@ -460,14 +418,10 @@ impl Allocator {
             Alloc {
                 pool: pool.to_string(),
                 ips: ips.to_vec(),
-                ports,
             },
         );
         let (t, k) = svc.age();
         self.ages.insert(svc.key.clone(), (t, k.to_string()));
-        recheck.sort();
-        recheck.dedup();
-        recheck
     }
 
     /// Whether `svc` may hold `ip` next to its current holders; `Err` names
@@ -487,30 +441,6 @@ impl Allocator {
         }
         match port_clash(svc, &others) {
             Some((_, why)) => Err((holder, why)),
-            None => Ok(()),
-        }
-    }
-
-    /// Whether `svc`, which holds `ip` already, may go on holding it on the
-    /// terms it asks for now: the address's own terms, when no port
-    /// collides; other terms only when every other holder asked for them
-    /// too. `Err` names a holder and why.
-    fn member_may_change(&self, svc: &ServiceRequest, ip: IpAddr) -> Result<(), (String, String)> {
-        let h = &self.holders[&ip];
-        let others: Vec<(&String, &Vec<Port>)> =
-            h.services.iter().filter(|(k, _)| **k != svc.key).collect();
-        let same = h.sharing == svc.sharing_key && h.backend == svc.backend;
-        for (k, _) in &others {
-            let (sharing, backend) = match h.refused.get(*k) {
-                Some((s, b)) if !same => (s, b),
-                _ => (&h.sharing, &h.backend),
-            };
-            if let Some(why) = terms_conflict(sharing, backend, svc) {
-                return Err(((*k).clone(), why));
-            }
-        }
-        match port_clash(svc, &others) {
-            Some((k, why)) => Err((k, why)),
             None => Ok(()),
         }
     }
@@ -571,13 +501,16 @@ impl Allocator {
         let mut evicted = Vec::new();
         let request = self.check_requested(svc);
         let held = self.held(svc);
+        let mut refused = None;
         if !held.is_empty() {
             let named: &[IpAddr] = request.as_deref().unwrap_or(&[]);
-            if let Ok(keep) = self.check_keep(svc, &held, named, allow_new, true) {
+            let keep = self.check_keep(svc, &held, named, allow_new, true);
+            if let Err(e @ AllocError::ChangeRefused { .. }) = &keep {
+                refused = Some(e.clone());
+            }
+            if let Ok(keep) = keep {
                 let pool_name = self.pools[keep.pool].name.clone();
-                // A refused sharing change is named first: it is what the
-                // Service holds its address on.
-                let mut pending = keep.refused.clone();
+                let mut pending = None;
                 let moved = match self.request_change(svc, &keep, &pool_name, &request) {
                     Change::None => None,
                     Change::Invalid(e) => {
@@ -593,14 +526,11 @@ impl Allocator {
                         }
                     },
                 };
-                let (pool, ips, losers, refused) = match moved {
-                    Some((pool, ips, losers)) => (pool, ips, losers, false),
-                    None => (keep.pool, keep.ips, keep.losers, keep.refused.is_some()),
-                };
+                let (pool, ips, losers) = moved.unwrap_or((keep.pool, keep.ips, keep.losers));
                 self.evict(&losers);
                 evicted.extend(losers);
                 let name = self.pools[pool].name.clone();
-                let recheck = self.assign(svc, &name, &ips, refused);
+                self.assign(svc, &name, &ips);
                 return Outcome {
                     result: Ok(Some(Assigned {
                         pool: name,
@@ -608,7 +538,7 @@ impl Allocator {
                         pending,
                     })),
                     evicted,
-                    recheck,
+                    refused: None,
                 };
             }
         }
@@ -619,7 +549,7 @@ impl Allocator {
                 return Outcome {
                     result: Err(e),
                     evicted,
-                    recheck: Vec::new(),
+                    refused,
                 };
             }
         };
@@ -627,30 +557,29 @@ impl Allocator {
             return Outcome {
                 result: Ok(None),
                 evicted,
-                recheck: Vec::new(),
+                refused,
             };
         }
-        match self.allocate_requested(svc, &requested) {
+        // A Service refused the address it shared gets a new one as any
+        // Service would, and is told why it moved.
+        let result = match self.allocate_requested(svc, &requested) {
             Ok((pool, ips, losers)) => {
                 self.evict(&losers);
                 evicted.extend(losers);
                 let name = self.pools[pool].name.clone();
-                let recheck = self.assign(svc, &name, &ips, false);
-                Outcome {
-                    result: Ok(Some(Assigned {
-                        pool: name,
-                        ips,
-                        pending: None,
-                    })),
-                    evicted,
-                    recheck,
-                }
+                self.assign(svc, &name, &ips);
+                Ok(Some(Assigned {
+                    pool: name,
+                    ips,
+                    pending: None,
+                }))
             }
-            Err(e) => Outcome {
-                result: Err(e),
-                evicted,
-                recheck: Vec::new(),
-            },
+            Err(e) => Err(e),
+        };
+        Outcome {
+            result,
+            evicted,
+            refused,
         }
     }
 
@@ -743,7 +672,7 @@ impl Allocator {
         match self.check_keep(svc, &held, &[], false, false) {
             Ok(keep) if keep.losers.is_empty() => {
                 let name = self.pools[keep.pool].name.clone();
-                self.assign(svc, &name, &keep.ips, keep.refused.is_some());
+                self.assign(svc, &name, &keep.ips);
                 true
             }
             _ => {
@@ -781,8 +710,8 @@ impl Allocator {
     /// Whether the Service can keep `held` (its request aside, see
     /// [`Allocator::request_change`]): the pool, the addresses to hold
     /// (families adjusted to its policy, none added when it names its
-    /// addresses in `requested`), the younger Services to evict, and a
-    /// refused change of sharing terms. Without `judge`, only whether the
+    /// addresses in `requested`) and the younger Services to evict. Without
+    /// `judge`, only whether the
     /// addresses can be held at all, not whether the Service's namespace
     /// still wants them.
     fn check_keep(
@@ -816,7 +745,6 @@ impl Allocator {
             return Err(AllocError::NotAdmitted(p.name.clone()));
         }
         let mut losers = Vec::new();
-        let mut refused = None;
         for ip in &ips {
             if p.avoid_buggy_ips && is_buggy(family_of(*ip), to_u128(*ip)) {
                 return Err(AllocError::Buggy {
@@ -832,10 +760,10 @@ impl Allocator {
                 // Claimed from the status alone (after a restart): nobody
                 // can know who changed, so the older Service wins.
                 losers.extend(self.contest(svc, *ip)?);
-            } else if let Err((holder, why)) = self.member_may_change(svc, *ip) {
-                // It holds the address with others, and changed: the change
-                // is refused, and everyone keeps the address.
-                refused.get_or_insert(AllocError::ChangeRefused {
+            } else if let Err((holder, why)) = self.shareable(svc, *ip) {
+                // It shares the address and its edit no longer fits the
+                // others: it is the one refused, whatever the ages.
+                return Err(AllocError::ChangeRefused {
                     ip: *ip,
                     holder,
                     why,
@@ -868,12 +796,7 @@ impl Allocator {
         ips.sort_by_key(|ip| family_of(*ip) != svc.primary());
         losers.sort();
         losers.dedup();
-        Ok(Keep {
-            pool,
-            ips,
-            losers,
-            refused,
-        })
+        Ok(Keep { pool, ips, losers })
     }
 
     fn assign_requested(

@@ -101,17 +101,6 @@ fn check_invariants(
     let mut by_ip: BTreeMap<IpAddr, Vec<&ServiceRequest>> = BTreeMap::new();
     for (k, s) in services {
         if let Some(x) = held(a, k) {
-            if let Some(AllocError::ChangeRefused { ip, .. }) = &x.pending {
-                // It keeps the address on the terms it had; the engine
-                // checked those when it got it.
-                prop_assert!(
-                    x.ips.contains(ip),
-                    "{} refused for {} it does not hold",
-                    k,
-                    ip
-                );
-                continue;
-            }
             let pool = a.pools().iter().find(|p| p.name == x.pool);
             prop_assert!(
                 pool.is_some(),
@@ -250,15 +239,7 @@ proptest! {
             prop_assert_eq!(held(&ledger, k).map(|a| a.ips[0]), want, "re-allocation of {}", k);
         }
 
-        // Rebuild from the statuses, as a restarted controller does. A
-        // refused change of sharing terms is the one thing a restart decides
-        // differently: nobody can tell who changed, so the older wins.
-        let refused = services.keys().any(|k| {
-            matches!(held(&ledger, k).and_then(|a| a.pending), Some(AllocError::ChangeRefused { .. }))
-        });
-        if refused {
-            return Ok(());
-        }
+        // Rebuild from the statuses, as a restarted controller does.
         let mut rebuilt = Ledger::new();
         rebuilt.load(&pools, namespaces());
         for s in services.values() {

@@ -560,57 +560,61 @@ fn an_edit_that_cannot_be_met_keeps_the_address() {
     assert_eq!(alloc(&mut a, &fresh), Err("bad".into()));
 }
 
-/// A Service that changes its sharing key or its Local selector while it
-/// shares an address is refused and keeps it; so do the others. When every
-/// holder asks for the same new terms, they apply.
+/// A Service that changes its sharing key, its Local selector or its ports
+/// while it shares an address is the one refused, whatever the ages: the
+/// others keep the address, and it gets another one as any Service would.
 #[test]
-fn a_sharing_change_is_refused_not_evicting() {
+fn a_sharing_edit_refuses_the_edited_service_not_the_others() {
     let mut a = with_pools(&[pool("p", 1, &["10.0.0.0/29"])]);
     let old = svc("old", 1).share("k").ports(&[("TCP", 1)]);
     let young = svc("young", 2).share("k").ports(&[("TCP", 2)]);
     assert_eq!(alloc(&mut a, &old), Ok(vec!["10.0.0.0".into()]));
     assert_eq!(alloc(&mut a, &young), Ok(vec!["10.0.0.0".into()]));
-    // The older one changes its key: it is refused, the younger stays.
-    let old_edited = old.clone().share("other").holding(&["10.0.0.0"], "p");
-    let out = a.reconcile(&old_edited, true);
+    // The older one changes its key: refused, though older.
+    let out = a.reconcile(
+        &old.clone().share("other").holding(&["10.0.0.0"], "p"),
+        true,
+    );
     assert!(out.evicted.is_empty());
     assert_eq!(
-        out.result.unwrap().unwrap().pending.unwrap().to_string(),
-        "10.0.0.0 is shared with default/young: sharing key \"other\" differs from \"k\"; the change is not applied while they share it"
+        out.refused.unwrap().to_string(),
+        "10.0.0.0 stays with default/young, which shares it: sharing key \"other\" differs from \"k\""
     );
-    let mut holders = a.holders_of(ip("10.0.0.0"));
-    holders.sort();
+    assert_eq!(out.result.unwrap().unwrap().ips, ips(&["10.0.0.1"]));
     assert_eq!(
-        holders,
-        vec!["default/old".to_string(), "default/young".to_string()]
+        a.holders_of(ip("10.0.0.0")),
+        vec!["default/young".to_string()]
     );
-    let young_held = young.clone().holding(&["10.0.0.0"], "p");
-    assert_eq!(kept(&mut a, &young_held), (vec!["10.0.0.0".into()], None));
-    // A newcomer with the address's key still shares it.
-    let third = svc("third", 3).share("k").ports(&[("TCP", 3)]);
-    assert_eq!(alloc(&mut a, &third), Ok(vec!["10.0.0.0".into()]));
-    a.release("default/third");
-    // The younger one asks for the same new key: both have it now.
-    let out = a.reconcile(&young_held.clone().share("other"), true);
-    assert_eq!(out.result.unwrap().unwrap().pending, None);
-    assert_eq!(out.recheck, vec!["default/old".to_string()]);
-    assert_eq!(kept(&mut a, &old_edited), (vec!["10.0.0.0".into()], None));
-    let newcomer = svc("new", 4).share("other").ports(&[("TCP", 4)]);
-    assert_eq!(alloc(&mut a, &newcomer), Ok(vec!["10.0.0.0".into()]));
-
-    // The same for a Local pod selector.
+    // The same for a Local selector and for a port.
     let l1 = svc("l1", 5).share("l").ports(&[("TCP", 1)]).local("app=x");
     let l2 = svc("l2", 6).share("l").ports(&[("TCP", 2)]).local("app=x");
-    assert_eq!(alloc(&mut a, &l1), Ok(vec!["10.0.0.1".into()]));
-    assert_eq!(alloc(&mut a, &l2), Ok(vec!["10.0.0.1".into()]));
-    let (ips, pending) = kept(
-        &mut a,
-        &l2.clone().local("app=y").holding(&["10.0.0.1"], "p"),
+    assert_eq!(alloc(&mut a, &l1), Ok(vec!["10.0.0.2".into()]));
+    assert_eq!(alloc(&mut a, &l2), Ok(vec!["10.0.0.2".into()]));
+    let out = a.reconcile(&l1.clone().local("app=y").holding(&["10.0.0.2"], "p"), true);
+    assert!(
+        out.refused
+            .unwrap()
+            .to_string()
+            .contains("the same pod selector")
     );
-    assert_eq!(ips, vec!["10.0.0.1".to_string()]);
-    assert!(pending.unwrap().contains("the same pod selector"));
+    assert_eq!(a.holders_of(ip("10.0.0.2")), vec!["default/l2".to_string()]);
+    let p1 = svc("p1", 7).share("q").ports(&[("TCP", 1)]);
+    let p2 = svc("p2", 8).share("q").ports(&[("TCP", 2)]);
+    assert_eq!(alloc(&mut a, &p1), Ok(vec!["10.0.0.4".into()]));
+    assert_eq!(alloc(&mut a, &p2), Ok(vec!["10.0.0.4".into()]));
+    let out = a.reconcile(
+        &p1.clone().ports(&[("TCP", 2)]).holding(&["10.0.0.4"], "p"),
+        true,
+    );
     assert_eq!(
-        kept(&mut a, &l1.clone().holding(&["10.0.0.1"], "p")),
-        (vec!["10.0.0.1".into()], None)
+        out.refused.unwrap().to_string(),
+        "10.0.0.4 stays with default/p2, which shares it: port TCP/2 is used by default/p2"
+    );
+    assert_eq!(a.holders_of(ip("10.0.0.4")), vec!["default/p2".to_string()]);
+    // A sole holder changes freely.
+    let out = a.reconcile(&p2.clone().share("z").holding(&["10.0.0.4"], "p"), true);
+    assert_eq!(
+        (out.refused, out.result.unwrap().unwrap().ips),
+        (None, ips(&["10.0.0.4"]))
     );
 }
