@@ -509,6 +509,38 @@ mod tests {
         assert!(l.holders_of(ip("10.0.0.1")).is_empty());
     }
 
+    /// An older Service refused the address it shared moves; until its new
+    /// status is written, checking everything again (new pools) starts from
+    /// what was decided, so its old status does not evict the younger.
+    #[test]
+    fn a_refused_older_service_does_not_evict_on_a_later_check() {
+        let mut l = Ledger::new();
+        l.set_pools(&[pool("p", &["10.0.0.0/30"])]);
+        let mut old = svc("old", 1);
+        old.sharing_key = Some("k".into());
+        old.ports = vec![crate::engine::Port {
+            protocol: "TCP".into(),
+            port: 1,
+        }];
+        let mut young = svc("young", 2);
+        young.sharing_key = Some("k".into());
+        for s in [&mut old, &mut young] {
+            l.upsert(s.clone());
+            s.current = vec![ip("10.0.0.0")];
+            s.current_pool = Some("p".into());
+            l.upsert(s.clone());
+        }
+        old.sharing_key = Some("other".into());
+        l.upsert(old);
+        assert_eq!(l.holders_of(ip("10.0.0.0")), vec!["d/young".to_string()]);
+        l.set_pools(&[pool("p", &["10.0.0.0/30"])]);
+        assert_eq!(l.holders_of(ip("10.0.0.0")), vec!["d/young".to_string()]);
+        assert_eq!(
+            l.answer("d/old").unwrap().as_ref().unwrap().ips,
+            vec![ip("10.0.0.1")]
+        );
+    }
+
     /// Nobody knows who changed after a restart: of two Services holding
     /// one address on terms that no longer match, the older keeps it.
     #[test]
@@ -544,7 +576,6 @@ mod tests {
         assert_eq!(
             l.answer("d/young").unwrap().as_ref().unwrap().ips,
             vec![ip("10.0.0.1")],
-            "settling starts from what was decided, not the old status"
         );
         // A restart before the new status was written: both statuses claim
         // the address and nobody knows who changed, so the older keeps it.
