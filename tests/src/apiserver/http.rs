@@ -147,7 +147,9 @@ async fn handle_in_time(
             ))
         })?),
         None => None,
-    };
+    }
+    // Zero means the server's default, as on a real server.
+    .filter(|t| !t.is_zero());
     let write = !matches!(*req.method(), Method::GET | Method::HEAD);
     let takes = if write {
         app.faults.write_time(user_agent)
