@@ -94,3 +94,32 @@ fn bad_input_fails_clearly() {
     let (ok, _, err) = allocator(&["run", "--lease-duration", "0"]);
     assert!(!ok && err.contains("--lease-duration"), "{err}");
 }
+
+/// A Service whose request cannot be met keeps its address, and `plan`
+/// says so in both outputs.
+#[test]
+fn plan_shows_a_request_not_applied_next_to_the_kept_address() {
+    let dir = std::env::temp_dir().join(format!("hostlb-plan-pending-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cluster.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\n\
+         apiVersion: hostlb.io/v1\nkind: IPAddressPool\nmetadata: {name: p, namespace: hostlb-system}\nspec: {addresses: [10.0.0.0/30]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\n  annotations: {hostlb.io/ip-allocated-from-pool: p, hostlb.io/address-pool: gone}\n\
+         spec: {type: LoadBalancer, ports: [{port: 80}]}\nstatus: {loadBalancer: {ingress: [{ip: 10.0.0.2}]}}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = allocator(&["plan", "-f", file.to_str().unwrap(), "-o", "json"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "{\"services\":[{\"service\":\"shop/web\",\"addresses\":[\"10.0.0.2\"],\"pool\":\"p\",\"notApplied\":\"pool gone does not exist\"}]}\n"
+    );
+    let (ok, table, _) = allocator(&["plan", "-f", file.to_str().unwrap()]);
+    assert!(ok);
+    assert!(
+        table.contains("kept; not applied: pool gone does not exist"),
+        "{table}"
+    );
+}
