@@ -487,6 +487,66 @@ fn a_malformed_advertisement_does_not_stop_a_good_one() {
     assert!(out.contains(&format!("winner: {owner} on eth0")), "{out}");
     assert!(out.contains("broken"), "{out}");
     assert!(out.contains("members (3)"), "{out}");
+    let (code, metrics) = c.http_get(&owner, "/metrics");
+    assert_eq!(code, "200");
+    for line in [
+        "hostlb_agent_owned_vips 1",
+        "hostlb_agent_live_members 3",
+        "hostlb_agent_object_errors 1",
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in {metrics}");
+    }
+    assert!(metrics.contains("hostlb_agent_gossip_frames_dropped_total{reason=\"bad_mac\"}"));
+    assert_eq!(c.http_get(&owner, "/readyz"), ("200".into(), "ok\n".into()));
+    assert_eq!(c.http_get(&owner, "/healthz").0, "200");
+}
+
+/// systemd's notify protocol: READY=1 once the first reconcile is applied,
+/// STATUS= lines, and WATCHDOG=1 from the loop while it turns.
+#[test]
+fn it_speaks_the_systemd_notify_protocol() {
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    c.pool_and_ad(&["10.77.0.100-10.77.0.120"], "");
+    let socket_path = c.dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let path = socket_path.to_str().unwrap().to_string();
+    for n in ["node-b", "node-c"] {
+        c.start(n);
+    }
+    c.start_with_env(
+        "node-a",
+        &[
+            ("NOTIFY_SOCKET", path.as_str()),
+            ("WATCHDOG_USEC", "2000000"),
+        ],
+    );
+    c.service("web", &[VIP], &["node-a"], "");
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut buf = [0u8; 512];
+    while Instant::now() < deadline
+        && !(seen.contains("READY=1")
+            && seen.contains("WATCHDOG=1")
+            && seen.contains("STATUS=holding"))
+    {
+        if let Ok(n) = socket.recv(&mut buf) {
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            seen.push('\n');
+        }
+    }
+    assert!(seen.contains("READY=1"), "{seen}");
+    assert!(seen.contains("WATCHDOG=1"), "{seen}");
+    assert!(seen.contains("STATUS=holding"), "{seen}");
+    c.signal("node-a", "TERM");
+    assert_eq!(c.wait_exit("node-a", Duration::from_secs(10)), Some(0));
+    let mut rest = String::new();
+    while let Ok(n) = socket.recv(&mut buf) {
+        rest.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(rest.contains("STOPPING=1"), "{rest}");
 }
 
 /// With the API server down, agents keep the last known objects and still

@@ -149,6 +149,11 @@ garp_interval = "200ms"
     /// Starts the real agent on `node` (writing a default config first if
     /// there is none).
     pub fn start(&mut self, node: &str) {
+        self.start_with_env(node, &[]);
+    }
+
+    /// [`start`](Self::start) with extra environment variables.
+    pub fn start_with_env(&mut self, node: &str, env: &[(&str, &str)]) {
         if !self.config_path(node).exists() {
             self.write_config(node, "");
         }
@@ -166,6 +171,7 @@ garp_interval = "200ms"
             "RUST_LOG",
             "info,lbnodeagent=debug,kube_client::client::builder=off",
         )
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(log);
         let child = cmd.spawn().unwrap();
@@ -338,6 +344,24 @@ garp_interval = "200ms"
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-slice\n  namespace: default\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nendpoints:{}\n",
             if eps.is_empty() { " []".to_string() } else { format!("\n{}", eps.join("\n")) }
         ));
+    }
+
+    /// GET `path` from the agent's HTTP listener on its host; (status line,
+    /// body).
+    pub fn http_get(&self, node: &str, path: &str) -> (String, String) {
+        let script = format!(
+            "import urllib.request, urllib.error\n\
+             try:\n    r = urllib.request.urlopen('http://127.0.0.1:7472{path}', timeout=5)\n    print(r.status)\n    print(r.read().decode())\n\
+             except urllib.error.HTTPError as e:\n    print(e.code)\n    print(e.read().decode())\n"
+        );
+        let out = self
+            .lan
+            .host(node)
+            .ns
+            .run(&["python3", "-c", &script])
+            .unwrap();
+        let (status, body) = out.split_once('\n').unwrap_or((out.as_str(), ""));
+        (status.trim().to_string(), body.to_string())
     }
 
     /// A Service annotation, or "" when unset.
