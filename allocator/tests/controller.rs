@@ -798,7 +798,7 @@ async fn an_invalid_edit_keeps_the_address_and_says_why() {
     wait_condition(&server, "web", "False", why).await;
     assert_eq!(ips(&server, "web").await, vec!["10.0.0.0"]);
     eventually("the Event", || async {
-        events(&server, "RequestNotApplied")
+        events(&server, "AllocationFailed")
             .await
             .contains(&format!("web: keeping 10.0.0.0: {why}"))
             .then_some(())
@@ -867,7 +867,7 @@ async fn a_sharing_edit_refuses_the_edited_service() {
     wait_ips(&server, "old", &["10.0.0.1"]).await;
     assert_eq!(ips(&server, "young").await, vec!["10.0.0.0"]);
     eventually("the Event", || async {
-        events(&server, "RequestNotApplied")
+        events(&server, "AllocationFailed")
             .await
             .contains(&"old: 10.0.0.0 stays with shop/young, which shares it: sharing key \"other\" differs from \"k\"".to_string())
             .then_some(())

@@ -33,8 +33,6 @@ const MIGRATED_PREFIXES: [&str; 2] = ["metallb.io/", "metallb.universe.tf/"];
 pub mod reasons {
     pub const IP_ALLOCATED: &str = "IPAllocated";
     pub const ALLOCATION_FAILED: &str = "AllocationFailed";
-    /// The Service keeps its addresses; what it asks for is not applied.
-    pub const REQUEST_NOT_APPLIED: &str = "RequestNotApplied";
     pub const ANNOUNCING_LOCAL: &str = "AnnouncingLocal";
     pub const ANNOUNCING_VIRTUAL: &str = "AnnouncingVirtual";
     pub const WITHDRAWN: &str = "Withdrawn";

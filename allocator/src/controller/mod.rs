@@ -801,7 +801,7 @@ impl Loop {
         warn!(service = %key, reason = %why, "edit refused");
         let ev = kube::runtime::events::Event {
             type_: kube::runtime::events::EventType::Warning,
-            reason: hostlb_api::annotations::reasons::REQUEST_NOT_APPLIED.into(),
+            reason: hostlb_api::annotations::reasons::ALLOCATION_FAILED.into(),
             note: Some(why.to_string()),
             action: "Allocate".into(),
             secondary: None,
@@ -827,23 +827,20 @@ impl Loop {
         let failure = match answer {
             Some(Ok(a)) => a.pending.as_ref().map(|why| {
                 let ips: Vec<String> = a.ips.iter().map(|i| i.to_string()).collect();
-                (
-                    reasons::REQUEST_NOT_APPLIED,
-                    format!("keeping {}: {why}", ips.join(", ")),
-                )
+                format!("keeping {}: {why}", ips.join(", "))
             }),
-            Some(Err(e)) => Some((reasons::ALLOCATION_FAILED, e.to_string())),
+            Some(Err(e)) => Some(e.to_string()),
             None => return,
         };
         let (type_, reason, note, failure) = match (failure, answer) {
-            (Some((reason, msg)), _) => {
+            (Some(msg), _) => {
                 if self.reported.get(key) == Some(&msg) {
                     return;
                 }
-                warn!(service = %key, reason = %msg, "{}", if reason == reasons::ALLOCATION_FAILED { "allocation failed" } else { "request not applied" });
+                warn!(service = %key, reason = %msg, "allocation failed or not applied");
                 (
                     kube::runtime::events::EventType::Warning,
-                    reason,
+                    reasons::ALLOCATION_FAILED,
                     msg.clone(),
                     Some(msg),
                 )
