@@ -152,7 +152,8 @@ fn scale() {
             .unwrap();
     }
     c.start_all();
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(3));
+    let idle_rss: Vec<u64> = c.nodes.iter().map(|n| c.rss_kib(n)).collect();
     let t = Instant::now();
     c.bulk_services(n, "10.78.0.1".parse().unwrap(), "node-a");
     let created = t.elapsed();
@@ -172,13 +173,20 @@ fn scale() {
         .map(|(n, t0)| (c.cpu_time(n) - *t0).as_secs_f64() / 10.0 * 100.0)
         .collect();
     let rss: Vec<u64> = c.nodes.iter().map(|n| c.rss_kib(n)).collect();
+    let anon: Vec<u64> = c
+        .nodes
+        .iter()
+        .map(|n| c.proc_status_kib(n, "RssAnon:"))
+        .collect();
     let held: Vec<usize> = c.nodes.iter().map(|n| c.held_count(n)).collect();
     println!(
         "1,000 Services: created through the API in {:.1} s; all {n} VIPs held {:.1} s after the first was created",
         created.as_secs_f64(),
         all_held.as_secs_f64()
     );
-    println!("  VIPs per agent {held:?}; RSS {rss:?} KiB; idle CPU {cpu:.2?} % of one core");
+    println!(
+        "  VIPs per agent {held:?}; RSS {rss:?} KiB, of which heap and stacks {anon:?} KiB (with no Service: {idle_rss:?} KiB); idle CPU {cpu:.2?} % of one core"
+    );
     // Ready after a restart with 1,000 Services.
     let node = c.nodes[1].clone();
     let config = c.config_path(&node);

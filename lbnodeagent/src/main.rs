@@ -181,9 +181,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// One thread: the agent's work is a few netlink and HTTP requests a second,
+/// and every extra thread costs memory (its own malloc arena) on every node.
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(4)
         .enable_all()
         .build()
         .expect("a Tokio runtime")

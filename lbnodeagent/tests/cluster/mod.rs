@@ -462,10 +462,16 @@ garp_interval = "200ms"
 
     /// Resident memory of the agent on `node`, in KiB.
     pub fn rss_kib(&self, node: &str) -> u64 {
+        self.proc_status_kib(node, "VmRSS:")
+    }
+
+    /// A `/proc/PID/status` figure of the agent on `node` (`RssAnon:`,
+    /// `RssFile:`, ...), in KiB.
+    pub fn proc_status_kib(&self, node: &str, key: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid(node))).unwrap();
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(key))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
