@@ -600,3 +600,36 @@ fn an_api_outage_does_not_stop_failover() {
     )
     .unwrap();
 }
+
+/// An agent restarted while its host is cut off (the API server is behind
+/// the same cable) removes the addresses its killed predecessor left on the
+/// dead link at once, so the host does not answer beside the new owner when
+/// the cable returns; then it takes its VIP back, make before break.
+#[test]
+fn a_restart_without_carrier_drops_the_old_addresses() {
+    let mut c = three_nodes();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    c.kill(&owner);
+    c.lan.set_port(&owner, false).unwrap();
+    let next = wait_for("a new owner", Duration::from_secs(5), || {
+        c.holders(VIP).into_iter().find(|n| *n != owner)
+    })
+    .unwrap();
+    c.start(&owner);
+    wait_for(
+        "the isolated host to drop the old address",
+        Duration::from_secs(3),
+        || (!c.holders(VIP).contains(&owner)).then_some(()),
+    )
+    .unwrap();
+    let t = Instant::now();
+    c.lan.set_port(&owner, true).unwrap();
+    let o = until_only(&probe, c.host(&owner).mac(), t, Duration::from_secs(15));
+    assert!(o.lost <= 2, "{o:?}");
+    assert!(
+        o.two_owners < Duration::from_millis(500),
+        "{o:?} (from {next})"
+    );
+}

@@ -164,6 +164,13 @@ fn sweep_stale() {
             continue;
         };
         if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            // Processes left inside (a demo kept with --keep, agents of a
+            // killed test run) would keep the namespace alive after `del`.
+            if let Ok(pids) = run("ip", &["netns", "pids", name]) {
+                for p in pids.split_whitespace() {
+                    let _ = run("kill", &["-9", p]);
+                }
+            }
             let _ = run("ip", &["netns", "del", name]);
         }
     }

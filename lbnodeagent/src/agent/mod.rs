@@ -331,6 +331,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
     /// The loop. Returns after a graceful leave (SIGTERM/SIGINT).
     pub async fn run(mut self) -> Result<(), AgentError> {
         let mut events = self.backend.subscribe().await?;
+        self.drop_unheard_adopted().await;
         let mut hup = signal(SignalKind::hangup()).map_err(AgentError::Signals)?;
         let mut term = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
         let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
@@ -484,6 +485,36 @@ impl<B: AddressBackend + 'static> Agent<B> {
             self.links = links;
             self.members_dirty = true;
             self.publish().await;
+        }
+        self.drop_unheard_adopted().await;
+    }
+
+    /// Addresses of a previous run wait for the first reconcile to be kept
+    /// or removed, except on a link without carrier: this node cannot be
+    /// their owner there, and when the cable returns before the agent has
+    /// a cluster view (the API server is behind that cable too) the kernel
+    /// would answer for them beside their real owner.
+    async fn drop_unheard_adopted(&mut self) {
+        let (dead, live): (Vec<_>, Vec<_>) = std::mem::take(&mut self.adopted)
+            .into_iter()
+            .partition(|a| !self.links.by_index(a.ifindex).is_some_and(|l| l.carrier));
+        self.adopted = live;
+        for a in dead {
+            let vip = crate::addrs::VipAddress {
+                interface: a.interface.clone(),
+                ifindex: a.ifindex,
+                ip: a.ip,
+                prefix_len: a.prefix_len,
+                lifetime: self.cfg.announce.lifetime,
+            };
+            match self.backend.remove(&vip).await {
+                Ok(_) => {
+                    info!(ip = %a.ip, interface = %a.interface, "removed an address of a previous run: its link has no carrier")
+                }
+                Err(e) => {
+                    warn!(ip = %a.ip, error = %e, "cannot remove an address of a previous run")
+                }
+            }
         }
     }
 
