@@ -633,3 +633,23 @@ fn a_restart_without_carrier_drops_the_old_addresses() {
         "{o:?} (from {next})"
     );
 }
+
+/// The failover benchmark's harness (`benches/failover.rs`), once per fault
+/// with hostlb only, so it cannot rot: every fault hands both VIPs to
+/// another host as the client sees it.
+#[test]
+fn the_failover_benchmark_harness_runs_every_fault() {
+    use cluster::failover::{Bed, FAULTS, Subject};
+    for fault in FAULTS {
+        let samples = Bed::new(Subject::Hostlb { lifetime_s: 6 })
+            .measure(fault, Duration::from_secs(3))
+            .expect("every fault applies to hostlb");
+        for (family, s) in ["IPv4", "IPv6"].iter().zip(&samples) {
+            eprintln!("{fault} {family}: {s:?}");
+            let takeover = s
+                .takeover
+                .unwrap_or_else(|| panic!("{fault} {family}: no takeover"));
+            assert!(takeover < Duration::from_secs(3), "{fault} {family}: {s:?}");
+        }
+    }
+}

@@ -1,6 +1,7 @@
-//! A client's view of a VIP on the wire: a broadcast ARP request every few
-//! milliseconds, so every host that would answer does, and which MAC
-//! answered each, with the time it arrived. Tests and benchmarks judge
+//! A client's view of a VIP on the wire: a broadcast ARP request (IPv4) or a
+//! multicast neighbour solicitation (IPv6) every few milliseconds, so every
+//! host that would answer does, and which MAC answered each, with the time
+//! it arrived. Tests and benchmarks judge
 //! failover by this, not by what an agent believes.
 //!
 //! The prober is a few lines of Python on a raw `AF_PACKET` socket: iputils
@@ -31,8 +32,8 @@ pub struct ArpProbe {
 }
 
 impl ArpProbe {
-    /// Probes `ip` from `ns` out of `interface` (whose address is
-    /// `source`) every `interval`.
+    /// Probes `ip` (IPv4 or IPv6) from `ns` out of `interface` (whose
+    /// address of the same family is `source`) every `interval`.
     pub fn start(
         ns: &Netns,
         interface: &str,
@@ -43,7 +44,7 @@ impl ArpProbe {
         let secs = format!("{:.4}", interval.as_secs_f64());
         let mut cmd = ns.command(
             "python3",
-            &["-u", "-c", ARP_PROBER, interface, source, ip, &secs],
+            &["-u", "-c", PROBER, interface, source, ip, &secs],
         );
         cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = cmd.spawn().map_err(|source| NetnsError::Spawn {
@@ -166,29 +167,64 @@ pub fn judge(replies: &[Reply], t0: Instant, end: Instant, interval: Duration) -
     }
 }
 
-/// Sends an ARP request for the target every interval and prints one line
-/// per reply: `reply from IP [MAC]`.
-const ARP_PROBER: &str = r#"
+/// Sends a request for the target every interval and prints one line per
+/// answer: `reply from IP [MAC]`. IPv4: a broadcast ARP request. IPv6: a
+/// neighbour solicitation to the target's solicited-node group (hop limit
+/// 255, with our link-layer address), answered by a neighbour advertisement
+/// whose target link-layer option names the MAC.
+const PROBER: &str = r#"
 import select, socket, struct, sys, time
 iface, src, dst, interval = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
-s.bind((iface, 0x0806))
-mac = s.getsockname()[4]
-src_b, dst_b = socket.inet_aton(src), socket.inet_aton(dst)
-frame = (b"\xff" * 6 + mac + b"\x08\x06" + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1)
-         + mac + src_b + b"\x00" * 6 + dst_b)
-frame += b"\x00" * (60 - len(frame))
+if ":" not in dst:
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
+    s.bind((iface, 0x0806))
+    mac = s.getsockname()[4]
+    src_b, dst_b = socket.inet_aton(src), socket.inet_aton(dst)
+    frame = (b"\xff" * 6 + mac + b"\x08\x06" + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1)
+             + mac + src_b + b"\x00" * 6 + dst_b)
+    frame += b"\x00" * (60 - len(frame))
+    def send():
+        s.send(frame)
+    def answer(p):
+        if len(p) >= 42 and p[20:22] == b"\x00\x02" and p[28:32] == dst_b:
+            return p[22:28]
+else:
+    ifindex = socket.if_nametoindex(iface)
+    with open("/sys/class/net/%s/address" % iface) as f:
+        mac = bytes.fromhex(f.read().strip().replace(":", ""))
+    s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, 255)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, ifindex)
+    s.bind((src, 0, 0, ifindex))
+    dst_b = socket.inet_pton(socket.AF_INET6, dst)
+    group = socket.inet_ntop(socket.AF_INET6, bytes.fromhex("ff02" + "00" * 9 + "01ff") + dst_b[13:])
+    ns = struct.pack("!BBHI", 135, 0, 0, 0) + dst_b + bytes([1, 1]) + mac
+    def send():
+        s.sendto(ns, (group, 0, 0, ifindex))
+    def answer(p):
+        if len(p) >= 24 and p[0] == 136 and p[8:24] == dst_b:
+            o = 24
+            while o + 8 <= len(p):
+                if p[o] == 2:
+                    return p[o + 2:o + 8]
+                if p[o + 1] == 0:
+                    break
+                o += 8 * p[o + 1]
 due = time.monotonic()
 while True:
     now = time.monotonic()
     if now >= due:
-        s.send(frame)
+        try:
+            send()
+        except OSError:
+            pass
         due = max(due + interval, now)
     ready, _, _ = select.select([s], [], [], max(0.0, due - time.monotonic()))
     if ready:
-        p = s.recv(256)
-        if len(p) >= 42 and p[20:22] == b"\x00\x02" and p[28:32] == dst_b:
-            sys.stdout.write("reply from %s [%s]\n" % (dst, p[22:28].hex(":")))
+        m = answer(s.recv(512))
+        if m:
+            sys.stdout.write("reply from %s [%s]\n" % (dst, m.hex(":")))
             sys.stdout.flush()
 "#;
 

@@ -1,0 +1,167 @@
+//! hostlb against keepalived on the same wire, through the same faults, as
+//! a client sees it: an IPv4 VIP probed by ARP and an IPv6 VIP by neighbour
+//! solicitation every 10 ms (see `tests/cluster/failover.rs`).
+//!
+//! ```sh
+//! cargo bench -p lbnodeagent --bench failover                # 5 runs, writes docs/benchmarks.md
+//! FAILOVER_RUNS=1 FAILOVER_ONLY=hostlb cargo bench -p lbnodeagent --bench failover
+//! ```
+//!
+//! Needs root, keepalived (`apt-get install keepalived`), kubectl, python3.
+
+#[path = "../tests/cluster/mod.rs"]
+mod cluster;
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use cluster::failover::{Bed, FAULTS, Sample, Subject, stats};
+
+fn main() {
+    hostlb_tests::netns::require_root();
+    let runs: usize = std::env::var("FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let only = std::env::var("FAILOVER_ONLY").unwrap_or_default();
+    let window = Duration::from_secs(
+        std::env::var("FAILOVER_WINDOW_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10),
+    );
+    let subjects = [
+        Subject::Hostlb { lifetime_s: 6 },
+        Subject::Keepalived { advert_ms: 1000 },
+        Subject::Keepalived { advert_ms: 100 },
+    ];
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "| subject | fault | family | takeover ms (min / median / max) | outage ms | lost probes | two MACs answer, ms |"
+    );
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|");
+    for subject in subjects {
+        let hostlb = matches!(subject, Subject::Hostlb { .. });
+        if (only == "hostlb" && !hostlb) || (only == "keepalived" && hostlb) {
+            continue;
+        }
+        for fault in FAULTS {
+            let mut per_family: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
+            for run in 0..runs {
+                eprintln!("{subject}: {fault}, run {}/{runs}", run + 1);
+                let Some(samples) = Bed::new(subject).measure(fault, window) else {
+                    break;
+                };
+                for (i, s) in samples.into_iter().enumerate() {
+                    per_family[i].push(s);
+                }
+            }
+            for (family, samples) in ["IPv4", "IPv6"].iter().zip(&per_family) {
+                if samples.is_empty() {
+                    continue;
+                }
+                let takeover: Vec<Option<Duration>> = samples.iter().map(|s| s.takeover).collect();
+                let outage: Vec<Option<Duration>> =
+                    samples.iter().map(|s| Some(s.outage)).collect();
+                let lost: Vec<Option<Duration>> = samples
+                    .iter()
+                    .map(|s| Some(Duration::from_millis(s.lost)))
+                    .collect();
+                let two: Vec<Option<Duration>> = samples.iter().map(|s| s.two_owners).collect();
+                let takeover = if takeover.iter().any(Option::is_none) {
+                    format!(
+                        "none in {} runs",
+                        takeover.iter().filter(|t| t.is_none()).count()
+                    )
+                } else {
+                    stats(&takeover)
+                };
+                let line = format!(
+                    "| {subject} | {fault} | {family} | {takeover} | {} | {} | {} |",
+                    stats(&outage),
+                    stats(&lost),
+                    stats(&two)
+                );
+                println!("{line}");
+                let _ = writeln!(table, "{line}");
+            }
+        }
+    }
+    if runs >= 5 && only.is_empty() {
+        write_docs(&table, runs, window);
+    }
+}
+
+fn write_docs(table: &str, runs: usize, window: Duration) {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let keepalived = std::process::Command::new("keepalived")
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_default();
+    let window_s = window.as_secs();
+    let text = format!(
+        r#"# Failover: hostlb and keepalived on the same wire
+
+Written by `cargo bench -p lbnodeagent --bench failover` (as root; needs
+keepalived, kubectl and python3), which reproduces it.
+
+**Setup.** Three hosts and a client on one Linux bridge, each in its own
+network namespace on one machine ({cpu}, {cores} cores, kernel
+{kernel}). The client sends a broadcast ARP request for the IPv4 VIP and a
+neighbour solicitation for the IPv6 VIP every 10 ms and records which MAC
+answers each. One fault hits the host that answers; the client's replies
+are judged for {window_s} s after it. {runs} runs per row, each on a fresh
+cluster.
+
+- **hostlb**: three `lbnodeagent`s (release build), the test API server, an L2Advertisement preferring the
+  first host (weight 50), `address_lifetime = 6s`, gossip every 100 ms.
+- **keepalived** ({keepalived}): VRRP, priorities 150/100/50, one instance
+  per family, `advert_int` 1 s and 0.1 s, `vrrp_garp_master_delay 0`.
+
+**Columns.** *Takeover*: from the fault to the first answer from another
+host. *Outage*: the longest time nobody answered. *Lost probes*: requests
+in that gap. *Two MACs answer*: from the new owner's first answer to the old
+owner's last; *forever* when the old owner still answered at the end of the
+window (keepalived's master keeps the address when its daemon dies or
+freezes). Min / median / max over the runs.
+
+**Faults.** *SIGKILL + cleanup*: the agent killed and `lbnodeagent cleanup`
+run after it, as systemd's `ExecStopPost=` does (hostlb only). *SIGKILL*:
+the daemon killed, nothing else (for keepalived, its VRRP child too).
+*SIGTERM*: a planned stop. *announce link down*: `ip link set eth0 down` on
+the owner. *switch port down*: the owner cut off. *SIGSTOP*: the daemon
+frozen.
+
+{table}
+**Reading it.** The faults where a host is really gone (its port down, its
+link down) are where failure detection counts: hostlb's gossip (about half a
+second) against VRRP's three advertisement intervals plus skew. Where the
+daemon dies or freezes but the host stays up, the old owner's kernel keeps
+answering: keepalived's forever, hostlb's until the address lifetime runs
+out, or at once when systemd runs `cleanup`. Planned moves (SIGTERM) are
+make-before-break in hostlb: both answer briefly and no probe is lost.
+"#
+    );
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
+    std::fs::write(&path, text).expect("write docs/benchmarks.md");
+    eprintln!("wrote {}", path.display());
+}
