@@ -9,13 +9,22 @@
 //! verifies under any of ours (see `frame`). A rotation is two rolling
 //! restarts, `[A]` → `[B, A]` → `[B]`: adjacent steps understand each other,
 //! so the cluster never splits; only `[A]` and `[B]` do not.
+//!
+//! Anyone who can read a key can join the cluster and announce VIPs, and
+//! anyone who can write it can split the cluster: a key file that users
+//! other than its owner may read or write is refused, with the `chmod` that
+//! fixes it. Key bytes are wiped from memory when the keys are dropped (a
+//! reload replaces them), and so is the text they were read from.
 
 use std::fmt;
 use std::fs;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use zeroize::Zeroizing;
 
 use super::GossipError;
 
@@ -29,18 +38,24 @@ pub const MIN_KEY_LEN: usize = 32;
 /// would mean a rotation that never finished.
 pub const MAX_KEYS: usize = 2;
 
-/// The gossip keys, kept as ready HMAC states: cloning a keyed state skips
-/// re-hashing the key for every datagram.
+/// Permission bits a key file must not have: read or write for group or
+/// others.
+const SHARED_MODE_BITS: u32 = 0o066;
+
+/// The gossip keys, kept as raw bytes that are zeroed on drop. An HMAC state
+/// is keyed afresh per datagram: for keys up to the 64-byte block size that
+/// is two compression rounds, and a kept keyed state would be key material
+/// that nothing wipes.
 #[derive(Clone)]
 pub struct GossipKeys {
-    keyed: Vec<HmacSha256>,
+    keys: Vec<Zeroizing<Vec<u8>>>,
 }
 
 impl fmt::Debug for GossipKeys {
     // Never print key material, not even in a debug log.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GossipKeys")
-            .field("keys", &self.keyed.len())
+            .field("keys", &self.keys.len())
             .finish()
     }
 }
@@ -51,13 +66,24 @@ impl GossipKeys {
         Self::build(keys.iter().map(AsRef::as_ref), Path::new("<memory>"))
     }
 
-    /// Reads the key file (see the module doc for the format).
+    /// Reads the key file (see the module doc for the format). The mode is
+    /// checked on the file opened, so a file swapped in between cannot slip
+    /// through.
     pub fn load(path: &Path) -> Result<GossipKeys, GossipError> {
-        let text = fs::read_to_string(path).map_err(|source| GossipError::KeyFile {
+        let read_err = |source| GossipError::KeyFile {
             path: path.to_path_buf(),
             source,
-        })?;
-        warn_if_world_readable(path);
+        };
+        let mut file = fs::File::open(path).map_err(read_err)?;
+        let mode = file.metadata().map_err(read_err)?.permissions().mode();
+        if mode & SHARED_MODE_BITS != 0 {
+            return Err(GossipError::KeyFileMode {
+                path: path.to_path_buf(),
+                mode: mode & 0o7777,
+            });
+        }
+        let mut text = Zeroizing::new(String::new());
+        file.read_to_string(&mut text).map_err(read_err)?;
         Self::parse(&text, path)
     }
 
@@ -69,10 +95,10 @@ impl GossipKeys {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let bytes = hex::decode(line).map_err(|_| GossipError::KeyNotHex {
+            let bytes = Zeroizing::new(hex::decode(line).map_err(|_| GossipError::KeyNotHex {
                 path: path.to_path_buf(),
                 line: index + 1,
-            })?;
+            })?);
             keys.push((index + 1, bytes));
         }
         if keys.len() > MAX_KEYS {
@@ -97,7 +123,7 @@ impl GossipKeys {
         keys: impl Iterator<Item = &'a [u8]>,
         path: &Path,
     ) -> Result<GossipKeys, GossipError> {
-        let mut keyed = Vec::new();
+        let mut kept = Vec::new();
         for (index, key) in keys.enumerate() {
             if key.len() < MIN_KEY_LEN {
                 return Err(GossipError::KeyTooShort {
@@ -106,49 +132,37 @@ impl GossipKeys {
                     len: key.len(),
                 });
             }
-            // HMAC accepts keys of any length, so this cannot fail.
-            let mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
-            keyed.push(mac);
+            kept.push(Zeroizing::new(key.to_vec()));
         }
-        if keyed.is_empty() {
+        if kept.is_empty() {
             return Err(GossipError::NoKey {
                 path: path.to_path_buf(),
             });
         }
-        if keyed.len() > MAX_KEYS {
+        if kept.len() > MAX_KEYS {
             return Err(GossipError::TooManyKeys {
                 path: path.to_path_buf(),
-                count: keyed.len(),
+                count: kept.len(),
             });
         }
-        Ok(GossipKeys { keyed })
+        Ok(GossipKeys { keys: kept })
     }
 
     /// Fresh MACs under every key, in file order: frames are signed under
     /// each, and accepted under any.
     pub(crate) fn macs(&self) -> impl Iterator<Item = HmacSha256> + '_ {
-        self.keyed.iter().cloned()
+        self.keys.iter().map(|key| {
+            // HMAC accepts keys of any length, so this cannot fail.
+            HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length")
+        })
     }
 
     pub fn len(&self) -> usize {
-        self.keyed.len()
+        self.keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keyed.is_empty()
-    }
-}
-
-/// Anyone who can read the key can join the cluster and inject membership, so
-/// a key file readable by every local user deserves a loud warning (not an
-/// error: packaging decides the mode, and a refusal to start would turn a
-/// permission slip into an outage).
-fn warn_if_world_readable(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = fs::metadata(path)
-        && meta.permissions().mode() & 0o004 != 0
-    {
-        tracing::warn!(path = %path.display(), "gossip key file is readable by every user; chmod 600 it");
+        self.keys.is_empty()
     }
 }
 
@@ -214,6 +228,57 @@ mod tests {
     fn missing_file_names_the_path() {
         let err = GossipKeys::load(Path::new("/nonexistent/gossip.key")).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/gossip.key"), "{err}");
+    }
+
+    fn key_file(mode: u32) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gossip.key");
+        fs::write(&path, format!("{A}\n")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn a_key_file_only_its_owner_can_read_and_write_loads() {
+        for mode in [0o600, 0o400, 0o700, 0o610, 0o601] {
+            let (_dir, path) = key_file(mode);
+            let keys = GossipKeys::load(&path).unwrap_or_else(|e| panic!("{mode:o}: {e}"));
+            assert_eq!(keys.len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_key_file_others_can_read_or_write_is_refused_with_the_mode_to_use() {
+        for mode in [0o640, 0o604, 0o644, 0o620, 0o602, 0o660, 0o666, 0o4644] {
+            let (_dir, path) = key_file(mode);
+            let err = GossipKeys::load(&path).unwrap_err();
+            assert!(
+                matches!(err, GossipError::KeyFileMode { mode: m, .. } if m == mode),
+                "{mode:o}: {err}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("chmod 0600 {}", path.display())),
+                "{text}"
+            );
+            assert!(text.contains(&format!("{mode:04o}")), "{text}");
+            assert_eq!(err.metric_label(), "key_file");
+        }
+    }
+
+    #[test]
+    fn keys_are_stored_in_memory_that_is_wiped_on_drop() {
+        fn wiped_on_drop<T: zeroize::ZeroizeOnDrop>(_: &T) {}
+        let keys = parse(A).unwrap();
+        for key in &keys.keys {
+            wiped_on_drop(key);
+        }
+        // Keyed per use, the MAC is the one under the raw key.
+        let mut mac = keys.macs().next().unwrap();
+        mac.update(b"x");
+        let mut raw = HmacSha256::new_from_slice(&hex::decode(A).unwrap()).unwrap();
+        raw.update(b"x");
+        assert_eq!(mac.finalize().into_bytes(), raw.finalize().into_bytes());
     }
 
     #[test]

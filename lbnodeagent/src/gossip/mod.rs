@@ -191,6 +191,12 @@ pub enum GossipError {
         source: std::io::Error,
     },
     #[error(
+        "gossip key file {} has mode {mode:04o}: users other than its owner may read or write it, and with the key anyone can join the cluster; run `chmod 0600 {}`",
+        path.display(),
+        path.display()
+    )]
+    KeyFileMode { path: PathBuf, mode: u32 },
+    #[error(
         "gossip key file {} holds no key; write one hex key per line (e.g. `openssl rand -hex 32`)",
         path.display()
     )]
@@ -226,6 +232,7 @@ impl GossipError {
         match self {
             GossipError::Config { .. } => "config",
             GossipError::KeyFile { .. }
+            | GossipError::KeyFileMode { .. }
             | GossipError::NoKey { .. }
             | GossipError::KeyNotHex { .. }
             | GossipError::KeyTooShort { .. }
