@@ -71,7 +71,7 @@ fn free_addr() -> SocketAddr {
 }
 
 /// A node's state as in a small production cluster: one v4 and one v6
-/// on-link prefix, ten held VIPs.
+/// on-link prefix, ten held VIPs, the announce interface's MAC.
 fn realistic_state(n: u32) -> LocalState {
     let third = (n % 250) as u8;
     LocalState {
@@ -92,6 +92,16 @@ fn realistic_state(n: u32) -> LocalState {
         vips: (0..10u8)
             .map(|i| IpAddr::from([10, 96, third, i]))
             .collect::<BTreeSet<_>>(),
+        macs: [lbnodeagent::addrs::MacAddr([
+            2,
+            0,
+            (n >> 16) as u8,
+            (n >> 8) as u8,
+            n as u8,
+            1,
+        ])]
+        .into_iter()
+        .collect(),
     }
 }
 

@@ -39,6 +39,7 @@ fn local_state(n: u8) -> LocalState {
             announce: true,
         }],
         vips: BTreeSet::from([IpAddr::from([10, 0, n, 100])]),
+        macs: BTreeSet::from([lbnodeagent::addrs::MacAddr([2, 0, 0, 0, 0, n])]),
     }
 }
 
@@ -127,6 +128,7 @@ async fn three_agents_form_a_cluster_and_see_each_others_state() {
     let c = view.node("c").expect("a sees c");
     assert_eq!(c.gossip_addr, agents[2].addr);
     assert_eq!(c.vips, local_state(agents[2].addr.port() as u8).vips);
+    assert_eq!(c.macs, local_state(agents[2].addr.port() as u8).macs);
     assert_eq!(c.agent_version, env!("CARGO_PKG_VERSION"));
     let member = view.member("c").unwrap();
     assert_eq!(

@@ -181,7 +181,9 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
 
 /// With no service manager to run `cleanup`, a killed agent's host keeps
 /// answering only until the address lifetime (6 s in these configs) runs
-/// out, not forever as keepalived's does.
+/// out, not forever as keepalived's does. Meanwhile its peers see it answer
+/// and, as it outranks them, leave it alone: one owner throughout, then a
+/// short gap while the next takes over.
 #[test]
 fn a_killed_agent_stops_answering_within_the_address_lifetime() {
     let mut c = three_nodes();
@@ -190,29 +192,28 @@ fn a_killed_agent_stops_answering_within_the_address_lifetime() {
     let owner = settled(&c, &probe, Duration::from_secs(20));
     let killed_at = Instant::now();
     c.kill(&owner);
-    let next = wait_for("a new owner", Duration::from_secs(5), || {
-        c.holders(VIP).into_iter().find(|n| *n != owner)
-    })
-    .unwrap();
-    let o = until_only(
-        &probe,
-        c.host(&next).mac(),
-        killed_at,
-        Duration::from_secs(10),
-    );
     let gone = wait_for(
         "the dead agent's address to lapse",
         Duration::from_secs(10),
         || (!c.holders(VIP).contains(&owner)).then(Instant::now),
     )
     .unwrap();
+    let next = c.wait_single_holder(VIP, Duration::from_secs(5));
+    assert_ne!(next, owner);
+    let o = until_only(
+        &probe,
+        c.host(&next).mac(),
+        killed_at,
+        Duration::from_secs(10),
+    );
     eprintln!(
         "SIGKILL without cleanup: outage {} ms, two owners {} ms, address gone after {} ms",
         o.outage.as_millis(),
         o.two_owners.as_millis(),
         (gone - killed_at).as_millis()
     );
-    assert!(o.outage < Duration::from_millis(1500), "{o:?}");
+    assert!(o.outage < Duration::from_millis(2500), "{o:?}");
+    assert!(o.two_owners < Duration::from_millis(1500), "{o:?}");
     assert!(gone - killed_at < Duration::from_secs(8));
 }
 
@@ -652,4 +653,62 @@ fn the_failover_benchmark_harness_runs_every_fault() {
             assert!(takeover < Duration::from_secs(3), "{fault} {family}: {s:?}");
         }
     }
+}
+
+/// A firewall drops gossip (UDP 7934) to and from the owner while ARP still
+/// flows: each side thinks the other dead and both add the VIP. Both see
+/// the other's MAC on the wire and apply the same rule, so one lets go
+/// within about a second, for good, and the partition heals by itself.
+#[test]
+fn a_gossip_partition_leaves_one_owner_without_flapping() {
+    let c = three_nodes();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    let owner_mac = c.host(&owner).mac().to_string();
+    let ns = &c.host(&owner).ns;
+    let nft = |rule: &str| {
+        ns.run(&["nft", rule])
+            .unwrap_or_else(|e| panic!("nft {rule}: {e}"))
+    };
+    let t = Instant::now();
+    nft("add table inet partition");
+    nft("add chain inet partition input { type filter hook input priority 0; }");
+    nft("add chain inet partition output { type filter hook output priority 0; }");
+    nft("add rule inet partition input udp dport 7934 drop");
+    nft("add rule inet partition input udp sport 7934 drop");
+    nft("add rule inet partition output udp dport 7934 drop");
+    // The others see the owner die and one of them takes the VIP: two
+    // owners, until the conflict is seen and settled. Give it time to
+    // happen before judging.
+    std::thread::sleep(Duration::from_secs(2));
+    let o = until_only(&probe, &owner_mac, t, Duration::from_secs(5));
+    let answered: Vec<String> = probe
+        .macs_between(t, Instant::now())
+        .iter()
+        .map(|m| c.node_of_mac(m).unwrap_or_else(|| m.clone()))
+        .collect();
+    eprintln!(
+        "gossip partition: answered: {answered:?}; two owners for {} ms, lost {} probes",
+        o.two_owners.as_millis(),
+        o.lost
+    );
+    assert!(o.two_owners < Duration::from_millis(2500), "{o:?}");
+    // No flapping: only the owner answers for the next 4 s.
+    let calm = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        probe.macs_between(calm, Instant::now()),
+        vec![owner_mac.clone()]
+    );
+    assert_eq!(c.holders(VIP), vec![owner.clone()]);
+    // Heal: gossip comes back, the owner is the election's winner anyway.
+    ns.run(&["nft", "delete table inet partition"]).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(c.holders(VIP), vec![owner.clone()]);
+    let now = Instant::now();
+    assert_eq!(
+        probe.macs_between(now - Duration::from_secs(2), now),
+        vec![owner_mac]
+    );
 }

@@ -44,6 +44,7 @@ fn start(rt: &NsRuntime, name: &str, addr: SocketAddr, seed: Option<SocketAddr>,
                 announce: true,
             }],
             vips: BTreeSet::new(),
+            macs: BTreeSet::new(),
         };
         let m = Membership::start(&config, local, &transport).await.unwrap();
         AGENT.with(|a| *a.borrow_mut() = Some(m));

@@ -126,8 +126,8 @@ pub struct Outcome {
     /// Probes that got no answer in that window, estimated as the longest
     /// silence divided by the interval, minus one.
     pub lost: u64,
-    /// How long two MACs alternated: from the first reply of the new MAC to
-    /// the last reply of any other after it; zero if they never overlapped.
+    /// How long two or more MACs answered the same probes: the probe
+    /// periods with answers from more than one MAC, times the period.
     pub two_owners: Duration,
     /// The MAC answering at the end.
     pub last_mac: Option<String>,
@@ -147,17 +147,7 @@ pub fn judge(replies: &[Reply], t0: Instant, end: Instant, interval: Duration) -
     }
     longest = longest.max(end.saturating_duration_since(prev));
     let last_mac = window.last().map(|r| r.mac.clone());
-    let two_owners = match &last_mac {
-        Some(last) => {
-            let first_new = window.iter().find(|r| &r.mac == last).map(|r| r.at);
-            let last_other = window.iter().rev().find(|r| &r.mac != last).map(|r| r.at);
-            match (first_new, last_other) {
-                (Some(a), Some(b)) if b > a => b - a,
-                _ => Duration::ZERO,
-            }
-        }
-        None => Duration::ZERO,
-    };
+    let two_owners = overlap(&window, t0, interval);
     let step = interval.as_nanos().max(1);
     Outcome {
         outage: longest.saturating_sub(interval),
@@ -165,6 +155,23 @@ pub fn judge(replies: &[Reply], t0: Instant, end: Instant, interval: Duration) -
         two_owners,
         last_mac,
     }
+}
+
+/// The probe periods (from `t0`, `interval` long) in which more than one
+/// MAC answered, as a duration: every owner answers the same broadcast
+/// within a millisecond or so, so two owners share a period.
+pub fn overlap(replies: &[&Reply], t0: Instant, interval: Duration) -> Duration {
+    let step = interval.as_nanos().max(1);
+    let mut periods: std::collections::BTreeMap<u128, Vec<&str>> = Default::default();
+    for r in replies {
+        let k = r.at.saturating_duration_since(t0).as_nanos() / step;
+        let macs = periods.entry(k).or_default();
+        if !macs.contains(&r.mac.as_str()) {
+            macs.push(&r.mac);
+        }
+    }
+    let shared = periods.values().filter(|m| m.len() > 1).count() as u32;
+    interval * shared
 }
 
 /// Sends a request for the target every interval and prints one line per
@@ -272,17 +279,17 @@ mod tests {
         assert_eq!(o.lost, 29);
         assert_eq!(o.two_owners, Duration::ZERO);
         assert_eq!(o.last_mac.as_deref(), Some("b"));
-        // Make before break: both answer between 100 and 130 ms.
-        let replies = vec![
-            r(90, "a"),
-            r(100, "b"),
-            r(110, "a"),
-            r(120, "b"),
-            r(130, "a"),
-            r(140, "b"),
-        ];
-        let o = judge(&replies, t0, ms(145), iv);
+        // Make before break: both answer the probes of 100 to 130 ms.
+        let mut replies = vec![r(90, "a")];
+        for n in [100, 110, 120] {
+            replies.extend([r(n + 1, "a"), r(n + 2, "b")]);
+        }
+        replies.push(r(135, "b"));
+        let o = judge(&replies, t0, ms(140), iv);
         assert_eq!(o.two_owners, Duration::from_millis(30));
-        assert_eq!(o.lost, 8);
+        assert_eq!(o.last_mac.as_deref(), Some("b"));
+        // Alternating, each answering other probes, is not overlap.
+        let replies = vec![r(5, "a"), r(15, "b"), r(25, "a")];
+        assert_eq!(judge(&replies, t0, ms(30), iv).two_owners, Duration::ZERO);
     }
 }

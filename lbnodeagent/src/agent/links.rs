@@ -92,6 +92,18 @@ impl Links {
         out
     }
 
+    /// The MACs this node may answer from: those of the links whose
+    /// prefixes it publishes. Peers map a MAC seen on the wire to this node
+    /// with them.
+    pub fn macs(&self) -> std::collections::BTreeSet<crate::addrs::MacAddr> {
+        let virtual_index = self.virtual_link.as_ref().map(|v| v.index);
+        self.all
+            .iter()
+            .filter(|i| i.carrier && Some(i.index) != virtual_index && !i.prefixes.is_empty())
+            .filter_map(|i| i.mac)
+            .collect()
+    }
+
     /// What the kernel must hold for `duties`; duties whose interface is
     /// gone (or virtual mode without its interface) are returned apart, for
     /// the log: the next links refresh re-elects without them.

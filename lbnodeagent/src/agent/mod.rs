@@ -22,6 +22,7 @@
 
 pub mod cleanup;
 pub mod config;
+pub mod conflict;
 pub mod links;
 mod report;
 pub mod status;
@@ -158,6 +159,13 @@ pub struct Agent<B: AddressBackend + 'static> {
     settled: bool,
     /// Held VIPs and live members last told to systemd (`STATUS=`).
     last_status: (usize, usize),
+    /// Second owners seen on the wire, and VIPs yielded to them.
+    conflicts: conflict::Conflicts,
+    claims: Option<mpsc::Receiver<crate::announce::packet::Claim>>,
+    /// The addresses whose claims matter (held or yielded), for the task
+    /// that reads the wire.
+    watched: Arc<std::sync::RwLock<BTreeSet<IpAddr>>>,
+    last_owner_probe: Instant,
 }
 
 /// Starts the agent on a real host and runs it until SIGTERM/SIGINT.
@@ -261,6 +269,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             virtual_mode: links.virtual_link.is_some(),
             on_link: links.on_link(),
             vips: BTreeSet::new(),
+            macs: links.macs(),
         };
         let membership = Membership::start(&cfg.gossip, local, &transport).await?;
         let views = membership.views();
@@ -292,6 +301,41 @@ impl<B: AddressBackend + 'static> Agent<B> {
             }
         });
 
+        // Only claims on addresses held or yielded here reach the loop: a
+        // busy LAN carries ARP for every host on it.
+        let watched: Arc<std::sync::RwLock<BTreeSet<IpAddr>>> = Arc::default();
+        let claims = match crate::announce::Claims::open() {
+            Ok(claims) => {
+                let (tx, rx) = mpsc::channel(256);
+                let filter = watched.clone();
+                tokio::spawn(async move {
+                    loop {
+                        match claims.next().await {
+                            Ok(c) => {
+                                let wanted = filter
+                                    .read()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .contains(&c.ip);
+                                // Dropped when the loop is busy: the next
+                                // probe asks again.
+                                if wanted && tx.try_send(c).is_err() && tx.is_closed() {
+                                    return;
+                                }
+                            }
+                            Err(e) => {
+                                warn!(error = %e, "reading ARP/ND failed");
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                            }
+                        }
+                    }
+                });
+                Some(rx)
+            }
+            Err(e) => {
+                error!(error = %e, "cannot watch the wire for second owners");
+                None
+            }
+        };
         Ok(Agent {
             election: Election::new(&Cluster::default(), view.members.clone()),
             cfg,
@@ -325,6 +369,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
             first_peer: None,
             settled: false,
             last_status: (usize::MAX, 0),
+            conflicts: conflict::Conflicts::default(),
+            claims,
+            watched,
+            last_owner_probe: Instant::now(),
         })
     }
 
@@ -340,6 +388,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let watchdog = watchdog_interval();
+        // Intervals, not sleeps re-created at every turn of the loop, which
+        // a busy loop would never let expire.
+        let mut probes = tokio::time::interval(conflict::YIELD_PROBE);
+        probes.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut fast = tokio::time::interval(Duration::from_millis(50));
+        fast.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let handover_pending = self.held.values().any(|h| h.handing_over.is_some())
                 || self.leaving.is_some()
@@ -364,7 +418,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     }
                 },
                 _ = tick.tick() => self.on_tick().await,
-                _ = tokio::time::sleep(Duration::from_millis(50)), if handover_pending => {}
+                Some(claim) = recv_claim(&mut self.claims) => {
+                    if !self.on_claim(claim).await {
+                        continue;
+                    }
+                }
+                _ = probes.tick() => self.probe_wire().await,
+                _ = fast.tick(), if handover_pending => {}
                 _ = hup.recv() => self.reload(),
                 _ = term.recv() => self.begin_leave("SIGTERM").await,
                 _ = int.recv() => self.begin_leave("SIGINT").await,
@@ -398,6 +458,99 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     warn!(error = %e, "cannot subscribe to kernel events; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
+            }
+        }
+    }
+
+    /// A host on the wire claims an address; `true` when that changed
+    /// something the reconcile pass must see.
+    async fn on_claim(&mut self, claim: crate::announce::packet::Claim) -> bool {
+        let held = self
+            .held
+            .get(&claim.ip)
+            .filter(|h| h.want.mode == Mode::Local && h.handing_over.is_none())
+            .map(|h| h.want.clone());
+        let verdict = self.conflicts.judge(
+            claim,
+            &self.cfg.node_name,
+            &self.links.macs(),
+            held.as_ref(),
+            &self.election,
+            |n| self.view.node(n).is_some(),
+            Instant::now(),
+        );
+        match verdict {
+            conflict::Verdict::Ignore => false,
+            conflict::Verdict::Keep { other } => {
+                warn!(ip = %claim.ip, %other, mac = %claim.mac,
+                    "second owner on the wire; this node outranks it and keeps the address");
+                self.telemetry.conflict("hostlb");
+                if let (Some(h), Some(announcer)) =
+                    (self.held.get(&claim.ip), self.announcer.clone())
+                    && let Some(target) = h.want.target
+                {
+                    let garp = self.cfg.announce.garp;
+                    let mut owned = h.owned.subscribe();
+                    tokio::spawn(async move {
+                        let _ = announcer.announce(&target, &garp, &mut owned).await;
+                    });
+                }
+                false
+            }
+            conflict::Verdict::Yield { to } => {
+                warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
+                    "second owner on the wire; it outranks this node, which lets go while it answers");
+                self.telemetry.conflict("hostlb");
+                self.release(
+                    claim.ip,
+                    "another node that outranks this one answers for it",
+                )
+                .await;
+                true
+            }
+            conflict::Verdict::Foreign { first } => {
+                self.telemetry.conflict("foreign");
+                if first {
+                    warn!(ip = %claim.ip, mac = %claim.mac,
+                        "another host answers for this address and it is no hostlb node; not fighting over it");
+                    self.event_for(
+                        claim.ip,
+                        true,
+                        "AddressConflict",
+                        format!(
+                            "{} holds {} but the host with MAC {} answers for it too, and it is no hostlb node",
+                            self.cfg.node_name, claim.ip, claim.mac
+                        ),
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// Asks the LAN about every VIP held here (each second) and every VIP
+    /// yielded to another node (each [`conflict::YIELD_PROBE`]).
+    async fn probe_wire(&mut self) {
+        let Some(announcer) = self.announcer.clone() else {
+            return;
+        };
+        let mut targets: Vec<crate::announce::Target> = self
+            .conflicts
+            .yielded()
+            .filter_map(|(_, y)| y.want.target)
+            .collect();
+        if self.last_owner_probe.elapsed() >= conflict::OWNER_PROBE {
+            self.last_owner_probe = Instant::now();
+            targets.extend(
+                self.held
+                    .values()
+                    .filter(|h| h.want.mode == Mode::Local && h.handing_over.is_none())
+                    .filter_map(|h| h.want.target),
+            );
+        }
+        for t in targets {
+            if let Err(e) = announcer.probe(&t).await {
+                debug!(ip = %t.ip, error = %e, "probe failed");
             }
         }
     }
@@ -637,6 +790,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             self.lost_at
                 .retain(|_, t| now - *t < Duration::from_secs(30));
             self.election.set_members(&view.members);
+            self.conflicts.learn(&view.nodes);
             self.telemetry.live_members.set(view.members.len() as i64);
             self.view = view;
             self.write_peers();
@@ -694,6 +848,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
             {
                 continue;
             }
+            let view = &self.view;
+            if self
+                .conflicts
+                .holding_off(*ip, Instant::now(), |n| view.node(n).is_some())
+            {
+                continue;
+            }
             self.acquire(*ip, want.clone()).await;
         }
         let unwanted: Vec<IpAddr> = self
@@ -708,6 +869,14 @@ impl<B: AddressBackend + 'static> Agent<B> {
             }
         }
         self.retry.retain(|ip, _| wants.contains_key(ip));
+        self.conflicts.retain(|ip| wants.contains_key(ip));
+        let watched: BTreeSet<IpAddr> = self
+            .held
+            .keys()
+            .chain(self.conflicts.yielded().map(|(ip, _)| ip))
+            .copied()
+            .collect();
+        *self.watched.write().unwrap_or_else(|e| e.into_inner()) = watched;
 
         self.publish().await;
         self.report_announcing(&wants);
@@ -960,6 +1129,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 .filter(|(_, h)| h.want.mode == Mode::Local)
                 .map(|(ip, _)| *ip)
                 .collect(),
+            macs: self.links.macs(),
         };
         self.membership.publish(local).await;
     }
@@ -1090,6 +1260,15 @@ pub fn keygen() -> std::io::Result<String> {
     let mut key = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
     Ok(hex::encode(key))
+}
+
+async fn recv_claim(
+    claims: &mut Option<mpsc::Receiver<crate::announce::packet::Claim>>,
+) -> Option<crate::announce::packet::Claim> {
+    match claims {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 fn same_place(a: &Want, b: &Want) -> bool {

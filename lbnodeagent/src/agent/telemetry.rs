@@ -28,6 +28,11 @@ use super::status::StatusDoc;
 use crate::gossip::AuthCounters;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
     pub op: &'static str,
     pub result: &'static str,
@@ -44,6 +49,7 @@ pub struct Telemetry {
     pub object_errors: Gauge,
     pub events_dropped: Counter,
     pub api_writes: Family<OpLabels, Counter>,
+    pub conflicts: Family<KindLabels, Counter>,
     gossip: Mutex<Option<Arc<AuthCounters>>>,
     /// First reconcile applied.
     pub applied: AtomicBool,
@@ -76,6 +82,7 @@ impl Telemetry {
             object_errors: Gauge::default(),
             events_dropped: Counter::default(),
             api_writes: Family::default(),
+            conflicts: Family::default(),
             gossip: Mutex::new(None),
             applied: AtomicBool::new(false),
             api_healthy: AtomicBool::new(false),
@@ -129,6 +136,11 @@ impl Telemetry {
             "Annotation patches and Events written to the API server by result",
             t.api_writes.clone(),
         );
+        registry.register(
+            "address_conflicts",
+            "Another MAC answered for a VIP held here: another hostlb node (kind hostlb) or a host hostlb does not know (kind foreign)",
+            t.conflicts.clone(),
+        );
         *t.registry.lock().expect("fresh") = registry;
         Arc::new(t)
     }
@@ -140,6 +152,10 @@ impl Telemetry {
                 result: if ok { "ok" } else { "error" },
             })
             .inc();
+    }
+
+    pub fn conflict(&self, kind: &'static str) {
+        self.conflicts.get_or_create(&KindLabels { kind }).inc();
     }
 
     pub fn write(&self, op: &'static str, ok: bool) {

@@ -192,6 +192,58 @@ impl Announcer {
     }
 }
 
+impl Announcer {
+    /// Asks the LAN who holds `target.ip` (an ARP probe or a DAD-style
+    /// Neighbor Solicitation from `target.mac`); answers arrive as
+    /// [`Claims`]. One frame, so an owner can afford one per held VIP a
+    /// second.
+    pub async fn probe(&self, target: &Target) -> Result<()> {
+        let frame = match target.ip {
+            IpAddr::V4(v4) => packet::arp_probe(target.mac, v4),
+            IpAddr::V6(v6) => packet::dad_solicitation(target.mac, v6),
+        };
+        self.socket
+            .send(target.ifindex, &frame)
+            .await
+            .map_err(|source| Error::Send {
+                kind: frame.kind,
+                ip: target.ip,
+                ifindex: target.ifindex,
+                source,
+            })
+    }
+}
+
+/// Every claim on the wire: a host answering an ARP probe, sending
+/// gratuitous ARP or ARP from an address, or advertising an IPv6 address
+/// with its MAC. The caller keeps the ones for its own VIPs that name a MAC
+/// not its own; that is how a second owner is seen.
+pub struct Claims {
+    socket: sys::ClaimSocket,
+}
+
+impl Claims {
+    /// Needs CAP_NET_RAW and a Tokio runtime.
+    pub fn open() -> Result<Claims> {
+        Ok(Claims {
+            socket: sys::ClaimSocket::open().map_err(Error::Socket)?,
+        })
+    }
+
+    /// The next frame that claims an address.
+    pub async fn next(&self) -> io::Result<packet::Claim> {
+        loop {
+            let claim = match self.socket.recv().await? {
+                sys::Received::Arp(frame) => packet::arp_claim(&frame),
+                sys::Received::Icmp6(msg) => packet::na_claim(&msg),
+            };
+            if let Some(c) = claim {
+                return Ok(c);
+            }
+        }
+    }
+}
+
 /// The schedule of [`Announcer::announce`], apart from the socket. (A plain
 /// closure returning a future rather than an async closure: the latter's
 /// future is not `Send` for every lifetime, which spawning needs.)

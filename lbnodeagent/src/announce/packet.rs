@@ -110,6 +110,123 @@ pub fn unsolicited_na(mac: MacAddr, ip: Ipv6Addr) -> Frame {
     }
 }
 
+/// An RFC 5227 ARP probe for `target`: sender IP 0.0.0.0, so no cache
+/// learns anything from it, and any host holding `target` answers with a
+/// reply naming its MAC. How an owner checks that nobody else answers for
+/// its VIP.
+pub fn arp_probe(mac: MacAddr, target: Ipv4Addr) -> Frame {
+    let mut f = ethernet(BROADCAST, mac, ETH_P_ARP);
+    f.extend_from_slice(&1u16.to_be_bytes());
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    f.push(6);
+    f.push(4);
+    f.extend_from_slice(&(ArpOp::Request as u16).to_be_bytes());
+    f.extend_from_slice(&mac.0);
+    f.extend_from_slice(&[0; 4]);
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&target.octets());
+    f.resize(MIN_FRAME, 0);
+    Frame {
+        destination: BROADCAST,
+        ethertype: ETH_P_ARP,
+        bytes: f,
+        kind: "arp probe",
+    }
+}
+
+/// A duplicate-address-detection style Neighbor Solicitation for `target`
+/// (RFC 4862 5.4.2): source `::`, to the target's solicited-node group, no
+/// options. A host holding `target` defends it with an advertisement to all
+/// nodes carrying its MAC; no cache learns from the solicitation.
+pub fn dad_solicitation(mac: MacAddr, target: Ipv6Addr) -> Frame {
+    let t = target.octets();
+    let group = Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(t[13]),
+        u16::from_be_bytes([t[14], t[15]]),
+    );
+    let group_mac = MacAddr([0x33, 0x33, 0xff, t[13], t[14], t[15]]);
+    let mut icmp = Vec::with_capacity(24);
+    icmp.push(135); // Neighbor Solicitation
+    icmp.push(0);
+    icmp.extend_from_slice(&[0, 0]);
+    icmp.extend_from_slice(&[0, 0, 0, 0]);
+    icmp.extend_from_slice(&t);
+    let sum = icmpv6_checksum(Ipv6Addr::UNSPECIFIED, group, &icmp);
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    let mut f = ethernet(group_mac, mac, ETH_P_IPV6);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
+    f.push(58);
+    f.push(255);
+    f.extend_from_slice(&Ipv6Addr::UNSPECIFIED.octets());
+    f.extend_from_slice(&group.octets());
+    f.extend_from_slice(&icmp);
+    f.resize(f.len().max(MIN_FRAME), 0);
+    Frame {
+        destination: group_mac,
+        ethertype: ETH_P_IPV6,
+        bytes: f,
+        kind: "neighbor solicitation",
+    }
+}
+
+/// A host on the wire saying it holds `ip`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub ip: std::net::IpAddr,
+    pub mac: MacAddr,
+}
+
+/// Any Ethernet ARP frame (reply, gratuitous ARP, or a request using the
+/// address as its source) claims its sender IP for its sender MAC. Probes
+/// (sender IP 0.0.0.0) claim nothing.
+pub fn arp_claim(frame: &[u8]) -> Option<Claim> {
+    if frame.len() < 42 || frame[12..14] != ETH_P_ARP.to_be_bytes() {
+        return None;
+    }
+    let arp = &frame[14..];
+    if arp[0..2] != [0, 1] || arp[2..4] != [8, 0] || arp[4] != 6 || arp[5] != 4 {
+        return None;
+    }
+    let mac = MacAddr::from_slice(&arp[8..14])?;
+    let ip = Ipv4Addr::new(arp[14], arp[15], arp[16], arp[17]);
+    if ip.is_unspecified() {
+        return None;
+    }
+    Some(Claim { ip: ip.into(), mac })
+}
+
+/// A Neighbor Advertisement (the ICMPv6 message, as a raw ICMPv6 socket
+/// receives it) claims its target for the MAC in its Target Link-Layer
+/// Address option; without that option it names no MAC and claims nothing.
+pub fn na_claim(icmp: &[u8]) -> Option<Claim> {
+    if icmp.len() < 24 || icmp[0] != 136 || icmp[1] != 0 {
+        return None;
+    }
+    let target = Ipv6Addr::from(<[u8; 16]>::try_from(&icmp[8..24]).ok()?);
+    let mut o = 24;
+    while o + 8 <= icmp.len() {
+        let len = usize::from(icmp[o + 1]) * 8;
+        if len == 0 {
+            return None;
+        }
+        if icmp[o] == 2 && len >= 8 {
+            return Some(Claim {
+                ip: target.into(),
+                mac: MacAddr::from_slice(&icmp[o + 2..o + 8])?,
+            });
+        }
+        o += len;
+    }
+    None
+}
+
 /// The Internet checksum over the IPv6 pseudo-header and `message` (whose
 /// checksum field must be zero).
 pub fn icmpv6_checksum(source: Ipv6Addr, destination: Ipv6Addr, message: &[u8]) -> u16 {
@@ -224,5 +341,68 @@ mod tests {
     fn ones_complement_sum_folds_carries_and_pads_odd_lengths() {
         assert_eq!(ones_complement_sum(&[0xff, 0xff, 0x00, 0x02]), 0x0002);
         assert_eq!(ones_complement_sum(&[0x12, 0x34, 0x56]), 0x1234 + 0x5600);
+    }
+
+    #[test]
+    fn probes_claim_nothing_and_answers_claim_their_sender() {
+        let target: Ipv4Addr = "10.0.0.7".parse().unwrap();
+        let probe = arp_probe(MAC, target);
+        assert_eq!(probe.bytes.len(), MIN_FRAME);
+        assert_eq!(&probe.bytes[28..32], &[0, 0, 0, 0], "sender IP 0");
+        assert_eq!(&probe.bytes[38..42], &target.octets());
+        assert_eq!(arp_claim(&probe.bytes), None);
+        let other = MacAddr([2, 0, 0, 0, 0, 9]);
+        let garp = gratuitous_arp(ArpOp::Reply, other, target);
+        assert_eq!(
+            arp_claim(&garp.bytes),
+            Some(Claim {
+                ip: target.into(),
+                mac: other
+            })
+        );
+        assert_eq!(arp_claim(&garp.bytes[..30]), None);
+    }
+
+    #[test]
+    fn a_solicitation_goes_to_the_solicited_node_group_from_the_unspecified_address() {
+        let target: Ipv6Addr = "fd00::12:3456".parse().unwrap();
+        let ns = dad_solicitation(MAC, target);
+        assert_eq!(
+            ns.destination,
+            MacAddr([0x33, 0x33, 0xff, 0x12, 0x34, 0x56])
+        );
+        let ip6 = &ns.bytes[14..];
+        assert_eq!(&ip6[8..24], &Ipv6Addr::UNSPECIFIED.octets());
+        let group: Ipv6Addr = "ff02::1:ff12:3456".parse().unwrap();
+        assert_eq!(&ip6[24..40], &group.octets());
+        let icmp = &ip6[40..64];
+        assert_eq!(icmp[0], 135);
+        assert_eq!(&icmp[8..24], &target.octets());
+        let mut zeroed = icmp.to_vec();
+        zeroed[2..4].copy_from_slice(&[0, 0]);
+        assert_eq!(
+            icmpv6_checksum(Ipv6Addr::UNSPECIFIED, group, &zeroed).to_be_bytes(),
+            [icmp[2], icmp[3]]
+        );
+    }
+
+    #[test]
+    fn an_advertisement_claims_its_target_for_its_link_layer_option() {
+        let target: Ipv6Addr = "fd00::7".parse().unwrap();
+        let na = unsolicited_na(MAC, target);
+        let icmp = &na.bytes[14 + 40..];
+        assert_eq!(
+            na_claim(icmp),
+            Some(Claim {
+                ip: target.into(),
+                mac: MAC
+            })
+        );
+        // No option: nothing to attribute.
+        assert_eq!(na_claim(&icmp[..24]), None);
+        // A zero-length option ends parsing instead of looping.
+        let mut bad = icmp[..24].to_vec();
+        bad.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(na_claim(&bad), None);
     }
 }

@@ -48,6 +48,66 @@ impl PacketSocket {
     }
 }
 
+/// Receives the frames that can claim an address: every ARP frame (an
+/// `AF_PACKET` socket for ETH_P_ARP, on all links) and every ICMPv6 message
+/// (a raw ICMPv6 socket, for Neighbor Advertisements). Needs CAP_NET_RAW.
+pub(super) struct ClaimSocket {
+    arp: AsyncFd<Socket>,
+    icmp6: Option<AsyncFd<Socket>>,
+}
+
+/// What one read returned.
+pub(super) enum Received {
+    Arp(Vec<u8>),
+    Icmp6(Vec<u8>),
+}
+
+impl ClaimSocket {
+    pub fn open() -> io::Result<ClaimSocket> {
+        let arp = Socket::new(
+            Domain::PACKET,
+            Type::RAW,
+            Some(Protocol::from(i32::from(super::packet::ETH_P_ARP.to_be()))),
+        )?;
+        arp.set_nonblocking(true)?;
+        // SAFETY: as in `PacketSocket::open`, the `Socket` owns the
+        // descriptor for the life of the `AsyncFd`.
+        let arp = unsafe { AsyncFd::register_with_interest(arp, Interest::READABLE) }?;
+        // A host with IPv6 disabled has no ICMPv6: ARP alone then.
+        let icmp6 = match Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6)) {
+            Ok(s) => {
+                s.set_nonblocking(true)?;
+                // SAFETY: as above.
+                Some(unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }?)
+            }
+            Err(_) => None,
+        };
+        Ok(ClaimSocket { arp, icmp6 })
+    }
+
+    pub async fn recv(&self) -> io::Result<Received> {
+        let mut buf = [0u8; 1500];
+        match &self.icmp6 {
+            None => {
+                let n = read(&self.arp, &mut buf).await?;
+                Ok(Received::Arp(buf[..n].to_vec()))
+            }
+            Some(icmp6) => {
+                let mut buf6 = [0u8; 1500];
+                tokio::select! {
+                    n = read(&self.arp, &mut buf) => Ok(Received::Arp(buf[..n?].to_vec())),
+                    n = read(icmp6, &mut buf6) => Ok(Received::Icmp6(buf6[..n?].to_vec())),
+                }
+            }
+        }
+    }
+}
+
+async fn read(fd: &AsyncFd<Socket>, buf: &mut [u8]) -> io::Result<usize> {
+    use std::io::Read;
+    fd.async_io(Interest::READABLE, |s| (&*s).read(buf)).await
+}
+
 /// `sockaddr_ll` for `frame` leaving by interface `ifindex`.
 fn link_layer_address(ifindex: u32, frame: &Frame) -> io::Result<SockAddr> {
     let ifindex = i32::try_from(ifindex)

@@ -237,6 +237,34 @@ impl Election {
         moved
     }
 
+    /// Whether `node` outranks `other` for `ip` by the election's order with
+    /// liveness ignored (eligibility, then score, then hash). Two nodes that
+    /// both hold a VIP because each thinks the other dead (a partition that
+    /// drops gossip but not ARP) ask this and agree, without talking, on
+    /// which keeps it. `None` when the address is unknown.
+    pub fn outranks(&self, ip: IpAddr, node: &str, other: &str) -> Option<bool> {
+        let v = *self.vip_of.get(&ip)?;
+        let vip = &self.c.vips[v];
+        let rank = |name: &str| -> Option<(std::cmp::Reverse<u32>, [u8; 32])> {
+            let id = *self.slot_of.get(name)?;
+            let class = &self.c.classes[vip.class?];
+            let facts = self.c.slots[id as usize].node.as_ref()?;
+            if !class.eligible.get(id as usize).copied().unwrap_or(false) || facts.veto.is_some() {
+                return None;
+            }
+            Some((
+                std::cmp::Reverse(class.score[id as usize]),
+                rank_key(name, &vip.text),
+            ))
+        };
+        Some(match (rank(node), rank(other)) {
+            (Some(a), Some(b)) => a < b,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => node < other,
+        })
+    }
+
     /// Live members as the engine has them, by name.
     pub fn member(&self, node: &str) -> Option<&Member> {
         let id = *self.slot_of.get(node)?;

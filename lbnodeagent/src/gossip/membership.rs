@@ -456,6 +456,7 @@ impl ViewBuilder {
                 virtual_mode: false,
                 on_link: Vec::new(),
                 vips: Default::default(),
+                macs: Default::default(),
             });
         MembershipView {
             local,
@@ -516,6 +517,7 @@ mod tests {
                 .iter()
                 .map(|s| s.parse::<IpAddr>().unwrap())
                 .collect(),
+            macs: ["02:00:00:00:00:01".parse().unwrap()].into_iter().collect(),
         }
     }
 

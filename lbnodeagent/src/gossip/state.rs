@@ -7,6 +7,7 @@
 //! | `status` | `alive` or `leaving` |
 //! | `onlink.v4`, `onlink.v6` | JSON list of `{"if", "prefix", "announce"}` |
 //! | `virtual` | `true` / `false` |
+//! | `macs` | MACs of the announce interfaces, space-separated (conflict detection names the host behind a MAC) |
 //! | `vips.0`, `vips.1`, … | held VIPs, space-separated, sorted, each value ≤ [`VIPS_CHUNK_BYTES`] |
 //!
 //! `status` is written last when a node starts. chitchat sends a node's keys
@@ -27,6 +28,7 @@ use chitchat::NodeState;
 use hostlb_api::{Family, Prefix};
 use serde::{Deserialize, Serialize};
 
+use crate::addrs::MacAddr;
 use crate::election::{Member, OnLink};
 
 pub const KEY_VERSION: &str = "version";
@@ -34,6 +36,7 @@ pub const KEY_STATUS: &str = "status";
 pub const KEY_ONLINK_V4: &str = "onlink.v4";
 pub const KEY_ONLINK_V6: &str = "onlink.v6";
 pub const KEY_VIRTUAL: &str = "virtual";
+pub const KEY_MACS: &str = "macs";
 pub const KEY_VIPS_PREFIX: &str = "vips.";
 /// Bound on one `vips.N` value: small against the 64 KiB datagram, large
 /// enough that a node with 1 000 IPv4 VIPs needs only a handful of keys.
@@ -74,6 +77,8 @@ pub struct LocalState {
     pub virtual_mode: bool,
     pub on_link: Vec<OnLink>,
     pub vips: BTreeSet<IpAddr>,
+    /// MACs of the interfaces the node announces on.
+    pub macs: BTreeSet<MacAddr>,
 }
 
 /// One node as seen through gossip.
@@ -88,6 +93,7 @@ pub struct MemberInfo {
     pub virtual_mode: bool,
     pub on_link: Vec<OnLink>,
     pub vips: BTreeSet<IpAddr>,
+    pub macs: BTreeSet<MacAddr>,
 }
 
 impl MemberInfo {
@@ -181,6 +187,7 @@ pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(Strin
             encode_on_link(&local.on_link, Family::V6),
         ),
         (KEY_VIRTUAL.to_string(), local.virtual_mode.to_string()),
+        (KEY_MACS.to_string(), encode_macs(&local.macs)),
     ];
     kvs.extend(
         vip_chunks(&local.vips)
@@ -199,6 +206,7 @@ pub fn publish(node: &mut NodeState, local: &LocalState) {
     node.set(KEY_ONLINK_V4, encode_on_link(&local.on_link, Family::V4));
     node.set(KEY_ONLINK_V6, encode_on_link(&local.on_link, Family::V6));
     node.set(KEY_VIRTUAL, local.virtual_mode.to_string());
+    node.set(KEY_MACS, encode_macs(&local.macs));
     let chunks = vip_chunks(&local.vips);
     let stale: Vec<String> = node
         .iter_prefix(KEY_VIPS_PREFIX)
@@ -247,7 +255,20 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
         virtual_mode: node.get(KEY_VIRTUAL) == Some("true"),
         on_link,
         vips,
+        macs: node
+            .get(KEY_MACS)
+            .unwrap_or_default()
+            .split_ascii_whitespace()
+            .filter_map(|m| m.parse().ok())
+            .collect(),
     })
+}
+
+fn encode_macs(macs: &BTreeSet<MacAddr>) -> String {
+    macs.iter()
+        .map(|m| m.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// chitchat's `extra_liveness_predicate`: a leaving node (or one whose state

@@ -109,22 +109,19 @@ pub fn sample(replies: &[Reply], old: &str, t0: Instant, end: Instant) -> Sample
     longest = longest.max(end.saturating_duration_since(prev));
     let outage = longest.saturating_sub(EVERY);
     let lost = (longest.as_millis() / EVERY.as_millis()).saturating_sub(1) as u64;
-    // Two owners: from the first new-MAC reply to the last old-MAC reply
-    // after it; "forever" when the old MAC still answers in the last second.
-    let two_owners = match window.iter().find(|r| r.mac != old).map(|r| r.at) {
-        None => Some(Duration::ZERO),
-        Some(first_new) => {
-            let last_old = window
-                .iter()
-                .rev()
-                .find(|r| r.mac == old && r.at >= first_new)
-                .map(|r| r.at);
-            match last_old {
-                Some(t) if end.saturating_duration_since(t) < Duration::from_secs(1) => None,
-                Some(t) => Some(t - first_new),
-                None => Some(Duration::ZERO),
-            }
-        }
+    // Two owners: probe periods answered by more than one MAC; "forever"
+    // when the old MAC and another still both answer in the last second.
+    let last_second: Vec<&Reply> = window
+        .iter()
+        .copied()
+        .filter(|r| end.saturating_duration_since(r.at) < Duration::from_secs(1))
+        .collect();
+    let still_both =
+        last_second.iter().any(|r| r.mac == old) && last_second.iter().any(|r| r.mac != old);
+    let two_owners = if still_both {
+        None
+    } else {
+        Some(hostlb_tests::probe::overlap(&window, t0, EVERY))
     };
     Sample {
         takeover,
@@ -202,18 +199,23 @@ impl Bed {
         }
     }
 
-    /// Every process of the daemon on `node` (keepalived forks a VRRP
-    /// child; a fault must reach it too).
+    /// Every process of the daemon on `node`, children first: keepalived's
+    /// VRRP child holds the addresses, and killed after its parent it would
+    /// get the parent-death SIGTERM first and shut down gracefully, which is
+    /// not the crash being measured.
     fn pids(&self, node: &str) -> Vec<u32> {
         match self.subject {
             Subject::Hostlb { .. } => vec![self.pid(node)],
             Subject::Keepalived { .. } => {
+                let parent = self.pid(node);
                 let ns = self.c.host(node).ns.name().to_string();
-                hostlb_tests::netns::run("ip", &["netns", "pids", &ns])
+                let mut all: Vec<u32> = hostlb_tests::netns::run("ip", &["netns", "pids", &ns])
                     .unwrap_or_default()
                     .split_whitespace()
                     .filter_map(|p| p.parse().ok())
-                    .collect()
+                    .collect();
+                all.sort_by_key(|p| *p == parent);
+                all
             }
         }
     }

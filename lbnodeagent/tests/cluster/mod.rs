@@ -52,7 +52,7 @@ impl Cluster {
     /// the system namespace and Node objects, and a `client` host.
     pub fn new(nodes: &[&str]) -> Cluster {
         require_root();
-        require_tools(&["arping", "kubectl", "python3", "ndisc6"]);
+        require_tools(&["arping", "kubectl", "python3", "ndisc6", "nft"]);
         let mut roles = vec!["api"];
         roles.extend_from_slice(nodes);
         roles.push("client");

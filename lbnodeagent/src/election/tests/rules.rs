@@ -569,3 +569,35 @@ fn set_members_equals_a_fresh_engine_and_reports_moves() {
     // The same view again changes nothing.
     assert!(e.set_members(&view).is_empty());
 }
+
+#[test]
+fn outranks_ignores_liveness_and_agrees_from_both_sides() {
+    let nodes = vec![
+        mk_node("a", &[("tier", "edge")]),
+        mk_node("b", &[]),
+        mk_node("c", &[("role", "x")]),
+    ];
+    let ad = mk_ad("ad", &[])
+        .nodes(&[("kubernetes.io/os", "linux")])
+        .prefer(10, &[("tier", "edge")]);
+    let mut nodes = nodes;
+    for n in nodes.iter_mut().take(2) {
+        n.labels.insert("kubernetes.io/os".into(), "linux".into());
+    }
+    let c = cluster(
+        nodes,
+        vec![mk_pool("p", &["10.0.0.0/24"])],
+        vec![ad],
+        vec![mk_svc("d/s", &["10.0.0.1"])],
+    );
+    // Only "b" is live: "a" still outranks it, by its preference.
+    let e = Election::new(&c, everywhere(&["b"]));
+    let vip = ip("10.0.0.1");
+    assert_eq!(e.winner(vip), Some("b"));
+    assert_eq!(e.outranks(vip, "a", "b"), Some(true));
+    assert_eq!(e.outranks(vip, "b", "a"), Some(false));
+    // "c" is not eligible: anyone eligible outranks it.
+    assert_eq!(e.outranks(vip, "b", "c"), Some(true));
+    assert_eq!(e.outranks(vip, "c", "b"), Some(false));
+    assert_eq!(e.outranks(ip("10.9.9.9"), "a", "b"), None);
+}

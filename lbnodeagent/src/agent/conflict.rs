@@ -1,0 +1,362 @@
+//! Never two owners: what the loop does when another MAC answers for a VIP
+//! this node holds (SPEC's promise, against the failure every L2 balancer
+//! accepts: a firewall drops gossip while ARP still flows, each side thinks
+//! the other dead, and both add the VIP).
+//!
+//! An owner asks the LAN about each VIP it holds once a second (an ARP
+//! probe or a DAD-style solicitation, which no cache learns from) and hears
+//! every gratuitous ARP and advertisement. A claim from a MAC that a hostlb
+//! node published in gossip (ever, so also a member now considered dead) is
+//! settled by one rule both sides apply alike: the election's order with
+//! liveness ignored ([`Election::outranks`]). The lower-ranked node removes
+//! the VIP and stays off while it still hears the other answer (probing
+//! every [`YIELD_PROBE`]); once the answers stop for [`YIELD_HOLD`] it may
+//! take it again. A claim from a MAC no hostlb node published (a host
+//! configured by hand) is reported, once, and not fought over.
+//!
+//! Pure: the loop feeds claims, gossip and the clock in, and acts on the
+//! verdicts.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use super::links::Want;
+use crate::addrs::MacAddr;
+use crate::announce::packet::Claim;
+use crate::election::Election;
+use crate::gossip::MemberInfo;
+
+/// How long a yielded VIP stays off after the winner was last heard.
+pub const YIELD_HOLD: Duration = Duration::from_millis(1500);
+/// How often a yielded VIP is asked about, so its return is not late.
+pub const YIELD_PROBE: Duration = Duration::from_millis(250);
+/// How often a held VIP is asked about.
+pub const OWNER_PROBE: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not about a VIP this node holds or yielded, or our own frame.
+    Ignore,
+    /// Another hostlb node answers too, and this one outranks it: keep the
+    /// VIP and announce again, so clients come back here.
+    Keep { other: String },
+    /// Another hostlb node answers too and outranks this one: remove it.
+    Yield { to: String },
+    /// A MAC no hostlb node published answers; `first` the first time for
+    /// this address and MAC (report it then).
+    Foreign { first: bool },
+}
+
+#[derive(Clone, Debug)]
+pub struct Yielded {
+    pub to: String,
+    pub mac: MacAddr,
+    pub seen: Instant,
+    /// Where the VIP would be held, to keep asking about it there.
+    pub want: Want,
+}
+
+#[derive(Default)]
+pub struct Conflicts {
+    mac_owner: HashMap<MacAddr, String>,
+    yielded: BTreeMap<IpAddr, Yielded>,
+    reported: BTreeSet<(IpAddr, MacAddr)>,
+}
+
+impl Conflicts {
+    /// Remembers which node published which MACs. Never forgets: a member
+    /// gossip considers dead may be exactly the one still answering.
+    pub fn learn<'a>(&mut self, nodes: impl IntoIterator<Item = &'a MemberInfo>) {
+        for n in nodes {
+            for mac in &n.macs {
+                self.mac_owner.insert(*mac, n.node.clone());
+            }
+        }
+    }
+
+    pub fn owner_of(&self, mac: MacAddr) -> Option<&str> {
+        self.mac_owner.get(&mac).map(String::as_str)
+    }
+
+    /// The verdict on one claim. `held` is where this node holds `claim.ip`
+    /// in local mode, if it does. A claim from a node gossip shows live
+    /// (`live`) is a planned move in progress (make before break: both
+    /// answer until the old owner sees the new one), which gossip settles;
+    /// only a node this one cannot talk to is a second owner.
+    #[allow(clippy::too_many_arguments)]
+    pub fn judge(
+        &mut self,
+        claim: Claim,
+        me: &str,
+        own_macs: &BTreeSet<MacAddr>,
+        held: Option<&Want>,
+        election: &Election,
+        live: impl Fn(&str) -> bool,
+        now: Instant,
+    ) -> Verdict {
+        if own_macs.contains(&claim.mac) {
+            return Verdict::Ignore;
+        }
+        if let Some(y) = self.yielded.get_mut(&claim.ip)
+            && y.mac == claim.mac
+        {
+            y.seen = now;
+            return Verdict::Ignore;
+        }
+        let Some(want) = held else {
+            return Verdict::Ignore;
+        };
+        match self.mac_owner.get(&claim.mac).filter(|n| n.as_str() != me) {
+            Some(other) if live(other) => Verdict::Ignore,
+            Some(other) => {
+                let other = other.clone();
+                // Unknown address (just deleted): keep, nothing to settle.
+                if election.outranks(claim.ip, me, &other).unwrap_or(true) {
+                    Verdict::Keep { other }
+                } else {
+                    self.yielded.insert(
+                        claim.ip,
+                        Yielded {
+                            to: other.clone(),
+                            mac: claim.mac,
+                            seen: now,
+                            want: want.clone(),
+                        },
+                    );
+                    Verdict::Yield { to: other }
+                }
+            }
+            None => Verdict::Foreign {
+                first: self.reported.insert((claim.ip, claim.mac)),
+            },
+        }
+    }
+
+    /// Whether `ip` must stay off here now: yielded, and its winner heard
+    /// within [`YIELD_HOLD`] and still out of gossip's reach (once gossip
+    /// shows it live again, the election decides: it may be leaving). An
+    /// expired yield is forgotten.
+    pub fn holding_off(&mut self, ip: IpAddr, now: Instant, live: impl Fn(&str) -> bool) -> bool {
+        match self.yielded.get(&ip) {
+            Some(y) if now.duration_since(y.seen) < YIELD_HOLD && !live(&y.to) => true,
+            Some(_) => {
+                self.yielded.remove(&ip);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets yields of addresses this node no longer wants.
+    pub fn retain(&mut self, wanted: impl Fn(&IpAddr) -> bool) {
+        self.yielded.retain(|ip, _| wanted(ip));
+    }
+
+    pub fn yielded(&self) -> impl Iterator<Item = (&IpAddr, &Yielded)> {
+        self.yielded.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addrs::{Lifetime, VipAddress};
+    use crate::agent::links::Mode;
+    use crate::election::{Advertisement, Cluster, Member, NodeInfo, Pool, ServiceInfo};
+    use crate::gossip::Status;
+
+    const VIP: &str = "10.0.0.1";
+
+    fn election(live: &[&str]) -> Election {
+        let node = |n: &str| NodeInfo {
+            name: n.into(),
+            ..Default::default()
+        };
+        let c = Cluster {
+            nodes: vec![node("a"), node("b")],
+            pools: vec![Pool {
+                name: "p".into(),
+                ranges: vec!["10.0.0.0/24".parse().unwrap()],
+                ..Default::default()
+            }],
+            advertisements: vec![Advertisement {
+                name: "ad".into(),
+                ..Default::default()
+            }],
+            services: vec![ServiceInfo {
+                key: "d/s".into(),
+                addresses: vec![VIP.parse().unwrap()],
+                endpoints: crate::election::Endpoints::on(["a", "b"]),
+                ..Default::default()
+            }],
+        };
+        Election::new(
+            &c,
+            live.iter()
+                .map(|n| Member::alive(n, ["0.0.0.0/0".parse().unwrap()])),
+        )
+    }
+
+    fn info(node: &str, mac: MacAddr) -> MemberInfo {
+        MemberInfo {
+            node: node.into(),
+            generation: 1,
+            gossip_addr: "192.0.2.1:7934".parse().unwrap(),
+            agent_version: String::new(),
+            status: Status::Alive,
+            virtual_mode: false,
+            on_link: Vec::new(),
+            vips: Default::default(),
+            macs: [mac].into(),
+        }
+    }
+
+    fn want() -> Want {
+        Want {
+            vip: VipAddress {
+                interface: "eth0".into(),
+                ifindex: 2,
+                ip: VIP.parse().unwrap(),
+                prefix_len: 24,
+                lifetime: Lifetime::FOREVER,
+            },
+            mode: Mode::Local,
+            target: None,
+        }
+    }
+
+    const MAC_A: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xa]);
+    const MAC_B: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xb]);
+
+    /// A partition: each side sees only itself live, holds the VIP, and
+    /// hears the other's MAC. Exactly one yields, the same one from both
+    /// sides, and it stays off while the other is heard.
+    #[test]
+    fn both_sides_of_a_partition_agree_on_who_keeps() {
+        let ip: IpAddr = VIP.parse().unwrap();
+        let t0 = Instant::now();
+        let judge = |me: &str, mine: MacAddr, theirs: MacAddr| {
+            let mut c = Conflicts::default();
+            c.learn([&info("a", MAC_A), &info("b", MAC_B)]);
+            let e = election(&[me]);
+            assert_eq!(e.winner(ip), Some(me), "each side elects itself");
+            let v = c.judge(
+                Claim { ip, mac: theirs },
+                me,
+                &[mine].into(),
+                Some(&want()),
+                &e,
+                |_| false,
+                t0,
+            );
+            (v, c)
+        };
+        let (va, _) = judge("a", MAC_A, MAC_B);
+        let (vb, _) = judge("b", MAC_B, MAC_A);
+        let loser = match (&va, &vb) {
+            (Verdict::Keep { other }, Verdict::Yield { to }) => {
+                assert_eq!((other.as_str(), to.as_str()), ("b", "a"));
+                "b"
+            }
+            (Verdict::Yield { to }, Verdict::Keep { other }) => {
+                assert_eq!((to.as_str(), other.as_str()), ("b", "a"));
+                "a"
+            }
+            other => panic!("exactly one side must yield: {other:?}"),
+        };
+        let (mine, theirs) = if loser == "a" {
+            (MAC_A, MAC_B)
+        } else {
+            (MAC_B, MAC_A)
+        };
+        let (_, mut c) = judge(loser, mine, theirs);
+        // Stays off while the keeper answers; a heard answer refreshes the
+        // yield; once the answers stop, it may take the VIP back.
+        assert!(c.holding_off(ip, t0 + Duration::from_secs(1), |_| false));
+        let later = t0 + Duration::from_secs(1);
+        let e = election(&[loser]);
+        let v = c.judge(
+            Claim { ip, mac: theirs },
+            loser,
+            &[mine].into(),
+            None,
+            &e,
+            |_| false,
+            later,
+        );
+        assert_eq!(v, Verdict::Ignore);
+        assert!(c.holding_off(ip, later + YIELD_HOLD - Duration::from_millis(1), |_| false));
+        assert!(!c.holding_off(ip, later + YIELD_HOLD, |_| false));
+        assert!(
+            !c.holding_off(ip, later, |_| false),
+            "an expired yield is forgotten"
+        );
+        // A winner gossip reaches again ends the yield at once.
+        let (_, mut c) = judge(loser, mine, theirs);
+        assert!(!c.holding_off(ip, t0, |_| true));
+    }
+
+    #[test]
+    fn an_unknown_mac_is_reported_once_and_not_fought() {
+        let ip: IpAddr = VIP.parse().unwrap();
+        let mut c = Conflicts::default();
+        c.learn([&info("a", MAC_A)]);
+        let e = election(&["a"]);
+        let stranger = MacAddr([2, 9, 9, 9, 9, 9]);
+        let claim = Claim { ip, mac: stranger };
+        let now = Instant::now();
+        let v = c.judge(
+            claim,
+            "a",
+            &[MAC_A].into(),
+            Some(&want()),
+            &e,
+            |_| false,
+            now,
+        );
+        assert_eq!(v, Verdict::Foreign { first: true });
+        let v = c.judge(
+            claim,
+            "a",
+            &[MAC_A].into(),
+            Some(&want()),
+            &e,
+            |_| false,
+            now,
+        );
+        assert_eq!(v, Verdict::Foreign { first: false });
+        assert!(!c.holding_off(ip, now, |_| false));
+        // Our own frames and addresses we do not hold are not conflicts.
+        let own = Claim { ip, mac: MAC_A };
+        assert_eq!(
+            c.judge(own, "a", &[MAC_A].into(), Some(&want()), &e, |_| false, now),
+            Verdict::Ignore
+        );
+        assert_eq!(
+            c.judge(claim, "a", &[MAC_A].into(), None, &e, |_| false, now),
+            Verdict::Ignore
+        );
+    }
+
+    /// Both answer while a live node takes over (SIGTERM, a preferred node
+    /// returning): gossip settles that, nobody yields.
+    #[test]
+    fn a_live_node_answering_too_is_a_handover_not_a_conflict() {
+        let ip: IpAddr = VIP.parse().unwrap();
+        let mut c = Conflicts::default();
+        c.learn([&info("a", MAC_A), &info("b", MAC_B)]);
+        let e = election(&["b"]);
+        let v = c.judge(
+            Claim { ip, mac: MAC_A },
+            "b",
+            &[MAC_B].into(),
+            Some(&want()),
+            &e,
+            |n| n == "a",
+            Instant::now(),
+        );
+        assert_eq!(v, Verdict::Ignore);
+        assert_eq!(c.yielded().count(), 0);
+    }
+}
