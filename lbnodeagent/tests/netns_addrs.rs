@@ -426,6 +426,76 @@ fn without_ifa_proto_the_record_alone_identifies_our_addresses() {
     assert!(address_line(&a.ns, "eth0", "10.77.0.101").is_some());
 }
 
+/// The files in `dir` whose names start with `addresses.json.bad-`.
+fn set_aside_records(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("addresses.json.bad-"))
+        .collect()
+}
+
+#[test]
+fn an_unusable_record_is_set_aside_and_the_kernel_evidence_still_finds_ours() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let life = Lifetime::new(Duration::from_secs(30));
+    // With tags; and as on a kernel that drops them, where the lifetime and
+    // flags of our addresses are the evidence.
+    for ifa_proto in [true, false] {
+        for bad in [
+            "{\"version\": 1, \"addre",
+            r#"{"version": 9, "addresses": []}"#,
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let config = || NetlinkConfig {
+                ifa_proto,
+                address_lifetime: life,
+                ..NetlinkConfig::for_test(dir.path())
+            };
+            let previous = Agent::start(&a.ns, config());
+            let vip = vip_on(&previous, Family::V4, "10.77.0.101", life);
+            assert_eq!(add(&previous, &vip), Applied::Done);
+            drop(previous);
+            // Added by hand: permanent, and one with our lifetime but its
+            // prefix route.
+            a.ns.ip("addr add 10.77.0.102/24 dev eth0").unwrap();
+            a.ns.ip("addr add 10.77.0.103/24 dev eth0 valid_lft 20 preferred_lft 20")
+                .unwrap();
+            std::fs::write(dir.path().join("addresses.json"), bad).unwrap();
+
+            let agent = Agent::start(&a.ns, config());
+            let aside = set_aside_records(dir.path());
+            assert_eq!(aside.len(), 1, "{aside:?}");
+            assert_eq!(
+                std::fs::read_to_string(dir.path().join(&aside[0])).unwrap(),
+                bad
+            );
+            assert_eq!(
+                adopt(&agent),
+                BTreeSet::from([ip("10.77.0.101")]),
+                "ifa_proto = {ifa_proto}, record {bad:?}"
+            );
+            // A fresh record, and only ours leaves.
+            let record = std::fs::read_to_string(dir.path().join("addresses.json")).unwrap();
+            assert!(record.contains("10.77.0.101"), "{record}");
+            assert_eq!(remove(&agent, &vip), Applied::Done);
+            for theirs in ["10.77.0.102", "10.77.0.103"] {
+                let vip = VipAddress {
+                    ip: ip(theirs),
+                    ..vip.clone()
+                };
+                assert_eq!(remove(&agent, &vip), Applied::NotOurs, "{theirs}");
+                assert!(address_line(&a.ns, "eth0", theirs).is_some(), "{theirs}");
+            }
+            drop(agent);
+            a.ns.ip("addr del 10.77.0.102/24 dev eth0").unwrap();
+            a.ns.ip("addr del 10.77.0.103/24 dev eth0").unwrap();
+        }
+    }
+}
+
 #[test]
 fn our_address_removed_by_hand_is_an_event_and_can_be_added_again() {
     require_root();

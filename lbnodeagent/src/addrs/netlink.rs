@@ -27,6 +27,15 @@
 //!   record is trusted: an address that was ours, deleted while the agent was
 //!   down, and re-added by hand with the same IP and prefix is then claimed.
 //!
+//! A record that was unusable at startup (set aside, see `record`) leaves
+//! the kernel's evidence alone to say which addresses a previous run left:
+//! with tags kept, the tag, as always; with tags dropped, an address counts
+//! as a previous run's until `adopt` settles them if it carries what every
+//! one of ours carries and hand-added addresses almost never do:
+//! `noprefixroute` and a finite remaining lifetime no longer than the
+//! agent's. With `address_lifetime = 0` there is no such evidence, and the
+//! previous run's addresses are left in place.
+//!
 //! # Cancellation
 //!
 //! `add` and `remove` may be cancelled at any await point without leaving an
@@ -63,7 +72,7 @@ use rtnetlink::{Handle, LinkDummy, LinkUnspec, RouteMessageBuilder};
 use tokio::sync::mpsc;
 
 use super::error::errno;
-use super::record::{Entry, Record};
+use super::record::{Entry, Loaded, Record};
 use super::routes::{self, Route};
 use super::{
     AbortOnDrop, AddressBackend, Applied, DEFAULT_ADDRESS_LIFETIME, Error, Events,
@@ -181,6 +190,10 @@ struct State {
     /// Listed by a previous run's record and not yet settled by `adopt`;
     /// still ours, so they stay in the record.
     previous: BTreeSet<Entry>,
+    /// The previous run's record was unusable and set aside; until `adopt`,
+    /// where tags are dropped, its addresses are recognised by the kernel's
+    /// evidence alone (see the module doc).
+    record_lost: bool,
     tags: Tags,
     /// The first address added is read back once to check [`Tags`] against
     /// what the kernel did with its tag.
@@ -206,11 +219,15 @@ impl State {
                 counts_down_within(a.valid_secs, o.lifetime)
             }
             _ => {
-                self.previous.contains(&Entry {
+                let recorded = self.previous.contains(&Entry {
                     interface: interface.to_string(),
                     address: a.ip,
                     prefix_len: a.prefix_len,
-                }) && counts_down_within(a.valid_secs, configured)
+                });
+                let evidence = counts_down_within(a.valid_secs, configured);
+                let looks_ours =
+                    a.noprefixroute && configured.kernel_seconds().is_some() && evidence;
+                (recorded && evidence) || (self.record_lost && looks_ours)
             }
         }
     }
@@ -274,6 +291,8 @@ struct KernelAddress {
     valid_secs: Option<u32>,
     /// `IFA_F_SECONDARY`: another address of the same subnet is the primary.
     secondary: bool,
+    /// `IFA_F_NOPREFIXROUTE`, which every address of ours has.
+    noprefixroute: bool,
     message: AddressMessage,
 }
 
@@ -284,6 +303,7 @@ impl KernelAddress {
         let mut proto = None;
         let mut valid_secs = None;
         let mut secondary = m.header.flags.contains(AddressHeaderFlags::Secondary);
+        let mut noprefixroute = false;
         for attr in &m.attributes {
             match attr {
                 AddressAttribute::Address(ip) => address = Some(*ip),
@@ -292,7 +312,10 @@ impl KernelAddress {
                 AddressAttribute::CacheInfo(ci) if ci.ifa_valid != u32::MAX => {
                     valid_secs = Some(ci.ifa_valid);
                 }
-                AddressAttribute::Flags(f) => secondary |= f.contains(AddressFlags::Secondary),
+                AddressAttribute::Flags(f) => {
+                    secondary |= f.contains(AddressFlags::Secondary);
+                    noprefixroute = f.contains(AddressFlags::Noprefixroute);
+                }
                 _ => {}
             }
         }
@@ -305,6 +328,7 @@ impl KernelAddress {
             proto,
             valid_secs,
             secondary,
+            noprefixroute,
             message: m.clone(),
         })
     }
@@ -394,7 +418,10 @@ impl NetlinkBackend {
         let (connection, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
         let connection = AbortOnDrop(tokio::spawn(connection));
         let record = Record::new(&config.run_dir);
-        let previous = record.load()?;
+        let (previous, record_lost) = match record.load_or_set_aside()? {
+            Loaded::Found(previous) => (previous, false),
+            Loaded::SetAside(_) => (BTreeSet::new(), true),
+        };
         let tags = if config.ifa_proto {
             tags_of_running_kernel()
         } else {
@@ -406,6 +433,7 @@ impl NetlinkBackend {
             state: Arc::new(Mutex::new(State {
                 owned: BTreeMap::new(),
                 previous,
+                record_lost,
                 tags,
                 probe_pending: config.ifa_proto,
                 own_deletes: HashMap::new(),
@@ -1050,6 +1078,7 @@ impl AddressBackend for NetlinkBackend {
         let found = self.ours_in_kernel().await?;
         let mut state = self.lock();
         state.previous.clear();
+        state.record_lost = false;
         state.owned = found
             .iter()
             .map(|o| {
@@ -1285,6 +1314,7 @@ mod tests {
                 })
                 .collect(),
             previous: BTreeSet::new(),
+            record_lost: false,
             tags: Tags::Kept,
             probe_pending: false,
             own_deletes: HashMap::new(),
@@ -1512,6 +1542,7 @@ mod tests {
                 address: "10.0.0.100".parse().unwrap(),
                 prefix_len: 24,
             }]),
+            record_lost: false,
             tags: Tags::Dropped,
             probe_pending: false,
             own_deletes: HashMap::new(),
@@ -1550,6 +1581,38 @@ mod tests {
         st.owned.get_mut(&key).unwrap().presence = Presence::Removed;
         assert!(!st.claims("eth0", &a(None), fifteen));
         assert!(!st.claims("eth0", &a(Some(9)), fifteen));
+    }
+
+    #[test]
+    fn without_tags_or_record_only_our_kind_of_address_is_a_previous_runs() {
+        let fifteen = Lifetime::new(Duration::from_secs(15));
+        let mut st = lock(&state(&[])).owned.clone();
+        st.clear();
+        let mut st = State {
+            owned: st,
+            previous: BTreeSet::new(),
+            record_lost: true,
+            tags: Tags::Dropped,
+            probe_pending: false,
+            own_deletes: HashMap::new(),
+            subscriptions: 0,
+            promoted: BTreeSet::new(),
+        };
+        let a = |valid, noprefixroute| {
+            let mut a = kernel_address("10.0.0.100", 24, valid);
+            a.noprefixroute = noprefixroute;
+            a
+        };
+        assert!(st.claims("eth0", &a(Some(9), true), fifteen));
+        // Added by hand: permanent, longer-lived, or with its prefix route.
+        assert!(!st.claims("eth0", &a(None, true), fifteen));
+        assert!(!st.claims("eth0", &a(Some(100), true), fifteen));
+        assert!(!st.claims("eth0", &a(Some(9), false), fifteen));
+        // Forever configured: no evidence at all.
+        assert!(!st.claims("eth0", &a(None, true), Lifetime::FOREVER));
+        // With a usable record, the record decides.
+        st.record_lost = false;
+        assert!(!st.claims("eth0", &a(Some(9), true), fifteen));
     }
 
     #[test]

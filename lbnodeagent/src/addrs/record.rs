@@ -5,6 +5,12 @@
 //! The file is rewritten whole on every change, through a temporary file and
 //! a rename, so a crash leaves either the old or the new list, never half of
 //! one. `/run` is a tmpfs: the record dies with the addresses at reboot.
+//!
+//! A file that does not parse, or that another version of the agent wrote,
+//! never stops the agent: it is renamed to `addresses.json.bad-<unix
+//! seconds>` for the operator to look at, and the backend goes on with what
+//! the kernel shows (see `netlink` for how it then recognises its
+//! addresses).
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -43,6 +49,14 @@ pub(super) struct Record {
     path: PathBuf,
 }
 
+/// What [`Record::load_or_set_aside`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Loaded {
+    Found(BTreeSet<Entry>),
+    /// The file was unusable and now has this name.
+    SetAside(PathBuf),
+}
+
 impl Record {
     pub fn new(run_dir: &Path) -> Record {
         Record {
@@ -50,8 +64,35 @@ impl Record {
         }
     }
 
+    /// The entries of a previous run: `Found` with none if there is no file,
+    /// `SetAside` if the file was unusable and was renamed out of the way.
+    pub fn load_or_set_aside(&self) -> Result<Loaded> {
+        match self.load() {
+            Ok(entries) => Ok(Loaded::Found(entries)),
+            Err(Error::RecordCorrupt { source, .. }) => {
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let aside = self.path.with_extension(format!("json.bad-{secs}"));
+                match fs::rename(&self.path, &aside) {
+                    Ok(()) => {
+                        tracing::warn!(path = %self.path.display(), moved_to = %aside.display(), error = %source,
+                        "the address record is not valid; set it aside and going on with what the kernel shows")
+                    }
+                    // The next write replaces it anyway.
+                    Err(e) => {
+                        tracing::warn!(path = %self.path.display(), error = %source, rename_error = %e,
+                        "the address record is not valid and cannot be renamed; going on with what the kernel shows")
+                    }
+                }
+                Ok(Loaded::SetAside(aside))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// The entries of a previous run; none if there is no file.
-    pub fn load(&self) -> Result<BTreeSet<Entry>> {
+    fn load(&self) -> Result<BTreeSet<Entry>> {
         let text = match fs::read(&self.path) {
             Ok(text) => text,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
@@ -155,6 +196,29 @@ mod tests {
         fs::write(&record.path, r#"{"version": 7, "addresses": []}"#).unwrap();
         let err = record.load().unwrap_err();
         assert!(err.to_string().contains("version 7"), "{err}");
+    }
+
+    #[test]
+    fn an_unusable_file_is_set_aside_and_the_next_write_starts_afresh() {
+        for text in ["{not json", r#"{"version": 7, "addresses": []}"#, ""] {
+            let dir = tempfile::tempdir().unwrap();
+            let record = Record::new(dir.path());
+            fs::write(&record.path, text).unwrap();
+            let Loaded::SetAside(aside) = record.load_or_set_aside().unwrap() else {
+                panic!("{text:?} was accepted");
+            };
+            let name = aside.file_name().unwrap().to_str().unwrap();
+            assert!(name.starts_with("addresses.json.bad-"), "{name}");
+            assert_eq!(fs::read_to_string(&aside).unwrap(), text, "kept as it was");
+            assert!(!record.path.exists());
+            assert_eq!(
+                record.load_or_set_aside().unwrap(),
+                Loaded::Found(BTreeSet::new())
+            );
+            let entries: BTreeSet<Entry> = [entry("eth0", "10.0.0.5", 24)].into();
+            record.store(&entries).unwrap();
+            assert_eq!(record.load_or_set_aside().unwrap(), Loaded::Found(entries));
+        }
     }
 
     #[test]
