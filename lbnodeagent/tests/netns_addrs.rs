@@ -818,6 +818,62 @@ fn renewing_a_held_address_does_not_read_every_address() {
 }
 
 #[test]
+fn a_renewal_racing_a_deletion_event_never_takes_over_an_address_added_by_hand() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let life = Lifetime::new(Duration::from_secs(30));
+    // With tags, and as on a kernel that drops them.
+    for ifa_proto in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = Agent::start(
+            &a.ns,
+            NetlinkConfig {
+                ifa_proto,
+                address_lifetime: life,
+                ..NetlinkConfig::for_test(dir.path())
+            },
+        );
+        let _rx = subscribe(&agent);
+        let vip = vip_on(&agent, Family::V4, "10.77.0.100", life);
+        assert_eq!(add(&agent, &vip), Applied::Done);
+        assert_eq!(
+            add(&agent, &vip),
+            Applied::Done,
+            "held: the fast path is next"
+        );
+        let v = vip.clone();
+        let renewed = agent.with(move |b| async move {
+            // Deleted and put back by hand while this namespace's only
+            // runtime thread is busy, so the deletion event is still queued
+            // when the renewal starts.
+            for cmd in [
+                "addr del 10.77.0.100/24 dev eth0",
+                "addr add 10.77.0.100/24 dev eth0",
+            ] {
+                let status = std::process::Command::new("ip")
+                    .args(cmd.split(' '))
+                    .status()
+                    .unwrap();
+                assert!(status.success(), "{cmd}");
+            }
+            b.add(&v).await.unwrap()
+        });
+        assert_eq!(renewed, Applied::NotOurs, "ifa_proto = {ifa_proto}");
+        let line = address_line(&a.ns, "eth0", "10.77.0.100").expect("left in place");
+        assert!(line.contains("valid_lft forever"), "{line}");
+        assert!(!line.contains("proto"), "no tag of ours: {line}");
+        assert!(!line.contains("noprefixroute"), "{line}");
+        let owned = agent.with(|b| async move { b.owned().await.unwrap() });
+        assert!(owned.is_empty(), "{owned:?}");
+        assert_eq!(remove(&agent, &vip), Applied::NotOurs);
+        assert!(address_line(&a.ns, "eth0", "10.77.0.100").is_some());
+        drop(agent);
+        a.ns.ip("addr del 10.77.0.100/24 dev eth0").unwrap();
+    }
+}
+
+#[test]
 fn removing_a_vip_that_became_primary_keeps_a_secondary_added_by_hand() {
     require_root();
     let lan = Lan::new(&["a"]).unwrap();

@@ -315,7 +315,8 @@ pub trait AddressBackend: Send + Sync {
 
     /// Adds `vip`, or renews its lifetime if the backend added it before.
     /// Call again at [`Lifetime::renew_every`]. While an event subscription
-    /// runs, renewing an address the backend holds costs one netlink request.
+    /// runs, renewing an address the backend holds reads only its link's
+    /// addresses, and renews only if the address there is still ours.
     fn add(&self, vip: &VipAddress) -> impl Future<Output = Result<Applied>> + Send;
 
     /// Removes `vip` (any prefix length) if the backend added it.

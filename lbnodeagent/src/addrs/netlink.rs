@@ -46,11 +46,18 @@
 //!
 //! # Renewal
 //!
-//! Renewing an address this run holds, with an unchanged prefix length, is a
-//! single `RTM_NEWADDR` with `NLM_F_REPLACE` and no dump, as long as an event
-//! subscription is running: the subscription is what tells the backend that
-//! the address was deleted meanwhile (and that whatever now holds the IP may
-//! be someone else's), which sends the next `add` down the full path.
+//! Renewing an address this run holds, with an unchanged prefix length, reads
+//! only the addresses of its link (filtered by the kernel, on a connection
+//! with strict checking) and then sends one `RTM_NEWADDR` with
+//! `NLM_F_REPLACE`, as long as an event subscription is running: the
+//! subscription is what tells the backend that the address was deleted
+//! meanwhile (and that whatever now holds the IP may be someone else's),
+//! which sends the next `add` down the full path. The read closes the window
+//! in which that deletion is still queued on the event socket: a replace
+//! turns whatever holds the IP into ours (tag, lifetime, flags), so it is
+//! only sent when the kernel's address at that IP is still ours. What is
+//! left is the time between that read and the replace (one netlink round
+//! trip), against someone deleting and re-adding the address in between.
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -405,10 +412,14 @@ impl Drop for ExpectedDelete<'_> {
 /// that will drive it: its netlink connection is a task on that runtime.
 pub struct NetlinkBackend {
     handle: Handle,
+    /// With `NETLINK_GET_STRICT_CHK`, so that the kernel honours the link
+    /// filter of an address dump: renewal reads one link, not the host.
+    strict: Handle,
     config: NetlinkConfig,
     record: Arc<Record>,
     state: Arc<Mutex<State>>,
     _connection: AbortOnDrop,
+    _strict_connection: AbortOnDrop,
 }
 
 impl NetlinkBackend {
@@ -417,6 +428,9 @@ impl NetlinkBackend {
     pub async fn new(config: NetlinkConfig) -> Result<NetlinkBackend> {
         let (connection, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
         let connection = AbortOnDrop(tokio::spawn(connection));
+        let (strict_connection, strict, _) =
+            rtnetlink::new_connection_with_strict_check().map_err(Error::Socket)?;
+        let strict_connection = AbortOnDrop(tokio::spawn(strict_connection));
         let record = Record::new(&config.run_dir);
         let (previous, record_lost) = match record.load_or_set_aside()? {
             Loaded::Found(previous) => (previous, false),
@@ -429,6 +443,7 @@ impl NetlinkBackend {
         };
         Ok(NetlinkBackend {
             handle,
+            strict,
             record: Arc::new(record),
             state: Arc::new(Mutex::new(State {
                 owned: BTreeMap::new(),
@@ -442,6 +457,7 @@ impl NetlinkBackend {
             })),
             config,
             _connection: connection,
+            _strict_connection: strict_connection,
         })
     }
 
@@ -677,26 +693,62 @@ impl NetlinkBackend {
         Ok(out)
     }
 
+    /// The addresses of one family on one link, filtered by the kernel.
+    async fn link_addresses(&self, family: Family, ifindex: u32) -> Result<Vec<KernelAddress>> {
+        let mut request = self.strict.address().get();
+        let header = &mut request.message_mut().header;
+        header.family = address_family(family);
+        header.index = ifindex;
+        let msgs: Vec<AddressMessage> = request
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|e| Error::netlink(format!("listing addresses of link {ifindex}"), e))?;
+        Ok(msgs.iter().filter_map(KernelAddress::parse).collect())
+    }
+
+    /// Whether the fast path may renew `vip`: see [`renew`](Self::renew).
+    fn renewable(&self, state: &State, vip: &VipAddress) -> bool {
+        state.subscriptions > 0
+            && !state.probe_pending
+            && state.owned.get(&(vip.ifindex, vip.ip)).is_some_and(|o| {
+                o.presence == Presence::Held
+                    && o.address.prefix_len == vip.prefix_len
+                    && o.address.interface == vip.interface
+            })
+    }
+
     /// The fast path of `add`: an address this run holds, renewed with the
-    /// same prefix length by one replace and no dump. `None` when the full
-    /// path is needed: no subscription is watching for deletions, the
-    /// address was reported deleted or is not known to be there, its prefix
-    /// length changes, or the tag check is still due.
+    /// same prefix length by one read of its link and one replace. `None`
+    /// when the full path is needed: no subscription is watching for
+    /// deletions, the address was reported deleted or is not known to be
+    /// there, its prefix length changes, the tag check is still due, or the
+    /// kernel's address at that IP is not (or no longer) ours.
     async fn renew(&self, vip: &VipAddress) -> Option<Result<Applied>> {
         let key = (vip.ifindex, vip.ip);
+        if !self.renewable(&self.lock(), vip) {
+            return None;
+        }
+        // A replace would make whatever holds the IP ours: read first. A
+        // deletion still queued on the event socket is then seen here.
+        let current = self
+            .link_addresses(Family::of(vip.ip), vip.ifindex)
+            .await
+            .ok()?;
         {
             let mut state = self.lock();
-            if state.subscriptions == 0 || state.probe_pending {
-                return None;
-            }
-            let o = state.owned.get_mut(&key)?;
-            if o.presence != Presence::Held
-                || o.address.prefix_len != vip.prefix_len
-                || o.address.interface != vip.interface
-            {
+            let mut at_ip = current.iter().filter(|a| a.ip == vip.ip);
+            let still_ours = match (at_ip.next(), at_ip.next()) {
+                (Some(a), None) => {
+                    a.prefix_len == vip.prefix_len && self.is_ours(&state, &vip.interface, a)
+                }
+                _ => false,
+            };
+            if !still_ours || !self.renewable(&state, vip) {
                 return None;
             }
             // Until the kernel confirms, it counts down either lifetime.
+            let o = state.owned.get_mut(&key)?;
             o.lifetime = longer(o.lifetime, vip.lifetime);
         }
         let result = self.add_to_kernel(vip).await;
