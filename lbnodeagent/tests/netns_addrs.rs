@@ -652,6 +652,14 @@ fn subscribe(agent: &Agent) -> std::sync::mpsc::Receiver<KernelEvent> {
     rx
 }
 
+/// The addresses in `ns` carrying our tag, as a fresh backend with no
+/// record sees them (`ip` of this distribution does not print the tag).
+fn tagged(ns: &Netns) -> BTreeSet<IpAddr> {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = Agent::start(ns, NetlinkConfig::for_test(dir.path()));
+    fresh.with(|b| async move { b.owned().await.unwrap().into_iter().map(|o| o.ip).collect() })
+}
+
 fn sysctl(ns: &Netns, key: &str) -> String {
     ns.run(&["sysctl", "-n", key]).unwrap().trim().to_string()
 }
@@ -862,7 +870,7 @@ fn a_renewal_racing_a_deletion_event_never_takes_over_an_address_added_by_hand()
         assert_eq!(renewed, Applied::NotOurs, "ifa_proto = {ifa_proto}");
         let line = address_line(&a.ns, "eth0", "10.77.0.100").expect("left in place");
         assert!(line.contains("valid_lft forever"), "{line}");
-        assert!(!line.contains("proto"), "no tag of ours: {line}");
+        assert!(!tagged(&a.ns).contains(&vip.ip), "no tag of ours: {line}");
         assert!(!line.contains("noprefixroute"), "{line}");
         let owned = agent.with(|b| async move { b.owned().await.unwrap() });
         assert!(owned.is_empty(), "{owned:?}");
@@ -912,9 +920,132 @@ fn removing_a_vip_that_became_primary_keeps_a_secondary_added_by_hand() {
     assert_eq!(remove(&agent, &vip), Applied::Done);
     assert_eq!(address_line(&a.ns, "eth0", "10.77.0.100"), None);
     let left = address_line(&a.ns, "eth0", "10.77.0.50").expect("the hand-added address survives");
-    assert!(!left.contains("secondary"), "promoted to primary: {left}");
-    assert_eq!(sysctl(&a.ns, "net.ipv4.conf.eth0.promote_secondaries"), "1");
+    assert!(
+        !left.contains("secondary"),
+        "the subnet's primary now: {left}"
+    );
+    assert!(left.contains("valid_lft forever"), "as it was: {left}");
+    assert!(!tagged(&a.ns).contains(&ip("10.77.0.50")), "not made ours");
+    // Removal leaves the sysctl as it found it.
+    assert_eq!(sysctl(&a.ns, "net.ipv4.conf.eth0.promote_secondaries"), "0");
     assert!(address_line(&a.ns, "eth0", "10.77.0.11").is_some());
+}
+
+/// Makes `/proc/sys` read-only for the calling thread, as systemd's
+/// `ProtectKernelTunables=yes` does for a service: a mount namespace of its
+/// own, where `/proc/sys` is bind-mounted read-only over itself.
+fn protect_kernel_tunables() {
+    let check = |rc: i32, what: &str| {
+        assert_eq!(rc, 0, "{what}: {}", std::io::Error::last_os_error());
+    };
+    // SAFETY: plain syscalls with NUL-terminated constant strings; they
+    // change only this thread's mount namespace.
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS), "unshare");
+        let none = std::ptr::null();
+        check(
+            libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ),
+            "making mounts private",
+        );
+        check(
+            libc::mount(
+                c"/proc/sys".as_ptr(),
+                c"/proc/sys".as_ptr(),
+                none,
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ),
+            "bind-mounting /proc/sys",
+        );
+        check(
+            libc::mount(
+                none,
+                c"/proc/sys".as_ptr(),
+                none,
+                libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+                std::ptr::null(),
+            ),
+            "remounting /proc/sys read-only",
+        );
+    }
+}
+
+#[test]
+fn removing_a_primary_vip_keeps_every_other_address_whether_or_not_sysctls_are_writable() {
+    require_root();
+    for writable in [true, false] {
+        let lan = Lan::new(&["a"]).unwrap();
+        let a = lan.host("a");
+        // The node holds only a /32: the first VIP in the subnet becomes its
+        // primary address.
+        a.ns.ip("-4 addr flush dev eth0").unwrap();
+        a.ns.ip("addr add 10.77.0.11/32 dev eth0").unwrap();
+        a.ns.ip("route add 10.77.0.0/24 dev eth0 scope link")
+            .unwrap();
+        a.ns.ip("route replace default via 10.77.0.1 dev eth0 onlink")
+            .unwrap();
+        for conf in ["all", "default", "eth0"] {
+            a.ns.sysctl(&format!("net.ipv4.conf.{conf}.promote_secondaries"), "0")
+                .unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let agent = Agent::on_host(a, dir.path());
+        if !writable {
+            let refused = agent.with(|_| async move {
+                protect_kernel_tunables();
+                std::fs::write("/proc/sys/net/ipv4/conf/eth0/promote_secondaries", "1\n")
+                    .unwrap_err()
+            });
+            assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+        }
+        let rx = subscribe(&agent);
+        let life = Lifetime::new(Duration::from_secs(60));
+        let first = vip_on(&agent, Family::V4, "10.77.0.100", life);
+        let second = vip_on(&agent, Family::V4, "10.77.0.101", life);
+        assert_eq!(add(&agent, &first), Applied::Done);
+        assert_eq!(add(&agent, &second), Applied::Done);
+        a.ns.ip("addr add 10.77.0.50/24 dev eth0").unwrap();
+        let line = address_line(&a.ns, "eth0", "10.77.0.100").unwrap();
+        assert!(!line.contains("secondary"), "the VIP is primary: {line}");
+        assert_eq!(
+            sysctl(&a.ns, "net.ipv4.conf.eth0.promote_secondaries"),
+            if writable { "1" } else { "0" }
+        );
+
+        assert_eq!(
+            remove(&agent, &first),
+            Applied::Done,
+            "writable: {writable}"
+        );
+        assert_eq!(address_line(&a.ns, "eth0", "10.77.0.100"), None);
+        let theirs = address_line(&a.ns, "eth0", "10.77.0.50").expect("the hand-added address");
+        assert!(theirs.contains("valid_lft forever"), "{theirs}");
+        let ours = address_line(&a.ns, "eth0", "10.77.0.101").expect("the other VIP");
+        assert_eq!(
+            tagged(&a.ns),
+            BTreeSet::from([second.ip]),
+            "tags as they were"
+        );
+        assert!(matches!(valid_lft(&ours), Some(50..=60)), "{ours}");
+        assert!(address_line(&a.ns, "eth0", "10.77.0.11").is_some());
+        // Still ours, and its passing absence is no event.
+        let owned = agent.with(|b| async move { b.owned().await.unwrap() });
+        assert_eq!(
+            owned.iter().map(|o| o.ip).collect::<Vec<_>>(),
+            vec![second.ip]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(rx.try_recv().ok(), None);
+        assert_eq!(add(&agent, &second), Applied::Done);
+        assert_eq!(remove(&agent, &second), Applied::Done);
+        assert!(address_line(&a.ns, "eth0", "10.77.0.50").is_some());
+    }
 }
 
 #[test]

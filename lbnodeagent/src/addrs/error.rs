@@ -49,7 +49,7 @@ pub enum Error {
     Ipv6Disabled { interface: String },
 
     #[error(
-        "cannot turn on net.ipv4.conf.{interface}.promote_secondaries: {source}; a VIP that is the primary address of its subnet was left in place, since deleting it would delete the other addresses of that subnet too; set that sysctl to 1 (the agent needs /proc/sys/net writable)"
+        "cannot turn on net.ipv4.conf.{interface}.promote_secondaries: {source}; a VIP that is the primary address of its subnet takes the addresses added to that subnet after it with it if it expires while the agent is down; set net.ipv4.conf.all.promote_secondaries=1 (systemd's sysctl defaults do)"
     )]
     PromoteSecondaries {
         interface: String,

@@ -604,61 +604,116 @@ impl NetlinkBackend {
     }
 
     /// Deletes one of our addresses from the kernel; the caller forgets it
-    /// once this returns `Ok`. An IPv4 address that is the primary of its
-    /// subnet with others behind it gets `promote_secondaries` first, or the
-    /// kernel would delete those with it.
+    /// once this returns `Ok`.
+    ///
+    /// An IPv4 address that is the primary of its subnet takes that subnet's
+    /// secondaries with it unless `promote_secondaries` is on. Removal never
+    /// writes that sysctl (a hardened unit cannot: `ProtectKernelTunables`):
+    /// if it is off, the addresses the kernel dropped with ours are put back
+    /// at once, exactly as they were (as `ip addr restore` does), so they are
+    /// gone for one netlink round trip, not lost. The deletion and the
+    /// restore run as one task, so a cancelled `remove` cannot stop between
+    /// them.
     async fn delete_ours(
         &self,
         a: &KernelAddress,
         interface: &str,
         on_link: &[KernelAddress],
     ) -> Result<()> {
-        if !a.secondary && on_link.iter().any(|o| a.shares_subnet_with(o)) {
-            self.promote_secondaries(a.ifindex, interface).await?;
+        let behind: Vec<KernelAddress> = if a.secondary {
+            Vec::new()
+        } else {
+            on_link
+                .iter()
+                .filter(|o| a.shares_subnet_with(o))
+                .cloned()
+                .collect()
+        };
+        if behind.is_empty()
+            || promotes_secondaries(&self.current_name(a.ifindex, interface).await?)
+        {
+            return delete_one(&self.handle, &self.state, a).await;
         }
-        let expected = ExpectedDelete::new(&self.state, a.key());
-        match self.handle.address().del(a.message.clone()).execute().await {
-            Ok(()) => {
+        let handle = self.handle.clone();
+        let strict = self.strict.clone();
+        let state = Arc::clone(&self.state);
+        let a = a.clone();
+        let task = tokio::spawn(async move {
+            // Their deletions are the backend's doing, not someone else's.
+            let expected: Vec<ExpectedDelete> = behind
+                .iter()
+                .map(|b| ExpectedDelete::new(&state, b.key()))
+                .collect();
+            delete_one(&handle, &state, &a).await?;
+            let now = read_link_addresses(&strict, Family::V4, a.ifindex).await?;
+            for (b, expected) in behind.iter().zip(expected) {
+                if now
+                    .iter()
+                    .any(|n| n.ip == b.ip && n.prefix_len == b.prefix_len)
+                {
+                    continue;
+                }
                 expected.happened();
-                Ok(())
+                let mut request = handle.address().add(b.ifindex, b.ip, b.prefix_len);
+                *request.message_mut() = b.message.clone();
+                match request.execute().await {
+                    Ok(()) => {
+                        tracing::info!(ip = %b.ip, prefix_len = b.prefix_len, removed = %a.ip,
+                        "put back an address the kernel deleted with the removed VIP (promote_secondaries is off)")
+                    }
+                    Err(e) => {
+                        tracing::error!(ip = %b.ip, prefix_len = b.prefix_len, removed = %a.ip, error = %e,
+                        "cannot put back an address the kernel deleted with the removed VIP; add it again, and set net.ipv4.conf.all.promote_secondaries=1")
+                    }
+                }
             }
-            // Gone already, or its link is: what we wanted.
-            Err(e) if matches!(errno(&e), Some(libc::EADDRNOTAVAIL | libc::ENODEV)) => Ok(()),
-            Err(e) => Err(Error::netlink(
-                format!("removing {}/{} from link {}", a.ip, a.prefix_len, a.ifindex),
-                e,
-            )),
+            Ok(())
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down, and the caller with it.
+            Err(_) => Ok(()),
         }
     }
 
+    /// The name the kernel uses now for link `ifindex`, in case it was
+    /// renamed.
+    async fn current_name(&self, ifindex: u32, interface: &str) -> Result<String> {
+        Ok(self
+            .link_by_index(ifindex)
+            .await?
+            .and_then(|l| link_name(&l))
+            .unwrap_or_else(|| interface.to_string()))
+    }
+
     /// `sysctl net.ipv4.conf.<interface>.promote_secondaries=1`, unless it is
-    /// on already. With it off, deleting the primary IPv4 address of a subnet
-    /// deletes every secondary address of that subnet too, and those may be
-    /// someone else's. Like every `/proc/sys/net` file it belongs to the
-    /// network namespace of the calling thread, which is the namespace the
-    /// backend manages (the agent's threads all live in the host's).
+    /// in effect already. Only for a VIP that becomes the primary of its
+    /// subnet: addresses added to that subnet later become its secondaries,
+    /// and if the VIP expires (the agent died) they would expire with it.
+    /// Best effort: removal does not need it (see
+    /// [`delete_ours`](Self::delete_ours)). Like every `/proc/sys/net` file
+    /// it belongs to the network namespace of the calling thread, which is
+    /// the namespace the backend manages (the agent's threads all live in
+    /// the host's).
     async fn promote_secondaries(&self, ifindex: u32, interface: &str) -> Result<()> {
-        // The name the kernel uses now, in case the link was renamed; a link
-        // that is gone took its addresses with it.
-        let Some(link) = self.link_by_index(ifindex).await? else {
-            return Ok(());
-        };
-        let name = link_name(&link).unwrap_or_else(|| interface.to_string());
-        let path = Path::new("/proc/sys/net/ipv4/conf")
-            .join(&name)
-            .join("promote_secondaries");
-        let failed = |source| Error::PromoteSecondaries {
-            interface: name.clone(),
-            source,
-        };
-        let current = std::fs::read_to_string(&path).map_err(failed)?;
-        if current.trim() == "1" {
+        // A link that is gone took its addresses with it.
+        if self.link_by_index(ifindex).await?.is_none() {
             return Ok(());
         }
-        std::fs::write(&path, "1\n").map_err(failed)?;
+        let name = self.current_name(ifindex, interface).await?;
+        if promotes_secondaries(&name) {
+            return Ok(());
+        }
+        std::fs::write(promote_secondaries_path(&name), "1\n").map_err(|source| {
+            Error::PromoteSecondaries {
+                interface: name.clone(),
+                source,
+            }
+        })?;
         if self.lock().promoted.insert(name.clone()) {
             tracing::info!(interface = %name,
-                "turned on net.ipv4.conf.{name}.promote_secondaries, so that removing a VIP that is the primary address of its subnet keeps the other addresses of that subnet");
+                "turned on net.ipv4.conf.{name}.promote_secondaries, so that a VIP that is the primary address of its subnet does not take the subnet's other addresses with it when it expires");
         }
         Ok(())
     }
@@ -695,16 +750,7 @@ impl NetlinkBackend {
 
     /// The addresses of one family on one link, filtered by the kernel.
     async fn link_addresses(&self, family: Family, ifindex: u32) -> Result<Vec<KernelAddress>> {
-        let mut request = self.strict.address().get();
-        let header = &mut request.message_mut().header;
-        header.family = address_family(family);
-        header.index = ifindex;
-        let msgs: Vec<AddressMessage> = request
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| Error::netlink(format!("listing addresses of link {ifindex}"), e))?;
-        Ok(msgs.iter().filter_map(KernelAddress::parse).collect())
+        read_link_addresses(&self.strict, family, ifindex).await
     }
 
     /// Whether the fast path may renew `vip`: see [`renew`](Self::renew).
@@ -949,6 +995,57 @@ fn becomes_primary(vip: &VipAddress, on_link: &[KernelAddress]) -> bool {
         && !on_link
             .iter()
             .any(|o| shares_subnet(vip.ifindex, vip.ip, vip.prefix_len, o))
+}
+
+fn promote_secondaries_path(interface: &str) -> PathBuf {
+    Path::new("/proc/sys/net/ipv4/conf")
+        .join(interface)
+        .join("promote_secondaries")
+}
+
+/// Whether the kernel promotes a secondary when the primary of its subnet on
+/// `interface` goes: the interface's setting or `all` (the kernel ORs them).
+/// Unreadable counts as off, which only costs a restore.
+fn promotes_secondaries(interface: &str) -> bool {
+    ["all", interface].iter().any(|conf| {
+        std::fs::read_to_string(promote_secondaries_path(conf)).is_ok_and(|v| v.trim() == "1")
+    })
+}
+
+/// Deletes `a`, expecting its notification (see [`ExpectedDelete`]).
+async fn delete_one(handle: &Handle, state: &Mutex<State>, a: &KernelAddress) -> Result<()> {
+    let expected = ExpectedDelete::new(state, a.key());
+    match handle.address().del(a.message.clone()).execute().await {
+        Ok(()) => {
+            expected.happened();
+            Ok(())
+        }
+        // Gone already, or its link is: what we wanted.
+        Err(e) if matches!(errno(&e), Some(libc::EADDRNOTAVAIL | libc::ENODEV)) => Ok(()),
+        Err(e) => Err(Error::netlink(
+            format!("removing {}/{} from link {}", a.ip, a.prefix_len, a.ifindex),
+            e,
+        )),
+    }
+}
+
+/// The addresses of one family on one link, filtered by the kernel (`strict`
+/// has `NETLINK_GET_STRICT_CHK`).
+async fn read_link_addresses(
+    strict: &Handle,
+    family: Family,
+    ifindex: u32,
+) -> Result<Vec<KernelAddress>> {
+    let mut request = strict.address().get();
+    let header = &mut request.message_mut().header;
+    header.family = address_family(family);
+    header.index = ifindex;
+    let msgs: Vec<AddressMessage> = request
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| Error::netlink(format!("listing addresses of link {ifindex}"), e))?;
+    Ok(msgs.iter().filter_map(KernelAddress::parse).collect())
 }
 
 /// The error of a refused add, saying what to do.
