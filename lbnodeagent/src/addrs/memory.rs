@@ -18,12 +18,11 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use hostlb_api::{Family, Prefix};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{
-    AddressBackend, Applied, Error, Events, Interface, KernelEvent, Lifetime, MacAddr,
-    OwnedAddress, Result, VipAddress,
+    AddressBackend, Applied, EVENT_QUEUE, Error, EventSender, Events, Interface, KernelEvent,
+    Lifetime, MacAddr, OwnedAddress, Result, VipAddress, event_channel,
 };
 
 /// An address in the in-memory kernel.
@@ -51,7 +50,7 @@ struct Link {
 }
 
 struct Subscriber {
-    tx: mpsc::UnboundedSender<KernelEvent>,
+    tx: EventSender,
     owned: Arc<Mutex<BTreeSet<(u32, IpAddr)>>>,
 }
 
@@ -87,7 +86,7 @@ impl Kernel {
         self.subscribers.retain(|s| {
             let owned = s.owned.lock().unwrap_or_else(|e| e.into_inner());
             match event(&owned) {
-                Some(e) => s.tx.send(e).is_ok(),
+                Some(e) => s.tx.send(e),
                 None => !s.tx.is_closed(),
             }
         });
@@ -396,12 +395,12 @@ impl AddressBackend for MemoryBackend {
     }
 
     async fn subscribe(&self) -> Result<Events> {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, events) = event_channel(EVENT_QUEUE);
         self.kernel().subscribers.push(Subscriber {
             tx,
             owned: Arc::clone(&self.owned),
         });
-        Ok(Events::new(rx, None))
+        Ok(events)
     }
 }
 

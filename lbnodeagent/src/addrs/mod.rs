@@ -22,11 +22,13 @@ mod routes;
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use std::{fmt, str::FromStr};
 
 use hostlb_api::{Family, Prefix};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
 pub use error::{Error, Result};
@@ -239,31 +241,109 @@ pub enum KernelEvent {
     Resync,
 }
 
+/// How many kernel events may wait for one subscriber. Beyond it the
+/// backend stops queueing and owes the subscriber one [`KernelEvent::Resync`]
+/// instead, so a stalled consumer costs bounded memory, and a burst (a link
+/// with thousands of addresses flushed) one full resync.
+pub const EVENT_QUEUE: usize = 1024;
+
+/// A queue overflowed: the events dropped since are replaced by one
+/// [`KernelEvent::Resync`], delivered after the events queued before.
+#[derive(Default)]
+struct Overflow {
+    lost: AtomicBool,
+    notify: Notify,
+}
+
+/// The backend's end of an [`Events`] subscription.
+pub(crate) struct EventSender {
+    tx: mpsc::Sender<KernelEvent>,
+    overflow: Arc<Overflow>,
+}
+
+impl EventSender {
+    /// Queues `event` without waiting. On a full queue the event is dropped
+    /// and a resync owed, and every event after it is dropped too until the
+    /// subscriber has taken that resync: the resync reads the kernel after
+    /// all of them happened. `false` once the subscriber is gone.
+    pub(crate) fn send(&self, event: KernelEvent) -> bool {
+        if self.overflow.lost.load(Ordering::SeqCst) {
+            return !self.tx.is_closed();
+        }
+        match self.tx.try_send(event) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.overflow.lost.store(true, Ordering::SeqCst);
+                self.overflow.notify.notify_one();
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// A subscription's two ends, with at most `capacity` events queued.
+pub(crate) fn event_channel(capacity: usize) -> (EventSender, Events) {
+    let (tx, rx) = mpsc::channel(capacity);
+    let overflow = Arc::new(Overflow::default());
+    (
+        EventSender {
+            tx,
+            overflow: Arc::clone(&overflow),
+        },
+        Events {
+            rx,
+            overflow,
+            _task: None,
+        },
+    )
+}
+
 /// Kernel events, in order. Subscribe before the first read of the kernel
 /// state so that nothing falls between the two.
 pub struct Events {
-    rx: mpsc::UnboundedReceiver<KernelEvent>,
+    rx: mpsc::Receiver<KernelEvent>,
+    overflow: Arc<Overflow>,
     _task: Option<AbortOnDrop>,
 }
 
 impl Events {
-    fn new(rx: mpsc::UnboundedReceiver<KernelEvent>, task: Option<JoinHandle<()>>) -> Self {
-        Events {
-            rx,
-            _task: task.map(AbortOnDrop),
-        }
+    /// Runs `task` (which feeds the sender) for as long as the subscription
+    /// lives.
+    pub(crate) fn attach(&mut self, task: JoinHandle<()>) {
+        self._task = Some(AbortOnDrop(task));
     }
 
     /// The next event; `None` once the source has stopped (netlink socket
     /// closed or the backend dropped), after which the caller should
     /// subscribe again and resync.
     pub async fn recv(&mut self) -> Option<KernelEvent> {
-        self.rx.recv().await
+        loop {
+            if let Some(event) = self.try_recv() {
+                return Some(event);
+            }
+            tokio::select! {
+                biased;
+                event = self.rx.recv() => return event,
+                () = self.overflow.notify.notified() => {}
+            }
+        }
     }
 
     /// An event if one is waiting, without blocking.
     pub fn try_recv(&mut self) -> Option<KernelEvent> {
-        self.rx.try_recv().ok()
+        match self.rx.try_recv() {
+            Ok(event) => Some(event),
+            Err(_) => self
+                .overflow
+                .lost
+                .swap(false, Ordering::SeqCst)
+                .then_some(KernelEvent::Resync),
+        }
     }
 }
 
@@ -355,6 +435,71 @@ mod tests {
             Lifetime::new(Duration::from_millis(10)).kernel_seconds(),
             Some(1)
         );
+    }
+
+    fn carrier_lost(ifindex: u32) -> KernelEvent {
+        KernelEvent::CarrierLost {
+            ifindex,
+            interface: format!("veth{ifindex}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_overflowing_queue_delivers_what_it_held_then_one_resync() {
+        let (tx, mut events) = event_channel(4);
+        for i in 0..10 {
+            assert!(tx.send(carrier_lost(i)));
+        }
+        for i in 0..4 {
+            assert_eq!(events.recv().await, Some(carrier_lost(i)));
+        }
+        assert_eq!(events.recv().await, Some(KernelEvent::Resync));
+        assert_eq!(events.try_recv(), None, "one resync for all that was lost");
+        // Queueing resumes once the resync is taken.
+        assert!(tx.send(carrier_lost(10)));
+        assert_eq!(events.recv().await, Some(carrier_lost(10)));
+        assert_eq!(events.try_recv(), None);
+        // Lost again, seen by try_recv too.
+        for i in 0..5 {
+            tx.send(carrier_lost(i));
+        }
+        assert_eq!(
+            std::iter::from_fn(|| events.try_recv()).collect::<Vec<_>>(),
+            [
+                carrier_lost(0),
+                carrier_lost(1),
+                carrier_lost(2),
+                carrier_lost(3),
+                KernelEvent::Resync
+            ]
+        );
+        drop(events);
+        assert!(!tx.send(carrier_lost(0)), "the subscriber is gone");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_subscriber_wakes_for_the_resync() {
+        let (tx, mut events) = event_channel(1);
+        let waiter = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(e) = events.recv().await {
+                let resync = e == KernelEvent::Resync;
+                got.push(e);
+                if resync {
+                    return got;
+                }
+            }
+            got
+        });
+        tokio::task::yield_now().await;
+        // Two at once into a queue of one, without the waiter running.
+        assert!(tx.send(carrier_lost(1)));
+        assert!(tx.send(carrier_lost(2)));
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert_eq!(got, [carrier_lost(1), KernelEvent::Resync]);
     }
 
     #[test]

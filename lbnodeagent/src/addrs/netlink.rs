@@ -76,14 +76,14 @@ use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::sys::{AsyncSocket, SocketAddr};
 use rtnetlink::{Handle, LinkDummy, LinkUnspec, RouteMessageBuilder};
-use tokio::sync::mpsc;
 
 use super::error::errno;
 use super::record::{Entry, Loaded, Record};
 use super::routes::{self, Route};
 use super::{
-    AbortOnDrop, AddressBackend, Applied, DEFAULT_ADDRESS_LIFETIME, Error, Events,
+    AbortOnDrop, AddressBackend, Applied, DEFAULT_ADDRESS_LIFETIME, EVENT_QUEUE, Error, Events,
     IFA_PROTO_HOSTLB, Interface, KernelEvent, Lifetime, MacAddr, OwnedAddress, Result, VipAddress,
+    event_channel,
 };
 
 /// Where the backend keeps its record and how it tags addresses.
@@ -1268,7 +1268,7 @@ impl AddressBackend for NetlinkBackend {
         let links = self.links().await?;
         let mut translator = Translator::new(Arc::clone(&self.state), &links);
         let handle = self.handle.clone();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, mut subscription) = event_channel(EVENT_QUEUE);
         let task = tokio::spawn(async move {
             let connection = AbortOnDrop(tokio::spawn(connection));
             while let Some((message, _)) = messages.next().await {
@@ -1282,7 +1282,7 @@ impl AddressBackend for NetlinkBackend {
                     events.extend(translator.overrun(links.ok().as_deref()));
                 }
                 for event in events {
-                    if tx.send(event).is_err() {
+                    if !tx.send(event) {
                         return;
                     }
                 }
@@ -1290,7 +1290,8 @@ impl AddressBackend for NetlinkBackend {
             drop(connection);
             tracing::warn!("kernel event stream ended");
         });
-        Ok(Events::new(rx, Some(task)))
+        subscription.attach(task);
+        Ok(subscription)
     }
 }
 
