@@ -78,7 +78,7 @@ use rtnetlink::sys::{AsyncSocket, SocketAddr};
 use rtnetlink::{Handle, LinkDummy, LinkUnspec, RouteMessageBuilder};
 
 use super::error::errno;
-use super::record::{Entry, Loaded, Record};
+use super::record::{Entry, Loaded, Record, RecordWriter, Snapshot};
 use super::routes::{self, Route};
 use super::{
     AbortOnDrop, AddressBackend, Applied, DEFAULT_ADDRESS_LIFETIME, EVENT_QUEUE, Error, Events,
@@ -211,6 +211,8 @@ struct State {
     own_deletes: HashMap<Key, u32>,
     /// Running event subscriptions.
     subscriptions: u32,
+    /// Numbers record snapshots (see [`State::snapshot`]).
+    record_seq: u64,
     /// Interfaces whose `promote_secondaries` this run turned on.
     promoted: BTreeSet<String>,
 }
@@ -253,6 +255,16 @@ impl State {
         self.previous
             .retain(|e| !(e.interface == interface && e.address == key.1 && matches(e.prefix_len)));
         owned || self.previous.len() != before
+    }
+
+    /// The record's entries now, numbered so that a write of an older
+    /// snapshot never replaces a newer one.
+    fn snapshot(&mut self) -> Snapshot {
+        self.record_seq += 1;
+        Snapshot {
+            seq: self.record_seq,
+            entries: self.entries(),
+        }
     }
 
     fn entries(&self) -> BTreeSet<Entry> {
@@ -416,7 +428,7 @@ pub struct NetlinkBackend {
     /// filter of an address dump: renewal reads one link, not the host.
     strict: Handle,
     config: NetlinkConfig,
-    record: Arc<Record>,
+    record: RecordWriter,
     state: Arc<Mutex<State>>,
     _connection: AbortOnDrop,
     _strict_connection: AbortOnDrop,
@@ -444,7 +456,7 @@ impl NetlinkBackend {
         Ok(NetlinkBackend {
             handle,
             strict,
-            record: Arc::new(record),
+            record: RecordWriter::new(record),
             state: Arc::new(Mutex::new(State {
                 owned: BTreeMap::new(),
                 previous,
@@ -453,6 +465,7 @@ impl NetlinkBackend {
                 probe_pending: config.ifa_proto,
                 own_deletes: HashMap::new(),
                 subscriptions: 0,
+                record_seq: 0,
                 promoted: BTreeSet::new(),
             })),
             config,
@@ -475,8 +488,9 @@ impl NetlinkBackend {
         }
     }
 
-    fn store(&self, state: &State) -> Result<()> {
-        self.record.store(&state.entries())
+    /// Writes `snapshot` to the record, off the runtime.
+    async fn save(&self, snapshot: Snapshot) -> Result<()> {
+        self.record.save(snapshot).await
     }
 
     async fn links(&self) -> Result<Vec<LinkMessage>> {
@@ -823,25 +837,34 @@ impl NetlinkBackend {
         let on_link = self
             .addresses(Some(Family::of(vip.ip)), Some(vip.ifindex))
             .await?;
-        let stale: Vec<&KernelAddress> = {
+        let stale: std::result::Result<Vec<&KernelAddress>, Option<Snapshot>> = {
             let mut state = self.lock();
             let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = on_link
                 .iter()
                 .filter(|a| a.ip == vip.ip)
                 .partition(|a| self.is_ours(&state, &vip.interface, a));
-            if !foreign.is_empty() {
-                tracing::warn!(ip = %vip.ip, interface = %vip.interface,
-                    "address already present and not added by hostlb; leaving it alone");
+            if foreign.is_empty() {
+                Ok(ours
+                    .into_iter()
+                    .filter(|a| a.prefix_len != vip.prefix_len)
+                    .collect())
+            } else {
                 // Nothing of ours holds this IP any more (someone re-added
                 // it after ours went): stop counting it as ours.
-                if ours.is_empty() && state.forget(&vip.interface, key, None) {
-                    self.store(&state)?;
+                Err((ours.is_empty() && state.forget(&vip.interface, key, None))
+                    .then(|| state.snapshot()))
+            }
+        };
+        let stale = match stale {
+            Ok(stale) => stale,
+            Err(forgotten) => {
+                tracing::warn!(ip = %vip.ip, interface = %vip.interface,
+                    "address already present and not added by hostlb; leaving it alone");
+                if let Some(snapshot) = forgotten {
+                    self.save(snapshot).await?;
                 }
                 return Ok(Applied::NotOurs);
             }
-            ours.into_iter()
-                .filter(|a| a.prefix_len != vip.prefix_len)
-                .collect()
         };
         // Our own address with an old prefix length (the on-link route
         // changed): IPv4 would keep both, so remove the old one first. It is
@@ -849,12 +872,17 @@ impl NetlinkBackend {
         // cancellation leaves it owned.
         for a in &stale {
             self.delete_ours(a, &vip.interface, &on_link).await?;
-            let mut state = self.lock();
-            if state.forget(&vip.interface, key, Some(a.prefix_len)) {
-                self.store(&state)?;
+            let forgotten = {
+                let mut state = self.lock();
+                state
+                    .forget(&vip.interface, key, Some(a.prefix_len))
+                    .then(|| state.snapshot())
+            };
+            if let Some(snapshot) = forgotten {
+                self.save(snapshot).await?;
             }
         }
-        let before = {
+        let (before, snapshot) = {
             let mut state = self.lock();
             let before = state.owned.get(&key).cloned();
             let lifetime = before
@@ -873,14 +901,14 @@ impl NetlinkBackend {
                     presence: Presence::Unverified,
                 },
             );
-            // Recorded before the kernel has it: a crash in between leaves a
-            // record of a missing address (harmless), never an unrecorded one.
-            if let Err(e) = self.store(&state) {
-                restore(&mut state.owned, key, before);
-                return Err(e);
-            }
-            before
+            (before, state.snapshot())
         };
+        // Recorded before the kernel has it: a crash in between leaves a
+        // record of a missing address (harmless), never an unrecorded one.
+        if let Err(e) = self.save(snapshot).await {
+            restore(&mut self.lock().owned, key, before);
+            return Err(e);
+        }
         if becomes_primary(vip, &on_link) {
             // Whatever is added to this subnet later becomes its secondary,
             // and would go with it when it is deleted or expires.
@@ -890,17 +918,24 @@ impl NetlinkBackend {
             }
         }
         if let Err(e) = self.add_to_kernel(vip).await {
-            let mut state = self.lock();
-            match before {
-                None => {
-                    state.owned.remove(&key);
-                    let _ = self.store(&state);
-                }
-                Some(_) => {
-                    if let Some(o) = state.owned.get_mut(&key) {
-                        o.presence = Presence::Unverified;
+            let forgotten = {
+                let mut state = self.lock();
+                match before {
+                    None => {
+                        state.owned.remove(&key);
+                        Some(state.snapshot())
+                    }
+                    Some(_) => {
+                        if let Some(o) = state.owned.get_mut(&key) {
+                            o.presence = Presence::Unverified;
+                        }
+                        None
                     }
                 }
+            };
+            if let Some(snapshot) = forgotten {
+                // The add's error is the one to report.
+                let _ = self.save(snapshot).await;
             }
             return Err(add_error(vip, e));
         }
@@ -1210,9 +1245,14 @@ impl AddressBackend for NetlinkBackend {
         {
             // Forgotten only now that the kernel confirmed: a failed or
             // cancelled remove leaves it owned, to be removed again.
-            let mut state = self.lock();
-            if state.forget(&vip.interface, key, None) {
-                self.store(&state)?;
+            let forgotten = {
+                let mut state = self.lock();
+                state
+                    .forget(&vip.interface, key, None)
+                    .then(|| state.snapshot())
+            };
+            if let Some(snapshot) = forgotten {
+                self.save(snapshot).await?;
             }
         }
         if ours.is_empty() && !foreign.is_empty() {
@@ -1225,21 +1265,24 @@ impl AddressBackend for NetlinkBackend {
 
     async fn adopt(&self) -> Result<Vec<OwnedAddress>> {
         let found = self.ours_in_kernel().await?;
-        let mut state = self.lock();
-        state.previous.clear();
-        state.record_lost = false;
-        state.owned = found
-            .iter()
-            .map(|o| {
-                let owned = Owned {
-                    address: o.clone(),
-                    lifetime: self.config.address_lifetime,
-                    presence: Presence::Held,
-                };
-                ((o.ifindex, o.ip), owned)
-            })
-            .collect();
-        self.store(&state)?;
+        let snapshot = {
+            let mut state = self.lock();
+            state.previous.clear();
+            state.record_lost = false;
+            state.owned = found
+                .iter()
+                .map(|o| {
+                    let owned = Owned {
+                        address: o.clone(),
+                        lifetime: self.config.address_lifetime,
+                        presence: Presence::Held,
+                    };
+                    ((o.ifindex, o.ip), owned)
+                })
+                .collect();
+            state.snapshot()
+        };
+        self.save(snapshot).await?;
         for o in &found {
             tracing::info!(ip = %o.ip, prefix_len = o.prefix_len, interface = %o.interface,
                 "found address of a previous run");
@@ -1469,6 +1512,7 @@ mod tests {
             probe_pending: false,
             own_deletes: HashMap::new(),
             subscriptions: 0,
+            record_seq: 0,
             promoted: BTreeSet::new(),
         }))
     }
@@ -1697,6 +1741,7 @@ mod tests {
             probe_pending: false,
             own_deletes: HashMap::new(),
             subscriptions: 0,
+            record_seq: 0,
             promoted: BTreeSet::new(),
         };
         let a = |valid| kernel_address("10.0.0.100", 24, valid);
@@ -1746,6 +1791,7 @@ mod tests {
             probe_pending: false,
             own_deletes: HashMap::new(),
             subscriptions: 0,
+            record_seq: 0,
             promoted: BTreeSet::new(),
         };
         let a = |valid, noprefixroute| {

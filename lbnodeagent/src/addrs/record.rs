@@ -5,6 +5,9 @@
 //! The file is rewritten whole on every change, through a temporary file and
 //! a rename, so a crash leaves either the old or the new list, never half of
 //! one. `/run` is a tmpfs: the record dies with the addresses at reboot.
+//! The write and its `fsync` run on a blocking thread ([`RecordWriter`]),
+//! never on the async runtime, one at a time and in the order the backend
+//! took its snapshots.
 //!
 //! A file that does not parse, or that another version of the agent wrote,
 //! never stops the agent: it is renamed to `addresses.json.bad-<unix
@@ -17,6 +20,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -119,8 +123,8 @@ impl Record {
         Ok(file.addresses)
     }
 
-    /// Replaces the file with `entries`. Synchronous on purpose: a few
-    /// hundred bytes on a tmpfs, written only when ownership changes.
+    /// Replaces the file with `entries`. Blocking: call it through a
+    /// [`RecordWriter`] from async code.
     pub fn store(&self, entries: &BTreeSet<Entry>) -> Result<()> {
         let write_err = |source| Error::RecordWrite {
             path: self.path.clone(),
@@ -141,6 +145,52 @@ impl Record {
         f.sync_all().map_err(write_err)?;
         drop(f);
         fs::rename(&tmp, &self.path).map_err(write_err)
+    }
+}
+
+/// The entries at one point in the backend's state; `seq` orders snapshots.
+pub(super) struct Snapshot {
+    pub seq: u64,
+    pub entries: BTreeSet<Entry>,
+}
+
+/// Writes snapshots of the record off the async runtime. Writes never
+/// overlap (the lock is held by the blocking write itself, so a caller that
+/// stops waiting cannot let the next write start early), and a snapshot
+/// older than one already written is skipped: the newer one holds the state
+/// that followed it.
+pub(super) struct RecordWriter {
+    record: Arc<Record>,
+    /// `seq` of the last snapshot written.
+    written: Arc<tokio::sync::Mutex<u64>>,
+}
+
+impl RecordWriter {
+    pub fn new(record: Record) -> RecordWriter {
+        RecordWriter {
+            record: Arc::new(record),
+            written: Arc::default(),
+        }
+    }
+
+    /// Returns once `snapshot`, or a later one, is on disk.
+    pub async fn save(&self, snapshot: Snapshot) -> Result<()> {
+        let mut written = Arc::clone(&self.written).lock_owned().await;
+        if snapshot.seq <= *written {
+            return Ok(());
+        }
+        let record = Arc::clone(&self.record);
+        let write = tokio::task::spawn_blocking(move || {
+            record.store(&snapshot.entries)?;
+            *written = snapshot.seq;
+            Ok(())
+        });
+        match write.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only when the runtime shuts down, and its caller with it.
+            Err(_) => Ok(()),
+        }
     }
 }
 
@@ -219,6 +269,49 @@ mod tests {
             record.store(&entries).unwrap();
             assert_eq!(record.load_or_set_aside().unwrap(), Loaded::Found(entries));
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn snapshots_are_written_off_the_runtime_and_never_older_over_newer() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = Record::new(dir.path());
+        let path = record.path.clone();
+        let writer = RecordWriter::new(record);
+        let snapshot = |seq, address: &str| Snapshot {
+            seq,
+            entries: [entry("eth0", address, 24)].into(),
+        };
+        // On a current-thread runtime a write on the runtime would leave
+        // nothing for this task to do in between; off it, the ticker runs.
+        let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let ticker = tokio::spawn({
+            let ticks = std::sync::Arc::clone(&ticks);
+            async move {
+                loop {
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let (first, second) = tokio::join!(
+            writer.save(snapshot(2, "10.0.0.2")),
+            writer.save(snapshot(1, "10.0.0.1"))
+        );
+        first.unwrap();
+        second.unwrap();
+        ticker.abort();
+        assert!(ticks.load(std::sync::atomic::Ordering::Relaxed) > 0);
+        let on_disk = Record::new(path.parent().unwrap()).load().unwrap();
+        assert_eq!(
+            on_disk,
+            snapshot(2, "10.0.0.2").entries,
+            "the newer one stays"
+        );
+        writer.save(snapshot(3, "10.0.0.3")).await.unwrap();
+        assert_eq!(
+            Record::new(path.parent().unwrap()).load().unwrap(),
+            snapshot(3, "10.0.0.3").entries
+        );
     }
 
     #[test]
