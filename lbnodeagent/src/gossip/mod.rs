@@ -158,6 +158,7 @@
 //! generation of each node name, so a restarted agent replaces its old
 //! self at once instead of appearing twice until the old one times out.
 
+mod codec_junk;
 mod config;
 pub mod counting;
 pub mod frame;

@@ -43,6 +43,10 @@
 //! (`net.ipv4.ip_nonlocal_bind`, `net.ipv6.ip_nonlocal_bind`), that answer
 //! means nothing, and only the configured destinations are accepted.
 //!
+//! Datagrams at the codec that are not from one of our ports are dropped
+//! and counted; chitchat's own warning for each one it cannot decode is
+//! replaced by one line a minute with their number (see `codec_junk`).
+//!
 //! `recv` is cancel-safe (chitchat polls it inside `select!`): its only await
 //! points are `recv_from` on the codec and the wire socket, both cancel-safe,
 //! and everything between receiving a wire datagram and handing its payload
@@ -61,8 +65,10 @@ use async_trait::async_trait;
 use chitchat::ChitchatEnvelope;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport, UdpSocket as CodecSocket};
 use sha2::{Digest, Sha256};
+use tracing::instrument::WithSubscriber;
 use tracing::{debug, warn};
 
+use super::codec_junk::CodecJunk;
 use super::frame::{Accepted, Inbound, MAX_DATAGRAM, Outbound, Reject, canonical};
 use super::keys::GossipKeys;
 
@@ -141,8 +147,9 @@ pub struct AuthCounters {
     pub dropped_misdirected: AtomicU64,
     /// Frames of another format version (an agent of another release).
     pub dropped_other_version: AtomicU64,
-    /// Verified messages lost on loopback (full buffer) or arriving at the
-    /// codec from a socket that is not one of our ports.
+    /// Verified messages lost on loopback (full buffer), and datagrams at
+    /// the codec that are not from one of our ports or that it cannot
+    /// decode (a local process sending junk to its loopback socket).
     pub dropped_loopback: AtomicU64,
     /// Outgoing messages dropped: too large even in two fragments, or the
     /// codec's bytes never came back over loopback.
@@ -205,7 +212,7 @@ impl AuthCounters {
         }
     }
 
-    fn add(counter: &AtomicU64, n: u64) {
+    pub(super) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
@@ -301,11 +308,14 @@ impl AuthTransport {
         let local = wire.local_addr()?;
         let codec = CodecSocket::open((Ipv4Addr::LOCALHOST, 0).into()).await?;
         let codec_addr = codec.local_addr()?;
+        let (codec_log, codec_junk) = CodecJunk::dispatch(self.counters.clone());
         Ok(AuthSocket {
             wire,
             local,
             codec,
             codec_addr,
+            codec_log,
+            codec_junk,
             ports: HashMap::new(),
             by_port: HashMap::new(),
             closing: VecDeque::new(),
@@ -491,6 +501,10 @@ pub struct AuthSocket {
     local: SocketAddr,
     codec: CodecSocket,
     codec_addr: SocketAddr,
+    /// The subscriber the codec is polled under, and the tally it keeps of
+    /// undecodable datagrams not yet logged (see `codec_junk`).
+    codec_log: tracing::Dispatch,
+    codec_junk: Arc<AtomicU64>,
     ports: HashMap<SocketAddr, Port>,
     /// Port socket address → peer, for open and closing ports.
     by_port: HashMap<SocketAddr, SocketAddr>,
@@ -518,6 +532,7 @@ struct Warnings {
     stale: Option<tokio::time::Instant>,
     misdirected: Option<tokio::time::Instant>,
     other_version: Option<tokio::time::Instant>,
+    codec_junk: Option<tokio::time::Instant>,
 }
 
 impl Warnings {
@@ -547,6 +562,18 @@ impl Warnings {
                 warn!(%from, version, "dropping gossip in another frame format; agents of this release and that one do not gossip with each other, so upgrade every agent");
             }
             _ => {}
+        }
+    }
+
+    /// One line for the datagrams at the codec that are not gossip, with
+    /// their number since the last line.
+    fn codec_junk(&mut self, unreported: &AtomicU64) {
+        if unreported.load(Ordering::Relaxed) > 0 && Self::due(&mut self.codec_junk) {
+            let datagrams = unreported.swap(0, Ordering::Relaxed);
+            warn!(
+                datagrams,
+                "dropping datagrams at the gossip codec's loopback socket that are not gossip; a local process sends them"
+            );
         }
     }
 }
@@ -754,13 +781,15 @@ impl Socket for AuthSocket {
 
     async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
         loop {
+            self.warnings.codec_junk(&self.codec_junk);
             tokio::select! {
                 biased;
-                decoded = self.codec.recv() => {
+                decoded = self.codec.recv().with_subscriber(self.codec_log.clone()) => {
                     let mut outcome = decoded?;
                     match self.by_port.get(&outcome.from_addr) {
                         Some(peer) => {
                             outcome.from_addr = *peer;
+                            self.warnings.codec_junk(&self.codec_junk);
                             return Ok(outcome);
                         }
                         None => {
@@ -946,6 +975,114 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    /// The log lines emitted while it is the default subscriber, each as
+    /// its fields (`message` first).
+    #[derive(Clone, Default)]
+    struct Lines(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl Lines {
+        fn all(&self) -> Vec<String> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    struct Fields(String);
+
+    impl tracing::field::Visit for Fields {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={value:?} ", field.name()));
+        }
+    }
+
+    impl tracing::Subscriber for Lines {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            self.0.lock().unwrap().push(fields.0);
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn junk_at_the_codec_is_counted_exactly_and_logged_once_a_minute() {
+        let lines = Lines::default();
+        let _default = tracing::subscriber::set_default(lines.clone());
+        let (ta, tb) = (transport(5), transport(5));
+        let (mut a, mut b) = (open(&ta).await, open(&tb).await);
+        let b_addr = b.local_addr().unwrap();
+        let junk = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        // Two bursts, each followed by a real message that the codec reads
+        // after them.
+        for burst in 1..=2u64 {
+            for _ in 0..100 {
+                junk.send_to(b"not gossip", b.codec_addr).await.unwrap();
+            }
+            a.send(b_addr, envelope()).await.unwrap();
+            let got = tokio::time::timeout(Duration::from_secs(5), b.recv())
+                .await
+                .expect("the message after the junk")
+                .unwrap();
+            assert_eq!(got.from_addr, a.local_addr().unwrap());
+            assert_eq!(tb.counters().snapshot().dropped_loopback, 100 * burst);
+        }
+        let logged = lines.all();
+        assert!(
+            !logged
+                .iter()
+                .any(|l| l.contains("invalid-chitchat-payload")),
+            "{logged:#?}"
+        );
+        let ours: Vec<&String> = logged
+            .iter()
+            .filter(|l| l.contains("gossip codec"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{logged:#?}");
+        assert!(ours[0].contains("datagrams=100"), "{}", ours[0]);
+        // Other events while the codec is polled still reach the subscriber.
+        let other = tokio::time::timeout(
+            Duration::from_millis(50),
+            async {
+                warn!("polled");
+            }
+            .with_subscriber(b.codec_log.clone()),
+        );
+        other.await.unwrap();
+        assert!(lines.all().iter().any(|l| l.contains("polled")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_junk_line_carries_the_count_of_what_it_held_back() {
+        let lines = Lines::default();
+        let _default = tracing::subscriber::set_default(lines.clone());
+        let mut warnings = Warnings::default();
+        let unreported = AtomicU64::new(0);
+        warnings.codec_junk(&unreported);
+        assert!(lines.all().is_empty(), "nothing to report");
+        unreported.store(5, Ordering::Relaxed);
+        warnings.codec_junk(&unreported);
+        unreported.fetch_add(7, Ordering::Relaxed);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        warnings.codec_junk(&unreported);
+        assert_eq!(lines.all().len(), 1);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        warnings.codec_junk(&unreported);
+        let all = lines.all();
+        assert_eq!(all.len(), 2, "{all:#?}");
+        assert!(all[0].contains("datagrams=5"), "{}", all[0]);
+        assert!(all[1].contains("datagrams=7"), "{}", all[1]);
     }
 
     /// A frame as `a` sent it to `spy`: what an eavesdropper captures.
