@@ -881,23 +881,27 @@ fn a_renewal_racing_a_deletion_event_never_takes_over_an_address_added_by_hand()
     }
 }
 
+/// The node holds only a /32, the subnet on-link by a route: a VIP in the
+/// subnet becomes its primary address. `promote_secondaries` is off, as the
+/// kernel's default.
+fn only_a_host_address(ns: &Netns) {
+    ns.ip("-4 addr flush dev eth0").unwrap();
+    ns.ip("addr add 10.77.0.11/32 dev eth0").unwrap();
+    ns.ip("route add 10.77.0.0/24 dev eth0 scope link").unwrap();
+    ns.ip("route replace default via 10.77.0.1 dev eth0 onlink")
+        .unwrap();
+    for conf in ["all", "default", "eth0"] {
+        ns.sysctl(&format!("net.ipv4.conf.{conf}.promote_secondaries"), "0")
+            .unwrap();
+    }
+}
+
 #[test]
 fn removing_a_vip_that_became_primary_keeps_a_secondary_added_by_hand() {
     require_root();
     let lan = Lan::new(&["a"]).unwrap();
     let a = lan.host("a");
-    // The node holds only a /32, the subnet on-link by a route: a VIP in the
-    // subnet becomes its primary address.
-    a.ns.ip("-4 addr flush dev eth0").unwrap();
-    a.ns.ip("addr add 10.77.0.11/32 dev eth0").unwrap();
-    a.ns.ip("route add 10.77.0.0/24 dev eth0 scope link")
-        .unwrap();
-    a.ns.ip("route replace default via 10.77.0.1 dev eth0 onlink")
-        .unwrap();
-    for conf in ["all", "default", "eth0"] {
-        a.ns.sysctl(&format!("net.ipv4.conf.{conf}.promote_secondaries"), "0")
-            .unwrap();
-    }
+    only_a_host_address(&a.ns);
     let dir = tempfile::tempdir().unwrap();
     let agent = Agent::on_host(a, dir.path());
     let vip = vip_on(&agent, Family::V4, "10.77.0.100", Lifetime::FOREVER);
@@ -982,18 +986,7 @@ fn removing_a_primary_vip_keeps_every_other_address_whether_or_not_sysctls_are_w
     for writable in [true, false] {
         let lan = Lan::new(&["a"]).unwrap();
         let a = lan.host("a");
-        // The node holds only a /32: the first VIP in the subnet becomes its
-        // primary address.
-        a.ns.ip("-4 addr flush dev eth0").unwrap();
-        a.ns.ip("addr add 10.77.0.11/32 dev eth0").unwrap();
-        a.ns.ip("route add 10.77.0.0/24 dev eth0 scope link")
-            .unwrap();
-        a.ns.ip("route replace default via 10.77.0.1 dev eth0 onlink")
-            .unwrap();
-        for conf in ["all", "default", "eth0"] {
-            a.ns.sysctl(&format!("net.ipv4.conf.{conf}.promote_secondaries"), "0")
-                .unwrap();
-        }
+        only_a_host_address(&a.ns);
         let dir = tempfile::tempdir().unwrap();
         let agent = Agent::on_host(a, dir.path());
         if !writable {

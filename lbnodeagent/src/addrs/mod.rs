@@ -237,7 +237,8 @@ pub enum KernelEvent {
         ifindex: u32,
         interface: String,
     },
-    /// Kernel events were lost (netlink buffer overrun): re-read everything.
+    /// Kernel events were lost (netlink buffer overrun, or more than
+    /// [`EVENT_QUEUE`] waiting for the caller): re-read everything.
     Resync,
 }
 

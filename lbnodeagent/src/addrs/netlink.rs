@@ -1493,6 +1493,21 @@ mod tests {
 
     use super::*;
 
+    /// A state owning nothing, with no record and no subscription.
+    fn bare_state(tags: Tags) -> State {
+        State {
+            owned: BTreeMap::new(),
+            previous: BTreeSet::new(),
+            record_lost: false,
+            tags,
+            probe_pending: false,
+            own_deletes: HashMap::new(),
+            subscriptions: 0,
+            record_seq: 0,
+            promoted: BTreeSet::new(),
+        }
+    }
+
     fn state(owned: &[OwnedAddress]) -> Arc<Mutex<State>> {
         Arc::new(Mutex::new(State {
             owned: owned
@@ -1506,14 +1521,7 @@ mod tests {
                     ((o.ifindex, o.ip), owned)
                 })
                 .collect(),
-            previous: BTreeSet::new(),
-            record_lost: false,
-            tags: Tags::Kept,
-            probe_pending: false,
-            own_deletes: HashMap::new(),
-            subscriptions: 0,
-            record_seq: 0,
-            promoted: BTreeSet::new(),
+            ..bare_state(Tags::Kept)
         }))
     }
 
@@ -1726,23 +1734,14 @@ mod tests {
 
     #[test]
     fn without_tags_a_recorded_address_needs_a_lifetime_only_ours_have() {
-        let mut s = lock(&state(&[])).owned.clone();
-        s.clear();
         let fifteen = Lifetime::new(Duration::from_secs(15));
         let mut st = State {
-            owned: s,
             previous: BTreeSet::from([Entry {
                 interface: "eth0".into(),
                 address: "10.0.0.100".parse().unwrap(),
                 prefix_len: 24,
             }]),
-            record_lost: false,
-            tags: Tags::Dropped,
-            probe_pending: false,
-            own_deletes: HashMap::new(),
-            subscriptions: 0,
-            record_seq: 0,
-            promoted: BTreeSet::new(),
+            ..bare_state(Tags::Dropped)
         };
         let a = |valid| kernel_address("10.0.0.100", 24, valid);
         // A previous run's address: counting down no more than our lifetime.
@@ -1781,18 +1780,9 @@ mod tests {
     #[test]
     fn without_tags_or_record_only_our_kind_of_address_is_a_previous_runs() {
         let fifteen = Lifetime::new(Duration::from_secs(15));
-        let mut st = lock(&state(&[])).owned.clone();
-        st.clear();
         let mut st = State {
-            owned: st,
-            previous: BTreeSet::new(),
             record_lost: true,
-            tags: Tags::Dropped,
-            probe_pending: false,
-            own_deletes: HashMap::new(),
-            subscriptions: 0,
-            record_seq: 0,
-            promoted: BTreeSet::new(),
+            ..bare_state(Tags::Dropped)
         };
         let a = |valid, noprefixroute| {
             let mut a = kernel_address("10.0.0.100", 24, valid);
