@@ -14,6 +14,11 @@
 //! take it again. A claim from a MAC no hostlb node published (a host
 //! configured by hand) is reported, once, and not fought over.
 //!
+//! A node about to take a VIP that no live node is handing over asks first
+//! and listens for [`PRECHECK`], so a crashed or frozen agent's address that
+//! still answers, or the far side of a gossip partition, does not get a
+//! second owner even briefly.
+//!
 //! Pure: the loop feeds claims, gossip and the clock in, and acts on the
 //! verdicts.
 
@@ -33,6 +38,10 @@ pub const YIELD_HOLD: Duration = Duration::from_millis(1500);
 pub const YIELD_PROBE: Duration = Duration::from_millis(250);
 /// How often a held VIP is asked about.
 pub const OWNER_PROBE: Duration = Duration::from_secs(1);
+/// How long a node about to take a VIP nobody hands over listens first for
+/// an owner that still answers (a crashed agent's address, a frozen one, a
+/// gossip partition). Added to every such takeover.
+pub const PRECHECK: std::time::Duration = Duration::from_millis(30);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -146,6 +155,11 @@ impl Conflicts {
             }
             None => false,
         }
+    }
+
+    /// Lets the next claim of `mac` on `ip` be reported as the first.
+    pub fn forget_report(&mut self, ip: IpAddr, mac: MacAddr) {
+        self.reported.remove(&(ip, mac));
     }
 
     /// Forgets yields of addresses this node no longer wants.

@@ -528,6 +528,71 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
     }
 
+    /// Before taking a VIP that no live node is handing over (its owner
+    /// crashed, froze, or is cut off from gossip only): ask the LAN once and
+    /// listen for [`conflict::PRECHECK`]. If a hostlb node that outranks this
+    /// one still answers, this node stays off instead of becoming a second
+    /// owner; the usual yield rules then apply.
+    async fn answered_elsewhere(&mut self, want: &Want) -> bool {
+        let (Some(announcer), Some(target)) = (self.announcer.clone(), want.target) else {
+            return false;
+        };
+        let ip = want.vip.ip;
+        let handed_over = self
+            .view
+            .nodes
+            .iter()
+            .any(|n| n.node != self.cfg.node_name && n.vips.contains(&ip));
+        if handed_over || self.claims.is_none() {
+            return false;
+        }
+        self.watched
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ip);
+        if announcer.probe(&target).await.is_err() {
+            return false;
+        }
+        let deadline = tokio::time::Instant::now() + conflict::PRECHECK;
+        let own = self.links.macs();
+        loop {
+            let rx = self.claims.as_mut().expect("checked");
+            let claim = match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(c)) => c,
+                _ => return false,
+            };
+            // Claims for other addresses are dropped here; the next
+            // probes ask again.
+            if claim.ip != ip {
+                continue;
+            }
+            let view = &self.view;
+            let verdict = self.conflicts.judge(
+                claim,
+                &self.cfg.node_name,
+                &own,
+                Some(want),
+                &self.election,
+                |n| view.node(n).is_some(),
+                Instant::now(),
+            );
+            match verdict {
+                conflict::Verdict::Yield { to } => {
+                    warn!(%ip, winner = %to, mac = %claim.mac,
+                        "won, but a node that outranks this one still answers for it; staying off while it does");
+                    self.telemetry.conflict("hostlb");
+                    return true;
+                }
+                conflict::Verdict::Foreign { first: true } => {
+                    // Reported once the address is held here and it
+                    // still answers.
+                    self.conflicts.forget_report(ip, claim.mac);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Asks the LAN about every VIP held here (each second) and every VIP
     /// yielded to another node (each [`conflict::YIELD_PROBE`]).
     async fn probe_wire(&mut self) {
@@ -834,6 +899,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // Acquire first (make before break), then release.
         for (ip, want) in &wants {
             let current = self.held.get(ip);
+            let held_here = current.is_some();
             if current.is_some_and(|h| same_place(&h.want, want)) {
                 if let Some(h) = self.held.get_mut(ip)
                     && h.handing_over.take().is_some()
@@ -853,6 +919,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 .conflicts
                 .holding_off(*ip, Instant::now(), |n| view.node(n).is_some())
             {
+                continue;
+            }
+            if want.mode == Mode::Local && !held_here && self.answered_elsewhere(want).await {
                 continue;
             }
             self.acquire(*ip, want.clone()).await;
