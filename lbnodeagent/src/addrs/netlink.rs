@@ -440,8 +440,11 @@ impl NetlinkBackend {
     pub async fn new(config: NetlinkConfig) -> Result<NetlinkBackend> {
         let (connection, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
         let connection = AbortOnDrop(tokio::spawn(connection));
-        let (strict_connection, strict, _) =
-            rtnetlink::new_connection_with_strict_check().map_err(Error::Socket)?;
+        // Kernels before 4.20 have no strict checking: they ignore the link
+        // filter, and the dump is filtered here instead.
+        let (strict_connection, strict, _) = rtnetlink::new_connection_with_strict_check()
+            .or_else(|_| rtnetlink::new_connection())
+            .map_err(Error::Socket)?;
         let strict_connection = AbortOnDrop(tokio::spawn(strict_connection));
         let record = Record::new(&config.run_dir);
         let (previous, record_lost) = match record.load_or_set_aside()? {
@@ -1064,14 +1067,14 @@ async fn delete_one(handle: &Handle, state: &Mutex<State>, a: &KernelAddress) ->
     }
 }
 
-/// The addresses of one family on one link, filtered by the kernel (`strict`
-/// has `NETLINK_GET_STRICT_CHK`).
+/// The addresses of one family on one link, filtered by the kernel where
+/// `strict` has `NETLINK_GET_STRICT_CHK` (and here in any case).
 async fn read_link_addresses(
     strict: &Handle,
     family: Family,
     ifindex: u32,
 ) -> Result<Vec<KernelAddress>> {
-    let mut request = strict.address().get();
+    let mut request = strict.address().get().set_link_index_filter(ifindex);
     let header = &mut request.message_mut().header;
     header.family = address_family(family);
     header.index = ifindex;
