@@ -295,11 +295,15 @@ fn start_keepalived(c: &Cluster, node: &str, priority: u32, advert_ms: u64) -> C
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("keepalived.conf");
     let advert = advert_ms as f64 / 1000.0;
+    // VRRPv2 (keepalived's default for IPv4) counts advert_int in whole
+    // seconds; sub-second intervals need VRRPv3.
+    let version = if advert_ms < 1000 { 3 } else { 2 };
     std::fs::write(
         &conf,
         format!(
             r#"global_defs {{
     router_id {node}
+    vrrp_version {version}
     vrrp_garp_master_delay 0
     vrrp_garp_master_repeat 3
 }}
