@@ -105,7 +105,10 @@ fn write_docs(table: &str, runs: usize, window: Duration) {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     let keepalived = std::process::Command::new("keepalived")
         .arg("--version")
         .output()
@@ -139,10 +142,11 @@ cluster.
   `vrrp_garp_master_delay 0`.
 
 **Columns.** *Takeover*: from the fault to the first answer from another
-host. *Outage*: the longest time nobody answered. *Lost probes*: requests
-in that gap. *Two MACs answer*: from the new owner's first answer to the old
-owner's last; *forever* when the old owner still answered at the end of the
-window (keepalived's master keeps the address when its daemon dies or
+host (none: the old owner kept answering through the window). *Outage*:
+the longest time nobody answered. *Lost probes*: requests in that gap.
+*Two MACs answer*: the probe periods answered by more than one MAC, in ms;
+*forever* when the old owner and another still both answered at the end of
+the window (keepalived's master keeps the address when its daemon dies or
 freezes). Min / median / max over the runs.
 
 **Faults.** *SIGKILL + cleanup*: the agent killed and `lbnodeagent cleanup`
