@@ -47,6 +47,18 @@ impl Kubectl {
         })
     }
 
+    /// `None` (the test does not run) without kubectl, except in CI.
+    fn find_or_skip(dir: &Path, server: &TestServer) -> Option<Kubectl> {
+        let k = Kubectl::find(dir, server);
+        if k.is_none() {
+            if std::env::var_os("CI").is_some() {
+                panic!("kubectl is required in CI: install it or set KUBECTL");
+            }
+            eprintln!("NOT RUN: kubectl not found (install it or set KUBECTL)");
+        }
+        k
+    }
+
     fn run(&self, args: &[&str]) -> (bool, String, String) {
         let out = Command::new(&self.bin)
             .arg("--kubeconfig")
@@ -96,11 +108,7 @@ fn tempdir(name: &str) -> PathBuf {
 async fn kubectl_get_create_apply_delete() {
     let server = TestServer::start().await;
     let dir = tempdir("crud");
-    let Some(k) = Kubectl::find(&dir, &server) else {
-        if std::env::var_os("CI").is_some() {
-            panic!("kubectl is required in CI: install it or set KUBECTL");
-        }
-        eprintln!("NOT RUN: kubectl not found (install it or set KUBECTL)");
+    let Some(k) = Kubectl::find_or_skip(&dir, &server) else {
         return;
     };
     let k = tokio::task::spawn_blocking(move || {
@@ -120,8 +128,6 @@ async fn kubectl_get_create_apply_delete() {
         let (ok, out, err) = k.run(&["apply", "-f", crds.to_str().unwrap(), k.validate]);
         assert!(ok, "{err}");
         assert!(out.contains("ipaddresspools.hostlb.io created"), "{out}");
-        // From YAML: `kubectl create namespace` sends protobuf, which the
-        // test server does not speak.
         let (ok, _, err) = k.apply_yaml(&dir, "ns.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: hostlb-system}\n", &["create"]);
         assert!(ok, "{err}");
         let pool = "apiVersion: hostlb.io/v1\nkind: IPAddressPool\nmetadata: {name: p1, namespace: hostlb-system}\nspec:\n  addresses: [192.168.10.0/24]\n";
@@ -159,4 +165,91 @@ async fn kubectl_get_create_apply_delete() {
     .await
     .unwrap();
     drop(k);
+}
+
+/// kubectl's typed generators send protobuf bodies; what they carry arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_create_generators_send_protobuf() {
+    let server = TestServer::start().await;
+    let dir = tempdir("protobuf");
+    let Some(k) = Kubectl::find_or_skip(&dir, &server) else {
+        return;
+    };
+    tokio::task::spawn_blocking(move || {
+        let get = |args: &[&str]| -> serde_json::Value {
+            let mut all = vec!["get", "-o", "json", "-n", "demo"];
+            all.extend(args);
+            serde_json::from_str(&k.ok(&all)).unwrap()
+        };
+        let out = k.ok(&["create", "namespace", "demo"]);
+        assert!(out.contains("namespace/demo created"), "{out}");
+        let (_, _, log) = k.run(&["create", "namespace", "demo2", "-v=8"]);
+        assert!(
+            log.contains("Content-Type: application/vnd.kubernetes.protobuf"),
+            "kubectl no longer sends protobuf, so this test proves nothing: {log}"
+        );
+        assert_eq!(get(&["namespace", "demo"])["metadata"]["name"], "demo");
+
+        let file = dir.join("blob");
+        std::fs::write(&file, [0u8, 0xff]).unwrap();
+        let from_file = format!("--from-file=blob={}", file.display());
+        k.ok(&[
+            "create",
+            "configmap",
+            "cm",
+            "-n",
+            "demo",
+            "--from-literal=greeting=hello",
+            &from_file,
+        ]);
+        let cm = get(&["configmap", "cm"]);
+        assert_eq!(cm["data"], serde_json::json!({"greeting": "hello"}));
+        assert_eq!(cm["binaryData"], serde_json::json!({"blob": "AP8="}));
+
+        k.ok(&[
+            "create",
+            "secret",
+            "generic",
+            "creds",
+            "-n",
+            "demo",
+            "--from-literal=user=admin",
+            "--type=Opaque",
+        ]);
+        let secret = get(&["secret", "creds"]);
+        assert_eq!(secret["data"], serde_json::json!({"user": "YWRtaW4="}));
+        assert_eq!(secret["type"], "Opaque");
+
+        k.ok(&[
+            "create",
+            "service",
+            "loadbalancer",
+            "web",
+            "-n",
+            "demo",
+            "--tcp=80:http",
+            "--tcp=443:8443",
+        ]);
+        let svc = get(&["service", "web"]);
+        assert_eq!(svc["spec"]["type"], "LoadBalancer");
+        assert_eq!(svc["spec"]["selector"], serde_json::json!({"app": "web"}));
+        let ports = &svc["spec"]["ports"];
+        assert_eq!(ports[0]["port"], 80);
+        assert_eq!(
+            ports[0]["targetPort"], "http",
+            "a named target port stays a string"
+        );
+        assert_eq!(
+            ports[1]["targetPort"], 8443,
+            "a numbered one stays a number"
+        );
+        assert_eq!(ports[0]["protocol"], "TCP");
+        assert!(
+            ports[0]["nodePort"].as_u64().unwrap() >= 30000,
+            "an unset nodePort is allocated: {svc}"
+        );
+        assert_eq!(svc["metadata"]["labels"], serde_json::json!({"app": "web"}));
+    })
+    .await
+    .unwrap();
 }

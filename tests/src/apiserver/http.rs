@@ -18,8 +18,8 @@ use super::error::ApiError;
 use super::registry::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{Event, EventKind, PatchType, WriteOpts};
-use super::table;
 use super::{App, Mode, RequestRecord};
+use super::{protobuf, table};
 
 fn json_response(code: StatusCode, v: &Value) -> Response {
     (
@@ -340,9 +340,16 @@ async fn route(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    if content_type.contains("protobuf") || content_type.contains("cbor") {
+    if content_type.contains("cbor") {
         return Err(ApiError::unsupported_media_type(content_type));
     }
+    let body = if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        let obj = protobuf::decode(&body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding the body: {e}")))?;
+        Bytes::from(serde_json::to_vec(&obj).expect("a JSON value serialises"))
+    } else {
+        body
+    };
     match (method, &target.name) {
         (Method::GET, None) if flag(q, "watch") => watch(app, &target, q),
         (Method::GET, None) => list(app, &target, q, &headers),

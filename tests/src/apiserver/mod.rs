@@ -18,6 +18,9 @@ pub mod error;
 mod fields;
 mod http;
 mod patch;
+mod protobuf;
+#[rustfmt::skip]
+mod protobuf_schema;
 mod registry;
 mod schema;
 mod selectors;
