@@ -42,8 +42,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print a new gossip key: `lbnodeagent keygen > /etc/lbnodeagent/gossip.key`.
-    Keygen,
+    /// Print a new gossip key, or write it to a new file with mode 0600.
+    Keygen {
+        /// Create this file (mode 0600, never overwritten) instead of
+        /// printing: the agent refuses a key file others can read.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Print the man page (roff), generated from these definitions.
+    #[command(hide = true)]
+    Man,
     /// Compute the election offline from YAML files (`kubectl get -o yaml`).
     Simulate {
         /// File with Nodes, Services, EndpointSlices, IPAddressPools and
@@ -139,16 +147,35 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Keygen => match agent::keygen() {
-            Ok(key) => {
-                println!("{key}");
-                ExitCode::SUCCESS
-            }
+        Command::Keygen { output } => match agent::keygen() {
+            Ok(key) => match output {
+                None => {
+                    println!("{key}");
+                    ExitCode::SUCCESS
+                }
+                Some(path) => match write_private(&path, &key) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("keygen: {}: {e}", path.display());
+                        ExitCode::FAILURE
+                    }
+                },
+            },
             Err(e) => {
                 eprintln!("keygen: {e}");
                 ExitCode::FAILURE
             }
         },
+        Command::Man => {
+            use clap::CommandFactory;
+            match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("man: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Simulate {
             files,
             down,
@@ -179,6 +206,20 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Created with mode 0600 from the start, so the key is never readable by
+/// others even for a moment, and an existing key is never replaced.
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    writeln!(file, "{text}")?;
+    file.sync_all()
 }
 
 /// One thread: the agent's work is a few netlink and HTTP requests a second,
