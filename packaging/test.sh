@@ -22,6 +22,7 @@ command -v rpmlint >/dev/null || apt_packages+=(rpmlint)
 command -v rpm >/dev/null || apt_packages+=(rpm)
 command -v debootstrap >/dev/null || apt_packages+=(debootstrap)
 command -v systemd-nspawn >/dev/null || apt_packages+=(systemd-container)
+command -v kubectl >/dev/null || apt_packages+=(kubernetes-client)
 if ((${#apt_packages[@]})); then
   log "apt-get install ${apt_packages[*]}"
   apt-get update -qq
@@ -57,12 +58,13 @@ ok "exposure level $score"
 
 # A fresh Debian 12 root, made once by debootstrap and unpacked anew for
 # every run: minbase with systemd (for systemd-analyze verify and a boot),
-# procps (the unit's /bin/kill) and man-db (its Documentation=).
-base=$work/bookworm-minbase-systemd-procps-man.tar.gz
+# procps (the unit's /bin/kill), man-db (its Documentation=) and
+# ca-certificates (the agent loads the system's CA roots).
+base=$work/bookworm-minbase-systemd-procps-man-ca.tar.gz
 if [[ ! -f $base ]]; then
   log "debootstrap bookworm (once, cached in $base)"
   rm -rf "$work/rootfs.new"
-  debootstrap --variant=minbase --include=systemd,passwd,procps,man-db bookworm "$work/rootfs.new" \
+  debootstrap --variant=minbase --include=systemd,passwd,procps,man-db,ca-certificates bookworm "$work/rootfs.new" \
     http://deb.debian.org/debian
   tar -C "$work/rootfs.new" -czf "$base" .
   rm -rf "$work/rootfs.new"
@@ -214,8 +216,68 @@ else
     "(PID 1 is $(cat /proc/1/comm), /sys/fs/cgroup is $(stat -fc %T /sys/fs/cgroup)); its log:"
   tail -n 20 "$work/boot.log"
 fi
-echo "packaging test: NOT RUN: starting the unit in the booted root (READY=1, a reload, a clean" \
-  "stop) needs a Kubernetes API server reachable from the container for the agent to become" \
-  "ready; that is not wired up. The agent's notify protocol is tested by lbnodeagent's own tests."
+if [[ -f $root/probe.out ]]; then
+  log "boot again, configured: start (READY=1), reload, stop"
+  # The container shares the host's network: the agent reaches a test API
+  # server on the host's loopback, on ports of its own, with virtual mode
+  # off and no Services, so it never changes an address.
+  cargo build -q -p hostlb-tests --bin kube-testserver
+  target/debug/kube-testserver --listen 127.0.0.1:16443 \
+    --kubeconfig "$root/etc/lbnodeagent/kubeconfig" 2>"$work/apiserver.log" &
+  apiserver=$!
+  trap 'kill $apiserver 2>/dev/null || true' EXIT
+  for _ in $(seq 50); do [[ -s $root/etc/lbnodeagent/kubeconfig ]] && break; sleep 0.1; done
+  kubectl --kubeconfig "$root/etc/lbnodeagent/kubeconfig" apply -f deploy/crds/ >/dev/null
+  cat >"$root/etc/lbnodeagent/lbnodeagent.toml" <<'TOML'
+node_name = "pkgtest"
+[gossip]
+listen = "127.0.0.1:17934"
+seeds = []
+[announce]
+virtual_interface = ""
+[http]
+listen = "127.0.0.1:17472"
+TOML
+  in_root lbnodeagent keygen --output /etc/lbnodeagent/gossip.key
+  in_root chown lbnodeagent:lbnodeagent /etc/lbnodeagent/gossip.key /etc/lbnodeagent/kubeconfig
+  chmod 0600 "$root/etc/lbnodeagent/kubeconfig"
+  cat >"$root/etc/systemd/system/lbnodeagent-probe.service" <<'UNIT'
+[Unit]
+After=lbnodeagent.service
+[Service]
+Type=oneshot
+TimeoutStartSec=90
+ExecStart=/bin/sh -c '\
+  exec >/probe.out 2>&1; \
+  systemctl start lbnodeagent.service; echo start=$$?; \
+  systemctl show lbnodeagent.service -p ActiveState -p StatusText; \
+  pid=$$(systemctl show -p MainPID --value lbnodeagent.service); \
+  systemctl reload lbnodeagent.service; echo reload=$$?; sleep 1; \
+  [ "$$(systemctl show -p MainPID --value lbnodeagent.service)" = "$$pid" ] && echo same_pid=yes; \
+  systemctl stop lbnodeagent.service; echo stop=$$?; \
+  systemctl show lbnodeagent.service -p ActiveState -p Result -p ExecMainStatus; \
+  journalctl -u lbnodeagent.service --no-pager -o cat; \
+  systemctl --no-block poweroff'
+UNIT
+  rm -f "$root/probe.out"
+  timeout 150 systemd-nspawn -q -b -D "$root" --register=no --keep-unit --console=pipe \
+    </dev/null >"$work/boot2.log" 2>&1 || true
+  kill $apiserver 2>/dev/null || true
+  [[ -f $root/probe.out ]] || fail "the second boot wrote no probe output (see $work/boot2.log)"
+  cat "$root/probe.out"
+  for line in start=0 ActiveState=active reload=0 same_pid=yes stop=0 Result=success ExecMainStatus=0; do
+    grep -qx "$line" "$root/probe.out" || fail "after boot: no '$line' (output above)"
+  done
+  grep -q 'removed .* addresses' "$root/probe.out" || fail "after boot: ExecStopPost cleanup did not run"
+  # The sandbox must leave what the agent reads: the kernel release and
+  # the hostname in /proc/sys.
+  if grep -q 'cannot read' "$root/probe.out"; then
+    fail "after boot: the agent could not read something under the unit's sandbox (output above)"
+  fi
+  ok "booted and configured: started (READY=1), reloaded in place, stopped cleanly, cleanup ran"
+else
+  echo "packaging test: NOT RUN: starting the unit (READY=1, a reload, a clean stop): the root" \
+    "could not be booted here (above)."
+fi
 
 echo "packaging test: ok"
