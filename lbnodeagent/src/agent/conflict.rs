@@ -69,6 +69,10 @@ pub struct Yielded {
 #[derive(Default)]
 pub struct Conflicts {
     mac_owner: HashMap<MacAddr, String>,
+    /// Who last published each VIP as held: only a VIP somebody held can
+    /// have an owner still answering, so only those are asked about before
+    /// a takeover (a new Service's address is taken at once).
+    last_holder: HashMap<IpAddr, String>,
     yielded: BTreeMap<IpAddr, Yielded>,
     reported: BTreeSet<(IpAddr, MacAddr)>,
 }
@@ -81,7 +85,15 @@ impl Conflicts {
             for mac in &n.macs {
                 self.mac_owner.insert(*mac, n.node.clone());
             }
+            for ip in &n.vips {
+                self.last_holder.insert(*ip, n.node.clone());
+            }
         }
+    }
+
+    /// The node that last published `ip` as held, as far as gossip told.
+    pub fn last_holder(&self, ip: IpAddr) -> Option<&str> {
+        self.last_holder.get(&ip).map(String::as_str)
     }
 
     pub fn owner_of(&self, mac: MacAddr) -> Option<&str> {
@@ -351,6 +363,18 @@ mod tests {
             c.judge(claim, "a", &[MAC_A].into(), None, &e, |_| false, now),
             Verdict::Ignore
         );
+    }
+
+    #[test]
+    fn the_last_holder_of_a_vip_is_remembered_after_it_is_gone() {
+        let ip: IpAddr = VIP.parse().unwrap();
+        let mut c = Conflicts::default();
+        assert_eq!(c.last_holder(ip), None);
+        let mut a = info("a", MAC_A);
+        a.vips.insert(ip);
+        c.learn([&a]);
+        c.learn(std::iter::empty::<&MemberInfo>());
+        assert_eq!(c.last_holder(ip), Some("a"));
     }
 
     /// Both answer while a live node takes over (SIGTERM, a preferred node

@@ -543,7 +543,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
             .nodes
             .iter()
             .any(|n| n.node != self.cfg.node_name && n.vips.contains(&ip));
-        if handed_over || self.claims.is_none() {
+        // Nobody else ever held it (a new Service's address): nobody to hear.
+        let held_elsewhere = self
+            .conflicts
+            .last_holder(ip)
+            .is_some_and(|n| n != self.cfg.node_name);
+        if handed_over || !held_elsewhere || self.claims.is_none() {
             return false;
         }
         self.watched
