@@ -204,6 +204,18 @@ impl OwnedAddress {
     pub fn prefix(&self) -> Prefix {
         Prefix::new(self.ip, self.prefix_len).expect("prefix length checked when added")
     }
+
+    /// The address as `add`/`remove` take it, e.g. to remove one found at
+    /// start-up (`remove` ignores the lifetime).
+    pub fn vip(&self, lifetime: Lifetime) -> VipAddress {
+        VipAddress {
+            interface: self.interface.clone(),
+            ifindex: self.ifindex,
+            ip: self.ip,
+            prefix_len: self.prefix_len,
+            lifetime,
+        }
+    }
 }
 
 /// What `add` or `remove` did. Both are idempotent: adding what is there

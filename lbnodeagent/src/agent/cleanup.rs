@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use super::config::{AgentConfig, DEFAULT_RUN_DIR};
 use super::{AgentError, PEERS_FILE, source_address};
-use crate::addrs::{AddressBackend, NetlinkBackend, NetlinkConfig, VipAddress};
+use crate::addrs::{AddressBackend, NetlinkBackend, NetlinkConfig};
 use crate::gossip::{LocalState, Membership, Status};
 
 /// How long `cleanup` waits to hear from a peer before giving up on telling
@@ -75,13 +75,7 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
         }
     }
     for a in owned {
-        let vip = VipAddress {
-            interface: a.interface.clone(),
-            ifindex: a.ifindex,
-            ip: a.ip,
-            prefix_len: a.prefix_len,
-            lifetime: crate::addrs::Lifetime::FOREVER,
-        };
+        let vip = a.vip(crate::addrs::Lifetime::FOREVER);
         match backend.remove(&vip).await {
             Ok(_) => {
                 info!(ip = %a.ip, interface = %a.interface, "removed");

@@ -712,6 +712,19 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.drop_unheard_adopted().await;
     }
 
+    /// Removes an address a previous run of the agent left, saying why.
+    async fn remove_previous(&self, a: &crate::addrs::OwnedAddress, why: &str) {
+        match self
+            .backend
+            .remove(&a.vip(self.cfg.announce.lifetime))
+            .await
+        {
+            Ok(_) => info!(ip = %a.ip, interface = %a.interface, reason = why,
+                "removed an address of a previous run"),
+            Err(e) => warn!(ip = %a.ip, error = %e, "cannot remove an address of a previous run"),
+        }
+    }
+
     /// Addresses of a previous run wait for the first reconcile to be kept
     /// or removed, except on a link without carrier: this node cannot be
     /// their owner there, and when the cable returns before the agent has
@@ -723,21 +736,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             .partition(|a| !self.links.by_index(a.ifindex).is_some_and(|l| l.carrier));
         self.adopted = live;
         for a in dead {
-            let vip = crate::addrs::VipAddress {
-                interface: a.interface.clone(),
-                ifindex: a.ifindex,
-                ip: a.ip,
-                prefix_len: a.prefix_len,
-                lifetime: self.cfg.announce.lifetime,
-            };
-            match self.backend.remove(&vip).await {
-                Ok(_) => {
-                    info!(ip = %a.ip, interface = %a.interface, "removed an address of a previous run: its link has no carrier")
-                }
-                Err(e) => {
-                    warn!(ip = %a.ip, error = %e, "cannot remove an address of a previous run")
-                }
-            }
+            self.remove_previous(&a, "its link has no carrier").await;
         }
     }
 
@@ -885,19 +884,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // (the add below renews them), removed otherwise.
         for a in std::mem::take(&mut self.adopted) {
             if wants.get(&a.ip).is_none_or(|w| w.vip.ifindex != a.ifindex) {
-                let vip = crate::addrs::VipAddress {
-                    interface: a.interface.clone(),
-                    ifindex: a.ifindex,
-                    ip: a.ip,
-                    prefix_len: a.prefix_len,
-                    lifetime: self.cfg.announce.lifetime,
-                };
-                match self.backend.remove(&vip).await {
-                    Ok(_) => {
-                        info!(ip = %a.ip, interface = %a.interface, "removed a stale address of a previous run")
-                    }
-                    Err(e) => warn!(ip = %a.ip, error = %e, "cannot remove a stale address"),
-                }
+                self.remove_previous(&a, "this node no longer holds it")
+                    .await;
             }
         }
 
