@@ -140,17 +140,22 @@ impl Announcer {
 
     async fn send_round(&self, target: &Target) -> Result<()> {
         for frame in target.frames() {
-            self.socket
-                .send(target.ifindex, &frame)
-                .await
-                .map_err(|source| Error::Send {
-                    kind: frame.kind,
-                    ip: target.ip,
-                    ifindex: target.ifindex,
-                    source,
-                })?;
+            self.send(target, &frame).await?;
         }
         Ok(())
+    }
+
+    /// One frame about `target` out of its interface.
+    async fn send(&self, target: &Target, frame: &Frame) -> Result<()> {
+        self.socket
+            .send(target.ifindex, frame)
+            .await
+            .map_err(|source| Error::Send {
+                kind: frame.kind,
+                ip: target.ip,
+                ifindex: target.ifindex,
+                source,
+            })
     }
 
     /// `config.count` rounds, `config.interval` apart, the first at once,
@@ -202,15 +207,7 @@ impl Announcer {
             IpAddr::V4(v4) => packet::arp_probe(target.mac, v4),
             IpAddr::V6(v6) => packet::dad_solicitation(target.mac, v6),
         };
-        self.socket
-            .send(target.ifindex, &frame)
-            .await
-            .map_err(|source| Error::Send {
-                kind: frame.kind,
-                ip: target.ip,
-                ifindex: target.ifindex,
-                source,
-            })
+        self.send(target, &frame).await
     }
 }
 
