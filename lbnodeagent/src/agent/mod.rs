@@ -423,7 +423,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
                         continue;
                     }
                 }
-                _ = probes.tick() => self.probe_wire().await,
+                _ = probes.tick() => {
+                    self.probe_wire().await;
+                    // Only an expiring yield needs a reconcile pass.
+                    if self.conflicts.yielded().next().is_none() {
+                        continue;
+                    }
+                }
                 _ = fast.tick(), if handover_pending => {}
                 _ = hup.recv() => self.reload(),
                 _ = term.recv() => self.begin_leave("SIGTERM").await,
