@@ -9,6 +9,9 @@ if [ "$(id -u)" != 0 ]; then
   echo "demo: failed needs root: it creates network namespaces, links and addresses (run: sudo ./demo.sh)"
   exit 1
 fi
+for tool in ip python3; do
+  command -v "$tool" >/dev/null || { echo "demo: failed needs $tool (apt-get install iproute2 python3)"; exit 1; }
+done
 echo "building lbnodeagent, allocator, kube-testserver and hostlb-demo (first time: a few minutes)"
 cargo build -q --bins -p lbnodeagent -p hostlb-allocator -p hostlb-tests
 exec target/debug/hostlb-demo "$@"
