@@ -578,3 +578,69 @@ async fn a_partitioned_node_is_dropped_and_comes_back() {
         wait_sim(m, Duration::from_secs(10), |v| v.members.len() == 3).await;
     }
 }
+
+// --- pacing ----------------------------------------------------------------
+
+/// With a budget below what the cluster would send, each node sends about
+/// the budget, gossip goes on (slower), and a crash is still detected.
+#[tokio::test(start_paused = true)]
+async fn a_bandwidth_budget_caps_what_each_node_sends() {
+    use lbnodeagent::gossip::MIN_MAX_BANDWIDTH;
+    use lbnodeagent::gossip::counting::CountingTransport;
+    const N: u16 = 20;
+    let budget = MIN_MAX_BANDWIDTH;
+    let counting = CountingTransport::new(ChannelTransport::default());
+    let addr = |i: u16| SocketAddr::from(([127, 0, 0, 1], 12_000 + i));
+    let mut nodes = Vec::new();
+    for i in 0..N {
+        let mut config = GossipConfig::for_test(&format!("n{i:02}"), addr(i));
+        config.seeds = vec![addr(0).to_string()];
+        config.max_bandwidth = Some(budget);
+        nodes.push(
+            Membership::start(&config, local_state(i as u8), &counting)
+                .await
+                .unwrap(),
+        );
+    }
+    for node in &nodes {
+        wait_sim(node, Duration::from_secs(30), |v| {
+            v.members.len() == N as usize
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    counting.reset();
+    let held_before: u64 = nodes.iter().map(Membership::gossip_held).sum();
+    let mut views: Vec<_> = nodes.iter().map(Membership::views).collect();
+    for v in &mut views {
+        v.mark_unchanged();
+    }
+    let secs = 30;
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    // What the pacer charges: chitchat's bytes, 28 B of headers per message
+    // (this transport has no frame).
+    let rates: Vec<f64> = counting
+        .traffic()
+        .values()
+        .map(|t| (t.bytes_sent + 28 * t.messages_sent) as f64 / secs as f64)
+        .collect();
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    let max = rates.iter().cloned().fold(0.0, f64::max);
+    let held: u64 = nodes.iter().map(Membership::gossip_held).sum::<u64>() - held_before;
+    assert!(held > 0, "the budget never held a round back");
+    assert!(
+        mean <= budget as f64 * 1.1 && max <= budget as f64 * 1.5,
+        "sent {mean:.0} B/s mean, {max:.0} B/s max per node over a {budget} B/s budget"
+    );
+    // Slower, not broken: nobody was dropped, and a crash is still seen.
+    for (node, v) in nodes.iter().zip(&views) {
+        assert!(!v.has_changed().unwrap(), "{:?}", members(&node.view()));
+        assert_eq!(node.view().members.len(), N as usize);
+    }
+    drop(nodes.pop());
+    let crash = wait_sim(&nodes[0], Duration::from_secs(10), |v| {
+        v.members.len() == N as usize - 1
+    })
+    .await;
+    println!("{N} nodes at {budget} B/s: {mean:.0} B/s mean per node, crash seen after {crash:?}");
+}

@@ -14,6 +14,8 @@ use serde::Deserialize;
 
 use crate::addrs::{DEFAULT_ADDRESS_LIFETIME, DEFAULT_VIRTUAL_INTERFACE, Lifetime};
 use crate::announce::AnnounceConfig;
+#[cfg(test)]
+use crate::gossip::DEFAULT_MAX_BANDWIDTH;
 use crate::gossip::{DEFAULT_CLUSTER_ID, DEFAULT_INTERVAL, DEFAULT_PORT, GossipConfig};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/lbnodeagent/lbnodeagent.toml";
@@ -127,6 +129,10 @@ impl AgentConfig {
             "gossip.interval",
         );
         check(
+            self.gossip.max_bandwidth != new.gossip.max_bandwidth,
+            "gossip.max_bandwidth",
+        );
+        check(
             self.gossip.cluster_id != new.gossip.cluster_id,
             "gossip.cluster_id",
         );
@@ -168,6 +174,7 @@ struct GossipSection {
     interval: Option<String>,
     cluster_id: Option<String>,
     phi_threshold: Option<f64>,
+    max_bandwidth: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -253,6 +260,10 @@ impl FileConfig {
         gossip.cluster_id = g.cluster_id.unwrap_or_else(|| DEFAULT_CLUSTER_ID.into());
         if let Some(phi) = g.phi_threshold {
             gossip.phi_threshold = phi;
+        }
+        if let Some(b) = &g.max_bandwidth {
+            gossip.max_bandwidth =
+                parse_bandwidth(b).map_err(|p| bad("gossip.max_bandwidth", p))?;
         }
         // Checked without the advertise address, which may be filled in from
         // the announce interface at start.
@@ -366,6 +377,37 @@ fn line_of(text: &str, key: &str) -> usize {
 }
 
 /// `"200ms"`, `"15s"`, `"2m"`, `"1h"`, `"0s"`; a bare `0` too.
+/// `"128kB/s"`, `"1MB/s"`, `"1Mbit/s"`, `"500000B/s"` (decimal units, as
+/// link speeds are written) or `"unlimited"`.
+pub fn parse_bandwidth(text: &str) -> Result<Option<u64>, String> {
+    let t = text.trim();
+    if t == "unlimited" {
+        return Ok(None);
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let example = "write it like \"128kB/s\", \"1Mbit/s\" or \"unlimited\"";
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a rate; {example}"))?;
+    let bytes = match unit.trim() {
+        "B/s" => 1.0,
+        "kB/s" => 1e3,
+        "MB/s" => 1e6,
+        "kbit/s" => 1e3 / 8.0,
+        "Mbit/s" => 1e6 / 8.0,
+        "Gbit/s" => 1e9 / 8.0,
+        _ => return Err(format!("{text:?} has no known unit; {example}")),
+    };
+    let rate = value * bytes;
+    if !rate.is_finite() || rate > 1e12 {
+        return Err(format!("{text:?} is too large; {example}"));
+    }
+    Ok(Some(rate as u64))
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     if t == "0" {
@@ -498,6 +540,41 @@ listen = "127.0.0.1:9000"
         assert!(parse_duration("15").unwrap_err().contains("no unit"));
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn bandwidths() {
+        assert_eq!(parse_bandwidth("128kB/s"), Ok(Some(128_000)));
+        assert_eq!(parse_bandwidth("1Mbit/s"), Ok(Some(125_000)));
+        assert_eq!(parse_bandwidth("1.5MB/s"), Ok(Some(1_500_000)));
+        assert_eq!(parse_bandwidth(" 9000 B/s "), Ok(Some(9_000)));
+        assert_eq!(parse_bandwidth("unlimited"), Ok(None));
+        assert!(parse_bandwidth("128").unwrap_err().contains("unit"));
+        assert!(parse_bandwidth("128KB").unwrap_err().contains("unit"));
+        assert!(parse_bandwidth("-1kB/s").is_err());
+        assert!(parse_bandwidth("1e30 B/s").is_err());
+    }
+
+    #[test]
+    fn the_gossip_budget_defaults_and_too_small_a_one_is_refused() {
+        let c = parse("kubeconfig = \"/k\"\n").unwrap();
+        assert_eq!(c.gossip.max_bandwidth, Some(DEFAULT_MAX_BANDWIDTH));
+        let c = parse("kubeconfig = \"/k\"\n[gossip]\nmax_bandwidth = \"unlimited\"\n").unwrap();
+        assert_eq!(c.gossip.max_bandwidth, None);
+        let e = parse("kubeconfig = \"/k\"\n[gossip]\nmax_bandwidth = \"1kB/s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 3: gossip.max_bandwidth") && e.contains("8000 B/s"),
+            "{e}"
+        );
+        let e = parse("kubeconfig = \"/k\"\n[gossip]\nmax_bandwidth = \"fast\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("gossip.max_bandwidth") && e.contains("128kB/s"),
+            "{e}"
+        );
     }
 
     #[test]

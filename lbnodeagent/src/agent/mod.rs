@@ -272,6 +272,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             macs: links.macs(),
         };
         let membership = Membership::start(&cfg.gossip, local, &transport).await?;
+        telemetry.set_gossip_held(membership.gossip_held_counter());
         let views = membership.views();
         let view = views.borrow().clone();
 

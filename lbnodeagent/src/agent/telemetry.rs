@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -51,6 +51,7 @@ pub struct Telemetry {
     pub api_writes: Family<OpLabels, Counter>,
     pub conflicts: Family<KindLabels, Counter>,
     gossip: Mutex<Option<Arc<AuthCounters>>>,
+    gossip_held: Mutex<Option<Arc<AtomicU64>>>,
     /// First reconcile applied.
     pub applied: AtomicBool,
     pub api_healthy: AtomicBool,
@@ -84,6 +85,7 @@ impl Telemetry {
             api_writes: Family::default(),
             conflicts: Family::default(),
             gossip: Mutex::new(None),
+            gossip_held: Mutex::new(None),
             applied: AtomicBool::new(false),
             api_healthy: AtomicBool::new(false),
             carrier: AtomicBool::new(true),
@@ -171,6 +173,10 @@ impl Telemetry {
         *self.gossip.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
     }
 
+    pub fn set_gossip_held(&self, held: Arc<AtomicU64>) {
+        *self.gossip_held.lock().unwrap_or_else(|e| e.into_inner()) = Some(held);
+    }
+
     pub fn set_status_channel(&self, tx: mpsc::Sender<oneshot::Sender<StatusDoc>>) {
         *self.status.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
     }
@@ -230,6 +236,50 @@ impl Telemetry {
                     "hostlb_agent_gossip_frames_dropped_total{{reason=\"{reason}\"}} {n}\n"
                 ));
             }
+            let held = self
+                .gossip_held
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map_or(0, |h| h.load(Ordering::Relaxed));
+            let counters = [
+                (
+                    "gossip_sent_bytes",
+                    "Gossip bytes sent on the wire, frames included.",
+                    s.bytes_sent,
+                ),
+                (
+                    "gossip_received_bytes",
+                    "Gossip bytes received on the wire.",
+                    s.bytes_received,
+                ),
+                (
+                    "gossip_messages_fragmented",
+                    "Gossip messages sent in two datagrams.",
+                    s.messages_fragmented,
+                ),
+                (
+                    "gossip_messages_too_large",
+                    "Gossip messages dropped because even two datagrams could not carry them.",
+                    s.send_too_large,
+                ),
+                (
+                    "gossip_rounds_held",
+                    "Gossip exchanges not started to stay within gossip.max_bandwidth.",
+                    held,
+                ),
+            ];
+            for (name, help, n) in counters {
+                out.push_str(&format!(
+                    "# HELP hostlb_agent_{name} {help}\n# TYPE hostlb_agent_{name} counter\nhostlb_agent_{name}_total {n}\n"
+                ));
+            }
+            out.push_str(&format!(
+                "# HELP hostlb_agent_gossip_largest_message_bytes The largest gossip message sent.\n\
+                 # TYPE hostlb_agent_gossip_largest_message_bytes gauge\n\
+                 hostlb_agent_gossip_largest_message_bytes {}\n",
+                s.largest_sent
+            ));
             out.push_str("# EOF\n");
         }
         out

@@ -32,6 +32,12 @@ pub const DEFAULT_LEAVE_ROUNDS: u32 = 3;
 /// How far a frame's timestamp may be from our clock: covers clock skew,
 /// bounds how long a captured frame stays replayable.
 pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(30);
+/// Bytes per second a node's gossip may take on the wire (see `pace`): 128
+/// kB/s, about 1 Mbit/s. Clusters up to about 100 members never reach it;
+/// larger ones gossip more slowly instead of sending more.
+pub const DEFAULT_MAX_BANDWIDTH: u64 = 128_000;
+/// Below this a budget cannot carry one round of a small cluster.
+pub const MIN_MAX_BANDWIDTH: u64 = 8_000;
 pub const DEFAULT_PORT: u16 = 7934;
 pub const DEFAULT_CLUSTER_ID: &str = "hostlb";
 
@@ -58,6 +64,8 @@ pub struct GossipConfig {
     pub marked_for_deletion_grace_period: Duration,
     pub leave_rounds: u32,
     pub replay_window: Duration,
+    /// Byte budget per second on the wire; `None`: unlimited.
+    pub max_bandwidth: Option<u64>,
     /// chitchat generation; `None` = the start time in ns, so every start is
     /// a new generation that sorts after the previous one.
     pub generation: Option<u64>,
@@ -79,6 +87,7 @@ impl Default for GossipConfig {
             marked_for_deletion_grace_period: DEFAULT_TOMBSTONE_GRACE,
             leave_rounds: DEFAULT_LEAVE_ROUNDS,
             replay_window: DEFAULT_REPLAY_WINDOW,
+            max_bandwidth: Some(DEFAULT_MAX_BANDWIDTH),
             generation: None,
         }
     }
@@ -123,6 +132,16 @@ impl GossipConfig {
             return bad(
                 "gossip.dead_node_grace_period",
                 "must be at least 10 gossip intervals".into(),
+            );
+        }
+        if let Some(budget) = self.max_bandwidth
+            && budget < MIN_MAX_BANDWIDTH
+        {
+            return bad(
+                "gossip.max_bandwidth",
+                format!(
+                    "{budget} B/s is below {MIN_MAX_BANDWIDTH} B/s; raise it, or write \"unlimited\""
+                ),
             );
         }
         if self.replay_window < Duration::from_secs(1) {

@@ -18,6 +18,11 @@ pub struct Traffic {
     pub messages_sent: u64,
     pub bytes_received: u64,
     pub messages_received: u64,
+    /// The largest message this socket sent.
+    pub largest_sent: u64,
+    /// Sends the inner transport refused (with chitchat's `ChannelTransport`
+    /// given an MTU: a message too large for one datagram).
+    pub send_failures: u64,
 }
 
 #[derive(Clone)]
@@ -95,10 +100,17 @@ impl Socket for CountingSocket {
         to: SocketAddr,
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
-        let outcome = self.inner.send(to, envelope).await?;
+        let outcome = match self.inner.send(to, envelope).await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                self.record(|t| t.send_failures += 1);
+                return Err(error);
+            }
+        };
         self.record(|t| {
             t.bytes_sent += outcome.num_bytes_sent as u64;
             t.messages_sent += 1;
+            t.largest_sent = t.largest_sent.max(outcome.num_bytes_sent as u64);
         });
         Ok(outcome)
     }

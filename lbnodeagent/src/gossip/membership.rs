@@ -30,6 +30,7 @@ use tracing::{debug, info};
 
 use super::GossipError;
 use super::config::GossipConfig;
+use super::pace::{Pace, PacedTransport};
 use super::state::{self, LocalState, MemberInfo, Status};
 use crate::election::Member;
 
@@ -82,6 +83,7 @@ pub struct Membership {
     leaving: AtomicBool,
     interval: Duration,
     leave_rounds: u32,
+    pace: Arc<Pace>,
     task: JoinHandle<()>,
     _listener: ListenerHandle,
 }
@@ -115,12 +117,17 @@ impl Membership {
             protocol_version: ProtocolVersion::V1,
         };
         let kvs = state::initial_key_values(&config.agent_version, &local);
-        let handle = spawn_chitchat(chitchat_config, kvs, transport)
+        let start_error = |error: anyhow::Error| GossipError::Start {
+            listen: config.listen,
+            message: format!("{error:#}"),
+        };
+        let pace = Pace::new(config.max_bandwidth);
+        let paced = PacedTransport::open(transport, config.listen, pace.clone())
             .await
-            .map_err(|error| GossipError::Start {
-                listen: config.listen,
-                message: format!("{error:#}"),
-            })?;
+            .map_err(start_error)?;
+        let handle = spawn_chitchat(chitchat_config, kvs, &paced)
+            .await
+            .map_err(start_error)?;
         let chitchat = handle.chitchat();
         let refresh = Arc::new(Notify::new());
         let (listener, watcher, first) = {
@@ -142,6 +149,7 @@ impl Membership {
                 seeds: seeds_rx,
                 views: views_tx,
                 interval: config.interval,
+                pace: pace.clone(),
             }
             .run(),
         );
@@ -156,6 +164,7 @@ impl Membership {
             leaving: AtomicBool::new(leaving),
             interval: config.interval,
             leave_rounds: config.leave_rounds,
+            pace,
             task,
             _listener: listener,
         })
@@ -172,6 +181,16 @@ impl Membership {
 
     pub fn chitchat_id(&self) -> &ChitchatId {
         &self.id
+    }
+
+    /// SYNs the byte budget held back so far (see `pace`).
+    pub fn gossip_held(&self) -> u64 {
+        self.pace.held()
+    }
+
+    /// [`gossip_held`](Self::gossip_held), shared, for the metrics endpoint.
+    pub fn gossip_held_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.pace.held_counter()
     }
 
     /// The chitchat instance, for diagnostics (failure-detection timeouts,
@@ -219,6 +238,7 @@ impl Membership {
             // Flag and status change together under the lock, so a `publish`
             // either wrote before (and is overwritten here) or sees the flag.
             self.leaving.store(true, Ordering::SeqCst);
+            self.pace.unpace();
             c.self_node_state()
                 .set(state::KEY_STATUS, Status::Leaving.as_str());
             let own = c.self_chitchat_id().clone();
@@ -278,11 +298,24 @@ impl Drop for Membership {
 /// Start time in ns since the Unix epoch: a restart gets a larger generation
 /// as long as the clock does not step back across it (the stale generation
 /// then only lingers until peers declare it dead, about a second).
+/// The start time in milliseconds, shifted left by 20 bits: every member's
+/// generation is in every digest, and zero low bytes compress away (a
+/// 1,000-member digest is 11 kB instead of 14 kB with nanoseconds), while
+/// the value stays above the nanosecond generations of earlier releases, so
+/// an upgraded agent still replaces its previous self at once. Two starts
+/// in one process within a millisecond still get increasing generations.
 fn generation_now() -> u64 {
-    SystemTime::now()
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+        .map(|d| (d.as_millis() as u64) << 20)
+        .unwrap_or(0);
+    let previous = LAST
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
+            Some(now.max(last + 1))
+        })
+        .expect("the update always succeeds");
+    now.max(previous + 1)
 }
 
 struct ViewTask {
@@ -294,6 +327,7 @@ struct ViewTask {
     seeds: watch::Receiver<Vec<SocketAddr>>,
     views: watch::Sender<MembershipView>,
     interval: Duration,
+    pace: Arc<Pace>,
 }
 
 impl ViewTask {
@@ -304,9 +338,14 @@ impl ViewTask {
         let mut builder = ViewBuilder::default();
         loop {
             tokio::select! {
-                changed = self.watcher.changed() => if changed.is_err() {
-                    return;
-                },
+                changed = self.watcher.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    self.pace.set_live(
+                        self.watcher.borrow().keys().map(|id| id.gossip_advertise_addr),
+                    );
+                }
                 () = self.refresh.notified() => {}
                 _ = tick.tick() => {
                     self.probe_seeds(&mut probe).await;
@@ -470,6 +509,18 @@ impl ViewBuilder {
 mod tests {
     use std::collections::BTreeSet;
     use std::net::IpAddr;
+
+    #[test]
+    fn generations_increase_and_sort_after_nanosecond_ones() {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let first = super::generation_now();
+        let second = super::generation_now();
+        assert!(first > nanos, "an upgraded agent must replace its old self");
+        assert!(second > first);
+    }
 
     use chitchat::FailureDetectorConfig;
 

@@ -164,6 +164,7 @@ pub mod counting;
 pub mod frame;
 mod keys;
 mod membership;
+mod pace;
 mod state;
 mod transport;
 
@@ -172,8 +173,8 @@ use std::path::PathBuf;
 
 pub use config::{
     DEFAULT_CLUSTER_ID, DEFAULT_DEAD_NODE_GRACE, DEFAULT_INTERVAL, DEFAULT_LEAVE_ROUNDS,
-    DEFAULT_PHI_THRESHOLD, DEFAULT_PORT, DEFAULT_REPLAY_WINDOW, DEFAULT_TOMBSTONE_GRACE,
-    GossipConfig,
+    DEFAULT_MAX_BANDWIDTH, DEFAULT_PHI_THRESHOLD, DEFAULT_PORT, DEFAULT_REPLAY_WINDOW,
+    DEFAULT_TOMBSTONE_GRACE, GossipConfig, MIN_MAX_BANDWIDTH,
 };
 pub use keys::{GossipKeys, MAX_KEYS, MIN_KEY_LEN};
 pub use membership::{Membership, MembershipView, ViewBuilder, build_view};

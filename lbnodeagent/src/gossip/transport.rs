@@ -154,6 +154,10 @@ pub struct AuthCounters {
     /// Outgoing messages dropped: too large even in two fragments, or the
     /// codec's bytes never came back over loopback.
     pub send_failed: AtomicU64,
+    /// Of `send_failed`: too large even in two fragments.
+    pub send_too_large: AtomicU64,
+    /// The largest message sent, in chitchat bytes (before framing).
+    pub largest_sent: AtomicU64,
 }
 
 /// A point-in-time copy of [`AuthCounters`].
@@ -174,6 +178,8 @@ pub struct AuthStats {
     pub dropped_other_version: u64,
     pub dropped_loopback: u64,
     pub send_failed: u64,
+    pub send_too_large: u64,
+    pub largest_sent: u64,
 }
 
 impl AuthStats {
@@ -209,6 +215,8 @@ impl AuthCounters {
             dropped_other_version: get(&self.dropped_other_version),
             dropped_loopback: get(&self.dropped_loopback),
             send_failed: get(&self.send_failed),
+            send_too_large: get(&self.send_too_large),
+            largest_sent: get(&self.largest_sent),
         }
     }
 
@@ -663,6 +671,7 @@ impl AuthSocket {
             Ok(frames) => frames,
             Err(_) => {
                 AuthCounters::add(&self.counters.send_failed, 1);
+                AuthCounters::add(&self.counters.send_too_large, 1);
                 warn!(%to, len, "gossip message too large even in two datagrams; dropped");
                 return Ok(0);
             }
@@ -670,6 +679,9 @@ impl AuthSocket {
         if frames.len() > 1 {
             AuthCounters::add(&self.counters.messages_fragmented, 1);
         }
+        self.counters
+            .largest_sent
+            .fetch_max(len as u64, Ordering::Relaxed);
         let mut sent = 0;
         for frame in &frames {
             sent += self
