@@ -24,7 +24,8 @@
 //!
 //! Environment: `MEMBERSHIP_BENCH_SIZES` (default `100,250,500,1000`),
 //! `MEMBERSHIP_BENCH_SECS` (measured virtual seconds, default 60),
-//! `MEMBERSHIP_BENCH_CRASHES` (default 5), `MEMBERSHIP_BENCH_LOSS` (fraction
+//! `MEMBERSHIP_BENCH_CRASHES` (default 5), `MEMBERSHIP_BENCH_WARMUP`
+//! (seconds between forming and measuring, default 10), `MEMBERSHIP_BENCH_LOSS` (fraction
 //! of messages dropped, default 0), `MEMBERSHIP_BENCH_INTERVAL_MS` (force a
 //! gossip interval), `MEMBERSHIP_BENCH_BUDGET` (bytes per second or
 //! `unlimited`, instead of the shipped `gossip.max_bandwidth`).
@@ -354,6 +355,8 @@ struct Settings {
     crashes: usize,
     loss: f64,
     interval: Option<Duration>,
+    /// Settling time after the cluster formed, before measuring.
+    warmup: Duration,
     /// `None`: the shipped budget; `Some(None)`: unlimited.
     budget: Option<Option<u64>>,
 }
@@ -364,6 +367,7 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         crashes,
         loss,
         interval,
+        warmup,
         budget,
     } = *settings;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -406,7 +410,7 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         }
         wait_all(&nodes, move |v| v.members.len() == n).await;
         let formed_after = started.elapsed();
-        tokio::time::sleep(Duration::from_secs(10)).await;
+        tokio::time::sleep(warmup).await;
 
         // Steady state: traffic, CPU, spurious removals.
         let removals = Arc::new(AtomicUsize::new(0));
@@ -551,6 +555,7 @@ fn main() {
         crashes,
         loss,
         interval,
+        warmup: Duration::from_secs(env("MEMBERSHIP_BENCH_WARMUP", 10)),
         budget,
     };
     println!(

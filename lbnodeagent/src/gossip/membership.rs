@@ -121,7 +121,7 @@ impl Membership {
             listen: config.listen,
             message: format!("{error:#}"),
         };
-        let pace = Pace::new(config.max_bandwidth);
+        let pace = Pace::new(config.max_bandwidth, config.interval);
         let paced = PacedTransport::open(transport, config.listen, pace.clone())
             .await
             .map_err(start_error)?;

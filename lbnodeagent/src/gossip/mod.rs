@@ -77,9 +77,10 @@
 //!   reassembled (five-second timeout, 64 pending at most); anything
 //!   chitchat emits fits in two. Separately, chitchat never splits a value,
 //!   so held VIPs are published in `vips.N` keys of at most 4 000 bytes.
-//!   Still a limit: chitchat sends the SYN digest whole, which with
-//!   protocol V1 (zstd, which we use) is about 10 bytes per member, so many
-//!   thousands of members.
+//!   Still a limit: chitchat sends the SYN digest whole, and the codec
+//!   relay carries a message in one loopback datagram (65,507 bytes); with
+//!   protocol V1 (zstd, which we use) a digest is about 11 bytes per member,
+//!   so about 5,900 members.
 //!
 //! # Defaults and the measurements behind them
 //!
@@ -127,22 +128,15 @@
 //! keeps gossiping for [`DEFAULT_LEAVE_ROUNDS`] rounds (covering peers
 //! beyond the push and lost pushes) before it stops.
 //!
-//! **Bandwidth** per node at 100 ms, measured per socket on chitchat's
-//! in-memory transport with a paused clock (10 VIPs and two prefixes per
-//! node; "wire" adds the 81-byte frame and 28 bytes of IPv4/UDP headers per
-//! datagram; received ≈ sent):
-//!
-//! | members | chitchat payload | on the wire | datagrams/s |
-//! |---|---|---|---|
-//! | 3 | 3.5 kB/s | 10.0 kB/s | 60 |
-//! | 10 | 10.5 kB/s | 20.5 kB/s | 92 |
-//! | 100 | 58.6 kB/s | 68.4 kB/s | 90 |
-//!
-//! Digests (every member's heartbeat and versions) dominate, so traffic per
-//! node grows linearly with members and halves at 200 ms (5.1 and 29.7
-//! kB/s payload at 10 and 100 members). Clusters of several hundred nodes
-//! may prefer `interval = "200ms"` at the cost of detection (≈ 1.1 s with
-//! phi 8, or ≈ 0.9 s with phi 6).
+//! **Bandwidth** grows with the cluster: every SYN and SYN-ACK carries a
+//! digest of every member (about 11 bytes each, compressed), and a round
+//! sends three SYNs, so at 100 ms a node sends about 1 kB/s per member. The
+//! [`pace`] layer caps it at `gossip.max_bandwidth` (128 kB/s by default,
+//! which clusters up to about 100 members never reach): past the budget a
+//! node starts fewer exchanges, so news, heartbeats included, spreads more
+//! slowly and crashes are detected later. `cargo bench -p lbnodeagent
+//! --bench membership` measures 100 to 1,000 members; the table is in
+//! `docs/agent-network.md`.
 //!
 //! Other settings: `initial_interval` = the gossip interval (chitchat's 5 s
 //! prior would make detection take ~40 s right after a peer joins);
@@ -154,7 +148,9 @@
 //! (only `vips.N` chunks are ever deleted; a peer that missed the deletion
 //! for longer is reset and resent the node's state, which is small);
 //! protocol V1 (compressed digests; every node runs chitchat 0.13).
-//! Generations are the start time in ns, and views keep the newest
+//! Generations are the start time in ms shifted left by 20 bits (zero low
+//! bytes compress away in every digest; the values stay above the
+//! nanosecond generations of earlier releases), and views keep the newest
 //! generation of each node name, so a restarted agent replaces its old
 //! self at once instead of appearing twice until the old one times out.
 

@@ -8,11 +8,17 @@
 //! size on the wire, and a SYN to a live peer is held back (dropped before
 //! it is encoded) while the bucket is empty. Replies always go: refusing a
 //! SYN-ACK or an ACK would break an exchange another node started, and those
-//! come at the rate the other nodes' own pacers allow. Under pressure a round
-//! first sends fewer SYNs (fan-out three, then two, then one), then rounds
-//! start less often; both spread news more slowly, so the failure detector
-//! (which measures how often each peer's heartbeat arrives) times out later.
-//! Small clusters never reach the budget and keep the 100 ms behaviour.
+//! come at the rate the other nodes' own pacers allow. Small clusters never
+//! reach the budget and keep the 100 ms behaviour.
+//!
+//! Under pressure (less than half a second of budget left) a node starts at
+//! most one exchange per half interval, so a round sends one SYN instead of
+//! three, and rounds are skipped while the bucket is empty. The spacing
+//! matters as much as the volume: the failure detector times a peer out at
+//! phi × the mean gap between news of its heartbeat, and three SYN-ACKs
+//! landing together after a skipped round shrink that mean without
+//! shortening the gaps, which is how an unspaced bucket made the detector
+//! flap. Either way news spreads more slowly, so crashes are detected later.
 //!
 //! Never held back: SYNs to nodes that are not live (chitchat's dead-node
 //! and seed probes, run-time seeds: they merge partitions and are at most
@@ -47,21 +53,27 @@ pub struct Pace {
     live: Mutex<HashSet<SocketAddr>>,
     unpaced: AtomicBool,
     held: Arc<AtomicU64>,
+    /// Least time between two exchanges started under pressure.
+    spacing: Duration,
 }
 
 #[derive(Debug)]
 struct Bucket {
     tokens: f64,
     at: Instant,
+    last_syn: Option<Instant>,
 }
 
 impl Pace {
-    pub fn new(budget: Option<u64>) -> Arc<Pace> {
+    /// `interval`: the gossip round period.
+    pub fn new(budget: Option<u64>, interval: Duration) -> Arc<Pace> {
         Arc::new(Pace {
             budget,
+            spacing: interval / 2,
             bucket: Mutex::new(Bucket {
                 tokens: budget.unwrap_or(0) as f64 * BURST.as_secs_f64(),
                 at: Instant::now(),
+                last_syn: None,
             }),
             live: Mutex::default(),
             unpaced: AtomicBool::new(false),
@@ -111,7 +123,13 @@ impl Pace {
         }
         let mut bucket = self.bucket.lock().expect("pace lock");
         self.refill(&mut bucket, budget);
-        if bucket.tokens > 0.0 {
+        let now = bucket.at;
+        let relaxed = bucket.tokens >= budget as f64 * BURST.as_secs_f64() / 2.0;
+        let spaced = bucket
+            .last_syn
+            .is_none_or(|last| now.duration_since(last) >= self.spacing);
+        if relaxed || (bucket.tokens > 0.0 && spaced) {
+            bucket.last_syn = Some(now);
             true
         } else {
             self.held.fetch_add(1, Ordering::Relaxed);
@@ -212,6 +230,8 @@ mod tests {
         }
     }
 
+    const INTERVAL: Duration = Duration::from_millis(100);
+
     const PEER: SocketAddr = SocketAddr::new(
         std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2)),
         7934,
@@ -223,7 +243,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn syns_to_live_peers_wait_for_the_budget() {
-        let pace = Pace::new(Some(10_000));
+        let pace = Pace::new(Some(10_000), INTERVAL);
         pace.set_live([PEER]);
         // One second of budget to start with.
         assert!(pace.admit(PEER, &syn()));
@@ -244,8 +264,28 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn under_pressure_a_round_starts_one_exchange() {
+        let pace = Pace::new(Some(10_000), INTERVAL);
+        pace.set_live([PEER, STRANGER]);
+        // Plenty left: a whole round of three SYNs goes.
+        for _ in 0..3 {
+            assert!(pace.admit(PEER, &syn()));
+            pace.spend(1_000);
+        }
+        // Under half a second of budget left: one SYN per half interval.
+        pace.spend(3_000);
+        tokio::time::advance(INTERVAL).await;
+        assert!(pace.admit(PEER, &syn()));
+        pace.spend(100);
+        assert!(!pace.admit(PEER, &syn()), "second SYN of the round");
+        assert!(!pace.admit(PEER, &syn()), "third SYN of the round");
+        tokio::time::advance(INTERVAL).await;
+        assert!(pace.admit(PEER, &syn()), "next round");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn unused_budget_piles_up_to_one_second() {
-        let pace = Pace::new(Some(1_000));
+        let pace = Pace::new(Some(1_000), INTERVAL);
         pace.set_live([PEER]);
         tokio::time::advance(Duration::from_secs(60)).await;
         pace.spend(1_000);
@@ -254,14 +294,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_leaving_node_and_an_unlimited_one_are_never_held() {
-        let pace = Pace::new(Some(1_000));
+        let pace = Pace::new(Some(1_000), INTERVAL);
         pace.set_live([PEER]);
         pace.spend(100_000);
         assert!(!pace.admit(PEER, &syn()));
         pace.unpace();
         assert!(pace.admit(PEER, &syn()));
 
-        let unlimited = Pace::new(None);
+        let unlimited = Pace::new(None, INTERVAL);
         unlimited.set_live([PEER]);
         unlimited.spend(100_000_000);
         assert!(unlimited.admit(PEER, &syn()));
