@@ -558,7 +558,9 @@ listen = "127.0.0.1:9000"
     #[test]
     fn the_gossip_budget_defaults_and_too_small_a_one_is_refused() {
         let c = parse("kubeconfig = \"/k\"\n").unwrap();
-        assert_eq!(c.gossip.max_bandwidth, Some(DEFAULT_MAX_BANDWIDTH));
+        assert_eq!(c.gossip.max_bandwidth, DEFAULT_MAX_BANDWIDTH);
+        let c = parse("kubeconfig = \"/k\"\n[gossip]\nmax_bandwidth = \"128kB/s\"\n").unwrap();
+        assert_eq!(c.gossip.max_bandwidth, Some(128_000));
         let c = parse("kubeconfig = \"/k\"\n[gossip]\nmax_bandwidth = \"unlimited\"\n").unwrap();
         assert_eq!(c.gossip.max_bandwidth, None);
         let e = parse("kubeconfig = \"/k\"\n[gossip]\nmax_bandwidth = \"1kB/s\"\n")

@@ -32,10 +32,12 @@ pub const DEFAULT_LEAVE_ROUNDS: u32 = 3;
 /// How far a frame's timestamp may be from our clock: covers clock skew,
 /// bounds how long a captured frame stays replayable.
 pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(30);
-/// Bytes per second a node's gossip may take on the wire (see `pace`): 128
-/// kB/s, about 1 Mbit/s. Clusters up to about 100 members never reach it;
-/// larger ones gossip more slowly instead of sending more.
-pub const DEFAULT_MAX_BANDWIDTH: u64 = 128_000;
+/// Bytes per second a node's gossip may take on the wire (see `pace`): no
+/// limit. A budget that binds (about 150 members at 128 kB/s) slows crash
+/// detection, and from 500 members the slower heartbeats made the failure
+/// detector remove live members now and then (docs/agent-network.md), which
+/// moves their VIPs: too high a price for a default.
+pub const DEFAULT_MAX_BANDWIDTH: Option<u64> = None;
 /// Below this a budget cannot carry one round of a small cluster.
 pub const MIN_MAX_BANDWIDTH: u64 = 8_000;
 pub const DEFAULT_PORT: u16 = 7934;
@@ -87,7 +89,7 @@ impl Default for GossipConfig {
             marked_for_deletion_grace_period: DEFAULT_TOMBSTONE_GRACE,
             leave_rounds: DEFAULT_LEAVE_ROUNDS,
             replay_window: DEFAULT_REPLAY_WINDOW,
-            max_bandwidth: Some(DEFAULT_MAX_BANDWIDTH),
+            max_bandwidth: DEFAULT_MAX_BANDWIDTH,
             generation: None,
         }
     }
