@@ -376,7 +376,6 @@ fn line_of(text: &str, key: &str) -> usize {
     0
 }
 
-/// `"200ms"`, `"15s"`, `"2m"`, `"1h"`, `"0s"`; a bare `0` too.
 /// `"128kB/s"`, `"1MB/s"`, `"1Mbit/s"`, `"500000B/s"` (decimal units, as
 /// link speeds are written) or `"unlimited"`.
 pub fn parse_bandwidth(text: &str) -> Result<Option<u64>, String> {
@@ -408,6 +407,7 @@ pub fn parse_bandwidth(text: &str) -> Result<Option<u64>, String> {
     Ok(Some(rate as u64))
 }
 
+/// `"200ms"`, `"15s"`, `"2m"`, `"1h"`, `"0s"`; a bare `0` too.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     if t == "0" {

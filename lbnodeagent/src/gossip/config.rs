@@ -68,8 +68,9 @@ pub struct GossipConfig {
     pub replay_window: Duration,
     /// Byte budget per second on the wire; `None`: unlimited.
     pub max_bandwidth: Option<u64>,
-    /// chitchat generation; `None` = the start time in ns, so every start is
-    /// a new generation that sorts after the previous one.
+    /// chitchat generation; `None` = the start time (ms, shifted left 20
+    /// bits), so every start is a new generation that sorts after the
+    /// previous one.
     pub generation: Option<u64>,
 }
 

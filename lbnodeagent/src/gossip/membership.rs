@@ -510,6 +510,11 @@ mod tests {
     use std::collections::BTreeSet;
     use std::net::IpAddr;
 
+    use chitchat::FailureDetectorConfig;
+
+    use super::*;
+    use crate::election::OnLink;
+
     #[test]
     fn generations_increase_and_sort_after_nanosecond_ones() {
         let nanos = SystemTime::now()
@@ -521,11 +526,6 @@ mod tests {
         assert!(first > nanos, "an upgraded agent must replace its old self");
         assert!(second > first);
     }
-
-    use chitchat::FailureDetectorConfig;
-
-    use super::*;
-    use crate::election::OnLink;
 
     fn chitchat_for(node: &str, local: &LocalState) -> Chitchat {
         let id = ChitchatId::new(node, 1, "127.0.0.1:7000".parse().unwrap());

@@ -71,7 +71,7 @@ impl Pace {
             budget,
             spacing: interval / 2,
             bucket: Mutex::new(Bucket {
-                tokens: budget.unwrap_or(0) as f64 * BURST.as_secs_f64(),
+                tokens: budget.map_or(0.0, capacity),
                 at: Instant::now(),
                 last_syn: None,
             }),
@@ -83,6 +83,9 @@ impl Pace {
 
     /// The gossip addresses of live peers: only SYNs to these are paced.
     pub fn set_live(&self, live: impl IntoIterator<Item = SocketAddr>) {
+        if self.budget.is_none() {
+            return;
+        }
         *self.live.lock().expect("pace lock") = live.into_iter().collect();
     }
 
@@ -106,8 +109,7 @@ impl Pace {
         let now = Instant::now();
         let elapsed = now.duration_since(bucket.at).as_secs_f64();
         bucket.at = now;
-        let cap = budget as f64 * BURST.as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed * budget as f64).min(cap);
+        bucket.tokens = (bucket.tokens + elapsed * budget as f64).min(capacity(budget));
     }
 
     /// Whether a message may be sent now.
@@ -124,7 +126,7 @@ impl Pace {
         let mut bucket = self.bucket.lock().expect("pace lock");
         self.refill(&mut bucket, budget);
         let now = bucket.at;
-        let relaxed = bucket.tokens >= budget as f64 * BURST.as_secs_f64() / 2.0;
+        let relaxed = bucket.tokens >= capacity(budget) / 2.0;
         let spaced = bucket
             .last_syn
             .is_none_or(|last| now.duration_since(last) >= self.spacing);
@@ -145,6 +147,11 @@ impl Pace {
         self.refill(&mut bucket, budget);
         bucket.tokens -= (bytes as u64 + IP_UDP_HEADERS) as f64;
     }
+}
+
+/// The most unused budget the bucket keeps, in bytes.
+fn capacity(budget: u64) -> f64 {
+    budget as f64 * BURST.as_secs_f64()
 }
 
 /// Hands chitchat one socket, opened beforehand on the caller's transport
