@@ -26,7 +26,7 @@ use lbnodeagent::gossip::counting::CountingTransport;
 use lbnodeagent::gossip::frame::OVERHEAD;
 use lbnodeagent::gossip::{
     AuthTransport, DEFAULT_INTERVAL, DEFAULT_PHI_THRESHOLD, DEFAULT_REPLAY_WINDOW, GossipConfig,
-    GossipKeys, LocalState, Membership, Status,
+    GossipKeys, LocalState, MemProbes, Membership, ProbeLink, ProbeNet, ProbeSend, Status,
 };
 use tokio::time::Instant;
 
@@ -105,6 +105,52 @@ fn realistic_state(n: u32) -> LocalState {
     }
 }
 
+/// Drops a fraction of the failure detector's messages on send, as
+/// `drop_message` does for chitchat's.
+struct Lossy {
+    inner: AuthTransport,
+    loss: f64,
+}
+
+struct LossySend {
+    inner: Arc<dyn ProbeSend>,
+    loss: f64,
+}
+
+impl ProbeSend for LossySend {
+    fn send(&self, to: SocketAddr, payload: &[u8]) {
+        if rand_unit() >= self.loss {
+            self.inner.send(to, payload);
+        }
+    }
+}
+
+/// A uniform number in [0, 1) from a shared xorshift state: good enough to
+/// drop messages at a given rate.
+fn rand_unit() -> f64 {
+    static STATE: std::sync::atomic::AtomicU64 =
+        std::sync::atomic::AtomicU64::new(0x9E37_79B9_7F4A_7C15);
+    let mut x = STATE.load(Ordering::Relaxed);
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    STATE.store(x, Ordering::Relaxed);
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl ProbeNet for Lossy {
+    fn attach(&self, listen: SocketAddr) -> Result<ProbeLink, String> {
+        let link = self.inner.attach(listen)?;
+        Ok(ProbeLink {
+            send: Arc::new(LossySend {
+                inner: link.send,
+                loss: self.loss,
+            }),
+            recv: link.recv,
+        })
+    }
+}
+
 async fn udp_cluster(n: usize, tuning: Tuning) -> Vec<Membership> {
     udp_cluster_with(n, tuning, 0.0).await
 }
@@ -121,15 +167,24 @@ async fn udp_cluster_with(n: usize, tuning: Tuning, loss: f64) -> Vec<Membership
             GossipKeys::from_keys(&[KEY]).unwrap(),
             DEFAULT_REPLAY_WINDOW,
         );
+        let probes = Lossy {
+            inner: auth.clone(),
+            loss,
+        };
         let transport: Box<dyn Transport> = if loss > 0.0 {
             auth.drop_message(loss)
         } else {
             Box::new(auth)
         };
         nodes.push(
-            Membership::start(&config, realistic_state(i as u32), transport.as_ref())
-                .await
-                .unwrap(),
+            Membership::start(
+                &config,
+                realistic_state(i as u32),
+                transport.as_ref(),
+                &probes,
+            )
+            .await
+            .unwrap(),
         );
     }
     for node in &nodes {
@@ -310,6 +365,7 @@ fn bandwidth(n: usize, interval: Duration, measure: Duration) -> String {
         .unwrap();
     runtime.block_on(async move {
         let transport = CountingTransport::new(ChannelTransport::default());
+        let probes = MemProbes::default();
         let addr = |i: usize| SocketAddr::from(([10, 0, (i / 250) as u8, (i % 250) as u8 + 1], 7934));
         let mut nodes = Vec::new();
         for i in 0..n {
@@ -317,7 +373,7 @@ fn bandwidth(n: usize, interval: Duration, measure: Duration) -> String {
             config.interval = interval;
             config.seeds = vec![addr(0).to_string()];
             nodes.push(
-                Membership::start(&config, realistic_state(i as u32), &transport)
+                Membership::start(&config, realistic_state(i as u32), &transport, &probes)
                     .await
                     .unwrap(),
             );
@@ -331,17 +387,28 @@ fn bandwidth(n: usize, interval: Duration, measure: Duration) -> String {
         }
         tokio::time::sleep(Duration::from_secs(10)).await;
         transport.reset();
+        let probes_before: Vec<(u64, u64)> = (0..n).map(|i| probes.sent(addr(i))).collect();
         tokio::time::sleep(measure).await;
         let traffic = transport.traffic();
-        let secs = measure.as_secs_f64();
-        let sent: Vec<f64> = traffic.values().map(|t| t.bytes_sent as f64 / secs).collect();
-        let wire: Vec<f64> = traffic
-            .values()
-            .map(|t| {
-                (t.bytes_sent + t.messages_sent * (OVERHEAD as u64 + IP_UDP_HEADERS)) as f64 / secs
+        let probe_sent: Vec<(u64, u64)> = (0..n)
+            .map(|i| {
+                let (d, b) = probes.sent(addr(i));
+                (d - probes_before[i].0, b - probes_before[i].1)
             })
             .collect();
-        let msgs: f64 = traffic.values().map(|t| t.messages_sent as f64).sum::<f64>() / n as f64 / secs;
+        let secs = measure.as_secs_f64();
+        let sent: Vec<f64> = traffic.values().map(|t| t.bytes_sent as f64 / secs).collect();
+        let frame = OVERHEAD as u64 + IP_UDP_HEADERS;
+        let probe_wire: f64 =
+            probe_sent.iter().map(|(d, b)| (b + d * frame) as f64).sum::<f64>() / n as f64 / secs;
+        let wire: Vec<f64> = traffic
+            .values()
+            .map(|t| (t.bytes_sent + t.messages_sent * frame) as f64 / secs + probe_wire)
+            .collect();
+        let msgs: f64 = (traffic.values().map(|t| t.messages_sent).sum::<u64>()
+            + probe_sent.iter().map(|(d, _)| d).sum::<u64>()) as f64
+            / n as f64
+            / secs;
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
         // The failure detector's current timeout for every peer, at node 0:
@@ -358,7 +425,7 @@ fn bandwidth(n: usize, interval: Duration, measure: Duration) -> String {
         drop(nodes);
         format!(
             "{n:>3} members @ {interval:?}: sent per node {:>8.0} B/s mean, {:>8.0} max (chitchat payload); \
-             {:>8.0} B/s mean on the wire (+{OVERHEAD} B frame, +{IP_UDP_HEADERS} B IPv4/UDP per datagram); \
+             {:>8.0} B/s mean on the wire with the failure detector's {probe_wire:.0} (+{OVERHEAD} B frame, +{IP_UDP_HEADERS} B IPv4/UDP per datagram); \
              {msgs:.1} datagrams/s; received ≈ sent; detector timeout {:.0} ms mean, {:.0} ms min",
             mean(&sent),
             max(&sent),

@@ -49,7 +49,7 @@ use lbnodeagent::gossip::counting::CountingTransport;
 use lbnodeagent::gossip::frame::{MAX_DATAGRAM, MAX_MESSAGE, OVERHEAD};
 use lbnodeagent::gossip::{
     AuthTransport, DEFAULT_INTERVAL, DEFAULT_REPLAY_WINDOW, GossipConfig, GossipKeys, LocalState,
-    Membership, Status,
+    MemProbes, Membership, Status,
 };
 use tokio::time::Instant;
 
@@ -305,6 +305,9 @@ struct Figures {
     wire_per_node: f64,
     wire_max_node: f64,
     datagrams_per_node: f64,
+    /// Failure detector, on the wire (included in `wire_*`).
+    detector_per_node: f64,
+    detector_datagrams: f64,
     largest: u64,
     send_failures: u64,
     chitchat_cpu_per_node: f64,
@@ -381,6 +384,7 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         inner: counting.clone(),
         digests: digests.clone(),
     };
+    let probes = MemProbes::with_loss(loss);
     let transport: Box<dyn Transport> = if loss > 0.0 {
         kinds.drop_message(loss)
     } else {
@@ -403,7 +407,7 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         let started = Instant::now();
         let mut nodes = Vec::new();
         for i in 0..n {
-            let node = Membership::start(&config(i), node_state(i), transport.as_ref())
+            let node = Membership::start(&config(i), node_state(i), transport.as_ref(), &probes)
                 .await
                 .unwrap();
             nodes.push((i, node));
@@ -428,6 +432,7 @@ fn measure(n: usize, settings: &Settings) -> Figures {
             }));
         }
         counting.reset();
+        let probes_before: Vec<(u64, u64)> = (0..n).map(|i| probes.sent(node_addr(i))).collect();
         digests.store(0, Ordering::Relaxed);
         let held_before: u64 = nodes.iter().map(|(_, node)| node.gossip_held()).sum();
         let cpu_before = cpu_time();
@@ -441,12 +446,24 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         let digests_per_node = digests.load(Ordering::Relaxed) as f64 / n as f64 / secs as f64;
         let heap_per_node = (HEAP.load(Ordering::Relaxed) - heap_before) as f64 / n as f64;
         let traffic = counting.traffic();
+        // The failure detector's messages: one datagram each.
+        let (probe_datagrams, probe_bytes) = (0..n)
+            .map(|i| {
+                let (d, b) = probes.sent(node_addr(i));
+                (d - probes_before[i].0, b - probes_before[i].1)
+            })
+            .fold((0, 0), |(d, b), (dd, bb)| (d + dd, b + bb));
+        let probe_mean = probe_bytes.checked_div(probe_datagrams).unwrap_or(0);
+        let detector_per_node =
+            probe_datagrams as f64 * wire_bytes(probe_mean) as f64 / n as f64 / secs as f64;
+        let detector_datagrams = probe_datagrams as f64 / n as f64 / secs as f64;
         let wire: Vec<f64> = traffic
             .values()
             .map(|t| {
                 // Mean message size per socket; fragments are charged on it.
                 let mean = t.bytes_sent.checked_div(t.messages_sent).unwrap_or(0);
                 (t.bytes_sent + t.messages_sent * (wire_bytes(mean) - mean)) as f64 / secs as f64
+                    + detector_per_node
             })
             .collect();
         let payload: f64 =
@@ -460,7 +477,7 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         let largest = traffic.values().map(|t| t.largest_sent).max().unwrap_or(0);
 
         // A newcomer, seen by all.
-        let newcomer = Membership::start(&config(n), node_state(n), transport.as_ref())
+        let newcomer = Membership::start(&config(n), node_state(n), transport.as_ref(), &probes)
             .await
             .unwrap();
         let name = node_name(n);
@@ -497,10 +514,15 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         drop(transport);
         let mean_size = (payload / datagrams) as usize;
         // On a thread of their own: they run their own runtime.
-        let (auth, (digest_size, digest_decode)) =
-            std::thread::spawn(move || (auth_cost_per_message(mean_size), digest_decode_cost(n)))
-                .join()
-                .unwrap();
+        let (auth, probe_auth, (digest_size, digest_decode)) = std::thread::spawn(move || {
+            (
+                auth_cost_per_message(mean_size),
+                auth_cost_per_message(probe_mean as usize),
+                digest_decode_cost(n),
+            )
+        })
+        .join()
+        .unwrap();
         Figures {
             n,
             interval: chosen,
@@ -514,7 +536,10 @@ fn measure(n: usize, settings: &Settings) -> Figures {
             send_failures: counting.traffic().values().map(|t| t.send_failures).sum(),
             chitchat_cpu_per_node: cpu.as_secs_f64() / secs as f64 / n as f64,
             auth_cpu_per_node: auth.as_secs_f64() * datagrams
+                + probe_auth.as_secs_f64() * detector_datagrams
                 + digest_decode.as_secs_f64() * digests_per_node,
+            detector_per_node,
+            detector_datagrams,
             digest_size,
             heap_per_node,
             formed_after,
@@ -565,16 +590,16 @@ fn main() {
         MAX_DATAGRAM - OVERHEAD
     );
     println!(
-        "| members | interval | budget | SYNs held/s | payload kB/s | wire kB/s (max node) | datagrams/s | digest | largest msg | too large | CPU/agent (chitchat + auth) | heap/agent | formed | join seen by all | crash by all median / max | crash per node median | spurious in {secs} s |"
+        "| members | interval | budget | SYNs held/s | payload kB/s | wire kB/s (max node) | of which detector | datagrams/s (detector) | digest | largest msg | too large | CPU/agent (chitchat + auth) | heap/agent | formed | join seen by all | crash by all median / max | crash per node median | spurious in {secs} s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in sizes {
         let mut f = measure(n, &settings);
         let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1e3);
         let crash_median = median(&mut f.crash_all);
         let crash_max = f.crash_all.iter().max().copied().unwrap_or_default();
         println!(
-            "| {} | {:?} | {} | {:.1} | {:.1} | {:.1} ({:.1}) | {:.0} | {} B | {} B | {} | {:.2}% + {:.2}% of a core | {:.1} MB | {:.1} s | {} | {} / {} | {} | {} |",
+            "| {} | {:?} | {} | {:.1} | {:.1} | {:.1} ({:.1}) | {:.1} | {:.0} ({:.0}) | {} B | {} B | {} | {:.2}% + {:.2}% of a core | {:.1} MB | {:.1} s | {} | {} / {} | {} | {} |",
             f.n,
             f.interval,
             f.budget
@@ -583,7 +608,9 @@ fn main() {
             f.payload_per_node / 1e3,
             f.wire_per_node / 1e3,
             f.wire_max_node / 1e3,
-            f.datagrams_per_node,
+            f.detector_per_node / 1e3,
+            f.datagrams_per_node + f.detector_datagrams,
+            f.detector_datagrams,
             f.digest_size,
             f.largest,
             f.send_failures,

@@ -14,7 +14,7 @@ use lbnodeagent::election::OnLink;
 use lbnodeagent::gossip::frame::{self, Header};
 use lbnodeagent::gossip::{
     AuthCounters, AuthTransport, DEFAULT_INTERVAL, DEFAULT_REPLAY_WINDOW, GossipConfig, GossipKeys,
-    KEY_STATUS, LocalState, Membership, MembershipView, Status, WallClock,
+    KEY_STATUS, LocalState, MemProbes, Membership, MembershipView, Status, WallClock,
 };
 use tokio::time::Instant;
 
@@ -55,9 +55,14 @@ async fn start(name: &str, addr: SocketAddr, seeds: &[SocketAddr], keys: &[[u8; 
     config.seeds = seeds.iter().map(SocketAddr::to_string).collect();
     let transport = AuthTransport::new(GossipKeys::from_keys(keys).unwrap(), DEFAULT_REPLAY_WINDOW);
     let counters = transport.counters();
-    let membership = Membership::start(&config, local_state(addr.port() as u8), &transport)
-        .await
-        .unwrap();
+    let membership = Membership::start(
+        &config,
+        local_state(addr.port() as u8),
+        &transport,
+        &transport,
+    )
+    .await
+    .unwrap();
     Agent {
         name: name.to_string(),
         addr,
@@ -450,7 +455,7 @@ async fn state_larger_than_a_datagram_is_fragmented_and_arrives() {
             IpAddr::from(bytes)
         })
         .collect();
-    let a_membership = Membership::start(&config, big.clone(), &transport)
+    let a_membership = Membership::start(&config, big.clone(), &transport, &transport)
         .await
         .unwrap();
     let b = start("b", free_addr(), &[a_addr], &[KEY_A]).await;
@@ -505,6 +510,7 @@ async fn a_restarted_agent_replaces_its_old_generation() {
 
 async fn start_in_memory(
     transport: &ChannelTransport,
+    probes: &MemProbes,
     name: &str,
     port: u16,
     seed: u16,
@@ -512,7 +518,7 @@ async fn start_in_memory(
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut config = GossipConfig::for_test(name, addr);
     config.seeds = vec![SocketAddr::from(([127, 0, 0, 1], seed)).to_string()];
-    Membership::start(&config, local_state(port as u8), transport)
+    Membership::start(&config, local_state(port as u8), transport, probes)
         .await
         .unwrap()
 }
@@ -534,9 +540,10 @@ async fn wait_sim(
 #[tokio::test(start_paused = true)]
 async fn detection_times_in_simulated_time() {
     let transport = ChannelTransport::default();
-    let a = start_in_memory(&transport, "a", 10_001, 10_001).await;
-    let b = start_in_memory(&transport, "b", 10_002, 10_001).await;
-    let c = start_in_memory(&transport, "c", 10_003, 10_001).await;
+    let probes = MemProbes::default();
+    let a = start_in_memory(&transport, &probes, "a", 10_001, 10_001).await;
+    let b = start_in_memory(&transport, &probes, "b", 10_002, 10_001).await;
+    let c = start_in_memory(&transport, &probes, "c", 10_003, 10_001).await;
     for m in [&a, &b, &c] {
         wait_sim(m, Duration::from_secs(5), |v| v.members.len() == 3).await;
     }
@@ -561,19 +568,24 @@ async fn detection_times_in_simulated_time() {
 #[tokio::test(start_paused = true)]
 async fn a_partitioned_node_is_dropped_and_comes_back() {
     let transport = ChannelTransport::default();
-    let a = start_in_memory(&transport, "a", 11_001, 11_001).await;
-    let b = start_in_memory(&transport, "b", 11_002, 11_001).await;
-    let c = start_in_memory(&transport, "c", 11_003, 11_001).await;
+    let probes = MemProbes::default();
+    let a = start_in_memory(&transport, &probes, "a", 11_001, 11_001).await;
+    let b = start_in_memory(&transport, &probes, "b", 11_002, 11_001).await;
+    let c = start_in_memory(&transport, &probes, "c", 11_003, 11_001).await;
     for m in [&a, &b, &c] {
         wait_sim(m, Duration::from_secs(5), |v| v.members.len() == 3).await;
     }
     let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
     transport.remove_link(addr(11_003), addr(11_001)).await;
     transport.remove_link(addr(11_003), addr(11_002)).await;
+    probes.cut(addr(11_003), addr(11_001));
+    probes.cut(addr(11_003), addr(11_002));
     wait_sim(&a, Duration::from_secs(3), |v| v.member("c").is_none()).await;
     wait_sim(&c, Duration::from_secs(3), |v| v.members.len() == 1).await;
     transport.add_link(addr(11_003), addr(11_001)).await;
     transport.add_link(addr(11_003), addr(11_002)).await;
+    probes.heal(addr(11_003), addr(11_001));
+    probes.heal(addr(11_003), addr(11_002));
     for m in [&a, &b, &c] {
         wait_sim(m, Duration::from_secs(10), |v| v.members.len() == 3).await;
     }
@@ -590,6 +602,7 @@ async fn a_bandwidth_budget_caps_what_each_node_sends() {
     const N: u16 = 20;
     let budget = MIN_MAX_BANDWIDTH;
     let counting = CountingTransport::new(ChannelTransport::default());
+    let probes = MemProbes::default();
     let addr = |i: u16| SocketAddr::from(([127, 0, 0, 1], 12_000 + i));
     let mut nodes = Vec::new();
     for i in 0..N {
@@ -597,7 +610,7 @@ async fn a_bandwidth_budget_caps_what_each_node_sends() {
         config.seeds = vec![addr(0).to_string()];
         config.max_bandwidth = Some(budget);
         nodes.push(
-            Membership::start(&config, local_state(i as u8), &counting)
+            Membership::start(&config, local_state(i as u8), &counting, &probes)
                 .await
                 .unwrap(),
         );

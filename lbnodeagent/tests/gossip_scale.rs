@@ -85,6 +85,7 @@ async fn fifty_agents_converge_and_the_largest_messages_go_through() {
             free_addr()
         };
         let mut config = GossipConfig::for_test(&format!("node-{i:02}"), addr);
+        config.max_bandwidth = None;
         config.seeds = seeds
             .iter()
             .filter(|s| **s != addr)
@@ -99,7 +100,7 @@ async fn fifty_agents_converge_and_the_largest_messages_go_through() {
         if i == 7 || i == 31 {
             state.vips = random_v6_vips(3_000, 0x9e37_79b9_7f4a_7c15 + i as u64);
         }
-        let membership = Membership::start(&config, state.clone(), &transport)
+        let membership = Membership::start(&config, state.clone(), &transport, &transport)
             .await
             .unwrap();
         states.push(state);
@@ -129,6 +130,23 @@ async fn fifty_agents_converge_and_the_largest_messages_go_through() {
     let too_large: u64 = stats.iter().map(|s| s.send_too_large).sum();
     let oversized: u64 = stats.iter().map(|s| s.dropped_oversized).sum();
     let fragmented: u64 = stats.iter().map(|s| s.messages_fragmented).sum();
+    let downs: u64 = agents
+        .iter()
+        .map(|(m, _)| {
+            m.detector_counters()
+                .downs
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
+    let rejected: u64 = agents
+        .iter()
+        .map(|(m, _)| {
+            m.detector_counters()
+                .rejected
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
+    println!("detector: {downs} downs, {rejected} rejected");
     println!(
         "{N} agents: largest message {largest} B, {fragmented} sent in two datagrams, \
          {too_large} too large, {oversized} oversized datagrams dropped"

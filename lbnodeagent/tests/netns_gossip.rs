@@ -46,7 +46,9 @@ fn start(rt: &NsRuntime, name: &str, addr: SocketAddr, seed: Option<SocketAddr>,
             vips: BTreeSet::new(),
             macs: BTreeSet::new(),
         };
-        let m = Membership::start(&config, local, &transport).await.unwrap();
+        let m = Membership::start(&config, local, &transport, &transport)
+            .await
+            .unwrap();
         AGENT.with(|a| *a.borrow_mut() = Some(m));
     });
 }

@@ -136,7 +136,7 @@ async fn tell_peers(
         status: Status::Leaving,
         ..LocalState::default()
     };
-    let membership = Membership::start(&cfg.gossip, local, &transport).await?;
+    let membership = Membership::start(&cfg.gossip, local, &transport, &transport).await?;
     let mut views = membership.views();
     let others = |v: &crate::gossip::MembershipView| -> Vec<crate::gossip::MemberInfo> {
         v.nodes

@@ -64,6 +64,9 @@ pub const LEAVE_MAX: Duration = Duration::from_secs(3);
 /// How long a starting agent that hears from no peer waits before it acts
 /// alone.
 pub const STARTUP_GRACE: Duration = Duration::from_secs(2);
+/// Longest wait, after the first peer shows up, for the failure detector to
+/// confirm the nodes gossip reports.
+pub const UNCONFIRMED_GRACE: Duration = Duration::from_secs(10);
 /// Links and routes are re-read this often: route changes raise no event.
 const TICK: Duration = Duration::from_secs(1);
 /// A failed kernel operation on a VIP is retried after this, doubling.
@@ -271,8 +274,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
             vips: BTreeSet::new(),
             macs: links.macs(),
         };
-        let membership = Membership::start(&cfg.gossip, local, &transport).await?;
+        let membership = Membership::start(&cfg.gossip, local, &transport, &transport).await?;
         telemetry.set_gossip_held(membership.gossip_held_counter());
+        telemetry.set_detector_counters(membership.detector_counters());
         let views = membership.views();
         let view = views.borrow().clone();
 
@@ -973,9 +977,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
     /// Whether gossip has had time to show the other members. A node that
     /// elected before hearing from its peers would win every VIP alone and
     /// put them on the wire beside their real owners. Settled once a peer
-    /// was seen and a few rounds passed (so its state, held VIPs included,
-    /// arrived), or after [`STARTUP_GRACE`] with nobody to hear from (the
-    /// first node of a cluster).
+    /// was seen, a few rounds passed (so its state, held VIPs included,
+    /// arrived) and the failure detector has confirmed every node gossip
+    /// reports (in a large cluster that takes a few seconds), or after
+    /// [`STARTUP_GRACE`] with nobody to hear from (the first node of a
+    /// cluster). Nodes the detector cannot reach hold it back for at most
+    /// [`UNCONFIRMED_GRACE`].
     fn membership_settled(&mut self) -> bool {
         if self.settled {
             return true;
@@ -983,7 +990,15 @@ impl<B: AddressBackend + 'static> Agent<B> {
         let now = Instant::now();
         if self.view.nodes.iter().any(|n| n.node != self.cfg.node_name) {
             let first = *self.first_peer.get_or_insert(now);
-            self.settled = now - first >= self.cfg.gossip.interval * 3;
+            let waited = now - first;
+            self.settled = (waited >= self.cfg.gossip.interval * 3 && self.view.unconfirmed == 0)
+                || waited >= UNCONFIRMED_GRACE;
+            if self.settled && self.view.unconfirmed > 0 {
+                warn!(
+                    unconfirmed = self.view.unconfirmed,
+                    "electing although the failure detector has not reached every node gossip reports alive"
+                );
+            }
         } else {
             self.settled = now - self.gossip_started >= STARTUP_GRACE;
         }

@@ -25,7 +25,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, oneshot};
 
 use super::status::StatusDoc;
-use crate::gossip::AuthCounters;
+use crate::gossip::{AuthCounters, DetectorCounters};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
@@ -52,6 +52,7 @@ pub struct Telemetry {
     pub conflicts: Family<KindLabels, Counter>,
     gossip: Mutex<Option<Arc<AuthCounters>>>,
     gossip_held: Mutex<Option<Arc<AtomicU64>>>,
+    detector: Mutex<Option<Arc<DetectorCounters>>>,
     /// First reconcile applied.
     pub applied: AtomicBool,
     pub api_healthy: AtomicBool,
@@ -86,6 +87,7 @@ impl Telemetry {
             conflicts: Family::default(),
             gossip: Mutex::new(None),
             gossip_held: Mutex::new(None),
+            detector: Mutex::new(None),
             applied: AtomicBool::new(false),
             api_healthy: AtomicBool::new(false),
             carrier: AtomicBool::new(true),
@@ -177,6 +179,10 @@ impl Telemetry {
         *self.gossip_held.lock().unwrap_or_else(|e| e.into_inner()) = Some(held);
     }
 
+    pub fn set_detector_counters(&self, c: Arc<DetectorCounters>) {
+        *self.detector.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+    }
+
     pub fn set_status_channel(&self, tx: mpsc::Sender<oneshot::Sender<StatusDoc>>) {
         *self.status.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
     }
@@ -230,6 +236,7 @@ impl Telemetry {
                 ("misdirected", s.dropped_misdirected),
                 ("other_version", s.dropped_other_version),
                 ("loopback", s.dropped_loopback),
+                ("backlog", s.dropped_backlog),
             ];
             for (reason, n) in by_reason {
                 out.push_str(&format!(
@@ -242,6 +249,17 @@ impl Telemetry {
                 .unwrap_or_else(|e| e.into_inner())
                 .as_ref()
                 .map_or(0, |h| h.load(Ordering::Relaxed));
+            let (downs, rejected) = self
+                .detector
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map_or((0, 0), |d| {
+                    (
+                        d.downs.load(Ordering::Relaxed),
+                        d.rejected.load(Ordering::Relaxed),
+                    )
+                });
             let counters = [
                 (
                     "gossip_sent_bytes",
@@ -267,6 +285,16 @@ impl Telemetry {
                     "gossip_rounds_held",
                     "Gossip exchanges not started to stay within gossip.max_bandwidth.",
                     held,
+                ),
+                (
+                    "gossip_members_down",
+                    "Peers the failure detector declared down (crashed, partitioned or left).",
+                    downs,
+                ),
+                (
+                    "gossip_probes_refused",
+                    "Authenticated failure-detector messages that could not be read.",
+                    rejected,
                 ),
             ];
             for (name, help, n) in counters {

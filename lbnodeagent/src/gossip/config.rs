@@ -11,12 +11,15 @@ use super::GossipError;
 use super::keys::{GossipKeys, default_key_file};
 use super::transport::AuthTransport;
 
-/// Gossip round period: with [`DEFAULT_PHI_THRESHOLD`] a crash is detected
-/// in about half a second (measurements in `gossip/mod.rs`); traffic per
-/// node is about 60 kB/s at 100 members.
+/// Gossip round period, and the failure detector's probe period: a crash
+/// is seen by every node in under a second up to a few hundred members and
+/// about 1.2 s at 1,000 (measurements in `gossip/mod.rs` and
+/// docs/agent-network.md).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
-/// Silence, in mean heartbeat intervals, after which a peer is dead: about
-/// 3.7 gossip rounds, one round more than the tightest setting that never
+/// chitchat's own failure detector, which judges only peers that run no
+/// SWIM detector (agents of an earlier release, mid-upgrade): silence, in
+/// mean heartbeat intervals, after which such a peer is dead, about 3.7
+/// gossip rounds, one round more than the tightest setting that never
 /// flapped under CPU load or 10% loss.
 pub const DEFAULT_PHI_THRESHOLD: f64 = 8.0;
 /// How long a dead node's state is kept: long enough to ride out a
@@ -32,12 +35,13 @@ pub const DEFAULT_LEAVE_ROUNDS: u32 = 3;
 /// How far a frame's timestamp may be from our clock: covers clock skew,
 /// bounds how long a captured frame stays replayable.
 pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(30);
-/// Bytes per second a node's gossip may take on the wire (see `pace`): no
-/// limit. A budget that binds (about 150 members at 128 kB/s) slows crash
-/// detection, and from 500 members the slower heartbeats made the failure
-/// detector remove live members now and then (docs/agent-network.md), which
-/// moves their VIPs: too high a price for a default.
-pub const DEFAULT_MAX_BANDWIDTH: Option<u64> = None;
+/// Bytes per second a node's state gossip (chitchat) may take on the wire
+/// (see `pace`). It binds from about 150 members, where chitchat's digests
+/// of every member would otherwise grow its traffic with the cluster; past
+/// that, published changes spread more slowly. Liveness does not depend on
+/// it: the failure detector runs beside it at a few kB/s whatever the
+/// cluster size (docs/agent-network.md).
+pub const DEFAULT_MAX_BANDWIDTH: Option<u64> = Some(128_000);
 /// Below this a budget cannot carry one round of a small cluster.
 pub const MIN_MAX_BANDWIDTH: u64 = 8_000;
 pub const DEFAULT_PORT: u16 = 7934;

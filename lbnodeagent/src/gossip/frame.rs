@@ -218,6 +218,16 @@ pub fn open_one<'a>(keys: &GossipKeys, datagram: &'a [u8]) -> Result<(Header, &'
 /// `addr` with an IPv4-mapped IPv6 address turned into IPv4 and no IPv6 flow
 /// label or scope, so that the same endpoint compares equal however a socket
 /// API spelled it.
+/// Whether an unfragmented frame's payload starts with `prefix`, without
+/// verifying anything: only to route a datagram to the verifier that will
+/// (a forged answer just fails verification there).
+pub fn payload_starts_with(datagram: &[u8], prefix: &[u8]) -> bool {
+    datagram.len() >= OVERHEAD + prefix.len()
+        && datagram[..4] == MAGIC
+        && datagram[5] == 1
+        && datagram[HEADER_LEN..].starts_with(prefix)
+}
+
 pub fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }

@@ -30,6 +30,7 @@ use tracing::{debug, info};
 
 use super::GossipError;
 use super::config::GossipConfig;
+use super::detector::{Detector, Peer, ProbeNet, Up};
 use super::pace::{Pace, PacedTransport};
 use super::state::{self, LocalState, MemberInfo, Status};
 use crate::election::Member;
@@ -57,6 +58,11 @@ pub struct MembershipView {
     /// (held VIPs, agent version): for `lbnodeagent status` and for a
     /// leaving node to see that others have taken over its VIPs.
     pub nodes: Vec<MemberInfo>,
+    /// Nodes gossip reports alive that the failure detector has not heard
+    /// from yet (not in `members`): many right after this node starts,
+    /// until its detector has reached them. The reconcile loop waits for
+    /// them before its first election.
+    pub unconfirmed: usize,
 }
 
 impl MembershipView {
@@ -84,18 +90,21 @@ pub struct Membership {
     interval: Duration,
     leave_rounds: u32,
     pace: Arc<Pace>,
+    detector: Arc<Detector>,
     task: JoinHandle<()>,
     _listener: ListenerHandle,
 }
 
 impl Membership {
-    /// Starts gossiping on `transport` (normally the config's
+    /// Starts gossiping on `transport`, with the failure detector on
+    /// `probes` (normally both the config's
     /// [`auth_transport`](GossipConfig::auth_transport); tests pass
-    /// chitchat's `ChannelTransport`).
+    /// chitchat's `ChannelTransport` and [`MemProbes`](super::MemProbes)).
     pub async fn start(
         config: &GossipConfig,
         local: LocalState,
         transport: &dyn Transport,
+        probes: &dyn ProbeNet,
     ) -> Result<Membership, GossipError> {
         config.validate()?;
         let advertise = config.advertise_addr()?;
@@ -125,6 +134,14 @@ impl Membership {
         let paced = PacedTransport::open(transport, config.listen, pace.clone())
             .await
             .map_err(start_error)?;
+        let link = probes
+            .attach(config.listen)
+            .map_err(|error| start_error(anyhow::anyhow!(error)))?;
+        let detector = Arc::new(Detector::start(
+            Peer::new(config.node_name.as_str(), generation, advertise),
+            config.interval,
+            link,
+        ));
         let handle = spawn_chitchat(chitchat_config, kvs, &paced)
             .await
             .map_err(start_error)?;
@@ -134,7 +151,11 @@ impl Membership {
             let c = chitchat.lock().await;
             let notify = refresh.clone();
             let listener = c.subscribe_event("", move |_| notify.notify_one());
-            (listener, c.live_nodes_watcher(), build_view(&c))
+            (
+                listener,
+                c.live_nodes_watcher(),
+                ViewBuilder::default().build(&c, &detector.up().borrow()),
+            )
         };
         let (views_tx, views) = watch::channel(first);
         let (seeds, seeds_rx) = watch::channel(Vec::new());
@@ -150,6 +171,8 @@ impl Membership {
                 views: views_tx,
                 interval: config.interval,
                 pace: pace.clone(),
+                detector: detector.clone(),
+                up: detector.up(),
             }
             .run(),
         );
@@ -165,6 +188,7 @@ impl Membership {
             interval: config.interval,
             leave_rounds: config.leave_rounds,
             pace,
+            detector,
             task,
             _listener: listener,
         })
@@ -181,6 +205,11 @@ impl Membership {
 
     pub fn chitchat_id(&self) -> &ChitchatId {
         &self.id
+    }
+
+    /// The failure detector's counters, for the metrics endpoint.
+    pub fn detector_counters(&self) -> Arc<super::DetectorCounters> {
+        self.detector.counters()
     }
 
     /// SYNs the byte budget held back so far (see `pace`).
@@ -267,8 +296,10 @@ impl Membership {
     }
 
     /// Stops gossip now (after [`set_leaving`](Self::set_leaving), for a
-    /// caller that waited for its own handover).
+    /// caller that waited for its own handover). Peers' detectors hear that
+    /// this node left, rather than finding out by timeout.
     pub async fn shutdown(self) -> Result<(), GossipError> {
+        self.detector.leave().await;
         let _ = self.handle.initiate_shutdown();
         self.handle
             .termination_watcher()
@@ -278,12 +309,20 @@ impl Membership {
 
     /// Resolves when the gossip server stops on its own: a broken socket.
     /// The agent should treat that as fatal (not ready, restart).
+    /// The failure detector stopping (it never does unless it panicked) is
+    /// fatal too: views would keep every member forever.
     pub fn stopped(&self) -> impl Future<Output = Result<(), GossipError>> + use<> {
         let watcher = self.handle.termination_watcher();
+        let mut up = self.detector.up();
         async move {
-            watcher
-                .await
-                .map_err(|error| GossipError::Stopped(format!("{error:#}")))
+            tokio::select! {
+                stopped = watcher => {
+                    stopped.map_err(|error| GossipError::Stopped(format!("{error:#}")))
+                }
+                () = async { while up.changed().await.is_ok() {} } => {
+                    Err(GossipError::Stopped("the failure detector stopped".into()))
+                }
+            }
         }
     }
 }
@@ -328,7 +367,12 @@ struct ViewTask {
     views: watch::Sender<MembershipView>,
     interval: Duration,
     pace: Arc<Pace>,
+    detector: Arc<Detector>,
+    up: watch::Receiver<Arc<Up>>,
 }
+
+/// Rounds between two looks for nodes gossip knows and the detector not.
+const ANNOUNCE_ROUNDS: u32 = 2;
 
 impl ViewTask {
     async fn run(mut self) {
@@ -336,6 +380,7 @@ impl ViewTask {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probe = SeedProbe::default();
         let mut builder = ViewBuilder::default();
+        let mut rounds = 0u32;
         loop {
             tokio::select! {
                 changed = self.watcher.changed() => {
@@ -347,12 +392,23 @@ impl ViewTask {
                     );
                 }
                 () = self.refresh.notified() => {}
+                changed = self.up.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
                 _ = tick.tick() => {
                     self.probe_seeds(&mut probe).await;
+                    rounds += 1;
+                    if rounds >= ANNOUNCE_ROUNDS {
+                        rounds = 0;
+                        self.announce_unknown().await;
+                    }
                     continue;
                 }
             }
-            let view = builder.build(&*self.chitchat.lock().await);
+            let up = self.up.borrow_and_update().clone();
+            let view = builder.build(&*self.chitchat.lock().await, &up);
             self.views.send_if_modified(|current| {
                 if *current == view {
                     return false;
@@ -366,6 +422,28 @@ impl ViewTask {
                 true
             });
         }
+    }
+
+    /// Nodes gossip knows and reports alive whose detector has not been
+    /// heard yet are asked to let this node in: that is how the detector
+    /// joins, and how it finds a node that restarted.
+    async fn announce_unknown(&mut self) {
+        let up = self.up.borrow().clone();
+        let unknown: Vec<Peer> = {
+            let c = self.chitchat.lock().await;
+            let own = c.self_chitchat_id();
+            c.node_states()
+                .iter()
+                .filter(|(id, node)| {
+                    *id != own
+                        && state::runs_detector(node)
+                        && state::is_live(node)
+                        && !is_up(&up, id)
+                })
+                .map(|(id, _)| Peer::new(&*id.node_id, id.generation_id, id.gossip_advertise_addr))
+                .collect()
+        };
+        self.detector.announce(unknown);
     }
 
     async fn probe_seeds(&mut self, probe: &mut SeedProbe) {
@@ -420,12 +498,14 @@ impl SeedProbe {
     }
 }
 
-/// The view from chitchat's state. Uses `live_nodes()` (failure detector
-/// only) and filters `leaving` itself, after keeping the newest generation of
-/// each node name: a node that restarted and then started leaving must not
-/// be represented by its stale older generation.
-pub fn build_view(c: &Chitchat) -> MembershipView {
-    ViewBuilder::default().build(c)
+fn is_up(up: &Up, id: &ChitchatId) -> bool {
+    up.contains(&(id.node_id.to_string(), id.generation_id))
+}
+
+/// The view from chitchat's state and the detector's up set (see
+/// [`ViewBuilder::build`]).
+pub fn build_view(c: &Chitchat, up: &Up) -> MembershipView {
+    ViewBuilder::default().build(c, up)
 }
 
 /// Builds views, decoding each node's state only when its version moved:
@@ -448,20 +528,42 @@ impl ViewBuilder {
         }
     }
 
-    pub fn build(&mut self, c: &Chitchat) -> MembershipView {
-        let view = self.build_inner(c);
+    /// A node is in the view when chitchat has its state and it is up: by
+    /// the detector's word (`up`) if it runs one, by chitchat's failure
+    /// detector if not (an agent of an earlier release, mid-upgrade).
+    /// Leaving nodes are filtered by their `status`, after keeping the
+    /// newest generation of each node name: a node that restarted and then
+    /// started leaving must not be represented by its stale older
+    /// generation.
+    pub fn build(&mut self, c: &Chitchat, up: &Up) -> MembershipView {
+        let view = self.build_inner(c, up);
         let known: HashSet<&ChitchatId> = c.node_states().keys().collect();
         self.decoded.retain(|id, _| known.contains(id));
         view
     }
 
-    fn build_inner(&mut self, c: &Chitchat) -> MembershipView {
+    fn build_inner(&mut self, c: &Chitchat, up: &Up) -> MembershipView {
         let own = c.self_chitchat_id();
+        let chitchat_live: HashSet<&ChitchatId> = c.live_nodes().collect();
         let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
-        for id in c.live_nodes() {
+        let mut unconfirmed: HashSet<&str> = HashSet::new();
+        for (id, node) in c.node_states() {
             if id.node_id == own.node_id && id != own {
                 // Our own name is always us, whatever generation a stale copy of
                 // us claims (the clock may have stepped back across a restart).
+                continue;
+            }
+            let live = if id == own {
+                true
+            } else if state::runs_detector(node) {
+                is_up(up, id)
+            } else {
+                chitchat_live.contains(id)
+            };
+            if !live {
+                if chitchat_live.contains(id) && state::is_live(node) {
+                    unconfirmed.insert(&id.node_id);
+                }
                 continue;
             }
             newest
@@ -473,6 +575,7 @@ impl ViewBuilder {
                 })
                 .or_insert(id);
         }
+        unconfirmed.retain(|node| !newest.contains_key(node));
         let nodes: Vec<MemberInfo> = newest
             .values()
             .filter_map(|id| c.node_state(id).and_then(|node| self.decode(id, node)))
@@ -501,6 +604,7 @@ impl ViewBuilder {
             local,
             members,
             nodes,
+            unconfirmed: unconfirmed.len(),
         }
     }
 }
@@ -576,7 +680,7 @@ mod tests {
     fn published_state_reads_back_as_a_member() {
         let local = sample();
         let c = chitchat_for("n1", &local);
-        let view = build_view(&c);
+        let view = build_view(&c, &Up::new());
         assert_eq!(view.local.node, "n1");
         assert_eq!(view.local.agent_version, "9.9.9");
         assert_eq!(view.local.vips, local.vips);
@@ -620,7 +724,7 @@ mod tests {
                 .count(),
             1
         );
-        let view = build_view(&c);
+        let view = build_view(&c, &Up::new());
         assert_eq!(view.local.vips, local.vips);
         assert_eq!(view.local.status, Status::Leaving);
         assert!(view.members.is_empty(), "a leaving node is no member");
@@ -631,11 +735,21 @@ mod tests {
     fn cached_decoding_follows_state_changes() {
         let mut c = chitchat_for("n1", &sample());
         let mut builder = ViewBuilder::default();
-        assert_eq!(builder.build(&c).node("n1").unwrap().vips.len(), 2);
+        assert_eq!(
+            builder.build(&c, &Up::new()).node("n1").unwrap().vips.len(),
+            2
+        );
         let mut changed = sample();
         changed.vips.clear();
         state::publish(c.self_node_state(), &changed);
-        assert!(builder.build(&c).node("n1").unwrap().vips.is_empty());
+        assert!(
+            builder
+                .build(&c, &Up::new())
+                .node("n1")
+                .unwrap()
+                .vips
+                .is_empty()
+        );
     }
 
     #[test]

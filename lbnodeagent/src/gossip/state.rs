@@ -9,6 +9,7 @@
 //! | `virtual` | `true` / `false` |
 //! | `macs` | MACs of the announce interfaces, space-separated (conflict detection names the host behind a MAC) |
 //! | `vips.0`, `vips.1`, … | held VIPs, space-separated, sorted, each value ≤ [`VIPS_CHUNK_BYTES`] |
+//! | `detector` | `swim`: the node runs the SWIM failure detector (see `detector`); peers without it are judged by chitchat's, so a rolling upgrade keeps every node's view of the others |
 //!
 //! `status` is written last when a node starts. chitchat sends a node's keys
 //! in version order, so a peer that has `status` has everything else: a
@@ -37,6 +38,8 @@ pub const KEY_ONLINK_V4: &str = "onlink.v4";
 pub const KEY_ONLINK_V6: &str = "onlink.v6";
 pub const KEY_VIRTUAL: &str = "virtual";
 pub const KEY_MACS: &str = "macs";
+pub const KEY_DETECTOR: &str = "detector";
+pub const DETECTOR_SWIM: &str = "swim";
 pub const KEY_VIPS_PREFIX: &str = "vips.";
 /// Bound on one `vips.N` value: small against the 64 KiB datagram, large
 /// enough that a node with 1 000 IPv4 VIPs needs only a handful of keys.
@@ -188,6 +191,7 @@ pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(Strin
         ),
         (KEY_VIRTUAL.to_string(), local.virtual_mode.to_string()),
         (KEY_MACS.to_string(), encode_macs(&local.macs)),
+        (KEY_DETECTOR.to_string(), DETECTOR_SWIM.to_string()),
     ];
     kvs.extend(
         vip_chunks(&local.vips)
@@ -269,6 +273,12 @@ fn encode_macs(macs: &BTreeSet<MacAddr>) -> String {
         .map(|m| m.to_string())
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Whether the node's liveness comes from the SWIM detector rather than
+/// chitchat's heartbeats.
+pub fn runs_detector(node: &NodeState) -> bool {
+    node.get(KEY_DETECTOR) == Some(DETECTOR_SWIM)
 }
 
 /// chitchat's `extra_liveness_predicate`: a leaving node (or one whose state

@@ -47,11 +47,20 @@
 //! and counted; chitchat's own warning for each one it cannot decode is
 //! replaced by one line a minute with their number (see `codec_junk`).
 //!
+//! The wire socket is read by a task of its own ([`read_wire`]): the
+//! failure detector's frames (their payload starts with its mark) are
+//! verified there, under a replay state of their own, and handed to the
+//! detector, so its probes are answered however long chitchat's loop is
+//! busy; every other datagram is queued for chitchat's socket. The detector
+//! sends through a duplicate of the wire socket, signing under a sender id
+//! of its own ([`ProbeNet`] for [`AuthTransport`]).
+//!
 //! `recv` is cancel-safe (chitchat polls it inside `select!`): its only await
-//! points are `recv_from` on the codec and the wire socket, both cancel-safe,
-//! and everything between receiving a wire datagram and handing its payload
-//! to the codec (verification, replay state, reassembly, injection) is
-//! synchronous, with injection a non-blocking `send` on a std socket.
+//! points are `recv` on the codec socket and on the reader's queue, both
+//! cancel-safe, and everything between taking a wire datagram and handing
+//! its payload to the codec (verification, replay state, reassembly,
+//! injection) is synchronous, with injection a non-blocking `send` on a std
+//! socket.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -65,11 +74,15 @@ use async_trait::async_trait;
 use chitchat::ChitchatEnvelope;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport, UdpSocket as CodecSocket};
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
 use tracing::instrument::WithSubscriber;
 use tracing::{debug, warn};
 
 use super::codec_junk::CodecJunk;
-use super::frame::{Accepted, Inbound, MAX_DATAGRAM, Outbound, Reject, canonical};
+use super::detector::{PROBE_MARK, ProbeLink, ProbeNet, ProbeSend};
+use super::frame::{
+    Accepted, Inbound, MAX_DATAGRAM, Outbound, Reject, canonical, payload_starts_with,
+};
 use super::keys::GossipKeys;
 
 /// Loopback port sockets kept open before idle ones are closed. A node
@@ -95,6 +108,9 @@ const LOOPBACK_TIMEOUT: Duration = Duration::from_millis(250);
 /// Receive buffer: larger than any valid datagram, so an oversized one is
 /// seen whole and counted instead of silently truncated.
 const RECV_BUF: usize = 65_536;
+/// Datagrams queued for chitchat, and messages for the failure detector,
+/// before new ones are dropped.
+const INBOX: usize = 4_096;
 
 /// Wall-clock milliseconds since the Unix epoch. Frames carry this time, so
 /// it must be real time (nodes compare it); tests pass in their own.
@@ -158,6 +174,9 @@ pub struct AuthCounters {
     pub send_too_large: AtomicU64,
     /// The largest message sent, in chitchat bytes (before framing).
     pub largest_sent: AtomicU64,
+    /// Datagrams dropped because their reader (chitchat or the failure
+    /// detector) fell behind by thousands.
+    pub dropped_backlog: AtomicU64,
 }
 
 /// A point-in-time copy of [`AuthCounters`].
@@ -180,6 +199,7 @@ pub struct AuthStats {
     pub send_failed: u64,
     pub send_too_large: u64,
     pub largest_sent: u64,
+    pub dropped_backlog: u64,
 }
 
 impl AuthStats {
@@ -193,6 +213,7 @@ impl AuthStats {
             + self.dropped_misdirected
             + self.dropped_other_version
             + self.dropped_loopback
+            + self.dropped_backlog
     }
 }
 
@@ -217,6 +238,7 @@ impl AuthCounters {
             send_failed: get(&self.send_failed),
             send_too_large: get(&self.send_too_large),
             largest_sent: get(&self.largest_sent),
+            dropped_backlog: get(&self.dropped_backlog),
         }
     }
 
@@ -250,6 +272,18 @@ pub struct AuthTransport {
     destinations: Vec<SocketAddr>,
     clock: WallClock,
     counters: Arc<AuthCounters>,
+    /// The failure detector's links on opened sockets, by listen address,
+    /// until [`ProbeNet::attach`] takes them.
+    probes: PendingProbes,
+}
+
+#[derive(Clone, Default)]
+struct PendingProbes(Arc<std::sync::Mutex<HashMap<SocketAddr, ProbeLink>>>);
+
+impl std::fmt::Debug for PendingProbes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingProbes")
+    }
 }
 
 impl AuthTransport {
@@ -269,6 +303,7 @@ impl AuthTransport {
             destinations: Vec::new(),
             clock,
             counters: Arc::default(),
+            probes: PendingProbes::default(),
         }
     }
 
@@ -310,16 +345,56 @@ impl AuthTransport {
     /// Opens the concrete socket (the trait object hides its type; tests want
     /// it to inspect port counts).
     pub async fn open_socket(&self, listen_addr: SocketAddr) -> anyhow::Result<AuthSocket> {
-        let wire = tokio::net::UdpSocket::bind(listen_addr)
-            .await
+        let bound = std::net::UdpSocket::bind(listen_addr)
             .with_context(|| format!("failed to bind gossip socket {listen_addr}/udp"))?;
+        bound.set_nonblocking(true)?;
+        // The detector sends through a plain duplicate: a `send_to` that
+        // never waits and, unlike tokio's `try_send_to`, does not depend on
+        // readiness the reactor may not have seen yet on a fresh socket.
+        let probe_wire = bound.try_clone()?;
+        let wire = Arc::new(tokio::net::UdpSocket::from_std(bound)?);
         let local = wire.local_addr()?;
+        let (probe_inbox, recv) = mpsc::channel(INBOX);
+        let (to_chitchat, from_wire) = mpsc::channel(INBOX);
+        let reader = tokio::spawn(read_wire(
+            wire.clone(),
+            to_chitchat,
+            ProbeVerifier {
+                inbound: Inbound::new(self.replay_window.as_millis() as u64),
+                destinations: Destinations::new(local, self.destinations.clone()),
+                keys: self.keys.clone(),
+                clock: self.clock.clone(),
+                counters: self.counters.clone(),
+                warnings: Warnings::default(),
+                inbox: probe_inbox,
+            },
+        ));
+        let probe_send = Arc::new(ProbeSender {
+            wire: probe_wire,
+            outbound: std::sync::Mutex::new(Outbound::new(sender_id(local))),
+            keys: self.keys.clone(),
+            clock: self.clock.clone(),
+            counters: self.counters.clone(),
+        });
+        self.probes
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(
+                listen_addr,
+                ProbeLink {
+                    send: probe_send,
+                    recv,
+                },
+            );
         let codec = CodecSocket::open((Ipv4Addr::LOCALHOST, 0).into()).await?;
         let codec_addr = codec.local_addr()?;
         let (codec_log, codec_junk) = CodecJunk::dispatch(self.counters.clone());
         Ok(AuthSocket {
             wire,
             local,
+            from_wire,
+            reader,
             codec,
             codec_addr,
             codec_log,
@@ -335,9 +410,57 @@ impl AuthTransport {
             clock: self.clock.clone(),
             counters: self.counters.clone(),
             warnings: Warnings::default(),
-            buf: vec![0u8; RECV_BUF].into_boxed_slice(),
             send_buf: vec![0u8; RECV_BUF].into_boxed_slice(),
         })
+    }
+}
+
+impl ProbeNet for AuthTransport {
+    fn attach(&self, listen: SocketAddr) -> Result<ProbeLink, String> {
+        self.probes
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&listen)
+            .ok_or_else(|| format!("no gossip socket is open on {listen}"))
+    }
+}
+
+/// Signs the failure detector's messages and sends them on the gossip
+/// socket, beside chitchat's (under a sender id of its own, so the two
+/// streams of sequence numbers do not collide in peers' replay windows).
+struct ProbeSender {
+    wire: std::net::UdpSocket,
+    outbound: std::sync::Mutex<Outbound>,
+    keys: Arc<RwLock<GossipKeys>>,
+    clock: WallClock,
+    counters: Arc<AuthCounters>,
+}
+
+impl ProbeSend for ProbeSender {
+    fn send(&self, to: SocketAddr, payload: &[u8]) {
+        let now = self.clock.now_ms();
+        let sealed = self
+            .outbound
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .seal(&read_keys(&self.keys), payload, to, now);
+        let Ok(frames) = sealed else {
+            AuthCounters::add(&self.counters.send_failed, 1);
+            return;
+        };
+        for frame in &frames {
+            match self.wire.send_to(frame, to) {
+                Ok(sent) => {
+                    AuthCounters::add(&self.counters.frames_sent, 1);
+                    AuthCounters::add(&self.counters.bytes_sent, sent as u64);
+                }
+                Err(error) => {
+                    AuthCounters::add(&self.counters.send_failed, 1);
+                    debug!(%to, %error, "failure-detector message not sent");
+                }
+            }
+        }
     }
 }
 
@@ -505,8 +628,11 @@ struct Closing {
 }
 
 pub struct AuthSocket {
-    wire: tokio::net::UdpSocket,
+    wire: Arc<tokio::net::UdpSocket>,
     local: SocketAddr,
+    /// Datagrams for chitchat from the wire reader (see [`read_wire`]).
+    from_wire: mpsc::Receiver<io::Result<(Vec<u8>, SocketAddr)>>,
+    reader: tokio::task::JoinHandle<()>,
     codec: CodecSocket,
     codec_addr: SocketAddr,
     /// The subscriber the codec is polled under, and the tally it keeps of
@@ -526,8 +652,88 @@ pub struct AuthSocket {
     clock: WallClock,
     counters: Arc<AuthCounters>,
     warnings: Warnings,
-    buf: Box<[u8]>,
     send_buf: Box<[u8]>,
+}
+
+impl Drop for AuthSocket {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Reads the gossip socket on its own task, so the failure detector's
+/// probes are answered however busy chitchat's loop is (a large delta, a
+/// slow round): its messages are verified and handed to the detector here,
+/// everything else is queued for chitchat's socket, which verifies it.
+/// Telling the two apart peeks at the unverified payload; a forged answer
+/// only sends a datagram to the verifier that rejects it.
+async fn read_wire(
+    wire: Arc<tokio::net::UdpSocket>,
+    to_chitchat: mpsc::Sender<io::Result<(Vec<u8>, SocketAddr)>>,
+    mut probes: ProbeVerifier,
+) {
+    let mut buf = vec![0u8; RECV_BUF];
+    loop {
+        match wire.recv_from(&mut buf).await {
+            Ok((len, from)) => {
+                let counters = &probes.counters;
+                AuthCounters::add(&counters.frames_received, 1);
+                AuthCounters::add(&counters.bytes_received, len as u64);
+                let datagram = &buf[..len];
+                if payload_starts_with(datagram, &PROBE_MARK) {
+                    probes.accept(datagram, from);
+                } else if to_chitchat.try_send(Ok((datagram.to_vec(), from))).is_err() {
+                    AuthCounters::add(&counters.dropped_backlog, 1);
+                }
+            }
+            Err(error) if is_transient(&error) => {
+                debug!(%error, "transient gossip receive error");
+            }
+            Err(error) => {
+                let _ = to_chitchat.send(Err(error)).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Verifies the failure detector's frames, with replay state of its own
+/// (its messages come under their own sender ids).
+struct ProbeVerifier {
+    inbound: Inbound,
+    destinations: Destinations,
+    keys: Arc<RwLock<GossipKeys>>,
+    clock: WallClock,
+    counters: Arc<AuthCounters>,
+    warnings: Warnings,
+    inbox: mpsc::Sender<(SocketAddr, Vec<u8>)>,
+}
+
+impl ProbeVerifier {
+    fn accept(&mut self, datagram: &[u8], from: SocketAddr) {
+        let now = self.clock.now_ms();
+        let destinations = &mut self.destinations;
+        let accepted = self
+            .inbound
+            .accept(&read_keys(&self.keys), datagram, now, |to| {
+                destinations.accepts(to)
+            });
+        let message = match accepted {
+            Ok(Accepted::Whole(payload)) => payload.to_vec(),
+            Ok(Accepted::Reassembled(payload)) => payload,
+            Ok(Accepted::Pending) => return,
+            Err(reason) => {
+                self.counters.reject(reason);
+                self.warnings.reject(reason, from);
+                debug!(%from, len = datagram.len(), ?reason, "failure-detector datagram dropped");
+                return;
+            }
+        };
+        match self.inbox.try_send((from, message)) {
+            Ok(()) => AuthCounters::add(&self.counters.messages_accepted, 1),
+            Err(_) => AuthCounters::add(&self.counters.dropped_backlog, 1),
+        }
+    }
 }
 
 /// Drops are counted for metrics; these also mean an operator mistake (a
@@ -698,14 +904,12 @@ impl AuthSocket {
     /// Verifies one wire datagram and, once a whole message is there, hands
     /// it to the codec through the sender's port. Synchronous on purpose:
     /// see the module doc on cancel-safety.
-    fn accept_wire(&mut self, len: usize, from: SocketAddr) {
-        AuthCounters::add(&self.counters.frames_received, 1);
-        AuthCounters::add(&self.counters.bytes_received, len as u64);
+    fn accept_wire(&mut self, datagram: &[u8], from: SocketAddr) {
         let now = self.clock.now_ms();
         let destinations = &mut self.destinations;
         let accepted = self
             .inbound
-            .accept(&read_keys(&self.keys), &self.buf[..len], now, |to| {
+            .accept(&read_keys(&self.keys), datagram, now, |to| {
                 destinations.accepts(to)
             });
         let message = match accepted {
@@ -715,7 +919,7 @@ impl AuthSocket {
             Err(reason) => {
                 self.counters.reject(reason);
                 self.warnings.reject(reason, from);
-                debug!(%from, len, ?reason, "gossip datagram dropped");
+                debug!(%from, len = datagram.len(), ?reason, "gossip datagram dropped");
                 return;
             }
         };
@@ -811,12 +1015,10 @@ impl Socket for AuthSocket {
                         }
                     }
                 }
-                received = self.wire.recv_from(&mut self.buf) => match received {
-                    Ok((len, from)) => self.accept_wire(len, from),
-                    Err(error) if is_transient(&error) => {
-                        debug!(%error, "transient gossip receive error");
-                    }
-                    Err(error) => return Err(error).context("gossip socket failed"),
+                received = self.from_wire.recv() => match received {
+                    Some(Ok((datagram, from))) => self.accept_wire(&datagram, from),
+                    Some(Err(error)) => return Err(error).context("gossip socket failed"),
+                    None => anyhow::bail!("gossip socket reader stopped"),
                 },
             }
         }
@@ -914,6 +1116,50 @@ mod tests {
         let stats = tb.counters().snapshot();
         assert_eq!(stats.dropped_malformed, N.div_ceil(3) as u64);
         assert_eq!(stats.messages_accepted, N as u64);
+    }
+
+    #[tokio::test]
+    async fn detector_messages_share_the_socket_without_chitchat_reading_it() {
+        let (ta, tb, tx) = (transport(7), transport(7), transport(8));
+        let any: SocketAddr = (Ipv4Addr::LOCALHOST, 0).into();
+        let (mut a, mut b, _x) = (open(&ta).await, open(&tb).await, open(&tx).await);
+        let (a_link, mut b_link, x_link) = (
+            ta.attach(any).unwrap(),
+            tb.attach(any).unwrap(),
+            tx.attach(any).unwrap(),
+        );
+        assert!(ta.attach(any).is_err(), "a link is handed out once");
+        let b_addr = b.local_addr().unwrap();
+        let probe = [&PROBE_MARK[..], b"ping"].concat();
+        // Wrong key first, then the real one; chitchat's side of b is not
+        // polled at all.
+        x_link.send.send(b_addr, &probe);
+        a_link.send.send(b_addr, &probe);
+        let (from, got) = tokio::time::timeout(Duration::from_secs(5), b_link.recv.recv())
+            .await
+            .expect("the detector hears a without chitchat reading")
+            .unwrap();
+        assert_eq!((from, got), (a.local_addr().unwrap(), probe.clone()));
+        assert_eq!(tb.counters().snapshot().dropped_bad_mac, 1);
+        // A replayed detector frame is dropped like a chitchat one.
+        let spy = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        a_link.send.send(spy.local_addr().unwrap(), &probe);
+        let mut frame = vec![0u8; RECV_BUF];
+        let (len, _) = spy.recv_from(&mut frame).await.unwrap();
+        spy.send_to(&frame[..len], b_addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(b_link.recv.try_recv().is_err());
+        assert_eq!(tb.counters().snapshot().dropped_misdirected, 1);
+        // chitchat's messages still reach chitchat, not the detector.
+        a.send(b_addr, envelope()).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), b.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.envelope, envelope());
+        assert!(b_link.recv.try_recv().is_err());
     }
 
     #[tokio::test]

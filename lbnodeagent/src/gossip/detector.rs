@@ -1,0 +1,692 @@
+//! Failure detection by SWIM (foca), beside chitchat.
+//!
+//! chitchat learns that a peer lives from the heartbeats in every
+//! exchange's digest, and a digest lists every member: the bytes a node
+//! spends to notice a crash within a given time grow with the cluster (at
+//! 1,000 members about 750 kB/s per node for a one-second detection). SWIM
+//! probes one member per period, asks three others to probe it when it
+//! does not answer, and spreads what it learns on the back of its probes:
+//! a node's traffic does not grow with the cluster, and a crash is noticed
+//! within about two periods plus the suspicion timeout, then spread in a
+//! few more. So chitchat carries what each node publishes (prefixes, MACs,
+//! held VIPs), which changes rarely and may be paced, and this detector
+//! says who is up; a node is a member when both agree (see `membership`).
+//!
+//! # Identity
+//!
+//! A [`Peer`] is the node name, its chitchat generation and its gossip
+//! address, plus a rejoin counter: a node that others declared down (a
+//! partition, a long stall) cannot refute that and rejoins under the next
+//! counter. Two identities at one address are resolved by (generation,
+//! rejoin), so a restarted agent replaces its old self at once.
+//!
+//! # Wire
+//!
+//! Detector messages travel on the gossip socket, in the same signed frames
+//! as chitchat's (keys, replay window, destination binding all apply), and
+//! their payload starts with [`PROBE_MARK`], which no chitchat message
+//! starts with (chitchat's begin with its own two-byte magic). A message is
+//! at most [`MAX_PACKET`] bytes, one unfragmented datagram. How the link is
+//! provided is [`ProbeNet`]'s business: the authenticated transport on UDP,
+//! [`MemProbes`] in memory for tests and the scale benchmark.
+//!
+//! # Timing
+//!
+//! With period P (the gossip interval, 100 ms): a probe waits 0.4 P for a
+//! direct answer, then asks four members to probe; at the end of the
+//! period the silent member becomes suspect, and down after the suspicion
+//! timeout (see [`SUSPECT_PERIODS`]: 4 periods up to 10 members, 8 at
+//! 1,000), long enough for a slow but live member to hear of the suspicion
+//! and refute it. News spreads on probes and by gossiping it to three
+//! members every half period. Received messages are handled before due
+//! timers, so a node that was stalled counts the answers that arrived
+//! meanwhile before it calls anyone silent.
+
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::num::{NonZeroU8, NonZeroUsize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use foca::{AccumulatingRuntime, Config, Foca, Identity, OwnedNotification, PostcardCodec, Timer};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+/// First bytes of every detector payload.
+pub const PROBE_MARK: [u8; 4] = *b"HLS\x01";
+/// Largest detector message, mark included: one datagram on a 1,500-byte
+/// MTU with the frame, UDP and IPv4/IPv6 headers.
+pub const MAX_PACKET: usize = 1_300;
+/// Suspicion timeout in probe periods: this many, plus as many again per
+/// tenfold members beyond ten (4 periods up to 10 members, 6 at 100, 8 at
+/// 1,000), so a suspect has a few rounds to hear of it and refute it while
+/// news takes longer to cross a larger cluster.
+pub const SUSPECT_PERIODS: u32 = 2;
+/// Members asked to probe a silent one: with 10% of datagrams lost, a live
+/// member is suspected after about one probe in 400 instead of one in 130
+/// with three.
+const INDIRECT_PROBES: usize = 4;
+/// Received messages queued for the detector before new ones are dropped.
+const INBOX: usize = 4_096;
+/// A node is asked to let us in at most this often.
+const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
+/// Nodes asked per request: joining a 1,000-node cluster takes a few
+/// seconds of small bursts, not one burst of 1,000 datagrams.
+const ANNOUNCE_BATCH: usize = 32;
+/// How long a node declared down is remembered, so its stale messages do
+/// not make it a member again (as long as chitchat keeps a dead node).
+const REMEMBER_DOWN: Duration = Duration::from_secs(15 * 60);
+
+/// Who a detector member is (see the module doc).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Peer {
+    pub node: String,
+    pub generation: u64,
+    pub rejoin: u16,
+    pub addr: SocketAddr,
+}
+
+impl Peer {
+    /// A peer known only by address (a seed), or by chitchat's identity:
+    /// foca accepts an announce addressed to any identity at its address.
+    pub fn new(node: impl Into<String>, generation: u64, addr: SocketAddr) -> Peer {
+        Peer {
+            node: node.into(),
+            generation,
+            rejoin: 0,
+            addr,
+        }
+    }
+}
+
+impl Identity for Peer {
+    type Addr = SocketAddr;
+
+    fn renew(&self) -> Option<Self> {
+        Some(Peer {
+            rejoin: self.rejoin.wrapping_add(1),
+            ..self.clone()
+        })
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn win_addr_conflict(&self, adversary: &Self) -> bool {
+        (self.generation, self.rejoin) > (adversary.generation, adversary.rejoin)
+    }
+}
+
+/// (node name, generation) of every member the detector holds up, this
+/// node excluded.
+pub type Up = HashSet<(String, u64)>;
+
+/// Sends one detector payload; never waits (a full socket drops it, as the
+/// network may).
+pub trait ProbeSend: Send + Sync + 'static {
+    fn send(&self, to: SocketAddr, payload: &[u8]);
+}
+
+/// The detector's side of the gossip socket.
+pub struct ProbeLink {
+    pub send: Arc<dyn ProbeSend>,
+    /// Verified payloads (mark included) and who sent them.
+    pub recv: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
+}
+
+/// Provides the detector's link on the socket gossip listens on.
+pub trait ProbeNet: Send + Sync {
+    /// Called once the gossip socket bound to `listen` is open.
+    fn attach(&self, listen: SocketAddr) -> Result<ProbeLink, String>;
+}
+
+/// In-memory [`ProbeNet`] for tests and benchmarks, with optional loss and
+/// per-sender counts of datagrams and bytes.
+#[derive(Clone, Default)]
+pub struct MemProbes(Arc<Mutex<MemState>>);
+
+#[derive(Default)]
+struct MemState {
+    links: HashMap<SocketAddr, mpsc::Sender<(SocketAddr, Vec<u8>)>>,
+    /// Drop one datagram in this many (0: none).
+    loss_one_in: u64,
+    rng: u64,
+    sent: HashMap<SocketAddr, (u64, u64)>,
+    /// Pairs that cannot reach each other, either way.
+    cut: HashSet<(SocketAddr, SocketAddr)>,
+}
+
+impl MemProbes {
+    /// Drops each datagram with probability `loss`.
+    pub fn with_loss(loss: f64) -> MemProbes {
+        let net = MemProbes::default();
+        {
+            let mut state = net.lock();
+            state.loss_one_in = if loss > 0.0 {
+                (1.0 / loss).round() as u64
+            } else {
+                0
+            };
+            state.rng = 0x9E37_79B9_7F4A_7C15;
+        }
+        net
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemState> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Partitions `a` from `b`, both ways.
+    pub fn cut(&self, a: SocketAddr, b: SocketAddr) {
+        let mut state = self.lock();
+        state.cut.insert((a, b));
+        state.cut.insert((b, a));
+    }
+
+    /// Undoes [`cut`](Self::cut).
+    pub fn heal(&self, a: SocketAddr, b: SocketAddr) {
+        let mut state = self.lock();
+        state.cut.remove(&(a, b));
+        state.cut.remove(&(b, a));
+    }
+
+    /// Datagrams and payload bytes `from` has sent so far.
+    pub fn sent(&self, from: SocketAddr) -> (u64, u64) {
+        self.lock().sent.get(&from).copied().unwrap_or_default()
+    }
+}
+
+struct MemSend {
+    net: MemProbes,
+    from: SocketAddr,
+}
+
+impl ProbeSend for MemSend {
+    fn send(&self, to: SocketAddr, payload: &[u8]) {
+        let mut state = self.net.lock();
+        let counts = state.sent.entry(self.from).or_default();
+        counts.0 += 1;
+        counts.1 += payload.len() as u64;
+        if state.loss_one_in > 0 {
+            // xorshift64: loss without a dependency on a seeded RNG crate.
+            let mut x = state.rng;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            state.rng = x;
+            if x.is_multiple_of(state.loss_one_in) {
+                return;
+            }
+        }
+        if state.cut.contains(&(self.from, to)) {
+            return;
+        }
+        if let Some(link) = state.links.get(&to) {
+            let _ = link.try_send((self.from, payload.to_vec()));
+        }
+    }
+}
+
+impl ProbeNet for MemProbes {
+    fn attach(&self, listen: SocketAddr) -> Result<ProbeLink, String> {
+        let (tx, recv) = mpsc::channel(INBOX);
+        self.lock().links.insert(listen, tx);
+        Ok(ProbeLink {
+            send: Arc::new(MemSend {
+                net: self.clone(),
+                from: listen,
+            }),
+            recv,
+        })
+    }
+}
+
+/// foca's settings for `members` other members at probe period `period`.
+pub fn foca_config(period: Duration, members: usize) -> Config {
+    let periods = SUSPECT_PERIODS as f64 * (1.0 + (members.max(10) as f64).log10());
+    let max_transmissions = (((members + 1) as f64).log10() * 4.0).clamp(4.0, 255.0) as u8;
+    Config {
+        probe_period: period,
+        probe_rtt: period * 2 / 5,
+        num_indirect_probes: NonZeroUsize::new(INDIRECT_PROBES).expect("non-zero"),
+        max_transmissions: NonZeroU8::new(max_transmissions).expect("at least 4"),
+        suspect_to_down_after: period.mul_f64(periods),
+        remove_down_after: Some(REMEMBER_DOWN),
+        max_packet_size: NonZeroUsize::new(MAX_PACKET - PROBE_MARK.len()).expect("non-zero"),
+        // Tells a member others declared down, so it rejoins at once.
+        notify_down_members: true,
+        // Fills gaps in the member list (a Feed answers each announce).
+        periodic_announce: Some(foca::PeriodicParams {
+            frequency: Duration::from_secs(10),
+            num_members: NonZeroUsize::new(1).expect("non-zero"),
+        }),
+        // Heals a split: members of the other side were declared down.
+        periodic_announce_to_down_members: Some(foca::PeriodicParams {
+            frequency: Duration::from_secs(15),
+            num_members: NonZeroUsize::new(2).expect("non-zero"),
+        }),
+        periodic_gossip: Some(foca::PeriodicParams {
+            frequency: period / 2,
+            num_members: NonZeroUsize::new(3).expect("non-zero"),
+        }),
+    }
+}
+
+/// Counters for the agent's metrics.
+#[derive(Debug, Default)]
+pub struct DetectorCounters {
+    /// Messages foca refused (undecodable or malformed: another release).
+    pub rejected: AtomicU64,
+    /// Members declared down.
+    pub downs: AtomicU64,
+}
+
+enum Command {
+    Announce(Vec<Peer>),
+    Leave(oneshot::Sender<()>),
+}
+
+/// A running detector task.
+pub struct Detector {
+    commands: mpsc::UnboundedSender<Command>,
+    up: watch::Receiver<Arc<Up>>,
+    counters: Arc<DetectorCounters>,
+    task: JoinHandle<()>,
+}
+
+impl Detector {
+    pub fn start(me: Peer, period: Duration, link: ProbeLink) -> Detector {
+        let seed = {
+            let digest = Sha256::digest(format!("{}#{}#{:?}", me.node, me.generation, me.addr));
+            u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+        };
+        let foca = Foca::new(
+            me,
+            foca_config(period, 0),
+            SmallRng::seed_from_u64(seed),
+            PostcardCodec,
+        );
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let (up_tx, up) = watch::channel(Arc::new(Up::new()));
+        let counters = Arc::new(DetectorCounters::default());
+        let task = tokio::spawn(
+            Task {
+                foca,
+                runtime: AccumulatingRuntime::new(),
+                timers: Timers::default(),
+                send: link.send,
+                recv: link.recv,
+                commands: commands_rx,
+                up: up_tx,
+                period,
+                members: 0,
+                announced: HashMap::new(),
+                counters: counters.clone(),
+                out: Vec::with_capacity(MAX_PACKET),
+            }
+            .run(),
+        );
+        Detector {
+            commands,
+            up,
+            counters,
+            task,
+        }
+    }
+
+    pub fn up(&self) -> watch::Receiver<Arc<Up>> {
+        self.up.clone()
+    }
+
+    pub fn counters(&self) -> Arc<DetectorCounters> {
+        self.counters.clone()
+    }
+
+    /// Asks these nodes to let us in (each at most once a second): the
+    /// nodes gossip knows that the detector does not hold up yet.
+    pub fn announce(&self, peers: Vec<Peer>) {
+        if !peers.is_empty() {
+            let _ = self.commands.send(Command::Announce(peers));
+        }
+    }
+
+    /// Declares this node down to a few members, who spread it, and stops.
+    pub async fn leave(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.commands.send(Command::Leave(done)).is_ok() {
+            let _ = wait.await;
+        }
+    }
+}
+
+impl Drop for Detector {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// foca's timers, due first on top.
+#[derive(Default)]
+struct Timers {
+    heap: BinaryHeap<std::cmp::Reverse<(Instant, u64)>>,
+    timers: HashMap<u64, Timer<Peer>>,
+    next: u64,
+}
+
+impl Timers {
+    fn push(&mut self, at: Instant, timer: Timer<Peer>) {
+        self.next += 1;
+        self.heap.push(std::cmp::Reverse((at, self.next)));
+        self.timers.insert(self.next, timer);
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        self.heap.peek().map(|std::cmp::Reverse((at, _))| *at)
+    }
+
+    fn pop_due(&mut self, now: Instant) -> Option<Timer<Peer>> {
+        let std::cmp::Reverse((at, id)) = *self.heap.peek()?;
+        if at > now {
+            return None;
+        }
+        self.heap.pop();
+        self.timers.remove(&id)
+    }
+}
+
+struct Task {
+    foca: Foca<Peer, PostcardCodec, SmallRng, foca::NoCustomBroadcast>,
+    runtime: AccumulatingRuntime<Peer>,
+    timers: Timers,
+    send: Arc<dyn ProbeSend>,
+    recv: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    up: watch::Sender<Arc<Up>>,
+    period: Duration,
+    /// Member count the current config was made for.
+    members: usize,
+    announced: HashMap<SocketAddr, Instant>,
+    counters: Arc<DetectorCounters>,
+    out: Vec<u8>,
+}
+
+impl Task {
+    async fn run(mut self) {
+        loop {
+            let due = self
+                .timers
+                .next_due()
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                // Messages first: after a stall (a busy host), the answers
+                // already queued must count before the timers that would
+                // call their senders silent.
+                biased;
+                received = self.recv.recv() => match received {
+                    Some((from, payload)) => self.receive(from, &payload),
+                    None => return,
+                },
+                command = self.commands.recv() => match command {
+                    Some(Command::Announce(peers)) => self.announce(peers),
+                    Some(Command::Leave(done)) => {
+                        if let Err(error) = self.foca.leave_cluster(&mut self.runtime) {
+                            debug!(%error, "detector: leave");
+                        }
+                        self.flush();
+                        let _ = done.send(());
+                        return;
+                    }
+                    None => return,
+                },
+                () = tokio::time::sleep_until(due) => {
+                    while let Ok((from, payload)) = self.recv.try_recv() {
+                        self.receive(from, &payload);
+                    }
+                    let now = Instant::now();
+                    while let Some(timer) = self.timers.pop_due(now) {
+                        if let Err(error) = self.foca.handle_timer(timer, &mut self.runtime) {
+                            debug!(%error, "detector: timer");
+                        }
+                    }
+                }
+            }
+            self.flush();
+        }
+    }
+
+    fn receive(&mut self, from: SocketAddr, payload: &[u8]) {
+        let Some(data) = payload.strip_prefix(&PROBE_MARK) else {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if let Err(error) = self.foca.handle_data(data, &mut self.runtime) {
+            // Our own reflection (DataFromOurselves) is harmless; anything
+            // else is an authenticated peer we cannot read.
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            debug!(%from, %error, "detector message refused");
+        }
+    }
+
+    fn announce(&mut self, peers: Vec<Peer>) {
+        let now = Instant::now();
+        self.announced
+            .retain(|_, at| now.duration_since(*at) < ANNOUNCE_EVERY);
+        let mut sent = 0;
+        for peer in peers {
+            if sent == ANNOUNCE_BATCH {
+                break;
+            }
+            if peer.addr == self.foca.identity().addr || self.announced.contains_key(&peer.addr) {
+                continue;
+            }
+            self.announced.insert(peer.addr, now);
+            if let Err(error) = self.foca.announce(peer, &mut self.runtime) {
+                debug!(%error, "detector: announce");
+            }
+            sent += 1;
+        }
+    }
+
+    /// Sends what foca queued, arms its timers and publishes membership
+    /// changes.
+    fn flush(&mut self) {
+        while let Some((to, data)) = self.runtime.to_send() {
+            self.out.clear();
+            self.out.extend_from_slice(&PROBE_MARK);
+            self.out.extend_from_slice(&data);
+            self.send.send(to.addr, &self.out);
+        }
+        let now = Instant::now();
+        while let Some((after, timer)) = self.runtime.to_schedule() {
+            self.timers.push(now + after, timer);
+        }
+        let mut changed = false;
+        while let Some(notification) = self.runtime.to_notify() {
+            match notification {
+                OwnedNotification::MemberUp(peer) => {
+                    debug!(node = %peer.node, addr = %peer.addr, "detector: member up");
+                    changed = true;
+                }
+                OwnedNotification::MemberDown(peer) => {
+                    self.counters.downs.fetch_add(1, Ordering::Relaxed);
+                    info!(node = %peer.node, addr = %peer.addr, "detector: member down");
+                    changed = true;
+                }
+                OwnedNotification::Rename(..) => changed = true,
+                OwnedNotification::Rejoin(me) => {
+                    warn!(
+                        rejoin = me.rejoin,
+                        "detector: peers declared this node down; rejoined"
+                    );
+                }
+                OwnedNotification::Defunct => {
+                    warn!("detector: peers declared this node down and it could not rejoin");
+                }
+                _ => {}
+            }
+        }
+        if changed {
+            let up: Up = self
+                .foca
+                .iter_members()
+                .map(|m| (m.id().node.clone(), m.id().generation))
+                .collect();
+            self.retune(up.len());
+            self.up.send_replace(Arc::new(up));
+        }
+    }
+
+    /// Keeps the suspicion timeout and retransmissions matched to the
+    /// cluster size (foca takes new values at run time).
+    fn retune(&mut self, members: usize) {
+        let config = foca_config(self.period, members);
+        let current = foca_config(self.period, self.members);
+        if config.suspect_to_down_after != current.suspect_to_down_after
+            || config.max_transmissions != current.max_transmissions
+        {
+            match self.foca.set_config(config) {
+                Ok(()) => self.members = members,
+                Err(error) => debug!(%error, "detector: retune"),
+            }
+        } else {
+            self.members = members;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(node: &str, generation: u64, rejoin: u16) -> Peer {
+        Peer {
+            rejoin,
+            ..Peer::new(node, generation, "10.0.0.1:7934".parse().unwrap())
+        }
+    }
+
+    #[test]
+    fn a_rejoin_or_a_restart_wins_the_address() {
+        let first = peer("n1", 5, 0);
+        let renewed = first.renew().unwrap();
+        assert_eq!(renewed.rejoin, 1);
+        assert!(renewed.win_addr_conflict(&first));
+        assert!(!first.win_addr_conflict(&renewed));
+        let restarted = peer("n1", 6, 0);
+        assert!(restarted.win_addr_conflict(&renewed));
+    }
+
+    #[test]
+    fn suspicion_grows_with_log_members() {
+        let p = Duration::from_millis(100);
+        assert_eq!(foca_config(p, 2).suspect_to_down_after, p * 4);
+        assert_eq!(foca_config(p, 100).suspect_to_down_after, p * 6);
+        assert_eq!(foca_config(p, 1_000).suspect_to_down_after, p * 8);
+        assert!(foca_config(p, 1_000).max_transmissions.get() >= 12);
+    }
+
+    async fn cluster(
+        net: &MemProbes,
+        n: u16,
+        period: Duration,
+    ) -> Vec<(Detector, watch::Receiver<Arc<Up>>)> {
+        let peers: Vec<Peer> = (0..n)
+            .map(|i| {
+                Peer::new(
+                    format!("n{i}"),
+                    1,
+                    SocketAddr::from(([10, 0, 0, 1], 7000 + i)),
+                )
+            })
+            .collect();
+        let mut out = Vec::new();
+        for p in &peers {
+            let d = Detector::start(p.clone(), period, net.attach(p.addr).unwrap());
+            let up = d.up();
+            out.push((d, up));
+        }
+        // Everyone announces to the first node, as nodes found by gossip.
+        for (d, _) in &out[1..] {
+            d.announce(vec![peers[0].clone()]);
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn members_join_and_a_crash_is_detected_by_all() {
+        let net = MemProbes::default();
+        let period = Duration::from_millis(100);
+        let mut nodes = cluster(&net, 10, period).await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        for (_, up) in &nodes {
+            assert_eq!(up.borrow().len(), 9, "everyone sees everyone");
+        }
+        let (crashed, _) = nodes.pop().unwrap();
+        drop(crashed);
+        let start = Instant::now();
+        let mut detected = Vec::new();
+        for (_, up) in &mut nodes {
+            while up.borrow().contains(&("n9".to_string(), 1)) {
+                up.changed().await.unwrap();
+            }
+            detected.push(start.elapsed());
+        }
+        let slowest = detected.iter().max().unwrap();
+        assert!(
+            *slowest < Duration::from_secs(2),
+            "crash seen by all within {slowest:?}"
+        );
+        // No live member was lost on the way.
+        for (_, up) in &nodes {
+            assert_eq!(up.borrow().len(), 8);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leave_is_seen_before_any_timeout() {
+        let net = MemProbes::default();
+        let period = Duration::from_millis(100);
+        let mut nodes = cluster(&net, 5, period).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (leaving, _) = nodes.pop().unwrap();
+        let start = Instant::now();
+        leaving.leave().await;
+        for (_, up) in &mut nodes {
+            while up.borrow().contains(&("n4".to_string(), 1)) {
+                up.changed().await.unwrap();
+            }
+        }
+        assert!(
+            start.elapsed() < period * 3,
+            "leave spread in {:?}, faster than suspicion",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn garbage_is_counted_and_ignored() {
+        let net = MemProbes::default();
+        let nodes = cluster(&net, 3, Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let rogue = net.attach("10.9.9.9:1".parse().unwrap()).unwrap();
+        rogue
+            .send
+            .send("10.0.0.1:7000".parse().unwrap(), b"HLS\x01\xff\xff\xff");
+        rogue
+            .send
+            .send("10.0.0.1:7000".parse().unwrap(), b"no mark");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(nodes[0].0.counters().rejected.load(Ordering::Relaxed), 2);
+        assert_eq!(nodes[0].1.borrow().len(), 2, "membership untouched");
+    }
+}
