@@ -130,22 +130,13 @@ async fn fifty_agents_converge_and_the_largest_messages_go_through() {
     let too_large: u64 = stats.iter().map(|s| s.send_too_large).sum();
     let oversized: u64 = stats.iter().map(|s| s.dropped_oversized).sum();
     let fragmented: u64 = stats.iter().map(|s| s.messages_fragmented).sum();
-    let downs: u64 = agents
-        .iter()
-        .map(|(m, _)| {
-            m.detector_counters()
-                .downs
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
-        .sum();
-    let rejected: u64 = agents
-        .iter()
-        .map(|(m, _)| {
-            m.detector_counters()
-                .rejected
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
-        .sum();
+    let (downs, rejected) = agents.iter().fold((0, 0), |(downs, rejected), (m, _)| {
+        let c = m.detector_counters();
+        (
+            downs + c.downs.load(std::sync::atomic::Ordering::Relaxed),
+            rejected + c.rejected.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    });
     println!("detector: {downs} downs, {rejected} rejected");
     println!(
         "{N} agents: largest message {largest} B, {fragmented} sent in two datagrams, \

@@ -359,15 +359,8 @@ impl AuthTransport {
         let reader = tokio::spawn(read_wire(
             wire.clone(),
             to_chitchat,
-            ProbeVerifier {
-                inbound: Inbound::new(self.replay_window.as_millis() as u64),
-                destinations: Destinations::new(local, self.destinations.clone()),
-                keys: self.keys.clone(),
-                clock: self.clock.clone(),
-                counters: self.counters.clone(),
-                warnings: Warnings::default(),
-                inbox: probe_inbox,
-            },
+            self.verifier(local),
+            probe_inbox,
         ));
         let probe_send = Arc::new(ProbeSender {
             wire: probe_wire,
@@ -403,15 +396,26 @@ impl AuthTransport {
             by_port: HashMap::new(),
             closing: VecDeque::new(),
             max_ports: MAX_PORTS,
-            destinations: Destinations::new(local, self.destinations.clone()),
+            verifier: self.verifier(local),
             keys: self.keys.clone(),
             outbound: Outbound::new(sender_id(local)).with_max_datagram(self.max_datagram),
+            clock: self.clock.clone(),
+            counters: self.counters.clone(),
+            send_buf: vec![0u8; RECV_BUF].into_boxed_slice(),
+        })
+    }
+}
+
+impl AuthTransport {
+    fn verifier(&self, local: SocketAddr) -> Verifier {
+        Verifier {
             inbound: Inbound::new(self.replay_window.as_millis() as u64),
+            destinations: Destinations::new(local, self.destinations.clone()),
+            keys: self.keys.clone(),
             clock: self.clock.clone(),
             counters: self.counters.clone(),
             warnings: Warnings::default(),
-            send_buf: vec![0u8; RECV_BUF].into_boxed_slice(),
-        })
+        }
     }
 }
 
@@ -645,13 +649,12 @@ pub struct AuthSocket {
     /// Closed ports in their grace period, oldest first.
     closing: VecDeque<Closing>,
     max_ports: usize,
-    destinations: Destinations,
+    /// Verifies chitchat's datagrams.
+    verifier: Verifier,
     keys: Arc<RwLock<GossipKeys>>,
     outbound: Outbound,
-    inbound: Inbound,
     clock: WallClock,
     counters: Arc<AuthCounters>,
-    warnings: Warnings,
     send_buf: Box<[u8]>,
 }
 
@@ -670,7 +673,8 @@ impl Drop for AuthSocket {
 async fn read_wire(
     wire: Arc<tokio::net::UdpSocket>,
     to_chitchat: mpsc::Sender<io::Result<(Vec<u8>, SocketAddr)>>,
-    mut probes: ProbeVerifier,
+    mut probes: Verifier,
+    probe_inbox: mpsc::Sender<(SocketAddr, Vec<u8>)>,
 ) {
     let mut buf = vec![0u8; RECV_BUF];
     loop {
@@ -681,7 +685,12 @@ async fn read_wire(
                 AuthCounters::add(&counters.bytes_received, len as u64);
                 let datagram = &buf[..len];
                 if payload_starts_with(datagram, &PROBE_MARK) {
-                    probes.accept(datagram, from);
+                    if let Some(message) = probes.open(datagram, from) {
+                        match probe_inbox.try_send((from, message)) {
+                            Ok(()) => AuthCounters::add(&probes.counters.messages_accepted, 1),
+                            Err(_) => AuthCounters::add(&probes.counters.dropped_backlog, 1),
+                        }
+                    }
                 } else if to_chitchat.try_send(Ok((datagram.to_vec(), from))).is_err() {
                     AuthCounters::add(&counters.dropped_backlog, 1);
                 }
@@ -697,20 +706,22 @@ async fn read_wire(
     }
 }
 
-/// Verifies the failure detector's frames, with replay state of its own
-/// (its messages come under their own sender ids).
-struct ProbeVerifier {
+/// Frame verification with its replay state: one for chitchat's socket,
+/// one for the failure detector's frames (which come under sender ids of
+/// their own) in the wire reader.
+struct Verifier {
     inbound: Inbound,
     destinations: Destinations,
     keys: Arc<RwLock<GossipKeys>>,
     clock: WallClock,
     counters: Arc<AuthCounters>,
     warnings: Warnings,
-    inbox: mpsc::Sender<(SocketAddr, Vec<u8>)>,
 }
 
-impl ProbeVerifier {
-    fn accept(&mut self, datagram: &[u8], from: SocketAddr) {
+impl Verifier {
+    /// The whole message once its last fragment verified; drops counted
+    /// (and logged, see [`Warnings`]).
+    fn open(&mut self, datagram: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
         let now = self.clock.now_ms();
         let destinations = &mut self.destinations;
         let accepted = self
@@ -718,20 +729,16 @@ impl ProbeVerifier {
             .accept(&read_keys(&self.keys), datagram, now, |to| {
                 destinations.accepts(to)
             });
-        let message = match accepted {
-            Ok(Accepted::Whole(payload)) => payload.to_vec(),
-            Ok(Accepted::Reassembled(payload)) => payload,
-            Ok(Accepted::Pending) => return,
+        match accepted {
+            Ok(Accepted::Whole(payload)) => Some(payload.to_vec()),
+            Ok(Accepted::Reassembled(payload)) => Some(payload),
+            Ok(Accepted::Pending) => None,
             Err(reason) => {
                 self.counters.reject(reason);
                 self.warnings.reject(reason, from);
-                debug!(%from, len = datagram.len(), ?reason, "failure-detector datagram dropped");
-                return;
+                debug!(%from, len = datagram.len(), ?reason, "gossip datagram dropped");
+                None
             }
-        };
-        match self.inbox.try_send((from, message)) {
-            Ok(()) => AuthCounters::add(&self.counters.messages_accepted, 1),
-            Err(_) => AuthCounters::add(&self.counters.dropped_backlog, 1),
         }
     }
 }
@@ -905,23 +912,8 @@ impl AuthSocket {
     /// it to the codec through the sender's port. Synchronous on purpose:
     /// see the module doc on cancel-safety.
     fn accept_wire(&mut self, datagram: &[u8], from: SocketAddr) {
-        let now = self.clock.now_ms();
-        let destinations = &mut self.destinations;
-        let accepted = self
-            .inbound
-            .accept(&read_keys(&self.keys), datagram, now, |to| {
-                destinations.accepts(to)
-            });
-        let message = match accepted {
-            Ok(Accepted::Whole(payload)) => payload.to_vec(),
-            Ok(Accepted::Reassembled(payload)) => payload,
-            Ok(Accepted::Pending) => return,
-            Err(reason) => {
-                self.counters.reject(reason);
-                self.warnings.reject(reason, from);
-                debug!(%from, len = datagram.len(), ?reason, "gossip datagram dropped");
-                return;
-            }
+        let Some(message) = self.verifier.open(datagram, from) else {
+            return;
         };
         if message.len() > MAX_DATAGRAM {
             // Cannot travel over loopback either; chitchat never emits one.
@@ -997,7 +989,7 @@ impl Socket for AuthSocket {
 
     async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
         loop {
-            self.warnings.codec_junk(&self.codec_junk);
+            self.verifier.warnings.codec_junk(&self.codec_junk);
             tokio::select! {
                 biased;
                 decoded = self.codec.recv().with_subscriber(self.codec_log.clone()) => {
@@ -1005,7 +997,7 @@ impl Socket for AuthSocket {
                     match self.by_port.get(&outcome.from_addr) {
                         Some(peer) => {
                             outcome.from_addr = *peer;
-                            self.warnings.codec_junk(&self.codec_junk);
+                            self.verifier.warnings.codec_junk(&self.codec_junk);
                             return Ok(outcome);
                         }
                         None => {
