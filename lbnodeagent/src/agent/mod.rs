@@ -988,7 +988,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
             return true;
         }
         let now = Instant::now();
-        if self.view.nodes.iter().any(|n| n.node != self.cfg.node_name) {
+        // A node gossip reports but the detector has not confirmed yet is a
+        // peer too: this node is not alone, so it must not settle as if it were.
+        if self.view.unconfirmed > 0 || self.view.nodes.iter().any(|n| n.node != self.cfg.node_name)
+        {
             let first = *self.first_peer.get_or_insert(now);
             let waited = now - first;
             self.settled = (waited >= self.cfg.gossip.interval * 3 && self.view.unconfirmed == 0)

@@ -1,7 +1,10 @@
-//! Membership: runs chitchat, publishes this node's state, and turns the
-//! cluster state into [`MembershipView`]s for the reconcile loop.
+//! Membership: runs chitchat and the failure detector, publishes this
+//! node's state, and turns the cluster state into [`MembershipView`]s for
+//! the reconcile loop: a member is a node whose state chitchat carries and
+//! whom the detector holds up (see `detector`).
 //!
-//! A view is rebuilt when chitchat's live set changes (a node joined, was
+//! A view is rebuilt when the detector's up set changes, when chitchat's
+//! live set changes (a node joined, was
 //! declared dead, or bumped its state version: chitchat checks this at the
 //! end of every gossip round) and, sooner, whenever a key is set (a
 //! key-change listener wakes the builder the moment a delta is applied), so
