@@ -265,7 +265,7 @@ pub fn foca_config(period: Duration, members: usize) -> Config {
         probe_period: period,
         probe_rtt: period * 2 / 5,
         num_indirect_probes: NonZeroUsize::new(INDIRECT_PROBES).expect("non-zero"),
-        max_transmissions: NonZeroU8::new(max_transmissions).expect("at least 4"),
+        max_transmissions: NonZeroU8::new(max_transmissions).expect("at least 6"),
         suspect_to_down_after: period.mul_f64(periods),
         remove_down_after: Some(REMEMBER_DOWN),
         max_packet_size: NonZeroUsize::new(MAX_PACKET - PROBE_MARK.len()).expect("non-zero"),

@@ -215,9 +215,6 @@ pub fn open_one<'a>(keys: &GossipKeys, datagram: &'a [u8]) -> Result<(Header, &'
     Ok((header, &signed[HEADER_LEN..]))
 }
 
-/// `addr` with an IPv4-mapped IPv6 address turned into IPv4 and no IPv6 flow
-/// label or scope, so that the same endpoint compares equal however a socket
-/// API spelled it.
 /// Whether an unfragmented frame's payload starts with `prefix`, without
 /// verifying anything: only to route a datagram to the verifier that will
 /// (a forged answer just fails verification there).
@@ -228,6 +225,9 @@ pub fn payload_starts_with(datagram: &[u8], prefix: &[u8]) -> bool {
         && datagram[HEADER_LEN..].starts_with(prefix)
 }
 
+/// `addr` with an IPv4-mapped IPv6 address turned into IPv4 and no IPv6 flow
+/// label or scope, so that the same endpoint compares equal however a socket
+/// API spelled it.
 pub fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }

@@ -4,12 +4,11 @@
 //! whom the detector holds up (see `detector`).
 //!
 //! A view is rebuilt when the detector's up set changes, when chitchat's
-//! live set changes (a node joined, was
-//! declared dead, or bumped its state version: chitchat checks this at the
-//! end of every gossip round) and, sooner, whenever a key is set (a
-//! key-change listener wakes the builder the moment a delta is applied), so
-//! a `leaving` status takes effect one message after it arrives rather than
-//! one round later. chitchat fires no key-change event for a deleted key:
+//! live set changes (a node joined, was declared dead, or bumped its state
+//! version: chitchat checks this at the end of every gossip round) and,
+//! sooner, whenever a key is set (a key-change listener wakes the builder
+//! the moment a delta is applied), so a `leaving` status takes effect one
+//! message after it arrives rather than one round later. chitchat fires no key-change event for a deleted key:
 //! when a peer's held VIPs shrink by whole `vips.N` chunks (the last chunks
 //! dropped and the others unchanged, or every VIP released), the change
 //! shows up at the end of the next round instead, through the version bump.
@@ -310,10 +309,10 @@ impl Membership {
             .map_err(|error| GossipError::Stopped(format!("{error:#}")))
     }
 
-    /// Resolves when the gossip server stops on its own: a broken socket.
-    /// The agent should treat that as fatal (not ready, restart).
-    /// The failure detector stopping (it never does unless it panicked) is
-    /// fatal too: views would keep every member forever.
+    /// Resolves when the gossip server stops on its own (a broken socket)
+    /// or the failure detector does (it never does unless it panicked, and
+    /// views would then keep every member forever). The agent should treat
+    /// either as fatal (not ready, restart).
     pub fn stopped(&self) -> impl Future<Output = Result<(), GossipError>> + use<> {
         let watcher = self.handle.termination_watcher();
         let mut up = self.detector.up();
