@@ -125,9 +125,39 @@ impl Identity for Peer {
     }
 }
 
-/// (node name, generation) of every member the detector holds up, this
-/// node excluded.
-pub type Up = HashSet<(String, u64)>;
+/// The members the detector holds up, this node excluded: each node name
+/// with its generations up (one, unless a restarted node's old self is
+/// still there). Views look every node up by name on every rebuild, so a
+/// lookup allocates nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Up(HashMap<String, Vec<u64>>);
+
+impl Up {
+    pub fn contains(&self, node: &str, generation: u64) -> bool {
+        self.0
+            .get(node)
+            .is_some_and(|generations| generations.contains(&generation))
+    }
+
+    /// Nodes up.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromIterator<(String, u64)> for Up {
+    fn from_iter<I: IntoIterator<Item = (String, u64)>>(members: I) -> Up {
+        let mut up = Up::default();
+        for (node, generation) in members {
+            up.0.entry(node).or_default().push(generation);
+        }
+        up
+    }
+}
 
 /// Sends one detector payload; never waits (a full socket drops it, as the
 /// network may).
@@ -323,7 +353,7 @@ impl Detector {
             PostcardCodec,
         );
         let (commands, commands_rx) = mpsc::unbounded_channel();
-        let (up_tx, up) = watch::channel(Arc::new(Up::new()));
+        let (up_tx, up) = watch::channel(Arc::new(Up::default()));
         let counters = Arc::new(DetectorCounters::default());
         let task = tokio::spawn(
             Task {
@@ -642,7 +672,7 @@ mod tests {
         let start = Instant::now();
         let mut detected = Vec::new();
         for (_, up) in &mut nodes {
-            while up.borrow().contains(&("n9".to_string(), 1)) {
+            while up.borrow().contains("n9", 1) {
                 up.changed().await.unwrap();
             }
             detected.push(start.elapsed());
@@ -668,7 +698,7 @@ mod tests {
         let start = Instant::now();
         leaving.leave().await;
         for (_, up) in &mut nodes {
-            while up.borrow().contains(&("n4".to_string(), 1)) {
+            while up.borrow().contains("n4", 1) {
                 up.changed().await.unwrap();
             }
         }

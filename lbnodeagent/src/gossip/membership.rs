@@ -501,7 +501,7 @@ impl SeedProbe {
 }
 
 fn is_up(up: &Up, id: &ChitchatId) -> bool {
-    up.contains(&(id.node_id.to_string(), id.generation_id))
+    up.contains(&id.node_id, id.generation_id)
 }
 
 /// The view from chitchat's state and the detector's up set (see
@@ -682,7 +682,7 @@ mod tests {
     fn published_state_reads_back_as_a_member() {
         let local = sample();
         let c = chitchat_for("n1", &local);
-        let view = build_view(&c, &Up::new());
+        let view = build_view(&c, &Up::default());
         assert_eq!(view.local.node, "n1");
         assert_eq!(view.local.agent_version, "9.9.9");
         assert_eq!(view.local.vips, local.vips);
@@ -726,7 +726,7 @@ mod tests {
                 .count(),
             1
         );
-        let view = build_view(&c, &Up::new());
+        let view = build_view(&c, &Up::default());
         assert_eq!(view.local.vips, local.vips);
         assert_eq!(view.local.status, Status::Leaving);
         assert!(view.members.is_empty(), "a leaving node is no member");
@@ -738,7 +738,12 @@ mod tests {
         let mut c = chitchat_for("n1", &sample());
         let mut builder = ViewBuilder::default();
         assert_eq!(
-            builder.build(&c, &Up::new()).node("n1").unwrap().vips.len(),
+            builder
+                .build(&c, &Up::default())
+                .node("n1")
+                .unwrap()
+                .vips
+                .len(),
             2
         );
         let mut changed = sample();
@@ -746,7 +751,7 @@ mod tests {
         state::publish(c.self_node_state(), &changed);
         assert!(
             builder
-                .build(&c, &Up::new())
+                .build(&c, &Up::default())
                 .node("n1")
                 .unwrap()
                 .vips
