@@ -28,6 +28,8 @@ use lbnodeagent::gossip::{
     AuthTransport, DEFAULT_INTERVAL, DEFAULT_PHI_THRESHOLD, DEFAULT_REPLAY_WINDOW, GossipConfig,
     GossipKeys, LocalState, MemProbes, Membership, ProbeLink, ProbeNet, ProbeSend, Status,
 };
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
 use tokio::time::Instant;
 
 const KEY: [u8; 32] = [0x42; 32];
@@ -115,27 +117,15 @@ struct Lossy {
 struct LossySend {
     inner: Arc<dyn ProbeSend>,
     loss: f64,
+    rng: std::sync::Mutex<SmallRng>,
 }
 
 impl ProbeSend for LossySend {
     fn send(&self, to: SocketAddr, payload: &[u8]) {
-        if rand_unit() >= self.loss {
+        if !self.rng.lock().unwrap().random_bool(self.loss) {
             self.inner.send(to, payload);
         }
     }
-}
-
-/// A uniform number in [0, 1) from a shared xorshift state: good enough to
-/// drop messages at a given rate.
-fn rand_unit() -> f64 {
-    static STATE: std::sync::atomic::AtomicU64 =
-        std::sync::atomic::AtomicU64::new(0x9E37_79B9_7F4A_7C15);
-    let mut x = STATE.load(Ordering::Relaxed);
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    STATE.store(x, Ordering::Relaxed);
-    (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
 impl ProbeNet for Lossy {
@@ -145,6 +135,7 @@ impl ProbeNet for Lossy {
             send: Arc::new(LossySend {
                 inner: link.send,
                 loss: self.loss,
+                rng: std::sync::Mutex::new(SmallRng::seed_from_u64(listen.port().into())),
             }),
             recv: link.recv,
         })
@@ -387,15 +378,10 @@ fn bandwidth(n: usize, interval: Duration, measure: Duration) -> String {
         }
         tokio::time::sleep(Duration::from_secs(10)).await;
         transport.reset();
-        let probes_before: Vec<(u64, u64)> = (0..n).map(|i| probes.sent(addr(i))).collect();
+        probes.reset();
         tokio::time::sleep(measure).await;
         let traffic = transport.traffic();
-        let probe_sent: Vec<(u64, u64)> = (0..n)
-            .map(|i| {
-                let (d, b) = probes.sent(addr(i));
-                (d - probes_before[i].0, b - probes_before[i].1)
-            })
-            .collect();
+        let probe_sent: Vec<(u64, u64)> = (0..n).map(|i| probes.sent(addr(i))).collect();
         let secs = measure.as_secs_f64();
         let sent: Vec<f64> = traffic.values().map(|t| t.bytes_sent as f64 / secs).collect();
         let frame = OVERHEAD as u64 + IP_UDP_HEADERS;

@@ -50,8 +50,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use foca::{AccumulatingRuntime, Config, Foca, Identity, OwnedNotification, PostcardCodec, Timer};
-use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -186,9 +186,8 @@ pub struct MemProbes(Arc<Mutex<MemState>>);
 #[derive(Default)]
 struct MemState {
     links: HashMap<SocketAddr, mpsc::Sender<(SocketAddr, Vec<u8>)>>,
-    /// Drop one datagram in this many (0: none).
-    loss_one_in: u64,
-    rng: u64,
+    /// Fraction of datagrams dropped, and the generator that picks them.
+    loss: Option<(f64, SmallRng)>,
     sent: HashMap<SocketAddr, (u64, u64)>,
     /// Pairs that cannot reach each other, either way.
     cut: HashSet<(SocketAddr, SocketAddr)>,
@@ -198,16 +197,16 @@ impl MemProbes {
     /// Drops each datagram with probability `loss`.
     pub fn with_loss(loss: f64) -> MemProbes {
         let net = MemProbes::default();
-        {
-            let mut state = net.lock();
-            state.loss_one_in = if loss > 0.0 {
-                (1.0 / loss).round() as u64
-            } else {
-                0
-            };
-            state.rng = 0x9E37_79B9_7F4A_7C15;
+        if loss > 0.0 {
+            net.lock().loss = Some((loss, SmallRng::seed_from_u64(0x9E37_79B9_7F4A_7C15)));
         }
         net
+    }
+
+    /// Starts the counts of [`sent`](Self::sent) over, as a measurement
+    /// begins.
+    pub fn reset(&self) {
+        self.lock().sent.clear();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MemState> {
@@ -230,7 +229,8 @@ impl MemProbes {
         state.cut.remove(&(b, a));
     }
 
-    /// Datagrams and payload bytes `from` has sent so far.
+    /// Datagrams and payload bytes `from` has sent since the start or the
+    /// last [`reset`](Self::reset).
     pub fn sent(&self, from: SocketAddr) -> (u64, u64) {
         self.lock().sent.get(&from).copied().unwrap_or_default()
     }
@@ -247,16 +247,10 @@ impl ProbeSend for MemSend {
         let counts = state.sent.entry(self.from).or_default();
         counts.0 += 1;
         counts.1 += payload.len() as u64;
-        if state.loss_one_in > 0 {
-            // xorshift64: loss without a dependency on a seeded RNG crate.
-            let mut x = state.rng;
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            state.rng = x;
-            if x.is_multiple_of(state.loss_one_in) {
-                return;
-            }
+        if let Some((loss, rng)) = &mut state.loss
+            && rng.random_bool(*loss)
+        {
+            return;
         }
         if state.cut.contains(&(self.from, to)) {
             return;
@@ -672,9 +666,7 @@ mod tests {
         let start = Instant::now();
         let mut detected = Vec::new();
         for (_, up) in &mut nodes {
-            while up.borrow().contains("n9", 1) {
-                up.changed().await.unwrap();
-            }
+            up.wait_for(|up| !up.contains("n9", 1)).await.unwrap();
             detected.push(start.elapsed());
         }
         let slowest = detected.iter().max().unwrap();
@@ -698,9 +690,7 @@ mod tests {
         let start = Instant::now();
         leaving.leave().await;
         for (_, up) in &mut nodes {
-            while up.borrow().contains("n4", 1) {
-                up.changed().await.unwrap();
-            }
+            up.wait_for(|up| !up.contains("n4", 1)).await.unwrap();
         }
         assert!(
             start.elapsed() < period * 3,
