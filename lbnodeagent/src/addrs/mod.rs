@@ -415,6 +415,35 @@ pub trait AddressBackend: Send + Sync {
     /// Removes `vip` (any prefix length) if the backend added it.
     fn remove(&self, vip: &VipAddress) -> impl Future<Output = Result<Applied>> + Send;
 
+    /// [`add`](Self::add) for many addresses at once, with the results in
+    /// the same order. Taking over a failed host's VIPs and renewing what a
+    /// node holds are such batches: a backend that can reads each link
+    /// once, writes its record once and sends its requests together.
+    fn add_many(&self, vips: &[VipAddress]) -> impl Future<Output = Vec<Result<Applied>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(vips.len());
+            for vip in vips {
+                out.push(self.add(vip).await);
+            }
+            out
+        }
+    }
+
+    /// [`remove`](Self::remove) for many addresses at once, as
+    /// [`add_many`](Self::add_many).
+    fn remove_many(
+        &self,
+        vips: &[VipAddress],
+    ) -> impl Future<Output = Vec<Result<Applied>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(vips.len());
+            for vip in vips {
+                out.push(self.remove(vip).await);
+            }
+            out
+        }
+    }
+
     /// At startup: exactly the addresses a previous run of the agent left in
     /// the kernel, which the backend now treats as its own. The caller keeps
     /// (re-adds) or removes each.

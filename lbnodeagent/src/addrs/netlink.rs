@@ -131,6 +131,15 @@ impl NetlinkConfig {
     }
 }
 
+/// Requests a batch keeps in flight on the netlink connection at once: the
+/// kernel handles them one by one anyway, and this keeps the socket's
+/// buffers far from full.
+const IN_FLIGHT: usize = 64;
+
+fn family_of(v6: bool) -> Family {
+    if v6 { Family::V6 } else { Family::V4 }
+}
+
 /// Where the running kernel's release is (what `uname -r` prints).
 const OS_RELEASE: &str = "/proc/sys/kernel/osrelease";
 
@@ -962,6 +971,279 @@ impl NetlinkBackend {
         Ok(Applied::Done)
     }
 
+    /// `add_many`: one read of each link's addresses, one record write for
+    /// what is new, and the requests in flight together (a failed host's
+    /// thousand VIPs are one batch, and so is every renewal). Ownership is
+    /// decided from that read exactly as [`add_checked`](Self::add_checked)
+    /// does; an address of ours with another prefix length (its on-link
+    /// route changed) takes that single path, which replaces it.
+    async fn add_batch(&self, vips: &[VipAddress]) -> Vec<Result<Applied>> {
+        let mut results: Vec<Option<Result<Applied>>> = vips.iter().map(|_| None).collect();
+        let mut groups: BTreeMap<(u32, bool), Vec<usize>> = BTreeMap::new();
+        for (i, vip) in vips.iter().enumerate() {
+            if Prefix::new(vip.ip, vip.prefix_len).is_none() {
+                results[i] = Some(Err(Error::InvalidPrefix {
+                    ip: vip.ip,
+                    prefix_len: vip.prefix_len,
+                }));
+                continue;
+            }
+            groups
+                .entry((vip.ifindex, vip.ip.is_ipv6()))
+                .or_default()
+                .push(i);
+        }
+        let reads = futures::future::join_all(
+            groups
+                .keys()
+                .map(|&(ifindex, v6)| self.addresses(Some(family_of(v6)), Some(ifindex))),
+        )
+        .await;
+        let mut single = Vec::new();
+        // (index, the entry before, becomes the primary of its subnet)
+        let mut send: Vec<(usize, Option<Owned>, bool)> = Vec::new();
+        let snapshot = {
+            let mut state = self.lock();
+            let entries_before = state.entries();
+            for ((_, indexes), read) in groups.iter().zip(reads) {
+                let Ok(on_link) = read else {
+                    // The single path reads again and reports its own error.
+                    single.extend(indexes);
+                    continue;
+                };
+                for &i in indexes {
+                    let vip = &vips[i];
+                    let key = (vip.ifindex, vip.ip);
+                    let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = on_link
+                        .iter()
+                        .filter(|a| a.ip == vip.ip)
+                        .partition(|a| self.is_ours(&state, &vip.interface, a));
+                    if !foreign.is_empty() {
+                        if ours.is_empty() {
+                            state.forget(&vip.interface, key, None);
+                        }
+                        tracing::warn!(ip = %vip.ip, interface = %vip.interface,
+                            "address already present and not added by hostlb; leaving it alone");
+                        results[i] = Some(Ok(Applied::NotOurs));
+                        continue;
+                    }
+                    if ours.iter().any(|a| a.prefix_len != vip.prefix_len) {
+                        single.push(i);
+                        continue;
+                    }
+                    let before = state.owned.get(&key).cloned();
+                    let lifetime = before
+                        .as_ref()
+                        .map_or(vip.lifetime, |b| longer(b.lifetime, vip.lifetime));
+                    state.owned.insert(
+                        key,
+                        Owned {
+                            address: OwnedAddress {
+                                interface: vip.interface.clone(),
+                                ifindex: vip.ifindex,
+                                ip: vip.ip,
+                                prefix_len: vip.prefix_len,
+                            },
+                            lifetime,
+                            presence: Presence::Unverified,
+                        },
+                    );
+                    let primary = ours.is_empty() && becomes_primary(vip, &on_link);
+                    send.push((i, before, primary));
+                }
+            }
+            (state.entries() != entries_before).then(|| state.snapshot())
+        };
+        // Recorded before the kernel has them, as in `add_checked`.
+        if let Some(snapshot) = snapshot
+            && let Err(e) = self.save(snapshot).await
+        {
+            let mut state = self.lock();
+            for (i, before, _) in send.drain(..) {
+                let vip = &vips[i];
+                restore(&mut state.owned, (vip.ifindex, vip.ip), before);
+                results[i] = Some(Err(Error::RecordWrite {
+                    path: self.config.run_dir.join(super::record::FILE_NAME),
+                    source: std::io::Error::other(e.to_string()),
+                }));
+            }
+        }
+        let mut promoted = BTreeSet::new();
+        for (i, _, primary) in &send {
+            let vip = &vips[*i];
+            if *primary
+                && promoted.insert(vip.ifindex)
+                && let Err(e) = self.promote_secondaries(vip.ifindex, &vip.interface).await
+            {
+                tracing::warn!(ip = %vip.ip, error = %e,
+                    "the VIP is the primary address of its subnet; addresses added to that subnet later go with it when it expires");
+            }
+        }
+        // Collected first: a stream over a borrowing closure is not `Send`.
+        let requests: Vec<_> = send
+            .iter()
+            .map(|(i, _, _)| self.add_to_kernel(&vips[*i]))
+            .collect();
+        let outcomes: Vec<std::result::Result<(), rtnetlink::Error>> =
+            futures::stream::iter(requests)
+                .buffered(IN_FLIGHT)
+                .collect()
+                .await;
+        let mut first_new = None;
+        let snapshot = {
+            let mut state = self.lock();
+            let mut changed = false;
+            for ((i, before, _), outcome) in send.into_iter().zip(outcomes) {
+                let vip = &vips[i];
+                let key = (vip.ifindex, vip.ip);
+                match outcome {
+                    Ok(()) => {
+                        if let Some(o) = state.owned.get_mut(&key) {
+                            o.lifetime = vip.lifetime;
+                            // Unless a deletion was reported meanwhile.
+                            if o.presence == Presence::Unverified {
+                                o.presence = Presence::Held;
+                            }
+                        }
+                        if before.is_none() {
+                            tracing::debug!(ip = %vip.ip, prefix_len = vip.prefix_len,
+                                interface = %vip.interface, "added address");
+                            first_new.get_or_insert(i);
+                        }
+                        results[i] = Some(Ok(Applied::Done));
+                    }
+                    Err(e) => {
+                        match before {
+                            None => {
+                                state.owned.remove(&key);
+                                changed = true;
+                            }
+                            Some(_) => {
+                                if let Some(o) = state.owned.get_mut(&key) {
+                                    o.presence = Presence::Unverified;
+                                }
+                            }
+                        }
+                        results[i] = Some(Err(add_error(vip, e)));
+                    }
+                }
+            }
+            changed.then(|| state.snapshot())
+        };
+        if let Some(snapshot) = snapshot {
+            // The adds' errors are the ones to report.
+            let _ = self.save(snapshot).await;
+        }
+        if let Some(i) = first_new
+            && self.lock().probe_pending
+        {
+            self.probe_tags(&vips[i]).await;
+        }
+        for i in single {
+            results[i] = Some(self.add_checked(&vips[i]).await);
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every address has a result"))
+            .collect()
+    }
+
+    /// `remove_many`: one read of each link's addresses and one record write;
+    /// the deletions in flight together. An address that is the primary of
+    /// its subnet, with others behind it, takes the single path, which reads
+    /// the link again and puts back what the kernel takes with it.
+    async fn remove_batch(&self, vips: &[VipAddress]) -> Vec<Result<Applied>> {
+        let mut results: Vec<Option<Result<Applied>>> = vips.iter().map(|_| None).collect();
+        let mut groups: BTreeMap<(u32, bool), Vec<usize>> = BTreeMap::new();
+        for (i, vip) in vips.iter().enumerate() {
+            groups
+                .entry((vip.ifindex, vip.ip.is_ipv6()))
+                .or_default()
+                .push(i);
+        }
+        let reads = futures::future::join_all(
+            groups
+                .keys()
+                .map(|&(ifindex, v6)| self.addresses(Some(family_of(v6)), Some(ifindex))),
+        )
+        .await;
+        let mut single = Vec::new();
+        // (index, our addresses at its IP, someone else's is there too)
+        let mut delete: Vec<(usize, Vec<KernelAddress>, bool)> = Vec::new();
+        {
+            let state = self.lock();
+            for ((_, indexes), read) in groups.iter().zip(reads) {
+                let Ok(on_link) = read else {
+                    single.extend(indexes);
+                    continue;
+                };
+                for &i in indexes {
+                    let vip = &vips[i];
+                    let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = on_link
+                        .iter()
+                        .filter(|a| a.ip == vip.ip)
+                        .partition(|a| self.is_ours(&state, &vip.interface, a));
+                    let behind = ours
+                        .iter()
+                        .any(|a| !a.secondary && on_link.iter().any(|o| a.shares_subnet_with(o)));
+                    if behind {
+                        single.push(i);
+                    } else {
+                        delete.push((i, ours.into_iter().cloned().collect(), !foreign.is_empty()));
+                    }
+                }
+            }
+        }
+        let requests: Vec<_> = delete
+            .iter()
+            .map(|(_, ours, _)| delete_all(&self.handle, &self.state, ours))
+            .collect();
+        let outcomes: Vec<Result<()>> = futures::stream::iter(requests)
+            .buffered(IN_FLIGHT)
+            .collect()
+            .await;
+        let snapshot = {
+            let mut state = self.lock();
+            let mut changed = false;
+            for ((i, ours, foreign), outcome) in delete.into_iter().zip(outcomes) {
+                let vip = &vips[i];
+                results[i] = Some(match outcome {
+                    Ok(()) => {
+                        // Forgotten only now that the kernel confirmed.
+                        changed |= state.forget(&vip.interface, (vip.ifindex, vip.ip), None);
+                        for a in &ours {
+                            tracing::debug!(ip = %a.ip, prefix_len = a.prefix_len,
+                                interface = %vip.interface, "removed address");
+                        }
+                        if ours.is_empty() && foreign {
+                            tracing::warn!(ip = %vip.ip, interface = %vip.interface,
+                                "address present but not added by hostlb; leaving it alone");
+                            Ok(Applied::NotOurs)
+                        } else {
+                            Ok(Applied::Done)
+                        }
+                    }
+                    Err(e) => Err(e),
+                });
+            }
+            changed.then(|| state.snapshot())
+        };
+        if let Some(snapshot) = snapshot
+            && let Err(e) = self.save(snapshot).await
+        {
+            // The addresses are gone; the record still lists them, which
+            // the next write corrects.
+            tracing::warn!(error = %e, "cannot write the address record");
+        }
+        for i in single {
+            results[i] = Some(self.remove(&vips[i]).await);
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every address has a result"))
+            .collect()
+    }
+
     /// Reads the first address added back, once, to check [`Tags`] against
     /// what the kernel did with its tag: proof either way overrides the
     /// release number (a backport, or a kernel that lies about its version).
@@ -1065,6 +1347,14 @@ async fn delete_one(handle: &Handle, state: &Mutex<State>, a: &KernelAddress) ->
             e,
         )),
     }
+}
+
+/// Deletes each of `ours`, in turn.
+async fn delete_all(handle: &Handle, state: &Mutex<State>, ours: &[KernelAddress]) -> Result<()> {
+    for a in ours {
+        delete_one(handle, state, a).await?;
+    }
+    Ok(())
 }
 
 /// The addresses of one family on one link, filtered by the kernel where
@@ -1226,6 +1516,14 @@ impl AddressBackend for NetlinkBackend {
             return renewed;
         }
         self.add_checked(vip).await
+    }
+
+    async fn add_many(&self, vips: &[VipAddress]) -> Vec<Result<Applied>> {
+        self.add_batch(vips).await
+    }
+
+    async fn remove_many(&self, vips: &[VipAddress]) -> Vec<Result<Applied>> {
+        self.remove_batch(vips).await
     }
 
     async fn remove(&self, vip: &VipAddress) -> Result<Applied> {

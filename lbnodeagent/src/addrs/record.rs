@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Error, Result};
 
-pub(super) const FILE_NAME: &str = "addresses.json";
+pub(crate) const FILE_NAME: &str = "addresses.json";
 
 /// One address, by interface name: indexes are reassigned when a link is
 /// recreated, names are what an operator reads.

@@ -11,7 +11,7 @@
 //! hammer the API server and a repeated pass writes nothing. Failed writes
 //! are tried again on the next pass.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,23 +32,15 @@ use super::telemetry::Telemetry;
 pub const FIELD_MANAGER: &str = "hostlb-lbnodeagent";
 /// Writes per second, annotation patches and Events together.
 const WRITES_PER_SECOND: u64 = 50;
-/// A value written is not written again for this long, while the cache
-/// catches up with our own write.
+/// A value written is not written again while the cached Service is the
+/// one seen when writing it (the cache has not caught up with our own
+/// write), for at most this long.
 const WRITTEN_GRACE: Duration = Duration::from_secs(10);
 /// Passes over the whole set this often even without a change, to retry
 /// failed writes and repair annotations someone edited.
 const RESYNC: Duration = Duration::from_secs(10);
 
-/// `(namespace/name, family)` → the annotation value this node writes
-/// (`None`: clear it).
-pub type Announcing = BTreeMap<(String, Family), Option<String>>;
-
-pub struct EventRequest {
-    pub service: String,
-    pub warning: bool,
-    pub reason: &'static str,
-    pub note: String,
-}
+pub use super::core::{Announcing, EventRequest};
 
 pub fn annotation(family: Family) -> &'static str {
     match family {
@@ -111,12 +103,15 @@ pub fn start(
     }
 }
 
+/// A value written, the cached Service's resourceVersion then, and when.
+type Written = (Option<String>, Option<String>, Instant);
+
 struct Writer {
     client: Client,
     services: Store<Service>,
     recorder: Recorder,
     telemetry: Arc<Telemetry>,
-    written: HashMap<(String, Family), (Option<String>, Instant)>,
+    written: HashMap<(String, Family), Written>,
     next_write: Instant,
 }
 
@@ -156,7 +151,8 @@ impl Writer {
 
     async fn annotate(&mut self, want: &Announcing) {
         let now = Instant::now();
-        self.written.retain(|_, (_, at)| now - *at < WRITTEN_GRACE);
+        self.written
+            .retain(|_, (_, _, at)| now - *at < WRITTEN_GRACE);
         for ((key, family), value) in want {
             let Some((ns, name)) = key.split_once('/') else {
                 continue;
@@ -178,7 +174,15 @@ impl Writer {
                 continue;
             }
             let k = (key.clone(), *family);
-            if self.written.get(&k).is_some_and(|(v, _)| v == value) {
+            // Written already and the cache has not moved since: our write
+            // is on its way. Once the cache moves on and still differs
+            // (another node wrote after us), it is written again.
+            let version = svc.metadata.resource_version.clone();
+            if self
+                .written
+                .get(&k)
+                .is_some_and(|(v, seen, _)| v == value && *seen == version)
+            {
                 continue;
             }
             self.pace().await;
@@ -198,7 +202,8 @@ impl Writer {
                 Ok(_) => {
                     self.telemetry.write("annotate", true);
                     debug!(service = %key, annotation = name_of, value = ?value, "annotated");
-                    self.written.insert(k, (value.clone(), Instant::now()));
+                    self.written
+                        .insert(k, (value.clone(), version, Instant::now()));
                 }
                 Err(e) => {
                     self.telemetry.write("annotate", false);

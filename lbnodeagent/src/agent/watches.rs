@@ -1,6 +1,8 @@
 //! The agent's view of the cluster: five watches (Services, EndpointSlices,
 //! Nodes, IPAddressPools, L2Advertisements) into reflector stores, and a
-//! [`Notify`] the reconcile loop waits on.
+//! [`Notify`] the reconcile loop waits on. The watches also note what
+//! changed ([`Changes`]): when only EndpointSlices did, the loop hands the
+//! core just those Services' endpoints instead of a whole new cluster view.
 //!
 //! The stores outlive an API outage: when the API server is unreachable the
 //! watches retry with backoff and the stores keep the last known objects, so
@@ -8,9 +10,10 @@
 //! them. [`KubeInputs::api_healthy`] says whether the watches are currently
 //! failing, for `/readyz`.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use hostlb_api::snapshot::ObjectError;
@@ -24,8 +27,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
-use crate::election::Cluster;
-use crate::inputs::{self, Scope};
+use crate::election::{Cluster, Endpoints};
+use crate::inputs::{self, EndpointIndex, Scope};
 
 const WATCHES: usize = 5;
 
@@ -49,6 +52,32 @@ struct Shared {
     /// Watches whose last attempt failed.
     failing: AtomicUsize,
     failed: [AtomicBool; WATCHES],
+    changes: Mutex<Changes>,
+}
+
+/// What changed since the loop last looked.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Something other than an EndpointSlice changed (or a watch listed
+    /// again): the whole cluster view is needed.
+    pub full: bool,
+    /// `(namespace, service)` of the EndpointSlices that changed.
+    pub services: BTreeSet<(String, String)>,
+}
+
+/// The Service an EndpointSlice belongs to.
+fn slice_service(slice: &EndpointSlice) -> Option<(String, String)> {
+    let name = slice
+        .metadata
+        .labels
+        .as_ref()?
+        .get("kubernetes.io/service-name")?;
+    Some((slice.metadata.namespace.clone()?, name.clone()))
+}
+
+/// Any other kind: every change needs the whole view.
+fn whole<K>(_: &K) -> Option<(String, String)> {
+    None
 }
 
 impl KubeInputs {
@@ -61,25 +90,40 @@ impl KubeInputs {
         let (advertisements, aw) = reflector::store();
         let ns = &scope.namespace;
         let tasks = vec![
-            spawn_watch(Api::<Service>::all(client.clone()), sw, shared.clone(), 0),
+            spawn_watch(
+                Api::<Service>::all(client.clone()),
+                sw,
+                shared.clone(),
+                0,
+                whole,
+            ),
             spawn_watch(
                 Api::<EndpointSlice>::all(client.clone()),
                 ew,
                 shared.clone(),
                 1,
+                slice_service,
             ),
-            spawn_watch(Api::<Node>::all(client.clone()), nw, shared.clone(), 2),
+            spawn_watch(
+                Api::<Node>::all(client.clone()),
+                nw,
+                shared.clone(),
+                2,
+                whole,
+            ),
             spawn_watch(
                 Api::<IPAddressPool>::namespaced(client.clone(), ns),
                 pw,
                 shared.clone(),
                 3,
+                whole,
             ),
             spawn_watch(
                 Api::<L2Advertisement>::namespaced(client.clone(), ns),
                 aw,
                 shared.clone(),
                 4,
+                whole,
             ),
         ];
         KubeInputs {
@@ -107,6 +151,32 @@ impl KubeInputs {
     /// No watch is failing now.
     pub fn api_healthy(&self) -> bool {
         self.shared.failing.load(Ordering::Relaxed) == 0
+    }
+
+    /// What changed since the last call.
+    pub fn take_changes(&self) -> Changes {
+        std::mem::take(
+            &mut *self
+                .shared
+                .changes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
+    }
+
+    /// The usable endpoints of these Services, from the EndpointSlice store.
+    pub fn endpoints(&self, services: &BTreeSet<(String, String)>) -> Vec<(String, Endpoints)> {
+        let slices = self.slices.state();
+        let index = EndpointIndex::build(
+            slices
+                .iter()
+                .map(|s| s.as_ref())
+                .filter(|s| slice_service(s).is_some_and(|k| services.contains(&k))),
+        );
+        services
+            .iter()
+            .map(|(ns, name)| (format!("{ns}/{name}"), index.get(ns, name)))
+            .collect()
     }
 
     /// The election's input from the stores, and the objects left out.
@@ -174,6 +244,7 @@ fn spawn_watch<K>(
     writer: reflector::store::Writer<K>,
     shared: Arc<Shared>,
     slot: usize,
+    partial: fn(&K) -> Option<(String, String)>,
 ) -> JoinHandle<()>
 where
     K: kube::Resource<DynamicType = ()>
@@ -204,6 +275,21 @@ where
                         shared.synced.fetch_add(1, Ordering::Relaxed);
                     }
                     if !matches!(e, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                        {
+                            let mut changes =
+                                shared.changes.lock().unwrap_or_else(|e| e.into_inner());
+                            match &e {
+                                watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                                    match partial(o) {
+                                        Some(key) => {
+                                            changes.services.insert(key);
+                                        }
+                                        None => changes.full = true,
+                                    }
+                                }
+                                _ => changes.full = true,
+                            }
+                        }
                         shared.changed.notify_one();
                     }
                 }

@@ -138,6 +138,12 @@ impl Announcer {
         })
     }
 
+    /// One announcement round about `target`: what the agent's core asks
+    /// for, `garp_count` times after it adds a VIP.
+    pub async fn round(&self, target: &Target) -> Result<()> {
+        self.send_round(target).await
+    }
+
     async fn send_round(&self, target: &Target) -> Result<()> {
         for frame in target.frames() {
             self.send(target, &frame).await?;

@@ -29,7 +29,7 @@ use hostlb_api::rules::{age_key, pool_holding};
 
 use super::hash::rank_key;
 use super::report::{Candidate, Excluded, Note, Reason, VipReport};
-use super::view::{Cluster, Labels, Member, OnLink, Pool, ServiceInfo};
+use super::view::{Cluster, Endpoints, Labels, Member, OnLink, Pool, ServiceInfo};
 
 /// Index of a node in the engine; stable for the engine's lifetime.
 type NodeId = u32;
@@ -106,6 +106,8 @@ struct Vip {
     services: Vec<usize>,
     pool: Option<String>,
     class: Option<usize>,
+    /// `externalTrafficPolicy: Local` on the oldest Service.
+    local_traffic: bool,
     endpoints: EndpointFilter,
     note: Option<Note>,
 }
@@ -366,28 +368,68 @@ impl Election {
         let Some(&id) = self.slot_of.get(node) else {
             return Vec::new();
         };
-        let mut out = Vec::new();
-        for (v, vip) in self.c.vips.iter().enumerate() {
-            if self.winners[v].is_some_and(|w| w.node == id) {
-                let on_link = self
-                    .c
-                    .announce_target(v, id)
-                    .expect("a winner is on-link")
-                    .clone();
-                out.push(Duty::Announce {
-                    ip: vip.ip,
-                    on_link,
-                });
-            } else if self.c.exclusion(v, id) == Some(Reason::NotOnLink)
-                && self.c.slots[id as usize]
-                    .member
-                    .as_ref()
-                    .is_some_and(|m| m.virtual_mode)
-            {
-                out.push(Duty::Virtual { ip: vip.ip });
-            }
+        (0..self.c.vips.len())
+            .filter_map(|v| self.duty_of(v, id))
+            .collect()
+    }
+
+    /// [`Election::duties`] for one address: what `node` must hold for `ip`,
+    /// `None` when nothing (or the address is unknown).
+    pub fn duty(&self, node: &str, ip: IpAddr) -> Option<Duty> {
+        let id = *self.slot_of.get(node)?;
+        let v = *self.vip_of.get(&ip)?;
+        self.duty_of(v, id)
+    }
+
+    fn duty_of(&self, v: usize, id: NodeId) -> Option<Duty> {
+        let vip = &self.c.vips[v];
+        if self.winners[v].is_some_and(|w| w.node == id) {
+            let on_link = self
+                .c
+                .announce_target(v, id)
+                .expect("a winner is on-link")
+                .clone();
+            return Some(Duty::Announce {
+                ip: vip.ip,
+                on_link,
+            });
         }
-        out
+        let virtual_mode = self.c.slots[id as usize]
+            .member
+            .as_ref()
+            .is_some_and(|m| m.virtual_mode);
+        (virtual_mode && self.c.exclusion(v, id) == Some(Reason::NotOnLink))
+            .then_some(Duty::Virtual { ip: vip.ip })
+    }
+
+    /// Only the endpoints of Service `key` (`namespace/name`) changed: the
+    /// VIPs it gives the Service-side inputs of (those where it is the
+    /// oldest Service) are re-elected, nothing is recompiled. Returns those
+    /// addresses, whether their winner moved or not: off-link VIPs follow
+    /// endpoints without any winner.
+    pub fn set_endpoints(&mut self, key: &str, endpoints: &Endpoints) -> Vec<IpAddr> {
+        let Some(s) = self.c.services.iter().position(|k| k == key) else {
+            return Vec::new();
+        };
+        let mut touched = Vec::new();
+        for v in 0..self.c.vips.len() {
+            if self.c.vips[v].services.first() != Some(&s) {
+                continue;
+            }
+            let vip = &mut self.c.vips[v];
+            vip.endpoints = endpoint_filter(&self.slot_of, endpoints, vip.local_traffic);
+            match (&vip.note, &vip.endpoints) {
+                (None, EndpointFilter::Nowhere) => vip.note = Some(Note::NoEndpoints),
+                (Some(Note::NoEndpoints), EndpointFilter::Anywhere | EndpointFilter::Only(_)) => {
+                    vip.note = None
+                }
+                _ => {}
+            }
+            self.winners[v] = elect(&self.c, &mut self.orders, v);
+            touched.push(self.c.vips[v].ip);
+        }
+        touched.sort();
+        touched
     }
 
     /// The full answer for one VIP: every node and why it won or lost.
@@ -581,24 +623,7 @@ impl Election {
                     }
                 }
             };
-            let endpoints = if !oldest.endpoints.any_usable {
-                EndpointFilter::Nowhere
-            } else if oldest.local_traffic {
-                let mut ids: Vec<NodeId> = oldest
-                    .endpoints
-                    .nodes
-                    .iter()
-                    .filter_map(|n| self.slot_of.get(n).copied())
-                    .collect();
-                ids.sort_unstable();
-                if ids.is_empty() {
-                    EndpointFilter::Nowhere
-                } else {
-                    EndpointFilter::Only(ids)
-                }
-            } else {
-                EndpointFilter::Anywhere
-            };
+            let endpoints = endpoint_filter(&self.slot_of, &oldest.endpoints, oldest.local_traffic);
             if note.is_none() && matches!(endpoints, EndpointFilter::Nowhere) {
                 note = Some(Note::NoEndpoints);
             }
@@ -608,6 +633,7 @@ impl Election {
                 services: svcs,
                 pool: pool.map(|p| pools[p].name.clone()),
                 class,
+                local_traffic: oldest.local_traffic,
                 endpoints,
                 note,
             });
@@ -622,6 +648,31 @@ impl Election {
         self.c.classes = classes;
         self.c.vips = vips;
         self.c.services = services.iter().map(|s| s.key.clone()).collect();
+    }
+}
+
+/// Which nodes a VIP's endpoints allow (SPEC §5.5).
+fn endpoint_filter(
+    slot_of: &HashMap<String, NodeId>,
+    endpoints: &Endpoints,
+    local_traffic: bool,
+) -> EndpointFilter {
+    if !endpoints.any_usable {
+        return EndpointFilter::Nowhere;
+    }
+    if !local_traffic {
+        return EndpointFilter::Anywhere;
+    }
+    let mut ids: Vec<NodeId> = endpoints
+        .nodes
+        .iter()
+        .filter_map(|n| slot_of.get(n).copied())
+        .collect();
+    ids.sort_unstable();
+    if ids.is_empty() {
+        EndpointFilter::Nowhere
+    } else {
+        EndpointFilter::Only(ids)
     }
 }
 

@@ -68,6 +68,26 @@ pub struct MembershipView {
 }
 
 impl MembershipView {
+    /// No member at all, before gossip has produced a view.
+    pub fn empty() -> MembershipView {
+        MembershipView {
+            local: MemberInfo {
+                node: String::new(),
+                generation: 0,
+                gossip_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+                agent_version: String::new(),
+                status: Status::Starting,
+                virtual_mode: false,
+                on_link: Vec::new(),
+                vips: Default::default(),
+                macs: Default::default(),
+            },
+            members: Vec::new(),
+            nodes: Vec::new(),
+            unconfirmed: 0,
+        }
+    }
+
     /// A live, alive member by name.
     pub fn member(&self, node: &str) -> Option<&Member> {
         self.members.iter().find(|m| m.node == node)

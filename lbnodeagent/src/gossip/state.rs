@@ -4,7 +4,7 @@
 //! | key | value |
 //! |---|---|
 //! | `version` | agent version |
-//! | `status` | `alive` or `leaving` |
+//! | `status` | `starting`, `alive` or `leaving` |
 //! | `onlink.v4`, `onlink.v6` | JSON list of `{"if", "prefix", "announce"}` |
 //! | `virtual` | `true` / `false` |
 //! | `macs` | MACs of the announce interfaces, space-separated (conflict detection names the host behind a MAC) |
@@ -49,6 +49,11 @@ pub const VIPS_CHUNK_BYTES: usize = 4_000;
 pub enum Status {
     #[default]
     Alive,
+    /// Running, but not serving yet: the agent has not applied its first
+    /// reconcile (no complete cluster view, membership not settled), so it
+    /// is no candidate and its peers keep its VIPs. An agent restarted while
+    /// the API server is unreachable stays here.
+    Starting,
     /// Shutting down: peers drop it from their live view at once.
     Leaving,
 }
@@ -57,17 +62,19 @@ impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Alive => "alive",
+            Status::Starting => "starting",
             Status::Leaving => "leaving",
         }
     }
 
-    /// Anything but `alive` (including a status a newer agent may invent)
-    /// keeps the node out of elections: when in doubt, not a candidate.
+    /// Anything but `alive` keeps the node out of elections: when in doubt
+    /// (a status a newer agent may invent), not a candidate, and as good as
+    /// gone. (An agent older than `starting` reads it so too, which is right.)
     fn parse(text: &str) -> Status {
-        if text == "alive" {
-            Status::Alive
-        } else {
-            Status::Leaving
+        match text {
+            "alive" => Status::Alive,
+            "starting" => Status::Starting,
+            _ => Status::Leaving,
         }
     }
 }
@@ -282,9 +289,13 @@ pub fn runs_detector(node: &NodeState) -> bool {
 }
 
 /// chitchat's `extra_liveness_predicate`: a leaving node (or one whose state
-/// has not arrived yet) is not live.
+/// has not arrived yet) is not live. A starting one is: it gossips and is
+/// gossiped with like any other, it only does not stand in elections.
 pub fn is_live(node: &NodeState) -> bool {
-    node.get(KEY_STATUS) == Some(Status::Alive.as_str())
+    matches!(
+        node.get(KEY_STATUS),
+        Some(s) if s == Status::Alive.as_str() || s == Status::Starting.as_str()
+    )
 }
 
 #[cfg(test)]

@@ -19,8 +19,8 @@
 //! still answers, or the far side of a gossip partition, does not get a
 //! second owner even briefly.
 //!
-//! Pure: the loop feeds claims, gossip and the clock in, and acts on the
-//! verdicts.
+//! Pure: the core ([`super::Core`]) feeds claims, gossip and the clock in,
+//! and acts on the verdicts.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -174,9 +174,13 @@ impl Conflicts {
         self.reported.remove(&(ip, mac));
     }
 
-    /// Forgets yields of addresses this node no longer wants.
-    pub fn retain(&mut self, wanted: impl Fn(&IpAddr) -> bool) {
-        self.yielded.retain(|ip, _| wanted(ip));
+    /// Forgets the yield of an address this node no longer wants.
+    pub fn forget(&mut self, ip: IpAddr) {
+        self.yielded.remove(&ip);
+    }
+
+    pub fn yield_of(&self, ip: IpAddr) -> Option<&Yielded> {
+        self.yielded.get(&ip)
     }
 
     pub fn yielded(&self) -> impl Iterator<Item = (&IpAddr, &Yielded)> {

@@ -1,0 +1,1608 @@
+//! The agent's decisions, apart from every socket, clock and system call:
+//! which VIPs this node holds, when it takes one over, when it hands one
+//! over, when it backs off.
+//!
+//! [`Core::step`] takes the time and one [`Input`] (a cluster view, a
+//! membership view, the links, a kernel event, a claim heard on the wire,
+//! the results of earlier actions, a tick) and returns the [`Actions`] the
+//! shell (`agent/mod.rs`) carries out: kernel address operations in one
+//! batch, one probe window, announcement rounds, the gossip state to
+//! publish, annotations and Events, readiness, and when to wake it next.
+//! Everything that takes time is a state with a deadline, never a wait: a
+//! VIP being asked about is `probing` until its window ends, a VIP in the
+//! kernel's hands has an operation in flight until its result comes back
+//! as an input. So every VIP of a dead node is asked about in the same
+//! window and added in the same batch, and the shell keeps serving its
+//! other inputs meanwhile.
+//!
+//! # One VIP
+//!
+//! Each VIP this node deals with has a [`Slot`]: what the election and the
+//! links want here (`want`), what the kernel holds for us (`held`), and the
+//! transient states in between. [`Core::decide`] is the one place a VIP's
+//! next move is chosen:
+//!
+//! - wanted and not held: wait out a retry backoff or a yield to an
+//!   outranking owner ([`conflict`]); if the VIP had another holder that is
+//!   not handing it over (it crashed, froze, or gossip cannot reach it),
+//!   ask the LAN and listen for [`PRECHECK`]; then add it;
+//! - held and no longer wanted: release at once if the winner is not a live
+//!   peer, the link is down or the address is virtual; otherwise keep
+//!   answering (but stop announcing) until the winner's gossip state shows
+//!   it holds the address, at most [`HANDOVER_MAX`]: make before break;
+//! - added: announce it (`garp_count` rounds), publish it, report it.
+//!
+//! The election says only what changed: a membership view re-elects the
+//! VIPs a changed member can affect and only those are decided again; a
+//! cluster view, new links or a change of this node's own state decide
+//! every VIP; an EndpointSlice change decides only its Service's VIPs.
+//!
+//! # Phases
+//!
+//! A starting agent publishes `starting` and is no candidate: it waits for
+//! a complete cluster view and for membership to settle (see
+//! [`Core::settle`]); addresses a previous run left stay until then, and go
+//! as soon as another node shows them held. Then it runs (`alive`). On
+//! SIGTERM it leaves: `leaving` is published, every VIP is handed over make
+//! before break (at most [`LEAVE_MAX`]), what is left is removed, and
+//! [`Actions::exit`] is set.
+
+pub mod conflict;
+pub mod links;
+#[doc(hidden)]
+pub mod sim;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use hostlb_api::Family;
+use hostlb_api::annotations::reasons;
+use tracing::{debug, info, warn};
+
+use crate::addrs::{Applied, Lifetime, OwnedAddress, VipAddress};
+use crate::announce::packet::Claim;
+use crate::announce::{AnnounceConfig, Target};
+use crate::election::{Cluster, Election, Endpoints, Member, Reason};
+use crate::gossip::{LocalState, MembershipView, Status};
+use conflict::{Conflicts, OWNER_PROBE, PRECHECK, Verdict, YIELD_HOLD, YIELD_PROBE};
+use links::{Links, Mode, Want};
+
+use super::status::{HeldDoc, MemberDoc, StatusDoc, VipDoc};
+
+/// Longest wait, when giving a VIP to a live winner, for its gossip state to
+/// show it holds the address before this node removes it anyway.
+pub const HANDOVER_MAX: Duration = Duration::from_secs(2);
+/// Longest a SIGTERM waits for the new winners before removing everything.
+pub const LEAVE_MAX: Duration = Duration::from_secs(3);
+/// How long a starting agent that hears from no peer waits before it acts
+/// alone.
+pub const STARTUP_GRACE: Duration = Duration::from_secs(2);
+/// Longest wait, after the first peer shows up, for the failure detector to
+/// confirm the nodes gossip reports.
+pub const UNCONFIRMED_GRACE: Duration = Duration::from_secs(10);
+/// A failed kernel operation on a VIP is retried after this, doubling.
+pub const RETRY_MIN: Duration = Duration::from_millis(200);
+pub const RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long a takeover may follow the loss of the member that held the VIP
+/// and still count as its takeover (the `takeover_seconds` metric).
+const TAKEOVER_WINDOW: Duration = Duration::from_secs(10);
+
+/// What the core needs from the configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub node: String,
+    pub lifetime: Lifetime,
+    pub garp: AnnounceConfig,
+    pub gossip_interval: Duration,
+    /// The wire can be asked: a raw socket sends probes and another hears
+    /// claims. Without, nothing is asked before a takeover and no second
+    /// owner is looked for.
+    pub wire: bool,
+}
+
+/// `(namespace/name, family)` → the annotation value this node writes
+/// (`None`: clear it).
+pub type Announcing = BTreeMap<(String, Family), Option<String>>;
+
+/// An Event on a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventRequest {
+    pub service: String,
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+/// A kernel operation the core asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// Add, or renew: the backend's `add`.
+    Add,
+    Remove,
+}
+
+/// The result of one kernel operation, fed back as [`Input::Done`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpResult {
+    pub ip: IpAddr,
+    pub kind: OpKind,
+    /// The error's message on failure.
+    pub result: Result<Applied, String>,
+}
+
+/// Something that happened, for [`Core::step`].
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// A complete view of the cluster objects (every watch has listed), and
+    /// the objects left out as unusable.
+    Cluster {
+        cluster: Cluster,
+        errors: Vec<String>,
+    },
+    /// Only the endpoints of these Services (`namespace/name`) changed.
+    Endpoints(Vec<(String, Endpoints)>),
+    Members(MembershipView),
+    Links(Links),
+    /// Addresses a previous run of the agent left in the kernel (at start).
+    Adopted(Vec<OwnedAddress>),
+    /// One of our addresses disappeared without us removing it.
+    AddressRemoved(OwnedAddress),
+    /// Our addresses as the kernel has them, after kernel events were lost.
+    KernelOwned(Vec<OwnedAddress>),
+    /// A host on the wire claims an address.
+    Claim(Claim),
+    /// Results of kernel operations asked for earlier.
+    Done(Vec<OpResult>),
+    /// A deadline from [`Actions::wake`] passed (or any wake-up).
+    Tick,
+    /// SIGTERM or SIGINT: hand everything over and exit.
+    Leave,
+    /// A reloaded configuration.
+    Settings(Settings),
+}
+
+/// A figure for the metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Metric {
+    /// A kernel operation's result: `add`, `renew` or `remove`.
+    Op { op: &'static str, ok: bool },
+    /// A second owner seen on the wire: `hostlb` or `foreign`.
+    Conflict(&'static str),
+    /// From a member's loss to this node holding one of its VIPs.
+    Takeover(Duration),
+    /// The election was updated.
+    Elected,
+}
+
+/// What the shell must do after a step.
+#[derive(Clone, Debug, Default)]
+pub struct Actions {
+    /// Addresses to add or renew, as one batch (the backend's `add`).
+    pub add: Vec<VipAddress>,
+    /// Addresses to remove, as one batch, after the adds.
+    pub remove: Vec<VipAddress>,
+    /// One announcement round (gratuitous ARP / unsolicited NA) for each.
+    pub garp: Vec<Target>,
+    /// One probe (ARP probe / DAD-style solicitation) for each.
+    pub probe: Vec<Target>,
+    /// This node's gossip state, when it changed.
+    pub publish: Option<LocalState>,
+    /// The addresses whose claims on the wire matter, when that changed.
+    pub watch: Option<BTreeSet<IpAddr>>,
+    /// The annotations this node is responsible for, when they changed.
+    pub announcing: Option<Announcing>,
+    pub events: Vec<EventRequest>,
+    /// Start leaving gossip (push `leaving` to peers; systemd `STOPPING=1`).
+    pub leave: bool,
+    /// The first reconcile is applied: ready (systemd `READY=1`).
+    pub ready: bool,
+    /// systemd `STATUS=`, when it changed.
+    pub status: Option<String>,
+    pub metrics: Vec<Metric>,
+    /// Everything is handed over and removed: exit.
+    pub exit: bool,
+    /// Step again (with [`Input::Tick`]) at this time at the latest.
+    pub wake: Option<Instant>,
+}
+
+/// A kernel operation in flight for a VIP.
+#[derive(Clone, Debug)]
+enum Op {
+    Add {
+        want: Want,
+        renew: bool,
+    },
+    Remove {
+        vip: VipAddress,
+        why: String,
+        /// The old place of a VIP that moved to another interface: the VIP
+        /// stays held at its new place.
+        stale: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Retry {
+    at: Instant,
+    delay: Duration,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Garp {
+    left: u32,
+    next: Instant,
+}
+
+/// One VIP this node deals with. See the module docs.
+#[derive(Clone, Debug, Default)]
+struct Slot {
+    /// Where the election and the links say this node holds it now.
+    want: Option<Want>,
+    /// What the kernel holds for us, as last confirmed.
+    held: Option<Want>,
+    op: Option<Op>,
+    /// Asking the LAN before taking it; the window ends then.
+    probing: Option<Instant>,
+    /// Giving it to a live winner, since then.
+    handover: Option<Instant>,
+    retry: Option<Retry>,
+    garp: Option<Garp>,
+    /// Left by a previous run and not yet decided by a reconcile.
+    adopted: bool,
+}
+
+impl Slot {
+    fn idle(&self) -> bool {
+        self.want.is_none()
+            && self.held.is_none()
+            && self.op.is_none()
+            && self.retry.is_none()
+            && self.probing.is_none()
+    }
+
+    /// Nothing to decide until an input changes it.
+    fn settled(&self) -> bool {
+        self.op.is_none()
+            && self.probing.is_none()
+            && self.handover.is_none()
+            && self.garp.is_none()
+            && !self.adopted
+            && match (&self.want, &self.held) {
+                (Some(w), Some(h)) => same_place(w, h),
+                (None, None) => self.retry.is_none(),
+                _ => false,
+            }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Not a candidate yet: waiting for a cluster view and for membership
+    /// to settle.
+    Starting,
+    Running,
+    /// Handing VIPs over after SIGTERM.
+    Leaving {
+        since: Instant,
+    },
+    /// Removing what is left.
+    Finishing,
+    Done,
+}
+
+/// The agent's state and decisions. See the module docs.
+pub struct Core {
+    settings: Settings,
+    /// The time of the current step.
+    now: Instant,
+    phase: Phase,
+    started: Instant,
+    /// When gossip first showed a peer, while starting.
+    first_peer: Option<Instant>,
+    /// Nothing is taken before this: a few gossip rounds after this node
+    /// became a candidate, so peers that became candidates at the same
+    /// moment are seen by then (see [`Core::settle`]).
+    acquire_from: Instant,
+    election: Election,
+    /// The election has had a cluster view.
+    cluster_known: bool,
+    /// This node's own member as the election last had it.
+    own_member: Option<Member>,
+    /// Services by address, oldest first.
+    services_of: BTreeMap<IpAddr, Vec<String>>,
+    object_errors: Vec<String>,
+    links: Links,
+    view: MembershipView,
+    slots: BTreeMap<IpAddr, Slot>,
+    /// Slots that are not [`Slot::settled`], decided at every step.
+    unsettled: BTreeSet<IpAddr>,
+    conflicts: Conflicts,
+    /// Addresses someone else holds on this host: reported once each.
+    foreign: BTreeSet<IpAddr>,
+    /// When each member was last seen live, for the takeover metric.
+    lost_at: BTreeMap<String, Instant>,
+    next_renew: Option<Instant>,
+    next_owner_probe: Instant,
+    next_yield_probe: Instant,
+    /// Re-decide every VIP at the next step.
+    all_dirty: bool,
+    report_dirty: bool,
+    publish_dirty: bool,
+    published: Option<LocalState>,
+    watched: BTreeSet<IpAddr>,
+    announced: Option<Announcing>,
+    ready: bool,
+    last_status: Option<(usize, usize)>,
+    /// [`Actions::wake`] of the last step.
+    wake: Option<Instant>,
+}
+
+impl Core {
+    pub fn new(settings: Settings, links: Links, now: Instant) -> Core {
+        Core {
+            settings,
+            now,
+            phase: Phase::Starting,
+            started: now,
+            first_peer: None,
+            acquire_from: now,
+            election: Election::new(&Cluster::default(), []),
+            cluster_known: false,
+            own_member: None,
+            services_of: BTreeMap::new(),
+            object_errors: Vec::new(),
+            links,
+            view: MembershipView::empty(),
+            slots: BTreeMap::new(),
+            unsettled: BTreeSet::new(),
+            conflicts: Conflicts::default(),
+            foreign: BTreeSet::new(),
+            lost_at: BTreeMap::new(),
+            next_renew: None,
+            next_owner_probe: now + OWNER_PROBE,
+            next_yield_probe: now + YIELD_PROBE,
+            all_dirty: true,
+            report_dirty: true,
+            publish_dirty: true,
+            published: None,
+            watched: BTreeSet::new(),
+            announced: None,
+            ready: false,
+            last_status: None,
+            wake: None,
+        }
+    }
+
+    /// The state to publish in gossip before the first step.
+    pub fn local_state(&self) -> LocalState {
+        LocalState {
+            status: match self.phase {
+                Phase::Starting => Status::Starting,
+                Phase::Running => Status::Alive,
+                _ => Status::Leaving,
+            },
+            virtual_mode: self.links.virtual_link.is_some(),
+            on_link: self.links.on_link(),
+            vips: self
+                .slots
+                .iter()
+                .filter(|(_, s)| s.held.as_ref().is_some_and(|h| h.mode == Mode::Local))
+                .map(|(ip, _)| *ip)
+                .collect(),
+            macs: self.links.macs(),
+        }
+    }
+
+    pub fn node(&self) -> &str {
+        &self.settings.node
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn links(&self) -> &Links {
+        &self.links
+    }
+
+    pub fn view(&self) -> &MembershipView {
+        &self.view
+    }
+
+    /// Addresses the kernel holds for us now.
+    pub fn held(&self) -> impl Iterator<Item = (&IpAddr, &Want)> {
+        self.slots
+            .iter()
+            .filter_map(|(ip, s)| s.held.as_ref().map(|h| (ip, h)))
+    }
+
+    pub fn held_count(&self) -> usize {
+        self.slots.values().filter(|s| s.held.is_some()).count()
+    }
+
+    pub fn object_errors(&self) -> &[String] {
+        &self.object_errors
+    }
+
+    /// The first reconcile is applied (and the agent is not leaving).
+    pub fn is_ready(&self) -> bool {
+        self.ready && matches!(self.phase, Phase::Running)
+    }
+
+    pub fn is_leaving(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Leaving { .. } | Phase::Finishing | Phase::Done
+        )
+    }
+
+    /// When the core wants to be stepped again at the latest (the last
+    /// step's [`Actions::wake`]).
+    pub fn wake_hint(&self) -> Option<Instant> {
+        self.wake
+    }
+
+    /// The election as this node has it.
+    pub fn election(&self) -> &Election {
+        &self.election
+    }
+
+    /// Feeds one input; returns what to do.
+    pub fn step(&mut self, now: Instant, input: Input) -> Actions {
+        let mut out = Actions::default();
+        self.now = now;
+        self.take(now, input, &mut out);
+        self.advance(now, &mut out);
+        out
+    }
+
+    fn take(&mut self, now: Instant, input: Input, out: &mut Actions) {
+        match input {
+            Input::Cluster { cluster, errors } => {
+                self.note_object_errors(errors);
+                self.services_of.clear();
+                let mut services: Vec<_> = cluster.services.iter().collect();
+                services.sort_by(|a, b| {
+                    hostlb_api::rules::age_key(a.created, &a.key)
+                        .cmp(&hostlb_api::rules::age_key(b.created, &b.key))
+                });
+                for s in services {
+                    for ip in &s.addresses {
+                        let list = self.services_of.entry(*ip).or_default();
+                        if !list.contains(&s.key) {
+                            list.push(s.key.clone());
+                        }
+                    }
+                }
+                self.election.set_cluster(&cluster);
+                self.cluster_known = true;
+                self.all_dirty = true;
+                self.report_dirty = true;
+                out.metrics.push(Metric::Elected);
+            }
+            Input::Endpoints(changes) => {
+                for (key, endpoints) in changes {
+                    let touched = self.election.set_endpoints(&key, &endpoints);
+                    self.mark(touched);
+                }
+                self.report_dirty = true;
+                out.metrics.push(Metric::Elected);
+            }
+            Input::Members(view) => {
+                for m in &self.view.members {
+                    if view.member(&m.node).is_none() {
+                        self.lost_at.insert(m.node.clone(), now);
+                    }
+                }
+                self.lost_at
+                    .retain(|_, t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW * 3);
+                self.conflicts.learn(&view.nodes);
+                self.view = view;
+                self.elect_members();
+                self.report_dirty = true;
+                out.metrics.push(Metric::Elected);
+                // Adopted addresses another node now holds, and VIPs
+                // handed over, may be decided now.
+                let waiting: Vec<IpAddr> = self
+                    .slots
+                    .iter()
+                    .filter(|(_, s)| s.handover.is_some() || s.adopted)
+                    .map(|(ip, _)| *ip)
+                    .collect();
+                self.mark(waiting);
+            }
+            Input::Links(links) => {
+                if links != self.links {
+                    debug!("links or routes changed");
+                    self.links = links;
+                    self.publish_dirty = true;
+                    self.elect_members();
+                    self.all_dirty = true;
+                }
+            }
+            Input::Adopted(found) => {
+                if !found.is_empty() {
+                    info!(count = found.len(), "found addresses of a previous run");
+                }
+                for a in found {
+                    let want = self.adopted_want(&a);
+                    let slot = self.slots.entry(a.ip).or_default();
+                    slot.held = Some(want);
+                    slot.adopted = true;
+                    self.unsettled.insert(a.ip);
+                }
+                self.publish_dirty = true;
+            }
+            Input::AddressRemoved(a) => {
+                if let Some(s) = self.slots.get_mut(&a.ip)
+                    && s.op.is_none()
+                    && s.held.as_ref().is_some_and(|h| h.vip.ifindex == a.ifindex)
+                {
+                    warn!(ip = %a.ip, interface = %a.interface,
+                        "address removed outside the agent; putting it back if still ours");
+                    s.held = None;
+                    s.garp = None;
+                    s.handover = None;
+                    self.unsettled.insert(a.ip);
+                    self.publish_dirty = true;
+                    self.report_dirty = true;
+                }
+            }
+            Input::KernelOwned(owned) => {
+                let there: BTreeSet<(u32, IpAddr)> =
+                    owned.iter().map(|o| (o.ifindex, o.ip)).collect();
+                for (ip, s) in &mut self.slots {
+                    if s.op.is_none()
+                        && s.held
+                            .as_ref()
+                            .is_some_and(|h| !there.contains(&(h.vip.ifindex, *ip)))
+                    {
+                        s.held = None;
+                        s.garp = None;
+                        s.handover = None;
+                        self.unsettled.insert(*ip);
+                        self.publish_dirty = true;
+                        self.report_dirty = true;
+                    }
+                }
+            }
+            Input::Claim(claim) => self.on_claim(claim, now, out),
+            Input::Done(results) => {
+                for r in results {
+                    self.on_done(r, now, out);
+                }
+            }
+            Input::Tick => {}
+            Input::Leave => self.begin_leave(now, out),
+            Input::Settings(settings) => {
+                if settings != self.settings {
+                    self.settings = Settings {
+                        node: self.settings.node.clone(),
+                        ..settings
+                    };
+                    self.all_dirty = true;
+                }
+            }
+        }
+    }
+
+    /// Everything that follows from the state: settle, decide, announce,
+    /// probe, renew, report, and the next wake-up.
+    fn advance(&mut self, now: Instant, out: &mut Actions) {
+        if self.phase == Phase::Starting && self.settle(now) {
+            info!(
+                peers = self.view.nodes.len().saturating_sub(1),
+                "membership settled and the cluster known; electing"
+            );
+            self.phase = Phase::Running;
+            self.acquire_from = now + self.settings.gossip_interval * 3;
+            self.publish_dirty = true;
+            self.elect_members();
+            self.all_dirty = true;
+        }
+        if self.all_dirty {
+            self.all_dirty = false;
+            self.refresh_wants();
+        }
+        if let Phase::Leaving { since } = self.phase {
+            let local_left = self.slots.values().any(|s| {
+                s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
+                    || matches!(s.op, Some(Op::Add { .. }))
+            });
+            if !local_left || now.saturating_duration_since(since) >= LEAVE_MAX {
+                self.phase = Phase::Finishing;
+                let all: Vec<IpAddr> = self.slots.keys().copied().collect();
+                self.mark(all);
+            }
+        }
+        let ips: Vec<IpAddr> = self.unsettled.iter().copied().collect();
+        for ip in ips {
+            self.decide(ip, now, out);
+        }
+        self.renew(now, out);
+        self.probe_wire(now, out);
+        if self.phase == Phase::Finishing && self.slots.values().all(|s| s.op.is_none()) {
+            let left: Vec<VipAddress> = self
+                .slots
+                .values()
+                .filter_map(|s| s.held.as_ref().map(|h| h.vip.clone()))
+                .collect();
+            if left.is_empty() {
+                info!("left");
+                self.phase = Phase::Done;
+                self.publish_dirty = true;
+                out.exit = true;
+            }
+        }
+        self.report(now, out);
+        out.wake = self.next_wake(now);
+        self.wake = out.wake;
+    }
+
+    /// Whether a starting agent may elect: the cluster is known, and gossip
+    /// has had time to show the other members. A node that elected before
+    /// hearing from its peers would win every VIP alone and put them on the
+    /// wire beside their real owners. Settled once a peer was seen, a few
+    /// rounds passed (so its state, held VIPs included, arrived) and the
+    /// failure detector has confirmed every node gossip reports (in a large
+    /// cluster that takes a few seconds), or after [`STARTUP_GRACE`] with
+    /// nobody to hear from (the first node of a cluster). Nodes the
+    /// detector cannot reach hold it back for at most [`UNCONFIRMED_GRACE`].
+    ///
+    /// Peers that are still starting are no candidates, so two nodes that
+    /// settle at the same moment would each elect as if the other were
+    /// absent, and both add the VIPs the other wins. So a node that
+    /// settles publishes `alive` at once but takes nothing for three more
+    /// gossip rounds (`acquire_from`), by when it sees every peer that
+    /// settled with it; one that settles later takes over from it make
+    /// before break, as any returning node does.
+    fn settle(&mut self, now: Instant) -> bool {
+        let peers = self.view.unconfirmed > 0
+            || self.view.nodes.iter().any(|n| n.node != self.settings.node);
+        let settled = if peers {
+            let first = *self.first_peer.get_or_insert(now);
+            let waited = now.saturating_duration_since(first);
+            let settled = (waited >= self.settings.gossip_interval * 3
+                && self.view.unconfirmed == 0)
+                || waited >= UNCONFIRMED_GRACE;
+            if settled && self.view.unconfirmed > 0 {
+                warn!(
+                    unconfirmed = self.view.unconfirmed,
+                    "electing although the failure detector has not reached every node gossip reports alive"
+                );
+            }
+            settled
+        } else {
+            now.saturating_duration_since(self.started) >= STARTUP_GRACE
+        };
+        settled && self.cluster_known
+    }
+
+    /// This node as the election should see it: from its own links and
+    /// phase, not from the echo of its gossip state, which lags.
+    fn own_member(&self) -> Option<Member> {
+        (self.phase == Phase::Running).then(|| Member {
+            node: self.settings.node.clone(),
+            leaving: false,
+            virtual_mode: self.links.virtual_link.is_some(),
+            on_link: self.links.on_link(),
+        })
+    }
+
+    /// Hands the membership (with this node as it is now) to the election
+    /// and marks what it says moved.
+    fn elect_members(&mut self) {
+        let own = self.own_member();
+        let mut members: Vec<Member> = self
+            .view
+            .members
+            .iter()
+            .filter(|m| m.node != self.settings.node)
+            .cloned()
+            .collect();
+        if let Some(m) = &own {
+            members.push(m.clone());
+        }
+        let moved = self.election.set_members(&members);
+        if own != self.own_member {
+            // Its interfaces or its candidacy changed: any duty may have.
+            self.own_member = own;
+            self.all_dirty = true;
+        } else {
+            self.mark(moved);
+        }
+    }
+
+    /// Re-reads what this node should hold for the given addresses.
+    fn mark(&mut self, ips: impl IntoIterator<Item = IpAddr>) {
+        for ip in ips {
+            let want = self.want_of(ip);
+            match self.slots.get_mut(&ip) {
+                Some(s) => s.want = want,
+                None if want.is_some() => {
+                    self.slots.insert(
+                        ip,
+                        Slot {
+                            want,
+                            ..Slot::default()
+                        },
+                    );
+                }
+                None => continue,
+            }
+            self.unsettled.insert(ip);
+        }
+    }
+
+    fn want_of(&self, ip: IpAddr) -> Option<Want> {
+        if self.phase != Phase::Running {
+            return None;
+        }
+        let duty = self.election.duty(&self.settings.node, ip)?;
+        let (wants, missing) = self
+            .links
+            .wants(std::slice::from_ref(&duty), self.settings.lifetime);
+        for (ip, what) in missing {
+            debug!(%ip, missing = %what, "won, but the interface is not there");
+        }
+        wants.into_values().next()
+    }
+
+    /// Every duty again (a cluster view, new links, this node's own state).
+    fn refresh_wants(&mut self) {
+        let mut wants = if self.phase == Phase::Running {
+            let duties = self.election.duties(&self.settings.node);
+            let (wants, missing) = self.links.wants(&duties, self.settings.lifetime);
+            for (ip, what) in missing {
+                debug!(%ip, missing = %what, "won, but the interface is not there");
+            }
+            wants
+        } else {
+            BTreeMap::new()
+        };
+        for (ip, s) in &mut self.slots {
+            let want = wants.remove(ip);
+            if s.want != want {
+                s.want = want;
+                self.unsettled.insert(*ip);
+            } else if !s.settled() {
+                self.unsettled.insert(*ip);
+            }
+        }
+        for (ip, want) in wants {
+            self.slots.insert(
+                ip,
+                Slot {
+                    want: Some(want),
+                    ..Slot::default()
+                },
+            );
+            self.unsettled.insert(ip);
+        }
+        self.report_dirty = true;
+    }
+
+    /// The one place a VIP's next move is chosen; see the module docs.
+    fn decide(&mut self, ip: IpAddr, now: Instant, out: &mut Actions) {
+        let Some(slot) = self.slots.get(&ip) else {
+            self.unsettled.remove(&ip);
+            return;
+        };
+        if slot.op.is_some() {
+            return;
+        }
+        if let Some(r) = slot.retry
+            && r.at > now
+        {
+            return;
+        }
+        let (want, held) = (slot.want.clone(), slot.held.clone());
+        match (want, held) {
+            (Some(want), Some(held)) if same_place(&want, &held) => {
+                let slot = self.slots.get_mut(&ip).expect("present");
+                slot.probing = None;
+                if slot.handover.take().is_some() {
+                    info!(%ip, "kept: this node wins it again");
+                }
+                if std::mem::take(&mut slot.adopted) {
+                    info!(%ip, interface = %want.vip.interface, "kept an address of a previous run");
+                    // Renewed now, and announced: a peer may have answered
+                    // for it while this node was away.
+                    slot.op = Some(Op::Add {
+                        want: want.clone(),
+                        renew: false,
+                    });
+                    out.add.push(want.vip.clone());
+                }
+                slot.held = Some(want);
+            }
+            (Some(want), held) => self.acquire(ip, want, held.is_some(), now, out),
+            (None, Some(held)) => {
+                if let Some(why) = self.may_release(ip, &held, now) {
+                    let slot = self.slots.get_mut(&ip).expect("present");
+                    slot.garp = None;
+                    slot.op = Some(Op::Remove {
+                        vip: held.vip.clone(),
+                        why,
+                        stale: false,
+                    });
+                    out.remove.push(held.vip);
+                }
+            }
+            (None, None) => {
+                let slot = self.slots.get_mut(&ip).expect("present");
+                slot.probing = None;
+                slot.retry = None;
+                self.conflicts.forget(ip);
+            }
+        }
+        let slot = self.slots.get(&ip).expect("present");
+        if slot.idle() {
+            self.slots.remove(&ip);
+            self.unsettled.remove(&ip);
+        } else if slot.settled() {
+            self.unsettled.remove(&ip);
+        }
+    }
+
+    fn acquire(
+        &mut self,
+        ip: IpAddr,
+        want: Want,
+        held_here: bool,
+        now: Instant,
+        out: &mut Actions,
+    ) {
+        if self.phase != Phase::Running || now < self.acquire_from {
+            return;
+        }
+        let view = &self.view;
+        if self
+            .conflicts
+            .holding_off(ip, now, |n| view.node(n).is_some())
+        {
+            self.slots.get_mut(&ip).expect("present").probing = None;
+            return;
+        }
+        if want.mode == Mode::Local && !held_here && self.needs_precheck(ip) {
+            let slot = self.slots.get_mut(&ip).expect("present");
+            match slot.probing {
+                None => {
+                    debug!(%ip, "asking the LAN before taking it");
+                    slot.probing = Some(now + PRECHECK);
+                    if let Some(t) = want.target {
+                        out.probe.push(t);
+                    }
+                    return;
+                }
+                Some(until) if now < until => return,
+                Some(_) => {}
+            }
+        }
+        let slot = self.slots.get_mut(&ip).expect("present");
+        slot.probing = None;
+        slot.op = Some(Op::Add {
+            want: want.clone(),
+            renew: false,
+        });
+        out.add.push(want.vip);
+    }
+
+    /// Whether to ask the LAN before taking `ip`: another node held it, and
+    /// no live node shows it held (nobody is handing it over: its holder
+    /// crashed, froze, or gossip cannot reach it). A new Service's address
+    /// had nobody to hear from.
+    fn needs_precheck(&self, ip: IpAddr) -> bool {
+        if !self.settings.wire {
+            return false;
+        }
+        let handed_over = self
+            .view
+            .nodes
+            .iter()
+            .any(|n| n.node != self.settings.node && n.vips.contains(&ip));
+        let held_elsewhere = self
+            .conflicts
+            .last_holder(ip)
+            .is_some_and(|n| n != self.settings.node);
+        !handed_over && held_elsewhere
+    }
+
+    /// Why a held VIP this node no longer wins may go now, or `None` while
+    /// it must stay. A live winner that has not yet shown the VIP in its
+    /// gossip state gets up to [`HANDOVER_MAX`]; meanwhile this node stops
+    /// announcing but keeps answering, so no request goes unanswered.
+    fn may_release(&mut self, ip: IpAddr, held: &Want, now: Instant) -> Option<String> {
+        let adopted = self.slots.get(&ip).is_some_and(|s| s.adopted);
+        let link_up = self
+            .links
+            .by_index(held.vip.ifindex)
+            .is_some_and(|l| l.carrier);
+        if adopted && !link_up {
+            return Some("its link has no carrier".into());
+        }
+        if adopted && self.phase == Phase::Starting {
+            // Not decided before the first reconcile, unless another node
+            // has taken it over meanwhile.
+            let taken = self
+                .view
+                .members
+                .iter()
+                .any(|m| m.node != self.settings.node && self.holds(&m.node, ip));
+            return taken.then(|| "another node holds it now".into());
+        }
+        if held.mode == Mode::Virtual || self.phase == Phase::Finishing {
+            return Some(self.release_reason(ip));
+        }
+        if !link_up {
+            return Some(format!("{} has no carrier", held.vip.interface));
+        }
+        let Some(winner) = self
+            .election
+            .winner(ip)
+            .filter(|w| *w != self.settings.node)
+            .map(str::to_string)
+        else {
+            return Some(self.release_reason(ip));
+        };
+        if self.holds(&winner, ip) {
+            return Some(format!("{winner} holds it now"));
+        }
+        let slot = self.slots.get_mut(&ip).expect("present");
+        slot.garp = None;
+        let since = *slot.handover.get_or_insert_with(|| {
+            debug!(%ip, %winner, "handing over: waiting for the winner to hold it");
+            now
+        });
+        if now.saturating_duration_since(since) >= HANDOVER_MAX {
+            warn!(%ip, %winner, "the winner did not show the address in time; releasing anyway");
+            return Some(format!("{winner} wins it and did not show it held in time"));
+        }
+        None
+    }
+
+    fn holds(&self, node: &str, ip: IpAddr) -> bool {
+        self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
+    }
+
+    /// Why this node no longer holds `ip`, in words: the first rule it
+    /// fails, or who wins.
+    fn release_reason(&self, ip: IpAddr) -> String {
+        if self.is_leaving() {
+            return "shutting down".into();
+        }
+        let Some(report) = self.election.explain(ip) else {
+            return "no Service has the address any more".into();
+        };
+        if let Some(x) = report
+            .excluded
+            .iter()
+            .find(|x| x.node == self.settings.node)
+        {
+            return match x.reason {
+                Reason::NoReadyEndpoint => match report.note {
+                    Some(n) => n.to_string(),
+                    None => x.reason.explain().to_string(),
+                },
+                r => r.explain().to_string(),
+            };
+        }
+        match (report.winner, report.note) {
+            (Some(w), _) => format!("{w} wins it"),
+            (None, Some(n)) => n.to_string(),
+            (None, None) => "this node no longer wins it".into(),
+        }
+    }
+
+    fn on_done(&mut self, r: OpResult, now: Instant, out: &mut Actions) {
+        let Some(slot) = self.slots.get_mut(&r.ip) else {
+            return;
+        };
+        let Some(op) = slot.op.take() else {
+            return;
+        };
+        self.unsettled.insert(r.ip);
+        let ip = r.ip;
+        match (op, r.result) {
+            (Op::Add { want, renew: true }, Ok(Applied::Done)) => {
+                out.metrics.push(Metric::Op {
+                    op: "renew",
+                    ok: true,
+                });
+                if slot.held.as_ref().is_some_and(|h| same_place(h, &want)) {
+                    slot.held = Some(want);
+                }
+            }
+            (Op::Add { renew: true, .. }, Ok(Applied::NotOurs)) => {
+                warn!(%ip, "address is no longer ours (added by hand?); leaving it alone");
+                slot.held = None;
+                slot.garp = None;
+                self.publish_dirty = true;
+                self.report_dirty = true;
+            }
+            (Op::Add { renew: true, .. }, Err(e)) => {
+                out.metrics.push(Metric::Op {
+                    op: "renew",
+                    ok: false,
+                });
+                warn!(%ip, error = %e, "renewing failed; retrying at the next renewal");
+            }
+            (Op::Add { want, .. }, Ok(Applied::Done)) => {
+                out.metrics.push(Metric::Op {
+                    op: "add",
+                    ok: true,
+                });
+                slot.retry = None;
+                let previous = slot.held.replace(want.clone());
+                slot.handover = None;
+                if let Some(target) = want.target {
+                    out.garp.push(target);
+                    slot.garp = (self.settings.garp.count > 1).then(|| Garp {
+                        left: self.settings.garp.count - 1,
+                        next: now + self.settings.garp.interval,
+                    });
+                }
+                let fresh = previous.is_none();
+                let moved = previous.filter(|p| p.vip.ifindex != want.vip.ifindex);
+                let fresh = fresh || moved.is_some();
+                if let Some(p) = moved {
+                    slot.op = Some(Op::Remove {
+                        vip: p.vip.clone(),
+                        why: format!("moved to {}", want.vip.interface),
+                        stale: true,
+                    });
+                    out.remove.push(p.vip);
+                }
+                self.foreign.remove(&ip);
+                self.publish_dirty = true;
+                self.report_dirty = true;
+                if fresh {
+                    info!(%ip, interface = %want.vip.interface, prefix_len = want.vip.prefix_len,
+                        mode = ?want.mode, "acquired");
+                    self.observe_takeover(ip, now, out);
+                    let (reason, note) = match want.mode {
+                        Mode::Local => (
+                            reasons::ANNOUNCING_LOCAL,
+                            format!(
+                                "{} answers for {ip} on {}",
+                                self.settings.node, want.vip.interface
+                            ),
+                        ),
+                        Mode::Virtual => (
+                            reasons::ANNOUNCING_VIRTUAL,
+                            format!(
+                                "{} holds {ip} on {} for routing",
+                                self.settings.node, want.vip.interface
+                            ),
+                        ),
+                    };
+                    self.event_for(ip, false, reason, note, out);
+                }
+            }
+            (Op::Add { want, .. }, Ok(Applied::NotOurs)) => {
+                out.metrics.push(Metric::Op {
+                    op: "add",
+                    ok: true,
+                });
+                // Looked at again later, in case it is taken away.
+                self.backoff(ip);
+                if self.foreign.insert(ip) {
+                    warn!(%ip, interface = %want.vip.interface,
+                        "won, but the host already holds this address and the agent did not add it; leaving it alone");
+                    let note = format!(
+                        "{} won {ip} but {} already holds it, added outside hostlb; it is left alone",
+                        self.settings.node, want.vip.interface
+                    );
+                    self.event_for(ip, true, "AddressConflict", note, out);
+                }
+            }
+            (Op::Add { .. }, Err(e)) => {
+                out.metrics.push(Metric::Op {
+                    op: "add",
+                    ok: false,
+                });
+                let delay = self.backoff(ip);
+                warn!(%ip, error = %e, retry_in = ?delay, "cannot add the address");
+            }
+            (Op::Remove { vip, why, stale }, Ok(_)) => {
+                out.metrics.push(Metric::Op {
+                    op: "remove",
+                    ok: true,
+                });
+                if stale {
+                    return;
+                }
+                slot.held = None;
+                slot.garp = None;
+                slot.handover = None;
+                slot.retry = None;
+                let adopted = std::mem::take(&mut slot.adopted);
+                self.publish_dirty = true;
+                self.report_dirty = true;
+                if adopted {
+                    info!(%ip, interface = %vip.interface, reason = %why,
+                        "removed an address of a previous run");
+                } else {
+                    info!(%ip, interface = %vip.interface, reason = %why, "released");
+                    let note = format!("{} no longer answers for {ip} ({why})", self.settings.node);
+                    self.event_for(ip, false, reasons::WITHDRAWN, note, out);
+                }
+            }
+            (Op::Remove { vip, .. }, Err(e)) => {
+                out.metrics.push(Metric::Op {
+                    op: "remove",
+                    ok: false,
+                });
+                let delay = self.backoff(ip);
+                warn!(%ip, interface = %vip.interface, error = %e, retry_in = ?delay,
+                    "cannot remove the address");
+            }
+        }
+    }
+
+    /// Schedules the next try at `ip`, doubling the delay each time.
+    fn backoff(&mut self, ip: IpAddr) -> Duration {
+        let now_retry = self.slots.get(&ip).and_then(|s| s.retry);
+        let delay = now_retry
+            .map(|r| (r.delay * 2).min(RETRY_MAX))
+            .unwrap_or(RETRY_MIN);
+        let at = self.now + delay;
+        if let Some(s) = self.slots.get_mut(&ip) {
+            s.retry = Some(Retry { at, delay });
+        }
+        delay
+    }
+
+    fn on_claim(&mut self, claim: Claim, now: Instant, out: &mut Actions) {
+        let Some(slot) = self.slots.get(&claim.ip) else {
+            // Only yielded VIPs, which may have no slot, refresh their yield.
+            self.judge(claim, None, now);
+            return;
+        };
+        // While asking the LAN, the VIP is judged as if held here: an owner
+        // that outranks this node makes it stay off.
+        let held = if slot.probing.is_some() {
+            slot.want.clone()
+        } else {
+            slot.held
+                .clone()
+                .filter(|h| h.mode == Mode::Local && slot.handover.is_none() && slot.op.is_none())
+        };
+        let probing = slot.probing.is_some();
+        match self.judge(claim, held.as_ref(), now) {
+            Verdict::Ignore => {}
+            Verdict::Keep { other } => {
+                if probing {
+                    return;
+                }
+                warn!(ip = %claim.ip, %other, mac = %claim.mac,
+                    "second owner on the wire; this node outranks it and keeps the address");
+                out.metrics.push(Metric::Conflict("hostlb"));
+                let slot = self.slots.get_mut(&claim.ip).expect("present");
+                if let Some(t) = held.and_then(|h| h.target) {
+                    out.garp.push(t);
+                    slot.garp = (self.settings.garp.count > 1).then(|| Garp {
+                        left: self.settings.garp.count - 1,
+                        next: now + self.settings.garp.interval,
+                    });
+                    self.unsettled.insert(claim.ip);
+                }
+            }
+            Verdict::Yield { to } => {
+                out.metrics.push(Metric::Conflict("hostlb"));
+                let slot = self.slots.get_mut(&claim.ip).expect("present");
+                self.unsettled.insert(claim.ip);
+                if probing {
+                    warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
+                        "won, but a node that outranks this one still answers for it; staying off while it does");
+                    slot.probing = None;
+                    return;
+                }
+                warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
+                    "second owner on the wire; it outranks this node, which lets go while it answers");
+                if let Some(h) = slot.held.clone() {
+                    slot.garp = None;
+                    slot.op = Some(Op::Remove {
+                        vip: h.vip.clone(),
+                        why: "another node that outranks this one answers for it".into(),
+                        stale: false,
+                    });
+                    out.remove.push(h.vip);
+                }
+            }
+            Verdict::Foreign { first } => {
+                if probing {
+                    if first {
+                        // Reported once the address is held here and it
+                        // still answers.
+                        self.conflicts.forget_report(claim.ip, claim.mac);
+                    }
+                    return;
+                }
+                out.metrics.push(Metric::Conflict("foreign"));
+                if first {
+                    warn!(ip = %claim.ip, mac = %claim.mac,
+                        "another host answers for this address and it is no hostlb node; not fighting over it");
+                    let note = format!(
+                        "{} holds {} but the host with MAC {} answers for it too, and it is no hostlb node",
+                        self.settings.node, claim.ip, claim.mac
+                    );
+                    self.event_for(claim.ip, true, "AddressConflict", note, out);
+                }
+            }
+        }
+    }
+
+    fn judge(&mut self, claim: Claim, held: Option<&Want>, now: Instant) -> Verdict {
+        let view = &self.view;
+        self.conflicts.judge(
+            claim,
+            &self.settings.node,
+            &self.links.macs(),
+            held,
+            &self.election,
+            |n| view.node(n).is_some(),
+            now,
+        )
+    }
+
+    fn begin_leave(&mut self, now: Instant, out: &mut Actions) {
+        if self.is_leaving() {
+            return;
+        }
+        info!(
+            held = self.held_count(),
+            "leaving: handing VIPs over before exit"
+        );
+        out.leave = true;
+        self.phase = Phase::Leaving { since: now };
+        self.publish_dirty = true;
+        self.elect_members();
+        self.all_dirty = true;
+    }
+
+    /// Renews every held address each third of its lifetime, in one batch.
+    fn renew(&mut self, now: Instant, out: &mut Actions) {
+        let Some(every) = self.settings.lifetime.renew_every() else {
+            self.next_renew = None;
+            return;
+        };
+        let due = *self.next_renew.get_or_insert(now + every);
+        if now < due {
+            return;
+        }
+        self.next_renew = Some(now + every);
+        for s in self.slots.values_mut() {
+            if s.op.is_some() {
+                continue;
+            }
+            if let Some(h) = &s.held {
+                s.op = Some(Op::Add {
+                    want: h.clone(),
+                    renew: true,
+                });
+                out.add.push(h.vip.clone());
+            }
+        }
+    }
+
+    /// Asks the LAN about every VIP held here (each [`OWNER_PROBE`]) and
+    /// every VIP yielded to another node (each [`YIELD_PROBE`]); sends the
+    /// announcement rounds that are due.
+    fn probe_wire(&mut self, now: Instant, out: &mut Actions) {
+        for s in self.slots.values_mut() {
+            let (Some(g), Some(h)) = (s.garp, &s.held) else {
+                continue;
+            };
+            if g.next > now {
+                continue;
+            }
+            if let Some(t) = h.target {
+                out.garp.push(t);
+            }
+            s.garp = (g.left > 1).then(|| Garp {
+                left: g.left - 1,
+                next: now + self.settings.garp.interval,
+            });
+        }
+        if !self.settings.wire {
+            return;
+        }
+        if now >= self.next_yield_probe {
+            self.next_yield_probe = now + YIELD_PROBE;
+            out.probe
+                .extend(self.conflicts.yielded().filter_map(|(_, y)| y.want.target));
+        }
+        if now >= self.next_owner_probe {
+            self.next_owner_probe = now + OWNER_PROBE;
+            out.probe.extend(
+                self.slots
+                    .values()
+                    .filter(|s| s.handover.is_none() && s.op.is_none())
+                    .filter_map(|s| s.held.as_ref())
+                    .filter(|h| h.mode == Mode::Local)
+                    .filter_map(|h| h.target),
+            );
+        }
+    }
+
+    /// The outputs that follow the state: gossip, the watched addresses,
+    /// annotations, readiness and status.
+    fn report(&mut self, now: Instant, out: &mut Actions) {
+        if self.publish_dirty {
+            self.publish_dirty = false;
+            let local = self.local_state();
+            if self.published.as_ref() != Some(&local) {
+                self.published = Some(local.clone());
+                out.publish = Some(local);
+            }
+        }
+        let watched: BTreeSet<IpAddr> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.held.is_some() || s.probing.is_some())
+            .map(|(ip, _)| *ip)
+            .chain(self.conflicts.yielded().map(|(ip, _)| *ip))
+            .collect();
+        if watched != self.watched {
+            self.watched = watched.clone();
+            out.watch = Some(watched);
+        }
+        if self.report_dirty && self.cluster_known {
+            self.report_dirty = false;
+            let announcing = self.announcing();
+            if self.announced.as_ref() != Some(&announcing) {
+                self.announced = Some(announcing.clone());
+                out.announcing = Some(announcing);
+            }
+        }
+        if self.phase == Phase::Running
+            && !self.ready
+            && now >= self.acquire_from
+            && self
+                .slots
+                .values()
+                .all(|s| s.op.is_none() && s.probing.is_none())
+        {
+            self.ready = true;
+            info!(
+                held = self.held_count(),
+                members = self.view.members.len(),
+                "first reconcile applied; ready"
+            );
+            out.ready = true;
+        }
+        let status = (self.held_count(), self.view.members.len());
+        if self.ready && self.last_status != Some(status) {
+            self.last_status = Some(status);
+            out.status = Some(format!(
+                "holding {} VIPs; {} live members",
+                status.0, status.1
+            ));
+        }
+    }
+
+    /// The annotations this node is responsible for: the VIPs it holds and
+    /// wins, and, on the first live member by name, clearing those nobody
+    /// announces.
+    fn announcing(&self) -> Announcing {
+        let mut out = Announcing::new();
+        let janitor = self
+            .view
+            .members
+            .first()
+            .is_some_and(|m| m.node == self.settings.node);
+        for (ip, svcs) in &self.services_of {
+            let family = Family::of(*ip);
+            let slot = self.slots.get(ip);
+            let value = match slot.and_then(|s| s.want.as_ref().zip(s.held.as_ref())) {
+                Some((w, h)) if w.mode == Mode::Local && same_place(w, h) => {
+                    Some(format!("{},{}", self.settings.node, w.vip.interface))
+                }
+                _ if janitor && self.election.winner(*ip).is_none() => None,
+                _ => continue,
+            };
+            for s in svcs {
+                out.insert((s.clone(), family), value.clone());
+            }
+        }
+        out
+    }
+
+    fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let mut wake: Option<Instant> = None;
+        let mut at = |t: Instant| {
+            let t = t.max(now);
+            wake = Some(wake.map_or(t, |w| w.min(t)));
+        };
+        for ip in &self.unsettled {
+            let Some(s) = self.slots.get(ip) else {
+                continue;
+            };
+            if s.op.is_some() {
+                continue;
+            }
+            if let Some(r) = s.retry {
+                at(r.at);
+            }
+            if let Some(p) = s.probing {
+                at(p);
+            }
+            if let Some(h) = s.handover {
+                at(h + HANDOVER_MAX);
+            }
+            if let Some(g) = s.garp {
+                at(g.next);
+            }
+            if let Some(y) = self.conflicts.yield_of(*ip) {
+                at(y.seen + YIELD_HOLD);
+            }
+        }
+        if let Some(r) = self.next_renew
+            && self.slots.values().any(|s| s.held.is_some())
+        {
+            at(r);
+        }
+        if self.settings.wire {
+            if self.conflicts.yielded().next().is_some() {
+                at(self.next_yield_probe);
+            }
+            if self.slots.values().any(|s| s.held.is_some()) {
+                at(self.next_owner_probe);
+            }
+        }
+        match self.phase {
+            Phase::Starting => match self.first_peer {
+                Some(first) => {
+                    at(first + self.settings.gossip_interval * 3);
+                    at(first + UNCONFIRMED_GRACE);
+                }
+                None => at(self.started + STARTUP_GRACE),
+            },
+            Phase::Leaving { since } => at(since + LEAVE_MAX),
+            Phase::Running if now < self.acquire_from => at(self.acquire_from),
+            _ => {}
+        }
+        wake
+    }
+
+    fn observe_takeover(&mut self, ip: IpAddr, now: Instant, out: &mut Actions) {
+        // The previous holder per gossip, if it is one we saw go.
+        let from = self
+            .lost_at
+            .iter()
+            .filter(|(node, _)| self.conflicts.last_holder(ip) == Some(node.as_str()))
+            .map(|(_, t)| *t)
+            .max();
+        if let Some(t) = from
+            && now.saturating_duration_since(t) < TAKEOVER_WINDOW
+        {
+            out.metrics
+                .push(Metric::Takeover(now.saturating_duration_since(t)));
+        }
+    }
+
+    fn event_for(
+        &self,
+        ip: IpAddr,
+        warning: bool,
+        reason: &'static str,
+        note: String,
+        out: &mut Actions,
+    ) {
+        for svc in self.services_of.get(&ip).into_iter().flatten() {
+            out.events.push(EventRequest {
+                service: svc.clone(),
+                warning,
+                reason,
+                note: note.clone(),
+            });
+        }
+    }
+
+    fn note_object_errors(&mut self, errors: Vec<String>) {
+        for e in errors.iter().filter(|e| !self.object_errors.contains(e)) {
+            warn!(error = %e, "object left out");
+        }
+        self.object_errors = errors;
+    }
+
+    /// An address of a previous run as a held VIP.
+    fn adopted_want(&self, a: &OwnedAddress) -> Want {
+        let virtual_link = self
+            .links
+            .virtual_link
+            .as_ref()
+            .is_some_and(|v| v.index == a.ifindex);
+        Want {
+            vip: a.vip(self.settings.lifetime),
+            mode: if virtual_link {
+                Mode::Virtual
+            } else {
+                Mode::Local
+            },
+            target: if virtual_link {
+                None
+            } else {
+                self.links
+                    .by_index(a.ifindex)
+                    .and_then(|i| Target::on(i, a.ip))
+            },
+        }
+    }
+
+    /// The peers' gossip addresses, for `cleanup`.
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        let mut peers: Vec<SocketAddr> = self
+            .view
+            .nodes
+            .iter()
+            .filter(|n| n.node != self.settings.node)
+            .map(|n| n.gossip_addr)
+            .collect();
+        peers.sort();
+        peers
+    }
+
+    /// `/status`: `not_ready` and `api_healthy` come from the shell.
+    pub fn status_doc(&self, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc {
+        StatusDoc {
+            node: self.settings.node.clone(),
+            ready: not_ready.is_none(),
+            not_ready: not_ready.map(str::to_string),
+            api_healthy,
+            members: self
+                .view
+                .nodes
+                .iter()
+                .map(|n| MemberDoc {
+                    node: n.node.clone(),
+                    status: n.status.as_str().to_string(),
+                    gossip: n.gossip_addr.to_string(),
+                    version: n.agent_version.clone(),
+                    prefixes: n
+                        .on_link
+                        .iter()
+                        .map(|o| {
+                            format!(
+                                "{}@{}{}",
+                                o.prefix,
+                                o.interface,
+                                if o.announce { "*" } else { "" }
+                            )
+                        })
+                        .collect(),
+                    vips: n.vips.len(),
+                })
+                .collect(),
+            held: self
+                .slots
+                .iter()
+                .filter_map(|(ip, s)| {
+                    let h = s.held.as_ref()?;
+                    Some(HeldDoc {
+                        ip: *ip,
+                        interface: h.vip.interface.clone(),
+                        prefix_len: h.vip.prefix_len,
+                        mode: format!("{:?}", h.mode).to_lowercase(),
+                        handing_over: s.handover.is_some(),
+                    })
+                })
+                .collect(),
+            vips: self
+                .election
+                .report_all()
+                .iter()
+                .map(VipDoc::from_report)
+                .collect(),
+            object_errors: self.object_errors.clone(),
+        }
+    }
+}
+
+fn same_place(a: &Want, b: &Want) -> bool {
+    a.vip.ifindex == b.vip.ifindex && a.vip.prefix_len == b.vip.prefix_len && a.mode == b.mode
+}
