@@ -104,6 +104,7 @@ fn realistic_state(n: u32) -> LocalState {
         ])]
         .into_iter()
         .collect(),
+        revision: 0,
     }
 }
 

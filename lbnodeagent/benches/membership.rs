@@ -156,6 +156,7 @@ fn node_state(i: usize) -> LocalState {
         ])]
         .into_iter()
         .collect(),
+        revision: 0,
     }
 }
 

@@ -31,6 +31,7 @@ fn local_state(n: u8) -> LocalState {
         }],
         vips: (0..10).map(|v| IpAddr::from([10, 96, n, v])).collect(),
         macs: BTreeSet::from([lbnodeagent::addrs::MacAddr([2, 0, 0, 0, 0, n])]),
+        revision: 0,
     }
 }
 

@@ -45,6 +45,7 @@ fn start(rt: &NsRuntime, name: &str, addr: SocketAddr, seed: Option<SocketAddr>,
             }],
             vips: BTreeSet::new(),
             macs: BTreeSet::new(),
+            revision: 0,
         };
         let m = Membership::start(&config, local, &transport, &transport)
             .await

@@ -377,7 +377,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
     async fn step(&mut self, input: Input) -> bool {
         let timed = matches!(
             input,
-            Input::Cluster { .. } | Input::Members(_) | Input::Endpoints(_) | Input::Links(_)
+            Input::Cluster { .. } | Input::Members(_) | Input::Endpoints { .. } | Input::Links(_)
         );
         let started = Instant::now();
         let actions = self.core.step(started, input);
@@ -473,11 +473,18 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 .iter()
                 .map(|e| format!("{}: {}", e.object, e.message))
                 .collect();
-            Some(Input::Cluster { cluster, errors })
+            Some(Input::Cluster {
+                cluster,
+                errors,
+                revision: self.kube.revision(),
+            })
         } else if changes.services.is_empty() {
             None
         } else {
-            Some(Input::Endpoints(self.kube.endpoints(&changes.services)))
+            Some(Input::Endpoints {
+                changes: self.kube.endpoints(&changes.services),
+                revision: self.kube.revision(),
+            })
         }
     }
 

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -53,6 +53,8 @@ struct Shared {
     failing: AtomicUsize,
     failed: [AtomicBool; WATCHES],
     changes: Mutex<Changes>,
+    /// The newest resourceVersion seen in any watch event.
+    revision: AtomicU64,
 }
 
 /// What changed since the loop last looked.
@@ -151,6 +153,13 @@ impl KubeInputs {
     /// No watch is failing now.
     pub fn api_healthy(&self) -> bool {
         self.shared.failing.load(Ordering::Relaxed) == 0
+    }
+
+    /// How new this view of the cluster is: the newest resourceVersion any
+    /// watch has seen (the API server's etcd revision, so comparable across
+    /// kinds and agents; 0 if it is not a number).
+    pub fn revision(&self) -> u64 {
+        self.shared.revision.load(Ordering::Relaxed)
     }
 
     /// What changed since the last call.
@@ -266,6 +275,17 @@ where
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(e) => {
+                    if let watcher::Event::Apply(o)
+                    | watcher::Event::Delete(o)
+                    | watcher::Event::InitApply(o) = &e
+                        && let Some(rv) = o
+                            .meta()
+                            .resource_version
+                            .as_deref()
+                            .and_then(|v| v.parse::<u64>().ok())
+                    {
+                        shared.revision.fetch_max(rv, Ordering::Relaxed);
+                    }
                     if shared.failed[slot].swap(false, Ordering::Relaxed) {
                         shared.failing.fetch_sub(1, Ordering::Relaxed);
                         tracing::info!(%kind, "watch recovered");

@@ -402,6 +402,49 @@ impl Election {
             .then_some(Duty::Virtual { ip: vip.ip })
     }
 
+    /// The winner for `ip` if the nodes for which `passed` says so were no
+    /// candidates.
+    pub fn winner_without(&self, ip: IpAddr, passed: impl Fn(&str) -> bool) -> Option<&str> {
+        let v = *self.vip_of.get(&ip)?;
+        let class = &self.c.classes[self.c.vips[v].class?];
+        (0..self.c.slots.len() as NodeId)
+            .filter(|&n| !passed(&self.c.slots[n as usize].name) && self.c.exclusion(v, n).is_none())
+            .map(|n| self.c.win(v, class, n))
+            .min_by(|a, b| self.c.order(a, b))
+            .map(|w| self.c.slots[w.node as usize].name.as_str())
+    }
+
+    /// What `node` would hold for `ip` if the nodes for which `passed`
+    /// says so were no candidates: the announce duty when it comes first
+    /// among the others, `None` otherwise. For a VIP whose winner cannot
+    /// know of it (its view of the cluster is older), so that the nodes
+    /// that do know agree on one of them.
+    pub fn duty_without(
+        &self,
+        node: &str,
+        ip: IpAddr,
+        passed: impl Fn(&str) -> bool,
+    ) -> Option<Duty> {
+        let id = *self.slot_of.get(node)?;
+        let v = *self.vip_of.get(&ip)?;
+        if self.c.exclusion(v, id).is_some() {
+            return None;
+        }
+        let class = &self.c.classes[self.c.vips[v].class?];
+        let me = self.c.win(v, class, id);
+        let beaten = (0..self.c.slots.len() as NodeId).any(|n| {
+            n != id
+                && !passed(&self.c.slots[n as usize].name)
+                && self.c.exclusion(v, n).is_none()
+                && self.c.order(&self.c.win(v, class, n), &me) == Ordering::Less
+        });
+        if beaten {
+            return None;
+        }
+        let on_link = self.c.announce_target(v, id)?.clone();
+        Some(Duty::Announce { ip, on_link })
+    }
+
     /// Only the endpoints of Service `key` (`namespace/name`) changed: the
     /// VIPs it gives the Service-side inputs of (those where it is the
     /// oldest Service) are re-elected, nothing is recompiled. Returns those

@@ -65,6 +65,12 @@ pub struct MembershipView {
     /// until its detector has reached them. The reconcile loop waits for
     /// them before its first election.
     pub unconfirmed: usize,
+    /// Nodes whose state gossip still carries but that are not live (dead,
+    /// unreachable, or not confirmed yet), as last published. A node that
+    /// started after one of them was cut off learns from them which MACs
+    /// are hostlb nodes' and who held which VIP: a second owner on the
+    /// wire is then recognised, not taken for a stranger.
+    pub gone: Vec<MemberInfo>,
 }
 
 impl MembershipView {
@@ -81,10 +87,12 @@ impl MembershipView {
                 on_link: Vec::new(),
                 vips: Default::default(),
                 macs: Default::default(),
+                revision: 0,
             },
             members: Vec::new(),
             nodes: Vec::new(),
             unconfirmed: 0,
+            gone: Vec::new(),
         }
     }
 
@@ -568,6 +576,7 @@ impl ViewBuilder {
         let own = c.self_chitchat_id();
         let chitchat_live: HashSet<&ChitchatId> = c.live_nodes().collect();
         let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
+        let mut newest_gone: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
         let mut unconfirmed: HashSet<&str> = HashSet::new();
         for (id, node) in c.node_states() {
             if id.node_id == own.node_id && id != own {
@@ -586,6 +595,14 @@ impl ViewBuilder {
                 if chitchat_live.contains(id) && state::is_live(node) {
                     unconfirmed.insert(&id.node_id);
                 }
+                newest_gone
+                    .entry(&id.node_id)
+                    .and_modify(|best| {
+                        if id.generation_id > best.generation_id {
+                            *best = id;
+                        }
+                    })
+                    .or_insert(id);
                 continue;
             }
             newest
@@ -598,7 +615,12 @@ impl ViewBuilder {
                 .or_insert(id);
         }
         unconfirmed.retain(|node| !newest.contains_key(node));
+        newest_gone.retain(|node, _| !newest.contains_key(node));
         let nodes: Vec<MemberInfo> = newest
+            .values()
+            .filter_map(|id| c.node_state(id).and_then(|node| self.decode(id, node)))
+            .collect();
+        let gone: Vec<MemberInfo> = newest_gone
             .values()
             .filter_map(|id| c.node_state(id).and_then(|node| self.decode(id, node)))
             .collect();
@@ -621,12 +643,14 @@ impl ViewBuilder {
                 on_link: Vec::new(),
                 vips: Default::default(),
                 macs: Default::default(),
+                revision: 0,
             });
         MembershipView {
             local,
             members,
             nodes,
             unconfirmed: unconfirmed.len(),
+            gone,
         }
     }
 }
@@ -695,6 +719,7 @@ mod tests {
                 .map(|s| s.parse::<IpAddr>().unwrap())
                 .collect(),
             macs: ["02:00:00:00:00:01".parse().unwrap()].into_iter().collect(),
+            revision: 0,
         }
     }
 

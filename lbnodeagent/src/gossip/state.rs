@@ -10,6 +10,7 @@
 //! | `macs` | MACs of the announce interfaces, space-separated (conflict detection names the host behind a MAC) |
 //! | `vips.0`, `vips.1`, … | held VIPs, space-separated, sorted, each value ≤ [`VIPS_CHUNK_BYTES`] |
 //! | `detector` | `swim`: the node runs the SWIM failure detector (see `detector`); peers without it are judged by chitchat's, so a rolling upgrade keeps every node's view of the others |
+//! | `revision` | the newest resourceVersion the node's watches have seen: two live nodes that both hold a VIP because their views of the cluster differ let the one with the newer view keep it |
 //!
 //! `status` is written last when a node starts. chitchat sends a node's keys
 //! in version order, so a peer that has `status` has everything else: a
@@ -39,6 +40,7 @@ pub const KEY_ONLINK_V6: &str = "onlink.v6";
 pub const KEY_VIRTUAL: &str = "virtual";
 pub const KEY_MACS: &str = "macs";
 pub const KEY_DETECTOR: &str = "detector";
+pub const KEY_REVISION: &str = "revision";
 pub const DETECTOR_SWIM: &str = "swim";
 pub const KEY_VIPS_PREFIX: &str = "vips.";
 /// Bound on one `vips.N` value: small against the 64 KiB datagram, large
@@ -89,6 +91,9 @@ pub struct LocalState {
     pub vips: BTreeSet<IpAddr>,
     /// MACs of the interfaces the node announces on.
     pub macs: BTreeSet<MacAddr>,
+    /// How new the node's view of the cluster is (see `KEY_REVISION`); 0
+    /// before its first view, or from an agent that does not say.
+    pub revision: u64,
 }
 
 /// One node as seen through gossip.
@@ -104,6 +109,7 @@ pub struct MemberInfo {
     pub on_link: Vec<OnLink>,
     pub vips: BTreeSet<IpAddr>,
     pub macs: BTreeSet<MacAddr>,
+    pub revision: u64,
 }
 
 impl MemberInfo {
@@ -199,6 +205,7 @@ pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(Strin
         (KEY_VIRTUAL.to_string(), local.virtual_mode.to_string()),
         (KEY_MACS.to_string(), encode_macs(&local.macs)),
         (KEY_DETECTOR.to_string(), DETECTOR_SWIM.to_string()),
+        (KEY_REVISION.to_string(), local.revision.to_string()),
     ];
     kvs.extend(
         vip_chunks(&local.vips)
@@ -218,6 +225,7 @@ pub fn publish(node: &mut NodeState, local: &LocalState) {
     node.set(KEY_ONLINK_V6, encode_on_link(&local.on_link, Family::V6));
     node.set(KEY_VIRTUAL, local.virtual_mode.to_string());
     node.set(KEY_MACS, encode_macs(&local.macs));
+    node.set(KEY_REVISION, local.revision.to_string());
     let chunks = vip_chunks(&local.vips);
     let stale: Vec<String> = node
         .iter_prefix(KEY_VIPS_PREFIX)
@@ -272,6 +280,10 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
             .split_ascii_whitespace()
             .filter_map(|m| m.parse().ok())
             .collect(),
+        revision: node
+            .get(KEY_REVISION)
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0),
     })
 }
 

@@ -119,8 +119,9 @@ impl Conflicts {
         if own_macs.contains(&claim.mac) {
             return Verdict::Ignore;
         }
+        let owner = self.mac_owner.get(&claim.mac);
         if let Some(y) = self.yielded.get_mut(&claim.ip)
-            && y.mac == claim.mac
+            && (y.mac == claim.mac || owner == Some(&y.to))
         {
             y.seen = now;
             return Verdict::Ignore;
@@ -166,6 +167,29 @@ impl Conflicts {
                 false
             }
             None => false,
+        }
+    }
+
+    /// Stays off `ip` while `to` answers for it, as after a lost conflict:
+    /// this node let it go to `to` by another rule (a live peer with a
+    /// newer view of the cluster holds it), and must not take it back when
+    /// that peer drops out of gossip but still answers (a partition).
+    pub fn yield_to(&mut self, ip: IpAddr, to: &str, want: Want, now: Instant) {
+        let mac = self
+            .mac_owner
+            .iter()
+            .find(|(_, n)| n.as_str() == to)
+            .map(|(m, _)| *m);
+        if let Some(mac) = mac {
+            self.yielded.insert(
+                ip,
+                Yielded {
+                    to: to.to_string(),
+                    mac,
+                    seen: now,
+                    want,
+                },
+            );
         }
     }
 
@@ -239,6 +263,7 @@ mod tests {
             on_link: Vec::new(),
             vips: Default::default(),
             macs: [mac].into(),
+            revision: 0,
         }
     }
 
@@ -277,7 +302,7 @@ mod tests {
                 &[mine].into(),
                 Some(&want()),
                 &e,
-                |_| false,
+                                |_| false,
                 t0,
             );
             (v, c)
@@ -312,7 +337,7 @@ mod tests {
             &[mine].into(),
             None,
             &e,
-            |_| false,
+                        |_| false,
             later,
         );
         assert_eq!(v, Verdict::Ignore);
@@ -342,7 +367,7 @@ mod tests {
             &[MAC_A].into(),
             Some(&want()),
             &e,
-            |_| false,
+                        |_| false,
             now,
         );
         assert_eq!(v, Verdict::Foreign { first: true });
@@ -352,7 +377,7 @@ mod tests {
             &[MAC_A].into(),
             Some(&want()),
             &e,
-            |_| false,
+                        |_| false,
             now,
         );
         assert_eq!(v, Verdict::Foreign { first: false });
@@ -395,7 +420,7 @@ mod tests {
             &[MAC_B].into(),
             Some(&want()),
             &e,
-            |n| n == "a",
+                        |n| n == "a",
             Instant::now(),
         );
         assert_eq!(v, Verdict::Ignore);

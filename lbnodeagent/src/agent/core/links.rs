@@ -104,6 +104,19 @@ impl Links {
             .collect()
     }
 
+    /// The link without carrier that has an on-link prefix containing `ip`.
+    fn down_link_with(&self, ip: IpAddr) -> Option<&str> {
+        let virtual_index = self.virtual_link.as_ref().map(|v| v.index);
+        self.all
+            .iter()
+            .find(|i| {
+                !i.carrier
+                    && Some(i.index) != virtual_index
+                    && i.prefixes.iter().any(|p| p.contains(ip))
+            })
+            .map(|i| i.name.as_str())
+    }
+
     /// What the kernel must hold for `duties`; duties whose interface is
     /// gone (or virtual mode without its interface) are returned apart, for
     /// the log: the next links refresh re-elects without them.
@@ -136,6 +149,15 @@ impl Links {
                     }
                     None => missing.push((*ip, on_link.interface.clone())),
                 },
+                // On-link here, on a link that lost carrier (so the node
+                // publishes no prefix for it and the election counts it
+                // off-link): no virtual address, which routing software
+                // would export and which the kernel would answer ARP for
+                // the moment the cable is back.
+                Duty::Virtual { ip } if self.down_link_with(*ip).is_some() => {
+                    let iface = self.down_link_with(*ip).expect("just found");
+                    missing.push((*ip, format!("{iface}, which has no carrier")));
+                }
                 Duty::Virtual { ip } => match &self.virtual_link {
                     Some(v) => {
                         out.insert(

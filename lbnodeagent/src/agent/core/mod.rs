@@ -141,9 +141,14 @@ pub enum Input {
     Cluster {
         cluster: Cluster,
         errors: Vec<String>,
+        /// How new the view is (the newest resourceVersion seen).
+        revision: u64,
     },
     /// Only the endpoints of these Services (`namespace/name`) changed.
-    Endpoints(Vec<(String, Endpoints)>),
+    Endpoints {
+        changes: Vec<(String, Endpoints)>,
+        revision: u64,
+    },
     Members(MembershipView),
     Links(Links),
     /// Addresses a previous run of the agent left in the kernel (at start).
@@ -248,10 +253,21 @@ struct Slot {
     probing: Option<Instant>,
     /// Giving it to a live winner, since then.
     handover: Option<Instant>,
+    /// Held and won here, and a live peer shows it held too, since then:
+    /// the two views of the cluster differ (see [`Core::contest`]).
+    contested: Option<Instant>,
     retry: Option<Retry>,
     garp: Option<Garp>,
     /// Left by a previous run and not yet decided by a reconcile.
     adopted: bool,
+    /// When a second owner that this node outranks was last answered with
+    /// an announcement: one a second at most, so two nodes that each think
+    /// they outrank the other do not trade announcements at wire speed.
+    kept_at: Option<Instant>,
+    /// Since when `held` has been this node's: a peer's gossip saying it
+    /// holds the VIP counts only if published after that (see
+    /// [`Core::holds`]).
+    held_since: Option<Instant>,
 }
 
 impl Slot {
@@ -269,6 +285,7 @@ impl Slot {
             && self.probing.is_none()
             && self.handover.is_none()
             && self.garp.is_none()
+            && self.contested.is_none()
             && !self.adopted
             && match (&self.want, &self.held) {
                 (Some(w), Some(h)) => same_place(w, h),
@@ -309,6 +326,8 @@ pub struct Core {
     election: Election,
     /// The election has had a cluster view.
     cluster_known: bool,
+    /// How new that view is: the newest resourceVersion it was built from.
+    revision: u64,
     /// This node's own member as the election last had it.
     own_member: Option<Member>,
     /// Services by address, oldest first.
@@ -319,11 +338,17 @@ pub struct Core {
     slots: BTreeMap<IpAddr, Slot>,
     /// Slots that are not [`Slot::settled`], decided at every step.
     unsettled: BTreeSet<IpAddr>,
+    /// VIPs whose winner is a live peer with an older view of the cluster
+    /// that does not show them held, since when (see [`Core::orphans`]).
+    orphans: BTreeMap<IpAddr, Instant>,
+    orphan_scan: bool,
     conflicts: Conflicts,
     /// Addresses someone else holds on this host: reported once each.
     foreign: BTreeSet<IpAddr>,
     /// When each member was last seen live, for the takeover metric.
     lost_at: BTreeMap<String, Instant>,
+    /// When each node's published VIPs last changed in our views.
+    vips_changed: BTreeMap<String, Instant>,
     next_renew: Option<Instant>,
     next_owner_probe: Instant,
     next_yield_probe: Instant,
@@ -351,6 +376,7 @@ impl Core {
             acquire_from: now,
             election: Election::new(&Cluster::default(), []),
             cluster_known: false,
+            revision: 0,
             own_member: None,
             services_of: BTreeMap::new(),
             object_errors: Vec::new(),
@@ -358,9 +384,12 @@ impl Core {
             view: MembershipView::empty(),
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
+            orphans: BTreeMap::new(),
+            orphan_scan: false,
             conflicts: Conflicts::default(),
             foreign: BTreeSet::new(),
             lost_at: BTreeMap::new(),
+            vips_changed: BTreeMap::new(),
             next_renew: None,
             next_owner_probe: now + OWNER_PROBE,
             next_yield_probe: now + YIELD_PROBE,
@@ -386,13 +415,18 @@ impl Core {
             },
             virtual_mode: self.links.virtual_link.is_some(),
             on_link: self.links.on_link(),
+            // Not what is being handed over: this node does not mean to
+            // keep it, and a peer that holds it too need not contest it.
             vips: self
                 .slots
                 .iter()
-                .filter(|(_, s)| s.held.as_ref().is_some_and(|h| h.mode == Mode::Local))
+                .filter(|(_, s)| {
+                    s.handover.is_none() && s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
+                })
                 .map(|(ip, _)| *ip)
                 .collect(),
             macs: self.links.macs(),
+            revision: self.revision,
         }
     }
 
@@ -461,8 +495,13 @@ impl Core {
 
     fn take(&mut self, now: Instant, input: Input, out: &mut Actions) {
         match input {
-            Input::Cluster { cluster, errors } => {
+            Input::Cluster {
+                cluster,
+                errors,
+                revision,
+            } => {
                 self.note_object_errors(errors);
+                self.set_revision(revision);
                 self.services_of.clear();
                 let mut services: Vec<_> = cluster.services.iter().collect();
                 services.sort_by(|a, b| {
@@ -483,7 +522,8 @@ impl Core {
                 self.report_dirty = true;
                 out.metrics.push(Metric::Elected);
             }
-            Input::Endpoints(changes) => {
+            Input::Endpoints { changes, revision } => {
+                self.set_revision(revision);
                 for (key, endpoints) in changes {
                     let touched = self.election.set_endpoints(&key, &endpoints);
                     self.mark(touched);
@@ -499,17 +539,40 @@ impl Core {
                 }
                 self.lost_at
                     .retain(|_, t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW * 3);
-                self.conflicts.learn(&view.nodes);
+                for n in &view.nodes {
+                    let before = self.view.node(&n.node);
+                    if before.is_none_or(|b| b.vips != n.vips || b.generation != n.generation) {
+                        self.vips_changed.insert(n.node.clone(), now);
+                    }
+                }
+                self.vips_changed
+                    .retain(|node, _| view.nodes.iter().any(|n| n.node == *node));
+                // The live last, so that who holds a VIP now wins over a
+                // gone node's last word.
+                self.conflicts.learn(view.gone.iter().chain(&view.nodes));
                 self.view = view;
+                self.orphan_scan = true;
                 self.elect_members();
                 self.report_dirty = true;
                 out.metrics.push(Metric::Elected);
-                // Adopted addresses another node now holds, and VIPs
-                // handed over, may be decided now.
+                // Adopted addresses another node now holds, VIPs handed
+                // over, and VIPs a peer holds too may be decided now.
+                let peers_hold: BTreeSet<IpAddr> = self
+                    .view
+                    .nodes
+                    .iter()
+                    .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
+                    .flat_map(|n| n.vips.iter().copied())
+                    .collect();
                 let waiting: Vec<IpAddr> = self
                     .slots
                     .iter()
-                    .filter(|(_, s)| s.handover.is_some() || s.adopted)
+                    .filter(|(ip, s)| {
+                        s.handover.is_some()
+                            || s.adopted
+                            || s.contested.is_some()
+                            || (s.held.is_some() && peers_hold.contains(ip))
+                    })
                     .map(|(ip, _)| *ip)
                     .collect();
                 self.mark(waiting);
@@ -531,6 +594,7 @@ impl Core {
                     let want = self.adopted_want(&a);
                     let slot = self.slots.entry(a.ip).or_default();
                     slot.held = Some(want);
+                    slot.held_since = Some(now);
                     slot.adopted = true;
                     self.unsettled.insert(a.ip);
                 }
@@ -544,6 +608,7 @@ impl Core {
                     warn!(ip = %a.ip, interface = %a.interface,
                         "address removed outside the agent; putting it back if still ours");
                     s.held = None;
+                    s.held_since = None;
                     s.garp = None;
                     s.handover = None;
                     self.unsettled.insert(a.ip);
@@ -561,6 +626,7 @@ impl Core {
                             .is_some_and(|h| !there.contains(&(h.vip.ifindex, *ip)))
                     {
                         s.held = None;
+                        s.held_since = None;
                         s.garp = None;
                         s.handover = None;
                         self.unsettled.insert(*ip);
@@ -603,6 +669,19 @@ impl Core {
             self.elect_members();
             self.all_dirty = true;
         }
+        if self.orphan_scan {
+            self.orphans(now);
+        }
+        let due: Vec<IpAddr> = self
+            .orphans
+            .iter()
+            .filter(|(ip, since)| {
+                now.saturating_duration_since(**since) >= HANDOVER_MAX
+                    && self.slots.get(ip).is_none_or(|s| s.want.is_none())
+            })
+            .map(|(ip, _)| *ip)
+            .collect();
+        self.mark(due);
         if self.all_dirty {
             self.all_dirty = false;
             self.refresh_wants();
@@ -741,7 +820,10 @@ impl Core {
         if self.phase != Phase::Running {
             return None;
         }
-        let duty = self.election.duty(&self.settings.node, ip)?;
+        let duty = self
+            .election
+            .duty(&self.settings.node, ip)
+            .or_else(|| self.orphan_duty(ip))?;
         let (wants, missing) = self
             .links
             .wants(std::slice::from_ref(&duty), self.settings.lifetime);
@@ -754,7 +836,9 @@ impl Core {
     /// Every duty again (a cluster view, new links, this node's own state).
     fn refresh_wants(&mut self) {
         let mut wants = if self.phase == Phase::Running {
-            let duties = self.election.duties(&self.settings.node);
+            let mut duties = self.election.duties(&self.settings.node);
+            let orphans: Vec<IpAddr> = self.orphans.keys().copied().collect();
+            duties.extend(orphans.into_iter().filter_map(|ip| self.orphan_duty(ip)));
             let (wants, missing) = self.links.wants(&duties, self.settings.lifetime);
             for (ip, what) in missing {
                 debug!(%ip, missing = %what, "won, but the interface is not there");
@@ -804,7 +888,8 @@ impl Core {
             (Some(want), Some(held)) if same_place(&want, &held) => {
                 let slot = self.slots.get_mut(&ip).expect("present");
                 slot.probing = None;
-                if slot.handover.take().is_some() {
+                let handed_back = slot.handover.take().is_some();
+                if handed_back {
                     info!(%ip, "kept: this node wins it again");
                 }
                 if std::mem::take(&mut slot.adopted) {
@@ -817,7 +902,26 @@ impl Core {
                     });
                     out.add.push(want.vip.clone());
                 }
-                slot.held = Some(want);
+                slot.held = Some(want.clone());
+                if handed_back {
+                    self.publish_dirty = true;
+                }
+                if self.slots[&ip].op.is_none()
+                    && let Some((peer, why)) = self.contest(ip, now)
+                {
+                    warn!(%ip, reason = %why, "another live node holds it too; letting go");
+                    // And stays off while it answers, even if gossip loses it.
+                    self.conflicts.yield_to(ip, &peer, want.clone(), now);
+                    let slot = self.slots.get_mut(&ip).expect("present");
+                    slot.garp = None;
+                    slot.contested = None;
+                    slot.op = Some(Op::Remove {
+                        vip: want.vip.clone(),
+                        why,
+                        stale: false,
+                    });
+                    out.remove.push(want.vip);
+                }
             }
             (Some(want), held) => self.acquire(ip, want, held.is_some(), now, out),
             (None, Some(held)) => {
@@ -857,6 +961,22 @@ impl Core {
         out: &mut Actions,
     ) {
         if self.phase != Phase::Running || now < self.acquire_from {
+            return;
+        }
+        // A live peer with a newer view of the cluster holds it: by that
+        // view it is where it belongs (this node's view lags, or lost a
+        // contest over it; see `contest`).
+        if !held_here
+            && let Some(peer) = self.view.nodes.iter().find(|n| {
+                n.node != self.settings.node
+                    && n.status == Status::Alive
+                    && n.revision > self.revision
+                    && n.vips.contains(&ip)
+            })
+        {
+            let peer = peer.node.clone();
+            self.conflicts.yield_to(ip, &peer, want, now);
+            self.slots.get_mut(&ip).expect("present").probing = None;
             return;
         }
         let view = &self.view;
@@ -940,7 +1060,7 @@ impl Core {
         if !link_up {
             return Some(format!("{} has no carrier", held.vip.interface));
         }
-        let Some(winner) = self
+        let Some(mut winner) = self
             .election
             .winner(ip)
             .filter(|w| *w != self.settings.node)
@@ -948,24 +1068,110 @@ impl Core {
         else {
             return Some(self.release_reason(ip));
         };
+        // A winner with an older view of the cluster may not know the VIP;
+        // the nodes that do take it then (see `orphans`): the first of them
+        // is who to hand it to.
+        if self.view.node(&winner).is_some_and(|n| n.revision < self.revision) {
+            let older = self.older_peers();
+            if let Some(w) = self
+                .election
+                .winner_without(ip, |n| older.contains(n))
+                .filter(|w| *w != self.settings.node)
+            {
+                winner = w.to_string();
+            }
+        }
         if self.holds(&winner, ip) {
             return Some(format!("{winner} holds it now"));
         }
+        // A live peer whose view of the cluster is newer than ours holds it:
+        // by the newer view, that is where it belongs. (Not any peer: one
+        // with the same view that shows it may be letting it go right now.)
+        if let Some(p) = self.view.nodes.iter().find(|n| {
+            n.node != self.settings.node
+                && n.status == Status::Alive
+                && n.revision > self.revision
+                && n.vips.contains(&ip)
+        }) {
+            return Some(format!("{} holds it now, with a newer view of the cluster", p.node));
+        }
+        let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
         let slot = self.slots.get_mut(&ip).expect("present");
         slot.garp = None;
-        let since = *slot.handover.get_or_insert_with(|| {
+        slot.contested = None;
+        if slot.handover.is_none() {
             debug!(%ip, %winner, "handing over: waiting for the winner to hold it");
-            now
-        });
+            slot.handover = Some(now);
+            self.publish_dirty = true;
+        }
+        let since = slot.handover.expect("just set");
         if now.saturating_duration_since(since) >= HANDOVER_MAX {
+            if winner_revision != self.revision {
+                // The two views of the cluster differ (watches lag, or the
+                // API server went away before both heard of a change). An
+                // older winner may not know this address yet; a newer one
+                // evidently does not think it wins. Either way, letting go
+                // would leave nobody answering: keep answering until the
+                // views agree or someone with the newer view holds it.
+                debug!(%ip, %winner, winner_revision, revision = self.revision,
+                    "the winner's view of the cluster differs; still answering");
+                slot.handover = Some(now);
+                return None;
+            }
             warn!(%ip, %winner, "the winner did not show the address in time; releasing anyway");
             return Some(format!("{winner} wins it and did not show it held in time"));
         }
         None
     }
 
+    /// A VIP this node holds and wins, which a live peer shows held too
+    /// for [`HANDOVER_MAX`]: no planned move takes that long (the old
+    /// owner stops showing a VIP it hands over), so the two nodes'
+    /// views of the cluster differ: one's watches lag, or the API server
+    /// went away while a change was on its way. The node with the older
+    /// view lets go; with equal views (the memberships differ), the one the
+    /// election ranks lower, liveness aside. Both sides compute the same.
+    fn contest(&mut self, ip: IpAddr, now: Instant) -> Option<(String, String)> {
+        let me = self.settings.node.as_str();
+        let peers: Vec<(String, u64)> = self
+            .view
+            .nodes
+            .iter()
+            .filter(|n| n.node != me && n.status == Status::Alive && n.vips.contains(&ip))
+            .map(|n| (n.node.clone(), n.revision))
+            .collect();
+        let slot = self.slots.get_mut(&ip).expect("present");
+        if peers.is_empty() {
+            slot.contested = None;
+            return None;
+        }
+        let since = *slot.contested.get_or_insert(now);
+        if now.saturating_duration_since(since) < HANDOVER_MAX {
+            return None;
+        }
+        peers.into_iter().find_map(|(peer, revision)| {
+            if revision > self.revision {
+                let why = format!("{peer} holds it too, with a newer view of the cluster");
+                Some((peer, why))
+            } else if revision == self.revision
+                && self.election.outranks(ip, &peer, me) == Some(true)
+            {
+                let why = format!("{peer} holds it too and outranks this node");
+                Some((peer, why))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Whether `node`'s gossip shows it holding `ip`, in a state it
+    /// published after this node came to hold `ip` itself. An older state
+    /// may be one the node has since taken back: it released the VIP to
+    /// this node a moment ago, and the word of that has not arrived yet.
     fn holds(&self, node: &str, ip: IpAddr) -> bool {
+        let since = self.slots.get(&ip).and_then(|s| s.held_since);
         self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
+            && since.is_none_or(|since| self.vips_changed.get(node).is_some_and(|t| *t > since))
     }
 
     /// Why this node no longer holds `ip`, in words: the first rule it
@@ -1019,6 +1225,7 @@ impl Core {
             (Op::Add { renew: true, .. }, Ok(Applied::NotOurs)) => {
                 warn!(%ip, "address is no longer ours (added by hand?); leaving it alone");
                 slot.held = None;
+                slot.held_since = None;
                 slot.garp = None;
                 self.publish_dirty = true;
                 self.report_dirty = true;
@@ -1037,6 +1244,9 @@ impl Core {
                 });
                 slot.retry = None;
                 let previous = slot.held.replace(want.clone());
+                if previous.is_none() {
+                    slot.held_since = Some(now);
+                }
                 slot.handover = None;
                 if let Some(target) = want.target {
                     out.garp.push(target);
@@ -1116,6 +1326,7 @@ impl Core {
                     return;
                 }
                 slot.held = None;
+                slot.held_since = None;
                 slot.garp = None;
                 slot.handover = None;
                 slot.retry = None;
@@ -1178,10 +1389,18 @@ impl Core {
                 if probing {
                     return;
                 }
+                let slot = self.slots.get_mut(&claim.ip).expect("present");
+                if slot.garp.is_some()
+                    || slot
+                        .kept_at
+                        .is_some_and(|t| now.saturating_duration_since(t) < OWNER_PROBE)
+                {
+                    return;
+                }
+                slot.kept_at = Some(now);
                 warn!(ip = %claim.ip, %other, mac = %claim.mac,
                     "second owner on the wire; this node outranks it and keeps the address");
                 out.metrics.push(Metric::Conflict("hostlb"));
-                let slot = self.slots.get_mut(&claim.ip).expect("present");
                 if let Some(t) = held.and_then(|h| h.target) {
                     out.garp.push(t);
                     slot.garp = (self.settings.garp.count > 1).then(|| Garp {
@@ -1413,10 +1632,15 @@ impl Core {
     }
 
     fn next_wake(&self, now: Instant) -> Option<Instant> {
+        // Only deadlines still ahead: one that has passed was acted on in
+        // this step, or waits on something else that has its own deadline
+        // (a VIP whose retry is due while a yield holds it off). Waking
+        // for it again now would spin.
         let mut wake: Option<Instant> = None;
         let mut at = |t: Instant| {
-            let t = t.max(now);
-            wake = Some(wake.map_or(t, |w| w.min(t)));
+            if t > now {
+                wake = Some(wake.map_or(t, |w| w.min(t)));
+            }
         };
         for ip in &self.unsettled {
             let Some(s) = self.slots.get(ip) else {
@@ -1434,6 +1658,9 @@ impl Core {
             if let Some(h) = s.handover {
                 at(h + HANDOVER_MAX);
             }
+            if let Some(c) = s.contested {
+                at(c + HANDOVER_MAX);
+            }
             if let Some(g) = s.garp {
                 at(g.next);
             }
@@ -1445,6 +1672,9 @@ impl Core {
             && self.slots.values().any(|s| s.held.is_some())
         {
             at(r);
+        }
+        for since in self.orphans.values() {
+            at(*since + HANDOVER_MAX);
         }
         if self.settings.wire {
             if self.conflicts.yielded().next().is_some() {
@@ -1501,6 +1731,77 @@ impl Core {
                 note: note.clone(),
             });
         }
+    }
+
+    fn set_revision(&mut self, revision: u64) {
+        if revision != self.revision {
+            self.revision = revision;
+            self.publish_dirty = true;
+            self.orphan_scan = true;
+        }
+    }
+
+    /// Live peers whose view of the cluster is older than this node's.
+    fn older_peers(&self) -> BTreeSet<String> {
+        self.view
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.node != self.settings.node
+                    && n.status == Status::Alive
+                    && n.revision < self.revision
+            })
+            .map(|n| n.node.clone())
+            .collect()
+    }
+
+    /// VIPs nobody may serve because their winner does not know them: its
+    /// view of the cluster is older than this node's (its watches lag, or
+    /// the API server went away before it heard of the Service), and it
+    /// does not show them held. After [`HANDOVER_MAX`] the nodes that do
+    /// know take them: the first of them in the election's order (each
+    /// computes the same), until the views agree again and the winner
+    /// takes over, make before break.
+    fn orphans(&mut self, now: Instant) {
+        self.orphan_scan = false;
+        let older = self.older_peers();
+        let mut found = BTreeMap::new();
+        if !older.is_empty() && self.phase == Phase::Running {
+            let held: BTreeSet<IpAddr> = self
+                .view
+                .nodes
+                .iter()
+                .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
+                .flat_map(|n| n.vips.iter().copied())
+                .collect();
+            for (ip, winner) in self.election.winners() {
+                if winner.is_some_and(|w| older.contains(w)) && !held.contains(&ip) {
+                    found.insert(ip, self.orphans.get(&ip).copied().unwrap_or(now));
+                }
+            }
+        }
+        let changed: Vec<IpAddr> = found
+            .keys()
+            .filter(|ip| !self.orphans.contains_key(ip))
+            .chain(self.orphans.keys().filter(|ip| !found.contains_key(ip)))
+            .copied()
+            .collect();
+        if !changed.is_empty() {
+            debug!(orphans = found.len(), "VIPs whose winner has an older view of the cluster");
+        }
+        self.orphans = found;
+        self.mark(changed);
+    }
+
+    /// The duty for an orphaned VIP whose grace has passed.
+    fn orphan_duty(&self, ip: IpAddr) -> Option<crate::election::Duty> {
+        let since = self.orphans.get(&ip)?;
+        if self.now.saturating_duration_since(*since) < HANDOVER_MAX {
+            return None;
+        }
+        let older = self.older_peers();
+        self.election
+            .duty_without(&self.settings.node, ip, |n| older.contains(n))
     }
 
     fn note_object_errors(&mut self, errors: Vec<String>) {

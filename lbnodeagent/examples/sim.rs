@@ -1,0 +1,157 @@
+//! Runs the agent core's deterministic simulation over many seeds, or
+//! replays one.
+//!
+//! ```sh
+//! cargo run --release -p lbnodeagent --example sim -- --seeds 0..100000
+//! cargo run --release -p lbnodeagent --example sim -- --seed 4242 --trace
+//! RUST_LOG=lbnodeagent=debug cargo run ... -- --seed 4242 --trace   # the cores' own logs too
+//! ```
+//!
+//! Seeds run on every core of the machine (`--threads` to choose); the
+//! first failing seed is printed with the end of its trace, and the run
+//! exits 1.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lbnodeagent::agent::core::sim::{self, Options, Outcome};
+
+struct Args {
+    seeds: std::ops::Range<u64>,
+    trace: bool,
+    threads: usize,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        seeds: 0..1000,
+        trace: false,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--seed" => {
+                let s: u64 = it.next().and_then(|v| v.parse().ok()).ok_or("--seed N")?;
+                args.seeds = s..s + 1;
+            }
+            "--seeds" => {
+                let v = it.next().ok_or("--seeds A..B")?;
+                let (a, b) = v.split_once("..").ok_or("--seeds A..B")?;
+                args.seeds = a.parse().map_err(|_| "--seeds A..B")?
+                    ..b.parse().map_err(|_| "--seeds A..B")?;
+            }
+            "--trace" => args.trace = true,
+            "--threads" => {
+                args.threads = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--threads N")?;
+            }
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.trace {
+        let _ = tracing_subscriber_init();
+    }
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(args.seeds.start));
+    let stop = Arc::new(AtomicBool::new(false));
+    let failure: Arc<Mutex<Option<Outcome>>> = Arc::default();
+    let totals: Arc<Mutex<Totals>> = Arc::default();
+    let options = Options { trace: args.trace };
+    std::thread::scope(|scope| {
+        for _ in 0..args.threads.max(1) {
+            let (next, stop, failure, totals, options) = (&next, &stop, &failure, &totals, &options);
+            let end = args.seeds.end;
+            scope.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= end {
+                        return;
+                    }
+                    let o = sim::run(seed, options);
+                    totals.lock().unwrap().add(&o);
+                    if o.violation.is_some() {
+                        stop.store(true, Ordering::Relaxed);
+                        let mut f = failure.lock().unwrap();
+                        if f.as_ref().is_none_or(|prev| prev.seed > o.seed) {
+                            *f = Some(o);
+                        }
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let t = totals.lock().unwrap();
+    println!(
+        "{} seeds in {:.1} s ({:.2} ms per seed, {} threads); {} events",
+        t.seeds,
+        started.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64() * 1e3 / t.seeds.max(1) as f64,
+        args.threads,
+        t.events
+    );
+    println!(
+        "longest no owner while a candidate lived: {:?}; two owners, longest by cause: {:?}; planned moves watched: {}",
+        t.no_owner, t.two_owners, t.planned
+    );
+    match failure.lock().unwrap().take() {
+        None => ExitCode::SUCCESS,
+        Some(o) => {
+            if !args.trace {
+                for line in &o.trace {
+                    println!("{line}");
+                }
+            }
+            println!("{}", sim::summary(&o));
+            println!(
+                "replay: cargo run --release -p lbnodeagent --example sim -- --seed {} --trace",
+                o.seed
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Default)]
+struct Totals {
+    seeds: u64,
+    events: u64,
+    no_owner: Duration,
+    two_owners: std::collections::BTreeMap<&'static str, Duration>,
+    planned: u64,
+}
+
+impl Totals {
+    fn add(&mut self, o: &Outcome) {
+        self.seeds += 1;
+        self.events += o.events;
+        self.no_owner = self.no_owner.max(o.stats.no_owner);
+        for (k, v) in &o.stats.two_owners {
+            let e = self.two_owners.entry(k).or_default();
+            *e = (*e).max(*v);
+        }
+        self.planned += o.stats.quiet_moves;
+    }
+}
+
+fn tracing_subscriber_init() -> Option<()> {
+    hostlb_api::logging::init("off");
+    Some(())
+}

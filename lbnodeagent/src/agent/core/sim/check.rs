@@ -1,0 +1,474 @@
+//! The invariants, judged as a client on the LAN sees it: which hosts
+//! answer ARP/NS for each VIP, and for how long.
+//!
+//! - **Never two owners beyond a bound.** Two hosts may answer at once only
+//!   while one of these lasts: a make-before-break move between live,
+//!   connected agents ([`HANDOVER_MAX`] and a little), a node that is still
+//!   starting giving up an address of its previous run once it sees a peer
+//!   hold it, a gossip-only partition (the conflict rule settles it within
+//!   a few probes), or an owner whose agent is not running (frozen, or
+//!   killed with nobody to clean up), whose address lasts until its
+//!   lifetime runs out. One double fault is not bounded: a gossip-only
+//!   partition between two nodes whose views of the cluster differ (the
+//!   API server went away while a change was on its way): each ranks itself
+//!   first, and neither can learn better until gossip or the API server
+//!   returns. The stats report how long it lasted.
+//! - **No VIP without an owner beyond a bound** while the election, run
+//!   over the ready agents, has a winner for it: failure detection, the
+//!   probe window, a yield that outlives a dead owner's address, retries of
+//!   a refused operation.
+//! - **Planned moves lose nothing.** With no unplanned fault active or
+//!   recent, a VIP that had an owner never goes without one while it has a
+//!   candidate: SIGTERM, a node returning, Service, endpoint, label and
+//!   advertisement changes are all make before break.
+//! - **Nothing flaps after a heal.** Once every fault has healed and the
+//!   cluster has settled, no address is added, removed or lapses during
+//!   [`STEADY_WINDOW`], and at the end every VIP is held exactly where the
+//!   election says: by its winner, or (off-link) by every eligible node.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::super::{HANDOVER_MAX, LEAVE_MAX};
+use super::super::links::Links;
+use super::{ETH0, KUBE_LB0};
+use crate::agent::core::conflict::{OWNER_PROBE, PRECHECK, YIELD_HOLD, YIELD_PROBE};
+use crate::election::{Cluster, Election, Member};
+
+/// The settled end of a run in which nothing may change.
+pub const STEADY_WINDOW: Duration = Duration::from_secs(6);
+/// Slowest failure detection of the simulated gossip.
+const DETECTION: Duration = Duration::from_millis(650);
+/// Two owners after a make-before-break move started, at most.
+const HANDOVER_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_millis(500));
+/// Two owners while one of them is leaving (SIGTERM), at most: it waits
+/// for its successors up to [`LEAVE_MAX`].
+const LEAVING_BOUND: Duration = LEAVE_MAX.saturating_add(Duration::from_millis(500));
+/// Two owners while one of them is still starting, at most: the time for
+/// its peer's state to reach it.
+const STARTING_BOUND: Duration = Duration::from_secs(1);
+/// Two owners across a gossip-only partition, at most: the owner probes
+/// each held VIP every [`OWNER_PROBE`]; the lower-ranked one lets go on the
+/// first answer it hears.
+const PARTITION_BOUND: Duration = OWNER_PROBE
+    .saturating_add(OWNER_PROBE)
+    .saturating_add(Duration::from_millis(500));
+/// No owner while a candidate lives, at most: detection, the probe window,
+/// and a yield to a dead owner whose address just lapsed ([`YIELD_HOLD`]
+/// after it was last heard, asked every [`YIELD_PROBE`]), with a margin
+/// for a refused operation's retry.
+const NO_OWNER_BOUND: Duration = DETECTION
+    .saturating_add(YIELD_HOLD)
+    .saturating_add(YIELD_PROBE)
+    .saturating_add(PRECHECK)
+    .saturating_add(Duration::from_millis(800));
+
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub t: Duration,
+    pub what: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "at {:.3}s: {}", self.t.as_secs_f64(), self.what)
+    }
+}
+
+/// What was seen over a run, for the summary.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Addresses added to or removed from a kernel (renewals excluded),
+    /// lapses included.
+    pub kernel_changes: u64,
+    pub lapsed: u64,
+    /// Longest two-owner episode, by what allowed it.
+    pub two_owners: BTreeMap<&'static str, Duration>,
+    /// Longest time a VIP had no owner while it had a candidate.
+    pub no_owner: Duration,
+    /// Owners that let a VIP go to another while nothing unplanned was
+    /// going on: the planned moves the make-before-break check watched.
+    pub quiet_moves: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct HostState {
+    pub name: String,
+    pub agent_running: bool,
+    pub ready: bool,
+    pub leaving: bool,
+    /// Some unplanned fault is on this host now.
+    pub faulty: bool,
+}
+
+/// The world as the checker needs it.
+pub struct Context<'a> {
+    pub hosts: Vec<HostState>,
+    pub reach: &'a [Vec<bool>],
+    pub links: Vec<Links>,
+    /// Every version of the cluster objects.
+    pub versions: &'a BTreeMap<u64, Cluster>,
+    /// The version each host's agent has.
+    pub host_versions: Vec<u64>,
+    /// The newest version a ready agent has.
+    pub newest: u64,
+    /// The API server's version now.
+    pub latest: u64,
+    pub api_up: bool,
+}
+
+struct Episode {
+    since: Duration,
+    allowance: Duration,
+    kind: &'static str,
+}
+
+#[derive(Default)]
+struct VipState {
+    owners: BTreeSet<usize>,
+    two: Option<Episode>,
+    none: Option<Duration>,
+}
+
+/// Elections over ready agents, by cluster version and which agents
+/// count; rebuilt only when those change.
+type Oracles = std::collections::HashMap<(u64, Vec<bool>), Election>;
+
+pub struct Checker {
+    lifetime: Duration,
+    vips: BTreeMap<IpAddr, VipState>,
+    violation: Option<Violation>,
+    pub stats: Stats,
+    /// The last time an unplanned fault began or ended.
+    last_unplanned: Option<Duration>,
+    /// `kernel_changes` when the steady window began.
+    steady: Option<u64>,
+    oracles: Oracles,
+}
+
+impl Checker {
+    pub fn new(lifetime: Duration) -> Checker {
+        Checker {
+            lifetime,
+            vips: BTreeMap::new(),
+            violation: None,
+            stats: Stats::default(),
+            last_unplanned: None,
+            steady: None,
+            oracles: Oracles::new(),
+        }
+    }
+
+    pub fn take_violation(&mut self) -> Option<Violation> {
+        self.violation.take()
+    }
+
+    fn fail(&mut self, t: Duration, what: String) {
+        match &mut self.violation {
+            None => self.violation = Some(Violation { t, what }),
+            // Several at once (the settled end): all of them.
+            Some(v) if v.t == t => {
+                v.what.push_str("; ");
+                v.what.push_str(&what);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// An unplanned fault began or ended.
+    pub fn unplanned(&mut self, t: Duration) {
+        self.last_unplanned = Some(t);
+    }
+
+    pub fn steady_from(&mut self, kernel_changes: u64) {
+        self.steady = Some(kernel_changes);
+    }
+
+    pub fn known_ips(&self) -> Vec<IpAddr> {
+        self.vips.keys().copied().collect()
+    }
+
+    /// Quiet: no unplanned fault on any host or the API server now, and
+    /// none began or ended for a while (long enough for a dead agent's
+    /// address to lapse and the yields to it to end).
+    fn quiet(&self, t: Duration, ctx: &Context) -> bool {
+        let settle = self.lifetime + YIELD_HOLD + Duration::from_secs(2);
+        ctx.api_up
+            && ctx.hosts.iter().all(|h| !h.faulty)
+            && self
+                .last_unplanned
+                .is_none_or(|u| t.saturating_sub(u) >= settle)
+    }
+
+    /// The election over cluster `version` among the hosts `counted`
+    /// (ready agents, with their links as they are now).
+    fn oracle(&mut self, ctx: &Context, version: u64, counted: &[bool]) -> &Election {
+        let mut key_mask = counted.to_vec();
+        key_mask.extend(ctx.links.iter().map(|l| l.on_link().is_empty()));
+        let key = (version, key_mask);
+        if self.oracles.len() > 64 {
+            self.oracles.clear();
+        }
+        self.oracles.entry(key).or_insert_with(|| {
+            let members: Vec<Member> = ctx
+                .hosts
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| counted[*i])
+                .map(|(i, h)| Member {
+                    node: h.name.clone(),
+                    leaving: false,
+                    virtual_mode: true,
+                    on_link: ctx.links[i].on_link(),
+                })
+                .collect();
+            Election::new(&ctx.versions[&version], members)
+        })
+    }
+
+    /// Some ready agent could serve `ip`, by what the agents know: the
+    /// election over the newest view among them has a winner that knows
+    /// as much, or that wins by its own older view too, or the nodes with
+    /// the newest view have a candidate among themselves (they take over
+    /// from a winner that cannot know). A Service no ready agent has heard
+    /// of, or one whose only possible node does not know it may serve it,
+    /// has no candidate. Off-link VIPs are nobody's to answer.
+    fn has_candidate(&mut self, ip: IpAddr, ctx: &Context) -> bool {
+        let ready: Vec<bool> = ctx
+            .hosts
+            .iter()
+            .map(|h| h.ready && h.agent_running)
+            .collect();
+        let Some(winner) = self
+            .oracle(ctx, ctx.newest, &ready)
+            .winner(ip)
+            .map(str::to_string)
+        else {
+            return false;
+        };
+        let w = ctx
+            .hosts
+            .iter()
+            .position(|h| h.name == winner)
+            .expect("a host");
+        let known = ctx.host_versions[w];
+        if known == ctx.newest {
+            return true;
+        }
+        if self.oracle(ctx, known, &ready).winner(ip) == Some(winner.as_str()) {
+            return true;
+        }
+        let newest: Vec<bool> = ready
+            .iter()
+            .zip(&ctx.host_versions)
+            .map(|(r, v)| *r && *v == ctx.newest)
+            .collect();
+        self.oracle(ctx, ctx.newest, &newest).winner(ip).is_some()
+    }
+
+    /// Who answers for `ip` changed. Returns a line for the trace.
+    pub fn owners(
+        &mut self,
+        ip: IpAddr,
+        owners: BTreeSet<usize>,
+        t: Duration,
+        ctx: &Context,
+    ) -> Option<String> {
+        let v = self.vips.entry(ip).or_default();
+        if v.owners == owners {
+            return None;
+        }
+        let before = std::mem::replace(&mut v.owners, owners.clone());
+        let names: Vec<&str> = owners.iter().map(|&h| ctx.hosts[h].name.as_str()).collect();
+        let line = format!("{ip} answered by {names:?}");
+        if self.quiet(t, ctx) {
+            if !owners.is_empty() && before.iter().any(|h| !owners.contains(h)) {
+                self.stats.quiet_moves += 1;
+            }
+            if !before.is_empty() && owners.is_empty() && self.has_candidate(ip, ctx) {
+                self.fail(
+                    t,
+                    format!("{ip} lost its last owner in a planned move (nothing unplanned for a while): make before break broken"),
+                );
+            }
+        }
+        self.judge(ip, t, ctx);
+        Some(line)
+    }
+
+    /// Every VIP's episodes against their bounds; runs every 50 ms.
+    pub fn sweep(&mut self, t: Duration, ctx: &Context) {
+        let mut ips: BTreeSet<IpAddr> = self.vips.keys().copied().collect();
+        ips.extend(
+            ctx.versions[&ctx.newest]
+                .services
+                .iter()
+                .flat_map(|s| s.addresses.iter().copied()),
+        );
+        for ip in ips {
+            self.judge(ip, t, ctx);
+        }
+    }
+
+    fn allowance(&self, owners: &BTreeSet<usize>, ctx: &Context) -> (Duration, &'static str) {
+        if owners.iter().any(|&h| !ctx.hosts[h].agent_running) {
+            // Its address lasts until its lifetime runs out; `cleanup`
+            // waits at most a hand-over for its peers.
+            return (
+                self.lifetime.max(HANDOVER_MAX) + Duration::from_secs(1),
+                "agent not running",
+            );
+        }
+        let pairs = owners
+            .iter()
+            .flat_map(|&a| owners.iter().map(move |&b| (a, b)))
+            .filter(|(a, b)| a < b);
+        if pairs
+            .clone()
+            .any(|(a, b)| !ctx.reach[a][b] && ctx.host_versions[a] != ctx.host_versions[b])
+        {
+            // Each side ranks itself first by its own view, and neither can
+            // tell the other's: with no gossip and no API server to agree
+            // on the objects, nothing settles it before one of them heals.
+            return (Duration::MAX, "partition, views differ");
+        }
+        if pairs.clone().any(|(a, b)| !ctx.reach[a][b]) {
+            return (PARTITION_BOUND, "gossip partition");
+        }
+        if owners.iter().any(|&h| ctx.hosts[h].leaving) {
+            return (LEAVING_BOUND, "leaving node");
+        }
+        if owners.iter().any(|&h| !ctx.hosts[h].ready) {
+            return (STARTING_BOUND, "starting node");
+        }
+        (HANDOVER_BOUND, "make before break")
+    }
+
+    fn judge(&mut self, ip: IpAddr, t: Duration, ctx: &Context) {
+        let owners = self.vips.get(&ip).map(|v| v.owners.clone()).unwrap_or_default();
+        // Two owners.
+        if owners.len() >= 2 {
+            let (allowance, kind) = self.allowance(&owners, ctx);
+            let v = self.vips.entry(ip).or_default();
+            let e = v.two.get_or_insert(Episode {
+                since: t,
+                allowance,
+                kind,
+            });
+            if allowance > e.allowance {
+                e.allowance = allowance;
+                e.kind = kind;
+            }
+            let (since, allowance, kind) = (e.since, e.allowance, e.kind);
+            self.record_two(kind, t - since);
+            if t - since > allowance {
+                let names: Vec<&str> = owners.iter().map(|&h| ctx.hosts[h].name.as_str()).collect();
+                self.fail(
+                    t,
+                    format!(
+                        "{ip} answered by {names:?} for {:?}, beyond the {:?} allowed ({kind})",
+                        t - since,
+                        allowance
+                    ),
+                );
+            }
+        } else if let Some(e) = self.vips.get_mut(&ip).and_then(|v| v.two.take()) {
+            self.record_two(e.kind, t - e.since);
+            if t - e.since > e.allowance {
+                self.fail(
+                    t,
+                    format!(
+                        "{ip} had two owners for {:?}, beyond the {:?} allowed ({})",
+                        t - e.since,
+                        e.allowance,
+                        e.kind
+                    ),
+                );
+            }
+        }
+        // No owner while a candidate lives.
+        let orphan = owners.is_empty() && self.has_candidate(ip, ctx);
+        let v = self.vips.entry(ip).or_default();
+        match (orphan, v.none) {
+            (true, None) => v.none = Some(t),
+            (true, Some(since)) => {
+                let gap = t - since;
+                self.stats.no_owner = self.stats.no_owner.max(gap);
+                if gap > NO_OWNER_BOUND {
+                    self.fail(
+                        t,
+                        format!(
+                            "{ip} has had no owner for {gap:?} while the election has a winner among ready agents (bound {NO_OWNER_BOUND:?})"
+                        ),
+                    );
+                }
+            }
+            (false, Some(since)) => {
+                self.stats.no_owner = self.stats.no_owner.max(t - since);
+                v.none = None;
+            }
+            (false, None) => {}
+        }
+    }
+
+    fn record_two(&mut self, kind: &'static str, d: Duration) {
+        let max = self.stats.two_owners.entry(kind).or_default();
+        *max = (*max).max(d);
+    }
+
+    /// The settled end: no change during the steady window, every agent
+    /// ready, every VIP exactly where the election says.
+    pub fn finish(&mut self, t: Duration, ctx: &Context, held: &[BTreeSet<(u32, IpAddr)>]) {
+        self.sweep(t, ctx);
+        if let Some(at) = self.steady
+            && self.stats.kernel_changes != at
+        {
+            self.fail(
+                t,
+                format!(
+                    "{} address changes in the last {STEADY_WINDOW:?}, after every fault had healed: something flaps",
+                    self.stats.kernel_changes - at
+                ),
+            );
+        }
+        for h in &ctx.hosts {
+            if !h.ready {
+                self.fail(t, format!("{} is not ready after every fault healed", h.name));
+            }
+        }
+        let mut expected: Vec<BTreeSet<(u32, IpAddr)>> = vec![BTreeSet::new(); ctx.hosts.len()];
+        let all = vec![true; ctx.hosts.len()];
+        let reports = self.oracle(ctx, ctx.latest, &all).report_all();
+        let index: BTreeMap<&str, usize> = ctx
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (h.name.as_str(), i))
+            .collect();
+        for r in &reports {
+            if let Some(w) = r.winner.as_deref().and_then(|w| index.get(w)) {
+                expected[*w].insert((ETH0, r.ip));
+            }
+            for n in &r.virtual_nodes {
+                if let Some(i) = index.get(n.as_str()) {
+                    expected[*i].insert((KUBE_LB0, r.ip));
+                }
+            }
+        }
+        for (i, h) in ctx.hosts.iter().enumerate() {
+            if held[i] != expected[i] {
+                let extra: Vec<_> = held[i].difference(&expected[i]).collect();
+                let missing: Vec<_> = expected[i].difference(&held[i]).collect();
+                self.fail(
+                    t,
+                    format!(
+                        "{} settled holding the wrong addresses: extra {extra:?}, missing {missing:?} (2 = eth0, 3 = kube-lb0)",
+                        h.name
+                    ),
+                );
+            }
+        }
+    }
+}
