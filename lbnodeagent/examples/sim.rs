@@ -76,7 +76,8 @@ fn main() -> ExitCode {
     let options = Options { trace: args.trace };
     std::thread::scope(|scope| {
         for _ in 0..args.threads.max(1) {
-            let (next, stop, failure, totals, options) = (&next, &stop, &failure, &totals, &options);
+            let (next, stop, failure, totals, options) =
+                (&next, &stop, &failure, &totals, &options);
             let end = args.seeds.end;
             scope.spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
@@ -108,9 +109,13 @@ fn main() -> ExitCode {
         t.events
     );
     println!(
-        "longest no owner while a candidate lived: {:?}; two owners, longest by cause: {:?}; planned moves watched: {}",
-        t.no_owner, t.two_owners, t.planned
+        "longest no owner while a candidate lived: {:?} (seed {})",
+        t.no_owner.0, t.no_owner.1
     );
+    for (cause, (d, seed)) in &t.two_owners {
+        println!("longest two owners, {cause}: {d:?} (seed {seed})");
+    }
+    println!("planned moves watched (make before break): {}", t.planned);
     match failure.lock().unwrap().take() {
         None => ExitCode::SUCCESS,
         Some(o) => {
@@ -133,8 +138,9 @@ fn main() -> ExitCode {
 struct Totals {
     seeds: u64,
     events: u64,
-    no_owner: Duration,
-    two_owners: std::collections::BTreeMap<&'static str, Duration>,
+    /// Longest, and the seed it came from.
+    no_owner: (Duration, u64),
+    two_owners: std::collections::BTreeMap<&'static str, (Duration, u64)>,
     planned: u64,
 }
 
@@ -142,10 +148,14 @@ impl Totals {
     fn add(&mut self, o: &Outcome) {
         self.seeds += 1;
         self.events += o.events;
-        self.no_owner = self.no_owner.max(o.stats.no_owner);
+        if o.stats.no_owner > self.no_owner.0 {
+            self.no_owner = (o.stats.no_owner, o.seed);
+        }
         for (k, v) in &o.stats.two_owners {
             let e = self.two_owners.entry(k).or_default();
-            *e = (*e).max(*v);
+            if *v > e.0 {
+                *e = (*v, o.seed);
+            }
         }
         self.planned += o.stats.quiet_moves;
     }

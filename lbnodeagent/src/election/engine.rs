@@ -408,7 +408,9 @@ impl Election {
         let v = *self.vip_of.get(&ip)?;
         let class = &self.c.classes[self.c.vips[v].class?];
         (0..self.c.slots.len() as NodeId)
-            .filter(|&n| !passed(&self.c.slots[n as usize].name) && self.c.exclusion(v, n).is_none())
+            .filter(|&n| {
+                !passed(&self.c.slots[n as usize].name) && self.c.exclusion(v, n).is_none()
+            })
             .map(|n| self.c.win(v, class, n))
             .min_by(|a, b| self.c.order(a, b))
             .map(|w| self.c.slots[w.node as usize].name.as_str())

@@ -302,7 +302,7 @@ mod tests {
                 &[mine].into(),
                 Some(&want()),
                 &e,
-                                |_| false,
+                |_| false,
                 t0,
             );
             (v, c)
@@ -337,7 +337,7 @@ mod tests {
             &[mine].into(),
             None,
             &e,
-                        |_| false,
+            |_| false,
             later,
         );
         assert_eq!(v, Verdict::Ignore);
@@ -367,7 +367,7 @@ mod tests {
             &[MAC_A].into(),
             Some(&want()),
             &e,
-                        |_| false,
+            |_| false,
             now,
         );
         assert_eq!(v, Verdict::Foreign { first: true });
@@ -377,7 +377,7 @@ mod tests {
             &[MAC_A].into(),
             Some(&want()),
             &e,
-                        |_| false,
+            |_| false,
             now,
         );
         assert_eq!(v, Verdict::Foreign { first: false });
@@ -420,7 +420,7 @@ mod tests {
             &[MAC_B].into(),
             Some(&want()),
             &e,
-                        |n| n == "a",
+            |n| n == "a",
             Instant::now(),
         );
         assert_eq!(v, Verdict::Ignore);

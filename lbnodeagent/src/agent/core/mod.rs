@@ -86,6 +86,9 @@ pub const UNCONFIRMED_GRACE: Duration = Duration::from_secs(10);
 /// A failed kernel operation on a VIP is retried after this, doubling.
 pub const RETRY_MIN: Duration = Duration::from_millis(200);
 pub const RETRY_MAX: Duration = Duration::from_secs(30);
+/// Gossip rounds within which a change a peer publishes has reached this
+/// node, losses included (see [`Core::holds`]).
+const GOSSIP_ROUNDS_TO_SETTLE: u32 = 5;
 /// How long a takeover may follow the loss of the member that held the VIP
 /// and still count as its takeover (the `takeover_seconds` metric).
 const TAKEOVER_WINDOW: Duration = Duration::from_secs(10);
@@ -1071,7 +1074,11 @@ impl Core {
         // A winner with an older view of the cluster may not know the VIP;
         // the nodes that do take it then (see `orphans`): the first of them
         // is who to hand it to.
-        if self.view.node(&winner).is_some_and(|n| n.revision < self.revision) {
+        if self
+            .view
+            .node(&winner)
+            .is_some_and(|n| n.revision < self.revision)
+        {
             let older = self.older_peers();
             if let Some(w) = self
                 .election
@@ -1093,7 +1100,10 @@ impl Core {
                 && n.revision > self.revision
                 && n.vips.contains(&ip)
         }) {
-            return Some(format!("{} holds it now, with a newer view of the cluster", p.node));
+            return Some(format!(
+                "{} holds it now, with a newer view of the cluster",
+                p.node
+            ));
         }
         let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
         let slot = self.slots.get_mut(&ip).expect("present");
@@ -1146,6 +1156,15 @@ impl Core {
             return None;
         }
         let since = *slot.contested.get_or_insert(now);
+        // A newer view settles it at once (once its word is fresh enough
+        // to trust); equal views only after a planned move had its time.
+        if let Some(peer) = peers
+            .iter()
+            .find(|(peer, revision)| *revision > self.revision && self.holds(peer, ip))
+        {
+            let why = format!("{} holds it too, with a newer view of the cluster", peer.0);
+            return Some((peer.0.clone(), why));
+        }
         if now.saturating_duration_since(since) < HANDOVER_MAX {
             return None;
         }
@@ -1164,14 +1183,21 @@ impl Core {
         })
     }
 
-    /// Whether `node`'s gossip shows it holding `ip`, in a state it
-    /// published after this node came to hold `ip` itself. An older state
-    /// may be one the node has since taken back: it released the VIP to
-    /// this node a moment ago, and the word of that has not arrived yet.
+    /// Whether `node`'s gossip shows it holding `ip`. Right after this node
+    /// came to hold `ip`, only in a state published since: an older one may
+    /// be that of the node that just handed the VIP to this one, whose word
+    /// that it let go has not arrived yet. After a few gossip rounds that
+    /// word would have come, and the state stands.
     fn holds(&self, node: &str, ip: IpAddr) -> bool {
-        let since = self.slots.get(&ip).and_then(|s| s.held_since);
+        let settle = self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE;
+        let fresh_since = self
+            .slots
+            .get(&ip)
+            .and_then(|s| s.held_since)
+            .filter(|since| self.now.saturating_duration_since(*since) < settle);
         self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
-            && since.is_none_or(|since| self.vips_changed.get(node).is_some_and(|t| *t > since))
+            && fresh_since
+                .is_none_or(|since| self.vips_changed.get(node).is_some_and(|t| *t > since))
     }
 
     /// Why this node no longer holds `ip`, in words: the first rule it
@@ -1767,15 +1793,13 @@ impl Core {
         let older = self.older_peers();
         let mut found = BTreeMap::new();
         if !older.is_empty() && self.phase == Phase::Running {
-            let held: BTreeSet<IpAddr> = self
-                .view
-                .nodes
-                .iter()
-                .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
-                .flat_map(|n| n.vips.iter().copied())
-                .collect();
             for (ip, winner) in self.election.winners() {
-                if winner.is_some_and(|w| older.contains(w)) && !held.contains(&ip) {
+                let Some(w) = winner.filter(|w| older.contains(*w)) else {
+                    continue;
+                };
+                // Whoever else holds it meanwhile (an earlier fallback) does
+                // not make it the winner's: the fallback's order decides.
+                if !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
                     found.insert(ip, self.orphans.get(&ip).copied().unwrap_or(now));
                 }
             }
@@ -1787,7 +1811,10 @@ impl Core {
             .copied()
             .collect();
         if !changed.is_empty() {
-            debug!(orphans = found.len(), "VIPs whose winner has an older view of the cluster");
+            debug!(
+                orphans = found.len(),
+                "VIPs whose winner has an older view of the cluster"
+            );
         }
         self.orphans = found;
         self.mark(changed);

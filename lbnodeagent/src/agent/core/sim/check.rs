@@ -31,8 +31,8 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::super::{HANDOVER_MAX, LEAVE_MAX};
 use super::super::links::Links;
+use super::super::{HANDOVER_MAX, LEAVE_MAX};
 use super::{ETH0, KUBE_LB0};
 use crate::agent::core::conflict::{OWNER_PROBE, PRECHECK, YIELD_HOLD, YIELD_PROBE};
 use crate::election::{Cluster, Election, Member};
@@ -112,7 +112,7 @@ pub struct Context<'a> {
     pub versions: &'a BTreeMap<u64, Cluster>,
     /// The version each host's agent has.
     pub host_versions: Vec<u64>,
-    /// The newest version a ready agent has.
+    /// The newest version a running agent has.
     pub newest: u64,
     /// The API server's version now.
     pub latest: u64,
@@ -337,6 +337,15 @@ impl Checker {
         if pairs.clone().any(|(a, b)| !ctx.reach[a][b]) {
             return (PARTITION_BOUND, "gossip partition");
         }
+        if pairs
+            .clone()
+            .any(|(a, b)| ctx.host_versions[a] != ctx.host_versions[b])
+        {
+            // Each ranks itself first by its own view; the one with the older
+            // view lets go once it trusts the other's word, or after a
+            // planned move's time.
+            return (HANDOVER_BOUND, "views differ");
+        }
         if owners.iter().any(|&h| ctx.hosts[h].leaving) {
             return (LEAVING_BOUND, "leaving node");
         }
@@ -347,7 +356,11 @@ impl Checker {
     }
 
     fn judge(&mut self, ip: IpAddr, t: Duration, ctx: &Context) {
-        let owners = self.vips.get(&ip).map(|v| v.owners.clone()).unwrap_or_default();
+        let owners = self
+            .vips
+            .get(&ip)
+            .map(|v| v.owners.clone())
+            .unwrap_or_default();
         // Two owners.
         if owners.len() >= 2 {
             let (allowance, kind) = self.allowance(&owners, ctx);
@@ -435,7 +448,10 @@ impl Checker {
         }
         for h in &ctx.hosts {
             if !h.ready {
-                self.fail(t, format!("{} is not ready after every fault healed", h.name));
+                self.fail(
+                    t,
+                    format!("{} is not ready after every fault healed", h.name),
+                );
             }
         }
         let mut expected: Vec<BTreeSet<(u32, IpAddr)>> = vec![BTreeSet::new(); ctx.hosts.len()];

@@ -554,7 +554,12 @@ impl World {
 
     /// `Some` when the event may go to the host's agent now; a frozen
     /// agent gets it when it thaws (made by `again`), a stopped one never.
-    fn for_agent(&mut self, host: usize, generation: u64, again: impl FnOnce() -> Ev) -> Option<()> {
+    fn for_agent(
+        &mut self,
+        host: usize,
+        generation: u64,
+        again: impl FnOnce() -> Ev,
+    ) -> Option<()> {
         let h = &mut self.hosts[host];
         if h.generation != generation {
             return None;
@@ -669,7 +674,13 @@ impl World {
             let h = &mut self.hosts[host];
             let done = h.kernel_busy.max(self.t) + took;
             h.kernel_busy = done;
-            self.log(|| format!("{host}: kernel batch +{:?} -{:?}", ips(&a.add), ips(&a.remove)));
+            self.log(|| {
+                format!(
+                    "{host}: kernel batch +{:?} -{:?}",
+                    ips(&a.add),
+                    ips(&a.remove)
+                )
+            });
             self.schedule(
                 done,
                 Ev::Kernel {
@@ -755,6 +766,13 @@ impl World {
 
     fn publish(&mut self, host: usize, local: LocalState) {
         let leaving = local.status == Status::Leaving;
+        let name = self.hosts[host].name.clone();
+        self.log(|| {
+            format!(
+                "{name}: publishes {:?} revision {} vips {:?}",
+                local.status, local.revision, local.vips
+            )
+        });
         let h = &mut self.hosts[host];
         h.published = local;
         h.pub_version += 1;
@@ -922,6 +940,9 @@ impl World {
             },
         };
         self.hosts[host].api_version = self.truth.version;
+        let name = self.hosts[host].name.clone();
+        let version = self.truth.version;
+        self.log(|| format!("{name}: cluster version {version}"));
         self.step(host, input);
     }
 
@@ -1072,7 +1093,13 @@ impl World {
         let owners: BTreeSet<usize> = (0..self.hosts.len())
             .filter(|&h| self.answers(h, ip))
             .collect();
-        let ctx = context(&self.hosts, &self.reach, &self.versions, &self.truth, self.api_up);
+        let ctx = context(
+            &self.hosts,
+            &self.reach,
+            &self.versions,
+            &self.truth,
+            self.api_up,
+        );
         if let Some(line) = self.checker.owners(ip, owners, self.t, &ctx) {
             self.note(line);
         }
@@ -1187,10 +1214,13 @@ impl World {
                         },
                     );
                     if self.api_up {
-                        self.schedule(self.t, Ev::Api {
-                            host: h,
-                            generation,
-                        });
+                        self.schedule(
+                            self.t,
+                            Ev::Api {
+                                host: h,
+                                generation,
+                            },
+                        );
                     }
                 }
             }
@@ -1290,7 +1320,10 @@ impl World {
         let gone: Vec<IpAddr> = self.hosts[host].kernel.keys().map(|(_, ip)| *ip).collect();
         self.hosts[host].kernel.clear();
         self.checker.stats.kernel_changes += gone.len() as u64;
-        self.note(format!("{}: cleanup removed {gone:?}", self.hosts[host].name));
+        self.note(format!(
+            "{}: cleanup removed {gone:?}",
+            self.hosts[host].name
+        ));
         for ip in gone {
             self.owners_changed(ip);
         }
@@ -1350,12 +1383,24 @@ impl World {
     // ---- judging ----
 
     fn sweep(&mut self) {
-        let ctx = context(&self.hosts, &self.reach, &self.versions, &self.truth, self.api_up);
+        let ctx = context(
+            &self.hosts,
+            &self.reach,
+            &self.versions,
+            &self.truth,
+            self.api_up,
+        );
         self.checker.sweep(self.t, &ctx);
     }
 
     fn final_check(&mut self) {
-        let ctx = context(&self.hosts, &self.reach, &self.versions, &self.truth, self.api_up);
+        let ctx = context(
+            &self.hosts,
+            &self.reach,
+            &self.versions,
+            &self.truth,
+            self.api_up,
+        );
         let held: Vec<BTreeSet<(u32, IpAddr)>> = self
             .hosts
             .iter()
@@ -1373,13 +1418,15 @@ fn context<'a>(
     truth: &Truth,
     api_up: bool,
 ) -> check::Context<'a> {
-    let ready = |h: &Host| h.agent == Agent::Running && h.core.as_ref().is_some_and(|c| c.is_ready());
-    // The newest view a ready agent has: no agent can serve a Service
+    let ready =
+        |h: &Host| h.agent == Agent::Running && h.core.as_ref().is_some_and(|c| c.is_ready());
+    // The newest view a running agent has: no agent can serve a Service
     // none of them has heard of (created just before the API server went
-    // away).
+    // away), and one that knows better acts on it (a leaving node that
+    // learns nobody may hold a VIP any more lets it go).
     let newest = hosts
         .iter()
-        .filter(|h| ready(h))
+        .filter(|h| h.agent == Agent::Running)
         .map(|h| h.api_version)
         .max()
         .unwrap_or(truth.version);

@@ -149,13 +149,12 @@ impl Truth {
     }
 
     fn random_endpoints(&self, rng: &mut Rng, local: bool) -> Endpoints {
-        let names: Vec<&str> = self
-            .cluster
-            .nodes
-            .iter()
-            .map(|n| n.name.as_str())
-            .collect();
-        let count = if local { rng.range(1, 2) } else { rng.range(1, 3) } as usize;
+        let names: Vec<&str> = self.cluster.nodes.iter().map(|n| n.name.as_str()).collect();
+        let count = if local {
+            rng.range(1, 2)
+        } else {
+            rng.range(1, 3)
+        } as usize;
         let mut on = BTreeSet::new();
         for _ in 0..count {
             on.insert(*rng.pick(&names));
