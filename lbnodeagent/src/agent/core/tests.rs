@@ -1,1 +1,597 @@
+//! The core's decisions, one situation at a time, on a clock the test
+//! moves. The simulation (`sim`) drives many cores through random
+//! schedules; these pin down single rules.
 
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use hostlb_api::{AddressRange, LabelSelector, Selector};
+
+use super::links::Links;
+use super::*;
+use crate::addrs::{Interface, MacAddr};
+use crate::election::{Advertisement, Labels, NodeInfo, OnLink, Pool, Preference, ServiceInfo};
+use crate::gossip::MemberInfo;
+
+const INTERVAL: Duration = Duration::from_millis(100);
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn mac(node: &str) -> MacAddr {
+    MacAddr([2, 0, 0, 0, 0, node.as_bytes()[0]])
+}
+
+fn links(node: &str, carrier: bool) -> Links {
+    let eth0 = Interface {
+        name: "eth0".into(),
+        index: 2,
+        mac: Some(mac(node)),
+        carrier,
+        prefixes: vec!["10.0.0.0/16".parse().unwrap()],
+    };
+    Links {
+        all: vec![eth0],
+        announce_v4: Some(2),
+        announce_v6: Some(2),
+        virtual_link: None,
+    }
+}
+
+fn on_link() -> Vec<OnLink> {
+    vec![OnLink {
+        prefix: "10.0.0.0/16".parse().unwrap(),
+        interface: "eth0".into(),
+        announce: true,
+    }]
+}
+
+/// Nodes `a`, `b`, `c` (labels give `b` weight 100 and `a` 50, so `b` wins
+/// every VIP and `a` is next), and one Service per address.
+fn cluster(addresses: &[IpAddr]) -> Cluster {
+    let node = |n: &str, tier: &str| {
+        let mut labels = Labels::new();
+        labels.insert("tier".into(), tier.into());
+        NodeInfo {
+            name: n.into(),
+            labels,
+            network_unavailable: false,
+        }
+    };
+    let pref = |tier: &str, weight| Preference {
+        weight,
+        selector: Selector::parse(&LabelSelector::from_labels([("tier", tier)])).unwrap(),
+    };
+    Cluster {
+        nodes: vec![node("a", "second"), node("b", "first"), node("c", "none")],
+        pools: vec![Pool {
+            name: "p".into(),
+            ranges: vec![AddressRange::parse("10.0.0.0/16").unwrap()],
+            ..Pool::default()
+        }],
+        advertisements: vec![Advertisement {
+            name: "ad".into(),
+            preferences: vec![pref("first", 100), pref("second", 50)],
+            ..Advertisement::default()
+        }],
+        services: addresses
+            .iter()
+            .enumerate()
+            .map(|(i, a)| ServiceInfo {
+                key: format!("ns/s{i}"),
+                created: Some(i as i64),
+                addresses: vec![*a],
+                endpoints: crate::election::Endpoints::on(["a", "b", "c"]),
+                ..ServiceInfo::default()
+            })
+            .collect(),
+    }
+}
+
+fn addresses(n: usize) -> Vec<IpAddr> {
+    (0..n)
+        .map(|i| ip(&format!("10.0.{}.{}", 1 + i / 250, 1 + i % 250)))
+        .collect()
+}
+
+/// A peer as gossip shows it.
+fn peer(node: &str, status: Status, vips: &[IpAddr], revision: u64) -> MemberInfo {
+    MemberInfo {
+        node: node.into(),
+        generation: 1,
+        gossip_addr: "10.0.0.250:7934".parse().unwrap(),
+        agent_version: String::new(),
+        status,
+        virtual_mode: false,
+        on_link: on_link(),
+        vips: vips.iter().copied().collect(),
+        macs: [mac(node)].into(),
+        revision,
+    }
+}
+
+fn view(me: &str, peers: Vec<MemberInfo>, gone: Vec<MemberInfo>) -> MembershipView {
+    let mut nodes = peers;
+    nodes.push(peer(me, Status::Alive, &[], 1));
+    nodes.sort_by(|a, b| a.node.cmp(&b.node));
+    let members = nodes
+        .iter()
+        .filter(|n| n.status == Status::Alive)
+        .map(MemberInfo::to_member)
+        .collect();
+    MembershipView {
+        local: peer(me, Status::Alive, &[], 1),
+        members,
+        nodes,
+        unconfirmed: 0,
+        gone,
+    }
+}
+
+/// A core on a clock the test moves, with every step's actions checked
+/// for what must always hold.
+struct Node {
+    core: Core,
+    t0: Instant,
+    now: Instant,
+}
+
+impl Node {
+    fn new(name: &str) -> Node {
+        let t0 = Instant::now();
+        let settings = Settings {
+            node: name.into(),
+            lifetime: Lifetime::new(Duration::from_secs(15)),
+            garp: AnnounceConfig {
+                count: 3,
+                interval: Duration::from_millis(500),
+            },
+            gossip_interval: INTERVAL,
+            wire: true,
+        };
+        Node {
+            core: Core::new(settings, links(name, true), t0),
+            t0,
+            now: t0,
+        }
+    }
+
+    fn step(&mut self, input: Input) -> Actions {
+        let a = self.core.step(self.now, input);
+        if let Some(w) = a.wake {
+            assert!(w > self.now, "a wake-up that is not ahead would spin");
+        }
+        a
+    }
+
+    fn at(&mut self, after_start: Duration) -> &mut Node {
+        self.now = self.t0 + after_start;
+        self
+    }
+
+    fn advance(&mut self, by: Duration) -> &mut Node {
+        self.now += by;
+        self
+    }
+
+    /// Every kernel operation of `a` succeeded.
+    fn done(&mut self, a: &Actions) -> Actions {
+        let results = a
+            .add
+            .iter()
+            .map(|v| (v, OpKind::Add))
+            .chain(a.remove.iter().map(|v| (v, OpKind::Remove)))
+            .map(|(v, kind)| OpResult {
+                ip: v.ip,
+                kind,
+                result: Ok(Applied::Done),
+            })
+            .collect();
+        self.step(Input::Done(results))
+    }
+
+    /// Starts with the cluster known and peers in view, and runs until it
+    /// is ready, returning what it held then.
+    fn running(&mut self, cluster: Cluster, peers: Vec<MemberInfo>) -> BTreeSet<IpAddr> {
+        let me = self.core.node().to_string();
+        self.step(Input::Adopted(Vec::new()));
+        self.step(Input::Cluster {
+            cluster,
+            errors: Vec::new(),
+            revision: 1,
+        });
+        self.step(Input::Members(view(&me, peers.clone(), Vec::new())));
+        self.advance(INTERVAL * 3);
+        let a = self.step(Input::Tick);
+        assert_eq!(
+            a.publish.map(|p| p.status),
+            Some(Status::Alive),
+            "settled: a candidate now"
+        );
+        self.advance(INTERVAL * 3);
+        let a = self.step(Input::Tick);
+        let a = self.done(&a);
+        assert!(self.core.is_ready());
+        let _ = a;
+        self.core.held().map(|(ip, _)| *ip).collect()
+    }
+}
+
+fn ips(vips: &[VipAddress]) -> BTreeSet<IpAddr> {
+    vips.iter().map(|v| v.ip).collect()
+}
+
+fn targets(t: &[Target]) -> BTreeSet<IpAddr> {
+    t.iter().map(|t| t.ip).collect()
+}
+
+/// The promise the agent's old loop broke at scale: every VIP of a dead
+/// node is asked about in one probe window and added in one batch, and the
+/// core answers other inputs meanwhile.
+#[test]
+fn a_dead_nodes_vips_are_probed_together_and_added_in_one_batch() {
+    let all = addresses(1000);
+    let mut a = Node::new("a");
+    let held = a.running(
+        cluster(&all),
+        vec![
+            peer("b", Status::Alive, &all, 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    assert!(held.is_empty(), "b wins everything while it lives");
+
+    // b crashes: gossip drops it; its last state still says what it held.
+    a.advance(Duration::from_secs(1));
+    let gone = vec![peer("b", Status::Alive, &all, 1)];
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &[], 1)],
+        gone,
+    )));
+    assert!(
+        act.add.is_empty(),
+        "nothing is added before the LAN is asked"
+    );
+    assert_eq!(targets(&act.probe).len(), 1000, "all asked at once");
+    assert_eq!(act.wake, Some(a.now + PRECHECK));
+
+    // Other inputs are served within the window.
+    a.advance(PRECHECK / 2);
+    let act = a.step(Input::Tick);
+    assert!(act.add.is_empty());
+
+    a.advance(PRECHECK / 2);
+    let act = a.step(Input::Tick);
+    assert_eq!(ips(&act.add), all.iter().copied().collect(), "one batch");
+    assert_eq!(a.core.held_count(), 0, "held only once the kernel says so");
+    let act = a.done(&act);
+    assert_eq!(a.core.held_count(), 1000);
+    assert_eq!(targets(&act.garp).len(), 1000, "announced at once");
+    assert_eq!(act.publish.map(|p| p.vips.len()), Some(1000));
+}
+
+/// An owner that still answers and outranks this node keeps the VIP: the
+/// probe's answer keeps this node off, and it stays off while the answer
+/// comes.
+#[test]
+fn an_answer_during_the_probe_window_keeps_this_node_off() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.running(
+        cluster(&[v]),
+        vec![
+            peer("b", Status::Alive, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    a.advance(Duration::from_secs(1));
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &[], 1)],
+        vec![peer("b", Status::Alive, &[v], 1)],
+    )));
+    assert_eq!(targets(&act.probe), [v].into());
+    assert_eq!(act.watch, Some([v].into()), "its claims are let through");
+    // b's frozen agent: its kernel still answers.
+    a.advance(Duration::from_millis(5));
+    a.step(Input::Claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    a.advance(PRECHECK);
+    let act = a.step(Input::Tick);
+    assert!(act.add.is_empty(), "stays off while b answers");
+    // The answers stop (b's address lapsed): after the hold, a takes it.
+    a.advance(YIELD_HOLD);
+    let mut added = false;
+    for _ in 0..10 {
+        let act = a.step(Input::Tick);
+        if ips(&act.add) == [v].into() {
+            added = true;
+            break;
+        }
+        a.advance(PRECHECK);
+    }
+    assert!(added, "taken once the answers stopped");
+}
+
+/// Make before break: a node that loses a VIP to a live winner keeps
+/// answering until the winner's gossip shows it holds the address.
+#[test]
+fn a_planned_move_keeps_answering_until_the_winner_holds_it() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, [v].into(), "a wins while b is away");
+
+    // b returns: it wins; a hands over and stops announcing, no more.
+    a.advance(Duration::from_secs(1));
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+        Vec::new(),
+    )));
+    assert!(act.remove.is_empty(), "b does not hold it yet");
+    assert_eq!(
+        act.publish.map(|p| p.vips),
+        Some(BTreeSet::new()),
+        "no longer shown as meant to be kept"
+    );
+    a.advance(Duration::from_millis(100));
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+        Vec::new(),
+    )));
+    assert_eq!(ips(&act.remove), [v].into(), "b holds it now: let go");
+}
+
+/// A winner that never shows the address gets [`HANDOVER_MAX`], then the
+/// old owner lets go anyway (the views agree, so the winner knows it).
+#[test]
+fn a_winner_that_never_shows_the_address_gets_the_hand_over_time() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    a.advance(Duration::from_secs(1));
+    let members = view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+        Vec::new(),
+    );
+    let act = a.step(Input::Members(members));
+    assert!(act.remove.is_empty());
+    a.advance(HANDOVER_MAX - Duration::from_millis(1));
+    assert!(a.step(Input::Tick).remove.is_empty());
+    a.advance(Duration::from_millis(1));
+    let act = a.step(Input::Tick);
+    assert_eq!(ips(&act.remove), [v].into());
+}
+
+/// ...unless the winner's view of the cluster is older (its watches lag,
+/// the API server went away before it heard of the Service): then it may
+/// not know the address, and letting go would leave nobody answering.
+#[test]
+fn a_winner_with_an_older_view_is_not_handed_a_vip_it_may_not_know() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 7,
+    });
+    a.advance(Duration::from_secs(1));
+    a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[], 6),
+            peer("c", Status::Alive, &[], 7),
+        ],
+        Vec::new(),
+    )));
+    for _ in 0..5 {
+        a.advance(HANDOVER_MAX);
+        let act = a.step(Input::Tick);
+        assert!(act.remove.is_empty(), "still answering for it");
+    }
+}
+
+/// The other side of that: a node with the newer view takes a VIP whose
+/// winner, by an older view, does not hold it, once the hand-over time
+/// has passed; the first node in order among those that know takes it.
+#[test]
+fn a_vip_whose_winner_cannot_know_it_is_taken_by_the_next_that_does() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(
+        cluster(&[v]),
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    assert!(held.is_empty());
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+    });
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[], 8),
+            peer("c", Status::Alive, &[], 9),
+        ],
+        Vec::new(),
+    )));
+    assert!(act.add.is_empty() && act.probe.is_empty(), "not at once");
+    a.advance(HANDOVER_MAX);
+    let act = a.step(Input::Tick);
+    let act = if act.probe.is_empty() {
+        act
+    } else {
+        a.advance(PRECHECK);
+        a.step(Input::Tick)
+    };
+    assert_eq!(ips(&act.add), [v].into(), "a comes after b, before c");
+}
+
+/// A starting agent is no candidate (it publishes `starting`), and after
+/// it settles it takes nothing for three gossip rounds, so peers that
+/// settled with it are seen first.
+#[test]
+fn a_starting_agent_stands_only_once_settled_and_takes_only_later() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    assert_eq!(a.core.local_state().status, Status::Starting);
+    a.step(Input::Adopted(Vec::new()));
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &[], 1)],
+        Vec::new(),
+    )));
+    assert!(act.add.is_empty());
+    a.advance(Duration::from_secs(5));
+    let act = a.step(Input::Tick);
+    assert!(act.publish.is_none(), "no cluster view yet: still starting");
+    assert!(!a.core.is_ready());
+    let act = a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 1,
+    });
+    assert_eq!(act.publish.map(|p| p.status), Some(Status::Alive));
+    assert!(act.add.is_empty(), "not before three gossip rounds");
+    assert_eq!(act.wake, Some(a.now + INTERVAL * 3));
+    a.advance(INTERVAL * 3);
+    let act = a.step(Input::Tick);
+    assert_eq!(ips(&act.add), [v].into());
+    let act = a.done(&act);
+    assert!(act.ready && a.core.is_ready());
+}
+
+/// SIGTERM: `leaving` is published at once, each VIP goes when its new
+/// winner shows it, and the core says exit once nothing is left.
+#[test]
+fn sigterm_hands_every_vip_over_then_exits() {
+    let vs = addresses(3);
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&vs), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held.len(), 3);
+    let act = a.step(Input::Leave);
+    assert!(act.leave);
+    assert_eq!(act.publish.map(|p| p.status), Some(Status::Leaving));
+    assert!(act.remove.is_empty(), "c holds nothing yet");
+    a.advance(Duration::from_millis(50));
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &vs[..2], 1)],
+        Vec::new(),
+    )));
+    assert_eq!(ips(&act.remove), vs[..2].iter().copied().collect());
+    let act = a.done(&act);
+    assert!(!act.exit);
+    a.advance(Duration::from_millis(50));
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &vs, 1)],
+        Vec::new(),
+    )));
+    assert_eq!(ips(&act.remove), [vs[2]].into());
+    let act = a.done(&act);
+    assert!(act.exit);
+}
+
+/// A refused add is tried again after 0.2 s, then 0.4 s, ...
+#[test]
+fn a_refused_add_is_retried_with_backoff() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.step(Input::Adopted(Vec::new()));
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 1,
+    });
+    a.at(STARTUP_GRACE);
+    a.step(Input::Tick);
+    a.advance(INTERVAL * 3);
+    let mut act = a.step(Input::Tick);
+    let mut delays = Vec::new();
+    for _ in 0..3 {
+        assert_eq!(ips(&act.add), [v].into());
+        let next = a.step(Input::Done(vec![OpResult {
+            ip: v,
+            kind: OpKind::Add,
+            result: Err("refused".into()),
+        }]));
+        let wake = next.wake.expect("a retry is due");
+        delays.push(wake - a.now);
+        a.now = wake;
+        act = a.step(Input::Tick);
+    }
+    assert_eq!(delays, [200, 400, 800].map(Duration::from_millis).to_vec());
+}
+
+/// A change of one Service's endpoints re-elects only its VIPs.
+#[test]
+fn an_endpoints_change_moves_only_its_services_vips() {
+    let vs = addresses(3);
+    let mut a = Node::new("a");
+    a.running(
+        cluster(&vs),
+        vec![
+            peer("b", Status::Alive, &vs, 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    let act = a.step(Input::Endpoints {
+        changes: vec![("ns/s1".into(), crate::election::Endpoints::on(["a", "c"]))],
+        revision: 2,
+    });
+    // No longer any endpoint on b, and it is not `Local`: b still wins.
+    assert!(act.add.is_empty() && act.probe.is_empty());
+    let act = a.step(Input::Endpoints {
+        changes: vec![("ns/s1".into(), crate::election::Endpoints::default())],
+        revision: 3,
+    });
+    assert!(act.add.is_empty() && act.probe.is_empty());
+    assert_eq!(a.core.election().winner(vs[1]), None, "no endpoint at all");
+    assert_eq!(a.core.election().winner(vs[0]), Some("b"));
+}
+
+/// Carrier lost on the only link: every VIP there goes at once, and none
+/// turns into a virtual address (the link still has the prefix).
+#[test]
+fn losing_carrier_releases_at_once_and_goes_virtual_for_nothing() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, [v].into());
+    let mut down = links("a", false);
+    let virtual_link = Interface {
+        name: "kube-lb0".into(),
+        index: 3,
+        mac: None,
+        carrier: true,
+        prefixes: Vec::new(),
+    };
+    down.all.push(virtual_link.clone());
+    down.virtual_link = Some(virtual_link);
+    let act = a.step(Input::Links(down));
+    assert_eq!(ips(&act.remove), [v].into());
+    assert!(act.add.is_empty(), "no virtual copy: {:?}", act.add);
+}
