@@ -21,7 +21,7 @@ mod cluster;
 
 use std::time::{Duration, Instant};
 
-use cluster::Cluster;
+use cluster::{Cluster, max, median};
 use hostlb_tests::netns::wait_for;
 use hostlb_tests::probe::{ArpProbe, Outcome, judge};
 
@@ -110,18 +110,6 @@ fn one_run(f: &mut Figures) {
     c.kill(&owner);
     let next = holder_other_than(&c, &owner);
     f.no_cleanup.push(until_only(&p, c.host(&next).mac(), t));
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[v.len() / 2]
-}
-
-fn max(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::NAN, f64::max)
 }
 
 fn report(name: &str, outcomes: &[Outcome]) {

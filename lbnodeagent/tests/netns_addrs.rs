@@ -335,6 +335,83 @@ fn an_address_the_agent_did_not_add_is_never_touched() {
     assert!(address_line(&a.ns, "eth0", &a.ipv6.to_string()).is_some());
 }
 
+/// The batch calls: 300 VIPs of both families added in one call, each with
+/// our tag and lifetime, one record listing them all; a hand-added one in
+/// the batch is left alone; a second call renews; one removal call takes
+/// ours away and leaves the hand-added one and the host's own addresses.
+#[test]
+fn batches_add_renew_and_remove_many_and_leave_others_alone() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    a.ns.ip("addr add 10.77.0.50/24 dev eth0").unwrap();
+    let life = Lifetime::new(Duration::from_secs(30));
+    let mut vips: Vec<VipAddress> = (0..250)
+        .map(|i| vip_on(&agent, Family::V4, &format!("10.77.0.{}", i + 2), life))
+        .filter(|v| v.ip != ip(&a.ipv4.to_string()))
+        .collect();
+    vips.extend((0..50).map(|i| vip_on(&agent, Family::V6, &format!("fd00:77::1:{i:x}"), life)));
+    let hand_added = ip("10.77.0.50");
+    let batch = vips.clone();
+    let results = agent.with(move |b| async move { b.add_many(&batch).await });
+    assert_eq!(results.len(), vips.len());
+    for (v, r) in vips.iter().zip(&results) {
+        let want = if v.ip == hand_added {
+            Applied::NotOurs
+        } else {
+            Applied::Done
+        };
+        assert_eq!(r.as_ref().ok(), Some(&want), "{}", v.ip);
+    }
+    for v in vips.iter().filter(|v| v.ip != hand_added) {
+        let line = address_line(&a.ns, "eth0", &v.ip.to_string()).expect("added");
+        assert!(line.contains("proto 0x68"), "{line}");
+        assert!(valid_lft(&line).is_some_and(|s| s <= 30), "{line}");
+    }
+    let hand = address_line(&a.ns, "eth0", "10.77.0.50").unwrap();
+    assert!(!hand.contains("proto 0x68"), "the hand-added one: {hand}");
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("addresses.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        record["addresses"].as_array().unwrap().len(),
+        vips.len() - 1,
+        "one record with every address the batch added"
+    );
+
+    // A renewal is another batch: lifetimes start over, nothing else moves.
+    std::thread::sleep(Duration::from_secs(2));
+    let batch = vips.clone();
+    let renewed = agent.with(move |b| async move { b.add_many(&batch).await });
+    assert!(renewed.iter().all(|r| r.is_ok()));
+    let line = address_line(&a.ns, "eth0", &vips[0].ip.to_string()).unwrap();
+    assert!(valid_lft(&line).is_some_and(|s| s >= 29), "renewed: {line}");
+
+    let batch = vips.clone();
+    let removed = agent.with(move |b| async move { b.remove_many(&batch).await });
+    for (v, r) in vips.iter().zip(&removed) {
+        let want = if v.ip == hand_added {
+            Applied::NotOurs
+        } else {
+            Applied::Done
+        };
+        assert_eq!(r.as_ref().ok(), Some(&want), "{}", v.ip);
+    }
+    for v in vips.iter().filter(|v| v.ip != hand_added) {
+        assert!(
+            address_line(&a.ns, "eth0", &v.ip.to_string()).is_none(),
+            "{} removed",
+            v.ip
+        );
+    }
+    assert_eq!(address_line(&a.ns, "eth0", "10.77.0.50"), Some(hand));
+    assert!(address_line(&a.ns, "eth0", &a.ipv4.to_string()).is_some());
+    assert!(address_line(&a.ns, "eth0", &a.ipv6.to_string()).is_some());
+    assert_eq!(adopt(&agent), BTreeSet::new());
+}
+
 #[test]
 fn adopt_returns_exactly_what_a_previous_run_left() {
     require_root();

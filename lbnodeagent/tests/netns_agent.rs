@@ -731,3 +731,24 @@ fn a_gossip_partition_leaves_one_owner_without_flapping() {
         vec![owner_mac]
     );
 }
+
+/// The many-VIP benchmark's harness (`benches/vips.rs`) with 40 VIPs, so
+/// it cannot rot: a host cut off while it holds them all has every one
+/// answer elsewhere, the last soon after the first (they move as one
+/// batch, not one after another); a SIGTERM hands them all over without a
+/// lost reply.
+#[test]
+fn every_vip_of_a_failed_host_moves_at_once() {
+    use cluster::many::{self, Bed};
+    let mut bed = Bed::new(40, false);
+    let o = many::cut_off(&bed);
+    eprintln!("40 VIPs, host cut off: {o:?}");
+    assert!(o.wire_last < Duration::from_secs(3), "{o:?}");
+    assert!(
+        o.kernel_last - o.kernel_first < Duration::from_millis(500),
+        "not one batch: {o:?}"
+    );
+    let (lost, outage) = many::sigterm(&mut bed);
+    eprintln!("40 VIPs, SIGTERM: lost {lost}, longest silence {outage:?}");
+    assert!(lost <= 2, "lost {lost} probes, silence {outage:?}");
+}

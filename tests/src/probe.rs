@@ -42,16 +42,7 @@ impl ArpProbe {
         interval: Duration,
     ) -> Result<ArpProbe> {
         let secs = format!("{:.4}", interval.as_secs_f64());
-        let mut cmd = ns.command(
-            "python3",
-            &["-u", "-c", PROBER, interface, source, ip, &secs],
-        );
-        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
-        let mut child = cmd.spawn().map_err(|source| NetnsError::Spawn {
-            command: "python3 (ARP prober)".into(),
-            source,
-        })?;
-        let stdout = child.stdout.take().expect("piped");
+        let (child, stdout) = python(ns, "ARP prober", PROBER, &[interface, source, ip, &secs])?;
         let replies = Arc::new(Mutex::new(Vec::new()));
         let sink = replies.clone();
         thread::spawn(move || {
@@ -115,6 +106,114 @@ impl Drop for ArpProbe {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A client asking about many IPv4 addresses at once: one broadcast ARP
+/// request for each every interval, and which MAC answered each, when.
+/// For judging a failover of many VIPs by what the wire shows.
+pub struct ArpSweep {
+    child: Child,
+    replies: Arc<Mutex<Vec<(String, Reply)>>>,
+    pub interval: Duration,
+}
+
+impl ArpSweep {
+    /// Asks about every one of `ips` (IPv4) from `ns` out of `interface`
+    /// (whose IPv4 address is `source`) every `interval`.
+    pub fn start(
+        ns: &Netns,
+        interface: &str,
+        source: &str,
+        ips: &[String],
+        interval: Duration,
+    ) -> Result<ArpSweep> {
+        let secs = format!("{:.4}", interval.as_secs_f64());
+        let targets = ips.join(",");
+        let (child, stdout) = python(
+            ns,
+            "ARP sweeper",
+            SWEEPER,
+            &[interface, source, &targets, &secs],
+        )?;
+        let replies = Arc::new(Mutex::new(Vec::new()));
+        let sink = replies.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                let Some(mac) = parse_reply(&line) else {
+                    continue;
+                };
+                let Some(ip) = line
+                    .strip_prefix("reply from ")
+                    .and_then(|r| r.split_whitespace().next())
+                else {
+                    continue;
+                };
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push((
+                    ip.to_string(),
+                    Reply {
+                        at: Instant::now(),
+                        mac,
+                    },
+                ));
+            }
+        });
+        Ok(ArpSweep {
+            child,
+            replies,
+            interval,
+        })
+    }
+
+    /// The replies about `ip` so far.
+    pub fn replies(&self, ip: &str) -> Vec<Reply> {
+        self.replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(i, _)| i == ip)
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    /// When each address was first answered by a MAC other than `old`
+    /// after `t0`; `None` for one that was not (yet).
+    pub fn moved(&self, ips: &[String], old: &str, t0: Instant) -> Vec<Option<Instant>> {
+        let all = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+        ips.iter()
+            .map(|ip| {
+                all.iter()
+                    .find(|(i, r)| i == ip && r.at >= t0 && r.mac != old)
+                    .map(|(_, r)| r.at)
+            })
+            .collect()
+    }
+}
+
+impl Drop for ArpSweep {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the Python `script` with `args` inside `ns`; the child and its
+/// output.
+fn python(
+    ns: &Netns,
+    what: &str,
+    script: &str,
+    args: &[&str],
+) -> Result<(Child, std::process::ChildStdout)> {
+    let mut argv = vec!["-u", "-c", script];
+    argv.extend_from_slice(args);
+    let mut cmd = ns.command("python3", &argv);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().map_err(|source| NetnsError::Spawn {
+        command: format!("python3 ({what})"),
+        source,
+    })?;
+    let stdout = child.stdout.take().expect("piped");
+    Ok((child, stdout))
 }
 
 /// What a client saw across one event (a fault at `t0`).
@@ -233,6 +332,41 @@ while True:
         if m:
             sys.stdout.write("reply from %s [%s]\n" % (dst, m.hex(":")))
             sys.stdout.flush()
+"#;
+
+/// [`PROBER`] for many IPv4 targets: every interval one broadcast request
+/// for each, and one line per answer naming the address it is about.
+const SWEEPER: &str = r#"
+import select, socket, struct, sys, time
+iface, src, dsts, interval = sys.argv[1], sys.argv[2], sys.argv[3].split(","), float(sys.argv[4])
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
+s.bind((iface, 0x0806))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+mac = s.getsockname()[4]
+src_b = socket.inet_aton(src)
+head = b"\xff" * 6 + mac + b"\x08\x06" + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1) + mac + src_b + b"\x00" * 6
+frames = []
+for d in dsts:
+    f = head + socket.inet_aton(d)
+    frames.append(f + b"\x00" * (60 - len(f)))
+wanted = {socket.inet_aton(d): d for d in dsts}
+due = time.monotonic()
+while True:
+    now = time.monotonic()
+    if now >= due:
+        for f in frames:
+            try:
+                s.send(f)
+            except OSError:
+                pass
+        due = max(due + interval, now)
+    ready, _, _ = select.select([s], [], [], max(0.0, due - time.monotonic()))
+    while ready:
+        p = s.recv(512)
+        if len(p) >= 42 and p[20:22] == b"\x00\x02" and p[28:32] in wanted:
+            sys.stdout.write("reply from %s [%s]\n" % (wanted[p[28:32]], p[22:28].hex(":")))
+        ready, _, _ = select.select([s], [], [], 0)
+    sys.stdout.flush()
 "#;
 
 /// `reply from 10.77.0.100 [02:aa:bb:cc:dd:ee]` (also arping's form,

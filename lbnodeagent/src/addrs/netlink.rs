@@ -250,6 +250,31 @@ impl State {
         }
     }
 
+    /// Counts `vip` as ours before the kernel has it: unverified until the
+    /// kernel confirms, and with the longer of its old and new lifetimes
+    /// (until then the kernel may count down either). The entry before.
+    fn own(&mut self, vip: &VipAddress) -> Option<Owned> {
+        let key = (vip.ifindex, vip.ip);
+        let before = self.owned.get(&key).cloned();
+        let lifetime = before
+            .as_ref()
+            .map_or(vip.lifetime, |b| longer(b.lifetime, vip.lifetime));
+        self.owned.insert(
+            key,
+            Owned {
+                address: OwnedAddress {
+                    interface: vip.interface.clone(),
+                    ifindex: vip.ifindex,
+                    ip: vip.ip,
+                    prefix_len: vip.prefix_len,
+                },
+                lifetime,
+                presence: Presence::Unverified,
+            },
+        );
+        before
+    }
+
     /// Drops `ip` (one prefix length, or all) from what this run owns and
     /// from the previous run's record.
     /// Whether anything changed (and the record must be written).
@@ -896,23 +921,7 @@ impl NetlinkBackend {
         }
         let (before, snapshot) = {
             let mut state = self.lock();
-            let before = state.owned.get(&key).cloned();
-            let lifetime = before
-                .as_ref()
-                .map_or(vip.lifetime, |b| longer(b.lifetime, vip.lifetime));
-            state.owned.insert(
-                key,
-                Owned {
-                    address: OwnedAddress {
-                        interface: vip.interface.clone(),
-                        ifindex: vip.ifindex,
-                        ip: vip.ip,
-                        prefix_len: vip.prefix_len,
-                    },
-                    lifetime,
-                    presence: Presence::Unverified,
-                },
-            );
+            let before = state.own(vip);
             (before, state.snapshot())
         };
         // Recorded before the kernel has it: a crash in between leaves a
@@ -1031,23 +1040,7 @@ impl NetlinkBackend {
                         single.push(i);
                         continue;
                     }
-                    let before = state.owned.get(&key).cloned();
-                    let lifetime = before
-                        .as_ref()
-                        .map_or(vip.lifetime, |b| longer(b.lifetime, vip.lifetime));
-                    state.owned.insert(
-                        key,
-                        Owned {
-                            address: OwnedAddress {
-                                interface: vip.interface.clone(),
-                                ifindex: vip.ifindex,
-                                ip: vip.ip,
-                                prefix_len: vip.prefix_len,
-                            },
-                            lifetime,
-                            presence: Presence::Unverified,
-                        },
-                    );
+                    let before = state.own(vip);
                     let primary = ours.is_empty() && becomes_primary(vip, &on_link);
                     send.push((i, before, primary));
                 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use hostlb_api::snapshot::ObjectError;
 use hostlb_api::{IPAddressPool, L2Advertisement};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -98,6 +98,7 @@ impl KubeInputs {
                 shared.clone(),
                 0,
                 whole,
+                trim_service,
             ),
             spawn_watch(
                 Api::<EndpointSlice>::all(client.clone()),
@@ -105,6 +106,7 @@ impl KubeInputs {
                 shared.clone(),
                 1,
                 slice_service,
+                trim_slice,
             ),
             spawn_watch(
                 Api::<Node>::all(client.clone()),
@@ -112,6 +114,7 @@ impl KubeInputs {
                 shared.clone(),
                 2,
                 whole,
+                trim_node,
             ),
             spawn_watch(
                 Api::<IPAddressPool>::namespaced(client.clone(), ns),
@@ -119,6 +122,7 @@ impl KubeInputs {
                 shared.clone(),
                 3,
                 whole,
+                slim,
             ),
             spawn_watch(
                 Api::<L2Advertisement>::namespaced(client.clone(), ns),
@@ -126,6 +130,7 @@ impl KubeInputs {
                 shared.clone(),
                 4,
                 whole,
+                slim,
             ),
         ];
         KubeInputs {
@@ -248,12 +253,68 @@ fn slim<K: kube::Resource>(obj: &mut K) {
     }
 }
 
+/// What the agent reads of a Service (`inputs::service_info`, `Scope`, the
+/// writer of annotations and Events): its type, class and traffic policy,
+/// status, labels and annotations. Most of a cluster's Services are of
+/// another type, and of those it keeps only the type.
+fn trim_service(s: &mut Service) {
+    slim(s);
+    let Some(spec) = s.spec.take() else { return };
+    let balanced = spec.type_.as_deref() == Some("LoadBalancer");
+    s.spec = Some(ServiceSpec {
+        type_: spec.type_,
+        load_balancer_class: spec.load_balancer_class.filter(|_| balanced),
+        external_traffic_policy: spec.external_traffic_policy.filter(|_| balanced),
+        ..ServiceSpec::default()
+    });
+    if !balanced {
+        s.status = None;
+        s.metadata.labels = None;
+        s.metadata.annotations = None;
+    }
+}
+
+/// Of an EndpointSlice the agent reads which node each endpoint is on and
+/// whether it is usable (`inputs::EndpointIndex`), nothing else.
+fn trim_slice(e: &mut EndpointSlice) {
+    slim(e);
+    e.ports = None;
+    for ep in &mut e.endpoints {
+        ep.addresses = Vec::new();
+        ep.target_ref = None;
+        ep.hints = None;
+        ep.hostname = None;
+        ep.zone = None;
+        ep.deprecated_topology = None;
+    }
+}
+
+/// Of a Node the agent reads labels, the `NetworkUnavailable` condition and
+/// the addresses (gossip seeds); not the images, capacity or node info,
+/// which make most of a real Node object.
+fn trim_node(n: &mut Node) {
+    slim(n);
+    n.spec = None;
+    if let Some(status) = n.status.take() {
+        n.status = Some(NodeStatus {
+            addresses: status.addresses,
+            conditions: status.conditions.map(|c| {
+                c.into_iter()
+                    .filter(|c| c.type_ == "NetworkUnavailable")
+                    .collect()
+            }),
+            ..NodeStatus::default()
+        });
+    }
+}
+
 fn spawn_watch<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     shared: Arc<Shared>,
     slot: usize,
     partial: fn(&K) -> Option<(String, String)>,
+    trim: fn(&mut K),
 ) -> JoinHandle<()>
 where
     K: kube::Resource<DynamicType = ()>
@@ -269,7 +330,7 @@ where
         let mut synced = false;
         let mut stream = watcher(api, watcher::Config::default())
             .default_backoff()
-            .modify(slim)
+            .modify(trim)
             .reflect(writer)
             .boxed();
         while let Some(ev) = stream.next().await {
@@ -323,4 +384,101 @@ where
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(kind: &str) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "web", "namespace": "shop", "uid": "u1", "resourceVersion": "42",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"app": "web"},
+                "annotations": {
+                    "hostlb.io/ip-allocated-from-pool": "pool",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{...}"
+                },
+                "managedFields": [{"manager": "kubectl"}]
+            },
+            "spec": {
+                "type": kind, "loadBalancerClass": "hostlb.io/lb",
+                "externalTrafficPolicy": "Local", "clusterIP": "10.96.0.10",
+                "selector": {"app": "web"}, "ports": [{"port": 80}]
+            },
+            "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.100"}]}}
+        }))
+        .unwrap()
+    }
+
+    /// What the election reads of an object is the same before and after
+    /// trimming; only the rest goes.
+    #[test]
+    fn trimming_keeps_all_the_agent_reads() {
+        let scope = Scope {
+            namespace: "hostlb-system".into(),
+            load_balancer_class: "hostlb.io/lb".into(),
+        };
+        let index = EndpointIndex::default();
+        let full = service("LoadBalancer");
+        let mut trimmed = full.clone();
+        trim_service(&mut trimmed);
+        let info = |s: &Service| inputs::service_info(s, &scope, &index, &mut Vec::new());
+        assert!(info(&full).is_some());
+        assert_eq!(info(&trimmed), info(&full));
+        assert_eq!(
+            trimmed.metadata.uid.as_deref(),
+            Some("u1"),
+            "Events name it"
+        );
+        assert_eq!(trimmed.spec.as_ref().unwrap().ports, None);
+        assert_eq!(trimmed.metadata.managed_fields, None);
+
+        let mut other = service("ClusterIP");
+        trim_service(&mut other);
+        assert!(other.status.is_none() && other.metadata.annotations.is_none());
+        assert_eq!(other.spec.unwrap().type_.as_deref(), Some("ClusterIP"));
+
+        let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "shop",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"port": 8080}],
+            "endpoints": [
+                {"addresses": ["10.244.0.5"], "nodeName": "n1", "conditions": {"ready": true},
+                 "targetRef": {"kind": "Pod", "name": "web-abc"}, "zone": "a"},
+                {"addresses": ["10.244.0.6"], "nodeName": "n2", "conditions": {"ready": false}}
+            ]
+        }))
+        .unwrap();
+        let mut small = slice.clone();
+        trim_slice(&mut small);
+        assert_eq!(
+            EndpointIndex::build([&small]).get("shop", "web"),
+            EndpointIndex::build([&slice]).get("shop", "web")
+        );
+        assert!(small.endpoints.iter().all(|e| e.addresses.is_empty()));
+
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"zone": "a"}},
+            "spec": {"podCIDR": "10.244.0.0/24"},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "192.0.2.1"}],
+                "conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "NetworkUnavailable", "status": "True"}
+                ],
+                "images": [{"names": ["registry/image:1"], "sizeBytes": 1}],
+                "capacity": {"cpu": "4"}
+            }
+        }))
+        .unwrap();
+        let mut lean = node.clone();
+        trim_node(&mut lean);
+        assert_eq!(inputs::node_info(&lean), inputs::node_info(&node));
+        let status = lean.status.unwrap();
+        assert_eq!(status.addresses, node.status.as_ref().unwrap().addresses);
+        assert!(status.images.is_none() && status.capacity.is_none());
+    }
 }

@@ -778,6 +778,26 @@ mod tests {
         assert_eq!(view.nodes.len(), 1, "but still a node");
     }
 
+    /// A starting node is a node (peers see it, and its MACs and VIPs) but
+    /// no member (no candidate); its revision reads back.
+    #[test]
+    fn a_starting_node_is_seen_but_stands_in_no_election() {
+        let mut local = sample();
+        local.status = Status::Starting;
+        local.revision = 4711;
+        let mut c = chitchat_for("n1", &local);
+        let view = build_view(&c, &Up::default());
+        assert!(view.members.is_empty());
+        assert_eq!(view.node("n1").map(|n| n.status), Some(Status::Starting));
+        assert_eq!(view.local.revision, 4711);
+        local.status = Status::Alive;
+        local.revision = 4712;
+        state::publish(c.self_node_state(), &local);
+        let view = build_view(&c, &Up::default());
+        assert_eq!(view.members.len(), 1);
+        assert_eq!(view.local.revision, 4712);
+    }
+
     #[test]
     fn cached_decoding_follows_state_changes() {
         let mut c = chitchat_for("n1", &sample());

@@ -382,6 +382,10 @@ mod tests {
     #[test]
     fn unknown_status_is_not_alive() {
         assert_eq!(Status::parse("alive"), Status::Alive);
+        assert_eq!(Status::parse("starting"), Status::Starting);
         assert_eq!(Status::parse("draining"), Status::Leaving);
+        for s in [Status::Alive, Status::Starting, Status::Leaving] {
+            assert_eq!(Status::parse(s.as_str()), s);
+        }
     }
 }

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod failover;
+pub mod many;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -487,4 +488,18 @@ garp_interval = "200ms"
         let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
         Duration::from_millis(ticks * 10)
     }
+}
+
+/// The median of `v` (the upper one of an even count); NaN when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// The largest of `v`; NaN when empty.
+pub fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NAN, f64::max)
 }

@@ -267,6 +267,10 @@ struct Slot {
     /// an announcement: one a second at most, so two nodes that each think
     /// they outrank the other do not trade announcements at wire speed.
     kept_at: Option<Instant>,
+    /// Still answering, past the hand-over time, for a VIP whose winner has
+    /// a view of the cluster other than this node's (see
+    /// [`Core::may_release`]): published as held again.
+    kept_for_views: bool,
     /// Since when `held` has been this node's: a peer's gossip saying it
     /// holds the VIP counts only if published after that (see
     /// [`Core::holds`]).
@@ -424,7 +428,8 @@ impl Core {
                 .slots
                 .iter()
                 .filter(|(_, s)| {
-                    s.handover.is_none() && s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
+                    (s.handover.is_none() || s.kept_for_views)
+                        && s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
                 })
                 .map(|(ip, _)| *ip)
                 .collect(),
@@ -614,6 +619,7 @@ impl Core {
                     s.held_since = None;
                     s.garp = None;
                     s.handover = None;
+                    s.kept_for_views = false;
                     self.unsettled.insert(a.ip);
                     self.publish_dirty = true;
                     self.report_dirty = true;
@@ -632,6 +638,7 @@ impl Core {
                         s.held_since = None;
                         s.garp = None;
                         s.handover = None;
+                        s.kept_for_views = false;
                         self.unsettled.insert(*ip);
                         self.publish_dirty = true;
                         self.report_dirty = true;
@@ -640,8 +647,22 @@ impl Core {
             }
             Input::Claim(claim) => self.on_claim(claim, now, out),
             Input::Done(results) => {
+                let worked = results.iter().any(|r| r.result.is_ok());
                 for r in results {
                     self.on_done(r, now, out);
+                }
+                if worked {
+                    // The kernel takes operations again: what failed before
+                    // is tried soon, not after a backoff grown while it
+                    // refused everything.
+                    for (ip, s) in &mut self.slots {
+                        if let Some(r) = &mut s.retry
+                            && r.at > now + RETRY_MIN
+                        {
+                            r.at = now + RETRY_MIN;
+                            self.unsettled.insert(*ip);
+                        }
+                    }
                 }
             }
             Input::Tick => {}
@@ -892,6 +913,7 @@ impl Core {
                 let slot = self.slots.get_mut(&ip).expect("present");
                 slot.probing = None;
                 let handed_back = slot.handover.take().is_some();
+                slot.kept_for_views = false;
                 if handed_back {
                     info!(%ip, "kept: this node wins it again");
                 }
@@ -1094,16 +1116,39 @@ impl Core {
         // A live peer whose view of the cluster is newer than ours holds it:
         // by the newer view, that is where it belongs. (Not any peer: one
         // with the same view that shows it may be letting it go right now.)
-        if let Some(p) = self.view.nodes.iter().find(|n| {
-            n.node != self.settings.node
-                && n.status == Status::Alive
-                && n.revision > self.revision
-                && n.vips.contains(&ip)
-        }) {
+        if let Some(p) = self
+            .view
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.node != self.settings.node
+                    && n.status == Status::Alive
+                    && n.revision > self.revision
+            })
+            .map(|n| n.node.clone())
+            .find(|n| self.holds(n, ip))
+        {
             return Some(format!(
-                "{} holds it now, with a newer view of the cluster",
-                p.node
+                "{p} holds it now, with a newer view of the cluster"
             ));
+        }
+        // Kept for differing views (below), and so is it on a peer with the
+        // same view: the one the election ranks first keeps it.
+        if self.slots.get(&ip).is_some_and(|s| s.kept_for_views)
+            && let Some(p) = self
+                .view
+                .nodes
+                .iter()
+                .filter(|n| {
+                    n.node != self.settings.node
+                        && n.status == Status::Alive
+                        && n.revision == self.revision
+                        && self.election.outranks(ip, &n.node, &self.settings.node) == Some(true)
+                })
+                .map(|n| n.node.clone())
+                .find(|n| self.holds(n, ip))
+        {
+            return Some(format!("{p} keeps it too and ranks first"));
         }
         let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
         let slot = self.slots.get_mut(&ip).expect("present");
@@ -1126,6 +1171,11 @@ impl Core {
                 debug!(%ip, %winner, winner_revision, revision = self.revision,
                     "the winner's view of the cluster differs; still answering");
                 slot.handover = Some(now);
+                // Shown as held again: this node answers for it until the
+                // views agree, and another that keeps it too must see so.
+                if !std::mem::replace(&mut slot.kept_for_views, true) {
+                    self.publish_dirty = true;
+                }
                 return None;
             }
             warn!(%ip, %winner, "the winner did not show the address in time; releasing anyway");
@@ -1274,6 +1324,7 @@ impl Core {
                     slot.held_since = Some(now);
                 }
                 slot.handover = None;
+                slot.kept_for_views = false;
                 if let Some(target) = want.target {
                     out.garp.push(target);
                     slot.garp = (self.settings.garp.count > 1).then(|| Garp {
@@ -1355,6 +1406,7 @@ impl Core {
                 slot.held_since = None;
                 slot.garp = None;
                 slot.handover = None;
+                slot.kept_for_views = false;
                 slot.retry = None;
                 let adopted = std::mem::take(&mut slot.adopted);
                 self.publish_dirty = true;
@@ -1409,7 +1461,20 @@ impl Core {
                 .filter(|h| h.mode == Mode::Local && slot.handover.is_none() && slot.op.is_none())
         };
         let probing = slot.probing.is_some();
-        match self.judge(claim, held.as_ref(), now) {
+        let mut verdict = self.judge(claim, held.as_ref(), now);
+        if let Verdict::Keep { other } = &verdict
+            && self.phase != Phase::Running
+        {
+            // Not a candidate (still starting, without a view of the
+            // cluster to rank by, or leaving): the other hostlb node that
+            // answers keeps it.
+            let to = other.clone();
+            if let Some(want) = held.clone() {
+                self.conflicts.yield_to(claim.ip, &to, want, now);
+            }
+            verdict = Verdict::Yield { to };
+        }
+        match verdict {
             Verdict::Ignore => {}
             Verdict::Keep { other } => {
                 if probing {

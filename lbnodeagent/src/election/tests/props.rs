@@ -396,4 +396,63 @@ proptest! {
         }
         assert_matches_reference(&e, &World { cluster: w.cluster.clone(), members: live });
     }
+
+    /// Changing one Service's endpoints through `set_endpoints` gives what a
+    /// whole new cluster view with those endpoints gives, and the addresses
+    /// it returns include every one whose duties moved.
+    #[test]
+    fn endpoints_alone_equal_a_new_view(seed in any::<u64>(), pick in any::<u64>()) {
+        let w = world(seed);
+        prop_assume!(!w.cluster.services.is_empty());
+        let mut r = Rng(pick);
+        let i = r.below(w.cluster.services.len() as u64) as usize;
+        let names: Vec<&str> = w.cluster.nodes.iter().map(|n| n.name.as_str()).collect();
+        let on: Vec<&str> = names.iter().copied().filter(|_| r.chance(0.4)).collect();
+        let endpoints = if r.chance(0.2) { Endpoints::default() } else { Endpoints::on(on) };
+        let mut e = Election::new(&w.cluster, w.members.clone());
+        let duties_before: Vec<_> = names.iter().map(|n| e.duties(n)).collect();
+        let touched = e.set_endpoints(&w.cluster.services[i].key, &endpoints);
+        let mut changed = w.cluster.clone();
+        changed.services[i].endpoints = endpoints;
+        let scratch = Election::new(&changed, w.members.clone());
+        prop_assert_eq!(e.report_all(), scratch.report_all());
+        for (n, before) in names.iter().zip(duties_before) {
+            let after = e.duties(n);
+            for d in after.iter().filter(|d| !before.contains(d)).chain(before.iter().filter(|d| !after.contains(d))) {
+                let ip = match d { Duty::Announce { ip, .. } | Duty::Virtual { ip } => *ip };
+                prop_assert!(touched.contains(&ip), "{} moved for {} but was not returned", ip, n);
+            }
+        }
+    }
+
+    /// `duty` is `duties` one address at a time; `winner_without` and
+    /// `duty_without` with nobody passed over are `winner` and the
+    /// winner's duty, and passing over the winner names the runner-up.
+    #[test]
+    fn one_address_at_a_time_agrees_with_the_whole(seed in any::<u64>()) {
+        let w = world(seed);
+        let e = Election::new(&w.cluster, w.members.clone());
+        for n in &w.cluster.nodes {
+            let all = e.duties(&n.name);
+            for r in e.report_all() {
+                let one = e.duty(&n.name, r.ip);
+                let listed = all.iter().find(|d| matches!(d, Duty::Announce { ip, .. } | Duty::Virtual { ip } if *ip == r.ip)).cloned();
+                prop_assert_eq!(one.clone(), listed);
+                if r.winner.as_deref() == Some(n.name.as_str()) {
+                    prop_assert_eq!(e.duty_without(&n.name, r.ip, |_| false), one);
+                }
+            }
+        }
+        for r in e.report_all() {
+            prop_assert_eq!(e.winner_without(r.ip, |_| false), r.winner.as_deref());
+            if let Some(w0) = r.winner.as_deref() {
+                let second = r.candidates.get(1).map(|c| c.node.as_str());
+                prop_assert_eq!(e.winner_without(r.ip, |n| n == w0), second);
+                if let Some(s) = second {
+                    prop_assert!(e.duty_without(s, r.ip, |n| n == w0).is_some());
+                    prop_assert!(e.duty_without(s, r.ip, |_| false).is_none());
+                }
+            }
+        }
+    }
 }

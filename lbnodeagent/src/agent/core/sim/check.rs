@@ -41,8 +41,9 @@ use crate::election::{Cluster, Election, Member};
 pub const STEADY_WINDOW: Duration = Duration::from_secs(6);
 /// Slowest failure detection of the simulated gossip.
 const DETECTION: Duration = Duration::from_millis(650);
-/// Two owners after a make-before-break move started, at most.
-const HANDOVER_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_millis(500));
+/// Two owners after a make-before-break move started, at most: the hand-over
+/// time, and a gossip round or two (with loss) for the word to spread.
+const HANDOVER_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_secs(1));
 /// Two owners while one of them is leaving (SIGTERM), at most: it waits
 /// for its successors up to [`LEAVE_MAX`].
 const LEAVING_BOUND: Duration = LEAVE_MAX.saturating_add(Duration::from_millis(500));
@@ -50,10 +51,13 @@ const LEAVING_BOUND: Duration = LEAVE_MAX.saturating_add(Duration::from_millis(5
 /// its peer's state to reach it.
 const STARTING_BOUND: Duration = Duration::from_secs(1);
 /// Two owners across a gossip-only partition, at most: the owner probes
-/// each held VIP every [`OWNER_PROBE`]; the lower-ranked one lets go on the
-/// first answer it hears.
+/// each held VIP every [`OWNER_PROBE`] and the lower-ranked one lets go on
+/// the first answer it hears; a node that was handing the VIP over when
+/// the partition began may not hear from its winner (which yielded to the
+/// far side) and keeps answering its hand-over time.
 const PARTITION_BOUND: Duration = OWNER_PROBE
     .saturating_add(OWNER_PROBE)
+    .saturating_add(HANDOVER_MAX)
     .saturating_add(Duration::from_millis(500));
 /// No owner while a candidate lives, at most: detection, the probe window,
 /// and a yield to a dead owner whose address just lapsed ([`YIELD_HOLD`]
@@ -97,8 +101,13 @@ pub struct Stats {
 pub struct HostState {
     pub name: String,
     pub agent_running: bool,
+    /// Since when the agent has not been running (frozen, killed, host
+    /// off); its addresses lapse a lifetime after.
+    pub stopped_at: Option<Duration>,
     pub ready: bool,
     pub leaving: bool,
+    /// Its kernel refuses a share of operations now.
+    pub flaky: bool,
     /// Some unplanned fault is on this host now.
     pub faulty: bool,
 }
@@ -121,14 +130,19 @@ pub struct Context<'a> {
 
 struct Episode {
     since: Duration,
-    allowance: Duration,
+    /// It must be over by then: the latest of what the situations seen
+    /// during it allow.
+    deadline: Duration,
     kind: &'static str,
 }
 
 #[derive(Default)]
 struct VipState {
     owners: BTreeSet<usize>,
-    two: Option<Episode>,
+    /// Each pair of hosts answering together, judged on its own: one
+    /// episode may chain several causes (a frozen owner, then a partition
+    /// with another), each with its own bound.
+    pairs: BTreeMap<(usize, usize), Episode>,
     none: Option<Duration>,
 }
 
@@ -253,6 +267,11 @@ impl Checker {
             .iter()
             .position(|h| h.name == winner)
             .expect("a host");
+        if ctx.hosts[w].flaky {
+            // Its kernel refuses operations, and its retries back off: no
+            // bound holds for what it must add (the others rightly wait).
+            return false;
+        }
         let known = ctx.host_versions[w];
         if known == ctx.newest {
             return true;
@@ -312,15 +331,29 @@ impl Checker {
         }
     }
 
-    fn allowance(&self, owners: &BTreeSet<usize>, ctx: &Context) -> (Duration, &'static str) {
-        if owners.iter().any(|&h| !ctx.hosts[h].agent_running) {
-            // Its address lasts until its lifetime runs out; `cleanup`
-            // waits at most a hand-over for its peers.
+    /// By when two owners must be down to one, for an episode that began
+    /// at `since`, and what allows it.
+    fn allowance(
+        &self,
+        owners: &BTreeSet<usize>,
+        ctx: &Context,
+        since: Duration,
+    ) -> (Duration, &'static str) {
+        let dead = owners.iter().filter_map(|&h| ctx.hosts[h].stopped_at).max();
+        if let Some(stopped) = dead {
+            // Its address lasts until its lifetime runs out after its agent
+            // stopped renewing it; `cleanup` waits at most a hand-over for
+            // its peers.
             return (
-                self.lifetime.max(HANDOVER_MAX) + Duration::from_secs(1),
+                stopped + self.lifetime.max(HANDOVER_MAX) + Duration::from_secs(1),
                 "agent not running",
             );
         }
+        let (bound, kind) = self.bound(owners, ctx);
+        (since.saturating_add(bound), kind)
+    }
+
+    fn bound(&self, owners: &BTreeSet<usize>, ctx: &Context) -> (Duration, &'static str) {
         let pairs = owners
             .iter()
             .flat_map(|&a| owners.iter().map(move |&b| (a, b)))
@@ -337,6 +370,9 @@ impl Checker {
         if pairs.clone().any(|(a, b)| !ctx.reach[a][b]) {
             return (PARTITION_BOUND, "gossip partition");
         }
+        if owners.iter().any(|&h| ctx.hosts[h].leaving) {
+            return (LEAVING_BOUND, "leaving node");
+        }
         if pairs
             .clone()
             .any(|(a, b)| ctx.host_versions[a] != ctx.host_versions[b])
@@ -345,9 +381,6 @@ impl Checker {
             // view lets go once it trusts the other's word, or after a
             // planned move's time.
             return (HANDOVER_BOUND, "views differ");
-        }
-        if owners.iter().any(|&h| ctx.hosts[h].leaving) {
-            return (LEAVING_BOUND, "leaving node");
         }
         if owners.iter().any(|&h| !ctx.hosts[h].ready) {
             return (STARTING_BOUND, "starting node");
@@ -361,42 +394,69 @@ impl Checker {
             .get(&ip)
             .map(|v| v.owners.clone())
             .unwrap_or_default();
-        // Two owners.
-        if owners.len() >= 2 {
-            let (allowance, kind) = self.allowance(&owners, ctx);
+        // Two owners, pair by pair.
+        let current: BTreeSet<(usize, usize)> = owners
+            .iter()
+            .flat_map(|&a| owners.iter().map(move |&b| (a, b)))
+            .filter(|(a, b)| a < b)
+            .collect();
+        let ended: Vec<((usize, usize), Episode)> = {
             let v = self.vips.entry(ip).or_default();
-            let e = v.two.get_or_insert(Episode {
-                since: t,
-                allowance,
-                kind,
-            });
-            if allowance > e.allowance {
-                e.allowance = allowance;
-                e.kind = kind;
-            }
-            let (since, allowance, kind) = (e.since, e.allowance, e.kind);
-            self.record_two(kind, t - since);
-            if t - since > allowance {
-                let names: Vec<&str> = owners.iter().map(|&h| ctx.hosts[h].name.as_str()).collect();
+            let gone: Vec<(usize, usize)> = v
+                .pairs
+                .keys()
+                .filter(|p| !current.contains(p))
+                .copied()
+                .collect();
+            gone.into_iter()
+                .filter_map(|p| v.pairs.remove(&p).map(|e| (p, e)))
+                .collect()
+        };
+        for ((a, b), e) in ended {
+            self.record_two(e.kind, t - e.since);
+            if t > e.deadline {
                 self.fail(
                     t,
                     format!(
-                        "{ip} answered by {names:?} for {:?}, beyond the {:?} allowed ({kind})",
-                        t - since,
-                        allowance
+                        "{ip} answered by {} and {} for {:?}, {:?} longer than allowed ({})",
+                        ctx.hosts[a].name,
+                        ctx.hosts[b].name,
+                        t - e.since,
+                        t - e.deadline,
+                        e.kind
                     ),
                 );
             }
-        } else if let Some(e) = self.vips.get_mut(&ip).and_then(|v| v.two.take()) {
-            self.record_two(e.kind, t - e.since);
-            if t - e.since > e.allowance {
+        }
+        for (a, b) in current {
+            let pair: BTreeSet<usize> = [a, b].into();
+            let since = self
+                .vips
+                .get(&ip)
+                .and_then(|v| v.pairs.get(&(a, b)))
+                .map_or(t, |e| e.since);
+            let (deadline, kind) = self.allowance(&pair, ctx, since);
+            let v = self.vips.entry(ip).or_default();
+            let e = v.pairs.entry((a, b)).or_insert(Episode {
+                since,
+                deadline,
+                kind,
+            });
+            if deadline > e.deadline {
+                e.deadline = deadline;
+                e.kind = kind;
+            }
+            let (since, deadline, kind) = (e.since, e.deadline, e.kind);
+            self.record_two(kind, t - since);
+            if t > deadline {
                 self.fail(
                     t,
                     format!(
-                        "{ip} had two owners for {:?}, beyond the {:?} allowed ({})",
-                        t - e.since,
-                        e.allowance,
-                        e.kind
+                        "{ip} answered by {} and {} for {:?}, {:?} longer than allowed ({kind})",
+                        ctx.hosts[a].name,
+                        ctx.hosts[b].name,
+                        t - since,
+                        t - deadline
                     ),
                 );
             }

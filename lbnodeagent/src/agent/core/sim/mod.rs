@@ -146,6 +146,8 @@ struct Host {
     deferred: Vec<Ev>,
     /// Killed (not stopped gracefully) and not started since.
     killed: bool,
+    /// Since when the agent has not been running.
+    stopped_at: Option<Duration>,
 }
 
 #[derive(Clone, Debug)]
@@ -294,6 +296,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             watched: BTreeSet::new(),
             deferred: Vec::new(),
             killed: false,
+            stopped_at: Some(Duration::ZERO),
         })
         .collect();
     let n = shape.nodes;
@@ -606,6 +609,7 @@ impl World {
         h.core = Some(core);
         h.agent = Agent::Running;
         h.killed = false;
+        h.stopped_at = None;
         h.generation += 1;
         h.api_version = 0;
         h.wake_due = None;
@@ -643,8 +647,10 @@ impl World {
                 }
             }
         }
+        let t = self.t;
         let h = &mut self.hosts[host];
         h.agent = Agent::Stopped;
+        h.stopped_at = Some(t);
         h.core = None;
         h.wake_due = None;
         h.watched.clear();
@@ -1093,14 +1099,9 @@ impl World {
         let owners: BTreeSet<usize> = (0..self.hosts.len())
             .filter(|&h| self.answers(h, ip))
             .collect();
-        let ctx = context(
-            &self.hosts,
-            &self.reach,
-            &self.versions,
-            &self.truth,
-            self.api_up,
-        );
-        if let Some(line) = self.checker.owners(ip, owners, self.t, &ctx) {
+        let mut line = None;
+        self.judge(|checker, ctx, t| line = checker.owners(ip, owners, t, ctx));
+        if let Some(line) = line {
             self.note(line);
         }
     }
@@ -1192,12 +1193,14 @@ impl World {
             Fault::Freeze(h) => {
                 if self.hosts[h].agent == Agent::Running {
                     self.hosts[h].agent = Agent::Frozen;
+                    self.hosts[h].stopped_at = Some(self.t);
                     self.reachability(h);
                 }
             }
             Fault::Thaw(h) => {
                 if self.hosts[h].agent == Agent::Frozen {
                     self.hosts[h].agent = Agent::Running;
+                    self.hosts[h].stopped_at = None;
                     self.hosts[h].view_dirty = true;
                     self.reachability(h);
                     let deferred = std::mem::take(&mut self.hosts[h].deferred);
@@ -1382,7 +1385,8 @@ impl World {
 
     // ---- judging ----
 
-    fn sweep(&mut self) {
+    /// Hands the checker what it needs to know about the world now.
+    fn judge(&mut self, f: impl FnOnce(&mut check::Checker, &check::Context, Duration)) {
         let ctx = context(
             &self.hosts,
             &self.reach,
@@ -1390,23 +1394,20 @@ impl World {
             &self.truth,
             self.api_up,
         );
-        self.checker.sweep(self.t, &ctx);
+        f(&mut self.checker, &ctx, self.t);
+    }
+
+    fn sweep(&mut self) {
+        self.judge(|checker, ctx, t| checker.sweep(t, ctx));
     }
 
     fn final_check(&mut self) {
-        let ctx = context(
-            &self.hosts,
-            &self.reach,
-            &self.versions,
-            &self.truth,
-            self.api_up,
-        );
         let held: Vec<BTreeSet<(u32, IpAddr)>> = self
             .hosts
             .iter()
             .map(|h| h.kernel.keys().copied().collect())
             .collect();
-        self.checker.finish(self.t, &ctx, &held);
+        self.judge(|checker, ctx, t| checker.finish(t, ctx, &held));
     }
 }
 
@@ -1435,8 +1436,10 @@ fn context<'a>(
             .iter()
             .map(|h| check::HostState {
                 agent_running: h.agent == Agent::Running,
+                stopped_at: h.stopped_at.filter(|_| h.agent != Agent::Running),
                 ready: ready(h),
                 leaving: h.core.as_ref().is_some_and(|c| c.is_leaving()),
+                flaky: h.flaky,
                 faulty: !h.powered
                     || h.agent == Agent::Frozen
                     || h.killed

@@ -1,0 +1,332 @@
+//! Many VIPs on one host, as a client sees them: three agents, `n`
+//! Services whose advertisement prefers `node-a` (so it holds every VIP),
+//! and a client asking about a sample of them by ARP every 10 ms. Cutting
+//! `node-a` off shows when the first and the last VIP answer from another
+//! host; a SIGTERM shows whether the hand-over of all of them loses a
+//! reply; a cold start shows how soon after readiness every VIP answers.
+//! The survivors' kernels are also polled, for the VIPs outside the
+//! sample.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hostlb_tests::netns::wait_for;
+use hostlb_tests::probe::{ArpSweep, judge};
+
+use super::Cluster;
+
+pub const EVERY: Duration = Duration::from_millis(10);
+/// The VIPs' subnet, on-link on every host through a route on eth0.
+const SUBNET: &str = "10.78.0.0/16";
+const FIRST: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
+/// VIPs the client asks about: the first, the last and evenly between.
+const SAMPLE: usize = 24;
+
+/// A cluster whose `node-a` holds `n` VIPs.
+pub struct Bed {
+    pub c: Cluster,
+    pub ips: Vec<String>,
+    pub sample: Vec<String>,
+}
+
+impl Bed {
+    /// Three agents; with `services_first`, the Services exist before the
+    /// agents start (a cold start), else they are created once the agents
+    /// run and `node-a` holds them all on return.
+    pub fn new(n: usize, services_first: bool) -> Bed {
+        let c = Cluster::new(&["node-a", "node-b", "node-c"]);
+        c.pool_and_ad(
+            &[SUBNET],
+            "preferredNodeSelectors: [{weight: 100, preference: {matchLabels: {tier: edge}}}]",
+        );
+        c.kubectl(&["label", "node", "node-a", "tier=edge"]);
+        for node in c.nodes.clone() {
+            c.host(&node)
+                .ns
+                .ip(&format!("route add {SUBNET} dev eth0"))
+                .unwrap();
+        }
+        let ips: Vec<String> = (0..n)
+            .map(|i| Ipv4Addr::from(u32::from(FIRST) + i as u32).to_string())
+            .collect();
+        let sample: Vec<String> = if n <= SAMPLE {
+            ips.clone()
+        } else {
+            (0..SAMPLE)
+                .map(|k| ips[k * (n - 1) / (SAMPLE - 1)].clone())
+                .collect()
+        };
+        if services_first {
+            c.bulk_services(n, FIRST, "node-a");
+        }
+        let mut bed = Bed { c, ips, sample };
+        if !services_first {
+            bed.c.start_all();
+            bed.wait_ready(Duration::from_secs(30));
+            bed.c.bulk_services(n, FIRST, "node-a");
+            bed.wait_held("node-a", Duration::from_secs(120));
+        }
+        bed
+    }
+
+    pub fn sweep(&self) -> ArpSweep {
+        let client = self.c.host("client");
+        ArpSweep::start(
+            &client.ns,
+            "eth0",
+            &client.ipv4.to_string(),
+            &self.sample,
+            EVERY,
+        )
+        .unwrap()
+    }
+
+    /// Every agent reports ready; when each did, in order of the nodes.
+    pub fn wait_ready(&self, timeout: Duration) -> Vec<Instant> {
+        self.c
+            .nodes
+            .iter()
+            .map(|n| {
+                wait_for(&format!("{n} to be ready"), timeout, || {
+                    let (code, _) = self.c.http_get(n, "/readyz");
+                    (code == "200").then(Instant::now)
+                })
+                .unwrap()
+            })
+            .collect()
+    }
+
+    /// Waits until `node` holds every VIP.
+    pub fn wait_held(&self, node: &str, timeout: Duration) {
+        let n = self.ips.len();
+        wait_for(&format!("{node} to hold all {n} VIPs"), timeout, || {
+            (self.c.held_count(node) >= n).then_some(())
+        })
+        .unwrap();
+    }
+}
+
+/// When each VIP first showed up in the kernel of one of `nodes`, polled
+/// every few milliseconds from a thread of its own until all have or
+/// `stop` is set.
+pub struct KernelWatch {
+    seen: Arc<Mutex<BTreeMap<String, Instant>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl KernelWatch {
+    pub fn start(bed: &Bed, nodes: &[&str]) -> KernelWatch {
+        let seen: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let wanted: BTreeSet<String> = bed.ips.iter().cloned().collect();
+        let namespaces: Vec<String> = nodes
+            .iter()
+            .map(|n| bed.c.host(n).ns.name().to_string())
+            .collect();
+        let thread = {
+            let (seen, stop) = (seen.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for ns in &namespaces {
+                        let out = hostlb_tests::netns::run(
+                            "ip",
+                            &["-n", ns, "-o", "-4", "addr", "show", "dev", "eth0"],
+                        )
+                        .unwrap_or_default();
+                        let now = Instant::now();
+                        let mut s = seen.lock().unwrap();
+                        for line in out.lines() {
+                            let Some(addr) = line.split_whitespace().nth(3) else {
+                                continue;
+                            };
+                            let ip = addr.split('/').next().unwrap_or_default();
+                            if wanted.contains(ip) {
+                                s.entry(ip.to_string()).or_insert(now);
+                            }
+                        }
+                        if s.len() == wanted.len() {
+                            return;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        KernelWatch {
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits until every VIP was seen; (first, last) since `t0`.
+    pub fn all(&mut self, n: usize, t0: Instant, timeout: Duration) -> (Duration, Duration) {
+        wait_for("every VIP on a survivor", timeout, || {
+            (self.seen.lock().unwrap().len() >= n).then_some(())
+        })
+        .unwrap();
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let s = self.seen.lock().unwrap();
+        let first = s.values().min().copied().unwrap_or(t0);
+        let last = s.values().max().copied().unwrap_or(t0);
+        (first - t0, last - t0)
+    }
+}
+
+impl Drop for KernelWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One host cut off while it holds every VIP.
+#[derive(Clone, Debug)]
+pub struct CutOff {
+    /// The first and the last sampled VIP answering from another MAC.
+    pub wire_first: Duration,
+    pub wire_last: Duration,
+    /// The first and the last of all VIPs in a survivor's kernel.
+    pub kernel_first: Duration,
+    pub kernel_last: Duration,
+}
+
+/// `node-a`'s switch port goes down; the bed is put back afterwards
+/// (port up, `node-a` holding everything again).
+pub fn cut_off(bed: &Bed) -> CutOff {
+    let sweep = bed.sweep();
+    let old = bed.c.host("node-a").mac().to_string();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut watch = KernelWatch::start(bed, &["node-b", "node-c"]);
+    let t0 = Instant::now();
+    bed.c.lan.set_port("node-a", false).unwrap();
+    let (kernel_first, kernel_last) = watch.all(bed.ips.len(), t0, Duration::from_secs(60));
+    let moved = wait_for(
+        "every sampled VIP to answer elsewhere",
+        Duration::from_secs(10),
+        || {
+            let m = sweep.moved(&bed.sample, &old, t0);
+            m.iter().all(Option::is_some).then_some(m)
+        },
+    )
+    .unwrap();
+    let times: Vec<Duration> = moved.iter().flatten().map(|at| *at - t0).collect();
+    bed.c.lan.set_port("node-a", true).unwrap();
+    bed.wait_held("node-a", Duration::from_secs(60));
+    CutOff {
+        wire_first: *times.iter().min().unwrap(),
+        wire_last: *times.iter().max().unwrap(),
+        kernel_first,
+        kernel_last,
+    }
+}
+
+/// A SIGTERM to `node-a` while it holds every VIP: the most probes any
+/// sampled VIP lost, and its longest silence.
+pub fn sigterm(bed: &mut Bed) -> (u64, Duration) {
+    let sweep = bed.sweep();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut watch = KernelWatch::start(bed, &["node-b", "node-c"]);
+    let t0 = Instant::now();
+    bed.c.signal("node-a", "TERM");
+    assert_eq!(
+        bed.c.wait_exit("node-a", Duration::from_secs(20)),
+        Some(0),
+        "node-a exits 0 after handing over"
+    );
+    watch.all(bed.ips.len(), t0, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    let end = Instant::now();
+    let mut lost = 0;
+    let mut outage = Duration::ZERO;
+    for ip in &bed.sample {
+        let o = judge(&sweep.replies(ip), t0, end, EVERY);
+        lost = lost.max(o.lost);
+        outage = outage.max(o.outage);
+    }
+    (lost, outage)
+}
+
+/// A cold start with every Service already there: how long after the
+/// first and the last agent was ready every VIP was in some kernel, and
+/// the sampled ones answered on the wire.
+pub struct ColdStart {
+    pub after_first_ready: Duration,
+    pub after_last_ready: Duration,
+    pub wire_after_last_ready: Duration,
+}
+
+pub fn cold_start(bed: &mut Bed) -> ColdStart {
+    let sweep = bed.sweep();
+    let mut watch = KernelWatch::start(bed, &["node-a", "node-b", "node-c"]);
+    let t0 = Instant::now();
+    bed.c.start_all();
+    let ready = bed.wait_ready(Duration::from_secs(60));
+    let (_, last) = watch.all(bed.ips.len(), t0, Duration::from_secs(60));
+    let all_in = t0 + last;
+    let first_ready = *ready.iter().min().unwrap();
+    let last_ready = *ready.iter().max().unwrap();
+    let answered = wait_for(
+        "every sampled VIP to answer",
+        Duration::from_secs(10),
+        || {
+            let firsts: Vec<Option<Instant>> = bed
+                .sample
+                .iter()
+                .map(|ip| sweep.replies(ip).first().map(|r| r.at))
+                .collect();
+            firsts
+                .iter()
+                .all(Option::is_some)
+                .then(|| firsts.into_iter().flatten().max().unwrap())
+        },
+    )
+    .unwrap();
+    ColdStart {
+        after_first_ready: all_in.saturating_duration_since(first_ready),
+        after_last_ready: all_in.saturating_duration_since(last_ready),
+        wire_after_last_ready: answered.saturating_duration_since(last_ready),
+    }
+}
+
+/// Where an agent's resident memory is, from `/proc/PID/smaps`: KiB by
+/// kind of mapping (the binary, shared libraries, heap, thread stacks and
+/// other anonymous memory).
+pub fn memory(c: &Cluster, node: &str) -> BTreeMap<String, u64> {
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", c.pid(node))).unwrap();
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    let mut kind = String::new();
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or_default();
+        if first.contains('-') && first.chars().all(|ch| ch.is_ascii_hexdigit() || ch == '-') {
+            let path = line.split_whitespace().nth(5).unwrap_or_default();
+            kind = if path.ends_with("lbnodeagent") {
+                "binary".into()
+            } else if path.contains(".so") {
+                "libraries".into()
+            } else if path == "[heap]" {
+                "heap (brk)".into()
+            } else if path.starts_with("[stack") {
+                "main stack".into()
+            } else if path.is_empty() {
+                "anonymous (malloc arenas, thread stacks)".into()
+            } else {
+                path.to_string()
+            };
+        } else if let Some(v) = line.strip_prefix("Rss:") {
+            let kib: u64 = v
+                .split_whitespace()
+                .next()
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(0);
+            *out.entry(kind.clone()).or_default() += kib;
+        }
+    }
+    out
+}
