@@ -5,4 +5,5 @@
 pub mod apiserver;
 pub mod netns;
 pub mod probe;
+pub mod realserver;
 pub mod rng;

@@ -149,7 +149,8 @@ pub async fn run(config_path: &Path) -> Result<(), AgentError> {
         .await
 }
 
-async fn kube_client(cfg: &AgentConfig) -> Result<kube::Client, AgentError> {
+/// The client, and the API server's URL (for log lines).
+async fn kube_client(cfg: &AgentConfig) -> Result<(kube::Client, String), AgentError> {
     let bad = |message: String| AgentError::Kubeconfig {
         path: cfg.kubeconfig.clone(),
         message,
@@ -171,7 +172,9 @@ async fn kube_client(cfg: &AgentConfig) -> Result<kube::Client, AgentError> {
     {
         config.headers.push((http::header::USER_AGENT, v));
     }
-    kube::Client::try_from(config).map_err(|e| bad(e.to_string()))
+    let server = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).map_err(|e| bad(e.to_string()))?;
+    Ok((client, server))
 }
 
 /// The address the kernel would use to reach `prefix`: the interface's own
@@ -244,12 +247,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
         telemetry.set_detector_counters(membership.detector_counters());
         let views = membership.views();
 
-        let client = kube_client(&cfg).await?;
+        let (client, server) = kube_client(&cfg).await?;
         let scope = Scope {
             namespace: cfg.namespace.clone(),
             load_balancer_class: cfg.load_balancer_class.clone(),
         };
-        let kube = KubeInputs::start(&client, &scope);
+        let kube = KubeInputs::start(&client, &scope, &server);
         let report = report::start(
             client,
             &cfg.node_name,
@@ -307,6 +310,16 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.telemetry.set_status_channel(status_tx);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The service is up (gossip joined, /readyz answering) even while
+        // the API is away: a running, degraded service that is no
+        // candidate until its first reconcile, not a start that times out
+        // and loops. `/readyz` stays 503 until then.
+        notify(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(
+                "starting: waiting for the first reconcile; not a candidate yet",
+            ),
+        ]);
         let wake = tokio::time::sleep(Duration::from_secs(3600));
         tokio::pin!(wake);
         let watchdog = sd_notify::watchdog_enabled().is_some();
@@ -551,9 +564,15 @@ impl<B: AddressBackend + 'static> Agent<B> {
             self.gossip.membership.set_seeds(seeds.clone());
             self.gossip.seeds_given = seeds;
         }
-        self.telemetry
-            .api_healthy
-            .store(self.kube.api_healthy(), Ordering::Relaxed);
+        let healthy = self.kube.api_healthy();
+        let was = self.telemetry.api_healthy.swap(healthy, Ordering::Relaxed);
+        if was != healthy && !self.telemetry.applied.load(Ordering::Relaxed) && !healthy {
+            let status = format!(
+                "degraded: waiting for the API server ({}) for a first view of the cluster; not a candidate",
+                self.kube.server()
+            );
+            notify(&[sd_notify::NotifyState::Status(&status)]);
+        }
     }
 
     /// SIGHUP: the new settings for the core, then the links again (the

@@ -10,8 +10,15 @@
 //! differs, at a bounded rate, so a start with 1 000 Services does not
 //! hammer the API server and a repeated pass writes nothing. Failed writes
 //! are tried again on the next pass.
+//!
+//! An Event that cannot be written (the API server away, a 403 while a
+//! restarted server fills its RBAC caches) waits in a bounded
+//! [`EventQueue`] and is written when the server answers again; a newer
+//! Event of the same reason for the same Service replaces the one waiting.
+//! Only what overflows the queue, or waited an hour (Events themselves
+//! expire after one), is dropped, counted and logged.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +46,19 @@ const WRITTEN_GRACE: Duration = Duration::from_secs(10);
 /// Passes over the whole set this often even without a change, to retry
 /// failed writes and repair annotations someone edited.
 const RESYNC: Duration = Duration::from_secs(10);
+/// Events waiting to be written again, at most.
+const EVENTS_WAITING: usize = 1024;
+/// An Event that waited this long is dropped: Kubernetes would already have
+/// expired it.
+const EVENT_MAX_AGE: Duration = Duration::from_secs(3600);
+/// How soon a failed Event is tried again.
+const EVENT_RETRY: Duration = Duration::from_secs(1);
+/// With no write in this long, the writer asks the server for its version
+/// (one cheap GET over a new or pooled connection) to learn whether it
+/// still takes requests: at 1,000 agents, 200 requests a second at most.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// A probe or write that takes longer counts as failed.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub use super::core::{Announcing, EventRequest};
 
@@ -46,6 +66,18 @@ pub fn annotation(family: Family) -> &'static str {
     match family {
         Family::V4 => ANNOUNCING_IPV4,
         Family::V6 => ANNOUNCING_IPV6,
+    }
+}
+
+/// Whether the server took the request: a success, or an answer about the
+/// object itself (gone, conflicting), which a retry cannot mend and which
+/// says nothing about the server. Refusals (403), throttling and server
+/// errors, timeouts and connection errors do not count.
+fn took<T>(result: &Result<T, kube::Error>) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(kube::Error::Api(s)) => matches!(s.code, 404 | 409 | 410 | 422),
+        Err(_) => false,
     }
 }
 
@@ -68,7 +100,63 @@ impl ReportHandle {
     pub fn event(&self, telemetry: &Telemetry, req: EventRequest) {
         if self.events.try_send(req).is_err() {
             telemetry.events_dropped.inc();
+            warn!("the Event queue to the writer is full; Event dropped");
         }
+    }
+}
+
+/// Events that failed to be written, oldest first, one per Service and
+/// reason (the newer note wins: it says what is true now).
+#[derive(Default)]
+pub struct EventQueue {
+    waiting: VecDeque<(EventRequest, Instant)>,
+}
+
+impl EventQueue {
+    /// Queues `req` (first failed at `since`); how many Events had to be
+    /// dropped to make room.
+    pub fn push(&mut self, req: EventRequest, since: Instant) -> usize {
+        if let Some(w) = self
+            .waiting
+            .iter_mut()
+            .find(|(w, _)| w.service == req.service && w.reason == req.reason)
+        {
+            w.0 = req;
+            return 0;
+        }
+        let mut dropped = 0;
+        while self.waiting.len() >= EVENTS_WAITING {
+            self.waiting.pop_front();
+            dropped += 1;
+        }
+        self.waiting.push_back((req, since));
+        dropped
+    }
+
+    /// The oldest Event still worth writing at `now`, and how many expired.
+    pub fn pop(&mut self, now: Instant) -> (Option<(EventRequest, Instant)>, usize) {
+        let mut expired = 0;
+        while let Some((_, since)) = self.waiting.front() {
+            if now.saturating_duration_since(*since) < EVENT_MAX_AGE {
+                return (self.waiting.pop_front(), expired);
+            }
+            self.waiting.pop_front();
+            expired += 1;
+        }
+        (None, expired)
+    }
+
+    /// Puts back an Event that failed again, in front.
+    pub fn put_back(&mut self, req: EventRequest, since: Instant) {
+        self.waiting.push_front((req, since));
+    }
+
+    pub fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
     }
 }
 
@@ -94,6 +182,8 @@ pub fn start(
         telemetry,
         written: HashMap::new(),
         next_write: Instant::now(),
+        waiting: EventQueue::default(),
+        last_answer: Instant::now(),
     };
     let task = tokio::spawn(writer.run(rx, events_rx));
     ReportHandle {
@@ -113,6 +203,9 @@ struct Writer {
     telemetry: Arc<Telemetry>,
     written: HashMap<(String, Family), Written>,
     next_write: Instant,
+    waiting: EventQueue,
+    /// When the server last took a write or answered a probe.
+    last_answer: Instant,
 }
 
 impl Writer {
@@ -122,6 +215,10 @@ impl Writer {
         mut events: mpsc::Receiver<EventRequest>,
     ) {
         let mut resync = tokio::time::interval(RESYNC);
+        let mut retry = tokio::time::interval(EVENT_RETRY);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probe = tokio::time::interval(PROBE_EVERY);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 changed = announcing.changed() => {
@@ -131,11 +228,31 @@ impl Writer {
                 }
                 ev = events.recv() => match ev {
                     Some(ev) => {
-                        self.publish(ev).await;
+                        if self.waiting.is_empty() {
+                            self.publish(ev, Instant::now(), false).await;
+                        } else {
+                            // Keep the order: behind those waiting.
+                            let dropped = self.waiting.push(ev, Instant::now());
+                            self.dropped(dropped, "the queue of Events to write again is full");
+                        }
                         continue;
                     }
                     None => return,
                 },
+                _ = retry.tick(), if !self.waiting.is_empty() => {
+                    self.retry_events().await;
+                    continue;
+                }
+                _ = probe.tick() => {
+                    if self.last_answer.elapsed() >= PROBE_EVERY {
+                        let ok = matches!(
+                            tokio::time::timeout(WRITE_TIMEOUT, self.client.apiserver_version()).await,
+                            Ok(Ok(_))
+                        );
+                        self.answered(ok);
+                    }
+                    continue;
+                }
                 _ = resync.tick() => {}
             }
             let want = announcing.borrow_and_update().clone();
@@ -188,16 +305,17 @@ impl Writer {
             self.pace().await;
             let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
             let patch = json!({"metadata": {"annotations": {name_of: value}}});
-            let result = api
-                .patch(
-                    name,
-                    &PatchParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..PatchParams::default()
-                    },
-                    &Patch::Merge(&patch),
-                )
-                .await;
+            let params = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            let result = tokio::time::timeout(
+                WRITE_TIMEOUT,
+                api.patch(name, &params, &Patch::Merge(&patch)),
+            )
+            .await
+            .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())));
+            self.answered(took(&result));
             match result {
                 Ok(_) => {
                     self.telemetry.write("annotate", true);
@@ -213,15 +331,58 @@ impl Writer {
         }
     }
 
-    async fn publish(&mut self, req: EventRequest) {
+    /// Notes whether the server took a request, for `/readyz`.
+    fn answered(&mut self, ok: bool) {
+        if ok {
+            self.last_answer = Instant::now();
+        }
+        let was = self
+            .telemetry
+            .api_writable
+            .swap(ok, std::sync::atomic::Ordering::Relaxed);
+        if was && !ok {
+            warn!("the API server does not take requests; degraded until it does");
+        } else if !was && ok {
+            tracing::info!("the API server takes requests again");
+        }
+    }
+
+    fn dropped(&self, n: usize, why: &str) {
+        if n > 0 {
+            self.telemetry.events_dropped.inc_by(n as u64);
+            warn!(
+                dropped = n,
+                waiting = self.waiting.len(),
+                "{why}; Events dropped"
+            );
+        }
+    }
+
+    /// Writes the waiting Events, oldest first, until one fails again.
+    async fn retry_events(&mut self) {
+        loop {
+            let (next, expired) = self.waiting.pop(Instant::now());
+            self.dropped(expired, "Events waited an hour for the API server");
+            let Some((req, since)) = next else { return };
+            if !self.publish(req, since, true).await {
+                return;
+            }
+        }
+    }
+
+    /// Writes one Event; on failure it waits in the queue (first failed at
+    /// `since`). Whether it was written (or needs no writing). The first
+    /// failure of an outage is a warning, the rest are debug lines.
+    async fn publish(&mut self, req: EventRequest, since: Instant, retrying: bool) -> bool {
         let Some((ns, name)) = req.service.split_once('/') else {
-            return;
+            return true;
         };
+        // A Service gone from the cache needs no Event any more.
         let Some(svc) = self
             .services
             .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
         else {
-            return;
+            return true;
         };
         self.pace().await;
         let ev = Event {
@@ -231,18 +392,81 @@ impl Writer {
                 EventType::Normal
             },
             reason: req.reason.into(),
-            note: Some(req.note),
+            note: Some(req.note.clone()),
             action: "Announce".into(),
             secondary: None,
         };
-        let ok = self
-            .recorder
-            .publish(&ev, &svc.object_ref(&()))
-            .await
-            .inspect_err(
-                |e| warn!(service = %req.service, reason = req.reason, error = %e, "cannot write the Event"),
-            )
-            .is_ok();
-        self.telemetry.write("event", ok);
+        let result = tokio::time::timeout(
+            WRITE_TIMEOUT,
+            self.recorder.publish(&ev, &svc.object_ref(&())),
+        )
+        .await
+        .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())));
+        self.answered(took(&result));
+        self.telemetry.write("event", result.is_ok());
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                let first = !retrying && self.waiting.is_empty();
+                let service = req.service.clone();
+                let reason = req.reason;
+                if first {
+                    warn!(%service, reason, error = %e, "cannot write the Event; it waits for the API server");
+                } else {
+                    debug!(%service, reason, error = %e, "cannot write the Event; it waits for the API server");
+                }
+                self.waiting.put_back(req, since);
+                let over = self.waiting.len().saturating_sub(EVENTS_WAITING);
+                for _ in 0..over {
+                    self.waiting.waiting.pop_back();
+                }
+                self.dropped(over, "the queue of Events to write again is full");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(service: &str, reason: &'static str, note: &str) -> EventRequest {
+        EventRequest {
+            service: service.into(),
+            warning: false,
+            reason,
+            note: note.into(),
+        }
+    }
+
+    /// The queue keeps the order, one Event per Service and reason with the
+    /// newest note, drops the oldest when full and what waited an hour.
+    #[test]
+    fn the_event_queue_coalesces_bounds_and_expires() {
+        let t0 = Instant::now();
+        let mut q = EventQueue::default();
+        assert_eq!(q.push(req("a/web", "Withdrawn", "old"), t0), 0);
+        assert_eq!(q.push(req("a/db", "Withdrawn", "db"), t0), 0);
+        assert_eq!(q.push(req("a/web", "Withdrawn", "new"), t0), 0);
+        assert_eq!(q.push(req("a/web", "AnnouncingLocal", "x"), t0), 0);
+        assert_eq!(q.len(), 3);
+        let (first, expired) = q.pop(t0);
+        assert_eq!(expired, 0);
+        assert_eq!(first.unwrap().0.note, "new");
+
+        let mut q = EventQueue::default();
+        for i in 0..EVENTS_WAITING {
+            assert_eq!(q.push(req(&format!("a/s{i}"), "Withdrawn", ""), t0), 0);
+        }
+        assert_eq!(q.push(req("a/last", "Withdrawn", ""), t0), 1);
+        assert_eq!(q.pop(t0).0.unwrap().0.service, "a/s1");
+
+        let mut q = EventQueue::default();
+        q.push(req("a/old", "Withdrawn", ""), t0);
+        q.push(req("a/new", "Withdrawn", ""), t0 + EVENT_MAX_AGE);
+        let (next, expired) = q.pop(t0 + EVENT_MAX_AGE + Duration::from_secs(1));
+        assert_eq!(expired, 1);
+        assert_eq!(next.unwrap().0.service, "a/new");
     }
 }

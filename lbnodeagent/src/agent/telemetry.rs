@@ -56,6 +56,10 @@ pub struct Telemetry {
     /// First reconcile applied.
     pub applied: AtomicBool,
     pub api_healthy: AtomicBool,
+    /// The API server took the last write or probe (see `report.rs`): open
+    /// watches alone do not show it, a stopping server keeps them for a
+    /// minute while refusing everything else.
+    pub api_writable: AtomicBool,
     pub carrier: AtomicBool,
     pub leaving: AtomicBool,
     /// Unix seconds of the loop's last turn.
@@ -89,7 +93,8 @@ impl Telemetry {
             gossip_held: Mutex::new(None),
             detector: Mutex::new(None),
             applied: AtomicBool::new(false),
-            api_healthy: AtomicBool::new(false),
+            api_healthy: AtomicBool::new(true),
+            api_writable: AtomicBool::new(true),
             carrier: AtomicBool::new(true),
             leaving: AtomicBool::new(false),
             beat: AtomicI64::new(unix_now()),
@@ -205,6 +210,8 @@ impl Telemetry {
             Some("the announce interface has no carrier")
         } else if !self.api_healthy.load(Ordering::Relaxed) {
             Some("degraded: the API server is unreachable; electing from the last known objects")
+        } else if !self.api_writable.load(Ordering::Relaxed) {
+            Some("degraded: the API server refuses writes; annotations and Events wait")
         } else {
             None
         }

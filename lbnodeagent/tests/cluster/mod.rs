@@ -1,8 +1,10 @@
 //! A small cluster on one machine for end-to-end tests of `lbnodeagent run`:
-//! the test API server in its own host namespace on a bridged LAN, three or
-//! more hosts each running the real agent binary with its own config, run
+//! an API server in its own host namespace on a bridged LAN (the test server,
+//! or with [`Cluster::real`] the real kube-apiserver, where the agents use
+//! the ServiceAccount and RBAC of `deploy/agent/rbac.yaml`), three or more
+//! hosts each running the real agent binary with its own config, run
 //! directory and log, and a client host that probes VIPs. Objects are
-//! written with the real `kubectl`. Everything is torn down on drop.
+//! written with the real `kubectl` as admin. Everything is torn down on drop.
 
 #![allow(dead_code)]
 
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use hostlb_tests::apiserver::TestServer;
 use hostlb_tests::netns::{Host, Lan, NsRuntime, require_root, require_tools, wait_for};
+use hostlb_tests::realserver::RealServer;
 
 pub const API_PORT: u16 = 6443;
 
@@ -23,10 +26,14 @@ pub struct Cluster {
     // Drop order: agents (killed in Drop), server, runtime, LAN, files.
     agents: BTreeMap<String, Child>,
     pub server: Option<TestServer>,
+    pub real: Option<RealServer>,
     api_rt: NsRuntime,
     pub lan: Lan,
     pub dir: tempfile::TempDir,
+    /// The admin's kubeconfig: for the test's own reads and writes.
     pub kubeconfig: PathBuf,
+    /// The agents' kubeconfig (the admin's on the test server).
+    pub agent_kubeconfig: PathBuf,
     pub nodes: Vec<String>,
     /// `announce.address_lifetime` of configs written from now on.
     pub lifetime: String,
@@ -52,6 +59,22 @@ impl Cluster {
     /// `nodes` hosts with agents (not started), an API server with the CRDs,
     /// the system namespace and Node objects, and a `client` host.
     pub fn new(nodes: &[&str]) -> Cluster {
+        Self::build(nodes, false)
+    }
+
+    /// [`new`](Self::new) on the real kube-apiserver, with the agents
+    /// running as the `hostlb-agent` ServiceAccount that
+    /// `deploy/agent/rbac.yaml` grants. `None` (after saying why) on a
+    /// machine without the real server; under `CI=true` that panics.
+    pub fn real(nodes: &[&str]) -> Option<Cluster> {
+        if let Err(why) = RealServer::available() {
+            eprintln!("NOT RUN: {why}");
+            return None;
+        }
+        Some(Self::build(nodes, true))
+    }
+
+    fn build(nodes: &[&str], real: bool) -> Cluster {
         require_root();
         require_tools(&["arping", "kubectl", "python3", "ndisc6", "nft"]);
         let mut roles = vec!["api"];
@@ -60,11 +83,19 @@ impl Cluster {
         let lan = Lan::new(&roles).unwrap();
         let api = lan.host("api");
         let api_rt = api.ns.runtime().unwrap();
-        let listen = std::net::SocketAddr::new(api.ipv4.into(), API_PORT);
-        let server = api_rt.run(move || async move { TestServer::start_on(listen).await.unwrap() });
         let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).unwrap();
+        let (server, real, kubeconfig) = if real {
+            let r = RealServer::start(&api.ns, api.ipv4.into(), API_PORT, &dir.path().join("k8s"));
+            let kc = r.admin_kubeconfig();
+            (None, Some(r), kc)
+        } else {
+            let listen = std::net::SocketAddr::new(api.ipv4.into(), API_PORT);
+            let server =
+                api_rt.run(move || async move { TestServer::start_on(listen).await.unwrap() });
+            let kc = dir.path().join("kubeconfig");
+            server.write_kubeconfig(&kc).unwrap();
+            (Some(server), None, kc)
+        };
         std::fs::write(
             dir.path().join("gossip.key"),
             "6b5e1f0d9a3c47e2b8d4f1a6c3e9b7d2a5f8c1e4b7d0a3f6c9e2b5d8a1f4c7e0\n",
@@ -75,19 +106,31 @@ impl Cluster {
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
         )
         .unwrap();
+        let agent_kubeconfig = if real.is_some() {
+            dir.path().join("agent.kubeconfig")
+        } else {
+            kubeconfig.clone()
+        };
         let c = Cluster {
             agents: BTreeMap::new(),
-            server: Some(server),
+            server,
+            real,
             api_rt,
             lan,
             dir,
             kubeconfig,
+            agent_kubeconfig,
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
             lifetime: "6s".into(),
         };
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
         c.kubectl(&["apply", "-f", crds.to_str().unwrap()]);
         c.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: hostlb-system}\n");
+        if let Some(r) = &c.real {
+            let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent/rbac.yaml");
+            c.kubectl(&["apply", "-f", rbac.to_str().unwrap()]);
+            r.service_account_kubeconfig("hostlb-system", "hostlb-agent", &c.agent_kubeconfig);
+        }
         for n in nodes {
             let ip = c.lan.host(n).ipv4;
             c.apply(&format!(
@@ -140,7 +183,7 @@ garp_count = 2
 garp_interval = "200ms"
 {extra}
 "#,
-            kubeconfig = self.kubeconfig.display(),
+            kubeconfig = self.agent_kubeconfig.display(),
             run = self.run_dir(node).display(),
             ip = self.lan.host(node).ipv4,
             key = self.dir.path().join("gossip.key").display(),
@@ -309,7 +352,7 @@ garp_interval = "200ms"
     /// test server's client, skipping kubectl's start-up time so the
     /// returned instant is when the write was sent.
     pub fn set_status(&self, name: &str, ingress: &str) -> Instant {
-        let config = self.server.as_ref().expect("running").config();
+        let config = self.admin_config();
         let name = name.to_string();
         let patch: serde_json::Value = serde_json::from_str(&format!(
             r#"{{"status":{{"loadBalancer":{{"ingress":[{ingress}]}}}}}}"#
@@ -329,6 +372,42 @@ garp_interval = "200ms"
             .unwrap();
             sent
         })
+    }
+
+    /// A client config with the admin's identity.
+    pub fn admin_config(&self) -> kube::Config {
+        if let Some(s) = &self.server {
+            return s.config();
+        }
+        let path = self.kubeconfig.clone();
+        self.api_rt.run(move || async move {
+            let kc = kube::config::Kubeconfig::read_from(&path).expect("admin kubeconfig");
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .expect("admin config")
+        })
+    }
+
+    /// Lines of the agents' logs that show the API refused them (a 403)
+    /// or that something they meant to say was dropped: a test against
+    /// the real server asserts there are none. A 403 while the real server
+    /// was starting (its RBAC caches not yet filled) is the server's, not
+    /// the RBAC's, and is left out.
+    pub fn refusals(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for n in &self.nodes {
+            let log = std::fs::read_to_string(self.log_path(n)).unwrap_or_default();
+            out.extend(
+                log.lines()
+                    .filter(|l| {
+                        let refused = l.contains("forbidden") || l.contains(" 403");
+                        let starting = self.real.as_ref().is_some_and(|r| r.while_starting(l));
+                        (refused && !starting) || l.contains("dropped")
+                    })
+                    .map(|l| format!("{n}: {l}")),
+            );
+        }
+        out
     }
 
     /// The Service's EndpointSlice: one ready endpoint per node.
@@ -416,7 +495,7 @@ garp_interval = "200ms"
     /// (IPv4, consecutive), ready endpoints on `endpoint_node`, created
     /// through the API directly (kubectl would take minutes for 1,000).
     pub fn bulk_services(&self, n: usize, first: std::net::Ipv4Addr, endpoint_node: &str) {
-        let config = self.server.as_ref().expect("running").config();
+        let config = self.admin_config();
         let node = endpoint_node.to_string();
         self.api_rt.run(move || async move {
             use k8s_openapi::api::core::v1::Service;

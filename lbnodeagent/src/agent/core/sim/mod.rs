@@ -168,6 +168,13 @@ enum Ev {
         generation: u64,
         at: Duration,
     },
+    /// A link notification reaching the shell, which reads the links as
+    /// they are then (as the real shell dumps them on a notification), so
+    /// a late notification never carries an older state than an earlier one.
+    LinksRead {
+        host: usize,
+        generation: u64,
+    },
     Kernel {
         host: usize,
         generation: u64,
@@ -454,6 +461,15 @@ impl World {
                         return;
                     }
                     self.step(host, *input);
+                }
+            }
+            Ev::LinksRead { host, generation } => {
+                if self
+                    .for_agent(host, generation, || Ev::LinksRead { host, generation })
+                    .is_some()
+                {
+                    let links = self.links(host);
+                    self.step(host, Input::Links(links));
                 }
             }
             Ev::Wake {
@@ -1271,15 +1287,13 @@ impl World {
                 self.hosts[h].port_up = matches!(f, Fault::PortUp(_));
                 self.reachability(h);
                 self.all_owners_changed(h);
-                let links = self.links(h);
                 let generation = self.hosts[h].generation;
                 let d = self.rng.ms(0, 5);
                 self.after(
                     d,
-                    Ev::Input {
+                    Ev::LinksRead {
                         host: h,
                         generation,
-                        input: Box::new(Input::Links(links)),
                     },
                 );
             }

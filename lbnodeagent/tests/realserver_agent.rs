@@ -1,0 +1,232 @@
+//! `lbnodeagent run` against the real kube-apiserver (v1.28.0 with etcd and
+//! RBAC), each agent running as the `hostlb-agent` ServiceAccount that
+//! `deploy/agent/rbac.yaml` grants, never as admin. What the test server
+//! cannot show: that the shipped RBAC allows every read and write the agent
+//! makes (a 403 or a dropped Event fails the test), and how the agents live
+//! through a real server going away and coming back.
+//!
+//! Needs root, arping, kubectl and the real server (`../shared/kube-apiserver`
+//! with etcd-server). Without the server each test says it did not run;
+//! under `CI=true` that is a failure.
+
+mod cluster;
+
+use std::time::{Duration, Instant};
+
+use cluster::Cluster;
+use hostlb_tests::netns::wait_for;
+use hostlb_tests::probe::{ArpProbe, judge};
+
+const VIP: &str = "10.77.0.100";
+const PROBE_EVERY: Duration = Duration::from_millis(10);
+
+/// Three agents on the real server; `node-a` is the preferred node.
+fn three_nodes() -> Option<Cluster> {
+    let mut c = Cluster::real(&["node-a", "node-b", "node-c"])?;
+    c.kubectl(&["label", "node", "node-a", "tier=edge"]);
+    c.pool_and_ad(
+        &["10.77.0.100-10.77.0.120"],
+        "preferredNodeSelectors: [{weight: 100, preference: {matchLabels: {tier: edge}}}]",
+    );
+    c.start_all();
+    Some(c)
+}
+
+fn probe(c: &Cluster) -> ArpProbe {
+    let client = c.host("client");
+    ArpProbe::start(
+        &client.ns,
+        "eth0",
+        &client.ipv4.to_string(),
+        VIP,
+        PROBE_EVERY,
+    )
+    .unwrap()
+}
+
+/// Waits until `mac` alone answers; what the client saw from `t` on.
+fn until_only(
+    probe: &ArpProbe,
+    mac: &str,
+    t: Instant,
+    timeout: Duration,
+) -> hostlb_tests::probe::Outcome {
+    let deadline = Instant::now() + timeout;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = Instant::now();
+        let recent = probe.macs_between(now - Duration::from_millis(200), now);
+        if recent == [mac.to_string()] {
+            return judge(&probe.replies(), t, now, PROBE_EVERY);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{mac} is not the only MAC answering: {recent:?}"
+        );
+    }
+}
+
+fn ready(c: &Cluster, node: &str) -> bool {
+    c.http_get(node, "/readyz").0 == "200"
+}
+
+fn assert_nothing_refused(c: &Cluster) {
+    let refused = c.refusals();
+    assert!(
+        refused.is_empty(),
+        "the API refused the agents, or they dropped what they meant to say:\n{}",
+        refused.join("\n")
+    );
+}
+
+/// A Service is announced by the preferred node, with its annotation and
+/// its Events (in events.k8s.io, as the ServiceAccount may write them);
+/// the owner killed (with `cleanup`) and stopped (SIGTERM) hand over.
+#[test]
+fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
+    let Some(mut c) = three_nodes() else { return };
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
+    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
+    until_only(
+        &probe,
+        c.host("node-a").mac(),
+        Instant::now(),
+        Duration::from_secs(5),
+    );
+    wait_for("the announcing annotation", Duration::from_secs(15), || {
+        (c.annotation("web", "hostlb.io/announcing-IPv4") == "node-a,eth0").then_some(())
+    })
+    .unwrap();
+    wait_for("the AnnouncingLocal Event", Duration::from_secs(15), || {
+        let events = c.kubectl(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={range .items[*]}{.reason} {.regarding.name} {.reportingController}{\"\\n\"}{end}",
+        ]);
+        events
+            .lines()
+            .any(|l| l.starts_with("AnnouncingLocal web "))
+            .then_some(())
+    })
+    .unwrap();
+
+    let t = Instant::now();
+    c.kill("node-a");
+    let config = c.config_path("node-a");
+    let (ok, out, err) =
+        c.agent_command("node-a", &["cleanup", "--config", config.to_str().unwrap()]);
+    assert!(ok, "cleanup: {out} {err}");
+    let next = c.wait_single_holder(VIP, Duration::from_secs(5));
+    let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(5));
+    assert!(o.lost <= 2, "kill + cleanup: {o:?}");
+    wait_for("the annotation to follow", Duration::from_secs(15), || {
+        (c.annotation("web", "hostlb.io/announcing-IPv4") == format!("{next},eth0")).then_some(())
+    })
+    .unwrap();
+
+    c.start("node-a");
+    let back = Instant::now();
+    let o = until_only(
+        &probe,
+        c.host("node-a").mac(),
+        back,
+        Duration::from_secs(20),
+    );
+    assert!(o.lost <= 2, "the preferred node's return: {o:?}");
+    std::thread::sleep(Duration::from_secs(2));
+
+    let t = Instant::now();
+    c.signal("node-a", "TERM");
+    assert_eq!(c.wait_exit("node-a", Duration::from_secs(10)), Some(0));
+    let next = c.wait_single_holder(VIP, Duration::from_secs(5));
+    let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(5));
+    assert!(o.lost <= 2, "SIGTERM hand-over: {o:?}");
+    wait_for("the Withdrawn Event", Duration::from_secs(15), || {
+        c.kubectl(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.items[*].reason}",
+        ])
+        .contains("Withdrawn")
+        .then_some(())
+    })
+    .unwrap();
+    assert_nothing_refused(&c);
+}
+
+/// The API server goes away; the preferred node's agent is killed and
+/// restarted as systemd does, and cannot reach the API. It must not be
+/// elected for what it cannot serve: its peers keep the VIP answering the
+/// whole time. When the server returns, every agent is caught up within
+/// 5 s, and the preferred node takes its VIP back without a lost probe.
+#[test]
+fn an_agent_restarted_during_an_api_outage_takes_nothing_it_cannot_serve() {
+    let Some(mut c) = three_nodes() else { return };
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
+    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
+    until_only(
+        &probe,
+        c.host("node-a").mac(),
+        Instant::now(),
+        Duration::from_secs(5),
+    );
+
+    c.real.as_ref().unwrap().kill_apiserver();
+    let t = Instant::now();
+    c.kill("node-a");
+    let config = c.config_path("node-a");
+    let (ok, out, err) =
+        c.agent_command("node-a", &["cleanup", "--config", config.to_str().unwrap()]);
+    assert!(ok, "cleanup: {out} {err}");
+    c.start("node-a");
+    let next = c.wait_single_holder(VIP, Duration::from_secs(5));
+    assert_ne!(next, "node-a");
+    let next_mac = c.host(&next).mac().to_string();
+    until_only(&probe, &next_mac, t, Duration::from_secs(5));
+    // Long past gossip settling: the restarted node is live in gossip, yet
+    // no candidate while it has no view of the cluster.
+    let watch_from = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let o = judge(&probe.replies(), watch_from, Instant::now(), PROBE_EVERY);
+    assert_eq!(
+        o.lost, 0,
+        "the VIP went unanswered during the outage: {o:?}"
+    );
+    assert_eq!(c.holders(VIP), vec![next.clone()]);
+    assert!(
+        !ready(&c, "node-a"),
+        "an agent with no view of the cluster says it is ready"
+    );
+
+    c.real.as_ref().unwrap().start_apiserver();
+    let back = Instant::now();
+    let caught_up = wait_for("every agent ready again", Duration::from_secs(60), || {
+        c.nodes.iter().all(|n| ready(&c, n)).then(|| back.elapsed())
+    })
+    .unwrap();
+    eprintln!(
+        "catch-up after the API server's return: {} ms",
+        caught_up.as_millis()
+    );
+    let o = until_only(
+        &probe,
+        c.host("node-a").mac(),
+        back,
+        Duration::from_secs(20),
+    );
+    assert!(o.lost <= 2, "the preferred node's return: {o:?}");
+    assert!(
+        caught_up <= Duration::from_secs(5),
+        "caught up {} ms after the server returned",
+        caught_up.as_millis()
+    );
+    assert_nothing_refused(&c);
+}

@@ -1,0 +1,257 @@
+//! The real Kubernetes API server (kube-apiserver v1.28.0 beside etcd),
+//! started by `../shared/kube-apiserver/run.sh` inside a test host's
+//! namespace. Tests that must show hostlb works against Kubernetes itself
+//! (RBAC with API groups, 403s, a graceful shutdown that keeps watches open,
+//! `410 Expired`) use it; the rest use [`crate::apiserver::TestServer`].
+//!
+//! The server is not part of the project: a machine without it still runs
+//! the test suite. [`RealServer::available`] says why a test cannot run; a
+//! test prints that reason and returns, except under `CI=true`, where a
+//! missing server is a failure, so CI never passes without running them.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use crate::netns::Netns;
+
+/// Where `run.sh` lives: `HOSTLB_KUBE_APISERVER` (a directory), else
+/// `../shared/kube-apiserver` beside the workspace.
+pub fn script() -> PathBuf {
+    match std::env::var_os("HOSTLB_KUBE_APISERVER") {
+        Some(dir) => PathBuf::from(dir).join("run.sh"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/kube-apiserver/run.sh"),
+    }
+}
+
+/// A running real API server; stopped (hard) on drop.
+pub struct RealServer {
+    ns: String,
+    dir: PathBuf,
+    address: IpAddr,
+    port: u16,
+    /// UTC second ranges (`YYYY-MM-DDTHH:MM:SS`, inclusive) in which the
+    /// server was starting: ready, but its RBAC caches not yet filled, so
+    /// it refuses (403) what it will allow a moment later.
+    starting: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+fn utc_second(t: std::time::SystemTime) -> String {
+    jiff::Timestamp::try_from(t)
+        .expect("a time after 1970")
+        .strftime("%Y-%m-%dT%H:%M:%S")
+        .to_string()
+}
+
+impl RealServer {
+    /// `Err(reason)` when this machine cannot run the real server. Under
+    /// `CI=true` that is a panic instead: CI must run these tests.
+    pub fn available() -> Result<(), String> {
+        let reason = if !script().exists() {
+            Some(format!(
+                "the real API server is not here ({} is missing)",
+                script().display()
+            ))
+        } else {
+            ["etcd", "kubectl", "curl", "openssl", "xz"]
+                .iter()
+                .find(|p| {
+                    !std::process::Command::new("sh")
+                        .args(["-c", &format!("command -v {p}")])
+                        .output()
+                        .is_ok_and(|o| o.status.success())
+                })
+                .map(|p| format!("`{p}` is missing (apt-get install etcd-server kubectl curl openssl xz-utils)"))
+        };
+        match reason {
+            None => Ok(()),
+            Some(r) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                panic!("CI=true and this test needs the real API server: {r}")
+            }
+            Some(r) => Err(r),
+        }
+    }
+
+    /// Starts etcd and the API server in `ns`, listening on `address:port`;
+    /// state under `dir`. Returns once `/readyz` is ok.
+    pub fn start(ns: &Netns, address: IpAddr, port: u16, dir: &Path) -> RealServer {
+        let s = RealServer {
+            ns: ns.name().to_string(),
+            dir: dir.to_path_buf(),
+            address,
+            port,
+            starting: Default::default(),
+        };
+        let from = std::time::SystemTime::now();
+        let out = s.run_sh(&["start"]);
+        assert!(
+            out.status.success(),
+            "run.sh start: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        s.wait_rbac(from);
+        s
+    }
+
+    /// Waits until RBAC decisions are served from filled caches (a
+    /// bootstrap role answers yes), and notes the start-up window.
+    fn wait_rbac(&self, from: std::time::SystemTime) {
+        let kc = self.admin_kubeconfig();
+        let kc = kc.to_str().expect("a UTF-8 path");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let o = std::process::Command::new("ip")
+                .args(["netns", "exec", &self.ns, "kubectl", "--kubeconfig", kc])
+                .args(["auth", "can-i", "list", "nodes", "--as=system:kube-scheduler"])
+                .output()
+                .expect("kubectl runs");
+            if String::from_utf8_lossy(&o.stdout).trim() == "yes" {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "RBAC not in force 60 s after the server started"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let to = std::time::SystemTime::now() + Duration::from_secs(1);
+        self.starting
+            .lock()
+            .unwrap()
+            .push((utc_second(from), utc_second(to)));
+    }
+
+    /// Whether a log line stamped with a UTC RFC 3339 time at its start
+    /// falls in a window in which the server was starting.
+    pub fn while_starting(&self, line: &str) -> bool {
+        let Some(second) = line.get(..19) else {
+            return false;
+        };
+        self.starting
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(from, to)| from.as_str() <= second && second <= to.as_str())
+    }
+
+    fn run_sh(&self, args: &[&str]) -> Output {
+        let dir = self.dir.to_str().expect("a UTF-8 path");
+        let mut argv: Vec<&str> = vec!["netns", "exec", &self.ns, "env"];
+        let address = format!("ADDRESS={}", self.address);
+        let port = format!("API_PORT={}", self.port);
+        argv.extend([address.as_str(), port.as_str(), "bash"]);
+        let script = script();
+        let script = script.to_str().expect("a UTF-8 path").to_string();
+        argv.push(&script);
+        argv.push(args[0]);
+        argv.push(dir);
+        argv.extend_from_slice(&args[1..]);
+        std::process::Command::new("ip")
+            .args(&argv)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run.sh runs")
+    }
+
+    /// The `system:masters` kubeconfig: for the test's own writes only,
+    /// never for a hostlb binary.
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.join("admin.kubeconfig")
+    }
+
+    /// A kubeconfig for ServiceAccount `namespace/name` (a token from the
+    /// TokenRequest API, as `deploy/agent/kubeconfig.sh` makes), written to
+    /// `out`.
+    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str, out: &Path) {
+        let o = self.run_sh(&["token", namespace, name]);
+        assert!(
+            o.status.success(),
+            "run.sh token: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::write(out, &o.stdout).expect("kubeconfig written");
+    }
+
+    fn pid(&self, which: &str) -> Option<i32> {
+        std::fs::read_to_string(self.dir.join(format!("{which}.pid")))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+
+    /// SIGTERM to the API server, as a host shutting it down: new
+    /// connections are refused at once, open watches last up to 60 s.
+    /// Does not wait.
+    pub fn stop_apiserver(&self) {
+        if let Some(p) = self.pid("apiserver") {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+
+    /// SIGKILL to the API server: every connection drops at once.
+    pub fn kill_apiserver(&self) {
+        if let Some(p) = self.pid("apiserver") {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            self.wait_gone(p, Duration::from_secs(90));
+        }
+    }
+
+    fn wait_gone(&self, pid: i32, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        while nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts the API server again (after [`stop_apiserver`] or
+    /// [`kill_apiserver`]); returns once `/readyz` is ok.
+    ///
+    /// [`stop_apiserver`]: Self::stop_apiserver
+    /// [`kill_apiserver`]: Self::kill_apiserver
+    pub fn start_apiserver(&self) {
+        if let Some(p) = self.pid("apiserver") {
+            // run.sh waits for a stopping server to exit; make it quick.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            self.wait_gone(p, Duration::from_secs(10));
+        }
+        let from = std::time::SystemTime::now();
+        let o = self.run_sh(&["restart-apiserver"]);
+        assert!(
+            o.status.success(),
+            "run.sh restart-apiserver: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        self.wait_rbac(from);
+    }
+
+    /// The API server's log so far (for 403s and the like).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("apiserver.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for RealServer {
+    fn drop(&mut self) {
+        for which in ["apiserver", "etcd"] {
+            if let Some(p) = self.pid(which) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                self.wait_gone(p, Duration::from_secs(10));
+            }
+        }
+    }
+}
