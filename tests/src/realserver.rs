@@ -104,7 +104,13 @@ impl RealServer {
         loop {
             let o = std::process::Command::new("ip")
                 .args(["netns", "exec", &self.ns, "kubectl", "--kubeconfig", kc])
-                .args(["auth", "can-i", "list", "nodes", "--as=system:kube-scheduler"])
+                .args([
+                    "auth",
+                    "can-i",
+                    "list",
+                    "nodes",
+                    "--as=system:kube-scheduler",
+                ])
                 .output()
                 .expect("kubectl runs");
             if String::from_utf8_lossy(&o.stdout).trim() == "yes" {

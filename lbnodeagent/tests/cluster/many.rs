@@ -99,6 +99,22 @@ impl Bed {
             .collect()
     }
 
+    /// Waits until every agent sees every other live in gossip: a planned
+    /// stop is judged from a whole cluster, not from the instant a cut
+    /// heals (a node that still sees no peer has nobody to hand over to).
+    pub fn wait_members(&self, timeout: Duration) {
+        let n = self.c.nodes.len();
+        for node in &self.c.nodes {
+            wait_for(&format!("{node} to see {n} members"), timeout, || {
+                let (_, body) = self.c.http_get(node, "/metrics");
+                body.lines()
+                    .any(|l| l == format!("hostlb_agent_live_members {n}"))
+                    .then_some(())
+            })
+            .unwrap();
+        }
+    }
+
     /// Waits until `node` holds every VIP.
     pub fn wait_held(&self, node: &str, timeout: Duration) {
         let n = self.ips.len();
@@ -219,6 +235,7 @@ pub fn cut_off(bed: &Bed) -> CutOff {
     let times: Vec<Duration> = moved.iter().flatten().map(|at| *at - t0).collect();
     bed.c.lan.set_port("node-a", true).unwrap();
     bed.wait_held("node-a", Duration::from_secs(60));
+    bed.wait_members(Duration::from_secs(30));
     CutOff {
         wire_first: *times.iter().min().unwrap(),
         wire_last: *times.iter().max().unwrap(),
@@ -230,6 +247,7 @@ pub fn cut_off(bed: &Bed) -> CutOff {
 /// A SIGTERM to `node-a` while it holds every VIP: the most probes any
 /// sampled VIP lost, and its longest silence.
 pub fn sigterm(bed: &mut Bed) -> (u64, Duration) {
+    bed.wait_members(Duration::from_secs(30));
     let sweep = bed.sweep();
     std::thread::sleep(Duration::from_millis(500));
     let mut watch = KernelWatch::start(bed, &["node-b", "node-c"]);
