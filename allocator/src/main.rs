@@ -138,10 +138,13 @@ fn main() -> ExitCode {
     hostlb_api::logging::init("info");
     let cli = Cli::parse();
     tracing::debug!(version = env!("CARGO_PKG_VERSION"), "allocator starting");
-    let result = match cli
+    let command = cli
         .command
-        .unwrap_or_else(|| Command::Run(RunArgs::default()))
-    {
+        .unwrap_or_else(|| Command::Run(RunArgs::default()));
+    if !matches!(command, Command::Run(_)) {
+        hostlb_api::logging::quiet_on_closed_pipe();
+    }
+    let result = match command {
         Command::Run(args) => cli::run(args.into_run()),
         Command::Crds { output_dir } => cli::crds(output_dir.as_deref()),
         Command::Plan {

@@ -31,6 +31,22 @@ pub fn init(default_filter: &str) {
         .try_init();
 }
 
+/// For the one-shot commands (`status`, `plan`, ...): a closed standard
+/// output (`lbnodeagent status --json | head`) ends the process quietly, as
+/// for any Unix tool, instead of a panic in `println!`. Rust ignores
+/// SIGPIPE so that a write returns an error; the daemons keep that (a
+/// peer closing a socket must not kill them), the commands restore the
+/// default.
+#[allow(unsafe_code)]
+pub fn quiet_on_closed_pipe() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: called at start-up before any thread is spawned; the default
+    // disposition runs no handler code in this process.
+    unsafe {
+        let _ = signal(Signal::SIGPIPE, SigHandler::SigDfl);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,7 +41,7 @@ clusters:
 users:
 - name: $sa
   user:
-    tokenFile: /etc/hostlb/token
+    tokenFile: /etc/lbnodeagent/token
 contexts:
 - name: hostlb
   context: {cluster: hostlb, user: $sa}
@@ -51,7 +51,7 @@ K
 claims=$(cut -d. -f2 <"$out/token" | tr '_-' '/+')
 while [ $((${#claims} % 4)) -ne 0 ]; do claims="$claims="; done
 exp=$(printf '%s' "$claims" | base64 -d 2>/dev/null | sed -n 's/.*"exp":\([0-9]*\).*/\1/p' || true)
-echo "wrote $out/kubeconfig (reads /etc/hostlb/token) and $out/token"
+echo "wrote $out/kubeconfig (reads /etc/lbnodeagent/token) and $out/token"
 if [ -n "$exp" ]; then
   echo "the token expires $(date -u -d "@$exp" +%FT%TZ); renew before then"
 fi

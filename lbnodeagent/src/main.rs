@@ -82,6 +82,9 @@ fn main() -> ExitCode {
     hostlb_api::logging::init("info,kube_client::client::builder=off");
     let cli = Cli::parse();
     tracing::debug!(version = env!("CARGO_PKG_VERSION"), "lbnodeagent starting");
+    if !matches!(cli.command, Command::Run { .. }) {
+        hostlb_api::logging::quiet_on_closed_pipe();
+    }
     match cli.command {
         Command::Run { config } => runtime().block_on(async {
             match agent::run(&config).await {

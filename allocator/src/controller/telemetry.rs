@@ -186,7 +186,15 @@ pub fn router(t: Arc<Telemetry>) -> Router {
         .route(
             "/metrics",
             get(|State(t): State<Arc<Telemetry>>| async move {
-                ([("content-type", "text/plain; version=0.0.4")], t.render())
+                // prometheus_client writes OpenMetrics text (with `# EOF`);
+                // say so, or a scraper parses it as the older format.
+                (
+                    [(
+                        "content-type",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    t.render(),
+                )
             }),
         )
         .route(
@@ -241,5 +249,26 @@ mod tests {
         assert!(
             text.contains(r#"hostlb_allocator_pool_available_addresses{pool="b",family="IPv4"} 5"#)
         );
+    }
+
+    /// `/metrics` says it is OpenMetrics, which is what it writes.
+    #[tokio::test]
+    async fn metrics_are_served_as_openmetrics() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router(Telemetry::new())).await });
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        conn.read_to_string(&mut response).await.unwrap();
+        let lower = response.to_ascii_lowercase();
+        assert!(
+            lower.contains("content-type: application/openmetrics-text; version=1.0.0"),
+            "{response}"
+        );
+        assert!(response.trim_end().ends_with("# EOF"), "{response}");
     }
 }
