@@ -9,6 +9,7 @@
 
 pub mod address;
 pub mod annotations;
+pub mod backlog;
 pub mod crds;
 #[cfg(feature = "logging")]
 pub mod logging;
@@ -18,6 +19,8 @@ pub mod selector;
 pub mod snapshot;
 pub mod v1;
 mod validation;
+#[cfg(feature = "watch")]
+pub mod watch;
 
 pub use address::{AddressError, AddressRange, Family, Prefix};
 pub use scope::Scope;

@@ -27,10 +27,12 @@ pub fn script() -> PathBuf {
 
 /// A running real API server; stopped (hard) on drop.
 pub struct RealServer {
-    ns: String,
+    /// The network namespace it runs in; `None`: this one, on loopback.
+    ns: Option<String>,
     dir: PathBuf,
     address: IpAddr,
     port: u16,
+    etcd_port: u16,
     /// UTC second ranges (`YYYY-MM-DDTHH:MM:SS`, inclusive) in which the
     /// server was starting: ready, but its RBAC caches not yet filled, so
     /// it refuses (403) what it will allow a moment later.
@@ -76,11 +78,30 @@ impl RealServer {
     /// Starts etcd and the API server in `ns`, listening on `address:port`;
     /// state under `dir`. Returns once `/readyz` is ok.
     pub fn start(ns: &Netns, address: IpAddr, port: u16, dir: &Path) -> RealServer {
+        Self::launch(Some(ns.name().to_string()), address, port, 2379, dir)
+    }
+
+    /// Starts it in this network namespace on 127.0.0.1: the API server on
+    /// `port`, etcd on `etcd_port` and the next port (each test its own, so
+    /// tests run side by side and miss a host's own etcd on 2379). Needs no
+    /// root.
+    pub fn start_local(port: u16, etcd_port: u16, dir: &Path) -> RealServer {
+        Self::launch(None, IpAddr::from([127, 0, 0, 1]), port, etcd_port, dir)
+    }
+
+    fn launch(
+        ns: Option<String>,
+        address: IpAddr,
+        port: u16,
+        etcd_port: u16,
+        dir: &Path,
+    ) -> RealServer {
         let s = RealServer {
-            ns: ns.name().to_string(),
+            ns,
             dir: dir.to_path_buf(),
             address,
             port,
+            etcd_port,
             starting: Default::default(),
         };
         let from = std::time::SystemTime::now();
@@ -102,8 +123,9 @@ impl RealServer {
         let kc = kc.to_str().expect("a UTF-8 path");
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let o = std::process::Command::new("ip")
-                .args(["netns", "exec", &self.ns, "kubectl", "--kubeconfig", kc])
+            let o = self
+                .command("kubectl")
+                .args(["--kubeconfig", kc])
                 .args([
                     "auth",
                     "can-i",
@@ -142,20 +164,28 @@ impl RealServer {
             .any(|(from, to)| from.as_str() <= second && second <= to.as_str())
     }
 
+    /// A command run in the server's namespace.
+    fn command(&self, program: &str) -> std::process::Command {
+        match &self.ns {
+            Some(ns) => {
+                let mut c = std::process::Command::new("ip");
+                c.args(["netns", "exec", ns, program]);
+                c
+            }
+            None => std::process::Command::new(program),
+        }
+    }
+
     fn run_sh(&self, args: &[&str]) -> Output {
         let dir = self.dir.to_str().expect("a UTF-8 path");
-        let mut argv: Vec<&str> = vec!["netns", "exec", &self.ns, "env"];
-        let address = format!("ADDRESS={}", self.address);
-        let port = format!("API_PORT={}", self.port);
-        argv.extend([address.as_str(), port.as_str(), "bash"]);
-        let script = script();
-        let script = script.to_str().expect("a UTF-8 path").to_string();
-        argv.push(&script);
-        argv.push(args[0]);
-        argv.push(dir);
-        argv.extend_from_slice(&args[1..]);
-        std::process::Command::new("ip")
-            .args(&argv)
+        self.command("bash")
+            .arg(script())
+            .arg(args[0])
+            .arg(dir)
+            .args(&args[1..])
+            .env("ADDRESS", self.address.to_string())
+            .env("API_PORT", self.port.to_string())
+            .env("ETCD_PORT", self.etcd_port.to_string())
             .stdin(std::process::Stdio::null())
             .output()
             .expect("run.sh runs")

@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, stream::BoxStream};
+use hostlb_api::backlog::Backlog;
 use hostlb_api::{IPAddressPool, L2Advertisement};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Service};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -171,6 +172,8 @@ enum Input {
     Pool(watcher::Event<IPAddressPool>),
     Namespace(watcher::Event<Namespace>),
     Advertisement(watcher::Event<L2Advertisement>),
+    /// A watch (by [`kind_index`]) failed; it retries by itself.
+    WatchFailed(usize, String),
 }
 
 /// A watch feeding a store, as one stream of inputs; errors are logged and
@@ -179,6 +182,7 @@ fn watch_into<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     wrap: fn(watcher::Event<K>) -> Input,
+    index: usize,
 ) -> BoxStream<'static, Input>
 where
     K: kube::Resource<DynamicType = ()>
@@ -189,21 +193,12 @@ where
         + Sync
         + 'static,
 {
-    let kind = K::kind(&()).to_string();
     watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(hostlb_api::watch::WatchBackoff::spread())
         .reflect(writer)
-        .filter_map(move |ev| {
-            let kind = kind.clone();
-            async move {
-                match ev {
-                    Ok(e) => Some(wrap(e)),
-                    Err(e) => {
-                        warn!(%kind, error = %e, "watch failed; retrying");
-                        None
-                    }
-                }
-            }
+        .map(move |ev| match ev {
+            Ok(e) => wrap(e),
+            Err(e) => Input::WatchFailed(index, e.to_string()),
         })
         .boxed()
 }
@@ -329,7 +324,25 @@ struct Loop {
     pools_seen: Vec<crate::engine::PoolSpec>,
     guard: Option<LeaseGuard>,
     timing: Timing,
+    /// Watches (by [`kind_index`]) whose last attempt failed, and when.
+    failing: [bool; 4],
+    failed_at: [std::time::Instant; 4],
+    /// The server took the last write.
+    writes_ok: bool,
+    /// When the server last took a write or answered a probe.
+    last_write: std::time::Instant,
+    /// Events the server did not take yet, by Service and reason.
+    events: Backlog<(String, &'static str), (kube::runtime::events::Event, ObjectReference)>,
 }
+
+/// Events waiting for the API server, at most (the oldest go first).
+const EVENTS_WAITING: usize = 1024;
+/// An Event that waited this long is dropped: Kubernetes would already have
+/// expired it.
+const EVENT_MAX_AGE: Duration = Duration::from_secs(3600);
+/// With no write this long, the loop asks the server whether it still takes
+/// requests (for `/readyz`).
+const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// Run until `shutdown` turns true.
 pub async fn run(
@@ -344,19 +357,29 @@ pub async fn run(
     let (namespaces, nw) = reflector::store();
     let (advertisements, aw) = reflector::store();
     let mut inputs = futures::stream::select_all(vec![
-        watch_into(Api::<Service>::all(client.clone()), sw, |e| {
-            Input::Service(Box::new(e))
-        }),
+        watch_into(
+            Api::<Service>::all(client.clone()),
+            sw,
+            |e| Input::Service(Box::new(e)),
+            0,
+        ),
         watch_into(
             Api::<IPAddressPool>::namespaced(client.clone(), &ns),
             pw,
             Input::Pool,
+            1,
         ),
-        watch_into(Api::<Namespace>::all(client.clone()), nw, Input::Namespace),
+        watch_into(
+            Api::<Namespace>::all(client.clone()),
+            nw,
+            Input::Namespace,
+            2,
+        ),
         watch_into(
             Api::<L2Advertisement>::namespaced(client.clone(), &ns),
             aw,
             Input::Advertisement,
+            3,
         ),
     ]);
 
@@ -415,6 +438,11 @@ pub async fn run(
         pools_seen: Vec::new(),
         guard,
         timing,
+        failing: [false; 4],
+        failed_at: [std::time::Instant::now(); 4],
+        writes_ok: true,
+        last_write: std::time::Instant::now(),
+        events: Backlog::new(EVENTS_WAITING, EVENT_MAX_AGE),
     };
     telemetry.set_leader(l.leader);
     let mut resync = tokio::time::interval(cfg.resync);
@@ -422,6 +450,12 @@ pub async fn run(
     let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
     let mut retry = tokio::time::interval(RETRY_WRITES);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Open watches do not show that the server takes requests (a stopping
+    // server keeps them for a minute and refuses the rest): with no write
+    // for PROBE_EVERY, one GET of its version says so, off the loop.
+    let mut probe = tokio::time::interval(PROBE_EVERY);
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (probed_tx, mut probed) = tokio::sync::mpsc::channel::<bool>(1);
     loop {
         tokio::select! {
             input = inputs.next() => match input {
@@ -452,12 +486,30 @@ pub async fn run(
                     l.activate().await;
                 }
             }
-            _ = heartbeat.tick() => telemetry.beat(),
-            _ = retry.tick(), if !l.dirty.is_empty() || l.statuses_dirty => {
+            _ = heartbeat.tick() => {
+                telemetry.beat();
+                l.quiet_watches();
+            }
+            _ = probe.tick() => {
+                if l.last_write.elapsed() >= PROBE_EVERY {
+                    let client = l.client.clone();
+                    let tx = probed_tx.clone();
+                    tokio::spawn(async move {
+                        let ok = matches!(
+                            tokio::time::timeout(Duration::from_secs(3), client.apiserver_version()).await,
+                            Ok(Ok(_))
+                        );
+                        let _ = tx.try_send(ok);
+                    });
+                }
+            }
+            Some(ok) = probed.recv() => l.wrote(ok),
+            _ = retry.tick(), if !l.dirty.is_empty() || l.statuses_dirty || !l.events.is_empty() => {
                 let keys = std::mem::take(&mut l.dirty);
                 l.statuses_dirty = false;
                 l.write(keys).await;
                 l.write_advertisements().await;
+                l.retry_events().await;
             }
             _ = shutdown.changed() => {
                 info!("shutting down");
@@ -478,7 +530,25 @@ fn kind_index(i: &Input) -> usize {
         Input::Pool(_) => 1,
         Input::Namespace(_) => 2,
         Input::Advertisement(_) => 3,
+        Input::WatchFailed(k, _) => *k,
     }
+}
+
+const KINDS: [&str; 4] = ["Service", "IPAddressPool", "Namespace", "L2Advertisement"];
+
+/// `Init` comes before a list request is even sent; anything else shows
+/// the server answered.
+fn is_answer<K>(e: &watcher::Event<K>) -> bool {
+    !matches!(e, watcher::Event::Init)
+}
+
+/// An Event's key in the backlog: its reason (one of the constants).
+fn reason_of(ev: &kube::runtime::events::Event) -> &'static str {
+    use hostlb_api::annotations::reasons;
+    [reasons::IP_ALLOCATED, reasons::ALLOCATION_FAILED]
+        .into_iter()
+        .find(|r| *r == ev.reason)
+        .unwrap_or("other")
 }
 
 fn is_init_done<K>(e: &watcher::Event<K>) -> bool {
@@ -513,20 +583,82 @@ impl Loop {
         }
     }
 
+    /// `/readyz`: every watch listed once, none failing now, and the
+    /// server took the last write.
+    fn update_ready(&self) {
+        let ready = self.synced() && !self.failing.iter().any(|f| *f) && self.writes_ok;
+        if ready != self.telemetry.is_ready() {
+            info!(ready, synced = ?self.synced, failing = ?self.failing, writes_ok = self.writes_ok,
+                "readiness changed");
+        }
+        self.telemetry.set_ready(ready);
+    }
+
+    /// A watch that reconnects from its last resourceVersion sees nothing
+    /// until something changes, so silence is the sign: a failing watch
+    /// retries within [`WatchBackoff::MAX`](hostlb_api::watch::WatchBackoff::MAX),
+    /// and one with no new error for longer than that is watching again.
+    /// (A server that takes the connection and never answers is caught by
+    /// the probe of `/version` instead.)
+    fn quiet_watches(&mut self) {
+        let quiet = hostlb_api::watch::WatchBackoff::MAX + Duration::from_millis(500);
+        let mut changed = false;
+        for ((failing, at), kind) in self.failing.iter_mut().zip(&self.failed_at).zip(KINDS) {
+            if *failing && at.elapsed() > quiet {
+                *failing = false;
+                changed = true;
+                info!(kind, "watch recovered (no error since it reconnected)");
+            }
+        }
+        if changed {
+            self.update_ready();
+        }
+    }
+
+    /// Notes whether the server took a write (or an Event).
+    fn wrote(&mut self, ok: bool) {
+        if ok {
+            self.last_write = std::time::Instant::now();
+        }
+        if ok != self.writes_ok {
+            self.writes_ok = ok;
+            if ok {
+                info!("the API server takes writes again");
+            } else {
+                warn!("the API server refuses writes; not ready until it takes one");
+            }
+            self.update_ready();
+        }
+    }
+
     async fn handle(&mut self, input: Input) {
         let k = kind_index(&input);
-        let done = match &input {
-            Input::Service(e) => is_init_done(e.as_ref()),
-            Input::Pool(e) => is_init_done(e),
-            Input::Namespace(e) => is_init_done(e),
-            Input::Advertisement(e) => is_init_done(e),
+        let (done, answer) = match &input {
+            Input::Service(e) => (is_init_done(e.as_ref()), is_answer(e.as_ref())),
+            Input::Pool(e) => (is_init_done(e), is_answer(e)),
+            Input::Namespace(e) => (is_init_done(e), is_answer(e)),
+            Input::Advertisement(e) => (is_init_done(e), is_answer(e)),
+            Input::WatchFailed(_, error) => {
+                // Logged once per outage, not on every retry.
+                self.failed_at[k] = std::time::Instant::now();
+                if !self.failing[k] {
+                    self.failing[k] = true;
+                    warn!(kind = KINDS[k], error = %error,
+                        "watch failed; keeping the last known objects and retrying");
+                    self.update_ready();
+                }
+                return;
+            }
         };
+        if answer && self.failing[k] {
+            self.failing[k] = false;
+            info!(kind = KINDS[k], "watch recovered");
+            self.update_ready();
+        }
         if done {
             let first = !self.synced[k];
             self.synced[k] = true;
-            if self.synced() {
-                self.telemetry.set_ready(true);
-            }
+            self.update_ready();
             // A first list completing everything, or a re-list (after a 410
             // or a restart of the watch): decide everything from the caches.
             if self.synced() && self.leader && (first || self.ledger.is_some()) {
@@ -750,6 +882,7 @@ impl Loop {
             .await
             {
                 Ok((after, rv)) => {
+                    self.wrote(true);
                     let assigned = after.ips != before.ips && !after.ips.is_empty();
                     if after != status::Shown::of(&svc) {
                         self.written.insert(
@@ -765,6 +898,7 @@ impl Loop {
                 }
                 Err(e) => {
                     warn!(service = %key, error = %e, "writing status failed; retrying");
+                    self.wrote(false);
                     self.dirty.insert(key.clone());
                     self.report(&svc, &key, answer.as_ref(), false).await;
                 }
@@ -795,6 +929,93 @@ impl Loop {
         }
     }
 
+    /// Writes an Event about `key`; one the server does not take waits in
+    /// [`Loop::events`] and is written again with the other retries. True
+    /// if it was written now.
+    async fn publish(
+        &mut self,
+        key: &str,
+        ev: kube::runtime::events::Event,
+        regarding: ObjectReference,
+    ) -> bool {
+        if !self.events.is_empty() {
+            // Behind those already waiting, in order.
+            let reason = reason_of(&ev);
+            let dropped = self.events.push(
+                (key.to_string(), reason),
+                (ev, regarding),
+                std::time::Instant::now(),
+            );
+            self.events_dropped(dropped);
+            return false;
+        }
+        self.try_publish(key, ev, regarding, std::time::Instant::now(), false)
+            .await
+    }
+
+    async fn try_publish(
+        &mut self,
+        key: &str,
+        ev: kube::runtime::events::Event,
+        regarding: ObjectReference,
+        since: std::time::Instant,
+        retrying: bool,
+    ) -> bool {
+        let result = bounded(
+            tokio::time::Instant::now() + Duration::from_secs(3),
+            self.recorder.publish(&ev, &regarding),
+        )
+        .await;
+        self.wrote(result.is_ok());
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                if retrying {
+                    debug!(service = %key, error = %e, "an Event still waits for the API server");
+                } else {
+                    warn!(service = %key, error = %e, "cannot write an Event; it waits for the API server");
+                }
+                let reason = reason_of(&ev);
+                let dropped =
+                    self.events
+                        .put_back((key.to_string(), reason), (ev, regarding), since);
+                self.events_dropped(dropped);
+                false
+            }
+        }
+    }
+
+    fn events_dropped(&self, n: usize) {
+        if n > 0 {
+            self.telemetry.events_dropped(n as u64);
+            warn!(
+                dropped = n,
+                waiting = self.events.len(),
+                "Events dropped: too many wait for the API server"
+            );
+        }
+    }
+
+    /// Writes the waiting Events, oldest first, until one fails again.
+    async fn retry_events(&mut self) {
+        loop {
+            let (next, expired) = self.events.pop(std::time::Instant::now());
+            if expired > 0 {
+                self.telemetry.events_dropped(expired as u64);
+                warn!(
+                    dropped = expired,
+                    "Events dropped: they waited an hour for the API server"
+                );
+            }
+            let Some(((key, _), (ev, regarding), since)) = next else {
+                return;
+            };
+            if !self.try_publish(&key, ev, regarding, since, true).await {
+                return;
+            }
+        }
+    }
+
     /// A Warning that the Service's edit no longer fit the address it
     /// shared, which stays with the others.
     async fn report_refusal(&mut self, svc: &Service, key: &str, why: &crate::engine::AllocError) {
@@ -807,9 +1028,7 @@ impl Loop {
             secondary: None,
         };
         use kube::Resource;
-        if let Err(e) = self.recorder.publish(&ev, &svc.object_ref(&())).await {
-            debug!(service = %key, error = %e, "publishing an Event failed");
-        }
+        self.publish(key, ev, svc.object_ref(&())).await;
     }
 
     /// Events for what changed: an address given, or a failure (once per
@@ -871,14 +1090,11 @@ impl Loop {
             secondary: None,
         };
         use kube::Resource;
-        match self.recorder.publish(&ev, &svc.object_ref(&())).await {
-            Ok(()) => {
-                if let Some(msg) = failure {
-                    self.telemetry.failed();
-                    self.reported.insert(key.to_string(), msg);
-                }
-            }
-            Err(e) => debug!(service = %key, error = %e, "publishing an Event failed"),
+        // Written now or waiting to be: either way it is reported.
+        self.publish(key, ev, svc.object_ref(&())).await;
+        if let Some(msg) = failure {
+            self.telemetry.failed();
+            self.reported.insert(key.to_string(), msg);
         }
     }
 }

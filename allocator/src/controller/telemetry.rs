@@ -33,6 +33,7 @@ pub struct Telemetry {
     registry: Mutex<Registry>,
     allocations: Counter,
     failures: Counter,
+    events_dropped: Counter,
     leader: Gauge,
     services: Gauge,
     assigned: Family<PoolLabels, Gauge>,
@@ -56,6 +57,7 @@ impl Telemetry {
             registry: Mutex::new(Registry::default()),
             allocations: Counter::default(),
             failures: Counter::default(),
+            events_dropped: Counter::default(),
             leader: Gauge::default(),
             services: Gauge::default(),
             assigned: Family::default(),
@@ -74,6 +76,11 @@ impl Telemetry {
             "allocation_failures",
             "Services that could not get an address",
             t.failures.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Events never written: too many waited for the API server, or for an hour",
+            t.events_dropped.clone(),
         );
         registry.register(
             "leader",
@@ -102,6 +109,10 @@ impl Telemetry {
         );
         *t.registry.lock().expect("fresh") = registry;
         Arc::new(t)
+    }
+
+    pub fn events_dropped(&self, n: u64) {
+        self.events_dropped.inc_by(n);
     }
 
     pub fn allocated(&self) {
@@ -215,7 +226,7 @@ pub fn router(t: Arc<Telemetry>) -> Router {
                 } else {
                     (
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "waiting for the first list of every watch",
+                        "not ready: waiting for the first list of every watch, a failing watch, or writes the API server refuses",
                     )
                         .into_response()
                 }

@@ -12,18 +12,19 @@
 //! are tried again on the next pass.
 //!
 //! An Event that cannot be written (the API server away, a 403 while a
-//! restarted server fills its RBAC caches) waits in a bounded
-//! [`EventQueue`] and is written when the server answers again; a newer
-//! Event of the same reason for the same Service replaces the one waiting.
-//! Only what overflows the queue, or waited an hour (Events themselves
-//! expire after one), is dropped, counted and logged.
+//! restarted server fills its RBAC caches) waits in a [`Backlog`] (1,024
+//! at most) and is written when the server answers again; a newer Event of
+//! the same reason for the same Service replaces the one waiting. Only what
+//! overflows it, or waited an hour (Events themselves expire after one), is
+//! dropped, counted and logged.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostlb_api::Family;
 use hostlb_api::annotations::{ANNOUNCING_IPV4, ANNOUNCING_IPV6};
+use hostlb_api::backlog::Backlog;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -105,61 +106,6 @@ impl ReportHandle {
     }
 }
 
-/// Events that failed to be written, oldest first, one per Service and
-/// reason (the newer note wins: it says what is true now).
-#[derive(Default)]
-pub struct EventQueue {
-    waiting: VecDeque<(EventRequest, Instant)>,
-}
-
-impl EventQueue {
-    /// Queues `req` (first failed at `since`); how many Events had to be
-    /// dropped to make room.
-    pub fn push(&mut self, req: EventRequest, since: Instant) -> usize {
-        if let Some(w) = self
-            .waiting
-            .iter_mut()
-            .find(|(w, _)| w.service == req.service && w.reason == req.reason)
-        {
-            w.0 = req;
-            return 0;
-        }
-        let mut dropped = 0;
-        while self.waiting.len() >= EVENTS_WAITING {
-            self.waiting.pop_front();
-            dropped += 1;
-        }
-        self.waiting.push_back((req, since));
-        dropped
-    }
-
-    /// The oldest Event still worth writing at `now`, and how many expired.
-    pub fn pop(&mut self, now: Instant) -> (Option<(EventRequest, Instant)>, usize) {
-        let mut expired = 0;
-        while let Some((_, since)) = self.waiting.front() {
-            if now.saturating_duration_since(*since) < EVENT_MAX_AGE {
-                return (self.waiting.pop_front(), expired);
-            }
-            self.waiting.pop_front();
-            expired += 1;
-        }
-        (None, expired)
-    }
-
-    /// Puts back an Event that failed again, in front.
-    pub fn put_back(&mut self, req: EventRequest, since: Instant) {
-        self.waiting.push_front((req, since));
-    }
-
-    pub fn len(&self) -> usize {
-        self.waiting.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.waiting.is_empty()
-    }
-}
-
 pub fn start(
     client: Client,
     node: &str,
@@ -182,7 +128,7 @@ pub fn start(
         telemetry,
         written: HashMap::new(),
         next_write: Instant::now(),
-        waiting: EventQueue::default(),
+        waiting: Backlog::new(EVENTS_WAITING, EVENT_MAX_AGE),
         last_answer: Instant::now(),
     };
     let task = tokio::spawn(writer.run(rx, events_rx));
@@ -203,7 +149,8 @@ struct Writer {
     telemetry: Arc<Telemetry>,
     written: HashMap<(String, Family), Written>,
     next_write: Instant,
-    waiting: EventQueue,
+    /// Events the server did not take yet, by Service and reason.
+    waiting: Backlog<(String, &'static str), EventRequest>,
     /// When the server last took a write or answered a probe.
     last_answer: Instant,
 }
@@ -232,7 +179,8 @@ impl Writer {
                             self.publish(ev, Instant::now(), false).await;
                         } else {
                             // Keep the order: behind those waiting.
-                            let dropped = self.waiting.push(ev, Instant::now());
+                            let key = (ev.service.clone(), ev.reason);
+                            let dropped = self.waiting.push(key, ev, Instant::now());
                             self.dropped(dropped, "the queue of Events to write again is full");
                         }
                         continue;
@@ -363,7 +311,7 @@ impl Writer {
         loop {
             let (next, expired) = self.waiting.pop(Instant::now());
             self.dropped(expired, "Events waited an hour for the API server");
-            let Some((req, since)) = next else { return };
+            let Some((_, req, since)) = next else { return };
             if !self.publish(req, since, true).await {
                 return;
             }
@@ -415,58 +363,11 @@ impl Writer {
                 } else {
                     debug!(%service, reason, error = %e, "cannot write the Event; it waits for the API server");
                 }
-                self.waiting.put_back(req, since);
-                let over = self.waiting.len().saturating_sub(EVENTS_WAITING);
-                for _ in 0..over {
-                    self.waiting.waiting.pop_back();
-                }
+                let key = (req.service.clone(), req.reason);
+                let over = self.waiting.put_back(key, req, since);
                 self.dropped(over, "the queue of Events to write again is full");
                 false
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn req(service: &str, reason: &'static str, note: &str) -> EventRequest {
-        EventRequest {
-            service: service.into(),
-            warning: false,
-            reason,
-            note: note.into(),
-        }
-    }
-
-    /// The queue keeps the order, one Event per Service and reason with the
-    /// newest note, drops the oldest when full and what waited an hour.
-    #[test]
-    fn the_event_queue_coalesces_bounds_and_expires() {
-        let t0 = Instant::now();
-        let mut q = EventQueue::default();
-        assert_eq!(q.push(req("a/web", "Withdrawn", "old"), t0), 0);
-        assert_eq!(q.push(req("a/db", "Withdrawn", "db"), t0), 0);
-        assert_eq!(q.push(req("a/web", "Withdrawn", "new"), t0), 0);
-        assert_eq!(q.push(req("a/web", "AnnouncingLocal", "x"), t0), 0);
-        assert_eq!(q.len(), 3);
-        let (first, expired) = q.pop(t0);
-        assert_eq!(expired, 0);
-        assert_eq!(first.unwrap().0.note, "new");
-
-        let mut q = EventQueue::default();
-        for i in 0..EVENTS_WAITING {
-            assert_eq!(q.push(req(&format!("a/s{i}"), "Withdrawn", ""), t0), 0);
-        }
-        assert_eq!(q.push(req("a/last", "Withdrawn", ""), t0), 1);
-        assert_eq!(q.pop(t0).0.unwrap().0.service, "a/s1");
-
-        let mut q = EventQueue::default();
-        q.push(req("a/old", "Withdrawn", ""), t0);
-        q.push(req("a/new", "Withdrawn", ""), t0 + EVENT_MAX_AGE);
-        let (next, expired) = q.pop(t0 + EVENT_MAX_AGE + Duration::from_secs(1));
-        assert_eq!(expired, 1);
-        assert_eq!(next.unwrap().0.service, "a/new");
     }
 }

@@ -14,7 +14,6 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::StreamExt;
 use hostlb_api::snapshot::ObjectError;
@@ -45,7 +44,6 @@ pub struct KubeInputs {
     tasks: Vec<JoinHandle<()>>,
 }
 
-#[derive(Default)]
 struct Shared {
     changed: Notify,
     /// Watches that have completed their first list.
@@ -53,60 +51,14 @@ struct Shared {
     /// Watches whose last attempt failed.
     failing: AtomicUsize,
     failed: [AtomicBool; WATCHES],
+    /// When each watch last failed, in ms since `base`.
+    failed_at: [AtomicU64; WATCHES],
+    base: std::time::Instant,
     changes: Mutex<Changes>,
     /// The newest resourceVersion seen in any watch event.
     revision: AtomicU64,
     /// The API server's URL, for the log lines of failing watches.
     server: String,
-}
-
-/// How long a failed watch waits before it lists again: from 250 ms,
-/// doubling, to at most [`MAX`](WatchBackoff::MAX), each wait drawn between
-/// half and all of its step so that a fleet of agents does not come back in
-/// step.
-///
-/// client-go's reflector (and kube's default) backs off to 30 s, so an
-/// agent could stay blind for half a minute after the API server returned.
-/// A cap of 3 s bounds catch-up to a few seconds; the price is at most
-/// about 2 connection attempts a second per watch while the server is away
-/// (5 watches: ~3,300 a second from 1,000 agents, each refused in the
-/// kernel when nothing listens).
-pub struct WatchBackoff {
-    step: Duration,
-    rng: u64,
-}
-
-impl WatchBackoff {
-    pub const MIN: Duration = Duration::from_millis(250);
-    pub const MAX: Duration = Duration::from_secs(3);
-
-    pub fn new(seed: u64) -> WatchBackoff {
-        WatchBackoff {
-            step: Self::MIN,
-            rng: seed | 1,
-        }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        // xorshift64: a jitter needs no better randomness.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        let half = self.step / 2;
-        let wait = half + half.mul_f64((self.rng >> 11) as f64 / (1u64 << 53) as f64);
-        self.step = (self.step * 2).min(Self::MAX);
-        Some(wait)
-    }
-}
-
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.step = Self::MIN;
-    }
 }
 
 /// What changed since the loop last looked.
@@ -138,8 +90,15 @@ impl KubeInputs {
     /// `server` is the API server's URL, named when a watch fails.
     pub fn start(client: &Client, scope: &Scope, server: &str) -> KubeInputs {
         let shared = Arc::new(Shared {
+            changed: Notify::new(),
+            synced: AtomicUsize::new(0),
+            failing: AtomicUsize::new(0),
+            failed: Default::default(),
+            failed_at: Default::default(),
+            base: std::time::Instant::now(),
+            changes: Mutex::new(Changes::default()),
+            revision: AtomicU64::new(0),
             server: server.to_string(),
-            ..Shared::default()
         });
         let (services, sw) = reflector::store();
         let (slices, ew) = reflector::store();
@@ -216,9 +175,27 @@ impl KubeInputs {
         &self.shared.server
     }
 
-    /// No watch is failing now.
+    /// No watch is failing now. A watch that reconnects from its last
+    /// resourceVersion sees nothing until something changes, so silence is
+    /// the sign it recovered: a failing watch retries within
+    /// `WatchBackoff::MAX`, and one with no new error for longer than that
+    /// is watching again. (A server that takes connections and never
+    /// answers is caught by the writer's probe instead.)
     pub fn api_healthy(&self) -> bool {
-        self.shared.failing.load(Ordering::Relaxed) == 0
+        let s = &self.shared;
+        let quiet = hostlb_api::watch::WatchBackoff::MAX + std::time::Duration::from_millis(500);
+        let now = s.base.elapsed().as_millis() as u64;
+        for slot in 0..WATCHES {
+            if s.failed[slot].load(Ordering::Relaxed)
+                && now.saturating_sub(s.failed_at[slot].load(Ordering::Relaxed))
+                    > quiet.as_millis() as u64
+                && s.failed[slot].swap(false, Ordering::Relaxed)
+            {
+                s.failing.fetch_sub(1, Ordering::Relaxed);
+                tracing::info!(server = %s.server, "watch recovered (no error since it reconnected)");
+            }
+        }
+        s.failing.load(Ordering::Relaxed) == 0
     }
 
     /// How new this view of the cluster is: the newest resourceVersion any
@@ -387,11 +364,10 @@ where
         + 'static,
 {
     let kind = K::kind(&()).to_string();
-    let seed = rand::random::<u64>();
     tokio::spawn(async move {
         let mut synced = false;
         let mut stream = watcher(api, watcher::Config::default())
-            .backoff(WatchBackoff::new(seed))
+            .backoff(hostlb_api::watch::WatchBackoff::spread())
             .modify(trim)
             .reflect(writer)
             .boxed();
@@ -441,6 +417,8 @@ where
                     }
                 }
                 Err(e) => {
+                    shared.failed_at[slot]
+                        .store(shared.base.elapsed().as_millis() as u64, Ordering::Relaxed);
                     if !shared.failed[slot].swap(true, Ordering::Relaxed) {
                         shared.failing.fetch_add(1, Ordering::Relaxed);
                         warn!(%kind, server = %shared.server, error = %e, "watch failed; keeping the last known objects and retrying");
@@ -455,23 +433,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Waits grow to the cap and stay within it, with jitter, and a reset
-    /// starts again from the bottom.
-    #[test]
-    fn watch_backoff_is_capped_and_jittered() {
-        use kube::runtime::utils::Backoff;
-        let mut b = WatchBackoff::new(7);
-        let waits: Vec<Duration> = b.by_ref().take(12).collect();
-        assert!(waits[0] >= WatchBackoff::MIN / 2 && waits[0] <= WatchBackoff::MIN);
-        assert!(waits.iter().all(|w| *w <= WatchBackoff::MAX));
-        assert!(waits[8..].iter().all(|w| *w >= WatchBackoff::MAX / 2));
-        let mut distinct = waits[8..].to_vec();
-        distinct.dedup();
-        assert!(distinct.len() > 1, "no jitter: {waits:?}");
-        b.reset();
-        assert!(b.next().unwrap() <= WatchBackoff::MIN);
-    }
 
     fn service(kind: &str) -> Service {
         serde_json::from_value(serde_json::json!({

@@ -1,0 +1,403 @@
+//! The allocator controller against the real kube-apiserver (v1.28.0 with
+//! etcd and RBAC), each replica running as the `hostlb-allocator`
+//! ServiceAccount of `deploy/allocator/rbac.yaml`, never as admin: a 403
+//! anywhere in the controller's log fails the test.
+//!
+//! Each test starts its own server on loopback with ports of its own. On a
+//! machine without the server (`../shared/kube-apiserver`, etcd-server) the
+//! tests say they did not run; under `CI=true` that is a failure.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use hostlb_allocator::controller::{self, Config, telemetry::Telemetry};
+use hostlb_api::IPAddressPool;
+use hostlb_tests::realserver::RealServer;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+const NS: &str = "hostlb-system";
+
+/// Every log line of the controllers in this process.
+fn log() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = buf.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .with_ansi(false)
+            .with_writer(move || Capture(writer.clone()))
+            .try_init();
+        buf
+    })
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        std::io::stderr().write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn assert_nothing_refused(server: &RealServer) {
+    let text = String::from_utf8_lossy(&log().lock().unwrap()).into_owned();
+    let refused: Vec<&str> = text
+        .lines()
+        .filter(|l| (l.contains("forbidden") || l.contains(" 403")) && !server.while_starting(l))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the API refused the allocator:\n{}",
+        refused.join("\n")
+    );
+}
+
+/// A server with the CRDs, the namespaces and the allocator's RBAC; the
+/// admin's client and the ServiceAccount's config. `None` (after saying
+/// why) without the real server.
+struct Bed {
+    server: RealServer,
+    _dir: tempfile::TempDir,
+    admin: Client,
+    allocator: kube::Config,
+}
+
+/// `port` for the API server; etcd takes `port + 10_000` and the next one.
+async fn bed(port: u16) -> Option<Bed> {
+    if let Err(why) = RealServer::available() {
+        eprintln!("NOT RUN: {why}");
+        return None;
+    }
+    log();
+    let dir = tempfile::tempdir().unwrap();
+    let server = tokio::task::block_in_place(|| {
+        RealServer::start_local(port, port + 10_000, &dir.path().join("k8s"))
+    });
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(server.admin_kubeconfig())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    tokio::task::block_in_place(|| {
+        kubectl(&[
+            "apply",
+            "-f",
+            deploy.join("namespace.yaml").to_str().unwrap(),
+        ]);
+        kubectl(&["apply", "-f", deploy.join("crds").to_str().unwrap()]);
+        kubectl(&[
+            "apply",
+            "-f",
+            deploy.join("allocator/rbac.yaml").to_str().unwrap(),
+        ]);
+        kubectl(&["create", "namespace", "shop"]);
+        kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=30s",
+        ]);
+        server.service_account_kubeconfig(
+            NS,
+            "hostlb-allocator",
+            &dir.path().join("sa.kubeconfig"),
+        );
+    });
+    let admin = config(&server.admin_kubeconfig()).await;
+    let allocator = config(&dir.path().join("sa.kubeconfig")).await;
+    Some(Bed {
+        server,
+        _dir: dir,
+        admin: Client::try_from(admin).unwrap(),
+        allocator,
+    })
+}
+
+async fn config(path: &Path) -> kube::Config {
+    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap()
+}
+
+struct Replica {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), controller::Error>>,
+    telemetry: Arc<Telemetry>,
+}
+
+fn start(bed: &Bed, identity: &str, leader_election: bool) -> Replica {
+    let mut config = bed.allocator.clone();
+    controller::prepare_client(&mut config, identity);
+    let mut cfg = Config::for_test(identity);
+    cfg.leader_election = leader_election;
+    let telemetry = Telemetry::new();
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(controller::run(
+        Client::try_from(config).unwrap(),
+        cfg,
+        telemetry.clone(),
+        stopped,
+    ));
+    Replica {
+        stop,
+        task,
+        telemetry,
+    }
+}
+
+impl Replica {
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+async fn eventually<F, Fut, T>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn pool(bed: &Bed, name: &str, spec: serde_json::Value) {
+    let api: Api<IPAddressPool> = Api::namespaced(bed.admin.clone(), NS);
+    let p: IPAddressPool = serde_json::from_value(json!({"apiVersion": "hostlb.io/v1",
+        "kind": "IPAddressPool", "metadata": {"name": name}, "spec": spec}))
+    .unwrap();
+    api.create(&PostParams::default(), &p).await.unwrap();
+}
+
+async fn service(bed: &Bed, name: &str, extra: serde_json::Value) {
+    let api: Api<Service> = Api::namespaced(bed.admin.clone(), "shop");
+    let mut v = json!({"metadata": {"name": name},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+    json_patch::merge(&mut v, &extra);
+    api.create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+        .await
+        .unwrap();
+}
+
+async fn ips(bed: &Bed, name: &str) -> Vec<String> {
+    let api: Api<Service> = Api::namespaced(bed.admin.clone(), "shop");
+    api.get(name)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.load_balancer)
+        .and_then(|lb| lb.ingress)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|i| i.ip)
+        .collect()
+}
+
+async fn wait_ips(bed: &Bed, name: &str, want: &[&str]) {
+    let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    eventually(&format!("{name} to hold {want:?}"), || {
+        let want = want.clone();
+        async move { (ips(bed, name).await == want).then_some(()) }
+    })
+    .await
+}
+
+/// Addresses, a shared address, pool status and Events, as the shipped
+/// ServiceAccount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocation_sharing_status_and_events_with_the_shipped_rbac() {
+    let Some(bed) = bed(16443).await else { return };
+    pool(&bed, "p1", json!({"addresses": ["10.0.0.0/30"]})).await;
+    let r = start(&bed, "r1", false);
+    service(&bed, "a", json!({})).await;
+    wait_ips(&bed, "a", &["10.0.0.0"]).await;
+    let share = json!({"metadata": {"annotations": {"hostlb.io/allow-shared-ip": "k"}}});
+    service(&bed, "web", share.clone()).await;
+    let mut other = share.clone();
+    json_patch::merge(&mut other, &json!({"spec": {"ports": [{"port": 443}]}}));
+    service(&bed, "web-tls", other).await;
+    let shared = eventually("a shared address", || async {
+        let (x, y) = (ips(&bed, "web").await, ips(&bed, "web-tls").await);
+        (!x.is_empty() && x == y).then_some(x)
+    })
+    .await;
+    assert_ne!(shared, vec!["10.0.0.0".to_string()]);
+    let pools: Api<IPAddressPool> = Api::namespaced(bed.admin.clone(), NS);
+    eventually("pool status", || async {
+        pools
+            .get("p1")
+            .await
+            .unwrap()
+            .status
+            .filter(|s| s.assigned_ipv4 == 2 && s.available_ipv4 == 2)
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(bed.admin.clone(), "shop");
+    eventually("IPAllocated Events", || async {
+        let n = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("IPAllocated"))
+            .count();
+        (n >= 3).then_some(())
+    })
+    .await;
+    r.stop().await;
+    assert_nothing_refused(&bed.server);
+}
+
+/// Two replicas: the Lease names one; it dies without releasing it, and
+/// the other takes over, keeps every address and allocates new Services.
+/// Then a restart over the same Services writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_takeover_and_a_restart_that_writes_nothing() {
+    let Some(bed) = bed(16453).await else { return };
+    pool(&bed, "p1", json!({"addresses": ["10.0.0.0/24"]})).await;
+    let a = start(&bed, "replica-a", true);
+    let b = start(&bed, "replica-b", true);
+    for i in 0..5 {
+        service(&bed, &format!("s{i}"), json!({})).await;
+    }
+    for i in 0..5 {
+        wait_ips(&bed, &format!("s{i}"), &[&format!("10.0.0.{i}")]).await;
+    }
+    let leases: Api<Lease> = Api::namespaced(bed.admin.clone(), NS);
+    let holder = leases
+        .get("hostlb-allocator")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap();
+    let (dead, survivor, survivor_name) = match holder.as_str() {
+        "replica-a" => (a, b, "replica-b"),
+        "replica-b" => (b, a, "replica-a"),
+        other => panic!("the Lease names {other}"),
+    };
+    dead.task.abort();
+    service(&bed, "late", json!({})).await;
+    wait_ips(&bed, "late", &["10.0.0.5"]).await;
+    let holder = leases
+        .get("hostlb-allocator")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_eq!(holder.as_deref(), Some(survivor_name));
+    for i in 0..5 {
+        assert_eq!(
+            ips(&bed, &format!("s{i}")).await,
+            vec![format!("10.0.0.{i}")]
+        );
+    }
+    survivor.stop().await;
+
+    let services: Api<Service> = Api::namespaced(bed.admin.clone(), "shop");
+    let versions = |list: Vec<Service>| -> BTreeMap<String, String> {
+        list.into_iter()
+            .map(|s| (s.name_any(), s.resource_version().unwrap_or_default()))
+            .collect()
+    };
+    let before = versions(services.list(&ListParams::default()).await.unwrap().items);
+    let r = start(&bed, "replica-c", false);
+    eventually("ready", || async { r.telemetry.is_ready().then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = versions(services.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(before, after, "a restart wrote to Services");
+    r.stop().await;
+    assert_nothing_refused(&bed.server);
+}
+
+/// The API server goes away: `/readyz` says not ready within a few
+/// seconds, whether it is killed or stops gracefully (keeping open watches
+/// while it refuses the rest); once it is back the allocator is ready again
+/// within 5 s and allocates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_api_server_and_catches_up_within_5s() {
+    let Some(bed) = bed(16463).await else { return };
+    pool(&bed, "p1", json!({"addresses": ["10.0.0.0/24"]})).await;
+    let r = start(&bed, "r1", false);
+    service(&bed, "a", json!({})).await;
+    wait_ips(&bed, "a", &["10.0.0.0"]).await;
+    eventually("ready", || async { r.telemetry.is_ready().then_some(()) }).await;
+
+    for graceful in [true, false] {
+        let down = std::time::Instant::now();
+        if graceful {
+            bed.server.stop_apiserver();
+        } else {
+            tokio::task::block_in_place(|| bed.server.kill_apiserver());
+        }
+        eventually("not ready", || async {
+            (!r.telemetry.is_ready()).then_some(())
+        })
+        .await;
+        eprintln!(
+            "{}: not ready after {} ms",
+            if graceful { "graceful stop" } else { "kill" },
+            down.elapsed().as_millis()
+        );
+        assert!(
+            down.elapsed() < Duration::from_secs(12),
+            "{:?}",
+            down.elapsed()
+        );
+        tokio::task::block_in_place(|| bed.server.start_apiserver());
+        let back = std::time::Instant::now();
+        eventually("ready again", || async {
+            r.telemetry.is_ready().then_some(())
+        })
+        .await;
+        let caught_up = back.elapsed();
+        eprintln!(
+            "allocator ready {} ms after the API server",
+            caught_up.as_millis()
+        );
+        assert!(caught_up <= Duration::from_secs(5), "{caught_up:?}");
+    }
+    service(&bed, "b", json!({})).await;
+    wait_ips(&bed, "b", &["10.0.0.1"]).await;
+    r.stop().await;
+    assert_nothing_refused(&bed.server);
+}
