@@ -690,7 +690,16 @@ fn kernel_worker<B: AddressBackend + 'static>(backend: Arc<B>) -> Kernel {
         mpsc::unbounded_channel::<(Vec<crate::addrs::VipAddress>, Vec<crate::addrs::VipAddress>)>();
     let (done, results) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        while let Some((add, remove)) = rx.recv().await {
+        while let Some((mut add, mut remove)) = rx.recv().await {
+            // Whatever queued up meanwhile goes in the same batch (one link
+            // read, one record write): the core has at most one operation
+            // in flight per VIP, so batches never disagree about one, and
+            // a burst (a heal's conflicts settled one claim at a time) costs
+            // one batch, not hundreds one after another.
+            while let Ok((a, r)) = rx.try_recv() {
+                add.extend(a);
+                remove.extend(r);
+            }
             let mut out = Vec::with_capacity(add.len() + remove.len());
             for (kind, vips) in [(OpKind::Add, add), (OpKind::Remove, remove)] {
                 if vips.is_empty() {

@@ -47,8 +47,9 @@ const WRITTEN_GRACE: Duration = Duration::from_secs(10);
 /// Passes over the whole set this often even without a change, to retry
 /// failed writes and repair annotations someone edited.
 const RESYNC: Duration = Duration::from_secs(10);
-/// Events waiting to be written again, at most.
-const EVENTS_WAITING: usize = 1024;
+/// Events waiting to be written, at most: a failover of 1,000 VIPs makes
+/// two for each (one per node), and one per Service and reason is kept.
+const EVENTS_WAITING: usize = 4096;
 /// An Event that waited this long is dropped: Kubernetes would already have
 /// expired it.
 const EVENT_MAX_AGE: Duration = Duration::from_secs(3600);
@@ -85,7 +86,7 @@ fn took<T>(result: &Result<T, kube::Error>) -> bool {
 /// Handles to the writer task.
 pub struct ReportHandle {
     pub announcing: watch::Sender<Announcing>,
-    pub events: mpsc::Sender<EventRequest>,
+    pub events: mpsc::UnboundedSender<EventRequest>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -96,12 +97,11 @@ impl Drop for ReportHandle {
 }
 
 impl ReportHandle {
-    /// Queue an Event; dropped (and counted) when the queue is full rather
-    /// than slowing the loop.
+    /// Hands an Event to the writer, which keeps it in its bounded backlog
+    /// until written; never slows the loop.
     pub fn event(&self, telemetry: &Telemetry, req: EventRequest) {
-        if self.events.try_send(req).is_err() {
+        if self.events.send(req).is_err() {
             telemetry.events_dropped.inc();
-            warn!("the Event queue to the writer is full; Event dropped");
         }
     }
 }
@@ -113,7 +113,9 @@ pub fn start(
     telemetry: Arc<Telemetry>,
 ) -> ReportHandle {
     let (announcing, rx) = watch::channel(Announcing::new());
-    let (events, events_rx) = mpsc::channel(1024);
+    // Unbounded, but the writer moves each Event at once into its bounded,
+    // coalescing backlog.
+    let (events, events_rx) = mpsc::unbounded_channel();
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -129,6 +131,7 @@ pub fn start(
         written: HashMap::new(),
         next_write: Instant::now(),
         waiting: Backlog::new(EVENTS_WAITING, EVENT_MAX_AGE),
+        retry_at: Instant::now(),
         last_answer: Instant::now(),
     };
     let task = tokio::spawn(writer.run(rx, events_rx));
@@ -149,8 +152,10 @@ struct Writer {
     telemetry: Arc<Telemetry>,
     written: HashMap<(String, Family), Written>,
     next_write: Instant,
-    /// Events the server did not take yet, by Service and reason.
+    /// Events not written yet, by Service and reason, oldest first.
     waiting: Backlog<(String, &'static str), EventRequest>,
+    /// After a failed Event, the next is tried no sooner than this.
+    retry_at: Instant,
     /// When the server last took a write or answered a probe.
     last_answer: Instant,
 }
@@ -159,11 +164,9 @@ impl Writer {
     async fn run(
         mut self,
         mut announcing: watch::Receiver<Announcing>,
-        mut events: mpsc::Receiver<EventRequest>,
+        mut events: mpsc::UnboundedReceiver<EventRequest>,
     ) {
         let mut resync = tokio::time::interval(RESYNC);
-        let mut retry = tokio::time::interval(EVENT_RETRY);
-        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probe = tokio::time::interval(PROBE_EVERY);
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -175,20 +178,21 @@ impl Writer {
                 }
                 ev = events.recv() => match ev {
                     Some(ev) => {
-                        if self.waiting.is_empty() {
-                            self.publish(ev, Instant::now(), false).await;
-                        } else {
-                            // Keep the order: behind those waiting.
+                        let mut dropped = 0;
+                        for ev in std::iter::once(ev).chain(std::iter::from_fn(|| events.try_recv().ok())) {
                             let key = (ev.service.clone(), ev.reason);
-                            let dropped = self.waiting.push(key, ev, Instant::now());
-                            self.dropped(dropped, "the queue of Events to write again is full");
+                            dropped += self.waiting.push(key, ev, Instant::now());
                         }
+                        self.dropped(dropped, "too many Events wait to be written");
                         continue;
                     }
                     None => return,
                 },
-                _ = retry.tick(), if !self.waiting.is_empty() => {
-                    self.retry_events().await;
+                // One Event at a time, paced, so new ones keep coming in.
+                () = tokio::time::sleep_until(self.retry_at.max(self.next_write).into()),
+                    if !self.waiting.is_empty() =>
+                {
+                    self.write_event().await;
                     continue;
                 }
                 _ = probe.tick() => {
@@ -306,15 +310,15 @@ impl Writer {
         }
     }
 
-    /// Writes the waiting Events, oldest first, until one fails again.
-    async fn retry_events(&mut self) {
-        loop {
-            let (next, expired) = self.waiting.pop(Instant::now());
-            self.dropped(expired, "Events waited an hour for the API server");
-            let Some((_, req, since)) = next else { return };
-            if !self.publish(req, since, true).await {
-                return;
-            }
+    /// Writes the oldest waiting Event; if it fails, the next try waits
+    /// [`EVENT_RETRY`].
+    async fn write_event(&mut self) {
+        let (next, expired) = self.waiting.pop(Instant::now());
+        self.dropped(expired, "Events waited an hour for the API server");
+        let Some((_, req, since)) = next else { return };
+        let retrying = self.retry_at > since;
+        if !self.publish(req, since, retrying).await {
+            self.retry_at = Instant::now() + EVENT_RETRY;
         }
     }
 
@@ -350,12 +354,17 @@ impl Writer {
         )
         .await
         .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())));
+        let was_writable = self
+            .telemetry
+            .api_writable
+            .load(std::sync::atomic::Ordering::Relaxed);
         self.answered(took(&result));
         self.telemetry.write("event", result.is_ok());
         match result {
             Ok(()) => true,
             Err(e) => {
-                let first = !retrying && self.waiting.is_empty();
+                // Once per outage; the rest of its failures are debug lines.
+                let first = !retrying && was_writable;
                 let service = req.service.clone();
                 let reason = req.reason;
                 if first {

@@ -45,6 +45,19 @@ impl Drop for Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // HOSTLB_TEST_LOGS=DIR keeps every agent's log (a bench run, or a
+        // test that passed but should be read).
+        if let Some(keep) = std::env::var_os("HOSTLB_TEST_LOGS") {
+            let keep = PathBuf::from(keep);
+            let _ = std::fs::create_dir_all(&keep);
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0);
+            for n in &self.nodes {
+                let _ = std::fs::copy(self.log_path(n), keep.join(format!("{stamp}-{n}.log")));
+            }
+        }
         if std::thread::panicking() {
             for n in &self.nodes {
                 if let Ok(log) = std::fs::read_to_string(self.log_path(n)) {
