@@ -70,6 +70,7 @@ fn manifests_are_what_they_claim() {
         "namespace.yaml",
         "allocator/rbac.yaml",
         "allocator/deployment.yaml",
+        "agent/rbac.yaml",
     ] {
         for d in docs(file) {
             let kind = d["kind"].as_str().unwrap().to_string();
@@ -98,6 +99,7 @@ fn manifests_are_what_they_claim() {
         "crds/hostlb.io_l2advertisements.yaml",
         "allocator/rbac.yaml",
         "allocator/deployment.yaml",
+        "agent/rbac.yaml",
     ] {
         assert!(k.contains(f) && deploy().join(f).exists(), "{f}");
     }

@@ -239,9 +239,11 @@ pub fn cut_off(bed: &Bed) -> CutOff {
     // The survivors let go of their copies too before the next run starts,
     // so it measures a move, not a leftover.
     for node in ["node-b", "node-c"] {
-        wait_for(&format!("{node} to let go"), Duration::from_secs(60), || {
-            (bed.c.held_count(node) == 0).then_some(())
-        })
+        wait_for(
+            &format!("{node} to let go"),
+            Duration::from_secs(60),
+            || (bed.c.held_count(node) == 0).then_some(()),
+        )
         .unwrap();
     }
     CutOff {

@@ -130,16 +130,37 @@ fn main() {
 }
 
 /// Ctrl-C or SIGTERM: tear down from a thread of its own and exit.
+///
+/// Handlers, not a blocked mask waited on: a blocked mask is inherited by
+/// every process the demo starts, and agents that cannot receive SIGTERM
+/// cannot show a planned hand-over. (Handlers reset to the default in a
+/// child at exec.)
 fn on_interrupt(teardown: Arc<Mutex<Teardown>>) {
-    use nix::sys::signal::{SigSet, Signal};
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGINT);
-    set.add(Signal::SIGTERM);
-    // Blocked here, before any other thread exists, so every thread
-    // inherits the mask and only the waiter below receives them.
-    let _ = set.thread_block();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        if set.wait().is_ok() {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            let _ = ready_tx.send(());
+            return;
+        };
+        let stopped = rt.block_on(async {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                let _ = ready_tx.send(());
+                return false;
+            };
+            let _ = ready_tx.send(());
+            tokio::select! {
+                _ = int.recv() => true,
+                _ = term.recv() => true,
+            }
+        });
+        if stopped {
             println!("\n   interrupted: tearing down");
             if let Ok(mut t) = teardown.lock() {
                 t.run();
@@ -148,6 +169,8 @@ fn on_interrupt(teardown: Arc<Mutex<Teardown>>) {
             std::process::exit(130);
         }
     });
+    // Handlers in place before anything is started.
+    let _ = ready.recv();
 }
 
 fn run(teardown: Arc<Mutex<Teardown>>, keep: bool) -> Result<(u128, u64)> {
@@ -216,9 +239,24 @@ impl Demo {
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {program} on {host}"))?;
-        let mut t = self.teardown.lock().unwrap();
-        t.children.push(child);
-        Ok(t.children.len() - 1)
+        let pid = child.id();
+        let index = {
+            let mut t = self.teardown.lock().unwrap();
+            t.children.push(child);
+            t.children.len() - 1
+        };
+        // What is started here must take signals as under systemd: a
+        // blocked SIGTERM would hide the planned hand-over.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        if let Some(blocked) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(str::trim)
+            .filter(|m| m.chars().any(|c| c != '0'))
+        {
+            bail!("{program} on {host} starts with signals blocked (SigBlk {blocked})");
+        }
+        Ok(index)
     }
 
     fn kill(&mut self, index: usize) {
