@@ -752,3 +752,53 @@ fn every_vip_of_a_failed_host_moves_at_once() {
     eprintln!("40 VIPs, SIGTERM: lost {lost}, longest silence {outage:?}");
     assert!(lost <= 2, "lost {lost} probes, silence {outage:?}");
 }
+
+/// `cleanup` run while the killed agent's gossip socket is still held
+/// (its process not gone yet) tells its peers from another port, and they
+/// take over at once instead of after failure detection.
+#[test]
+fn cleanup_tells_peers_even_while_the_gossip_port_is_held() {
+    let mut c = three_nodes();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    c.kill(&owner);
+    let ip = c.host(&owner).ipv4.to_string();
+    let mut holder = c
+        .host(&owner)
+        .ns
+        .command(
+            "python3",
+            &[
+                "-c",
+                &format!(
+                    "import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('{ip}',7934))\nprint('bound',flush=True)\ntime.sleep(60)"
+                ),
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "bound");
+    }
+    let t = Instant::now();
+    let config = c.config_path(&owner);
+    let (ok, out, err) =
+        c.agent_command(&owner, &["cleanup", "--config", config.to_str().unwrap()]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(ok, "cleanup failed: {out} {err}");
+    assert!(
+        out.contains("removed 1 addresses") && !out.contains("told 0 peers"),
+        "{out} {err}"
+    );
+    let next = c.wait_single_holder(VIP, Duration::from_secs(5));
+    let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(5));
+    assert!(o.lost <= 2, "{o:?}");
+}

@@ -145,6 +145,13 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
     let next = c.wait_single_holder(VIP, Duration::from_secs(5));
     let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(5));
     assert!(o.lost <= 2, "SIGTERM hand-over: {o:?}");
+    // A clean stop says so, not that something went wrong.
+    let log = std::fs::read_to_string(c.log_path("node-a")).unwrap();
+    let tail = &log[log.rfind("leaving: handing VIPs over").expect("a leave")..];
+    assert!(
+        !tail.contains(" WARN ") && !tail.contains("ERROR"),
+        "a clean stop logged trouble:\n{tail}"
+    );
     wait_for("the Withdrawn Event", Duration::from_secs(15), || {
         c.kubectl(&[
             "get",

@@ -453,7 +453,7 @@ pub async fn run(
     // Open watches do not show that the server takes requests (a stopping
     // server keeps them for a minute and refuses the rest): with no write
     // for PROBE_EVERY, one GET of its version says so, off the loop.
-    let mut probe = tokio::time::interval(PROBE_EVERY);
+    let mut probe = tokio::time::interval(Duration::from_secs(1));
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (probed_tx, mut probed) = tokio::sync::mpsc::channel::<bool>(1);
     loop {
@@ -491,7 +491,9 @@ pub async fn run(
                 l.quiet_watches();
             }
             _ = probe.tick() => {
-                if l.last_write.elapsed() >= PROBE_EVERY {
+                // Due after PROBE_EVERY without a write, or each second
+                // while the server refuses (to see it back soon).
+                if !l.writes_ok || l.last_write.elapsed() >= PROBE_EVERY {
                     let client = l.client.clone();
                     let tx = probed_tx.clone();
                     tokio::spawn(async move {

@@ -115,6 +115,22 @@ async fn tell_peers(
         return Ok((None, 0));
     }
     cfg.gossip.seeds = seeds;
+    // The killed agent's socket can outlive it for a moment (the process
+    // still exiting): then say it from another port. Peers learn the
+    // address from the signed state and answer there.
+    if let Err(e) = std::net::UdpSocket::bind(cfg.gossip.listen)
+        && e.kind() == std::io::ErrorKind::AddrInUse
+    {
+        let free = std::net::UdpSocket::bind(SocketAddr::new(cfg.gossip.listen.ip(), 0))
+            .and_then(|s| s.local_addr())
+            .map_err(AgentError::NoPort)?;
+        info!(busy = %cfg.gossip.listen, port = free.port(),
+            "the gossip port is still held; telling peers from another");
+        cfg.gossip.listen.set_port(free.port());
+        if let Some(a) = &mut cfg.gossip.advertise {
+            a.set_port(free.port());
+        }
+    }
     if cfg.gossip.advertise.is_none() && cfg.gossip.listen.ip().is_unspecified() {
         let family = if cfg.gossip.listen.is_ipv4() {
             Family::V4

@@ -75,6 +75,8 @@ pub enum AgentError {
     },
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("no free port to gossip from: {0}")]
+    NoPort(std::io::Error),
     #[error(
         "gossip.advertise is not set and no address could be found on the announce interface; set it in the config"
     )]
@@ -326,10 +328,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
         let mut last_watchdog = Instant::now();
         loop {
             let input = tokio::select! {
-                _ = self.kube.changed() => match self.cluster_input() {
-                    Some(input) => input,
-                    None => continue,
-                },
+                _ = self.kube.changed() => {
+                    self.api_health();
+                    match self.cluster_input() {
+                        Some(input) => input,
+                        None => continue,
+                    }
+                }
                 changed = self.gossip.views.changed() => {
                     if changed.is_err() {
                         error!("gossip stopped; exiting so the service manager restarts the agent");
@@ -564,6 +569,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
             self.gossip.membership.set_seeds(seeds.clone());
             self.gossip.seeds_given = seeds;
         }
+        self.api_health();
+    }
+
+    /// `/readyz` follows the watches as soon as one fails or recovers;
+    /// systemd's STATUS says what a node without a first view waits for.
+    fn api_health(&mut self) {
         let healthy = self.kube.api_healthy();
         let was = self.telemetry.api_healthy.swap(healthy, Ordering::Relaxed);
         if was != healthy && !self.telemetry.applied.load(Ordering::Relaxed) && !healthy {

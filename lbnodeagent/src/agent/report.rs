@@ -167,7 +167,9 @@ impl Writer {
         mut events: mpsc::UnboundedReceiver<EventRequest>,
     ) {
         let mut resync = tokio::time::interval(RESYNC);
-        let mut probe = tokio::time::interval(PROBE_EVERY);
+        // Each second: a probe is due after PROBE_EVERY without a write,
+        // or at once while the server refuses (to see it back soon).
+        let mut probe = tokio::time::interval(Duration::from_secs(1));
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -196,7 +198,11 @@ impl Writer {
                     continue;
                 }
                 _ = probe.tick() => {
-                    if self.last_answer.elapsed() >= PROBE_EVERY {
+                    let writable = self
+                        .telemetry
+                        .api_writable
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                    if !writable || self.last_answer.elapsed() >= PROBE_EVERY {
                         let ok = matches!(
                             tokio::time::timeout(WRITE_TIMEOUT, self.client.apiserver_version()).await,
                             Ok(Ok(_))

@@ -279,6 +279,11 @@ impl Telemetry {
                     s.bytes_received,
                 ),
                 (
+                    "gossip_send_failed",
+                    "Gossip datagrams the kernel refused to send (no route, a firewall) or that could not be sealed.",
+                    s.send_failed,
+                ),
+                (
                     "gossip_messages_fragmented",
                     "Gossip messages sent in two datagrams.",
                     s.messages_fragmented,

@@ -51,9 +51,6 @@ struct Shared {
     /// Watches whose last attempt failed.
     failing: AtomicUsize,
     failed: [AtomicBool; WATCHES],
-    /// When each watch last failed, in ms since `base`.
-    failed_at: [AtomicU64; WATCHES],
-    base: std::time::Instant,
     changes: Mutex<Changes>,
     /// The newest resourceVersion seen in any watch event.
     revision: AtomicU64,
@@ -94,8 +91,6 @@ impl KubeInputs {
             synced: AtomicUsize::new(0),
             failing: AtomicUsize::new(0),
             failed: Default::default(),
-            failed_at: Default::default(),
-            base: std::time::Instant::now(),
             changes: Mutex::new(Changes::default()),
             revision: AtomicU64::new(0),
             server: server.to_string(),
@@ -175,27 +170,9 @@ impl KubeInputs {
         &self.shared.server
     }
 
-    /// No watch is failing now. A watch that reconnects from its last
-    /// resourceVersion sees nothing until something changes, so silence is
-    /// the sign it recovered: a failing watch retries within
-    /// `WatchBackoff::MAX`, and one with no new error for longer than that
-    /// is watching again. (A server that takes connections and never
-    /// answers is caught by the writer's probe instead.)
+    /// No watch is failing now.
     pub fn api_healthy(&self) -> bool {
-        let s = &self.shared;
-        let quiet = hostlb_api::watch::WatchBackoff::MAX + std::time::Duration::from_millis(500);
-        let now = s.base.elapsed().as_millis() as u64;
-        for slot in 0..WATCHES {
-            if s.failed[slot].load(Ordering::Relaxed)
-                && now.saturating_sub(s.failed_at[slot].load(Ordering::Relaxed))
-                    > quiet.as_millis() as u64
-                && s.failed[slot].swap(false, Ordering::Relaxed)
-            {
-                s.failing.fetch_sub(1, Ordering::Relaxed);
-                tracing::info!(server = %s.server, "watch recovered (no error since it reconnected)");
-            }
-        }
-        s.failing.load(Ordering::Relaxed) == 0
+        self.shared.failing.load(Ordering::Relaxed) == 0
     }
 
     /// How new this view of the cluster is: the newest resourceVersion any
@@ -371,7 +348,31 @@ where
             .modify(trim)
             .reflect(writer)
             .boxed();
-        while let Some(ev) = stream.next().await {
+        // A watch that reconnects from its last resourceVersion sees
+        // nothing until something changes, so silence is the sign it
+        // recovered: a failing watch retries within `WatchBackoff::MAX`,
+        // and one with no new error for longer than that is watching
+        // again. (A server that takes connections and never answers is
+        // caught by the writer's probe instead.)
+        let quiet = hostlb_api::watch::WatchBackoff::MAX + std::time::Duration::from_millis(250);
+        loop {
+            let ev = if shared.failed[slot].load(Ordering::Relaxed) {
+                match tokio::time::timeout(quiet, stream.next()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        if shared.failed[slot].swap(false, Ordering::Relaxed) {
+                            shared.failing.fetch_sub(1, Ordering::Relaxed);
+                            tracing::info!(%kind, server = %shared.server,
+                                "watch recovered (no error since it reconnected)");
+                            shared.changed.notify_one();
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                stream.next().await
+            };
+            let Some(ev) = ev else { break };
             match ev {
                 Ok(e) => {
                     if let watcher::Event::Apply(o)
@@ -417,8 +418,6 @@ where
                     }
                 }
                 Err(e) => {
-                    shared.failed_at[slot]
-                        .store(shared.base.elapsed().as_millis() as u64, Ordering::Relaxed);
                     if !shared.failed[slot].swap(true, Ordering::Relaxed) {
                         shared.failing.fetch_add(1, Ordering::Relaxed);
                         warn!(%kind, server = %shared.server, error = %e, "watch failed; keeping the last known objects and retrying");

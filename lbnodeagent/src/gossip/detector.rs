@@ -363,6 +363,7 @@ impl Detector {
                 announced: HashMap::new(),
                 counters: counters.clone(),
                 out: Vec::with_capacity(MAX_PACKET),
+                leaving: false,
             }
             .run(),
         );
@@ -448,6 +449,9 @@ struct Task {
     announced: HashMap<SocketAddr, Instant>,
     counters: Arc<DetectorCounters>,
     out: Vec<u8>,
+    /// This node asked to leave: foca then reports itself defunct, which
+    /// is what was asked for, not trouble.
+    leaving: bool,
 }
 
 impl Task {
@@ -469,6 +473,7 @@ impl Task {
                 command = self.commands.recv() => match command {
                     Some(Command::Announce(peers)) => self.announce(peers),
                     Some(Command::Leave(done)) => {
+                        self.leaving = true;
                         if let Err(error) = self.foca.leave_cluster(&mut self.runtime) {
                             debug!(%error, "detector: leave");
                         }
@@ -558,6 +563,9 @@ impl Task {
                         rejoin = me.rejoin,
                         "detector: peers declared this node down; rejoined"
                     );
+                }
+                OwnedNotification::Defunct if self.leaving => {
+                    debug!("detector: left the cluster");
                 }
                 OwnedNotification::Defunct => {
                     warn!("detector: peers declared this node down and it could not rejoin");

@@ -384,6 +384,8 @@ impl AuthTransport {
         let codec_addr = codec.local_addr()?;
         let (codec_log, codec_junk) = CodecJunk::dispatch(self.counters.clone());
         Ok(AuthSocket {
+            send_warned: None,
+            send_unreported: 0,
             wire,
             local,
             from_wire,
@@ -656,6 +658,11 @@ pub struct AuthSocket {
     clock: WallClock,
     counters: Arc<AuthCounters>,
     send_buf: Box<[u8]>,
+    /// Sends the kernel refused (a partition by a firewall, no route),
+    /// logged at most once a minute with their count: chitchat would log
+    /// each one, with a backtrace, several times a second.
+    send_warned: Option<tokio::time::Instant>,
+    send_unreported: u64,
 }
 
 impl Drop for AuthSocket {
@@ -897,12 +904,24 @@ impl AuthSocket {
             .fetch_max(len as u64, Ordering::Relaxed);
         let mut sent = 0;
         for frame in &frames {
-            sent += self
-                .wire
-                .send_to(frame, to)
-                .await
-                .with_context(|| format!("failed to send gossip to {to}"))?;
-            AuthCounters::add(&self.counters.frames_sent, 1);
+            match self.wire.send_to(frame, to).await {
+                Ok(n) => {
+                    sent += n;
+                    AuthCounters::add(&self.counters.frames_sent, 1);
+                }
+                Err(error) => {
+                    // Lost as a datagram on the wire would be: chitchat
+                    // gossips again next round.
+                    AuthCounters::add(&self.counters.send_failed, 1);
+                    self.send_unreported += 1;
+                    if Warnings::due(&mut self.send_warned) {
+                        warn!(%to, %error, failures = self.send_unreported,
+                            "cannot send gossip; counted in hostlb_agent_gossip_send_failed_total and logged at most once a minute");
+                        self.send_unreported = 0;
+                    }
+                    break;
+                }
+            }
         }
         AuthCounters::add(&self.counters.bytes_sent, sent as u64);
         Ok(sent)
