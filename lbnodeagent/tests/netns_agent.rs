@@ -791,6 +791,7 @@ fn cleanup_tells_peers_even_while_the_gossip_port_is_held() {
     let config = c.config_path(&owner);
     let (ok, out, err) =
         c.agent_command(&owner, &["cleanup", "--config", config.to_str().unwrap()]);
+    eprintln!("cleanup took {} ms: {out} {err}", t.elapsed().as_millis());
     let _ = holder.kill();
     let _ = holder.wait();
     assert!(ok, "cleanup failed: {out} {err}");

@@ -564,7 +564,10 @@ impl ViewBuilder {
     /// Leaving nodes are filtered by their `status`, after keeping the
     /// newest generation of each node name: a node that restarted and then
     /// started leaving must not be represented by its stale older
-    /// generation.
+    /// generation. Nor once that leaving generation is gone: `cleanup`
+    /// speaks for a killed agent under a new generation, perhaps from
+    /// another port, and when it exits the killed agent's generation (still
+    /// up in the detector until its probes time out) must not come back.
     pub fn build(&mut self, c: &Chitchat, up: &Up) -> MembershipView {
         let view = self.build_inner(c, up);
         let known: HashSet<&ChitchatId> = c.node_states().keys().collect();
@@ -578,7 +581,21 @@ impl ViewBuilder {
         let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
         let mut newest_gone: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
         let mut unconfirmed: HashSet<&str> = HashSet::new();
+        let mut left: BTreeMap<&str, u64> = BTreeMap::new();
         for (id, node) in c.node_states() {
+            if state::is_leaving(node) {
+                let g = left.entry(&id.node_id).or_insert(0);
+                *g = (*g).max(id.generation_id);
+            }
+        }
+        for (id, node) in c.node_states() {
+            if left
+                .get(&*id.node_id)
+                .is_some_and(|g| id.generation_id < *g)
+                && id != own
+            {
+                continue;
+            }
             if id.node_id == own.node_id && id != own {
                 // Our own name is always us, whatever generation a stale copy of
                 // us claims (the clock may have stepped back across a restart).

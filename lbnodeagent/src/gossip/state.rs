@@ -310,6 +310,12 @@ pub fn is_live(node: &NodeState) -> bool {
     )
 }
 
+/// The node said it is leaving (a graceful stop, or `cleanup` speaking for
+/// a killed agent).
+pub fn is_leaving(node: &NodeState) -> bool {
+    node.get(KEY_STATUS) == Some(Status::Leaving.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
