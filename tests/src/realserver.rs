@@ -197,17 +197,50 @@ impl RealServer {
         self.dir.join("admin.kubeconfig")
     }
 
-    /// A kubeconfig for ServiceAccount `namespace/name` (a token from the
-    /// TokenRequest API, as `deploy/agent/kubeconfig.sh` makes), written to
-    /// `out`.
+    /// A kubeconfig for ServiceAccount `namespace/name`, written to `out`:
+    /// a token from the TokenRequest API (what `kubectl create token` and
+    /// `deploy/agent/kubeconfig.sh` ask for), requested with curl so that
+    /// no particular kubectl release is needed.
     pub fn service_account_kubeconfig(&self, namespace: &str, name: &str, out: &Path) {
-        let o = self.run_sh(&["token", namespace, name]);
-        assert!(
-            o.status.success(),
-            "run.sh token: {}",
-            String::from_utf8_lossy(&o.stderr)
+        let admin =
+            std::fs::read_to_string(self.dir.join("pki/admin.token")).expect("the admin token");
+        let host = match self.address {
+            IpAddr::V6(a) => format!("[{a}]"),
+            IpAddr::V4(a) => a.to_string(),
+        };
+        let server = format!("https://{host}:{}", self.port);
+        let ca = self.dir.join("pki/ca.crt");
+        let o = self
+            .command("curl")
+            .args(["-sS", "--fail-with-body", "--cacert"])
+            .arg(&ca)
+            .arg("-H")
+            .arg(format!("Authorization: Bearer {}", admin.trim()))
+            .args(["-H", "Content-Type: application/json", "-X", "POST"])
+            .arg(format!(
+                "{server}/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
+            ))
+            .args([
+                "-d",
+                r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":86400}}"#,
+            ])
+            .output()
+            .expect("curl runs");
+        let body: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            panic!(
+                "TokenRequest for {namespace}/{name}: {e}: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        });
+        let token = body["status"]["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("TokenRequest for {namespace}/{name}: {body}"));
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"{server}\", certificate-authority: {ca}}}\nusers:\n- name: system:serviceaccount:{namespace}:{name}\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: \"system:serviceaccount:{namespace}:{name}\"}}\ncurrent-context: test\n",
+            ca = ca.display()
         );
-        std::fs::write(out, &o.stdout).expect("kubeconfig written");
+        std::fs::write(out, kubeconfig).expect("kubeconfig written");
     }
 
     fn pid(&self, which: &str) -> Option<i32> {
