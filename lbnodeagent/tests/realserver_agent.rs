@@ -187,6 +187,7 @@ fn an_agent_restarted_during_an_api_outage_takes_nothing_it_cannot_serve() {
     );
 
     c.real.as_ref().unwrap().kill_apiserver();
+    let down = Instant::now();
     let t = Instant::now();
     c.kill("node-a");
     let config = c.config_path("node-a");
@@ -200,8 +201,14 @@ fn an_agent_restarted_during_an_api_outage_takes_nothing_it_cannot_serve() {
     until_only(&probe, &next_mac, t, Duration::from_secs(5));
     // Long past gossip settling: the restarted node is live in gossip, yet
     // no candidate while it has no view of the cluster.
+    // HOSTLB_API_OUTAGE (seconds, default 10) makes the outage longer, to
+    // measure catch-up after it (docs/agent.md).
+    let outage: u64 = std::env::var("HOSTLB_API_OUTAGE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
     let watch_from = Instant::now();
-    std::thread::sleep(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(outage));
     let o = judge(&probe.replies(), watch_from, Instant::now(), PROBE_EVERY);
     assert_eq!(
         o.lost, 0,
@@ -213,6 +220,7 @@ fn an_agent_restarted_during_an_api_outage_takes_nothing_it_cannot_serve() {
         "an agent with no view of the cluster says it is ready"
     );
 
+    let outage_len = down.elapsed();
     c.real.as_ref().unwrap().start_apiserver();
     let back = Instant::now();
     let caught_up = wait_for("every agent ready again", Duration::from_secs(60), || {
@@ -220,7 +228,8 @@ fn an_agent_restarted_during_an_api_outage_takes_nothing_it_cannot_serve() {
     })
     .unwrap();
     eprintln!(
-        "catch-up after the API server's return: {} ms",
+        "catch-up after the API server's return (outage {} s): {} ms",
+        outage_len.as_secs(),
         caught_up.as_millis()
     );
     let o = until_only(
