@@ -803,3 +803,40 @@ fn cleanup_tells_peers_even_while_the_gossip_port_is_held() {
     let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(5));
     assert!(o.lost <= 2, "{o:?}");
 }
+
+/// An agent without CAP_NET_ADMIN cannot add addresses: it says so in
+/// `/readyz`, the log and a metric, stays `starting` in gossip and stands
+/// in no election, so the VIP it would win (it is the preferred node)
+/// stays with a peer that can hold it.
+#[test]
+fn an_agent_without_net_admin_is_no_candidate_and_its_peers_serve() {
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    c.kubectl(&["label", "node", "node-a", "tier=edge"]);
+    c.pool_and_ad(
+        &["10.77.0.100-10.77.0.120"],
+        "preferredNodeSelectors: [{weight: 100, preference: {matchLabels: {tier: edge}}}]",
+    );
+    c.start("node-b");
+    c.start("node-c");
+    c.start_wrapped("node-a", &[], &["setpriv", "--bounding-set", "-net_admin"]);
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    assert_ne!(owner, "node-a");
+    // Long past settling: still the peer, and it answers throughout.
+    let from = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let o = judge(&probe.replies(), from, Instant::now(), PROBE_EVERY);
+    assert_eq!(o.lost, 0, "{o:?}");
+    assert_eq!(c.holders(VIP), vec![owner]);
+    let (code, body) = c.http_get("node-a", "/readyz");
+    assert_eq!(code, "503", "{body}");
+    assert!(body.contains("CAP_NET_ADMIN"), "{body}");
+    let (_, metrics) = c.http_get("node-a", "/metrics");
+    assert!(
+        metrics.lines().any(|l| l == "hostlb_agent_cannot_serve 1"),
+        "{metrics}"
+    );
+    let log = std::fs::read_to_string(c.log_path("node-a")).unwrap();
+    assert!(log.contains("no CAP_NET_ADMIN"), "{log}");
+}

@@ -201,7 +201,22 @@ fn settings(cfg: &AgentConfig, wire: bool) -> Settings {
         garp: cfg.announce.garp,
         gossip_interval: cfg.gossip.interval,
         wire,
+        unable: unable(),
     }
+}
+
+/// Why this process cannot add addresses, if it cannot: CAP_NET_ADMIN
+/// (bit 12) missing from its effective capabilities. Such an agent still
+/// gossips and reports, but stands in no election.
+fn unable() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let caps = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())?;
+    (caps & (1 << 12) == 0).then(|| {
+        "no CAP_NET_ADMIN: this agent cannot add addresses, so it is no candidate (run it as the packaged unit does, with AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW)".to_string()
+    })
 }
 
 impl<B: AddressBackend + 'static> Agent<B> {
@@ -236,11 +251,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
             cfg.gossip.advertise = Some(SocketAddr::new(ip, cfg.gossip.listen.port()));
         }
         let wire = open_wire(announcer);
-        let core = Core::new(
-            settings(&cfg, wire.announcer.is_some() && wire.claims.is_some()),
-            links,
-            Instant::now(),
-        );
+        let core_settings = settings(&cfg, wire.announcer.is_some() && wire.claims.is_some());
+        if let Some(why) = &core_settings.unable {
+            error!("{why}");
+            telemetry.cannot_serve.set(1);
+        }
+        let core = Core::new(core_settings, links, Instant::now());
         let transport = cfg.gossip.auth_transport()?;
         telemetry.set_gossip_counters(transport.counters());
         let membership =
@@ -318,9 +334,11 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // and loops. `/readyz` stays 503 until then.
         notify(&[
             sd_notify::NotifyState::Ready,
-            sd_notify::NotifyState::Status(
-                "starting: waiting for the first reconcile; not a candidate yet",
-            ),
+            sd_notify::NotifyState::Status(if self.core.settings().unable.is_some() {
+                "degraded: no CAP_NET_ADMIN, so not a candidate; peers serve"
+            } else {
+                "starting: waiting for the first reconcile; not a candidate yet"
+            }),
         ]);
         let wake = tokio::time::sleep(Duration::from_secs(3600));
         tokio::pin!(wake);

@@ -42,6 +42,8 @@ pub struct Telemetry {
     registry: Mutex<Registry>,
     pub owned_vips: Gauge,
     pub live_members: Gauge,
+    /// 1 while this agent cannot hold addresses (no CAP_NET_ADMIN).
+    pub cannot_serve: Gauge,
     pub elections: Counter,
     pub election_seconds: Histogram,
     pub address_ops: Family<OpLabels, Counter>,
@@ -81,6 +83,7 @@ impl Telemetry {
             registry: Mutex::new(Registry::default()),
             owned_vips: Gauge::default(),
             live_members: Gauge::default(),
+            cannot_serve: Gauge::default(),
             elections: Counter::default(),
             election_seconds: Histogram::new(buckets),
             address_ops: Family::default(),
@@ -109,6 +112,11 @@ impl Telemetry {
             "live_members",
             "Live, alive gossip members, this node included",
             t.live_members.clone(),
+        );
+        registry.register(
+            "cannot_serve",
+            "1 while this agent cannot hold addresses (no CAP_NET_ADMIN) and stands in no election",
+            t.cannot_serve.clone(),
         );
         registry.register(
             "elections",
@@ -204,6 +212,10 @@ impl Telemetry {
     pub fn not_ready(&self) -> Option<&'static str> {
         if self.leaving.load(Ordering::Relaxed) {
             Some("the agent is shutting down")
+        } else if self.cannot_serve.get() > 0 {
+            Some(
+                "not a candidate: no CAP_NET_ADMIN, so this agent cannot add addresses; its peers serve",
+            )
         } else if !self.applied.load(Ordering::Relaxed) {
             Some("waiting for the first reconcile (every watch listed, gossip started)")
         } else if !self.carrier.load(Ordering::Relaxed) {

@@ -213,6 +213,12 @@ garp_interval = "200ms"
 
     /// [`start`](Self::start) with extra environment variables.
     pub fn start_with_env(&mut self, node: &str, env: &[(&str, &str)]) {
+        self.start_wrapped(node, env, &[]);
+    }
+
+    /// [`start`](Self::start) through `wrapper` (a program and its
+    /// arguments that then runs the agent, e.g. `setpriv ...`).
+    pub fn start_wrapped(&mut self, node: &str, env: &[(&str, &str)], wrapper: &[&str]) {
         if !self.config_path(node).exists() {
             self.write_config(node, "");
         }
@@ -222,10 +228,14 @@ garp_interval = "200ms"
             .open(self.log_path(node))
             .unwrap();
         let config = self.config_path(node);
-        let mut cmd = self.lan.host(node).ns.command(
+        let mut argv: Vec<&str> = wrapper.to_vec();
+        argv.extend([
             env!("CARGO_BIN_EXE_lbnodeagent"),
-            &["run", "--config", config.to_str().unwrap()],
-        );
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+        ]);
+        let mut cmd = self.lan.host(node).ns.command(argv[0], &argv[1..]);
         cmd.env(
             "RUST_LOG",
             "info,lbnodeagent=debug,kube_client::client::builder=off",

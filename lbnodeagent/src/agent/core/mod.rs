@@ -104,6 +104,11 @@ pub struct Settings {
     /// claims. Without, nothing is asked before a takeover and no second
     /// owner is looked for.
     pub wire: bool,
+    /// Why this node cannot hold addresses at all (no CAP_NET_ADMIN): it
+    /// then stays `starting` in gossip, no candidate, and its peers keep
+    /// serving. A node that would win and hold nothing is the one outage
+    /// a live candidate must never cause.
+    pub unable: Option<String>,
 }
 
 /// `(namespace/name, family)` → the annotation value this node writes
@@ -682,7 +687,7 @@ impl Core {
     /// Everything that follows from the state: settle, decide, announce,
     /// probe, renew, report, and the next wake-up.
     fn advance(&mut self, now: Instant, out: &mut Actions) {
-        if self.phase == Phase::Starting && self.settle(now) {
+        if self.phase == Phase::Starting && self.settings.unable.is_none() && self.settle(now) {
             info!(
                 peers = self.view.nodes.len().saturating_sub(1),
                 "membership settled and the cluster known; electing"

@@ -150,6 +150,7 @@ impl Node {
             },
             gossip_interval: INTERVAL,
             wire: true,
+            unable: None,
         };
         Node {
             core: Core::new(settings, links(name, true), t0),

@@ -277,6 +277,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         },
         gossip_interval: GOSSIP_INTERVAL,
         wire: true,
+        unable: None,
     };
     let hosts = names
         .iter()
