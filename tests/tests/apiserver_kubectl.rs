@@ -253,3 +253,35 @@ async fn kubectl_create_generators_send_protobuf() {
     .await
     .unwrap();
 }
+
+/// Events written in events.k8s.io (as hostlb writes them) show where a
+/// real server shows them: `kubectl get events` and `kubectl describe`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_k8s_io_events_show_in_get_events_and_describe() {
+    let server = TestServer::start().await;
+    let dir = tempdir("events");
+    let Some(k) = Kubectl::find_or_skip(&dir, &server) else {
+        return;
+    };
+    tokio::task::spawn_blocking(move || {
+        let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  type: LoadBalancer\n  ports: [{port: 80, protocol: TCP}]\n";
+        let (ok, _, err) = k.apply_yaml(&dir, "svc.yaml", svc, &["create"]);
+        assert!(ok, "{err}");
+        let uid = k.ok(&["get", "service", "web", "-o", "jsonpath={.metadata.uid}"]);
+        let ev = format!("apiVersion: events.k8s.io/v1\nkind: Event\nmetadata: {{name: web.1, namespace: default}}\neventTime: \"2026-11-24T22:00:00.000000Z\"\nreportingController: hostlb-lbnodeagent\nreportingInstance: node-a\naction: Announce\nreason: AnnouncingLocal\nnote: node-a answers for 10.0.0.1\ntype: Normal\nregarding: {{kind: Service, name: web, namespace: default, apiVersion: v1, uid: {uid}}}\n");
+        let (ok, _, err) = k.apply_yaml(&dir, "ev.yaml", &ev, &["create"]);
+        assert!(ok, "{err}");
+        let events = k.ok(&["get", "events", "-n", "default"]);
+        assert!(
+            events.contains("AnnouncingLocal") && events.contains("service/web"),
+            "{events}"
+        );
+        let described = k.ok(&["describe", "service", "web", "-n", "default"]);
+        assert!(
+            described.contains("AnnouncingLocal") && described.contains("node-a answers"),
+            "{described}"
+        );
+    })
+    .await
+    .unwrap();
+}

@@ -149,7 +149,9 @@ impl LabelSelector {
     }
 }
 
-/// A parsed field selector over `metadata.name` and `metadata.namespace`.
+/// A parsed field selector over `metadata.name` and `metadata.namespace`,
+/// and the fields a real server lets Events be selected by (what
+/// `kubectl describe` asks for).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FieldSelector(Vec<(String, bool, String)>);
 
@@ -169,7 +171,9 @@ impl FieldSelector {
                 )));
             };
             let field = field.trim();
-            if !matches!(field, "metadata.name" | "metadata.namespace") {
+            let event_field = field.starts_with("involvedObject.")
+                || matches!(field, "reason" | "type" | "source" | "reportingComponent");
+            if !matches!(field, "metadata.name" | "metadata.namespace") && !event_field {
                 return Err(ApiError::bad_request(format!(
                     "field label not supported: {field}"
                 )));
@@ -182,8 +186,8 @@ impl FieldSelector {
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(field, eq, value)| {
             let actual = match field.as_str() {
-                "metadata.name" => obj.pointer("/metadata/name"),
-                _ => obj.pointer("/metadata/namespace"),
+                "source" => obj.pointer("/source/component"),
+                f => obj.pointer(&format!("/{}", f.replace('.', "/"))),
             }
             .and_then(Value::as_str)
             .unwrap_or_default();

@@ -312,7 +312,7 @@ impl Store {
         labels: &LabelSelector,
         fields: &FieldSelector,
     ) -> (Vec<Value>, u64) {
-        let items = self
+        let mut items: Vec<((String, String), Value)> = self
             .objects
             .get(&def.gr())
             .into_iter()
@@ -320,9 +320,28 @@ impl Store {
             .filter(|((ons, _), o)| {
                 ns.is_none_or(|n| n == ons) && labels.matches(o) && fields.matches(o)
             })
-            .map(|(_, o)| Self::present(def, o))
+            .map(|(k, o)| (k.clone(), Self::present(def, o)))
             .collect();
-        (items, self.rv)
+        // A real server keeps Events once and serves them in both groups:
+        // events.k8s.io/v1 Events show in the core list (`kubectl get
+        // events`, `kubectl describe`), converted.
+        if def.group.is_empty() && def.plural == "events" {
+            let v1 = GroupResource {
+                group: "events.k8s.io".into(),
+                plural: "events".into(),
+            };
+            items.extend(
+                self.objects
+                    .get(&v1)
+                    .into_iter()
+                    .flat_map(|t| t.iter())
+                    .filter(|((ons, _), _)| ns.is_none_or(|n| n == ons))
+                    .map(|(k, o)| (k.clone(), Self::present(def, &core_event(o))))
+                    .filter(|(_, o)| labels.matches(o) && fields.matches(o)),
+            );
+            items.sort_by(|a, b| a.0.cmp(&b.0));
+        }
+        (items.into_iter().map(|(_, o)| o).collect(), self.rv)
     }
 
     /// The IP families Services are served in, primary first (both by
@@ -869,4 +888,34 @@ fn crd_status(crd: &Value) -> Value {
             cond("Established", "InitialNamesAccepted", "the initial names have been accepted"),
         ],
     })
+}
+
+/// An events.k8s.io/v1 Event as core/v1 shows it (the real server's
+/// conversion: `regarding` is `involvedObject`, `note` the `message`, the
+/// `deprecated*` fields the old ones).
+fn core_event(o: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    let renames = [
+        ("metadata", "metadata"),
+        ("regarding", "involvedObject"),
+        ("related", "related"),
+        ("note", "message"),
+        ("reason", "reason"),
+        ("type", "type"),
+        ("action", "action"),
+        ("eventTime", "eventTime"),
+        ("series", "series"),
+        ("reportingController", "reportingComponent"),
+        ("reportingInstance", "reportingInstance"),
+        ("deprecatedSource", "source"),
+        ("deprecatedFirstTimestamp", "firstTimestamp"),
+        ("deprecatedLastTimestamp", "lastTimestamp"),
+        ("deprecatedCount", "count"),
+    ];
+    for (from, to) in renames {
+        if let Some(v) = o.get(from) {
+            out.insert(to.to_string(), v.clone());
+        }
+    }
+    Value::Object(out)
 }

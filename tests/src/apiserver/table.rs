@@ -144,6 +144,10 @@ fn date_cell(v: Value) -> Value {
     }
 }
 
+/// The Object column of Events: `kind/name` of what they are about, as a
+/// real server prints it.
+const OBJECT: &str = "@involvedObject";
+
 struct Column {
     name: String,
     type_: String,
@@ -169,6 +173,12 @@ fn columns(def: &ResourceDef) -> Vec<Column> {
                 ".status.loadBalancer.ingress[*].ip",
             ),
             col("Port(s)", "string", ".spec.ports[*].port"),
+        ]),
+        ("", "Event") => cols.extend([
+            col("Type", "string", ".type"),
+            col("Reason", "string", ".reason"),
+            col("Object", "string", OBJECT),
+            col("Message", "string", ".message"),
         ]),
         ("", "Node") => cols.push(col(
             "Status",
@@ -211,6 +221,11 @@ pub fn table(def: &ResourceDef, items: &[Value], resource_version: u64) -> Value
         .map(|o| {
             json!({
                 "cells": cols.iter().map(|c| {
+                    if c.path == OBJECT {
+                        let kind = o.pointer("/involvedObject/kind").and_then(Value::as_str).unwrap_or_default();
+                        let name = o.pointer("/involvedObject/name").and_then(Value::as_str).unwrap_or_default();
+                        return Value::String(format!("{}/{name}", kind.to_lowercase()));
+                    }
                     let v = cell(jsonpath(o, &c.path));
                     if c.type_ == "date" { date_cell(v) } else { v }
                 }).collect::<Vec<_>>(),
