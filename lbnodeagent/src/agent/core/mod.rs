@@ -77,6 +77,9 @@ use super::status::{HeldDoc, MemberDoc, StatusDoc, VipDoc};
 pub const HANDOVER_MAX: Duration = Duration::from_secs(2);
 /// Longest a SIGTERM waits for the new winners before removing everything.
 pub const LEAVE_MAX: Duration = Duration::from_secs(3);
+/// Gossip rounds a leaving node keeps a VIP nobody else may hold by its
+/// view, for a newer view (in which somebody may) to arrive.
+const LEAVE_GRACE_ROUNDS: u32 = 3;
 /// How long a starting agent that hears from no peer waits before it acts
 /// alone.
 pub const STARTUP_GRACE: Duration = Duration::from_secs(2);
@@ -1096,6 +1099,11 @@ impl Core {
             .filter(|w| *w != self.settings.node)
             .map(str::to_string)
         else {
+            if let Phase::Leaving { since } = self.phase
+                && let Some(why) = self.leaving_without_successor(ip, since, now)
+            {
+                return why;
+            }
             return Some(self.release_reason(ip));
         };
         // A winner with an older view of the cluster may not know the VIP;
@@ -1253,6 +1261,35 @@ impl Core {
         self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
             && fresh_since
                 .is_none_or(|since| self.vips_changed.get(node).is_some_and(|t| *t > since))
+    }
+
+    /// Leaving, and by this node's view nobody else may hold `ip`. A live
+    /// peer may know better: a change that makes it eligible (an
+    /// advertisement widened a moment ago) can be on its way here. So the
+    /// VIP is kept while a live peer has a newer view, or for
+    /// [`LEAVE_GRACE_ROUNDS`] gossip rounds after the leave began, unless a
+    /// live peer already holds it. `None`: not this rule's case.
+    fn leaving_without_successor(
+        &self,
+        ip: IpAddr,
+        since: Instant,
+        now: Instant,
+    ) -> Option<Option<String>> {
+        let peers: Vec<&crate::gossip::MemberInfo> = self
+            .view
+            .nodes
+            .iter()
+            .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
+            .collect();
+        if peers.is_empty() {
+            return None;
+        }
+        if let Some(p) = peers.iter().find(|n| self.holds(&n.node, ip)) {
+            return Some(Some(format!("{} holds it now", p.node)));
+        }
+        let newer = peers.iter().any(|n| n.revision > self.revision);
+        let grace = self.settings.gossip_interval * LEAVE_GRACE_ROUNDS;
+        (newer || now.saturating_duration_since(since) < grace).then_some(None)
     }
 
     /// Why this node no longer holds `ip`, in words: the first rule it
@@ -1788,7 +1825,10 @@ impl Core {
                 }
                 None => at(self.started + STARTUP_GRACE),
             },
-            Phase::Leaving { since } => at(since + LEAVE_MAX),
+            Phase::Leaving { since } => {
+                at(since + self.settings.gossip_interval * LEAVE_GRACE_ROUNDS);
+                at(since + LEAVE_MAX);
+            }
             Phase::Running if now < self.acquire_from => at(self.acquire_from),
             _ => {}
         }

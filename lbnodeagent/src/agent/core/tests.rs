@@ -596,3 +596,46 @@ fn losing_carrier_releases_at_once_and_goes_virtual_for_nothing() {
     assert_eq!(ips(&act.remove), [v].into());
     assert!(act.add.is_empty(), "no virtual copy: {:?}", act.add);
 }
+
+/// Leaving with no successor by this node's view (the only other live
+/// node may not stand): the VIPs are kept a few gossip rounds, for a newer
+/// view that lets the peer stand to arrive, then let go. While a live peer
+/// has a newer view, they are kept until it holds them.
+#[test]
+fn a_leaving_node_without_a_successor_waits_a_few_rounds_for_a_newer_view() {
+    let vs = addresses(2);
+    let mut only_a = cluster(&vs);
+    only_a.nodes[2].network_unavailable = true;
+    let mut a = Node::new("a");
+    let held = a.running(only_a.clone(), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held.len(), 2);
+    let act = a.step(Input::Leave);
+    assert!(act.remove.is_empty(), "kept for a newer view");
+    a.advance(INTERVAL * 3);
+    let act = a.step(Input::Tick);
+    assert_eq!(
+        ips(&act.remove),
+        vs.iter().copied().collect(),
+        "then let go"
+    );
+
+    let mut a = Node::new("a");
+    a.running(only_a, vec![peer("c", Status::Alive, &[], 1)]);
+    a.step(Input::Leave);
+    // c's view is newer: kept past the rounds, until c holds them.
+    a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &[], 2)],
+        Vec::new(),
+    )));
+    a.advance(INTERVAL * 5);
+    let act = a.step(Input::Tick);
+    assert!(act.remove.is_empty(), "a newer view may let c stand");
+    a.advance(INTERVAL);
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &vs, 2)],
+        Vec::new(),
+    )));
+    assert_eq!(ips(&act.remove), vs.iter().copied().collect());
+}
