@@ -8,12 +8,11 @@ mod cluster;
 
 use std::time::{Duration, Instant};
 
-use cluster::Cluster;
+use cluster::{Cluster, PROBE_EVERY, until_only};
 use hostlb_tests::netns::wait_for;
 use hostlb_tests::probe::{ArpProbe, judge};
 
 const VIP: &str = "10.77.0.100";
-const PROBE_EVERY: Duration = Duration::from_millis(10);
 
 fn three_nodes() -> Cluster {
     let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
@@ -48,29 +47,6 @@ fn probe(c: &Cluster) -> ArpProbe {
     let client = c.host("client");
     let source = client.ipv4.to_string();
     ArpProbe::start(&client.ns, "eth0", &source, VIP, PROBE_EVERY).unwrap()
-}
-
-/// Waits until `mac` is the only one answering, from `t` on; what the
-/// client saw from `t` until then.
-fn until_only(
-    probe: &ArpProbe,
-    mac: &str,
-    t: Instant,
-    timeout: Duration,
-) -> hostlb_tests::probe::Outcome {
-    let deadline = Instant::now() + timeout;
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        let now = Instant::now();
-        let recent = probe.macs_between(now - Duration::from_millis(200), now);
-        if recent == [mac.to_string()] {
-            return judge(&probe.replies(), t, now, PROBE_EVERY);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{mac} is not the only MAC answering: {recent:?}"
-        );
-    }
 }
 
 #[test]

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use hostlb_tests::apiserver::TestServer;
 use hostlb_tests::netns::{Host, Lan, NsRuntime, require_root, require_tools, wait_for};
+use hostlb_tests::probe::{ArpProbe, Outcome, judge};
 use hostlb_tests::realserver::RealServer;
 
 pub const API_PORT: u16 = 6443;
@@ -604,4 +605,25 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 /// The largest of `v`; NaN when empty.
 pub fn max(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::NAN, f64::max)
+}
+
+/// How often the end-to-end tests' client asks about a VIP.
+pub const PROBE_EVERY: Duration = Duration::from_millis(10);
+
+/// Waits until `mac` is the only one answering, from `t` on; what the
+/// client saw from `t` until then.
+pub fn until_only(probe: &ArpProbe, mac: &str, t: Instant, timeout: Duration) -> Outcome {
+    let deadline = Instant::now() + timeout;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = Instant::now();
+        let recent = probe.macs_between(now - Duration::from_millis(200), now);
+        if recent == [mac.to_string()] {
+            return judge(&probe.replies(), t, now, PROBE_EVERY);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{mac} is not the only MAC answering: {recent:?}"
+        );
+    }
 }

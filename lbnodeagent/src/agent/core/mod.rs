@@ -574,10 +574,7 @@ impl Core {
                 // Adopted addresses another node now holds, VIPs handed
                 // over, and VIPs a peer holds too may be decided now.
                 let peers_hold: BTreeSet<IpAddr> = self
-                    .view
-                    .nodes
-                    .iter()
-                    .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
+                    .alive_peers()
                     .flat_map(|n| n.vips.iter().copied())
                     .collect();
                 let waiting: Vec<IpAddr> = self
@@ -999,15 +996,14 @@ impl Core {
         // A live peer with a newer view of the cluster holds it: by that
         // view it is where it belongs (this node's view lags, or lost a
         // contest over it; see `contest`).
-        if !held_here
-            && let Some(peer) = self.view.nodes.iter().find(|n| {
-                n.node != self.settings.node
-                    && n.status == Status::Alive
-                    && n.revision > self.revision
-                    && n.vips.contains(&ip)
+        let newer_holder = (!held_here)
+            .then(|| {
+                self.alive_peers()
+                    .find(|n| n.revision > self.revision && n.vips.contains(&ip))
+                    .map(|n| n.node.clone())
             })
-        {
-            let peer = peer.node.clone();
+            .flatten();
+        if let Some(peer) = newer_holder {
             self.conflicts.yield_to(ip, &peer, want, now);
             self.slots.get_mut(&ip).expect("present").probing = None;
             return;
@@ -1130,14 +1126,8 @@ impl Core {
         // by the newer view, that is where it belongs. (Not any peer: one
         // with the same view that shows it may be letting it go right now.)
         if let Some(p) = self
-            .view
-            .nodes
-            .iter()
-            .filter(|n| {
-                n.node != self.settings.node
-                    && n.status == Status::Alive
-                    && n.revision > self.revision
-            })
+            .alive_peers()
+            .filter(|n| n.revision > self.revision)
             .map(|n| n.node.clone())
             .find(|n| self.holds(n, ip))
         {
@@ -1149,13 +1139,9 @@ impl Core {
         // same view: the one the election ranks first keeps it.
         if self.slots.get(&ip).is_some_and(|s| s.kept_for_views)
             && let Some(p) = self
-                .view
-                .nodes
-                .iter()
+                .alive_peers()
                 .filter(|n| {
-                    n.node != self.settings.node
-                        && n.status == Status::Alive
-                        && n.revision == self.revision
+                    n.revision == self.revision
                         && self.election.outranks(ip, &n.node, &self.settings.node) == Some(true)
                 })
                 .map(|n| n.node.clone())
@@ -1207,10 +1193,8 @@ impl Core {
     fn contest(&mut self, ip: IpAddr, now: Instant) -> Option<(String, String)> {
         let me = self.settings.node.as_str();
         let peers: Vec<(String, u64)> = self
-            .view
-            .nodes
-            .iter()
-            .filter(|n| n.node != me && n.status == Status::Alive && n.vips.contains(&ip))
+            .alive_peers()
+            .filter(|n| n.vips.contains(&ip))
             .map(|n| (n.node.clone(), n.revision))
             .collect();
         let slot = self.slots.get_mut(&ip).expect("present");
@@ -1275,12 +1259,7 @@ impl Core {
         since: Instant,
         now: Instant,
     ) -> Option<Option<String>> {
-        let peers: Vec<&crate::gossip::MemberInfo> = self
-            .view
-            .nodes
-            .iter()
-            .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
-            .collect();
+        let peers: Vec<&crate::gossip::MemberInfo> = self.alive_peers().collect();
         if peers.is_empty() {
             return None;
         }
@@ -1878,15 +1857,18 @@ impl Core {
     }
 
     /// Live peers whose view of the cluster is older than this node's.
-    fn older_peers(&self) -> BTreeSet<String> {
+    /// The other nodes gossip shows live and `alive` (candidates, not
+    /// starting or leaving), with what they publish.
+    fn alive_peers(&self) -> impl Iterator<Item = &crate::gossip::MemberInfo> {
         self.view
             .nodes
             .iter()
-            .filter(|n| {
-                n.node != self.settings.node
-                    && n.status == Status::Alive
-                    && n.revision < self.revision
-            })
+            .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
+    }
+
+    fn older_peers(&self) -> BTreeSet<String> {
+        self.alive_peers()
+            .filter(|n| n.revision < self.revision)
             .map(|n| n.node.clone())
             .collect()
     }
