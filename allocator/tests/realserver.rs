@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use hostlb_allocator::controller::{self, Config, telemetry::Telemetry};
-use hostlb_api::IPAddressPool;
+use hostlb_api::{IPAddressPool, L2Advertisement};
 use hostlb_tests::realserver::RealServer;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
@@ -398,6 +398,122 @@ async fn readiness_follows_the_api_server_and_catches_up_within_5s() {
     }
     service(&bed, "b", json!({})).await;
     wait_ips(&bed, "b", &["10.0.0.1"]).await;
+    r.stop().await;
+    assert_nothing_refused(&bed.server);
+}
+
+/// The CRD schema refuses what it can of a bad selector or weight at
+/// `kubectl apply`; what it cannot (a bad `matchLabels` key: a CEL rule over
+/// map keys exceeds the server's cost budget) gets the `Invalid` condition
+/// and one Warning Event from the allocator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_refuses_bad_selectors_and_the_rest_is_reported() {
+    let Some(bed) = bed(16473).await else { return };
+    let ads: Api<L2Advertisement> = Api::namespaced(bed.admin.clone(), NS);
+    let create = |name: &str, spec: serde_json::Value| {
+        let ads = ads.clone();
+        let ad: L2Advertisement = serde_json::from_value(json!({"apiVersion": "hostlb.io/v1",
+            "kind": "L2Advertisement", "metadata": {"name": name}, "spec": spec}))
+        .unwrap();
+        async move { ads.create(&PostParams::default(), &ad).await }
+    };
+    let refused = [
+        (
+            json!({"nodeSelectors": [{"matchExpressions": [{"key": "zone", "operator": "In"}]}]}),
+            "values must be non-empty for In and NotIn",
+        ),
+        (
+            json!({"nodeSelectors": [{"matchExpressions": [{"key": "zone", "operator": "Exists", "values": ["a"]}]}]}),
+            "values must be non-empty for In and NotIn, and empty for Exists",
+        ),
+        (
+            json!({"nodeSelectors": [{"matchExpressions": [{"key": "zone", "operator": "Near", "values": ["a"]}]}]}),
+            "Unsupported value: \"Near\"",
+        ),
+        (
+            json!({"nodeSelectors": [{"matchExpressions": [{"key": "bad key", "operator": "Exists"}]}]}),
+            "matchExpressions[0].key in body should match",
+        ),
+        (
+            json!({"serviceSelectors": [{"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["x y"]}]}]}),
+            "values[0] in body should match",
+        ),
+        (
+            json!({"nodeSelectors": [{"matchLabels": {"zone": "x y"}}]}),
+            "matchLabels.zone in body should match",
+        ),
+        (
+            json!({"preferredNodeSelectors": [{"weight": 0, "preference": {}}]}),
+            "weight in body should be greater than or equal to 1",
+        ),
+        (
+            json!({"preferredNodeSelectors": [{"weight": 101, "preference": {}}]}),
+            "weight in body should be less than or equal to 100",
+        ),
+    ];
+    for (i, (spec, why)) in refused.into_iter().enumerate() {
+        match create(&format!("bad-{i}"), spec.clone()).await {
+            Err(kube::Error::Api(e)) => {
+                assert_eq!(e.code, 422, "{spec}: {e:?}");
+                assert!(e.message.contains(why), "{spec}: {}", e.message);
+            }
+            other => panic!("{spec} was not refused: {other:?}"),
+        }
+    }
+    create(
+        "good",
+        json!({"nodeSelectors": [{"matchLabels": {"example.com/zone": "a"},
+            "matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]},
+                                 {"key": "gpu", "operator": "DoesNotExist"}]}],
+            "preferredNodeSelectors": [{"weight": 100, "preference": {"matchLabels": {"zone": "a"}}}]}),
+    )
+    .await
+    .unwrap();
+    create(
+        "typo",
+        json!({"nodeSelectors": [{"matchLabels": {"bad key": "a"}}]}),
+    )
+    .await
+    .unwrap();
+
+    let r = start(&bed, "r1", false);
+    let condition = |name: &'static str| {
+        let ads = ads.clone();
+        async move {
+            ads.get(name)
+                .await
+                .unwrap()
+                .status
+                .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Invalid"))
+        }
+    };
+    let invalid = eventually("the typo's Invalid condition", || async {
+        condition("typo").await.filter(|c| c.status == "True")
+    })
+    .await;
+    assert!(invalid.message.contains("\"bad key\""), "{invalid:?}");
+    eventually("the good one's condition", || async {
+        condition("good").await.filter(|c| c.status == "False")
+    })
+    .await;
+    let events: Api<Event> = Api::namespaced(bed.admin.clone(), NS);
+    let warning = eventually("an InvalidConfig Warning", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("InvalidConfig"))
+    })
+    .await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    let regarding = warning.regarding.unwrap();
+    assert_eq!(
+        (regarding.kind.as_deref(), regarding.name.as_deref()),
+        (Some("L2Advertisement"), Some("typo"))
+    );
+    assert!(warning.note.unwrap().contains("\"bad key\""));
     r.stop().await;
     assert_nothing_refused(&bed.server);
 }

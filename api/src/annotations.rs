@@ -36,6 +36,8 @@ pub mod reasons {
     pub const ANNOUNCING_LOCAL: &str = "AnnouncingLocal";
     pub const ANNOUNCING_VIRTUAL: &str = "AnnouncingVirtual";
     pub const WITHDRAWN: &str = "Withdrawn";
+    /// An IPAddressPool or L2Advertisement edit that cannot be used.
+    pub const INVALID_CONFIG: &str = "InvalidConfig";
 }
 
 /// Read a hostlb annotation, falling back to MetalLB's `metallb.io/` and then

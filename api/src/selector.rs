@@ -26,23 +26,45 @@ use crate::validation;
 pub struct LabelSelector {
     /// `{key: value}` pairs, each equivalent to an `In` expression with one value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend(
+        "maxProperties" = 64,
+        "additionalProperties" = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN},
+    ))]
     pub match_labels: Option<BTreeMap<String, String>>,
     /// Requirements, ANDed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub match_expressions: Option<Vec<LabelSelectorRequirement>>,
 }
 
+/// Label keys and values as the API server checks them on Pods and Nodes,
+/// so a typo in a selector is refused at `kubectl apply` instead of being
+/// found by every agent. The agents still check (an object may predate the
+/// schema), and keep the last valid form of an object in force. The keys of
+/// `matchLabels` are left to them: a CEL rule over map keys costs more than
+/// the API server's budget allows.
+const QUALIFIED_NAME_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+
 /// One `matchExpressions` entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : (!has(self.values) || size(self.values) == 0)",
+    "message": "values must be non-empty for In and NotIn, and empty for Exists and DoesNotExist",
+}]))]
 pub struct LabelSelectorRequirement {
     /// The label key the selector applies to.
+    #[schemars(extend("maxLength" = 317, "pattern" = QUALIFIED_NAME_PATTERN))]
     pub key: String,
     /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
     #[schemars(extend("enum" = ["In", "NotIn", "Exists", "DoesNotExist"]))]
     pub operator: String,
     /// Values for `In`/`NotIn` (non-empty); must be empty for `Exists`/`DoesNotExist`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend(
+        "maxItems" = 256,
+        "items" = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN},
+    ))]
     pub values: Option<Vec<String>>,
 }
 

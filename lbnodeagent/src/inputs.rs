@@ -45,8 +45,84 @@ pub fn node_info(node: &Node) -> NodeInfo {
     }
 }
 
-/// A pool keeps its valid entries even when some are invalid: the addresses
-/// already handed out from it stay announced while the typo is reported.
+/// The last valid form of each pool and advertisement, so that a typo in an
+/// edit leaves the previous form in force instead of withdrawing every VIP
+/// the object covered from every node. Keyed by UID: a deleted and
+/// re-created object starts afresh. Kept in memory only: an agent that
+/// starts while an object is already invalid has no earlier form to keep
+/// (the CRD schema refuses most such edits before any agent sees them).
+#[derive(Default)]
+pub struct LastValid {
+    pools: BTreeMap<String, Vec<AddressRange>>,
+    advertisements: BTreeMap<String, Advertisement>,
+}
+
+const KEPT: &str = "; the last valid form stays in force";
+
+fn identity(meta: &ObjectMeta) -> String {
+    meta.uid.clone().unwrap_or_else(|| {
+        format!(
+            "{}/{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default()
+        )
+    })
+}
+
+impl LastValid {
+    /// A pool with an invalid entry keeps its last valid form; with none
+    /// known, its valid entries (the addresses handed out from them stay
+    /// announced while the typo is reported).
+    fn pool(&mut self, p: &IPAddressPool, errors: &mut Vec<ObjectError>) -> Pool {
+        let mut found = Vec::new();
+        let mut out = pool(p, &mut found);
+        let id = identity(&p.metadata);
+        if found.is_empty() {
+            self.pools.insert(id, out.ranges.clone());
+        } else if let Some(ranges) = self.pools.get(&id) {
+            out.ranges = ranges.clone();
+            for e in &mut found {
+                e.message.push_str(KEPT);
+            }
+        }
+        errors.extend(found);
+        out
+    }
+
+    /// An invalid advertisement keeps its last valid form; with none known
+    /// it is left out.
+    fn advertisement(
+        &mut self,
+        ad: &L2Advertisement,
+        errors: &mut Vec<ObjectError>,
+    ) -> Option<Advertisement> {
+        let id = identity(&ad.metadata);
+        match advertisement(ad) {
+            Ok(a) => {
+                self.advertisements.insert(id, a.clone());
+                Some(a)
+            }
+            Err(message) => {
+                let kept = self.advertisements.get(&id).cloned();
+                let message = if kept.is_some() {
+                    format!("{message}{KEPT}")
+                } else {
+                    message
+                };
+                errors.push(ObjectError::new("L2Advertisement", &ad.metadata, message));
+                kept
+            }
+        }
+    }
+
+    /// Forget objects that are gone.
+    fn retain(&mut self, pools: &BTreeSet<String>, ads: &BTreeSet<String>) {
+        self.pools.retain(|id, _| pools.contains(id));
+        self.advertisements.retain(|id, _| ads.contains(id));
+    }
+}
+
+/// A pool's valid entries; each invalid one is reported.
 pub fn pool(p: &IPAddressPool, errors: &mut Vec<ObjectError>) -> Pool {
     let mut ranges = Vec::new();
     for (i, entry) in p.spec.addresses.iter().enumerate() {
@@ -194,6 +270,7 @@ pub fn service_info(
 /// Everything the election needs from the cluster's objects.
 #[allow(clippy::too_many_arguments)]
 pub fn cluster<'a>(
+    last_valid: &mut LastValid,
     scope: &Scope,
     nodes: impl IntoIterator<Item = &'a Node>,
     pools: impl IntoIterator<Item = &'a IPAddressPool>,
@@ -218,25 +295,27 @@ pub fn cluster<'a>(
     };
     let nodes = nodes.into_iter().map(node_info).collect();
     let mut seen_pools = BTreeSet::new();
+    let mut pool_ids = BTreeSet::new();
     let mut out_pools = Vec::new();
     for p in pools {
         if in_scope(&p.metadata, "IPAddressPool", &mut errors) {
-            let pool = pool(p, &mut errors);
+            pool_ids.insert(identity(&p.metadata));
+            let pool = last_valid.pool(p, &mut errors);
             if seen_pools.insert(pool.name.clone()) {
                 out_pools.push(pool);
             }
         }
     }
     let mut ads = Vec::new();
+    let mut ad_ids = BTreeSet::new();
     for ad in advertisements {
         if !in_scope(&ad.metadata, "L2Advertisement", &mut errors) {
             continue;
         }
-        match advertisement(ad) {
-            Ok(a) => ads.push(a),
-            Err(message) => errors.push(ObjectError::new("L2Advertisement", &ad.metadata, message)),
-        }
+        ad_ids.insert(identity(&ad.metadata));
+        ads.extend(last_valid.advertisement(ad, &mut errors));
     }
+    last_valid.retain(&pool_ids, &ad_ids);
     let index = EndpointIndex::build(slices);
     let services = services
         .into_iter()
@@ -262,6 +341,7 @@ mod tests {
         let mut s = Snapshot::default();
         s.add_str(yaml, "test").unwrap();
         cluster(
+            &mut LastValid::default(),
             &Scope::default(),
             &s.nodes,
             &s.pools,
@@ -357,6 +437,90 @@ spec: {}
                 ),
             ]
         );
+    }
+
+    /// One typo must not withdraw a pool from every node: the edit is
+    /// reported and the last valid form stays, until the object is fixed,
+    /// deleted or replaced by a new one of the same name.
+    #[test]
+    fn an_invalid_edit_keeps_the_last_valid_form() {
+        let mut last = LastValid::default();
+        let mut run = |yaml: &str| {
+            let mut s = Snapshot::default();
+            s.add_str(yaml, "test").unwrap();
+            let (c, errors) = cluster(
+                &mut last,
+                &Scope::default(),
+                &s.nodes,
+                &s.pools,
+                &s.advertisements,
+                &s.services,
+                &s.endpoint_slices,
+            );
+            let ranges: Vec<String> = c
+                .pools
+                .iter()
+                .flat_map(|p| p.ranges.iter().map(|r| r.to_string()))
+                .collect();
+            let ads: Vec<String> = c
+                .advertisements
+                .iter()
+                .map(|a| format!("{}:{}", a.name, a.node_selectors.len()))
+                .collect();
+            let errors: Vec<String> = errors.into_iter().map(|e| e.message).collect();
+            (ranges, ads, errors)
+        };
+        let objects = |uid: &str, address: &str, operator: &str| {
+            format!(
+                r#"
+apiVersion: hostlb.io/v1
+kind: IPAddressPool
+metadata: {{name: p, namespace: hostlb-system, uid: pool-{uid}}}
+spec: {{addresses: ["{address}"]}}
+---
+apiVersion: hostlb.io/v1
+kind: L2Advertisement
+metadata: {{name: ad, namespace: hostlb-system, uid: ad-{uid}}}
+spec:
+  nodeSelectors: [{{matchExpressions: [{{key: zone, operator: {operator}}}]}}]
+"#
+            )
+        };
+        let (ranges, ads, errors) = run(&objects("1", "10.0.0.0/30", "Exists"));
+        assert_eq!(
+            (ranges, ads),
+            (vec!["10.0.0.0-10.0.0.3".into()], vec!["ad:1".into()])
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+
+        let (ranges, ads, errors) = run(&objects("1", "10.0.0.300", "Near"));
+        assert_eq!(
+            (ranges, ads),
+            (vec!["10.0.0.0-10.0.0.3".into()], vec!["ad:1".into()])
+        );
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors.iter().all(|e| e.ends_with(KEPT)), "{errors:?}");
+
+        // A valid edit becomes the form kept from then on.
+        let (ranges, _, errors) = run(&objects("1", "10.0.0.8/30", "Exists"));
+        assert_eq!(ranges, vec!["10.0.0.8-10.0.0.11".to_string()]);
+        assert!(errors.is_empty());
+        let (ranges, ads, _) = run(&objects("1", "10.0.0.300", "Near"));
+        assert_eq!(
+            (ranges, ads),
+            (vec!["10.0.0.8-10.0.0.11".into()], vec!["ad:1".into()])
+        );
+
+        // Deleted and created again, broken: nothing earlier to keep.
+        let (ranges, ads, errors) = run("");
+        assert!(ranges.is_empty() && ads.is_empty() && errors.is_empty());
+        let (ranges, ads, errors) = run(&objects("1", "10.0.0.300", "Near"));
+        assert!(ranges.is_empty() && ads.is_empty(), "{ranges:?} {ads:?}");
+        assert!(errors.iter().all(|e| !e.ends_with(KEPT)), "{errors:?}");
+        // Replaced (a new UID) while this agent was not looking.
+        run(&objects("1", "10.0.0.0/30", "Exists"));
+        let (ranges, ads, _) = run(&objects("2", "10.0.0.300", "Near"));
+        assert!(ranges.is_empty() && ads.is_empty(), "{ranges:?} {ads:?}");
     }
 
     #[test]

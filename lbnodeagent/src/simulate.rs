@@ -53,6 +53,7 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
         snap.add_file(f)?;
     }
     let (cluster, conversion_errors) = inputs::cluster(
+        &mut inputs::LastValid::default(),
         &opts.scope,
         &snap.nodes,
         &snap.pools,

@@ -547,10 +547,14 @@ fn is_answer<K>(e: &watcher::Event<K>) -> bool {
 /// An Event's key in the backlog: its reason (one of the constants).
 fn reason_of(ev: &kube::runtime::events::Event) -> &'static str {
     use hostlb_api::annotations::reasons;
-    [reasons::IP_ALLOCATED, reasons::ALLOCATION_FAILED]
-        .into_iter()
-        .find(|r| *r == ev.reason)
-        .unwrap_or("other")
+    [
+        reasons::IP_ALLOCATED,
+        reasons::ALLOCATION_FAILED,
+        reasons::INVALID_CONFIG,
+    ]
+    .into_iter()
+    .find(|r| *r == ev.reason)
+    .unwrap_or("other")
 }
 
 fn is_init_done<K>(e: &watcher::Event<K>) -> bool {
@@ -822,15 +826,36 @@ impl Loop {
 
     async fn write_advertisement(&mut self, ad: &L2Advertisement) {
         let deadline = write_deadline(self.timing);
-        if let Err(e) = bounded(
+        match bounded(
             deadline,
             status::write_advertisement(&self.client, ad, deadline),
         )
         .await
         {
-            warn!(advertisement = %ad.name_any(), error = %e, "writing advertisement status failed; retrying");
-            self.statuses_dirty = true;
+            Ok(Some(problem)) => {
+                use kube::Resource;
+                let key = format!("L2Advertisement/{}", ad.name_any());
+                self.report_invalid(&key, problem, ad.object_ref(&())).await;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!(advertisement = %ad.name_any(), error = %e, "writing advertisement status failed; retrying");
+                self.statuses_dirty = true;
+            }
         }
+    }
+
+    /// A Warning on a pool or advertisement whose edit cannot be used, once
+    /// per distinct problem (the condition says it for as long as it lasts).
+    async fn report_invalid(&mut self, key: &str, problem: String, regarding: ObjectReference) {
+        let ev = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: hostlb_api::annotations::reasons::INVALID_CONFIG.into(),
+            note: Some(problem),
+            action: "Validate".into(),
+            secondary: None,
+        };
+        self.publish(key, ev, regarding).await;
     }
 
     async fn write_advertisements(&mut self) {
@@ -919,14 +944,21 @@ impl Loop {
                 self.statuses_dirty = true;
                 return;
             }
-            if let Some(r) = reports.iter().find(|r| r.name == p.name_any())
-                && let Err(e) = {
-                    let deadline = write_deadline(self.timing);
-                    bounded(deadline, status::write_pool(&self.client, &p, r, deadline)).await
+            let Some(r) = reports.iter().find(|r| r.name == p.name_any()) else {
+                continue;
+            };
+            let deadline = write_deadline(self.timing);
+            match bounded(deadline, status::write_pool(&self.client, &p, r, deadline)).await {
+                Ok(Some(problem)) => {
+                    use kube::Resource;
+                    let key = format!("IPAddressPool/{}", p.name_any());
+                    self.report_invalid(&key, problem, p.object_ref(&())).await;
                 }
-            {
-                warn!(pool = %r.name, error = %e, "writing pool status failed; retrying");
-                self.statuses_dirty = true;
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(pool = %r.name, error = %e, "writing pool status failed; retrying");
+                    self.statuses_dirty = true;
+                }
             }
         }
     }

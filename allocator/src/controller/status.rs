@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::FIELD_MANAGER;
 use crate::engine::{PoolReport, PoolState};
@@ -227,13 +227,14 @@ fn saturate(n: u128) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Write the pool's status when it differs from what the cache shows.
+/// Write the pool's status when it differs from what the cache shows; the
+/// problem if the pool became invalid by this write.
 pub async fn write_pool(
     client: &Client,
     pool: &IPAddressPool,
     r: &PoolReport,
     deadline: tokio::time::Instant,
-) -> Result<(), kube::Error> {
+) -> Result<Option<String>, kube::Error> {
     let existing = pool.status.clone().unwrap_or_default();
     let (ready, invalid, overlaps) = match &r.state {
         PoolState::Ready => (
@@ -285,25 +286,39 @@ pub async fn write_pool(
         && existing.available_ipv6 == want.available_ipv6
         && same_conditions(&existing.conditions, &want.conditions);
     if unchanged {
-        return Ok(());
+        return Ok(None);
     }
+    let newly = match &r.state {
+        PoolState::Invalid(m) => newly_invalid(&existing.conditions, INVALID, m),
+        PoolState::Overlaps(m) => newly_invalid(&existing.conditions, OVERLAPS, m),
+        PoolState::Ready => None,
+    };
     if let PoolState::Invalid(m) | PoolState::Overlaps(m) = &r.state {
         warn!(pool = %r.name, problem = %m, "pool not used for new addresses");
     }
     let api: Api<IPAddressPool> =
         Api::namespaced(client.clone(), &pool.namespace().unwrap_or_default());
     let patch = json!({"status": want});
-    patch_by(client, &api, &r.name, true, &patch, deadline)
-        .await
-        .map(drop)
+    patch_by(client, &api, &r.name, true, &patch, deadline).await?;
+    Ok(newly)
 }
 
-/// Write the advertisement's conditions when they differ from the cache.
+/// The problem an `Invalid` condition reports that `existing` did not
+/// already report: it deserves one Warning Event, a repeat does not.
+fn newly_invalid(existing: &[Condition], kind: &str, problem: &str) -> Option<String> {
+    let known = existing
+        .iter()
+        .any(|c| c.type_ == kind && c.status == "True" && c.message == problem);
+    (!known).then(|| problem.to_string())
+}
+
+/// Write the advertisement's conditions when they differ from the cache;
+/// the problem if it became invalid by this write.
 pub async fn write_advertisement(
     client: &Client,
     ad: &L2Advertisement,
     deadline: tokio::time::Instant,
-) -> Result<(), kube::Error> {
+) -> Result<Option<String>, kube::Error> {
     let existing = ad.status.clone().unwrap_or_default();
     let verdict = ad.spec.validate();
     let wanted = match &verdict {
@@ -321,22 +336,27 @@ pub async fn write_advertisement(
                 READY,
                 false,
                 "Invalid",
-                format!("the advertisement is not used: {m}"),
+                format!(
+                    "this form is not applied; agents that read a valid form keep that one in force: {m}"
+                ),
             ),
             (INVALID, true, "Invalid", m.clone()),
         ],
     };
     let conds = conditions(&existing.conditions, &wanted, ad.metadata.generation);
     if same_conditions(&existing.conditions, &conds) {
-        return Ok(());
+        return Ok(None);
     }
+    let newly = verdict
+        .as_ref()
+        .err()
+        .and_then(|m| newly_invalid(&existing.conditions, INVALID, m));
     if let Err(m) = &verdict {
-        info!(advertisement = %ad.name_any(), problem = %m, "advertisement is invalid");
+        warn!(advertisement = %ad.name_any(), problem = %m, "advertisement is invalid");
     }
     let api: Api<L2Advertisement> =
         Api::namespaced(client.clone(), &ad.namespace().unwrap_or_default());
     let patch = json!({"status": {"conditions": conds}});
-    patch_by(client, &api, &ad.name_any(), true, &patch, deadline)
-        .await
-        .map(drop)
+    patch_by(client, &api, &ad.name_any(), true, &patch, deadline).await?;
+    Ok(newly)
 }
