@@ -87,40 +87,9 @@ async fn bed(port: u16) -> Option<Bed> {
     let server = tokio::task::block_in_place(|| {
         RealServer::start_local(port, port + 10_000, &dir.path().join("k8s"))
     });
-    let kubectl = |args: &[&str]| {
-        let out = std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(server.admin_kubeconfig())
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     tokio::task::block_in_place(|| {
-        kubectl(&[
-            "apply",
-            "-f",
-            deploy.join("namespace.yaml").to_str().unwrap(),
-        ]);
-        kubectl(&["apply", "-f", deploy.join("crds").to_str().unwrap()]);
-        kubectl(&[
-            "apply",
-            "-f",
-            deploy.join("allocator/rbac.yaml").to_str().unwrap(),
-        ]);
-        kubectl(&["create", "namespace", "shop"]);
-        kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "crd",
-            "--all",
-            "--timeout=30s",
-        ]);
+        server.install_hostlb("allocator/rbac.yaml");
+        server.kubectl(&["create", "namespace", "shop"]);
         server.service_account_kubeconfig(
             NS,
             "hostlb-allocator",

@@ -197,6 +197,42 @@ impl RealServer {
         self.dir.join("admin.kubeconfig")
     }
 
+    /// `kubectl` as the admin, in the server's namespace; its output.
+    /// Panics when it fails: a test's setup that fails is a broken test.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = self
+            .command("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.admin_kubeconfig())
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// What an operator applies before running a hostlb binary: the
+    /// namespace, the CRDs (established) and `rbac`, a manifest under
+    /// `deploy/` such as `allocator/rbac.yaml`.
+    pub fn install_hostlb(&self, rbac: &str) {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let path = |p: &str| deploy.join(p).to_str().expect("a UTF-8 path").to_string();
+        self.kubectl(&["apply", "-f", &path("namespace.yaml")]);
+        self.kubectl(&["apply", "-f", &path("crds")]);
+        self.kubectl(&["apply", "-f", &path(rbac)]);
+        self.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=30s",
+        ]);
+    }
+
     /// A kubeconfig for ServiceAccount `namespace/name`, written to `out`:
     /// a token from the TokenRequest API (what `kubectl create token` and
     /// `deploy/agent/kubeconfig.sh` ask for), requested with curl so that

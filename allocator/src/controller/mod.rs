@@ -40,6 +40,14 @@ const RETRY_WRITES: Duration = Duration::from_secs(2);
 /// before the Lease is read again (someone may have changed its holder).
 const LEASE_CHECK: Duration = Duration::from_millis(500);
 
+/// Writes the allocator has in flight at once. The API server takes them in
+/// parallel; more would only queue there and compete with everything else
+/// it serves.
+const WRITES_IN_FLIGHT: usize = 32;
+
+/// Services written per Lease confirmation.
+const WRITE_BATCH: usize = 256;
+
 /// The field manager of every write, so `managedFields` show who owns what.
 pub const FIELD_MANAGER: &str = "hostlb-allocator";
 
@@ -331,6 +339,8 @@ struct Loop {
     writes_ok: bool,
     /// When the server last took a write or answered a probe.
     last_write: std::time::Instant,
+    /// Events decided during a batch of writes, written together at its end.
+    outbox: Vec<(String, kube::runtime::events::Event, ObjectReference)>,
     /// Events the server did not take yet, by Service and reason.
     events: Backlog<(String, &'static str), (kube::runtime::events::Event, ObjectReference)>,
 }
@@ -428,6 +438,7 @@ pub async fn run(
         },
         telemetry: telemetry.clone(),
         recorder,
+        outbox: Vec::new(),
         synced: [false; 4],
         leader: *leadership.borrow_and_update(),
         ledger: None,
@@ -835,7 +846,7 @@ impl Loop {
             Ok(Some(problem)) => {
                 use kube::Resource;
                 let key = format!("L2Advertisement/{}", ad.name_any());
-                self.report_invalid(&key, problem, ad.object_ref(&())).await;
+                self.report_invalid(&key, problem, ad.object_ref(&()));
             }
             Ok(None) => {}
             Err(e) => {
@@ -843,11 +854,12 @@ impl Loop {
                 self.statuses_dirty = true;
             }
         }
+        self.flush_events().await;
     }
 
     /// A Warning on a pool or advertisement whose edit cannot be used, once
     /// per distinct problem (the condition says it for as long as it lasts).
-    async fn report_invalid(&mut self, key: &str, problem: String, regarding: ObjectReference) {
+    fn report_invalid(&mut self, key: &str, problem: String, regarding: ObjectReference) {
         let ev = kube::runtime::events::Event {
             type_: kube::runtime::events::EventType::Warning,
             reason: hostlb_api::annotations::reasons::INVALID_CONFIG.into(),
@@ -855,7 +867,7 @@ impl Loop {
             action: "Validate".into(),
             secondary: None,
         };
-        self.publish(key, ev, regarding).await;
+        self.publish(key, ev, regarding);
     }
 
     async fn write_advertisements(&mut self) {
@@ -868,68 +880,89 @@ impl Loop {
     }
 
     /// Make the cluster match the ledger for `keys`, then the pool statuses.
+    ///
+    /// Writes go in batches of [`WRITE_BATCH`], [`WRITES_IN_FLIGHT`] at a
+    /// time: one after another, a cold start over 2,000 Services waits on
+    /// 2,000 round trips. Each batch starts only after the Lease is
+    /// confirmed, and every write in it shares the deadline that
+    /// confirmation covers, so none can land after another replica could
+    /// take over. A batch holds each Service once, so the concurrent writes
+    /// never touch one object twice.
     async fn write(&mut self, keys: BTreeSet<String>) {
         if self.ledger.is_none() || !self.leader {
             return;
         }
         let mut refusals = self.ledger.as_mut().expect("checked").take_refusals();
-        let mut keys = keys.into_iter();
-        loop {
-            // A long batch can outlast the Lease: confirm it again (read at
-            // most every LEASE_CHECK) before each write.
+        let mut keys = keys.into_iter().peekable();
+        while keys.peek().is_some() {
             if !self.lease_holds().await {
                 self.dirty.extend(keys);
                 self.statuses_dirty = true;
+                self.flush_events().await;
                 return;
             }
-            let Some(key) = keys.next() else { break };
-            let Some((ns, name)) = key.split_once('/') else {
-                continue;
-            };
-            let Some(svc) = self.stores.services.get(&ObjectRef::new(name).within(ns)) else {
-                continue;
-            };
-            let ledger = self.ledger.as_ref().expect("checked");
-            if ledger.undecided(&key) {
-                // Its namespace is not known yet; its status stays as it is.
-                continue;
-            }
-            let answer = ledger.answer(&key).cloned();
-            if let Some(r) = refusals.remove(&key) {
-                self.report_refusal(&svc, &key, &r).await;
-            }
-            let before = self
-                .overlay(&svc)
-                .unwrap_or_else(|| status::Shown::of(&svc));
             let deadline = write_deadline(self.timing);
-            match bounded(
-                deadline,
-                status::write_service(&self.client, &svc, &before, answer.as_ref(), deadline),
-            )
-            .await
-            {
-                Ok((after, rv)) => {
-                    self.wrote(true);
-                    let assigned = after.ips != before.ips && !after.ips.is_empty();
-                    if after != status::Shown::of(&svc) {
-                        self.written.insert(
-                            key.clone(),
-                            Written {
-                                shown: after,
-                                rv,
-                                before_rv: svc.metadata.resource_version.clone(),
-                            },
-                        );
-                    }
-                    self.report(&svc, &key, answer.as_ref(), assigned).await;
+            let mut batch = Vec::new();
+            for key in keys.by_ref().take(WRITE_BATCH) {
+                let Some((ns, name)) = key.split_once('/') else {
+                    continue;
+                };
+                let Some(svc) = self.stores.services.get(&ObjectRef::new(name).within(ns)) else {
+                    continue;
+                };
+                let ledger = self.ledger.as_ref().expect("checked");
+                if ledger.undecided(&key) {
+                    // Its namespace is not known yet; its status stays as it is.
+                    continue;
                 }
-                Err(e) => {
-                    warn!(service = %key, error = %e, "writing status failed; retrying");
-                    self.wrote(false);
-                    self.dirty.insert(key.clone());
-                    self.report(&svc, &key, answer.as_ref(), false).await;
+                let answer = ledger.answer(&key).cloned();
+                if let Some(r) = refusals.remove(&key) {
+                    self.report_refusal(&svc, &key, &r);
+                }
+                let before = self
+                    .overlay(&svc)
+                    .unwrap_or_else(|| status::Shown::of(&svc));
+                batch.push((key, svc, before, answer));
+            }
+            let client = &self.client;
+            let results: Vec<_> = futures::stream::iter(batch)
+                .map(|(key, svc, before, answer)| async move {
+                    let result = bounded(
+                        deadline,
+                        status::write_service(client, &svc, &before, answer.as_ref(), deadline),
+                    )
+                    .await;
+                    (key, svc, before, answer, result)
+                })
+                .buffer_unordered(WRITES_IN_FLIGHT)
+                .collect()
+                .await;
+            for (key, svc, before, answer, result) in results {
+                match result {
+                    Ok((after, rv)) => {
+                        self.wrote(true);
+                        let assigned = after.ips != before.ips && !after.ips.is_empty();
+                        if after != status::Shown::of(&svc) {
+                            self.written.insert(
+                                key.clone(),
+                                Written {
+                                    shown: after,
+                                    rv,
+                                    before_rv: svc.metadata.resource_version.clone(),
+                                },
+                            );
+                        }
+                        self.report(&svc, &key, answer.as_ref(), assigned);
+                    }
+                    Err(e) => {
+                        warn!(service = %key, error = %e, "writing status failed; retrying");
+                        self.wrote(false);
+                        self.dirty.insert(key.clone());
+                        self.report(&svc, &key, answer.as_ref(), false);
+                    }
                 }
             }
+            self.flush_events().await;
         }
         self.write_pools().await;
     }
@@ -942,7 +975,7 @@ impl Loop {
         for p in self.stores.pools.state() {
             if !self.lease_holds().await {
                 self.statuses_dirty = true;
-                return;
+                break;
             }
             let Some(r) = reports.iter().find(|r| r.name == p.name_any()) else {
                 continue;
@@ -952,7 +985,7 @@ impl Loop {
                 Ok(Some(problem)) => {
                     use kube::Resource;
                     let key = format!("IPAddressPool/{}", p.name_any());
-                    self.report_invalid(&key, problem, p.object_ref(&())).await;
+                    self.report_invalid(&key, problem, p.object_ref(&()));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -961,30 +994,66 @@ impl Loop {
                 }
             }
         }
+        self.flush_events().await;
     }
 
-    /// Writes an Event about `key`; one the server does not take waits in
-    /// [`Loop::events`] and is written again with the other retries. True
-    /// if it was written now.
-    async fn publish(
-        &mut self,
-        key: &str,
-        ev: kube::runtime::events::Event,
-        regarding: ObjectReference,
-    ) -> bool {
-        if !self.events.is_empty() {
-            // Behind those already waiting, in order.
-            let reason = reason_of(&ev);
-            let dropped = self.events.push(
-                (key.to_string(), reason),
-                (ev, regarding),
-                std::time::Instant::now(),
-            );
-            self.events_dropped(dropped);
-            return false;
+    /// Queues an Event about `key` for [`Loop::flush_events`].
+    fn publish(&mut self, key: &str, ev: kube::runtime::events::Event, regarding: ObjectReference) {
+        self.outbox.push((key.to_string(), ev, regarding));
+    }
+
+    /// Writes the queued Events, [`WRITES_IN_FLIGHT`] at a time. One the
+    /// server does not take waits in [`Loop::events`] and is written again
+    /// with the other retries; while some already wait, new ones queue
+    /// behind them, in order.
+    async fn flush_events(&mut self) {
+        let outbox = std::mem::take(&mut self.outbox);
+        if outbox.is_empty() {
+            return;
         }
-        self.try_publish(key, ev, regarding, std::time::Instant::now(), false)
-            .await
+        let now = std::time::Instant::now();
+        if !self.events.is_empty() {
+            for (key, ev, regarding) in outbox {
+                let dropped = self
+                    .events
+                    .push((key, reason_of(&ev)), (ev, regarding), now);
+                self.events_dropped(dropped);
+            }
+            return;
+        }
+        let recorder = &self.recorder;
+        let results: Vec<_> = futures::stream::iter(outbox)
+            .map(|(key, ev, regarding)| async move {
+                let result = bounded(
+                    tokio::time::Instant::now() + Duration::from_secs(3),
+                    recorder.publish(&ev, &regarding),
+                )
+                .await;
+                (key, ev, regarding, result)
+            })
+            .buffered(WRITES_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut failed = 0;
+        for (key, ev, regarding, result) in results {
+            self.wrote(result.is_ok());
+            if let Err(e) = result {
+                if failed == 0 {
+                    warn!(service = %key, error = %e, "cannot write an Event; it waits for the API server");
+                }
+                failed += 1;
+                let dropped = self
+                    .events
+                    .push((key, reason_of(&ev)), (ev, regarding), now);
+                self.events_dropped(dropped);
+            }
+        }
+        if failed > 1 {
+            warn!(
+                failed,
+                "Events wait for the API server; they are written when it takes writes again"
+            );
+        }
     }
 
     async fn try_publish(
@@ -1052,7 +1121,7 @@ impl Loop {
 
     /// A Warning that the Service's edit no longer fit the address it
     /// shared, which stays with the others.
-    async fn report_refusal(&mut self, svc: &Service, key: &str, why: &crate::engine::AllocError) {
+    fn report_refusal(&mut self, svc: &Service, key: &str, why: &crate::engine::AllocError) {
         warn!(service = %key, reason = %why, "edit refused");
         let ev = kube::runtime::events::Event {
             type_: kube::runtime::events::EventType::Warning,
@@ -1062,12 +1131,12 @@ impl Loop {
             secondary: None,
         };
         use kube::Resource;
-        self.publish(key, ev, svc.object_ref(&())).await;
+        self.publish(key, ev, svc.object_ref(&()));
     }
 
     /// Events for what changed: an address given, or a failure (once per
     /// distinct reason; again if publishing it failed).
-    async fn report(
+    fn report(
         &mut self,
         svc: &Service,
         key: &str,
@@ -1125,7 +1194,7 @@ impl Loop {
         };
         use kube::Resource;
         // Written now or waiting to be: either way it is reported.
-        self.publish(key, ev, svc.object_ref(&())).await;
+        self.publish(key, ev, svc.object_ref(&()));
         if let Some(msg) = failure {
             self.telemetry.failed();
             self.reported.insert(key.to_string(), msg);

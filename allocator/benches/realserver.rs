@@ -1,0 +1,223 @@
+//! Cold allocation against the real kube-apiserver (v1.28.0 with etcd),
+//! the allocator running as its shipped ServiceAccount with leader
+//! election on, as in production.
+//!
+//! `cargo bench -p hostlb-allocator --bench realserver`
+//!
+//! Each run starts a fresh server, creates `COLD_SERVICES` (default 2,000)
+//! LoadBalancer Services before the allocator starts, then starts it and
+//! times, from the start, until a client watching the Services sees an
+//! address on every one. It checks that no address was
+//! handed out twice. Then a second replica is started over the same
+//! Services with the first one stopped, and the time until it is ready and
+//! the Services it wrote are printed (a restart must write nothing).
+//! `COLD_RUNS` (default 3) runs; the median is printed. Target: 2,000 in
+//! at most 5 s.
+//!
+//! `RUST_LOG=hostlb_allocator=debug` shows the controller's log.
+//!
+//! Needs `../shared/kube-apiserver` and etcd-server; without them it says so
+//! and prints no figure.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use hostlb_allocator::controller::{self, Config, telemetry::Telemetry};
+use hostlb_api::IPAddressPool;
+use hostlb_tests::realserver::RealServer;
+use k8s_openapi::api::core::v1::Service;
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use serde_json::json;
+use tokio::sync::watch;
+
+const NS: &str = "hostlb-system";
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn config(path: &std::path::Path) -> kube::Config {
+    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap()
+}
+
+struct Replica {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), controller::Error>>,
+    telemetry: std::sync::Arc<Telemetry>,
+}
+
+fn start(sa: &kube::Config, identity: &str) -> Replica {
+    let mut config = sa.clone();
+    controller::prepare_client(&mut config, identity);
+    let telemetry = Telemetry::new();
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(controller::run(
+        Client::try_from(config).unwrap(),
+        Config::for_test(identity),
+        telemetry.clone(),
+        stopped,
+    ));
+    Replica {
+        stop,
+        task,
+        telemetry,
+    }
+}
+
+impl Replica {
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the replica stops")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// Each Service's addresses as a watching client sees them (a watch
+/// costs the server far less than listing 2,000 Services again and again,
+/// which would slow down what is measured).
+fn watch_addresses(
+    api: Api<Service>,
+) -> tokio::sync::watch::Receiver<BTreeMap<String, Vec<String>>> {
+    let (tx, rx) = tokio::sync::watch::channel(BTreeMap::new());
+    tokio::spawn(async move {
+        let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
+            .applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(Ok(s)) = stream.next().await {
+            let ips: Vec<String> = s
+                .status
+                .and_then(|s| s.load_balancer)
+                .and_then(|lb| lb.ingress)
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip)
+                .collect();
+            let name = s.metadata.name.unwrap_or_default();
+            tx.send_modify(|m| {
+                m.insert(name, ips);
+            });
+        }
+    });
+    rx
+}
+
+async fn run(n: usize, port: u16) -> (Duration, Duration, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = tokio::task::block_in_place(|| {
+        let s = RealServer::start_local(port, port + 10_000, &dir.path().join("k8s"));
+        s.install_hostlb("allocator/rbac.yaml");
+        s.kubectl(&["create", "namespace", "shop"]);
+        s.service_account_kubeconfig(NS, "hostlb-allocator", &dir.path().join("sa.kubeconfig"));
+        s
+    });
+    let admin = Client::try_from(config(&server.admin_kubeconfig()).await).unwrap();
+    let sa = config(&dir.path().join("sa.kubeconfig")).await;
+    let pools: Api<IPAddressPool> = Api::namespaced(admin.clone(), NS);
+    let pool: IPAddressPool = serde_json::from_value(json!({"apiVersion": "hostlb.io/v1",
+        "kind": "IPAddressPool", "metadata": {"name": "p"},
+        "spec": {"addresses": ["10.0.0.0/16"]}}))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let services: Api<Service> = Api::namespaced(admin.clone(), "shop");
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = services.clone();
+            async move {
+                let svc: Service =
+                    serde_json::from_value(json!({"metadata": {"name": format!("s{i}")},
+                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}))
+                    .unwrap();
+                api.create(&PostParams::default(), &svc).await.unwrap();
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+
+    let mut seen = watch_addresses(services.clone());
+    seen.wait_for(|m| m.len() == n).await.unwrap();
+    let started = Instant::now();
+    let first = start(&sa, "replica-a");
+    let all = tokio::time::timeout(
+        Duration::from_secs(300),
+        seen.wait_for(|m| m.values().all(|ips| !ips.is_empty())),
+    )
+    .await
+    .expect("every Service allocated")
+    .unwrap()
+    .clone();
+    let cold = started.elapsed();
+    let ips: Vec<&String> = all.values().flatten().collect();
+    let distinct: BTreeSet<&String> = ips.iter().copied().collect();
+    assert_eq!(distinct.len(), n, "an address was handed out twice");
+    first.stop().await;
+
+    let versions = |api: Api<Service>| async move {
+        let list = api.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .map(|s| s.metadata.resource_version.unwrap_or_default())
+            .collect::<BTreeSet<String>>()
+    };
+    let before = versions(services.clone()).await;
+    let started = Instant::now();
+    let second = start(&sa, "replica-b");
+    while !second.telemetry.is_ready() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let restart = started.elapsed();
+    // Give it time to write anything it believed it had to.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = versions(services.clone()).await;
+    second.stop().await;
+    (cold, restart, after.difference(&before).count() as u64)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    if let Err(why) = RealServer::available() {
+        println!("realserver bench NOT RUN: {why}");
+        return;
+    }
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let n = env("COLD_SERVICES", 2000);
+    let runs = env("COLD_RUNS", 3);
+    let mut colds = Vec::new();
+    for r in 0..runs {
+        let (cold, restart, writes) = run(n, 18443 + r as u16 * 2).await;
+        println!(
+            "run {r}: {n} Services allocated in {:.2} s ({:.0}/s); restart ready in {} ms, {writes} Services written",
+            cold.as_secs_f64(),
+            n as f64 / cold.as_secs_f64(),
+            restart.as_millis()
+        );
+        colds.push(cold);
+    }
+    let m = median(colds);
+    println!(
+        "cold allocation of {n} Services: median {:.2} s over {runs} runs (target <= 5 s)",
+        m.as_secs_f64()
+    );
+}
