@@ -18,7 +18,7 @@
 pub mod cleanup;
 pub mod config;
 pub mod core;
-mod report;
+pub mod report;
 pub mod status;
 pub mod telemetry;
 mod watches;

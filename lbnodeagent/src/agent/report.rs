@@ -7,9 +7,11 @@
 //! clears it: somebody has to, and every node computes who. The loop hands
 //! the writer the whole set of values this node is responsible for; the
 //! writer compares it with the cached Services and patches only what
-//! differs, at a bounded rate, so a start with 1 000 Services does not
-//! hammer the API server and a repeated pass writes nothing. Failed writes
-//! are tried again on the next pass.
+//! differs, and a repeated pass writes nothing. Writes go [`IN_FLIGHT`] at
+//! a time through a token bucket: a start or a failover that makes 1,000
+//! Services this node's is written in about a second, while an agent that
+//! goes on writing (a flapping Service, a bug) is held to
+//! [`WRITES_PER_SECOND`]. Failed writes are tried again on the next pass.
 //!
 //! An Event that cannot be written (the API server away, a 403 while a
 //! restarted server fills its RBAC caches) waits in a [`Backlog`] (1,024
@@ -38,8 +40,17 @@ use super::telemetry::Telemetry;
 
 /// The field manager and Event reporter name.
 pub const FIELD_MANAGER: &str = "hostlb-lbnodeagent";
-/// Writes per second, annotation patches and Events together.
-const WRITES_PER_SECOND: u64 = 50;
+/// Writes per second sustained, annotation patches and Events together.
+/// What one agent writes is bounded by what it holds (each VIP it takes
+/// or gives up costs an annotation and an Event), so the whole fleet's
+/// writes follow the number of VIPs that move, not the number of nodes;
+/// this rate only caps an agent that keeps writing.
+const WRITES_PER_SECOND: f64 = 100.0;
+/// Writes allowed at once after a quiet spell: an annotation and an Event
+/// for each of 1,000 Services.
+const WRITE_BURST: f64 = 2000.0;
+/// Requests in flight at once.
+const IN_FLIGHT: usize = 8;
 /// A value written is not written again while the cached Service is the
 /// one seen when writing it (the cache has not caught up with our own
 /// write), for at most this long.
@@ -129,7 +140,7 @@ pub fn start(
         recorder,
         telemetry,
         written: HashMap::new(),
-        next_write: Instant::now(),
+        bucket: Bucket::new(Instant::now()),
         waiting: Backlog::new(EVENTS_WAITING, EVENT_MAX_AGE),
         retry_at: Instant::now(),
         last_answer: Instant::now(),
@@ -145,13 +156,51 @@ pub fn start(
 /// A value written, the cached Service's resourceVersion then, and when.
 type Written = (Option<String>, Option<String>, Instant);
 
+/// A token bucket: [`WRITE_BURST`] writes at once, refilled at
+/// [`WRITES_PER_SECOND`].
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(now: Instant) -> Self {
+        Bucket {
+            tokens: WRITE_BURST,
+            at: now,
+        }
+    }
+
+    /// Takes one token; how long to wait first when there is none.
+    fn take(&mut self, now: Instant) -> Duration {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * WRITES_PER_SECOND).min(WRITE_BURST);
+        self.at = now;
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / WRITES_PER_SECOND)
+        }
+    }
+
+    /// When a write could go now.
+    fn ready_at(&self) -> Instant {
+        if self.tokens >= 1.0 {
+            self.at
+        } else {
+            self.at + Duration::from_secs_f64((1.0 - self.tokens) / WRITES_PER_SECOND)
+        }
+    }
+}
+
 struct Writer {
     client: Client,
     services: Store<Service>,
     recorder: Recorder,
     telemetry: Arc<Telemetry>,
     written: HashMap<(String, Family), Written>,
-    next_write: Instant,
+    bucket: Bucket,
     /// Events not written yet, by Service and reason, oldest first.
     waiting: Backlog<(String, &'static str), EventRequest>,
     /// After a failed Event, the next is tried no sooner than this.
@@ -190,11 +239,11 @@ impl Writer {
                     }
                     None => return,
                 },
-                // One Event at a time, paced, so new ones keep coming in.
-                () = tokio::time::sleep_until(self.retry_at.max(self.next_write).into()),
+                // A few Events at a time, paced, so new ones keep coming in.
+                () = tokio::time::sleep_until(self.retry_at.max(self.bucket.ready_at()).into()),
                     if !self.waiting.is_empty() =>
                 {
-                    self.write_event().await;
+                    self.write_events().await;
                     continue;
                 }
                 _ = probe.tick() => {
@@ -219,15 +268,17 @@ impl Writer {
     }
 
     async fn pace(&mut self) {
-        tokio::time::sleep_until(self.next_write.into()).await;
-        self.next_write =
-            Instant::now().max(self.next_write) + Duration::from_millis(1000 / WRITES_PER_SECOND);
+        let wait = self.bucket.take(Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
     }
 
     async fn annotate(&mut self, want: &Announcing) {
         let now = Instant::now();
         self.written
             .retain(|_, (_, _, at)| now - *at < WRITTEN_GRACE);
+        let mut jobs = Vec::new();
         for ((key, family), value) in want {
             let Some((ns, name)) = key.split_once('/') else {
                 continue;
@@ -260,30 +311,52 @@ impl Writer {
             {
                 continue;
             }
-            self.pace().await;
-            let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
-            let patch = json!({"metadata": {"annotations": {name_of: value}}});
+            jobs.push((
+                k,
+                ns.to_string(),
+                name.to_string(),
+                name_of,
+                value.clone(),
+                version,
+            ));
+        }
+        for chunk in jobs.chunks(IN_FLIGHT) {
+            for _ in chunk {
+                self.pace().await;
+            }
             let params = PatchParams {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..PatchParams::default()
             };
-            let result = tokio::time::timeout(
-                WRITE_TIMEOUT,
-                api.patch(name, &params, &Patch::Merge(&patch)),
-            )
-            .await
-            .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())));
-            self.answered(took(&result));
-            match result {
-                Ok(_) => {
-                    self.telemetry.write("annotate", true);
-                    debug!(service = %key, annotation = name_of, value = ?value, "annotated");
-                    self.written
-                        .insert(k, (value.clone(), version, Instant::now()));
-                }
-                Err(e) => {
-                    self.telemetry.write("annotate", false);
-                    warn!(service = %key, annotation = name_of, error = %e, "cannot write the annotation; retrying");
+            let results =
+                futures::future::join_all(chunk.iter().map(|(_, ns, name, name_of, value, _)| {
+                    let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+                    let patch = json!({"metadata": {"annotations": {*name_of: value}}});
+                    let params = &params;
+                    async move {
+                        tokio::time::timeout(
+                            WRITE_TIMEOUT,
+                            api.patch(name, params, &Patch::Merge(&patch)),
+                        )
+                        .await
+                        .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())))
+                    }
+                }))
+                .await;
+            for ((k, _, _, name_of, value, version), result) in chunk.iter().zip(results) {
+                self.answered(took(&result));
+                let key = &k.0;
+                match result {
+                    Ok(_) => {
+                        self.telemetry.write("annotate", true);
+                        debug!(service = %key, annotation = name_of, value = ?value, "annotated");
+                        self.written
+                            .insert(k.clone(), (value.clone(), version.clone(), Instant::now()));
+                    }
+                    Err(e) => {
+                        self.telemetry.write("annotate", false);
+                        warn!(service = %key, annotation = name_of, error = %e, "cannot write the annotation; retrying");
+                    }
                 }
             }
         }
@@ -316,50 +389,72 @@ impl Writer {
         }
     }
 
-    /// Writes the oldest waiting Event; if it fails, the next try waits
-    /// [`EVENT_RETRY`].
-    async fn write_event(&mut self) {
-        let (next, expired) = self.waiting.pop(Instant::now());
-        self.dropped(expired, "Events waited an hour for the API server");
-        let Some((_, req, since)) = next else { return };
-        let retrying = self.retry_at > since;
-        if !self.publish(req, since, retrying).await {
+    /// Writes the oldest waiting Events, up to [`IN_FLIGHT`] at once; if
+    /// one fails, the next try waits [`EVENT_RETRY`].
+    async fn write_events(&mut self) {
+        let mut batch = Vec::new();
+        while batch.len() < IN_FLIGHT {
+            let (next, expired) = self.waiting.pop(Instant::now());
+            self.dropped(expired, "Events waited an hour for the API server");
+            let Some((_, req, since)) = next else { break };
+            let Some((ns, name)) = req.service.split_once('/') else {
+                continue;
+            };
+            // A Service gone from the cache needs no Event any more.
+            let Some(svc) = self
+                .services
+                .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
+            else {
+                continue;
+            };
+            self.pace().await;
+            let ev = Event {
+                type_: if req.warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: req.reason.into(),
+                note: Some(req.note.clone()),
+                action: "Announce".into(),
+                secondary: None,
+            };
+            batch.push((req, since, ev, svc.object_ref(&())));
+            // Only the first try of an outage is paid in full: while the
+            // server refuses, one Event at a time tells whether it is back.
+            if self.retry_at > since {
+                break;
+            }
+        }
+        let recorder = &self.recorder;
+        let results =
+            futures::future::join_all(batch.iter().map(|(_, _, ev, regarding)| async move {
+                tokio::time::timeout(WRITE_TIMEOUT, recorder.publish(ev, regarding))
+                    .await
+                    .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())))
+            }))
+            .await;
+        let mut failed = false;
+        // Newest first: each failed one is put back in front of the queue.
+        for ((req, since, _, _), result) in batch.into_iter().zip(results).rev() {
+            let retrying = self.retry_at > since;
+            failed |= !self.written_or_waits(req, since, retrying, result);
+        }
+        if failed {
             self.retry_at = Instant::now() + EVENT_RETRY;
         }
     }
 
-    /// Writes one Event; on failure it waits in the queue (first failed at
-    /// `since`). Whether it was written (or needs no writing). The first
-    /// failure of an outage is a warning, the rest are debug lines.
-    async fn publish(&mut self, req: EventRequest, since: Instant, retrying: bool) -> bool {
-        let Some((ns, name)) = req.service.split_once('/') else {
-            return true;
-        };
-        // A Service gone from the cache needs no Event any more.
-        let Some(svc) = self
-            .services
-            .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
-        else {
-            return true;
-        };
-        self.pace().await;
-        let ev = Event {
-            type_: if req.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: req.reason.into(),
-            note: Some(req.note.clone()),
-            action: "Announce".into(),
-            secondary: None,
-        };
-        let result = tokio::time::timeout(
-            WRITE_TIMEOUT,
-            self.recorder.publish(&ev, &svc.object_ref(&())),
-        )
-        .await
-        .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())));
+    /// Notes the outcome of one Event; on failure it waits in the queue
+    /// (first failed at `since`). Whether it was written. The first failure
+    /// of an outage is a warning, the rest are debug lines.
+    fn written_or_waits(
+        &mut self,
+        req: EventRequest,
+        since: Instant,
+        retrying: bool,
+        result: Result<(), kube::Error>,
+    ) -> bool {
         let was_writable = self
             .telemetry
             .api_writable
@@ -384,5 +479,32 @@ impl Writer {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_lets_a_burst_through_then_holds_the_rate() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(t0);
+        for _ in 0..WRITE_BURST as usize {
+            assert_eq!(b.take(t0), Duration::ZERO);
+        }
+        // Empty: the next write waits for one token's refill.
+        let wait = b.take(t0);
+        assert_eq!(wait, Duration::from_secs_f64(1.0 / WRITES_PER_SECOND));
+        // A second later, a second's worth of writes goes at once (less the
+        // one owed), and no more.
+        let t1 = t0 + Duration::from_secs(1);
+        let free = (0..1000).take_while(|_| b.take(t1).is_zero()).count();
+        assert_eq!(free, WRITES_PER_SECOND as usize - 1);
+        assert!(b.ready_at() > t1);
+        // A long quiet spell refills it to the burst, not beyond.
+        let t2 = t1 + Duration::from_secs(3600);
+        let free = (0..10_000).take_while(|_| b.take(t2).is_zero()).count();
+        assert_eq!(free, WRITE_BURST as usize);
     }
 }

@@ -1,0 +1,180 @@
+//! The agent's writer against the real kube-apiserver (v1.28.0 with etcd),
+//! as the shipped `hostlb-agent` ServiceAccount: how long until 1,000
+//! Services this node just took show its `announcing-IPv4` annotation, and
+//! until their 1,000 `AnnouncingLocal` Events exist, as a client sees them.
+//!
+//! `cargo bench -p lbnodeagent --bench writer`
+//!
+//! `WRITER_SERVICES` (default 1,000) and `WRITER_RUNS` (default 3); the
+//! medians are printed. Needs `../shared/kube-apiserver` and etcd-server;
+//! without them it says so and prints no figure.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use hostlb_api::Family;
+use hostlb_api::annotations::{ANNOUNCING_IPV4, reasons};
+use hostlb_tests::realserver::RealServer;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::events::v1::Event;
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use lbnodeagent::agent::core::{Announcing, EventRequest};
+use lbnodeagent::agent::report;
+use lbnodeagent::agent::telemetry::Telemetry;
+use serde_json::json;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn client(path: &std::path::Path) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+async fn run(n: usize, port: u16) -> (Duration, Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = tokio::task::block_in_place(|| {
+        let s = RealServer::start_local(port, port + 10_000, &dir.path().join("k8s"));
+        s.install_hostlb("agent/rbac.yaml");
+        s.kubectl(&["create", "namespace", "shop"]);
+        s.service_account_kubeconfig(
+            "hostlb-system",
+            "hostlb-agent",
+            &dir.path().join("agent.kubeconfig"),
+        );
+        s
+    });
+    let admin = client(&server.admin_kubeconfig()).await;
+    let agent = client(&dir.path().join("agent.kubeconfig")).await;
+    let services: Api<Service> = Api::namespaced(admin.clone(), "shop");
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = services.clone();
+            async move {
+                let svc: Service =
+                    serde_json::from_value(json!({"metadata": {"name": format!("s{i}")},
+                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}))
+                    .unwrap();
+                api.create(&PostParams::default(), &svc).await.unwrap();
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+
+    // The agent's cache of Services, as its watches keep it.
+    let (store, writer) = reflector::store();
+    let stream = reflector(
+        writer,
+        watcher(
+            Api::<Service>::all(agent.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .applied_objects();
+    let cache = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {}
+    });
+    store.wait_until_ready().await.unwrap();
+    while store.state().len() < n {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let telemetry = Telemetry::new();
+    let handle = report::start(agent, "node-a", store, telemetry.clone());
+    let started = Instant::now();
+    let want: Announcing = (0..n)
+        .map(|i| {
+            (
+                (format!("shop/s{i}"), Family::V4),
+                Some("node-a,eth0".to_string()),
+            )
+        })
+        .collect();
+    handle.announcing.send(want).unwrap();
+    for i in 0..n {
+        handle.event(
+            &telemetry,
+            EventRequest {
+                service: format!("shop/s{i}"),
+                warning: false,
+                reason: reasons::ANNOUNCING_LOCAL,
+                note: "announcing from node-a on eth0".into(),
+            },
+        );
+    }
+    let mut annotated = None;
+    let mut events = None;
+    let event_api: Api<Event> = Api::namespaced(admin.clone(), "shop");
+    while annotated.is_none() || events.is_none() {
+        assert!(started.elapsed() < Duration::from_secs(600), "not written");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if annotated.is_none() {
+            let list = services.list(&ListParams::default()).await.unwrap();
+            let done = list
+                .items
+                .iter()
+                .filter(|s| s.annotations().get(ANNOUNCING_IPV4).is_some())
+                .count();
+            if done == n {
+                annotated = Some(started.elapsed());
+            }
+        }
+        if events.is_none() {
+            let list = event_api.list(&ListParams::default()).await.unwrap();
+            if list.items.len() >= n {
+                events = Some(started.elapsed());
+            }
+        }
+    }
+    assert_eq!(telemetry.events_dropped.get(), 0, "Events were dropped");
+    drop(handle);
+    cache.abort();
+    (annotated.unwrap(), events.unwrap())
+}
+
+use kube::ResourceExt;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    if let Err(why) = RealServer::available() {
+        println!("writer bench NOT RUN: {why}");
+        return;
+    }
+    let n = env("WRITER_SERVICES", 1000);
+    let runs = env("WRITER_RUNS", 3);
+    let (mut a, mut e) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        let (annotated, events) = run(n, 19443 + r as u16 * 2).await;
+        println!(
+            "run {r}: {n} annotations in {:.2} s, {n} Events in {:.2} s",
+            annotated.as_secs_f64(),
+            events.as_secs_f64()
+        );
+        a.push(annotated);
+        e.push(events);
+    }
+    println!(
+        "agent writer, {n} Services taken at once: annotations median {:.2} s, Events median {:.2} s over {runs} runs (listed every 100 ms)",
+        median(a).as_secs_f64(),
+        median(e).as_secs_f64()
+    );
+}
