@@ -5,7 +5,8 @@
 use std::net::IpAddr;
 
 use hostlb_api::annotations::{
-    ADDRESS_POOL, ALLOW_SHARED_IP, IP_ALLOCATED_FROM_POOL, LOAD_BALANCER_IPS, service_annotation,
+    ADDRESS_POOL, ALLOCATED_SHARING, ALLOW_SHARED_IP, IP_ALLOCATED_FROM_POOL, LOAD_BALANCER_IPS,
+    service_annotation,
 };
 use hostlb_api::{Family, IPAddressPool};
 use k8s_openapi::api::core::v1::Service;
@@ -146,6 +147,7 @@ pub fn service_request(svc: &Service) -> ServiceRequest {
         ports,
         current,
         current_pool: service_annotation(annotations, IP_ALLOCATED_FROM_POOL).map(str::to_string),
+        granted_terms: annotations.and_then(|a| a.get(ALLOCATED_SHARING)).cloned(),
     }
 }
 

@@ -220,12 +220,18 @@ impl Ledger {
     }
 
     /// Everything from scratch, as after a restart: every Service first keeps
-    /// what its status holds (oldest first, so the older of two claimants
-    /// wins), and only then are new addresses handed out.
+    /// what its status holds, and only then are new addresses handed out.
+    /// Of two claimants of one address, the one whose sharing terms still
+    /// match what it was given under goes first, so an edited Service is
+    /// refused as it would have been live; where that does not tell them
+    /// apart, the older goes first.
     pub fn rebuild(&mut self) -> BTreeSet<String> {
         let mut changed = BTreeSet::new();
+        let mut order: Vec<&ServiceRequest> = self.services.values().collect();
+        order.sort_by(|a, b| a.rank().cmp(&b.rank()));
+        let order: Vec<String> = order.into_iter().map(|s| s.key.clone()).collect();
         for allow_new in [false, true] {
-            for k in self.by_age(|_| true) {
+            for k in order.clone() {
                 self.run(&k, allow_new, &mut changed);
             }
         }
@@ -578,19 +584,41 @@ mod tests {
             vec![ip("10.0.0.1")],
         );
         // A restart before the new status was written: both statuses claim
-        // the address and nobody knows who changed, so the older keeps it.
-        let mut r = Ledger::new();
-        r.load(&[pool("p", &["10.0.0.0/30"])], []);
-        let mut young_first = edited;
-        young_first.created = Some(0);
-        young_first.key = "d/a-young".into();
-        r.insert(old);
-        r.insert(young_first);
-        r.rebuild();
-        assert_eq!(r.holders_of(ip("10.0.0.0")), vec!["d/a-young".to_string()]);
+        // the address. The edited one is made the older, so age alone would
+        // give it the address.
+        let restart = |old: &ServiceRequest, edited: &ServiceRequest| {
+            let mut r = Ledger::new();
+            r.load(&[pool("p", &["10.0.0.0/30"])], []);
+            let mut young_first = edited.clone();
+            young_first.created = Some(0);
+            young_first.key = "d/a-young".into();
+            r.insert(old.clone());
+            r.insert(young_first);
+            r.rebuild();
+            (
+                r.holders_of(ip("10.0.0.0")),
+                r.answer("d/old").unwrap().as_ref().unwrap().ips.clone(),
+            )
+        };
+        // Without a record of what the address was given under, nobody
+        // knows who changed, so the older keeps it.
         assert_eq!(
-            r.answer("d/old").unwrap().as_ref().unwrap().ips,
-            vec![ip("10.0.0.1")]
+            restart(&old, &edited),
+            (vec!["d/a-young".to_string()], vec![ip("10.0.0.1")])
+        );
+        // With the terms each was given under (the allocator records them
+        // in hostlb.io/allocated-sharing), the edited one is refused, as it
+        // was live.
+        let granted = |mut s: ServiceRequest, from: &ServiceRequest| {
+            s.granted_terms = from.sharing_terms();
+            s
+        };
+        let old = granted(old.clone(), &old);
+        let edited = granted(edited, &young);
+        assert!(edited.edited_since_grant() && !old.edited_since_grant());
+        assert_eq!(
+            restart(&old, &edited),
+            (vec!["d/old".to_string()], vec![ip("10.0.0.0")])
         );
     }
 

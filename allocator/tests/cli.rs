@@ -123,3 +123,45 @@ fn plan_shows_a_request_not_applied_next_to_the_kept_address() {
         "{table}"
     );
 }
+
+/// Two Services shared 10.0.0.0 under key `k`; then the older changed its
+/// key, and the allocator was down, so both statuses still claim it. The
+/// terms each was given the address under (`hostlb.io/allocated-sharing`)
+/// show which one changed: `plan`, like a restarted allocator, moves the
+/// edited one, as the live allocator would have, not the younger.
+#[test]
+fn plan_moves_the_service_whose_sharing_terms_changed() {
+    let dir = std::env::temp_dir().join(format!("hostlb-plan-terms-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cluster.yaml");
+    let svc = |name: &str, created: &str, key: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: shop\n  creationTimestamp: \"{created}\"\n  annotations:\n    hostlb.io/ip-allocated-from-pool: p\n    hostlb.io/allow-shared-ip: {key}\n    hostlb.io/allocated-sharing: key=k ports=TCP/{port} traffic=Cluster\n\
+             spec: {{type: LoadBalancer, ports: [{{port: {port}}}]}}\nstatus: {{loadBalancer: {{ingress: [{{ip: 10.0.0.0}}]}}}}\n",
+            port = if name == "old" { 80 } else { 443 }
+        )
+    };
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\n\
+         apiVersion: hostlb.io/v1\nkind: IPAddressPool\nmetadata: {name: p, namespace: hostlb-system}\nspec: {addresses: [10.0.0.0/30]}\n"
+            .to_string()
+            + &svc("old", "2026-01-01T00:00:00Z", "other")
+            + &svc("young", "2026-02-01T00:00:00Z", "k"),
+    )
+    .unwrap();
+    let (ok, out, err) = allocator(&["plan", "-f", file.to_str().unwrap(), "-o", "json"]);
+    assert!(ok, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let addresses = |name: &str| {
+        plan["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["service"] == format!("shop/{name}"))
+            .unwrap()["addresses"]
+            .clone()
+    };
+    assert_eq!(addresses("young"), serde_json::json!(["10.0.0.0"]), "{out}");
+    assert_eq!(addresses("old"), serde_json::json!(["10.0.0.1"]), "{out}");
+}

@@ -229,6 +229,20 @@ async fn allocation_sharing_status_and_events_with_the_shipped_rbac() {
     })
     .await;
     assert_ne!(shared, vec!["10.0.0.0".to_string()]);
+    // The terms the shared address was given under, for a restart to tell
+    // an edited sharer from an unchanged one.
+    let services: Api<Service> = Api::namespaced(bed.admin.clone(), "shop");
+    let terms = eventually("the sharing terms recorded", || async {
+        services
+            .get("web-tls")
+            .await
+            .unwrap()
+            .annotations()
+            .get("hostlb.io/allocated-sharing")
+            .cloned()
+    })
+    .await;
+    assert_eq!(terms, "key=k ports=TCP/443 traffic=Cluster");
     let pools: Api<IPAddressPool> = Api::namespaced(bed.admin.clone(), NS);
     eventually("pool status", || async {
         pools

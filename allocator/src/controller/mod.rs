@@ -922,14 +922,22 @@ impl Loop {
                 let before = self
                     .overlay(&svc)
                     .unwrap_or_else(|| status::Shown::of(&svc));
-                batch.push((key, svc, before, answer));
+                let terms = crate::inputs::service_request(&svc).sharing_terms();
+                batch.push((key, svc, before, answer, terms));
             }
             let client = &self.client;
             let results: Vec<_> = futures::stream::iter(batch)
-                .map(|(key, svc, before, answer)| async move {
+                .map(|(key, svc, before, answer, terms)| async move {
                     let result = bounded(
                         deadline,
-                        status::write_service(client, &svc, &before, answer.as_ref(), deadline),
+                        status::write_service(
+                            client,
+                            &svc,
+                            &before,
+                            answer.as_ref(),
+                            terms,
+                            deadline,
+                        ),
                     )
                     .await;
                     (key, svc, before, answer, result)

@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use hostlb_api::annotations::IP_ALLOCATED_FROM_POOL;
+use hostlb_api::annotations::{ALLOCATED_SHARING, IP_ALLOCATED_FROM_POOL};
 use hostlb_api::v1::conditions::{INVALID, OVERLAPS, READY};
 use hostlb_api::{IPAddressPool, L2Advertisement};
 use k8s_openapi::api::core::v1::Service;
@@ -74,11 +74,13 @@ pub fn ours(svc: &Service) -> bool {
 pub const ADDRESS_REQUEST: &str = "hostlb.io/AddressRequest";
 
 /// What a Service shows of our decision: its ingress addresses, our pool
-/// annotation, and why its request is not applied (our condition).
+/// and sharing-terms annotations, and why its request is not applied (our
+/// condition).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Shown {
     pub ips: Vec<IpAddr>,
     pub pool: Option<String>,
+    pub terms: Option<String>,
     pub pending: Option<String>,
 }
 
@@ -94,6 +96,7 @@ impl Shown {
         Shown {
             ips: crate::inputs::ingress_ips(svc),
             pool: svc.annotations().get(IP_ALLOCATED_FROM_POOL).cloned(),
+            terms: svc.annotations().get(ALLOCATED_SHARING).cloned(),
             pending: service_conditions(svc)
                 .iter()
                 .find(|c| c.type_ == ADDRESS_REQUEST && c.status == "False")
@@ -101,11 +104,14 @@ impl Shown {
         }
     }
 
-    fn of_answer(answer: Option<&Answer>) -> Shown {
+    /// `terms`: the Service's sharing terms now, recorded with the
+    /// addresses they are held under.
+    fn of_answer(answer: Option<&Answer>, terms: Option<String>) -> Shown {
         match answer {
             Some(Ok(a)) => Shown {
                 ips: a.ips.clone(),
                 pool: Some(a.pool.clone()),
+                terms: terms.filter(|_| !a.ips.is_empty()),
                 pending: a.pending.as_ref().map(ToString::to_string),
             },
             _ => Shown::default(),
@@ -139,14 +145,18 @@ pub async fn write_service(
     svc: &Service,
     before: &Shown,
     answer: Option<&Answer>,
+    terms: Option<String>,
     deadline: tokio::time::Instant,
 ) -> Result<(Shown, Option<String>), kube::Error> {
-    let want = Shown::of_answer(answer);
+    let want = Shown::of_answer(answer, terms);
     let api: Api<Service> = Api::namespaced(client.clone(), &svc.namespace().unwrap_or_default());
     let name = svc.name_any();
     let mut rv = None;
-    if before.pool != want.pool {
-        let patch = json!({"metadata": {"annotations": {IP_ALLOCATED_FROM_POOL: want.pool}}});
+    if before.pool != want.pool || before.terms != want.terms {
+        let patch = json!({"metadata": {"annotations": {
+            IP_ALLOCATED_FROM_POOL: want.pool,
+            ALLOCATED_SHARING: want.terms,
+        }}});
         let after = patch_by(client, &api, &name, false, &patch, deadline).await?;
         rv = after.resource_version();
     }

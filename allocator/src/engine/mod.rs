@@ -100,9 +100,44 @@ pub struct ServiceRequest {
     pub current: Vec<IpAddr>,
     /// `hostlb.io/ip-allocated-from-pool`.
     pub current_pool: Option<String>,
+    /// `hostlb.io/allocated-sharing`: the [`ServiceRequest::sharing_terms`]
+    /// its shared address was given under.
+    pub granted_terms: Option<String>,
 }
 
 impl ServiceRequest {
+    /// What sharing an address depends on, as one string: the key, the
+    /// ports and where the traffic goes. `None` without a sharing key.
+    pub fn sharing_terms(&self) -> Option<String> {
+        let key = self.sharing_key.as_ref()?;
+        let mut ports: Vec<String> = self.ports.iter().map(ToString::to_string).collect();
+        ports.sort();
+        let backend = match &self.backend {
+            Backend::Cluster => "Cluster".to_string(),
+            Backend::Local(selector) => format!("Local({selector})"),
+            Backend::LocalUnselected => "Local".to_string(),
+        };
+        Some(format!(
+            "key={key} ports={} traffic={backend}",
+            ports.join(",")
+        ))
+    }
+
+    /// Its sharing terms changed since its address was given: of two
+    /// Services found claiming one address, this is the one that moved.
+    pub fn edited_since_grant(&self) -> bool {
+        self.granted_terms.is_some() && self.granted_terms != self.sharing_terms()
+    }
+
+    /// Who wins a contest over an address found in two statuses (after a
+    /// restart, or in `plan`): a Service still on the terms it was given
+    /// the address under before one that changed them, as live; then the
+    /// older.
+    pub(crate) fn rank(&self) -> (bool, i64, &str) {
+        let (t, k) = self.age();
+        (self.edited_since_grant(), t, k)
+    }
+
     fn age(&self) -> (i64, &str) {
         age_key(self.created, &self.key)
     }
@@ -260,8 +295,9 @@ pub struct Allocator {
     /// Sharing key → addresses held under it.
     shared: HashMap<String, BTreeSet<IpAddr>>,
     allocs: HashMap<String, Alloc>,
-    /// Ages of the Services holding addresses, for contests.
-    ages: HashMap<String, (i64, String)>,
+    /// Rank of the Services holding addresses in contests (see
+    /// [`ServiceRequest::rank`]).
+    ages: HashMap<String, (bool, i64, String)>,
 }
 
 impl Default for Allocator {
@@ -420,8 +456,9 @@ impl Allocator {
                 ips: ips.to_vec(),
             },
         );
-        let (t, k) = svc.age();
-        self.ages.insert(svc.key.clone(), (t, k.to_string()));
+        let (edited, t, k) = svc.rank();
+        self.ages
+            .insert(svc.key.clone(), (edited, t, k.to_string()));
     }
 
     /// Whether `svc` may hold `ip` next to its current holders; `Err` names
@@ -453,11 +490,11 @@ impl Allocator {
             Err((holder, why)) => {
                 let h = &self.holders[&ip];
                 let others: Vec<&String> = h.services.keys().filter(|k| **k != svc.key).collect();
-                let mine = svc.age();
+                let mine = svc.rank();
                 let older_than_all = others.iter().all(|k| {
-                    self.ages
-                        .get(*k)
-                        .is_some_and(|(t, name)| (mine.0, mine.1) < (*t, name.as_str()))
+                    self.ages.get(*k).is_some_and(|(edited, t, name)| {
+                        (mine.0, mine.1, mine.2) < (*edited, *t, name.as_str())
+                    })
                 });
                 if older_than_all {
                     Ok(others.into_iter().cloned().collect())
