@@ -816,3 +816,45 @@ fn an_agent_without_net_admin_is_no_candidate_and_its_peers_serve() {
     let log = std::fs::read_to_string(c.log_path("node-a")).unwrap();
     assert!(log.contains("no CAP_NET_ADMIN"), "{log}");
 }
+
+/// A typo in `announce.interface`: the agent has no announce interface, so
+/// it publishes no subnet and stands in no election for the VIP it would
+/// win as the preferred node; it says why in `/readyz`, the log and a
+/// metric, and its peers serve.
+#[test]
+fn an_agent_without_its_announce_interface_is_no_candidate_and_says_why() {
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    c.kubectl(&["label", "node", "node-a", "tier=edge"]);
+    c.pool_and_ad(
+        &["10.77.0.100-10.77.0.120"],
+        "preferredNodeSelectors: [{weight: 100, preference: {matchLabels: {tier: edge}}}]",
+    );
+    c.write_config("node-a", "interface = \"nosuch0\"");
+    c.start("node-a");
+    c.start("node-b");
+    c.start("node-c");
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    assert_ne!(owner, "node-a");
+    let from = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let o = judge(&probe.replies(), from, Instant::now(), PROBE_EVERY);
+    assert_eq!(o.lost, 0, "{o:?}");
+    assert_eq!(c.holders(VIP), vec![owner]);
+    let (code, body) = c.http_get("node-a", "/readyz");
+    assert_eq!(code, "503", "{body}");
+    assert!(body.contains("no announce interface"), "{body}");
+    let (_, metrics) = c.http_get("node-a", "/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "hostlb_agent_no_announce_interface 1"),
+        "{metrics}"
+    );
+    let log = std::fs::read_to_string(c.log_path("node-a")).unwrap();
+    assert!(
+        log.contains("announce.interface not found") && log.contains("nosuch0"),
+        "{log}"
+    );
+}

@@ -232,6 +232,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         info!(node = %cfg.node_name, version = env!("CARGO_PKG_VERSION"), "starting");
         let telemetry = Telemetry::new();
         let links = read_links(&*backend, &cfg, true).await;
+        note_announce_interface(&telemetry, &cfg, &links);
 
         if cfg.gossip.advertise.is_none() && cfg.gossip.listen.ip().is_unspecified() {
             let family = if cfg.gossip.listen.is_ipv4() {
@@ -573,6 +574,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
     async fn read_links(&mut self) -> Links {
         let links = read_links(&*self.backend, &self.cfg, self.ensure_virtual).await;
         self.ensure_virtual = false;
+        note_announce_interface(&self.telemetry, &self.cfg, &links);
         let carrier = [links.announce_v4, links.announce_v6]
             .into_iter()
             .flatten()
@@ -825,6 +827,28 @@ async fn read_links<B: AddressBackend>(
             prefixes: Vec::new(),
             ..v
         }),
+    }
+}
+
+/// A node with no announce interface publishes no subnet of its own in
+/// gossip, so the election already leaves it out of every on-link VIP; this
+/// says why, once per change, in the log, `/readyz` and a metric, so that
+/// a typo in `announce.interface` is not a node that silently never serves.
+fn note_announce_interface(telemetry: &Telemetry, cfg: &AgentConfig, links: &Links) {
+    let missing = links.announce_v4.is_none() && links.announce_v6.is_none();
+    let was = telemetry.no_announce_interface.set(i64::from(missing)) > 0;
+    if missing && !was {
+        match &cfg.announce.interface {
+            Some(name) => error!(
+                interface = %name,
+                "announce.interface not found: no candidate for addresses on the host's subnets until it appears; peers serve them"
+            ),
+            None => error!(
+                "no default route, so no announce interface: no candidate for addresses on the host's subnets until one appears; peers serve them"
+            ),
+        }
+    } else if was && !missing {
+        info!("announce interface found; a candidate again");
     }
 }
 

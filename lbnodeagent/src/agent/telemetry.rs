@@ -44,6 +44,8 @@ pub struct Telemetry {
     pub live_members: Gauge,
     /// 1 while this agent cannot hold addresses (no CAP_NET_ADMIN).
     pub cannot_serve: Gauge,
+    /// 1 while neither family has an announce interface.
+    pub no_announce_interface: Gauge,
     pub elections: Counter,
     pub election_seconds: Histogram,
     pub address_ops: Family<OpLabels, Counter>,
@@ -84,6 +86,7 @@ impl Telemetry {
             owned_vips: Gauge::default(),
             live_members: Gauge::default(),
             cannot_serve: Gauge::default(),
+            no_announce_interface: Gauge::default(),
             elections: Counter::default(),
             election_seconds: Histogram::new(buckets),
             address_ops: Family::default(),
@@ -117,6 +120,11 @@ impl Telemetry {
             "cannot_serve",
             "1 while this agent cannot hold addresses (no CAP_NET_ADMIN) and stands in no election",
             t.cannot_serve.clone(),
+        );
+        registry.register(
+            "no_announce_interface",
+            "1 while this agent has no announce interface (the configured one is missing, or no default route): it stands in no election for addresses on a host subnet",
+            t.no_announce_interface.clone(),
         );
         registry.register(
             "elections",
@@ -215,6 +223,10 @@ impl Telemetry {
         } else if self.cannot_serve.get() > 0 {
             Some(
                 "not a candidate: no CAP_NET_ADMIN, so this agent cannot add addresses; its peers serve",
+            )
+        } else if self.no_announce_interface.get() > 0 {
+            Some(
+                "not a candidate on the host's subnets: no announce interface (announce.interface not found, or no default route); its peers serve",
             )
         } else if !self.applied.load(Ordering::Relaxed) {
             Some("waiting for the first reconcile (every watch listed, gossip started)")
