@@ -239,8 +239,14 @@ virtual_interface = ""
 listen = "127.0.0.1:17472"
 TOML
   in_root lbnodeagent keygen --output /etc/lbnodeagent/gossip.key
-  in_root chown lbnodeagent:lbnodeagent /etc/lbnodeagent/gossip.key /etc/lbnodeagent/kubeconfig
-  chmod 0600 "$root/etc/lbnodeagent/kubeconfig"
+  # For a start with the API server unreachable: the same config with a
+  # kubeconfig whose server port has nothing behind it.
+  sed 's/:16443/:16449/' "$root/etc/lbnodeagent/kubeconfig" >"$root/etc/lbnodeagent/down.kubeconfig"
+  { echo 'kubeconfig = "/etc/lbnodeagent/down.kubeconfig"'; cat "$root/etc/lbnodeagent/lbnodeagent.toml"; } \
+    >"$root/etc/lbnodeagent/down.toml"
+  in_root chown lbnodeagent:lbnodeagent /etc/lbnodeagent/gossip.key /etc/lbnodeagent/kubeconfig \
+    /etc/lbnodeagent/down.kubeconfig
+  chmod 0600 "$root/etc/lbnodeagent/kubeconfig" "$root/etc/lbnodeagent/down.kubeconfig"
   cat >"$root/etc/systemd/system/lbnodeagent-probe.service" <<'UNIT'
 [Unit]
 After=lbnodeagent.service
@@ -257,6 +263,11 @@ ExecStart=/bin/sh -c '\
   systemctl stop lbnodeagent.service; echo stop=$$?; \
   systemctl show lbnodeagent.service -p ActiveState -p Result -p ExecMainStatus; \
   journalctl -u lbnodeagent.service --no-pager -o cat; \
+  cp /etc/lbnodeagent/down.toml /etc/lbnodeagent/lbnodeagent.toml; \
+  t0=$$(date +%%s); systemctl start lbnodeagent.service; echo down_start=$$?; \
+  echo down_took=$$(( $$(date +%%s) - t0 )); sleep 4; \
+  systemctl show lbnodeagent.service -p ActiveState -p NRestarts -p StatusText | sed s/^/down_/; \
+  systemctl stop lbnodeagent.service; echo down_stop=$$?; \
   systemctl --no-block poweroff'
 UNIT
   rm -f "$root/probe.out"
@@ -269,12 +280,22 @@ UNIT
     grep -qx "$line" "$root/probe.out" || fail "after boot: no '$line' (output above)"
   done
   grep -q 'removed .* addresses' "$root/probe.out" || fail "after boot: ExecStopPost cleanup did not run"
+  # Started while the API server is unreachable: a running, degraded
+  # service (READY=1 at once, STATUS= says what it waits for), not a start
+  # that times out and loops.
+  for line in down_start=0 down_ActiveState=active down_NRestarts=0 down_stop=0; do
+    grep -qx "$line" "$root/probe.out" || fail "API unreachable: no '$line' (output above)"
+  done
+  took=$(sed -n 's/^down_took=//p' "$root/probe.out")
+  [[ -n $took && $took -le 5 ]] || fail "API unreachable: systemctl start took ${took:-?} s"
+  grep -q '^down_StatusText=degraded: waiting for the API server (http://127.0.0.1:16449/)' "$root/probe.out" \
+    || fail "API unreachable: STATUS= does not say what the agent waits for (output above)"
   # The sandbox must leave what the agent reads: the kernel release and
   # the hostname in /proc/sys.
   if grep -q 'cannot read' "$root/probe.out"; then
     fail "after boot: the agent could not read something under the unit's sandbox (output above)"
   fi
-  ok "booted and configured: started (READY=1), reloaded in place, stopped cleanly, cleanup ran"
+  ok "booted and configured: started (READY=1), reloaded in place, stopped cleanly, cleanup ran; started degraded without the API server"
 else
   echo "packaging test: NOT RUN: starting the unit (READY=1, a reload, a clean stop): the root" \
     "could not be booted here (above)."
