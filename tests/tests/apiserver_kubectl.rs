@@ -285,3 +285,56 @@ async fn events_k8s_io_events_show_in_get_events_and_describe() {
     .await
     .unwrap();
 }
+
+/// What an operator types first: `kubectl apply -k deploy/` lands every
+/// object the project ships (validated through OpenAPI v3, with no v2 to
+/// fall back on), and `kubectl explain` reads the schemas of custom and
+/// built-in kinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_k_deploy_and_explain() {
+    let server = TestServer::start().await;
+    let dir = tempdir("apply-k");
+    let Some(k) = Kubectl::find_or_skip(&dir, &server) else {
+        return;
+    };
+    tokio::task::spawn_blocking(move || {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let (ok, out, err) = k.run(&["apply", "-k", deploy.to_str().unwrap(), k.validate]);
+        assert!(ok, "{err}");
+        for object in [
+            "namespace/hostlb-system created",
+            "customresourcedefinition.apiextensions.k8s.io/l2advertisements.hostlb.io created",
+            "serviceaccount/hostlb-agent created",
+            "clusterrole.rbac.authorization.k8s.io/hostlb-agent created",
+            "clusterrolebinding.rbac.authorization.k8s.io/hostlb-allocator created",
+            "deployment.apps/hostlb-allocator created",
+            "poddisruptionbudget.policy/hostlb-allocator created",
+        ] {
+            assert!(out.contains(object), "{object} missing:\n{out}");
+        }
+        let (ok, out, err) = k.run(&["apply", "-k", deploy.to_str().unwrap(), k.validate]);
+        assert!(ok, "{err}");
+        assert!(
+            !out.contains("created"),
+            "a second apply created again:\n{out}"
+        );
+
+        let out = k.ok(&[
+            "explain",
+            "l2advertisements.spec.preferredNodeSelectors.weight",
+        ]);
+        assert!(out.contains("KIND:       L2Advertisement"), "{out}");
+        assert!(out.contains("FIELD: weight <integer>"), "{out}");
+        let out = k.ok(&["explain", "ipaddresspools.spec"]);
+        assert!(out.contains("addresses\t<[]string> -required-"), "{out}");
+        let out = k.ok(&["explain", "services.spec.externalTrafficPolicy"]);
+        assert!(
+            out.contains("FIELD: externalTrafficPolicy <string>"),
+            "{out}"
+        );
+        let out = k.ok(&["explain", "deployments.spec.replicas"]);
+        assert!(out.contains("GROUP:      apps"), "{out}");
+    })
+    .await
+    .unwrap();
+}

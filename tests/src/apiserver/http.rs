@@ -660,9 +660,10 @@ fn gv_key(d: &ResourceDef) -> String {
     }
 }
 
-/// The `/openapi/v3` index: one entry per group-version. Enough for
-/// `kubectl`'s default validation, which only looks for a PATCH operation
-/// taking `fieldValidation` and then leaves validation to the server.
+/// The `/openapi/v3` index: one entry per group-version. Each document
+/// holds a PATCH operation taking `fieldValidation` per resource (all that
+/// `kubectl`'s default validation looks for before leaving validation to
+/// the server) and the kinds' schemas, which `kubectl explain` reads.
 fn openapi_index(app: &App) -> Value {
     let store = app.store.lock().unwrap_or_else(PoisonError::into_inner);
     let rv = store.resource_version();
@@ -695,13 +696,14 @@ fn openapi_doc(app: &App, key: &str, path: &str) -> Result<Response, ApiError> {
     if paths.is_empty() {
         return Err(ApiError::no_route(path));
     }
+    let defs: Vec<&ResourceDef> = store.defs().iter().filter(|d| gv_key(d) == key).collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({
             "openapi": "3.0.0",
             "info": {"title": "Kubernetes", "version": "v1.33.0"},
             "paths": paths,
-            "components": {"schemas": {}},
+            "components": {"schemas": super::openapi::components(&defs)},
         }),
     ))
 }

@@ -17,6 +17,7 @@
 pub mod error;
 mod fields;
 mod http;
+mod openapi;
 mod patch;
 mod protobuf;
 #[rustfmt::skip]
