@@ -14,6 +14,12 @@
 //! `COLD_RUNS` (default 3) runs; the median is printed. Target: 2,000 in
 //! at most 5 s.
 //!
+//! Then, for each outage in `CATCHUP_OUTAGES` (seconds, comma-separated,
+//! default `15`; `15,120` for the documented figures), the API server is
+//! killed for that long and started again, and the time from its return
+//! (ready, RBAC loaded) until the replica is ready and a Service created
+//! then has its address is printed. Target: 5 s.
+//!
 //! `RUST_LOG=hostlb_allocator=debug` shows the controller's log.
 //!
 //! Needs `../shared/kube-apiserver` and etcd-server; without them it says so
@@ -113,7 +119,44 @@ fn watch_addresses(
     rx
 }
 
-async fn run(n: usize, port: u16) -> (Duration, Duration, u64) {
+/// Per outage: how long after the API server is back (ready, RBAC
+/// loaded) the allocator is ready again and a Service created then has its
+/// address.
+async fn catch_up(
+    server: &RealServer,
+    replica: &Replica,
+    services: &Api<Service>,
+    outage: Duration,
+) -> Duration {
+    tokio::task::block_in_place(|| server.kill_apiserver());
+    tokio::time::sleep(outage).await;
+    tokio::task::block_in_place(|| server.start_apiserver());
+    let back = Instant::now();
+    let name = format!("late-{}", outage.as_secs());
+    let svc: Service = serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}))
+    .unwrap();
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    loop {
+        let allocated = services
+            .get(&name)
+            .await
+            .ok()
+            .and_then(|s| s.status?.load_balancer?.ingress)
+            .is_some_and(|i| !i.is_empty());
+        if allocated && replica.telemetry.is_ready() {
+            return back.elapsed();
+        }
+        assert!(back.elapsed() < Duration::from_secs(120), "no catch-up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn run(
+    n: usize,
+    port: u16,
+    outages: &[Duration],
+) -> (Duration, Duration, u64, Vec<Duration>) {
     let dir = tempfile::tempdir().unwrap();
     let server = tokio::task::block_in_place(|| {
         let s = RealServer::start_local(port, port + 10_000, &dir.path().join("k8s"));
@@ -181,8 +224,17 @@ async fn run(n: usize, port: u16) -> (Duration, Duration, u64) {
     // Give it time to write anything it believed it had to.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = versions(services.clone()).await;
+    let mut caught_up = Vec::new();
+    for outage in outages {
+        caught_up.push(catch_up(&server, &second, &services, *outage).await);
+    }
     second.stop().await;
-    (cold, restart, after.difference(&before).count() as u64)
+    (
+        cold,
+        restart,
+        after.difference(&before).count() as u64,
+        caught_up,
+    )
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -204,15 +256,28 @@ async fn main() {
     }
     let n = env("COLD_SERVICES", 2000);
     let runs = env("COLD_RUNS", 3);
+    let outages: Vec<Duration> = std::env::var("CATCHUP_OUTAGES")
+        .unwrap_or_else(|_| "15".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .map(Duration::from_secs)
+        .collect();
     let mut colds = Vec::new();
     for r in 0..runs {
-        let (cold, restart, writes) = run(n, 18443 + r as u16 * 2).await;
+        let (cold, restart, writes, caught_up) = run(n, 18443 + r as u16 * 2, &outages).await;
         println!(
             "run {r}: {n} Services allocated in {:.2} s ({:.0}/s); restart ready in {} ms, {writes} Services written",
             cold.as_secs_f64(),
             n as f64 / cold.as_secs_f64(),
             restart.as_millis()
         );
+        for (outage, t) in outages.iter().zip(caught_up) {
+            println!(
+                "run {r}: after a {} s outage, ready with a new Service allocated {} ms after the API server was back",
+                outage.as_secs(),
+                t.as_millis()
+            );
+        }
         colds.push(cold);
     }
     let m = median(colds);

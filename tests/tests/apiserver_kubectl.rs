@@ -257,7 +257,7 @@ async fn kubectl_create_generators_send_protobuf() {
 /// Events written in events.k8s.io (as hostlb writes them) show where a
 /// real server shows them: `kubectl get events` and `kubectl describe`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_k8s_io_events_show_in_get_events_and_describe() {
+async fn events_k8s_io_events_and_endpoint_slices_show_in_describe() {
     let server = TestServer::start().await;
     let dir = tempdir("events");
     let Some(k) = Kubectl::find_or_skip(&dir, &server) else {
@@ -276,11 +276,19 @@ async fn events_k8s_io_events_show_in_get_events_and_describe() {
             events.contains("AnnouncingLocal") && events.contains("service/web"),
             "{events}"
         );
+        // An EndpointSlice whose port has no name: the server stores it
+        // with name "" (kubectl describe reads it without a nil check).
+        let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: [10.1.0.1], nodeName: n1}]\nports: [{port: 8080}]\n";
+        let (ok, _, err) = k.apply_yaml(&dir, "slice.yaml", slice, &["create"]);
+        assert!(ok, "{err}");
+        let port = k.ok(&["get", "endpointslice", "web-1", "-o", "jsonpath={.ports[0]}"]);
+        assert_eq!(port, r#"{"name":"","port":8080,"protocol":"TCP"}"#);
         let described = k.ok(&["describe", "service", "web", "-n", "default"]);
         assert!(
             described.contains("AnnouncingLocal") && described.contains("node-a answers"),
             "{described}"
         );
+        assert!(described.contains("10.1.0.1:8080"), "{described}");
     })
     .await
     .unwrap();

@@ -405,7 +405,7 @@ pub async fn run(
             .with_grace(cfg.lease_duration.div_ceil(2).max(1))
             .build()
             .await?;
-        let (rx, task) = manager.watch().await;
+        let (rx, task) = watch_lease(manager);
         (rx, Some(task))
     } else {
         (always_rx, None)
@@ -535,6 +535,50 @@ pub async fn run(
             }
         }
     }
+}
+
+/// The Lease held and renewed, as `LeaseManager::watch` does, but retried
+/// after an API error on the watches' capped backoff (at most 2 s) rather
+/// than its own, which grows to 30 s: after a long outage the replica would
+/// otherwise wait up to half a minute before renewing, and every write
+/// waits on the Lease.
+fn watch_lease(
+    manager: kube_lease_manager::LeaseManager,
+) -> (
+    watch::Receiver<bool>,
+    tokio::task::JoinHandle<
+        Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>,
+    >,
+) {
+    let (sender, receiver) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut backoff = hostlb_api::watch::WatchBackoff::spread();
+        loop {
+            tokio::select! {
+                biased;
+                () = sender.closed() => {
+                    manager.release().await?;
+                    return Ok(manager);
+                }
+                result = manager.changed() => match result {
+                    Ok(leader) => {
+                        use kube::runtime::utils::Backoff;
+                        backoff.reset();
+                        if sender.send(leader).is_err() {
+                            manager.release().await?;
+                            return Ok(manager);
+                        }
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "the lease could not be read or renewed; retrying");
+                        let wait = backoff.next().unwrap_or(hostlb_api::watch::WatchBackoff::MAX);
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+        }
+    });
+    (receiver, task)
 }
 
 fn kind_index(i: &Input) -> usize {

@@ -69,6 +69,24 @@ pub struct WriteOpts {
     pub status: bool,
 }
 
+/// An EndpointSlice's ports as the real server stores them: `name` ""
+/// and `protocol` TCP when unset. `kubectl describe svc` reads the name
+/// without a nil check and panics on a slice that lacks it.
+fn default_endpoint_slice(def: &ResourceDef, obj: &mut Value) {
+    if def.group != "discovery.k8s.io" || def.plural != "endpointslices" {
+        return;
+    }
+    let Some(ports) = obj.get_mut("ports").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for port in ports.iter_mut().filter_map(Value::as_object_mut) {
+        port.entry("name")
+            .or_insert_with(|| Value::String(String::new()));
+        port.entry("protocol")
+            .or_insert_with(|| Value::String("TCP".into()));
+    }
+}
+
 fn services_gr() -> GroupResource {
     GroupResource {
         group: String::new(),
@@ -512,6 +530,7 @@ impl Store {
         m.remove("resourceVersion");
         self.admit(def, &mut obj, opts.strict)?;
         self.default_service(def, &mut obj, None)?;
+        default_endpoint_slice(def, &mut obj);
         if def.gr() == namespaces_gr() {
             obj["status"] = json!({"phase": "Active"});
         }
@@ -631,6 +650,7 @@ impl Store {
         }
         self.admit(def, &mut new, opts.strict)?;
         self.default_service(def, &mut new, Some(&old))?;
+        default_endpoint_slice(def, &mut new);
         if def.gr() == namespaces_gr() {
             new["status"] = json!({"phase": "Active"});
         }
