@@ -29,15 +29,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hostlb_allocator::controller::{self, Config, telemetry::Telemetry};
 use hostlb_api::IPAddressPool;
-use hostlb_tests::realserver::RealServer;
+use hostlb_tests::realserver::{RealServer, create_load_balancers, kube_config};
 use k8s_openapi::api::core::v1::Service;
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use serde_json::json;
-use tokio::sync::watch;
 
 const NS: &str = "hostlb-system";
 
@@ -48,46 +46,13 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-async fn config(path: &std::path::Path) -> kube::Config {
-    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
-    kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap()
-}
-
-struct Replica {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), controller::Error>>,
-    telemetry: std::sync::Arc<Telemetry>,
-}
+#[path = "../tests/support/replica.rs"]
+#[allow(dead_code)]
+mod replica;
+use replica::{Replica, start as start_replica};
 
 fn start(sa: &kube::Config, identity: &str) -> Replica {
-    let mut config = sa.clone();
-    controller::prepare_client(&mut config, identity);
-    let telemetry = Telemetry::new();
-    let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(controller::run(
-        Client::try_from(config).unwrap(),
-        Config::for_test(identity),
-        telemetry.clone(),
-        stopped,
-    ));
-    Replica {
-        stop,
-        task,
-        telemetry,
-    }
-}
-
-impl Replica {
-    async fn stop(self) {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .expect("the replica stops")
-            .unwrap()
-            .unwrap();
-    }
+    start_replica(sa, identity, true)
 }
 
 /// Each Service's addresses as a watching client sees them (a watch
@@ -165,8 +130,8 @@ async fn run(
         s.service_account_kubeconfig(NS, "hostlb-allocator", &dir.path().join("sa.kubeconfig"));
         s
     });
-    let admin = Client::try_from(config(&server.admin_kubeconfig()).await).unwrap();
-    let sa = config(&dir.path().join("sa.kubeconfig")).await;
+    let admin = Client::try_from(kube_config(&server.admin_kubeconfig()).await).unwrap();
+    let sa = kube_config(&dir.path().join("sa.kubeconfig")).await;
     let pools: Api<IPAddressPool> = Api::namespaced(admin.clone(), NS);
     let pool: IPAddressPool = serde_json::from_value(json!({"apiVersion": "hostlb.io/v1",
         "kind": "IPAddressPool", "metadata": {"name": "p"},
@@ -174,20 +139,7 @@ async fn run(
     .unwrap();
     pools.create(&PostParams::default(), &pool).await.unwrap();
     let services: Api<Service> = Api::namespaced(admin.clone(), "shop");
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let api = services.clone();
-            async move {
-                let svc: Service =
-                    serde_json::from_value(json!({"metadata": {"name": format!("s{i}")},
-                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}))
-                    .unwrap();
-                api.create(&PostParams::default(), &svc).await.unwrap();
-            }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await;
+    create_load_balancers(&admin, "shop", n).await;
 
     let mut seen = watch_addresses(services.clone());
     seen.wait_for(|m| m.len() == n).await.unwrap();

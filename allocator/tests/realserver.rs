@@ -8,21 +8,19 @@
 //! tests say they did not run; under `CI=true` that is a failure.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use hostlb_allocator::controller::{self, Config, telemetry::Telemetry};
 use hostlb_api::{IPAddressPool, L2Advertisement};
-use hostlb_tests::realserver::RealServer;
+use hostlb_tests::realserver::{RealServer, kube_config};
+
+mod support;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 const NS: &str = "hostlb-system";
 
@@ -96,8 +94,8 @@ async fn bed(port: u16) -> Option<Bed> {
             &dir.path().join("sa.kubeconfig"),
         );
     });
-    let admin = config(&server.admin_kubeconfig()).await;
-    let allocator = config(&dir.path().join("sa.kubeconfig")).await;
+    let admin = kube_config(&server.admin_kubeconfig()).await;
+    let allocator = kube_config(&dir.path().join("sa.kubeconfig")).await;
     Some(Bed {
         server,
         _dir: dir,
@@ -106,48 +104,10 @@ async fn bed(port: u16) -> Option<Bed> {
     })
 }
 
-async fn config(path: &Path) -> kube::Config {
-    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
-    kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap()
-}
-
-struct Replica {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<Result<(), controller::Error>>,
-    telemetry: Arc<Telemetry>,
-}
+use support::replica::{Replica, start as start_replica};
 
 fn start(bed: &Bed, identity: &str, leader_election: bool) -> Replica {
-    let mut config = bed.allocator.clone();
-    controller::prepare_client(&mut config, identity);
-    let mut cfg = Config::for_test(identity);
-    cfg.leader_election = leader_election;
-    let telemetry = Telemetry::new();
-    let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(controller::run(
-        Client::try_from(config).unwrap(),
-        cfg,
-        telemetry.clone(),
-        stopped,
-    ));
-    Replica {
-        stop,
-        task,
-        telemetry,
-    }
-}
-
-impl Replica {
-    async fn stop(self) {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-    }
+    start_replica(&bed.allocator, identity, leader_election)
 }
 
 async fn eventually<F, Fut, T>(what: &str, mut check: F) -> T
@@ -298,7 +258,7 @@ async fn lease_takeover_and_a_restart_that_writes_nothing() {
         "replica-b" => (b, a, "replica-a"),
         other => panic!("the Lease names {other}"),
     };
-    dead.task.abort();
+    dead.kill();
     service(&bed, "late", json!({})).await;
     wait_ips(&bed, "late", &["10.0.0.5"]).await;
     let holder = leases

@@ -14,16 +14,15 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use hostlb_api::Family;
 use hostlb_api::annotations::{ANNOUNCING_IPV4, reasons};
-use hostlb_tests::realserver::RealServer;
+use hostlb_tests::realserver::{RealServer, create_load_balancers, kube_config};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use lbnodeagent::agent::core::{Announcing, EventRequest};
 use lbnodeagent::agent::report;
 use lbnodeagent::agent::telemetry::Telemetry;
-use serde_json::json;
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -33,11 +32,7 @@ fn env(name: &str, default: usize) -> usize {
 }
 
 async fn client(path: &std::path::Path) -> Client {
-    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
+    Client::try_from(kube_config(path).await).unwrap()
 }
 
 async fn run(n: usize, port: u16) -> (Duration, Duration) {
@@ -56,20 +51,7 @@ async fn run(n: usize, port: u16) -> (Duration, Duration) {
     let admin = client(&server.admin_kubeconfig()).await;
     let agent = client(&dir.path().join("agent.kubeconfig")).await;
     let services: Api<Service> = Api::namespaced(admin.clone(), "shop");
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let api = services.clone();
-            async move {
-                let svc: Service =
-                    serde_json::from_value(json!({"metadata": {"name": format!("s{i}")},
-                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}))
-                    .unwrap();
-                api.create(&PostParams::default(), &svc).await.unwrap();
-            }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await;
+    create_load_balancers(&admin, "shop", n).await;
 
     // The agent's cache of Services, as its watches keep it.
     let (store, writer) = reflector::store();

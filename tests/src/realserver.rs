@@ -25,6 +25,38 @@ pub fn script() -> PathBuf {
     }
 }
 
+/// A client configuration from a kubeconfig file.
+pub async fn kube_config(path: &Path) -> kube::Config {
+    let kc = kube::config::Kubeconfig::read_from(path).expect("a kubeconfig");
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("a usable kubeconfig")
+}
+
+/// `n` LoadBalancer Services `s0`..`s{n-1}` in `namespace`, 32 created at a
+/// time.
+pub async fn create_load_balancers(client: &kube::Client, namespace: &str, n: usize) {
+    use futures::StreamExt;
+    let api: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(client.clone(), namespace);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let svc = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("s{i}")},
+                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}}))
+                .expect("a Service");
+                api.create(&Default::default(), &svc)
+                    .await
+                    .expect("the Service is created");
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+}
+
 /// A running real API server; stopped (hard) on drop.
 pub struct RealServer {
     /// The network namespace it runs in; `None`: this one, on loopback.
