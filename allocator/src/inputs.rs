@@ -172,7 +172,7 @@ pub fn pool_spec(p: &IPAddressPool) -> PoolSpec {
             .creation_timestamp
             .as_ref()
             .map(|t| t.0.as_second()),
-        addresses: p.spec.addresses.clone(),
+        addresses: p.addresses_in_force().0.to_vec(),
         auto_assign: p.spec.auto_assign,
         avoid_buggy_ips: p.spec.avoid_buggy_ips,
         service_allocation: p.spec.service_allocation.as_ref().map(|a| AllocationSpec {

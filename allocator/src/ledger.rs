@@ -167,8 +167,14 @@ impl Ledger {
             }
             // Changed when the answer moved, or when the Service does not
             // show it (its status was edited or lost): either needs a write.
+            // A Service holding addresses also shows the sharing terms they
+            // are held under (an accepted edit of its terms is recorded).
             let shown = match &answer {
-                Ok(a) => a.ips == stored.current && stored.current_pool.as_ref() == Some(&a.pool),
+                Ok(a) => {
+                    a.ips == stored.current
+                        && stored.current_pool.as_ref() == Some(&a.pool)
+                        && (a.ips.is_empty() || stored.granted_terms == stored.sharing_terms())
+                }
                 Err(_) => stored.current.is_empty() && stored.current_pool.is_none(),
             };
             // Until its status shows the answer (it is written next), the
@@ -620,6 +626,29 @@ mod tests {
             restart(&old, &edited),
             (vec!["d/old".to_string()], vec![ip("10.0.0.0")])
         );
+    }
+
+    /// An accepted edit of a sharer's terms (a new port that still fits)
+    /// keeps its address, and is written: the record must follow, or a
+    /// restart would take the Service for an edited one.
+    #[test]
+    fn an_accepted_edit_of_sharing_terms_is_written() {
+        let mut l = Ledger::new();
+        l.set_pools(&[pool("p", &["10.0.0.0/30"])]);
+        let mut s = svc("s", 1);
+        s.sharing_key = Some("k".into());
+        l.upsert(s.clone());
+        let a = l.answer("d/s").unwrap().clone().unwrap();
+        s.current = a.ips.clone();
+        s.current_pool = Some(a.pool.clone());
+        s.granted_terms = s.sharing_terms();
+        assert!(l.upsert(s.clone()).is_empty(), "recorded: nothing to write");
+        s.ports = vec![crate::engine::Port {
+            protocol: "TCP".into(),
+            port: 81,
+        }];
+        assert_eq!(l.upsert(s), BTreeSet::from(["d/s".to_string()]));
+        assert_eq!(l.answer("d/s").unwrap().as_ref().unwrap(), &a);
     }
 
     #[test]

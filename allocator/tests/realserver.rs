@@ -457,6 +457,77 @@ async fn the_schema_refuses_bad_selectors_and_the_rest_is_reported() {
         (Some("L2Advertisement"), Some("typo"))
     );
     assert!(warning.note.unwrap().contains("\"bad key\""));
+
+    // The last valid forms are recorded, and stay in force through an edit
+    // the schema cannot refuse: the advertisement's for the agents, the
+    // pool's for the allocator and the agents alike.
+    let status_of = |name: &'static str| {
+        let ads = ads.clone();
+        async move { ads.get(name).await.unwrap().status.unwrap_or_default() }
+    };
+    let good = eventually("the good spec recorded", || async {
+        status_of("good").await.last_valid_spec
+    })
+    .await;
+    assert_eq!(good, ads.get("good").await.unwrap().spec);
+    assert!(status_of("typo").await.last_valid_spec.is_none());
+    ads.patch(
+        "good",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            json!({"spec": {"nodeSelectors": [{"matchLabels": {"bad key": "a"}}]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let kept = eventually("the edit reported, the form kept", || async {
+        let s = status_of("good").await;
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Ready" && c.status == "False")
+            .map(|c| (c.message.clone(), s.last_valid_spec.clone()))
+    })
+    .await;
+    assert!(
+        kept.0.ends_with("the last valid form stays in force"),
+        "{kept:?}"
+    );
+    assert_eq!(kept.1, Some(good));
+
+    pool(&bed, "p1", json!({"addresses": ["10.0.0.0/30"]})).await;
+    service(&bed, "a", json!({})).await;
+    wait_ips(&bed, "a", &["10.0.0.0"]).await;
+    let pools: Api<IPAddressPool> = Api::namespaced(bed.admin.clone(), NS);
+    eventually("the pool's addresses recorded", || async {
+        let s = pools.get("p1").await.unwrap().status?;
+        (s.last_valid_addresses == Some(vec!["10.0.0.0/30".to_string()])).then_some(())
+    })
+    .await;
+    pools
+        .patch(
+            "p1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"addresses": ["10.0.0.0/3O"]}})),
+        )
+        .await
+        .unwrap();
+    let message = eventually("the pool's typo reported", || async {
+        let s = pools.get("p1").await.unwrap().status?;
+        s.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready" && c.status == "False")
+            .map(|c| c.message)
+    })
+    .await;
+    assert!(
+        message.contains("10.0.0.0/3O") && message.ends_with("the last valid form stays in force"),
+        "{message}"
+    );
+    // A Service created after the typo is still served from the kept form,
+    // and the first keeps its address.
+    service(&bed, "b", json!({})).await;
+    wait_ips(&bed, "b", &["10.0.0.1"]).await;
+    assert_eq!(ips(&bed, "a").await, vec!["10.0.0.0".to_string()]);
     r.stop().await;
     assert_nothing_refused(&bed.server);
 }

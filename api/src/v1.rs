@@ -142,6 +142,56 @@ pub struct IPAddressPoolStatus {
     pub available_ipv6: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// `spec.addresses` as last written without an error, recorded by the
+    /// allocator. While an edit leaves an entry that does not parse, these
+    /// stay in force for the allocator and every agent alike, so a typo
+    /// takes no address away.
+    #[serde(
+        default,
+        rename = "lastValidAddresses",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_valid_addresses: Option<Vec<String>>,
+}
+
+/// What is kept in force while an edit cannot be used, said after the
+/// problem in conditions, Events and logs.
+pub const LAST_VALID_KEPT: &str = "; the last valid form stays in force";
+
+impl IPAddressPool {
+    /// Each entry of `spec.addresses` that does not parse, in Kubernetes'
+    /// words; an empty list is a problem too.
+    pub fn address_problems(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .spec
+            .addresses
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| {
+                crate::AddressRange::parse(a)
+                    .err()
+                    .map(|e| format!("spec.addresses[{i}]: {e}"))
+            })
+            .collect();
+        if self.spec.addresses.is_empty() {
+            out.push("spec.addresses is empty".to_string());
+        }
+        out
+    }
+
+    /// The address entries both binaries use: the spec's while they all
+    /// parse; else the last valid ones the allocator recorded, if any
+    /// (`true`: kept); else the spec's, whose valid entries are used.
+    pub fn addresses_in_force(&self) -> (&[String], bool) {
+        let last = self
+            .status
+            .as_ref()
+            .and_then(|s| s.last_valid_addresses.as_deref());
+        match last {
+            Some(last) if !self.address_problems().is_empty() => (last, true),
+            _ => (&self.spec.addresses, false),
+        }
+    }
 }
 
 /// Announces the addresses of some pools on the local network: one node per
@@ -266,4 +316,32 @@ pub struct PreferredNodeSelector {
 pub struct L2AdvertisementStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The spec as last written without an error, recorded by the
+    /// allocator. While the spec cannot be used, every agent announces by
+    /// this one instead, so a typo moves no VIP and all agents agree.
+    #[serde(
+        default,
+        rename = "lastValidSpec",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_valid_spec: Option<L2AdvertisementSpec>,
+}
+
+impl L2Advertisement {
+    /// The spec the agents announce by: the spec while it is valid; else
+    /// the last valid one the allocator recorded (`Err` carries the
+    /// problem, `Ok` whether it was kept); else the problem.
+    pub fn spec_in_force(&self) -> Result<(&L2AdvertisementSpec, Option<String>), String> {
+        match self.spec.validate() {
+            Ok(()) => Ok((&self.spec, None)),
+            Err(problem) => match self
+                .status
+                .as_ref()
+                .and_then(|s| s.last_valid_spec.as_ref())
+            {
+                Some(last) if last.validate().is_ok() => Ok((last, Some(problem))),
+                _ => Err(problem),
+            },
+        }
+    }
 }

@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use hostlb_api::annotations::{IP_ALLOCATED_FROM_POOL, service_annotation};
 use hostlb_api::selector::parse_list;
 use hostlb_api::snapshot::ObjectError;
+use hostlb_api::v1::LAST_VALID_KEPT;
 use hostlb_api::{AddressRange, IPAddressPool, L2Advertisement};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -45,122 +46,68 @@ pub fn node_info(node: &Node) -> NodeInfo {
     }
 }
 
-/// The last valid form of each pool and advertisement, so that a typo in an
-/// edit leaves the previous form in force instead of withdrawing every VIP
-/// the object covered from every node. Keyed by UID: a deleted and
-/// re-created object starts afresh. Kept in memory only: an agent that
-/// starts while an object is already invalid has no earlier form to keep
-/// (the CRD schema refuses most such edits before any agent sees them).
-#[derive(Default)]
-pub struct LastValid {
-    pools: BTreeMap<String, Vec<AddressRange>>,
-    advertisements: BTreeMap<String, Advertisement>,
-}
-
-const KEPT: &str = "; the last valid form stays in force";
-
-fn identity(meta: &ObjectMeta) -> String {
-    meta.uid.clone().unwrap_or_else(|| {
-        format!(
-            "{}/{}",
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default()
-        )
-    })
-}
-
-impl LastValid {
-    /// A pool with an invalid entry keeps its last valid form; with none
-    /// known, its valid entries (the addresses handed out from them stay
-    /// announced while the typo is reported).
-    fn pool(&mut self, p: &IPAddressPool, errors: &mut Vec<ObjectError>) -> Pool {
-        let mut found = Vec::new();
-        let mut out = pool(p, &mut found);
-        let id = identity(&p.metadata);
-        if found.is_empty() {
-            self.pools.insert(id, out.ranges.clone());
-        } else if let Some(ranges) = self.pools.get(&id) {
-            out.ranges = ranges.clone();
-            for e in &mut found {
-                e.message.push_str(KEPT);
-            }
-        }
-        errors.extend(found);
-        out
-    }
-
-    /// An invalid advertisement keeps its last valid form; with none known
-    /// it is left out.
-    fn advertisement(
-        &mut self,
-        ad: &L2Advertisement,
-        errors: &mut Vec<ObjectError>,
-    ) -> Option<Advertisement> {
-        let id = identity(&ad.metadata);
-        match advertisement(ad) {
-            Ok(a) => {
-                self.advertisements.insert(id, a.clone());
-                Some(a)
-            }
-            Err(message) => {
-                let kept = self.advertisements.get(&id).cloned();
-                let message = if kept.is_some() {
-                    format!("{message}{KEPT}")
-                } else {
-                    message
-                };
-                errors.push(ObjectError::new("L2Advertisement", &ad.metadata, message));
-                kept
-            }
-        }
-    }
-
-    /// Forget objects that are gone.
-    fn retain(&mut self, pools: &BTreeSet<String>, ads: &BTreeSet<String>) {
-        self.pools.retain(|id, _| pools.contains(id));
-        self.advertisements.retain(|id, _| ads.contains(id));
-    }
-}
-
-/// A pool's valid entries; each invalid one is reported.
+/// A pool's addresses in force ([`IPAddressPool::addresses_in_force`]):
+/// while an edit leaves an entry that does not parse, the last valid ones the
+/// allocator recorded, so a typo takes no address away; without such a
+/// record, its valid entries. Each invalid entry is reported.
 pub fn pool(p: &IPAddressPool, errors: &mut Vec<ObjectError>) -> Pool {
-    let mut ranges = Vec::new();
-    for (i, entry) in p.spec.addresses.iter().enumerate() {
-        match AddressRange::parse(entry) {
-            Ok(r) => ranges.push(r),
-            Err(e) => errors.push(ObjectError::new(
-                "IPAddressPool",
-                &p.metadata,
-                format!("spec.addresses[{i}]: {e}"),
-            )),
-        }
+    let (addresses, kept) = p.addresses_in_force();
+    let suffix = if kept { LAST_VALID_KEPT } else { "" };
+    for problem in p.address_problems() {
+        errors.push(ObjectError::new(
+            "IPAddressPool",
+            &p.metadata,
+            format!("{problem}{suffix}"),
+        ));
     }
     Pool {
         name: p.metadata.name.clone().unwrap_or_default(),
         labels: labels(&p.metadata),
         created: created(&p.metadata),
-        ranges,
+        ranges: addresses
+            .iter()
+            .filter_map(|a| AddressRange::parse(a).ok())
+            .collect(),
     }
 }
 
-/// An advertisement with any invalid selector or weight is left out whole:
-/// half of it could announce from nodes the operator did not intend.
-pub fn advertisement(ad: &L2Advertisement) -> Result<Advertisement, String> {
-    let spec = &ad.spec;
+/// An advertisement with any invalid selector or weight is left out whole
+/// (half of it could announce from nodes the operator did not intend),
+/// unless the allocator recorded its last valid spec: then that one stays in
+/// force on every agent alike, and the edit is reported.
+pub fn advertisement(ad: &L2Advertisement, errors: &mut Vec<ObjectError>) -> Option<Advertisement> {
+    let spec = match ad.spec_in_force() {
+        Ok((spec, None)) => spec,
+        Ok((spec, Some(problem))) => {
+            errors.push(ObjectError::new(
+                "L2Advertisement",
+                &ad.metadata,
+                format!("{problem}{LAST_VALID_KEPT}"),
+            ));
+            spec
+        }
+        Err(problem) => {
+            errors.push(ObjectError::new("L2Advertisement", &ad.metadata, problem));
+            return None;
+        }
+    };
+    // Validated above: these cannot fail.
     let preferences = spec
-        .preferences()?
+        .preferences()
+        .ok()?
         .into_iter()
         .map(|(weight, selector)| Preference { weight, selector })
         .collect();
-    Ok(Advertisement {
+    Some(Advertisement {
         name: ad.metadata.name.clone().unwrap_or_default(),
         pools: spec.ip_address_pools.clone(),
         pool_selectors: parse_list(
             "spec.ipAddressPoolSelectors",
             &spec.ip_address_pool_selectors,
-        )?,
-        node_selectors: parse_list("spec.nodeSelectors", &spec.node_selectors)?,
-        service_selectors: parse_list("spec.serviceSelectors", &spec.service_selectors)?,
+        )
+        .ok()?,
+        node_selectors: parse_list("spec.nodeSelectors", &spec.node_selectors).ok()?,
+        service_selectors: parse_list("spec.serviceSelectors", &spec.service_selectors).ok()?,
         interfaces: spec.interfaces.clone(),
         preferences,
     })
@@ -270,7 +217,6 @@ pub fn service_info(
 /// Everything the election needs from the cluster's objects.
 #[allow(clippy::too_many_arguments)]
 pub fn cluster<'a>(
-    last_valid: &mut LastValid,
     scope: &Scope,
     nodes: impl IntoIterator<Item = &'a Node>,
     pools: impl IntoIterator<Item = &'a IPAddressPool>,
@@ -295,27 +241,22 @@ pub fn cluster<'a>(
     };
     let nodes = nodes.into_iter().map(node_info).collect();
     let mut seen_pools = BTreeSet::new();
-    let mut pool_ids = BTreeSet::new();
     let mut out_pools = Vec::new();
     for p in pools {
         if in_scope(&p.metadata, "IPAddressPool", &mut errors) {
-            pool_ids.insert(identity(&p.metadata));
-            let pool = last_valid.pool(p, &mut errors);
+            let pool = pool(p, &mut errors);
             if seen_pools.insert(pool.name.clone()) {
                 out_pools.push(pool);
             }
         }
     }
     let mut ads = Vec::new();
-    let mut ad_ids = BTreeSet::new();
     for ad in advertisements {
         if !in_scope(&ad.metadata, "L2Advertisement", &mut errors) {
             continue;
         }
-        ad_ids.insert(identity(&ad.metadata));
-        ads.extend(last_valid.advertisement(ad, &mut errors));
+        ads.extend(advertisement(ad, &mut errors));
     }
-    last_valid.retain(&pool_ids, &ad_ids);
     let index = EndpointIndex::build(slices);
     let services = services
         .into_iter()
@@ -341,7 +282,6 @@ mod tests {
         let mut s = Snapshot::default();
         s.add_str(yaml, "test").unwrap();
         cluster(
-            &mut LastValid::default(),
             &Scope::default(),
             &s.nodes,
             &s.pools,
@@ -440,87 +380,70 @@ spec: {}
     }
 
     /// One typo must not withdraw a pool from every node: the edit is
-    /// reported and the last valid form stays, until the object is fixed,
-    /// deleted or replaced by a new one of the same name.
+    /// reported and the last valid form the allocator recorded in the
+    /// object's status stays in force; without a record, an invalid
+    /// advertisement is left out and a pool keeps its valid entries.
     #[test]
-    fn an_invalid_edit_keeps_the_last_valid_form() {
-        let mut last = LastValid::default();
-        let mut run = |yaml: &str| {
-            let mut s = Snapshot::default();
-            s.add_str(yaml, "test").unwrap();
-            let (c, errors) = cluster(
-                &mut last,
-                &Scope::default(),
-                &s.nodes,
-                &s.pools,
-                &s.advertisements,
-                &s.services,
-                &s.endpoint_slices,
+    fn an_invalid_edit_keeps_the_last_valid_form_recorded_in_status() {
+        let run = |status: &str, address: &str, operator: &str| {
+            let yaml = format!(
+                r#"
+apiVersion: hostlb.io/v1
+kind: IPAddressPool
+metadata: {{name: p, namespace: hostlb-system}}
+spec: {{addresses: ["{address}", "10.0.1.0/30"]}}
+{pool_status}
+---
+apiVersion: hostlb.io/v1
+kind: L2Advertisement
+metadata: {{name: ad, namespace: hostlb-system}}
+spec:
+  nodeSelectors: [{{matchExpressions: [{{key: zone, operator: {operator}}}]}}]
+{ad_status}
+"#,
+                pool_status = if status.is_empty() {
+                    String::new()
+                } else {
+                    "status: {lastValidAddresses: [10.0.0.0/30, 10.0.1.0/30]}".to_string()
+                },
+                ad_status = if status.is_empty() {
+                    String::new()
+                } else {
+                    "status: {lastValidSpec: {nodeSelectors: [{matchLabels: {zone: a}}, {matchLabels: {zone: b}}]}}".to_string()
+                },
             );
-            let ranges: Vec<String> = c
-                .pools
-                .iter()
-                .flat_map(|p| p.ranges.iter().map(|r| r.to_string()))
-                .collect();
-            let ads: Vec<String> = c
+            let (c, errors) = load(&yaml);
+            let ranges: Vec<String> = c.pools[0].ranges.iter().map(|r| r.to_string()).collect();
+            let ads: Vec<usize> = c
                 .advertisements
                 .iter()
-                .map(|a| format!("{}:{}", a.name, a.node_selectors.len()))
+                .map(|a| a.node_selectors.len())
                 .collect();
             let errors: Vec<String> = errors.into_iter().map(|e| e.message).collect();
             (ranges, ads, errors)
         };
-        let objects = |uid: &str, address: &str, operator: &str| {
-            format!(
-                r#"
-apiVersion: hostlb.io/v1
-kind: IPAddressPool
-metadata: {{name: p, namespace: hostlb-system, uid: pool-{uid}}}
-spec: {{addresses: ["{address}"]}}
----
-apiVersion: hostlb.io/v1
-kind: L2Advertisement
-metadata: {{name: ad, namespace: hostlb-system, uid: ad-{uid}}}
-spec:
-  nodeSelectors: [{{matchExpressions: [{{key: zone, operator: {operator}}}]}}]
-"#
-            )
-        };
-        let (ranges, ads, errors) = run(&objects("1", "10.0.0.0/30", "Exists"));
-        assert_eq!(
-            (ranges, ads),
-            (vec!["10.0.0.0-10.0.0.3".into()], vec!["ad:1".into()])
-        );
+        // Valid: the spec, whatever the record says.
+        let (ranges, ads, errors) = run("recorded", "10.0.2.0/30", "Exists");
+        assert_eq!(ranges, vec!["10.0.2.0-10.0.2.3", "10.0.1.0-10.0.1.3"]);
+        assert_eq!(ads, vec![1]);
         assert!(errors.is_empty(), "{errors:?}");
-
-        let (ranges, ads, errors) = run(&objects("1", "10.0.0.300", "Near"));
-        assert_eq!(
-            (ranges, ads),
-            (vec!["10.0.0.0-10.0.0.3".into()], vec!["ad:1".into()])
-        );
+        // Invalid, with a record: the record, and the edit reported.
+        let (ranges, ads, errors) = run("recorded", "10.0.0.300", "Near");
+        assert_eq!(ranges, vec!["10.0.0.0-10.0.0.3", "10.0.1.0-10.0.1.3"]);
+        assert_eq!(ads, vec![2]);
         assert_eq!(errors.len(), 2, "{errors:?}");
-        assert!(errors.iter().all(|e| e.ends_with(KEPT)), "{errors:?}");
-
-        // A valid edit becomes the form kept from then on.
-        let (ranges, _, errors) = run(&objects("1", "10.0.0.8/30", "Exists"));
-        assert_eq!(ranges, vec!["10.0.0.8-10.0.0.11".to_string()]);
-        assert!(errors.is_empty());
-        let (ranges, ads, _) = run(&objects("1", "10.0.0.300", "Near"));
-        assert_eq!(
-            (ranges, ads),
-            (vec!["10.0.0.8-10.0.0.11".into()], vec!["ad:1".into()])
+        assert!(
+            errors.iter().all(|e| e.ends_with(LAST_VALID_KEPT)),
+            "{errors:?}"
         );
-
-        // Deleted and created again, broken: nothing earlier to keep.
-        let (ranges, ads, errors) = run("");
-        assert!(ranges.is_empty() && ads.is_empty() && errors.is_empty());
-        let (ranges, ads, errors) = run(&objects("1", "10.0.0.300", "Near"));
-        assert!(ranges.is_empty() && ads.is_empty(), "{ranges:?} {ads:?}");
-        assert!(errors.iter().all(|e| !e.ends_with(KEPT)), "{errors:?}");
-        // Replaced (a new UID) while this agent was not looking.
-        run(&objects("1", "10.0.0.0/30", "Exists"));
-        let (ranges, ads, _) = run(&objects("2", "10.0.0.300", "Near"));
-        assert!(ranges.is_empty() && ads.is_empty(), "{ranges:?} {ads:?}");
+        // Invalid, no record: the pool's valid entries; no advertisement.
+        let (ranges, ads, errors) = run("", "10.0.0.300", "Near");
+        assert_eq!(ranges, vec!["10.0.1.0-10.0.1.3"]);
+        assert!(ads.is_empty());
+        assert!(
+            errors.iter().all(|e| !e.ends_with(LAST_VALID_KEPT)),
+            "{errors:?}"
+        );
     }
 
     #[test]

@@ -53,7 +53,6 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
         snap.add_file(f)?;
     }
     let (cluster, conversion_errors) = inputs::cluster(
-        &mut inputs::LastValid::default(),
         &opts.scope,
         &snap.nodes,
         &snap.pools,

@@ -45,8 +45,9 @@ const LEASE_CHECK: Duration = Duration::from_millis(500);
 /// it serves.
 const WRITES_IN_FLIGHT: usize = 32;
 
-/// Services written per Lease confirmation.
-const WRITE_BATCH: usize = 256;
+/// Services written per Lease confirmation: two rounds of requests, well
+/// within the deadline they share on a slow server too.
+const WRITE_BATCH: usize = 2 * WRITES_IN_FLIGHT;
 
 /// The field manager of every write, so `managedFields` show who owns what.
 pub const FIELD_MANAGER: &str = "hostlb-allocator";
@@ -553,6 +554,7 @@ fn watch_lease(
     let (sender, receiver) = watch::channel(false);
     let task = tokio::spawn(async move {
         let mut backoff = hostlb_api::watch::WatchBackoff::spread();
+        let mut failing = false;
         loop {
             tokio::select! {
                 biased;
@@ -564,13 +566,18 @@ fn watch_lease(
                     Ok(leader) => {
                         use kube::runtime::utils::Backoff;
                         backoff.reset();
+                        if std::mem::take(&mut failing) {
+                            info!("the lease can be read and renewed again");
+                        }
                         if sender.send(leader).is_err() {
                             manager.release().await?;
                             return Ok(manager);
                         }
                     }
                     Err(e) => {
-                        debug!(error = %e, "the lease could not be read or renewed; retrying");
+                        if !std::mem::replace(&mut failing, true) {
+                            warn!(error = %e, "the lease cannot be read or renewed; retrying");
+                        }
                         let wait = backoff.next().unwrap_or(hostlb_api::watch::WatchBackoff::MAX);
                         tokio::time::sleep(wait).await;
                     }
@@ -739,7 +746,11 @@ impl Loop {
             Input::Pool(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
                 let specs = self.pool_specs();
                 if specs == self.pools_seen {
-                    // Only a status changed (often our own write).
+                    // Only a status changed (often our own write, which
+                    // writes nothing again), or an edit that leaves the
+                    // addresses in force as they were (an invalid one, whose
+                    // conditions must say so).
+                    self.write_pools().await;
                     return;
                 }
                 self.pools_seen = specs.clone();
@@ -919,6 +930,10 @@ impl Loop {
             return;
         }
         for ad in self.stores.advertisements.state() {
+            if !self.lease_holds().await {
+                self.statuses_dirty = true;
+                return;
+            }
             self.write_advertisement(&ad).await;
         }
     }
@@ -1064,6 +1079,11 @@ impl Loop {
             return;
         }
         let now = std::time::Instant::now();
+        if !self.events.is_empty() {
+            // One that timed out must not hold up a healthy server's
+            // others until the next retry tick.
+            self.retry_events().await;
+        }
         if !self.events.is_empty() {
             for (key, ev, regarding) in outbox {
                 let dropped = self

@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 
 use hostlb_api::annotations::{ALLOCATED_SHARING, IP_ALLOCATED_FROM_POOL};
+use hostlb_api::v1::LAST_VALID_KEPT;
 use hostlb_api::v1::conditions::{INVALID, OVERLAPS, READY};
 use hostlb_api::{IPAddressPool, L2Advertisement};
 use k8s_openapi::api::core::v1::Service;
@@ -152,11 +153,19 @@ pub async fn write_service(
     let api: Api<Service> = Api::namespaced(client.clone(), &svc.namespace().unwrap_or_default());
     let name = svc.name_any();
     let mut rv = None;
-    if before.pool != want.pool || before.terms != want.terms {
-        let patch = json!({"metadata": {"annotations": {
-            IP_ALLOCATED_FROM_POOL: want.pool,
-            ALLOCATED_SHARING: want.terms,
-        }}});
+    // The pool goes before the addresses (readers take the addresses from
+    // it); the sharing terms go after them when the addresses move, so a
+    // record never describes addresses the status does not show yet.
+    let moves = before.ips != want.ips;
+    let mut annotations = serde_json::Map::new();
+    if before.pool != want.pool {
+        annotations.insert(IP_ALLOCATED_FROM_POOL.into(), json!(want.pool));
+    }
+    if before.terms != want.terms && !moves {
+        annotations.insert(ALLOCATED_SHARING.into(), json!(want.terms));
+    }
+    if !annotations.is_empty() {
+        let patch = json!({"metadata": {"annotations": annotations}});
         let after = patch_by(client, &api, &name, false, &patch, deadline).await?;
         rv = after.resource_version();
     }
@@ -184,6 +193,11 @@ pub async fn write_service(
         let patch = json!({ "status": status });
         let after = patch_by(client, &api, &name, true, &patch, deadline).await?;
         rv = after.resource_version();
+        if before.terms != want.terms && moves {
+            let patch = json!({"metadata": {"annotations": {ALLOCATED_SHARING: want.terms}}});
+            let after = patch_by(client, &api, &name, false, &patch, deadline).await?;
+            rv = after.resource_version();
+        }
         debug!(service = %format!("{}/{name}", svc.namespace().unwrap_or_default()), addresses = ?want.ips, pending = ?want.pending, "status written");
     }
     Ok((want, rv))
@@ -237,6 +251,21 @@ fn saturate(n: u128) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// `new` as a JSON merge patch over `old`: top-level keys that `new` no
+/// longer has are set to null, so the stored copy is replaced, not merged.
+fn replacing<T: serde::Serialize>(old: Option<&T>, new: Option<&T>) -> Value {
+    let Some(new) = new else { return Value::Null };
+    let mut value = serde_json::to_value(new).unwrap_or(Value::Null);
+    if let (Some(Value::Object(old)), Value::Object(map)) =
+        (old.and_then(|o| serde_json::to_value(o).ok()), &mut value)
+    {
+        for key in old.keys() {
+            map.entry(key.clone()).or_insert(Value::Null);
+        }
+    }
+    value
+}
+
 /// Write the pool's status when it differs from what the cache shows; the
 /// problem if the pool became invalid by this write.
 pub async fn write_pool(
@@ -246,7 +275,19 @@ pub async fn write_pool(
     deadline: tokio::time::Instant,
 ) -> Result<Option<String>, kube::Error> {
     let existing = pool.status.clone().unwrap_or_default();
-    let (ready, invalid, overlaps) = match &r.state {
+    // The engine saw the last valid addresses; the edit is still invalid.
+    let kept_state;
+    let state = match pool.addresses_in_force() {
+        (_, true) => {
+            kept_state = PoolState::Invalid(format!(
+                "{}{LAST_VALID_KEPT}",
+                pool.address_problems().join("; ")
+            ));
+            &kept_state
+        }
+        _ => &r.state,
+    };
+    let (ready, invalid, overlaps) = match state {
         PoolState::Ready => (
             (
                 READY,
@@ -278,6 +319,11 @@ pub async fn write_pool(
             (OVERLAPS, true, "Overlaps", m.clone()),
         ),
     };
+    let mut ready = ready;
+    if let (PoolState::Invalid(m), true) = (state, pool.addresses_in_force().1) {
+        // The recorded addresses are what the pool hands out meanwhile.
+        ready.3 = format!("this form is not applied: {m}");
+    }
     let conds = conditions(
         &existing.conditions,
         &[ready, invalid, overlaps],
@@ -289,21 +335,27 @@ pub async fn write_pool(
         available_ipv4: saturate(r.available[0]),
         available_ipv6: saturate(r.available[1]),
         conditions: conds,
+        last_valid_addresses: if pool.address_problems().is_empty() {
+            Some(pool.spec.addresses.clone())
+        } else {
+            existing.last_valid_addresses.clone()
+        },
     };
     let unchanged = existing.assigned_ipv4 == want.assigned_ipv4
         && existing.assigned_ipv6 == want.assigned_ipv6
         && existing.available_ipv4 == want.available_ipv4
         && existing.available_ipv6 == want.available_ipv6
-        && same_conditions(&existing.conditions, &want.conditions);
+        && same_conditions(&existing.conditions, &want.conditions)
+        && existing.last_valid_addresses == want.last_valid_addresses;
     if unchanged {
         return Ok(None);
     }
-    let newly = match &r.state {
+    let newly = match state {
         PoolState::Invalid(m) => newly_invalid(&existing.conditions, INVALID, m),
         PoolState::Overlaps(m) => newly_invalid(&existing.conditions, OVERLAPS, m),
         PoolState::Ready => None,
     };
-    if let PoolState::Invalid(m) | PoolState::Overlaps(m) = &r.state {
+    if let PoolState::Invalid(m) | PoolState::Overlaps(m) = state {
         warn!(pool = %r.name, problem = %m, "pool not used for new addresses");
     }
     let api: Api<IPAddressPool> =
@@ -346,15 +398,25 @@ pub async fn write_advertisement(
                 READY,
                 false,
                 "Invalid",
-                format!(
-                    "this form is not applied; agents that read a valid form keep that one in force: {m}"
-                ),
+                if existing.last_valid_spec.is_some() {
+                    format!("this form is not applied: {m}{LAST_VALID_KEPT}")
+                } else {
+                    format!("the advertisement is not used: {m}")
+                },
             ),
             (INVALID, true, "Invalid", m.clone()),
         ],
     };
     let conds = conditions(&existing.conditions, &wanted, ad.metadata.generation);
-    if same_conditions(&existing.conditions, &conds) {
+    // Recorded for the agents: the form in force while a later edit is
+    // invalid.
+    let last_valid = match verdict {
+        Ok(()) => Some(&ad.spec),
+        Err(_) => existing.last_valid_spec.as_ref(),
+    };
+    if same_conditions(&existing.conditions, &conds)
+        && last_valid == existing.last_valid_spec.as_ref()
+    {
         return Ok(None);
     }
     let newly = verdict
@@ -366,7 +428,10 @@ pub async fn write_advertisement(
     }
     let api: Api<L2Advertisement> =
         Api::namespaced(client.clone(), &ad.namespace().unwrap_or_default());
-    let patch = json!({"status": {"conditions": conds}});
+    let patch = json!({"status": {
+        "conditions": conds,
+        "lastValidSpec": replacing(existing.last_valid_spec.as_ref(), last_valid),
+    }});
     patch_by(client, &api, &ad.name_any(), true, &patch, deadline).await?;
     Ok(newly)
 }

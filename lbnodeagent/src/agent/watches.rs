@@ -40,7 +40,6 @@ pub struct KubeInputs {
     pub pools: Store<IPAddressPool>,
     pub advertisements: Store<L2Advertisement>,
     scope: Scope,
-    last_valid: inputs::LastValid,
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -151,7 +150,6 @@ impl KubeInputs {
             pools,
             advertisements,
             scope: scope.clone(),
-            last_valid: inputs::LastValid::default(),
             shared,
             tasks,
         }
@@ -211,14 +209,13 @@ impl KubeInputs {
     }
 
     /// The election's input from the stores, and the objects left out.
-    pub fn cluster(&mut self) -> (Cluster, Vec<ObjectError>) {
+    pub fn cluster(&self) -> (Cluster, Vec<ObjectError>) {
         let nodes = self.nodes.state();
         let pools = self.pools.state();
         let ads = self.advertisements.state();
         let services = self.services.state();
         let slices = self.slices.state();
         inputs::cluster(
-            &mut self.last_valid,
             &self.scope,
             nodes.iter().map(|n| n.as_ref()),
             pools.iter().map(|p| p.as_ref()),
