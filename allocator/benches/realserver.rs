@@ -52,7 +52,7 @@ mod replica;
 use replica::{Replica, start as start_replica};
 
 fn start(sa: &kube::Config, identity: &str) -> Replica {
-    start_replica(sa, identity, true)
+    start_replica(sa, identity, true, Duration::from_secs(30))
 }
 
 /// Each Service's addresses as a watching client sees them (a watch

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hostlb_allocator::controller::{self, Config, telemetry::Telemetry};
+use hostlb_allocator::controller;
 use hostlb_api::annotations::IP_ALLOCATED_FROM_POOL;
 use hostlb_api::{IPAddressPool, L2Advertisement};
 use hostlb_tests::apiserver::TestServer;
@@ -15,8 +15,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 const NS: &str = "hostlb-system";
 
@@ -58,45 +56,22 @@ async fn service(server: &TestServer, name: &str, extra: serde_json::Value) {
         .unwrap();
 }
 
-struct Replica {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<Result<(), controller::Error>>,
-    telemetry: Arc<Telemetry>,
-}
-
-impl Replica {
-    async fn stop(self) {
-        self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-    }
-}
-
 fn client_for(server: &TestServer, identity: &str) -> Client {
     let mut config = server.config();
     controller::prepare_client(&mut config, identity);
     Client::try_from(config).unwrap()
 }
 
+mod support;
+use support::replica::{Replica, start as start_replica};
+
 fn start(server: &TestServer, identity: &str, leader_election: bool) -> Replica {
-    let mut cfg = Config::for_test(identity);
-    cfg.leader_election = leader_election;
-    let telemetry = Telemetry::new();
-    let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(controller::run(
-        client_for(server, identity),
-        cfg,
-        telemetry.clone(),
-        stopped,
-    ));
-    Replica {
-        stop,
-        task,
-        telemetry,
-    }
+    start_replica(
+        &server.config(),
+        identity,
+        leader_election,
+        Duration::from_secs(10),
+    )
 }
 
 async fn eventually<F, Fut, T>(what: &str, mut check: F) -> T
@@ -410,7 +385,7 @@ async fn only_the_leader_writes_and_the_other_takes_over() {
     } else {
         (b, a, "replica-a")
     };
-    dead.task.abort();
+    dead.kill();
     server.clear_writes();
     service(&server, "late", json!({})).await;
     wait_ips(&server, "late", &["10.0.0.5"]).await;
@@ -746,7 +721,7 @@ async fn a_deposed_leaders_slow_writes_never_land() {
         .filter(|w| w.user_agent.contains("replica-a"))
         .collect();
     assert!(landed.is_empty(), "{landed:#?}");
-    a.task.abort();
+    a.kill();
     b.stop().await;
 }
 

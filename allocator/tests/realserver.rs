@@ -107,7 +107,12 @@ async fn bed(port: u16) -> Option<Bed> {
 use support::replica::{Replica, start as start_replica};
 
 fn start(bed: &Bed, identity: &str, leader_election: bool) -> Replica {
-    start_replica(&bed.allocator, identity, leader_election)
+    start_replica(
+        &bed.allocator,
+        identity,
+        leader_election,
+        Duration::from_secs(20),
+    )
 }
 
 async fn eventually<F, Fut, T>(what: &str, mut check: F) -> T

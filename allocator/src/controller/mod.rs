@@ -1128,13 +1128,14 @@ impl Loop {
         }
     }
 
+    /// Writes a waiting Event again; put back in front if it fails (its
+    /// first failure was logged when it was queued).
     async fn try_publish(
         &mut self,
         key: &str,
         ev: kube::runtime::events::Event,
         regarding: ObjectReference,
         since: std::time::Instant,
-        retrying: bool,
     ) -> bool {
         let result = bounded(
             tokio::time::Instant::now() + Duration::from_secs(3),
@@ -1145,11 +1146,7 @@ impl Loop {
         match result {
             Ok(()) => true,
             Err(e) => {
-                if retrying {
-                    debug!(service = %key, error = %e, "an Event still waits for the API server");
-                } else {
-                    warn!(service = %key, error = %e, "cannot write an Event; it waits for the API server");
-                }
+                debug!(service = %key, error = %e, "an Event still waits for the API server");
                 let reason = reason_of(&ev);
                 let dropped =
                     self.events
@@ -1185,7 +1182,7 @@ impl Loop {
             let Some(((key, _), (ev, regarding), since)) = next else {
                 return;
             };
-            if !self.try_publish(&key, ev, regarding, since, true).await {
+            if !self.try_publish(&key, ev, regarding, since).await {
                 return;
             }
         }

@@ -1,5 +1,5 @@
 //! One allocator replica run in-process as a given identity, for the
-//! real-server tests and benchmark.
+//! controller tests (test server), the real-server tests and benchmark.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +13,18 @@ pub struct Replica {
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), controller::Error>>,
     pub telemetry: Arc<Telemetry>,
+    /// How long [`Replica::stop`] may take.
+    stop_within: Duration,
 }
 
-/// A replica with the identity `identity` over `config` (a ServiceAccount's).
-pub fn start(config: &kube::Config, identity: &str, leader_election: bool) -> Replica {
+/// A replica with the identity `identity` over `config`, which must stop
+/// within `stop_within` when asked.
+pub fn start(
+    config: &kube::Config,
+    identity: &str,
+    leader_election: bool,
+    stop_within: Duration,
+) -> Replica {
     let mut config = config.clone();
     controller::prepare_client(&mut config, identity);
     let mut cfg = Config::for_test(identity);
@@ -33,6 +41,7 @@ pub fn start(config: &kube::Config, identity: &str, leader_election: bool) -> Re
         stop,
         task,
         telemetry,
+        stop_within,
     }
 }
 
@@ -45,7 +54,7 @@ impl Replica {
     /// Stops it and checks it ended without an error.
     pub async fn stop(self) {
         self.stop.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(30), self.task)
+        tokio::time::timeout(self.stop_within, self.task)
             .await
             .expect("the replica stops in time")
             .unwrap()

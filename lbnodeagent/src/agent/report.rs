@@ -31,7 +31,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
@@ -267,6 +267,13 @@ impl Writer {
         }
     }
 
+    /// The cached Service `namespace/name`.
+    fn cached(&self, key: &str) -> Option<Arc<Service>> {
+        let (ns, name) = key.split_once('/')?;
+        self.services
+            .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
+    }
+
     async fn pace(&mut self) {
         let wait = self.bucket.take(Instant::now());
         if !wait.is_zero() {
@@ -280,15 +287,10 @@ impl Writer {
             .retain(|_, (_, _, at)| now - *at < WRITTEN_GRACE);
         let mut jobs = Vec::new();
         for ((key, family), value) in want {
-            let Some((ns, name)) = key.split_once('/') else {
+            let Some(svc) = self.cached(key) else {
                 continue;
             };
-            let Some(svc) = self
-                .services
-                .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
-            else {
-                continue;
-            };
+            let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
             let name_of = annotation(*family);
             let current = svc
                 .metadata
@@ -311,14 +313,7 @@ impl Writer {
             {
                 continue;
             }
-            jobs.push((
-                k,
-                ns.to_string(),
-                name.to_string(),
-                name_of,
-                value.clone(),
-                version,
-            ));
+            jobs.push((k, ns, name, name_of, value.clone(), version));
         }
         for chunk in jobs.chunks(IN_FLIGHT) {
             for _ in chunk {
@@ -397,14 +392,8 @@ impl Writer {
             let (next, expired) = self.waiting.pop(Instant::now());
             self.dropped(expired, "Events waited an hour for the API server");
             let Some((_, req, since)) = next else { break };
-            let Some((ns, name)) = req.service.split_once('/') else {
-                continue;
-            };
             // A Service gone from the cache needs no Event any more.
-            let Some(svc) = self
-                .services
-                .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
-            else {
+            let Some(svc) = self.cached(&req.service) else {
                 continue;
             };
             self.pace().await;
