@@ -15,6 +15,7 @@
 //!
 //! The path of one VIP, from a Service to the kernel, is in `docs/agent.md`.
 
+mod beats;
 pub mod cleanup;
 pub mod config;
 pub mod core;
@@ -96,6 +97,9 @@ struct Wire {
 /// Gossip, and what the shell remembers of it.
 struct Gossip {
     membership: Membership,
+    /// The owner sessions: beats sent, and beats received.
+    beats: Option<beats::Beats>,
+    beats_in: Option<mpsc::Receiver<(SocketAddr, Vec<u8>)>>,
     /// Kept to apply a reloaded key file to the open sockets.
     transport: AuthTransport,
     views: watch::Receiver<MembershipView>,
@@ -265,6 +269,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
         telemetry.set_gossip_held(membership.gossip_held_counter());
         telemetry.set_detector_counters(membership.detector_counters());
         let views = membership.views();
+        let (beats, beats_in) = match membership.take_beats() {
+            Some(link) => (
+                Some(beats::Beats::start(cfg.node_name.clone(), link.send)),
+                Some(link.recv),
+            ),
+            None => (None, None),
+        };
 
         let (client, server) = kube_client(&cfg).await?;
         let scope = Scope {
@@ -300,6 +311,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
             wire,
             gossip: Gossip {
                 membership,
+                beats,
+                beats_in,
                 transport,
                 views,
                 seeds_given: Vec::new(),
@@ -381,6 +394,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 }
                 () = &mut wake => Input::Tick,
                 Some(claim) = recv_claim(&mut self.wire.claims) => Input::Claim(claim),
+                Some(first) = beats::recv(&mut self.gossip.beats_in) => {
+                    let rest = self.gossip.beats_in.as_mut().expect("a beat came from it");
+                    Input::Beats(beats::drain(first, rest))
+                }
                 Some(done) = self.kernel.results.recv() => Input::Done(done),
                 _ = hup.recv() => match self.reload().await {
                     Some(input) => input,
@@ -404,6 +421,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 notify(&[sd_notify::NotifyState::Watchdog]);
             }
             self.telemetry.beat();
+            if let Some(b) = &self.gossip.beats {
+                b.turned();
+            }
             if exit {
                 return self.finish().await;
             }
@@ -449,6 +469,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     async move { announcer.probe(&t).await }
                 }));
             }
+        }
+        if let (Some(plan), Some(b)) = (a.beat, &self.gossip.beats) {
+            b.set_plan(plan);
         }
         if let Some(watched) = a.watch {
             *self.wire.watched.write().unwrap_or_else(|e| e.into_inner()) = watched;

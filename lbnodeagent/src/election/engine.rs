@@ -197,7 +197,7 @@ impl Election {
         self.compile(cluster);
         self.orders.retain(|ip, _| self.vip_of.contains_key(ip));
         self.winners = (0..self.c.vips.len())
-            .map(|v| elect(&self.c, &mut self.orders, v))
+            .map(|v| elect(&self.c, &mut self.orders, v, None))
             .collect();
         let after = self.winner_ids();
         changed(&before, &after)
@@ -291,7 +291,7 @@ impl Election {
         for v in 0..self.c.vips.len() {
             let old = self.winners[v];
             let new = if old.is_some_and(|w| w.node == id) {
-                elect(&self.c, &mut self.orders, v)
+                elect(&self.c, &mut self.orders, v, None)
             } else if self.c.exclusion(v, id).is_none() {
                 let vip = &self.c.vips[v];
                 let class = &self.c.classes[vip.class.expect("a candidate implies a class")];
@@ -416,6 +416,28 @@ impl Election {
             .map(|w| self.c.slots[w.node as usize].name.as_str())
     }
 
+    /// The winners `node` comes right after: for every VIP it does not win,
+    /// the winner, when `node` would win were that winner gone. These are
+    /// the owners whose failure `node` must notice first, since it is the
+    /// one to take over (see the agent core's owner sessions). One
+    /// election per VIP `node` stands in, each walking the cached order.
+    pub fn next_in_line(&mut self, node: &str) -> std::collections::BTreeSet<String> {
+        let mut owners = std::collections::BTreeSet::new();
+        let Some(&id) = self.slot_of.get(node) else {
+            return owners;
+        };
+        for v in 0..self.c.vips.len() {
+            let Some(w) = self.winners[v] else { continue };
+            if w.node == id || self.c.exclusion(v, id).is_some() {
+                continue;
+            }
+            if elect(&self.c, &mut self.orders, v, Some(w.node)).is_some_and(|r| r.node == id) {
+                owners.insert(self.c.slots[w.node as usize].name.clone());
+            }
+        }
+        owners
+    }
+
     /// What `node` would hold for `ip` if the nodes for which `passed`
     /// says so were no candidates: the announce duty when it comes first
     /// among the others, `None` otherwise. For a VIP whose winner cannot
@@ -470,7 +492,7 @@ impl Election {
                 }
                 _ => {}
             }
-            self.winners[v] = elect(&self.c, &mut self.orders, v);
+            self.winners[v] = elect(&self.c, &mut self.orders, v, None);
             touched.push(self.c.vips[v].ip);
         }
         touched.sort();
@@ -882,29 +904,42 @@ impl Compiled {
     }
 
     /// The best candidate among `nodes`, hashing each candidate.
-    fn best_of(&self, v: usize, class: &Class, nodes: &[NodeId]) -> Option<Win> {
+    fn best_of(
+        &self,
+        v: usize,
+        class: &Class,
+        nodes: &[NodeId],
+        skip: Option<NodeId>,
+    ) -> Option<Win> {
         nodes
             .iter()
-            .filter(|&&n| self.exclusion(v, n).is_none())
+            .filter(|&&n| Some(n) != skip && self.exclusion(v, n).is_none())
             .map(|&n| self.win(v, class, n))
             .min_by(|a, b| self.order(a, b))
     }
 }
 
-/// Elect VIP `v` from scratch (using the cached hash order when it helps).
-fn elect(c: &Compiled, orders: &mut HashMap<IpAddr, Order>, v: usize) -> Option<Win> {
+/// Elect VIP `v` from scratch (using the cached hash order when it helps),
+/// with node `skip`, if any, no candidate (the runner-up, when it is the
+/// winner).
+fn elect(
+    c: &Compiled,
+    orders: &mut HashMap<IpAddr, Order>,
+    v: usize,
+    skip: Option<NodeId>,
+) -> Option<Win> {
     let vip = &c.vips[v];
     let class = &c.classes[vip.class?];
     match &vip.endpoints {
         EndpointFilter::Nowhere => return None,
         EndpointFilter::Only(ids) if ids.len() <= c.direct_hash_max => {
-            return c.best_of(v, class, ids);
+            return c.best_of(v, class, ids, skip);
         }
         _ => {}
     }
     for tier in &class.tiers {
         if tier.nodes.len() <= c.direct_hash_max {
-            if let Some(w) = c.best_of(v, class, &tier.nodes) {
+            if let Some(w) = c.best_of(v, class, &tier.nodes, skip) {
                 return Some(w);
             }
             continue;
@@ -924,7 +959,7 @@ fn elect(c: &Compiled, orders: &mut HashMap<IpAddr, Order>, v: usize) -> Option<
                 if best.is_some() && s <= best_score {
                     continue;
                 }
-                if c.exclusion(v, n).is_none() {
+                if Some(n) != skip && c.exclusion(v, n).is_none() {
                     best = Some(n);
                     best_score = s;
                     if s >= tier.score {

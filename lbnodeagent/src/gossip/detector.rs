@@ -329,6 +329,8 @@ enum Command {
 /// A running detector task.
 pub struct Detector {
     commands: mpsc::UnboundedSender<Command>,
+    /// The owner sessions' side of the link, until the agent takes it.
+    beats: std::sync::Mutex<Option<super::beats::BeatLink>>,
     up: watch::Receiver<Arc<Up>>,
     counters: Arc<DetectorCounters>,
     task: JoinHandle<()>,
@@ -349,6 +351,11 @@ impl Detector {
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (up_tx, up) = watch::channel(Arc::new(Up::default()));
         let counters = Arc::new(DetectorCounters::default());
+        let (beat_tx, beat_rx) = mpsc::channel(super::beats::BEAT_INBOX);
+        let beats = super::beats::BeatLink {
+            send: link.send.clone(),
+            recv: beat_rx,
+        };
         let task = tokio::spawn(
             Task {
                 foca,
@@ -356,6 +363,7 @@ impl Detector {
                 timers: Timers::default(),
                 send: link.send,
                 recv: link.recv,
+                beats: beat_tx,
                 commands: commands_rx,
                 up: up_tx,
                 period,
@@ -369,6 +377,7 @@ impl Detector {
         );
         Detector {
             commands,
+            beats: std::sync::Mutex::new(Some(beats)),
             up,
             counters,
             task,
@@ -377,6 +386,14 @@ impl Detector {
 
     pub fn up(&self) -> watch::Receiver<Arc<Up>> {
         self.up.clone()
+    }
+
+    /// The beats' link (see `beats`), once.
+    pub fn take_beats(&self) -> Option<super::beats::BeatLink> {
+        self.beats
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
     }
 
     pub fn counters(&self) -> Arc<DetectorCounters> {
@@ -441,6 +458,8 @@ struct Task {
     timers: Timers,
     send: Arc<dyn ProbeSend>,
     recv: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
+    /// Beats go on to the agent (dropped while nobody reads them).
+    beats: mpsc::Sender<(SocketAddr, Vec<u8>)>,
     commands: mpsc::UnboundedReceiver<Command>,
     up: watch::Sender<Arc<Up>>,
     period: Duration,
@@ -500,6 +519,10 @@ impl Task {
     }
 
     fn receive(&mut self, from: SocketAddr, payload: &[u8]) {
+        if payload.starts_with(&super::beats::BEAT_MARK) {
+            let _ = self.beats.try_send((from, payload.to_vec()));
+            return;
+        }
         let Some(data) = payload.strip_prefix(&PROBE_MARK) else {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             return;

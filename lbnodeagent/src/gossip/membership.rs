@@ -224,6 +224,11 @@ impl Membership {
         })
     }
 
+    /// The owner sessions' link on the gossip socket, once.
+    pub fn take_beats(&self) -> Option<super::beats::BeatLink> {
+        self.detector.take_beats()
+    }
+
     /// Views as they change; the current one is there at once.
     pub fn views(&self) -> watch::Receiver<MembershipView> {
         self.views.clone()

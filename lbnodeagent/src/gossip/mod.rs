@@ -169,6 +169,7 @@
 //! generation of each node name, so a restarted agent replaces its old
 //! self at once instead of appearing twice until the old one times out.
 
+pub mod beats;
 mod codec_junk;
 mod config;
 pub mod counting;

@@ -691,7 +691,9 @@ async fn read_wire(
                 AuthCounters::add(&counters.frames_received, 1);
                 AuthCounters::add(&counters.bytes_received, len as u64);
                 let datagram = &buf[..len];
-                if payload_starts_with(datagram, &PROBE_MARK) {
+                if payload_starts_with(datagram, &PROBE_MARK)
+                    || payload_starts_with(datagram, &super::beats::BEAT_MARK)
+                {
                     if let Some(message) = probes.open(datagram, from) {
                         match probe_inbox.try_send((from, message)) {
                             Ok(()) => AuthCounters::add(&probes.counters.messages_accepted, 1),

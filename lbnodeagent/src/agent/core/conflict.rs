@@ -14,6 +14,13 @@
 //! take it again. A claim from a MAC no hostlb node published (a host
 //! configured by hand) is reported, once, and not fought over.
 //!
+//! When the outranking owner's agent is gone (killed or frozen, its host
+//! still up), its addresses answer until they lapse. Its last beat (see
+//! `sessions`) said when; from [`LAPSE_EARLY`] before that the yielded VIP
+//! is asked about every [`LAPSE_PROBE`] and taken once [`LAPSE_HOLD`] passes
+//! without an answer: the takeover follows the lapse by tens of
+//! milliseconds, not by a silence of [`YIELD_HOLD`].
+//!
 //! A node about to take a VIP that no live node is handing over asks first
 //! and listens for [`PRECHECK`], so a crashed or frozen agent's address that
 //! still answers, or the far side of a gossip partition, does not get a
@@ -27,6 +34,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::links::Want;
+use super::sessions::Lapse;
 use crate::addrs::MacAddr;
 use crate::announce::packet::Claim;
 use crate::election::Election;
@@ -34,6 +42,18 @@ use crate::gossip::MemberInfo;
 
 /// How long a yielded VIP stays off after the winner was last heard.
 pub const YIELD_HOLD: Duration = Duration::from_millis(1500);
+/// How long before a gone owner's addresses lapse, by its last word, the
+/// yielded VIP is asked about densely: the kernel may drop a lapsed address
+/// a little early, and the expiry told is the sender's, a few ms stale.
+pub const LAPSE_EARLY: Duration = Duration::from_millis(100);
+/// How often a yielded VIP is asked about while its owner's addresses lapse.
+pub const LAPSE_PROBE: Duration = Duration::from_millis(20);
+/// Silence that ends a yield while its owner's addresses lapse: two
+/// questions unanswered, which also stands for the pre-check.
+pub const LAPSE_HOLD: Duration = Duration::from_millis(50);
+/// How long after the last lapse told a lapse watch lasts: the kernel drops
+/// an expired address at its next lifetime check, up to about a second late.
+pub const LAPSE_LATE: Duration = Duration::from_millis(1500);
 /// How often a yielded VIP is asked about, so its return is not late.
 pub const YIELD_PROBE: Duration = Duration::from_millis(250);
 /// How often a held VIP is asked about.
@@ -55,6 +75,40 @@ pub enum Verdict {
     /// A MAC no hostlb node published answers; `first` the first time for
     /// this address and MAC (report it then).
     Foreign { first: bool },
+}
+
+/// [`Conflicts::holding_off`]'s answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Not yielded.
+    Free,
+    /// Yielded, and the owner still answers: stay off.
+    Off,
+    /// The yield just ended. `checked`: it ended by questions on the wire
+    /// going unanswered while the owner's addresses lapse, which stands
+    /// for the pre-check.
+    Released { checked: bool },
+}
+
+/// When a yield whose owner was last heard at `seen` ends, if it is not
+/// heard again. While the owner's addresses lapse, the silence counts only
+/// from the start of the dense questions: the answers before were asked
+/// for seldom.
+pub fn yield_ends(seen: Instant, lapse: Option<Lapse>, now: Instant) -> Instant {
+    match lapse {
+        Some(l) if lapsing(Some(l), now) => {
+            let start = l.first.checked_sub(LAPSE_EARLY).unwrap_or(l.first);
+            seen.max(start) + LAPSE_HOLD
+        }
+        _ => seen + YIELD_HOLD,
+    }
+}
+
+/// Whether a gone owner's addresses are lapsing now, by its last word:
+/// from [`LAPSE_EARLY`] before the first until [`LAPSE_LATE`] after the
+/// last.
+pub fn lapsing(lapse: Option<Lapse>, now: Instant) -> bool {
+    lapse.is_some_and(|l| now + LAPSE_EARLY >= l.first && now < l.last + LAPSE_LATE)
 }
 
 #[derive(Clone, Debug)]
@@ -79,11 +133,16 @@ pub struct Conflicts {
 
 impl Conflicts {
     /// Remembers which node published which MACs. Never forgets: a member
-    /// gossip considers dead may be exactly the one still answering.
-    pub fn learn<'a>(&mut self, nodes: impl IntoIterator<Item = &'a MemberInfo>) {
+    /// gossip considers dead may be exactly the one still answering. This
+    /// node's own state (`me`) names no holder: its echo in gossip lags
+    /// what it holds, and would hide the last other holder.
+    pub fn learn<'a>(&mut self, nodes: impl IntoIterator<Item = &'a MemberInfo>, me: &str) {
         for n in nodes {
             for mac in &n.macs {
                 self.mac_owner.insert(*mac, n.node.clone());
+            }
+            if n.node == me {
+                continue;
             }
             for ip in &n.vips {
                 self.last_holder.insert(*ip, n.node.clone());
@@ -156,17 +215,29 @@ impl Conflicts {
     }
 
     /// Whether `ip` must stay off here now: yielded, and its winner heard
-    /// within [`YIELD_HOLD`] and still out of gossip's reach (once gossip
+    /// within [`YIELD_HOLD`] (within [`LAPSE_HOLD`] while its addresses
+    /// lapse, see [`lapsing`]) and still out of gossip's reach (once gossip
     /// shows it live again, the election decides: it may be leaving). An
     /// expired yield is forgotten.
-    pub fn holding_off(&mut self, ip: IpAddr, now: Instant, live: impl Fn(&str) -> bool) -> bool {
-        match self.yielded.get(&ip) {
-            Some(y) if now.duration_since(y.seen) < YIELD_HOLD && !live(&y.to) => true,
-            Some(_) => {
-                self.yielded.remove(&ip);
-                false
-            }
-            None => false,
+    pub fn holding_off(
+        &mut self,
+        ip: IpAddr,
+        now: Instant,
+        live: impl Fn(&str) -> bool,
+        lapse: impl Fn(&str) -> Option<Lapse>,
+    ) -> Hold {
+        let Some(y) = self.yielded.get(&ip) else {
+            return Hold::Free;
+        };
+        let lapse = lapse(&y.to);
+        let lapsing = lapsing(lapse, now);
+        let live = live(&y.to);
+        if now < yield_ends(y.seen, lapse, now) && !live {
+            return Hold::Off;
+        }
+        self.yielded.remove(&ip);
+        Hold::Released {
+            checked: lapsing && !live,
         }
     }
 
@@ -281,6 +352,10 @@ mod tests {
         }
     }
 
+    fn none(_: &str) -> Option<Lapse> {
+        None
+    }
+
     const MAC_A: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xa]);
     const MAC_B: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xb]);
 
@@ -293,7 +368,7 @@ mod tests {
         let t0 = Instant::now();
         let judge = |me: &str, mine: MacAddr, theirs: MacAddr| {
             let mut c = Conflicts::default();
-            c.learn([&info("a", MAC_A), &info("b", MAC_B)]);
+            c.learn([&info("a", MAC_A), &info("b", MAC_B)], "");
             let e = election(&[me]);
             assert_eq!(e.winner(ip), Some(me), "each side elects itself");
             let v = c.judge(
@@ -328,7 +403,10 @@ mod tests {
         let (_, mut c) = judge(loser, mine, theirs);
         // Stays off while the keeper answers; a heard answer refreshes the
         // yield; once the answers stop, it may take the VIP back.
-        assert!(c.holding_off(ip, t0 + Duration::from_secs(1), |_| false));
+        assert_eq!(
+            c.holding_off(ip, t0 + Duration::from_secs(1), |_| false, none),
+            Hold::Off
+        );
         let later = t0 + Duration::from_secs(1);
         let e = election(&[loser]);
         let v = c.judge(
@@ -341,22 +419,37 @@ mod tests {
             later,
         );
         assert_eq!(v, Verdict::Ignore);
-        assert!(c.holding_off(ip, later + YIELD_HOLD - Duration::from_millis(1), |_| false));
-        assert!(!c.holding_off(ip, later + YIELD_HOLD, |_| false));
-        assert!(
-            !c.holding_off(ip, later, |_| false),
+        assert_eq!(
+            c.holding_off(
+                ip,
+                later + YIELD_HOLD - Duration::from_millis(1),
+                |_| false,
+                none
+            ),
+            Hold::Off
+        );
+        assert_eq!(
+            c.holding_off(ip, later + YIELD_HOLD, |_| false, none),
+            Hold::Released { checked: false }
+        );
+        assert_eq!(
+            c.holding_off(ip, later, |_| false, none),
+            Hold::Free,
             "an expired yield is forgotten"
         );
         // A winner gossip reaches again ends the yield at once.
         let (_, mut c) = judge(loser, mine, theirs);
-        assert!(!c.holding_off(ip, t0, |_| true));
+        assert_eq!(
+            c.holding_off(ip, t0, |_| true, none),
+            Hold::Released { checked: false }
+        );
     }
 
     #[test]
     fn an_unknown_mac_is_reported_once_and_not_fought() {
         let ip: IpAddr = VIP.parse().unwrap();
         let mut c = Conflicts::default();
-        c.learn([&info("a", MAC_A)]);
+        c.learn([&info("a", MAC_A)], "");
         let e = election(&["a"]);
         let stranger = MacAddr([2, 9, 9, 9, 9, 9]);
         let claim = Claim { ip, mac: stranger };
@@ -381,7 +474,7 @@ mod tests {
             now,
         );
         assert_eq!(v, Verdict::Foreign { first: false });
-        assert!(!c.holding_off(ip, now, |_| false));
+        assert_ne!(c.holding_off(ip, now, |_| false, none), Hold::Off);
         // Our own frames and addresses we do not hold are not conflicts.
         let own = Claim { ip, mac: MAC_A };
         assert_eq!(
@@ -401,8 +494,8 @@ mod tests {
         assert_eq!(c.last_holder(ip), None);
         let mut a = info("a", MAC_A);
         a.vips.insert(ip);
-        c.learn([&a]);
-        c.learn(std::iter::empty::<&MemberInfo>());
+        c.learn([&a], "");
+        c.learn(std::iter::empty::<&MemberInfo>(), "");
         assert_eq!(c.last_holder(ip), Some("a"));
     }
 
@@ -412,7 +505,7 @@ mod tests {
     fn a_live_node_answering_too_is_a_handover_not_a_conflict() {
         let ip: IpAddr = VIP.parse().unwrap();
         let mut c = Conflicts::default();
-        c.learn([&info("a", MAC_A), &info("b", MAC_B)]);
+        c.learn([&info("a", MAC_A), &info("b", MAC_B)], "");
         let e = election(&["b"]);
         let v = c.judge(
             Claim { ip, mac: MAC_A },
@@ -425,5 +518,69 @@ mod tests {
         );
         assert_eq!(v, Verdict::Ignore);
         assert_eq!(c.yielded().count(), 0);
+    }
+
+    /// A dead owner whose host still answers: before its addresses lapse
+    /// the yield holds through a silence shorter than YIELD_HOLD; from just
+    /// before the lapse it ends after LAPSE_HOLD of silence, as a check.
+    #[test]
+    fn a_yield_to_an_owner_whose_addresses_lapse_ends_right_after_the_lapse() {
+        let ip: IpAddr = VIP.parse().unwrap();
+        let t0 = Instant::now();
+        let lapse = Lapse {
+            first: t0 + Duration::from_secs(5),
+            last: t0 + Duration::from_secs(5),
+        };
+        let told = |_: &str| Some(lapse);
+        let mut c = Conflicts::default();
+        c.learn([&info("a", MAC_A), &info("b", MAC_B)], "");
+        c.yield_to(ip, "a", want(), t0);
+        let heard = |c: &mut Conflicts, at: Instant| {
+            c.judge(
+                Claim { ip, mac: MAC_A },
+                "b",
+                &[MAC_B].into(),
+                None,
+                &election(&["b"]),
+                |_| false,
+                at,
+            )
+        };
+        let early = t0 + Duration::from_secs(2);
+        heard(&mut c, early);
+        assert_eq!(
+            c.holding_off(ip, early + LAPSE_HOLD * 2, |_| false, told),
+            Hold::Off
+        );
+        let near = lapse.first - LAPSE_EARLY;
+        assert_eq!(
+            c.holding_off(
+                ip,
+                near + LAPSE_HOLD - Duration::from_millis(1),
+                |_| false,
+                told
+            ),
+            Hold::Off,
+            "silence before the dense questions does not count"
+        );
+        heard(&mut c, near);
+        assert_eq!(
+            c.holding_off(
+                ip,
+                near + LAPSE_HOLD - Duration::from_millis(1),
+                |_| false,
+                told
+            ),
+            Hold::Off
+        );
+        assert_eq!(
+            c.holding_off(ip, near + LAPSE_HOLD, |_| false, told),
+            Hold::Released { checked: true }
+        );
+        assert!(!lapsing(Some(lapse), lapse.last + LAPSE_LATE));
+        assert!(lapsing(
+            Some(lapse),
+            lapse.last + LAPSE_LATE - Duration::from_millis(1)
+        ));
     }
 }

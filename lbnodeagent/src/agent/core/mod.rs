@@ -49,6 +49,7 @@
 
 pub mod conflict;
 pub mod links;
+pub mod sessions;
 #[doc(hidden)]
 pub mod sim;
 #[cfg(test)]
@@ -67,8 +68,11 @@ use crate::announce::packet::Claim;
 use crate::announce::{AnnounceConfig, Target};
 use crate::election::{Cluster, Election, Endpoints, Member, Reason};
 use crate::gossip::{LocalState, MembershipView, Status};
-use conflict::{Conflicts, OWNER_PROBE, PRECHECK, Verdict, YIELD_HOLD, YIELD_PROBE};
+use conflict::{
+    Conflicts, Hold, LAPSE_EARLY, LAPSE_PROBE, OWNER_PROBE, PRECHECK, Verdict, YIELD_PROBE, lapsing,
+};
 use links::{Links, Mode, Want};
+use sessions::{Beat, Lapse, Sessions};
 
 use super::status::{HeldDoc, MemberDoc, StatusDoc, VipDoc};
 
@@ -92,6 +96,8 @@ pub const RETRY_MAX: Duration = Duration::from_secs(30);
 /// Gossip rounds within which a change a peer publishes has reached this
 /// node, losses included (see [`Core::holds`]).
 const GOSSIP_ROUNDS_TO_SETTLE: u32 = 5;
+/// Least time between two workings-out of the owners to watch.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
 /// How long a takeover may follow the loss of the member that held the VIP
 /// and still count as its takeover (the `takeover_seconds` metric).
 const TAKEOVER_WINDOW: Duration = Duration::from_secs(10);
@@ -161,6 +167,8 @@ pub enum Input {
         revision: u64,
     },
     Members(MembershipView),
+    /// Beats from session peers (see [`sessions`]), as they arrived.
+    Beats(Vec<Beat>),
     Links(Links),
     /// Addresses a previous run of the agent left in the kernel (at start).
     Adopted(Vec<OwnedAddress>),
@@ -222,6 +230,17 @@ pub struct Actions {
     pub exit: bool,
     /// Step again (with [`Input::Tick`]) at this time at the latest.
     pub wake: Option<Instant>,
+    /// Whom to send beats to and what they say, when that changed.
+    pub beat: Option<BeatPlan>,
+}
+
+/// Whom this node beats, and what its beats say (see [`sessions`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BeatPlan {
+    pub peers: Vec<SocketAddr>,
+    /// When this node's addresses on the wire lapse if it renews nothing
+    /// more.
+    pub lapse: Option<Lapse>,
 }
 
 /// A kernel operation in flight for a VIP.
@@ -283,6 +302,8 @@ struct Slot {
     /// holds the VIP counts only if published after that (see
     /// [`Core::holds`]).
     held_since: Option<Instant>,
+    /// When the kernel drops `held` unless it is renewed.
+    expires: Option<Instant>,
 }
 
 impl Slot {
@@ -349,7 +370,16 @@ pub struct Core {
     services_of: BTreeMap<IpAddr, Vec<String>>,
     object_errors: Vec<String>,
     links: Links,
+    /// Membership as gossip reports it.
+    gossip_view: MembershipView,
+    /// Membership as this node acts on it: gossip's, without the owners
+    /// its sessions found silent.
     view: MembershipView,
+    sessions: Sessions,
+    /// The owners to watch are worked out again then (the election moved).
+    watch_due: Option<Instant>,
+    watched_at: Instant,
+    beat_plan: Option<BeatPlan>,
     slots: BTreeMap<IpAddr, Slot>,
     /// Slots that are not [`Slot::settled`], decided at every step.
     unsettled: BTreeSet<IpAddr>,
@@ -367,6 +397,7 @@ pub struct Core {
     next_renew: Option<Instant>,
     next_owner_probe: Instant,
     next_yield_probe: Instant,
+    next_lapse_probe: Instant,
     /// Re-decide every VIP at the next step.
     all_dirty: bool,
     report_dirty: bool,
@@ -396,7 +427,12 @@ impl Core {
             services_of: BTreeMap::new(),
             object_errors: Vec::new(),
             links,
+            gossip_view: MembershipView::empty(),
             view: MembershipView::empty(),
+            sessions: Sessions::default(),
+            watch_due: None,
+            watched_at: now,
+            beat_plan: None,
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             orphans: BTreeMap::new(),
@@ -408,6 +444,7 @@ impl Core {
             next_renew: None,
             next_owner_probe: now + OWNER_PROBE,
             next_yield_probe: now + YIELD_PROBE,
+            next_lapse_probe: now,
             all_dirty: true,
             report_dirty: true,
             publish_dirty: true,
@@ -496,6 +533,11 @@ impl Core {
     }
 
     /// The election as this node has it.
+    /// Whom this node beats now (see [`sessions`]).
+    pub fn beats(&self) -> Option<&BeatPlan> {
+        self.beat_plan.as_ref()
+    }
+
     pub fn election(&self) -> &Election {
         &self.election
     }
@@ -533,6 +575,7 @@ impl Core {
                     }
                 }
                 self.election.set_cluster(&cluster);
+                self.watch_due.get_or_insert(now);
                 self.cluster_known = true;
                 self.all_dirty = true;
                 self.report_dirty = true;
@@ -544,51 +587,23 @@ impl Core {
                     let touched = self.election.set_endpoints(&key, &endpoints);
                     self.mark(touched);
                 }
+                self.watch_due.get_or_insert(now);
                 self.report_dirty = true;
                 out.metrics.push(Metric::Elected);
             }
             Input::Members(view) => {
-                for m in &self.view.members {
-                    if view.member(&m.node).is_none() {
-                        self.lost_at.insert(m.node.clone(), now);
-                    }
+                self.gossip_view = view;
+                self.apply_view(now, out);
+            }
+            Input::Beats(beats) => {
+                let mut back = false;
+                for b in beats {
+                    back |= self.sessions.heard(b, now);
                 }
-                self.lost_at
-                    .retain(|_, t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW * 3);
-                for n in &view.nodes {
-                    let before = self.view.node(&n.node);
-                    if before.is_none_or(|b| b.vips != n.vips || b.generation != n.generation) {
-                        self.vips_changed.insert(n.node.clone(), now);
-                    }
+                if back {
+                    info!("a silent owner is heard again");
+                    self.apply_view(now, out);
                 }
-                self.vips_changed
-                    .retain(|node, _| view.nodes.iter().any(|n| n.node == *node));
-                // The live last, so that who holds a VIP now wins over a
-                // gone node's last word.
-                self.conflicts.learn(view.gone.iter().chain(&view.nodes));
-                self.view = view;
-                self.orphan_scan = true;
-                self.elect_members();
-                self.report_dirty = true;
-                out.metrics.push(Metric::Elected);
-                // Adopted addresses another node now holds, VIPs handed
-                // over, and VIPs a peer holds too may be decided now.
-                let peers_hold: BTreeSet<IpAddr> = self
-                    .alive_peers()
-                    .flat_map(|n| n.vips.iter().copied())
-                    .collect();
-                let waiting: Vec<IpAddr> = self
-                    .slots
-                    .iter()
-                    .filter(|(ip, s)| {
-                        s.handover.is_some()
-                            || s.adopted
-                            || s.contested.is_some()
-                            || (s.held.is_some() && peers_hold.contains(ip))
-                    })
-                    .map(|(ip, _)| *ip)
-                    .collect();
-                self.mark(waiting);
             }
             Input::Links(links) => {
                 if links != self.links {
@@ -596,6 +611,7 @@ impl Core {
                     self.links = links;
                     self.publish_dirty = true;
                     self.elect_members();
+                    self.watch_due.get_or_insert(now);
                     self.all_dirty = true;
                 }
             }
@@ -684,9 +700,72 @@ impl Core {
         }
     }
 
+    /// Acts on membership: gossip's view without the owners whose
+    /// sessions went silent (see [`sessions`]).
+    fn apply_view(&mut self, now: Instant, out: &mut Actions) {
+        let mut view = self.gossip_view.clone();
+        if self.sessions.suspects().next().is_some() {
+            let suspect = |n: &str| n != self.settings.node && self.sessions.is_suspect(n);
+            view.members.retain(|m| !suspect(&m.node));
+            let (silent, nodes): (Vec<_>, Vec<_>) =
+                view.nodes.into_iter().partition(|n| suspect(&n.node));
+            view.nodes = nodes;
+            view.gone.extend(silent);
+        }
+        for m in &self.view.members {
+            if view.member(&m.node).is_none() {
+                self.lost_at.insert(m.node.clone(), now);
+            }
+        }
+        self.lost_at
+            .retain(|_, t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW * 3);
+        for n in &view.nodes {
+            let before = self.view.node(&n.node);
+            if before.is_none_or(|b| b.vips != n.vips || b.generation != n.generation) {
+                self.vips_changed.insert(n.node.clone(), now);
+            }
+        }
+        self.vips_changed
+            .retain(|node, _| view.nodes.iter().any(|n| n.node == *node));
+        // The live last, so that who holds a VIP now wins over a
+        // gone node's last word.
+        self.conflicts
+            .learn(view.gone.iter().chain(&view.nodes), &self.settings.node);
+        self.view = view;
+        self.orphan_scan = true;
+        self.elect_members();
+        self.report_dirty = true;
+        out.metrics.push(Metric::Elected);
+        // Adopted addresses another node now holds, VIPs handed
+        // over, and VIPs a peer holds too may be decided now.
+        let peers_hold: BTreeSet<IpAddr> = self
+            .alive_peers()
+            .flat_map(|n| n.vips.iter().copied())
+            .collect();
+        let waiting: Vec<IpAddr> = self
+            .slots
+            .iter()
+            .filter(|(ip, s)| {
+                s.handover.is_some()
+                    || s.adopted
+                    || s.contested.is_some()
+                    || (s.held.is_some() && peers_hold.contains(ip))
+            })
+            .map(|(ip, _)| *ip)
+            .collect();
+        self.mark(waiting);
+        self.watch_due.get_or_insert(now);
+    }
+
     /// Everything that follows from the state: settle, decide, announce,
     /// probe, renew, report, and the next wake-up.
     fn advance(&mut self, now: Instant, out: &mut Actions) {
+        if self.sessions.expire(now) {
+            let silent: Vec<&str> = self.sessions.suspects().collect();
+            warn!(owners = ?silent, "owner silent for {} ms; taking over what it holds unless it still answers",
+                sessions::BEAT_MISS.as_millis());
+            self.apply_view(now, out);
+        }
         if self.phase == Phase::Starting && self.settings.unable.is_none() && self.settle(now) {
             info!(
                 peers = self.view.nodes.len().saturating_sub(1),
@@ -745,9 +824,72 @@ impl Core {
                 out.exit = true;
             }
         }
+        self.watch_owners(now);
         self.report(now, out);
         out.wake = self.next_wake(now);
         self.wake = out.wake;
+    }
+
+    /// Works out again which owners this node comes right after, once the
+    /// election moved (at most every [`WATCH_EVERY`]: one election per VIP).
+    fn watch_owners(&mut self, now: Instant) {
+        let Some(due) = self.watch_due else { return };
+        if now < due || now < self.watched_at + WATCH_EVERY {
+            return;
+        }
+        self.watch_due = None;
+        self.watched_at = now;
+        let owners = if self.phase == Phase::Running {
+            self.election.next_in_line(&self.settings.node)
+        } else {
+            BTreeSet::new()
+        };
+        let gossip = &self.gossip_view;
+        self.sessions.watch(owners, |n| gossip.node(n).is_some());
+    }
+
+    /// Whom to beat and what to tell them: the session peers, and when the
+    /// addresses this node answers for lapse.
+    fn next_beat_plan(&self) -> BeatPlan {
+        let peers = self.sessions.peers();
+        let gossip = &self.gossip_view;
+        let peers = gossip
+            .nodes
+            .iter()
+            .chain(&gossip.gone)
+            .filter(|n| peers.contains(&n.node) && n.node != self.settings.node)
+            .map(|n| n.gossip_addr)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let expiries = self
+            .slots
+            .values()
+            .filter(|s| s.held.as_ref().is_some_and(|h| h.mode == Mode::Local))
+            .filter_map(|s| s.expires);
+        let lapse = expiries.fold(None, |acc: Option<Lapse>, e| {
+            Some(match acc {
+                None => Lapse { first: e, last: e },
+                Some(l) => Lapse {
+                    first: l.first.min(e),
+                    last: l.last.max(e),
+                },
+            })
+        });
+        BeatPlan { peers, lapse }
+    }
+
+    /// The lifetime of an address taken now: so that it lapses with the
+    /// ones renewed at the last renewal (to the second, the kernel's unit),
+    /// and a follower learns one moment when all of them lapse.
+    fn aligned_lifetime(&self, now: Instant) -> Lifetime {
+        // A renewal due now renews the others in this very step, to the
+        // whole lifetime; it skips this address (its add is in flight), so
+        // the address must outlast the renewal after that one too.
+        match (self.settings.lifetime.renew_every(), self.next_renew) {
+            (Some(every), Some(next)) if next > now => Lifetime::new(next + every * 2 - now),
+            _ => self.settings.lifetime,
+        }
     }
 
     /// Whether a starting agent may elect: the cluster is known, and gossip
@@ -1009,14 +1151,24 @@ impl Core {
             return;
         }
         let view = &self.view;
-        if self
-            .conflicts
-            .holding_off(ip, now, |n| view.node(n).is_some())
-        {
-            self.slots.get_mut(&ip).expect("present").probing = None;
-            return;
+        let sessions = &self.sessions;
+        let checked = match self.conflicts.holding_off(
+            ip,
+            now,
+            |n| view.node(n).is_some(),
+            |n| sessions.lapse(n),
+        ) {
+            Hold::Off => {
+                self.slots.get_mut(&ip).expect("present").probing = None;
+                return;
+            }
+            Hold::Released { checked } => checked,
+            Hold::Free => false,
+        };
+        if checked {
+            info!(%ip, "the gone owner's address lapsed and nobody answers; taking it");
         }
-        if want.mode == Mode::Local && !held_here && self.needs_precheck(ip) {
+        if want.mode == Mode::Local && !held_here && !checked && self.needs_precheck(ip) {
             let slot = self.slots.get_mut(&ip).expect("present");
             match slot.probing {
                 None => {
@@ -1031,13 +1183,14 @@ impl Core {
                 Some(_) => {}
             }
         }
+        let mut want = want;
+        if !held_here {
+            want.vip.lifetime = self.aligned_lifetime(now);
+        }
         let slot = self.slots.get_mut(&ip).expect("present");
         slot.probing = None;
-        slot.op = Some(Op::Add {
-            want: want.clone(),
-            renew: false,
-        });
-        out.add.push(want.vip);
+        out.add.push(want.vip.clone());
+        slot.op = Some(Op::Add { want, renew: false });
     }
 
     /// Whether to ask the LAN before taking `ip`: another node held it, and
@@ -1316,6 +1469,7 @@ impl Core {
                     ok: true,
                 });
                 if slot.held.as_ref().is_some_and(|h| same_place(h, &want)) {
+                    slot.expires = expiry(&want, now);
                     slot.held = Some(want);
                 }
             }
@@ -1340,6 +1494,7 @@ impl Core {
                     ok: true,
                 });
                 slot.retry = None;
+                slot.expires = expiry(&want, now);
                 let previous = slot.held.replace(want.clone());
                 if previous.is_none() {
                     slot.held_since = Some(now);
@@ -1611,11 +1766,10 @@ impl Core {
                 continue;
             }
             if let Some(h) = &s.held {
-                s.op = Some(Op::Add {
-                    want: h.clone(),
-                    renew: true,
-                });
-                out.add.push(h.vip.clone());
+                let mut want = h.clone();
+                want.vip.lifetime = self.settings.lifetime;
+                out.add.push(want.vip.clone());
+                s.op = Some(Op::Add { want, renew: true });
             }
         }
     }
@@ -1644,8 +1798,18 @@ impl Core {
         }
         if now >= self.next_yield_probe {
             self.next_yield_probe = now + YIELD_PROBE;
+            self.next_lapse_probe = now + LAPSE_PROBE;
             out.probe
                 .extend(self.conflicts.yielded().filter_map(|(_, y)| y.want.target));
+        } else if now >= self.next_lapse_probe {
+            self.next_lapse_probe = now + LAPSE_PROBE;
+            let sessions = &self.sessions;
+            out.probe.extend(
+                self.conflicts
+                    .yielded()
+                    .filter(|(_, y)| lapsing(sessions.lapse(&y.to), now))
+                    .filter_map(|(_, y)| y.want.target),
+            );
         }
         if now >= self.next_owner_probe {
             self.next_owner_probe = now + OWNER_PROBE;
@@ -1663,6 +1827,11 @@ impl Core {
     /// The outputs that follow the state: gossip, the watched addresses,
     /// annotations, readiness and status.
     fn report(&mut self, now: Instant, out: &mut Actions) {
+        let plan = self.next_beat_plan();
+        if self.beat_plan.as_ref() != Some(&plan) {
+            self.beat_plan = Some(plan.clone());
+            out.beat = Some(plan);
+        }
         if self.publish_dirty {
             self.publish_dirty = false;
             let local = self.local_state();
@@ -1777,7 +1946,11 @@ impl Core {
                 at(g.next);
             }
             if let Some(y) = self.conflicts.yield_of(*ip) {
-                at(y.seen + YIELD_HOLD);
+                let lapse = self.sessions.lapse(&y.to);
+                at(conflict::yield_ends(y.seen, lapse, now));
+                if let Some(l) = lapse {
+                    at(l.first.checked_sub(LAPSE_EARLY).unwrap_or(l.first));
+                }
             }
         }
         if let Some(r) = self.next_renew
@@ -1788,9 +1961,22 @@ impl Core {
         for since in self.orphans.values() {
             at(*since + HANDOVER_MAX);
         }
+        if let Some(d) = self.sessions.deadline() {
+            at(d);
+        }
+        if let Some(due) = self.watch_due {
+            at(due.max(self.watched_at + WATCH_EVERY));
+        }
         if self.settings.wire {
             if self.conflicts.yielded().next().is_some() {
                 at(self.next_yield_probe);
+            }
+            if self
+                .conflicts
+                .yielded()
+                .any(|(_, y)| lapsing(self.sessions.lapse(&y.to), now))
+            {
+                at(self.next_lapse_probe);
             }
             if self.slots.values().any(|s| s.held.is_some()) {
                 at(self.next_owner_probe);
@@ -2021,6 +2207,15 @@ impl Core {
             object_errors: self.object_errors.clone(),
         }
     }
+}
+
+/// When the kernel drops an address added or renewed `now` (the kernel
+/// counts whole seconds from when it took the request, a moment earlier).
+fn expiry(want: &Want, now: Instant) -> Option<Instant> {
+    want.vip
+        .lifetime
+        .kernel_seconds()
+        .map(|s| now + Duration::from_secs(s.into()))
 }
 
 fn same_place(a: &Want, b: &Want) -> bool {

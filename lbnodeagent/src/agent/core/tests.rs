@@ -306,7 +306,7 @@ fn an_answer_during_the_probe_window_keeps_this_node_off() {
     let act = a.step(Input::Tick);
     assert!(act.add.is_empty(), "stays off while b answers");
     // The answers stop (b's address lapsed): after the hold, a takes it.
-    a.advance(YIELD_HOLD);
+    a.advance(conflict::YIELD_HOLD);
     let mut added = false;
     for _ in 0..10 {
         let act = a.step(Input::Tick);
@@ -476,7 +476,10 @@ fn a_starting_agent_stands_only_once_settled_and_takes_only_later() {
     });
     assert_eq!(act.publish.map(|p| p.status), Some(Status::Alive));
     assert!(act.add.is_empty(), "not before three gossip rounds");
-    assert_eq!(act.wake, Some(a.now + INTERVAL * 3));
+    assert!(
+        act.wake.is_some_and(|w| w <= a.now + INTERVAL * 3),
+        "woken by then"
+    );
     a.advance(INTERVAL * 3);
     let act = a.step(Input::Tick);
     assert_eq!(ips(&act.add), [v].into());
@@ -638,4 +641,89 @@ fn a_leaving_node_without_a_successor_waits_a_few_rounds_for_a_newer_view() {
         Vec::new(),
     )));
     assert_eq!(ips(&act.remove), vs.iter().copied().collect());
+}
+
+fn beat(node: &str, lapse_in: Option<Duration>) -> Input {
+    Input::Beats(vec![sessions::Beat {
+        node: node.into(),
+        lapse: lapse_in.map(|d| (d, d)),
+    }])
+}
+
+/// The node next in line watches the owner: an owner whose beats stop for
+/// a moment (its agent starved for 200 ms) while its host still answers
+/// is asked about, left in place, and back once heard; an owner whose
+/// beats stop for good, and whose host answers until its addresses lapse,
+/// is followed the moment they lapse, not after a silence of YIELD_HOLD.
+#[test]
+fn a_silent_owner_is_asked_about_and_followed_at_its_lapse() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(
+        cluster(&[v]),
+        vec![
+            peer("b", Status::Alive, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    assert!(held.is_empty(), "b wins");
+    a.advance(Duration::from_millis(200));
+    a.step(Input::Tick);
+    let plan = a.core.beats().expect("a beats the owner it follows");
+    assert_eq!(plan.peers, vec!["10.0.0.250:7934".parse().unwrap()]);
+    // b's agent is starved for 200 ms: its beats stop, its kernel answers.
+    a.step(beat("b", Some(Duration::from_secs(10))));
+    a.advance(sessions::BEAT_MISS - Duration::from_millis(1));
+    assert!(a.step(Input::Tick).probe.is_empty(), "not before the miss");
+    a.advance(Duration::from_millis(1));
+    let act = a.step(Input::Tick);
+    assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
+    a.advance(Duration::from_millis(2));
+    a.step(Input::Claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    a.advance(PRECHECK);
+    assert!(a.step(Input::Tick).add.is_empty(), "b still answers");
+    a.advance(Duration::from_millis(60));
+    a.step(beat("b", Some(Duration::from_secs(10))));
+    for _ in 0..40 {
+        a.advance(Duration::from_millis(50));
+        a.step(beat("b", Some(Duration::from_secs(10))));
+        let act = a.step(Input::Tick);
+        assert!(act.add.is_empty(), "no takeover from a live owner");
+    }
+    // Now b's agent dies; its addresses lapse 3 s after its last beat.
+    let lapse_in = Duration::from_secs(3);
+    a.step(beat("b", Some(lapse_in)));
+    let lapse = a.now + lapse_in;
+    let mut added = None;
+    let mut asked_near_lapse = 0;
+    for _ in 0..400 {
+        a.advance(Duration::from_millis(10));
+        let act = a.step(Input::Tick);
+        if a.now < lapse {
+            for t in &act.probe {
+                if a.now + Duration::from_millis(200) > lapse {
+                    asked_near_lapse += 1;
+                }
+                a.step(Input::Claim(Claim {
+                    ip: t.ip,
+                    mac: mac("b"),
+                }));
+            }
+        }
+        if ips(&act.add) == [v].into() {
+            added = Some(a.now);
+            break;
+        }
+    }
+    let added = added.expect("taken once the address lapsed");
+    assert!(added >= lapse, "not while b answers");
+    assert!(
+        added <= lapse + conflict::LAPSE_HOLD + Duration::from_millis(20),
+        "taken {:?} after the lapse",
+        added - lapse
+    );
+    assert!(asked_near_lapse >= 3, "asked densely near the lapse");
 }

@@ -455,4 +455,24 @@ proptest! {
             }
         }
     }
+
+    /// `next_in_line(n)` is exactly the winners of the VIPs whose second
+    /// candidate is `n`, with the walk (shallow cached orders) and direct
+    /// hashing alike.
+    #[test]
+    fn next_in_line_names_the_owners_a_node_follows(seed in any::<u64>()) {
+        let w = world(seed);
+        for (direct, depth) in [(0, 1), (usize::MAX, 32)] {
+            let mut e = Election::tuned(&w.cluster, w.members.clone(), direct, depth);
+            let reports = e.report_all();
+            for n in &w.cluster.nodes {
+                let expected: std::collections::BTreeSet<String> = reports
+                    .iter()
+                    .filter(|r| r.candidates.get(1).is_some_and(|c| c.node == n.name))
+                    .filter_map(|r| r.winner.clone())
+                    .collect();
+                prop_assert_eq!(e.next_in_line(&n.name), expected);
+            }
+        }
+    }
 }

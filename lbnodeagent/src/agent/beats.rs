@@ -1,0 +1,148 @@
+//! Sends the owner sessions' beats (see `core::sessions`) on a task of its
+//! own, so a loop busy with a large election does not fall silent; and
+//! turns received beats into the core's input.
+//!
+//! Beats prove the loop lives, not only the process: the sender stops once
+//! the loop has not turned for [`LOOP_STALL`], and the followers then
+//! treat this node as they would a frozen one (its addresses still answer
+//! on the wire, so they stay off until those lapse).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use super::core::BeatPlan;
+use super::core::sessions::{BEAT_INTERVAL, Beat};
+use crate::gossip::ProbeSend;
+use crate::gossip::beats::BeatMessage;
+
+/// A loop that has not turned for this long sends no more beats. The loop
+/// turns at least once a second (links are re-read then).
+pub const LOOP_STALL: Duration = Duration::from_millis(1_500);
+
+/// `turned` before the loop's first turn: nothing is sent yet.
+const NOT_YET: u64 = u64::MAX;
+
+/// The loop's side: the plan to follow, and proof of life.
+pub struct Beats {
+    plan: watch::Sender<BeatPlan>,
+    turned: Arc<AtomicU64>,
+    base: Instant,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Beats {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Beats {
+    pub fn start(node: String, send: Arc<dyn ProbeSend>) -> Beats {
+        let (plan, plan_rx) = watch::channel(BeatPlan::default());
+        let turned = Arc::new(AtomicU64::new(NOT_YET));
+        let base = Instant::now();
+        let task = tokio::spawn(send_beats(node, send, plan_rx, turned.clone(), base));
+        Beats {
+            plan,
+            turned,
+            base,
+            task,
+        }
+    }
+
+    pub fn set_plan(&self, plan: BeatPlan) {
+        self.plan.send_replace(plan);
+    }
+
+    /// The loop turned.
+    pub fn turned(&self) {
+        self.turned
+            .store(self.base.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+async fn send_beats(
+    node: String,
+    send: Arc<dyn ProbeSend>,
+    plan: watch::Receiver<BeatPlan>,
+    turned: Arc<AtomicU64>,
+    base: Instant,
+) {
+    let mut every = tokio::time::interval(BEAT_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut out = Vec::with_capacity(64);
+    let mut stalled = false;
+    loop {
+        every.tick().await;
+        let last = turned.load(Ordering::Relaxed);
+        if last == NOT_YET {
+            continue;
+        }
+        let since = (base.elapsed().as_millis() as u64).saturating_sub(last);
+        if Duration::from_millis(since) >= LOOP_STALL {
+            if !stalled {
+                tracing::warn!(
+                    stalled_ms = since,
+                    "the agent's loop has not turned; sending no beats, so followers treat this node as stopped"
+                );
+                stalled = true;
+            }
+            continue;
+        }
+        stalled = false;
+        let plan = plan.borrow().clone();
+        if plan.peers.is_empty() {
+            continue;
+        }
+        let now = Instant::now();
+        BeatMessage {
+            node: node.clone(),
+            lapse: plan.lapse.map(|l| {
+                (
+                    l.first.saturating_duration_since(now),
+                    l.last.saturating_duration_since(now),
+                )
+            }),
+        }
+        .encode(&mut out);
+        for peer in &plan.peers {
+            send.send(*peer, &out);
+        }
+    }
+}
+
+/// Every beat waiting, as one input (the first one awaited by the loop's
+/// `select!`, the rest taken without waiting). Beats that do not decode
+/// are dropped: they passed the signature, so they come from a newer
+/// agent.
+pub fn drain(
+    first: (SocketAddr, Vec<u8>),
+    recv: &mut mpsc::Receiver<(SocketAddr, Vec<u8>)>,
+) -> Vec<Beat> {
+    let mut beats = Vec::new();
+    let mut next = Some(first);
+    while let Some((_, payload)) = next {
+        if let Some(m) = BeatMessage::decode(&payload) {
+            beats.push(Beat {
+                node: m.node,
+                lapse: m.lapse,
+            });
+        }
+        next = recv.try_recv().ok();
+    }
+    beats
+}
+
+/// `recv` on the link when there is one, pending forever otherwise.
+pub async fn recv(
+    link: &mut Option<mpsc::Receiver<(SocketAddr, Vec<u8>)>>,
+) -> Option<(SocketAddr, Vec<u8>)> {
+    match link {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,131 @@
+//! Beats: the owner sessions' messages (see the agent core's `sessions`),
+//! on the gossip socket beside the failure detector's, signed and
+//! replay-checked the same way and under the same sender id.
+//!
+//! A beat is [`BEAT_MARK`], a format byte, the sender's node name (one
+//! length byte, UTF-8), and two big-endian u32: milliseconds until the
+//! first and the last of the sender's addresses lapse ([`NO_LAPSE`] in both
+//! when it holds none with a finite lifetime). 8 to 263 bytes before the
+//! frame's own 81. Beats are read by the detector's task, which sees every
+//! verified message of its mark family first, and handed on as they are.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::detector::ProbeSend;
+
+pub const BEAT_MARK: [u8; 4] = *b"HLB\x01";
+const FORMAT: u8 = 1;
+/// Both lapse fields when nothing lapses.
+pub const NO_LAPSE: u32 = u32::MAX;
+/// Beats queued for the agent's loop before more are dropped: the loop
+/// drains them at every turn.
+pub const BEAT_INBOX: usize = 1_024;
+
+/// One beat as sent and received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BeatMessage {
+    pub node: String,
+    /// Until the first and the last of the sender's addresses lapse.
+    pub lapse: Option<(Duration, Duration)>,
+}
+
+impl BeatMessage {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(&BEAT_MARK);
+        out.push(FORMAT);
+        let name = &self.node.as_bytes()[..self.node.len().min(u8::MAX as usize)];
+        out.push(name.len() as u8);
+        out.extend_from_slice(name);
+        let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(NO_LAPSE - 1);
+        let (first, last) = self
+            .lapse
+            .map_or((NO_LAPSE, NO_LAPSE), |(f, l)| (ms(f), ms(l)));
+        out.extend_from_slice(&first.to_be_bytes());
+        out.extend_from_slice(&last.to_be_bytes());
+    }
+
+    /// `None` for anything that is not a beat of a known format. Longer
+    /// messages are read up to what this format knows, so a later format
+    /// may append fields.
+    pub fn decode(payload: &[u8]) -> Option<BeatMessage> {
+        let rest = payload.strip_prefix(&BEAT_MARK)?;
+        let (&format, rest) = rest.split_first()?;
+        if format < FORMAT {
+            return None;
+        }
+        let (&len, rest) = rest.split_first()?;
+        let name = rest.get(..len as usize)?;
+        let node = std::str::from_utf8(name).ok()?.to_string();
+        let rest = &rest[len as usize..];
+        let first = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
+        let last = u32::from_be_bytes(rest.get(4..8)?.try_into().ok()?);
+        if node.is_empty() {
+            return None;
+        }
+        let lapse = (first != NO_LAPSE && last != NO_LAPSE).then(|| {
+            (
+                Duration::from_millis(first.into()),
+                Duration::from_millis(last.max(first).into()),
+            )
+        });
+        Some(BeatMessage { node, lapse })
+    }
+}
+
+/// The agent's side of the beats: send to a peer's gossip address, and
+/// the verified beats received.
+pub struct BeatLink {
+    pub send: Arc<dyn ProbeSend>,
+    pub recv: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_size() {
+        let mut out = Vec::new();
+        for lapse in [
+            None,
+            Some((Duration::from_millis(4_980), Duration::from_millis(5_000))),
+        ] {
+            let m = BeatMessage {
+                node: "node-a".into(),
+                lapse,
+            };
+            m.encode(&mut out);
+            assert_eq!(out.len(), 4 + 1 + 1 + 6 + 8);
+            assert_eq!(BeatMessage::decode(&out), Some(m));
+        }
+    }
+
+    #[test]
+    fn junk_and_truncations_are_refused_longer_is_read() {
+        let mut out = Vec::new();
+        BeatMessage {
+            node: "n".into(),
+            lapse: None,
+        }
+        .encode(&mut out);
+        for cut in 0..out.len() {
+            assert_eq!(BeatMessage::decode(&out[..cut]), None, "cut at {cut}");
+        }
+        let mut longer = out.clone();
+        longer.extend_from_slice(b"future fields");
+        longer[4] = FORMAT + 1;
+        assert_eq!(
+            BeatMessage::decode(&longer).map(|m| m.node),
+            Some("n".into())
+        );
+        let mut bad = out.clone();
+        bad[6] = 0xff;
+        assert_eq!(BeatMessage::decode(&bad), None, "not UTF-8");
+        assert_eq!(BeatMessage::decode(b"HLS\x01junk"), None);
+    }
+}
