@@ -119,7 +119,9 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
     .map(|n| until_only(&probe, c.host(&n).mac(), down_at, Duration::from_secs(5)))
     .unwrap();
     eprintln!("switch port down: outage {} ms", o.outage.as_millis());
-    assert!(o.outage < Duration::from_millis(2000), "{o:?}");
+    // The follower's session sees the silence in 125 ms, asks 30 ms:
+    // about 150 ms with a release build.
+    assert!(o.outage < Duration::from_millis(600), "{o:?}");
     wait_for(
         "the isolated host to release",
         Duration::from_secs(5),
@@ -193,8 +195,9 @@ fn a_killed_agent_stops_answering_within_the_address_lifetime() {
         o.two_owners.as_millis(),
         (gone - killed_at).as_millis()
     );
-    assert!(o.outage < Duration::from_millis(2500), "{o:?}");
-    assert!(o.two_owners < Duration::from_millis(1500), "{o:?}");
+    // Followed at the lapse its last beat told: tens of ms, not a silence.
+    assert!(o.outage < Duration::from_millis(500), "{o:?}");
+    assert!(o.two_owners < Duration::from_millis(300), "{o:?}");
     assert!(gone - killed_at < Duration::from_secs(8));
 }
 
