@@ -136,13 +136,3 @@ pub fn drain(
     }
     beats
 }
-
-/// `recv` on the link when there is one, pending forever otherwise.
-pub async fn recv(
-    link: &mut Option<mpsc::Receiver<(SocketAddr, Vec<u8>)>>,
-) -> Option<(SocketAddr, Vec<u8>)> {
-    match link {
-        Some(r) => r.recv().await,
-        None => std::future::pending().await,
-    }
-}

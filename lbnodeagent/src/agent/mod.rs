@@ -393,8 +393,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     Input::Links(self.read_links().await)
                 }
                 () = &mut wake => Input::Tick,
-                Some(claim) = recv_claim(&mut self.wire.claims) => Input::Claim(claim),
-                Some(first) = beats::recv(&mut self.gossip.beats_in) => {
+                Some(claim) = recv_if(&mut self.wire.claims) => Input::Claim(claim),
+                Some(first) = recv_if(&mut self.gossip.beats_in) => {
                     let rest = self.gossip.beats_in.as_mut().expect("a beat came from it");
                     Input::Beats(beats::drain(first, rest))
                 }
@@ -799,8 +799,10 @@ pub fn keygen() -> std::io::Result<String> {
     Ok(hex::encode(key))
 }
 
-async fn recv_claim(claims: &mut Option<mpsc::Receiver<Claim>>) -> Option<Claim> {
-    match claims {
+/// `recv` on a channel the agent may not have (no raw socket, no
+/// detector link): pending forever then, so its `select!` arm never fires.
+async fn recv_if<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }

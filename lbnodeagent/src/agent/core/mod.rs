@@ -380,6 +380,9 @@ pub struct Core {
     watch_due: Option<Instant>,
     watched_at: Instant,
     beat_plan: Option<BeatPlan>,
+    /// The beat plan may have changed beyond what `publish_dirty` and the
+    /// sessions say: peers' addresses, or a renewal.
+    beat_dirty: bool,
     slots: BTreeMap<IpAddr, Slot>,
     /// Slots that are not [`Slot::settled`], decided at every step.
     unsettled: BTreeSet<IpAddr>,
@@ -433,6 +436,7 @@ impl Core {
             watch_due: None,
             watched_at: now,
             beat_plan: None,
+            beat_dirty: true,
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             orphans: BTreeMap::new(),
@@ -532,12 +536,12 @@ impl Core {
         self.wake
     }
 
-    /// The election as this node has it.
     /// Whom this node beats now (see [`sessions`]).
     pub fn beats(&self) -> Option<&BeatPlan> {
         self.beat_plan.as_ref()
     }
 
+    /// The election as this node has it.
     pub fn election(&self) -> &Election {
         &self.election
     }
@@ -755,6 +759,7 @@ impl Core {
             .collect();
         self.mark(waiting);
         self.watch_due.get_or_insert(now);
+        self.beat_dirty = true;
     }
 
     /// Everything that follows from the state: settle, decide, announce,
@@ -1471,6 +1476,7 @@ impl Core {
                 if slot.held.as_ref().is_some_and(|h| same_place(h, &want)) {
                     slot.expires = expiry(&want, now);
                     slot.held = Some(want);
+                    self.beat_dirty = true;
                 }
             }
             (Op::Add { renew: true, .. }, Ok(Applied::NotOurs)) => {
@@ -1827,10 +1833,15 @@ impl Core {
     /// The outputs that follow the state: gossip, the watched addresses,
     /// annotations, readiness and status.
     fn report(&mut self, now: Instant, out: &mut Actions) {
-        let plan = self.next_beat_plan();
-        if self.beat_plan.as_ref() != Some(&plan) {
-            self.beat_plan = Some(plan.clone());
-            out.beat = Some(plan);
+        // Held addresses change with what is published; worked out only
+        // then, not at every step (beats arrive many times a second).
+        let peers_changed = self.sessions.take_changed();
+        if std::mem::take(&mut self.beat_dirty) || self.publish_dirty || peers_changed {
+            let plan = self.next_beat_plan();
+            if self.beat_plan.as_ref() != Some(&plan) {
+                self.beat_plan = Some(plan.clone());
+                out.beat = Some(plan);
+            }
         }
         if self.publish_dirty {
             self.publish_dirty = false;

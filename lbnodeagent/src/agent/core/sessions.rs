@@ -73,17 +73,22 @@ pub struct Sessions {
     /// The last lapse each peer told, kept after it goes silent (that is
     /// when it is needed) until [`LAPSE_KEPT`] after its last address.
     lapses: BTreeMap<String, Lapse>,
+    /// [`Sessions::peers`] changed since [`Sessions::take_changed`].
+    changed: bool,
 }
 
 impl Sessions {
     /// The owners to watch now. A suspect stays watched (it may answer
     /// again) until `live` says gossip itself lost it.
     pub fn watch(&mut self, owners: BTreeSet<String>, live: impl Fn(&str) -> bool) {
+        let before = self.watched.len();
         self.watched
             .retain(|n, w| owners.contains(n) || (w.suspect && live(n)));
+        let kept = self.watched.len();
         for o in owners {
             self.watched.entry(o).or_default();
         }
+        self.changed |= kept != before || self.watched.len() != kept;
     }
 
     /// A beat arrived. True when it brings a suspect back.
@@ -106,7 +111,7 @@ impl Sessions {
             }
             None => false,
         };
-        self.watchers.insert(beat.node, now);
+        self.changed |= self.watchers.insert(beat.node, now).is_none();
         back
     }
 
@@ -123,8 +128,10 @@ impl Sessions {
                 new = true;
             }
         }
+        let before = self.watchers.len();
         self.watchers
             .retain(|_, t| now.saturating_duration_since(*t) < WATCHER_TTL);
+        self.changed |= self.watchers.len() != before;
         self.lapses.retain(|_, l| now < l.last + LAPSE_KEPT);
         new
     }
@@ -138,6 +145,11 @@ impl Sessions {
             .iter()
             .filter(|(_, w)| w.suspect)
             .map(|(n, _)| n.as_str())
+    }
+
+    /// Whether [`Sessions::peers`] changed since the last call.
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
     }
 
     /// Whom to beat: the owners watched and the nodes that watch this one.
@@ -237,10 +249,16 @@ mod tests {
         let t0 = Instant::now();
         let mut s = Sessions::default();
         s.watch(set(&["a"]), |_| true);
+        assert!(s.take_changed(), "a watched");
         assert!(!s.heard(beat("w"), t0));
         assert_eq!(s.peers(), set(&["a", "w"]));
-        s.expire(t0 + WATCHER_TTL);
+        assert!(s.take_changed(), "w heard");
+        s.heard(beat("w"), t0 + WATCHER_TTL / 2);
+        s.watch(set(&["a"]), |_| true);
+        assert!(!s.take_changed(), "the same peers");
+        s.expire(t0 + WATCHER_TTL + WATCHER_TTL / 2);
         assert_eq!(s.peers(), set(&["a"]));
+        assert!(s.take_changed(), "w gone");
     }
 
     #[test]
