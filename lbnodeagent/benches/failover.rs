@@ -6,6 +6,7 @@
 //! cargo bench -p lbnodeagent --bench failover                # 5 runs, writes docs/benchmarks.md
 //! FAILOVER_RUNS=1 FAILOVER_ONLY=hostlb cargo bench -p lbnodeagent --bench failover
 //! FAILOVER_ONLY="keepalived (advert_int 0.1" ...            # rows whose subject starts so
+//! FAILOVER_FAULT="SIGKILL +" ...                               # faults whose name starts so
 //! ```
 //!
 //! Needs root, keepalived (`apt-get install keepalived`), kubectl, python3.
@@ -25,6 +26,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
     let only = std::env::var("FAILOVER_ONLY").unwrap_or_default();
+    let only_fault = std::env::var("FAILOVER_FAULT").unwrap_or_default();
     let window = Duration::from_secs(
         std::env::var("FAILOVER_WINDOW_S")
             .ok()
@@ -47,6 +49,9 @@ fn main() {
             continue;
         }
         for fault in FAULTS {
+            if !fault.to_string().starts_with(only_fault.as_str()) {
+                continue;
+            }
             let mut per_family: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
             for run in 0..runs {
                 eprintln!("{subject}: {fault}, run {}/{runs}", run + 1);
@@ -88,7 +93,7 @@ fn main() {
             }
         }
     }
-    if runs >= 5 && only.is_empty() {
+    if runs >= 5 && only.is_empty() && only_fault.is_empty() {
         write_docs(&table, runs, window);
     }
 }

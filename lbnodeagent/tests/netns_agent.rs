@@ -84,10 +84,19 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
         o.outage.as_millis(),
         o.two_owners.as_millis()
     );
-    // Make before break: peers take over before the addresses go, so the
-    // client loses (almost) nothing; both answer only briefly.
+    // Make before break: peers take over before the addresses go (its
+    // leaving beat reaches them at once), so the client loses (almost)
+    // nothing; both answer only until cleanup sees the other's claim.
     assert!(o.lost <= 2, "{o:?}");
-    assert!(o.two_owners < Duration::from_millis(500), "{o:?}");
+    assert!(o.two_owners < Duration::from_millis(150), "{o:?}");
+    let answered = probe
+        .wait_for_mac(&next_mac, killed_at, Duration::from_secs(1))
+        .map(|t| t - killed_at);
+    eprintln!("SIGKILL + cleanup: {next} answers after {answered:?}");
+    assert!(
+        answered.is_some_and(|t| t < Duration::from_millis(250)),
+        "another node answers within the test's bound (the bench measures ~30 ms)"
+    );
     wait_for("the annotation to follow", Duration::from_secs(10), || {
         (c.annotation("web", "hostlb.io/announcing-IPv4") == format!("{next},eth0")).then_some(())
     })

@@ -100,6 +100,7 @@ async fn send_beats(
         }
         let now = Instant::now();
         BeatMessage {
+            leaving: false,
             node: node.clone(),
             lapse: plan.lapse.map(|l| {
                 (
@@ -130,6 +131,7 @@ pub fn drain(
             beats.push(Beat {
                 node: m.node,
                 lapse: m.lapse,
+                leaving: m.leaving,
             });
         }
         next = recv.try_recv().ok();

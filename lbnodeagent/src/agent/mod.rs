@@ -67,6 +67,8 @@ pub enum AgentError {
     Addresses(#[from] crate::addrs::Error),
     #[error("gossip: {0}")]
     Gossip(#[from] crate::gossip::GossipError),
+    #[error("ARP/NDP: {0}")]
+    Announce(#[from] crate::announce::Error),
     #[error("kubeconfig {}: {message}", path.display())]
     Kubeconfig { path: PathBuf, message: String },
     #[error("cannot serve HTTP on {addr}: {source}")]

@@ -3,11 +3,19 @@
 //! replay-checked the same way and under the same sender id.
 //!
 //! A beat is [`BEAT_MARK`], a format byte, the sender's node name (one
-//! length byte, UTF-8), and two big-endian u32: milliseconds until the
-//! first and the last of the sender's addresses lapse ([`NO_LAPSE`] in both
-//! when it holds none with a finite lifetime). 8 to 263 bytes before the
-//! frame's own 81. Beats are read by the detector's task, which sees every
-//! verified message of its mark family first, and handed on as they are.
+//! length byte, UTF-8), two big-endian u32: milliseconds until the first
+//! and the last of the sender's addresses lapse ([`NO_LAPSE`] in both when
+//! it holds none with a finite lifetime), and from format 2 a flags byte
+//! ([`LEAVING`]). 9 to 264 bytes before the frame's own 81. Beats are read
+//! by the detector's task, which sees every verified message of its mark
+//! family first, and handed on as they are.
+//!
+//! A *leaving* beat is what `cleanup` sends to every peer it knows when
+//! the agent is gone: the node's addresses still answer and are removed
+//! once others answer for them, so peers take them over at once, as from
+//! a node handing over on SIGTERM. An agent of format 1 reads it as an
+//! ordinary beat (the flags follow what it knows) and learns the same from
+//! gossip, later.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +26,10 @@ use tokio::sync::mpsc;
 use super::detector::ProbeSend;
 
 pub const BEAT_MARK: [u8; 4] = *b"HLB\x01";
-const FORMAT: u8 = 1;
+const FORMAT: u8 = 2;
+/// Flag: the sender's agent is gone and its addresses are about to be
+/// removed (see the module docs).
+pub const LEAVING: u8 = 1;
 /// Both lapse fields when nothing lapses.
 pub const NO_LAPSE: u32 = u32::MAX;
 /// Beats queued for the agent's loop before more are dropped: the loop
@@ -31,6 +42,7 @@ pub struct BeatMessage {
     pub node: String,
     /// Until the first and the last of the sender's addresses lapse.
     pub lapse: Option<(Duration, Duration)>,
+    pub leaving: bool,
 }
 
 impl BeatMessage {
@@ -47,6 +59,7 @@ impl BeatMessage {
             .map_or((NO_LAPSE, NO_LAPSE), |(f, l)| (ms(f), ms(l)));
         out.extend_from_slice(&first.to_be_bytes());
         out.extend_from_slice(&last.to_be_bytes());
+        out.push(if self.leaving { LEAVING } else { 0 });
     }
 
     /// `None` for anything that is not a beat of a known format. Longer
@@ -55,7 +68,7 @@ impl BeatMessage {
     pub fn decode(payload: &[u8]) -> Option<BeatMessage> {
         let rest = payload.strip_prefix(&BEAT_MARK)?;
         let (&format, rest) = rest.split_first()?;
-        if format < FORMAT {
+        if format == 0 {
             return None;
         }
         let (&len, rest) = rest.split_first()?;
@@ -64,6 +77,7 @@ impl BeatMessage {
         let rest = &rest[len as usize..];
         let first = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
         let last = u32::from_be_bytes(rest.get(4..8)?.try_into().ok()?);
+        let flags = if format >= 2 { *rest.get(8)? } else { 0 };
         if node.is_empty() {
             return None;
         }
@@ -73,7 +87,11 @@ impl BeatMessage {
                 Duration::from_millis(last.max(first).into()),
             )
         });
-        Some(BeatMessage { node, lapse })
+        Some(BeatMessage {
+            node,
+            lapse,
+            leaving: flags & LEAVING != 0,
+        })
     }
 }
 
@@ -95,14 +113,44 @@ mod tests {
             None,
             Some((Duration::from_millis(4_980), Duration::from_millis(5_000))),
         ] {
-            let m = BeatMessage {
-                node: "node-a".into(),
-                lapse,
-            };
-            m.encode(&mut out);
-            assert_eq!(out.len(), 4 + 1 + 1 + 6 + 8);
-            assert_eq!(BeatMessage::decode(&out), Some(m));
+            for leaving in [false, true] {
+                let m = BeatMessage {
+                    node: "node-a".into(),
+                    lapse,
+                    leaving,
+                };
+                m.encode(&mut out);
+                assert_eq!(out.len(), 4 + 1 + 1 + 6 + 8 + 1);
+                assert_eq!(BeatMessage::decode(&out), Some(m));
+            }
         }
+    }
+
+    /// A beat of the previous release (format 1: no flags byte), as it
+    /// sends it, and how that release reads this one's leaving beat.
+    #[test]
+    fn format_one_is_read_and_reads_ours() {
+        let old = b"HLB\x01\x01\x06node-a\x00\x00\x13\x74\x00\x00\x13\x88";
+        assert_eq!(
+            BeatMessage::decode(old),
+            Some(BeatMessage {
+                node: "node-a".into(),
+                lapse: Some((Duration::from_millis(4_980), Duration::from_millis(5_000))),
+                leaving: false,
+            })
+        );
+        let mut ours = Vec::new();
+        BeatMessage {
+            node: "node-a".into(),
+            lapse: None,
+            leaving: true,
+        }
+        .encode(&mut ours);
+        // Format 1's reader: format >= 1, then name and lapse; the rest is
+        // not looked at.
+        assert!(ours[4] >= 1);
+        assert_eq!(&ours[5..12], b"\x06node-a");
+        assert_eq!(&ours[12..20], &[0xff; 8]);
     }
 
     #[test]
@@ -111,6 +159,7 @@ mod tests {
         BeatMessage {
             node: "n".into(),
             lapse: None,
+            leaving: true,
         }
         .encode(&mut out);
         for cut in 0..out.len() {
@@ -120,8 +169,8 @@ mod tests {
         longer.extend_from_slice(b"future fields");
         longer[4] = FORMAT + 1;
         assert_eq!(
-            BeatMessage::decode(&longer).map(|m| m.node),
-            Some("n".into())
+            BeatMessage::decode(&longer).map(|m| (m.node, m.leaving)),
+            Some(("n".into(), true))
         );
         let mut bad = out.clone();
         bad[6] = 0xff;

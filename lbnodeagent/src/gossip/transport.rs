@@ -409,6 +409,22 @@ impl AuthTransport {
 }
 
 impl AuthTransport {
+    /// Signed one-off messages (what the failure detector and the beats
+    /// send) from a socket of their own bound to `bind`, beside no
+    /// gossip: `cleanup` speaks for a dead agent whose port may still be
+    /// held. Answers to it are not read.
+    pub fn sender(&self, bind: SocketAddr) -> io::Result<Arc<dyn ProbeSend>> {
+        let wire = std::net::UdpSocket::bind(bind)?;
+        let local = wire.local_addr()?;
+        Ok(Arc::new(ProbeSender {
+            wire,
+            outbound: std::sync::Mutex::new(Outbound::new(sender_id(local))),
+            keys: self.keys.clone(),
+            clock: self.clock.clone(),
+            counters: self.counters.clone(),
+        }))
+    }
+
     fn verifier(&self, local: SocketAddr) -> Verifier {
         Verifier {
             inbound: Inbound::new(self.replay_window.as_millis() as u64),

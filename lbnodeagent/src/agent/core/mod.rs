@@ -376,6 +376,10 @@ pub struct Core {
     /// its sessions found silent.
     view: MembershipView,
     sessions: Sessions,
+    /// Nodes whose `cleanup` said their agent is gone, with the gossip
+    /// generation they had then: acted on as leaving (as if they had
+    /// published it) until gossip shows another generation or loses them.
+    left: BTreeMap<String, u64>,
     /// The owners to watch are worked out again then (the election moved).
     watch_due: Option<Instant>,
     watched_at: Instant,
@@ -433,6 +437,7 @@ impl Core {
             gossip_view: MembershipView::empty(),
             view: MembershipView::empty(),
             sessions: Sessions::default(),
+            left: BTreeMap::new(),
             watch_due: None,
             watched_at: now,
             beat_plan: None,
@@ -600,12 +605,16 @@ impl Core {
                 self.apply_view(now, out);
             }
             Input::Beats(beats) => {
-                let mut back = false;
+                let mut changed = false;
                 for b in beats {
-                    back |= self.sessions.heard(b, now);
+                    if b.leaving {
+                        changed |= self.left_by_cleanup(b.node);
+                    } else if self.sessions.heard(b, now) {
+                        info!("a silent owner is heard again");
+                        changed = true;
+                    }
                 }
-                if back {
-                    info!("a silent owner is heard again");
+                if changed {
                     self.apply_view(now, out);
                 }
             }
@@ -704,12 +713,46 @@ impl Core {
         }
     }
 
+    /// `node`'s `cleanup` says its agent is gone: its addresses answer
+    /// until others do. True when that is news.
+    fn left_by_cleanup(&mut self, node: String) -> bool {
+        if node == self.settings.node {
+            return false;
+        }
+        let Some(generation) = self.gossip_view.node(&node).map(|n| n.generation) else {
+            debug!(%node, "leaving beat from a node gossip does not show live");
+            return false;
+        };
+        if self.left.get(&node) == Some(&generation) {
+            return false;
+        }
+        info!(%node, "its agent is gone and cleanup hands its addresses over; taking them as from a leaving node");
+        self.left.insert(node, generation);
+        true
+    }
+
     /// Acts on membership: gossip's view without the owners whose
-    /// sessions went silent (see [`sessions`]).
+    /// sessions went silent (see [`sessions`]), and with the nodes whose
+    /// `cleanup` spoke as leaving.
     fn apply_view(&mut self, now: Instant, out: &mut Actions) {
         let mut view = self.gossip_view.clone();
+        let gossip = &self.gossip_view;
+        self.left
+            .retain(|n, g| gossip.node(n).is_some_and(|i| i.generation == *g));
+        if !self.left.is_empty() {
+            view.members.retain(|m| !self.left.contains_key(&m.node));
+            for n in &mut view.nodes {
+                if n.status == Status::Alive && self.left.contains_key(&n.node) {
+                    n.status = Status::Leaving;
+                }
+            }
+        }
         if self.sessions.suspects().next().is_some() {
-            let suspect = |n: &str| n != self.settings.node && self.sessions.is_suspect(n);
+            // A node whose cleanup spoke is leaving, not silent: its host
+            // answers until others do, and it is handed over as such.
+            let suspect = |n: &str| {
+                n != self.settings.node && self.sessions.is_suspect(n) && !self.left.contains_key(n)
+            };
             view.members.retain(|m| !suspect(&m.node));
             let (silent, nodes): (Vec<_>, Vec<_>) =
                 view.nodes.into_iter().partition(|n| suspect(&n.node));

@@ -49,6 +49,9 @@ pub struct Beat {
     /// When the sender's addresses lapse if it renews nothing more, counted
     /// from the moment the beat arrived: the earliest and the latest.
     pub lapse: Option<(Duration, Duration)>,
+    /// Sent by `cleanup`: the node's agent is gone (the core takes the
+    /// node as leaving; sessions never see such a beat).
+    pub leaving: bool,
 }
 
 /// When a node's addresses lapse, as its last beat said.
@@ -185,6 +188,7 @@ mod tests {
         Beat {
             node: node.into(),
             lapse: None,
+            leaving: false,
         }
     }
 
@@ -270,6 +274,7 @@ mod tests {
             Beat {
                 node: "a".into(),
                 lapse: Some((Duration::from_secs(4), Duration::from_secs(5))),
+                leaving: false,
             },
             t0,
         );

@@ -647,6 +647,7 @@ fn beat(node: &str, lapse_in: Option<Duration>) -> Input {
     Input::Beats(vec![sessions::Beat {
         node: node.into(),
         lapse: lapse_in.map(|d| (d, d)),
+        leaving: false,
     }])
 }
 
@@ -726,4 +727,101 @@ fn a_silent_owner_is_asked_about_and_followed_at_its_lapse() {
         added - lapse
     );
     assert!(asked_near_lapse >= 3, "asked densely near the lapse");
+}
+
+/// `cleanup` of a killed owner says so in a leaving beat: the next winner
+/// takes its VIPs at once and without asking the LAN (the old host still
+/// answers until others do: make before break), as from a node leaving on
+/// SIGTERM. The word holds for that run of the agent only: once gossip
+/// shows the node started again, it is a member like any other.
+#[test]
+fn a_leaving_beat_from_cleanup_hands_over_at_once() {
+    let vs = addresses(3);
+    let mut a = Node::new("a");
+    let b = || peer("b", Status::Alive, &vs, 1);
+    let held = a.running(cluster(&vs), vec![b(), peer("c", Status::Alive, &[], 1)]);
+    assert!(held.is_empty(), "b wins");
+    let leaving = |node: &str| {
+        Input::Beats(vec![sessions::Beat {
+            node: node.into(),
+            lapse: None,
+            leaving: true,
+        }])
+    };
+    let act = a.step(leaving("a"));
+    assert!(act.add.is_empty() && act.probe.is_empty(), "its own name");
+    let act = a.step(leaving("x"));
+    assert!(
+        act.add.is_empty() && act.probe.is_empty(),
+        "not a live node"
+    );
+    let act = a.step(leaving("b"));
+    assert!(act.probe.is_empty(), "no pre-check: b still answers");
+    assert_eq!(ips(&act.add), vs.iter().copied().collect(), "taken at once");
+    a.done(&act);
+    // The same gossip again (b's old run is still reported alive): still
+    // leaving.
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![b(), peer("c", Status::Alive, &[], 1)],
+        Vec::new(),
+    )));
+    assert!(act.remove.is_empty(), "kept while b's old run is leaving");
+    // b starts again (a new generation) and ranks first once alive: a
+    // hands the VIPs back as to any live winner.
+    let mut again = peer("b", Status::Alive, &[], 1);
+    again.generation = 2;
+    a.step(Input::Members(view(
+        "a",
+        vec![again.clone(), peer("c", Status::Alive, &[], 1)],
+        Vec::new(),
+    )));
+    again.vips = vs.iter().copied().collect();
+    a.advance(INTERVAL);
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![again, peer("c", Status::Alive, &[], 1)],
+        Vec::new(),
+    )));
+    assert_eq!(
+        ips(&act.remove),
+        vs.iter().copied().collect(),
+        "b's new run is a member again"
+    );
+}
+
+/// `cleanup` can start after the owner's follower found it silent, asked
+/// the LAN, heard its host still answer and stayed off: the leaving beat
+/// still hands the VIP over at once.
+#[test]
+fn a_leaving_beat_after_the_owner_went_silent_still_hands_over() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.running(
+        cluster(&[v]),
+        vec![
+            peer("b", Status::Alive, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    a.advance(Duration::from_millis(200));
+    a.step(Input::Tick);
+    a.step(beat("b", Some(Duration::from_secs(10))));
+    a.advance(sessions::BEAT_MISS);
+    let act = a.step(Input::Tick);
+    assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
+    a.step(Input::Claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    a.advance(PRECHECK);
+    assert!(a.step(Input::Tick).add.is_empty(), "b's host answers: off");
+    a.advance(Duration::from_millis(100));
+    let act = a.step(Input::Beats(vec![sessions::Beat {
+        node: "b".into(),
+        lapse: None,
+        leaving: true,
+    }]));
+    assert!(act.probe.is_empty(), "no pre-check");
+    assert_eq!(ips(&act.add), [v].into(), "taken at once");
 }

@@ -47,6 +47,9 @@ const HANDOVER_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_secs
 /// Two owners while one of them is leaving (SIGTERM), at most: it waits
 /// for its successors up to [`LEAVE_MAX`].
 const LEAVING_BOUND: Duration = LEAVE_MAX.saturating_add(Duration::from_millis(500));
+/// Two hosts answer while `cleanup` hands a killed agent's address over
+/// (SPEC: two MACs at most 50 ms).
+const CLEANUP_BOUND: Duration = Duration::from_millis(50);
 /// Two owners while one of them is still starting, at most: the time for
 /// its peer's state to reach it.
 const STARTING_BOUND: Duration = Duration::from_secs(1);
@@ -104,6 +107,9 @@ pub struct HostState {
     /// Since when the agent has not been running (frozen, killed, host
     /// off); its addresses lapse a lifetime after.
     pub stopped_at: Option<Duration>,
+    /// `cleanup` runs since then: it removes each address once another
+    /// host answers for it.
+    pub cleanup_since: Option<Duration>,
     pub ready: bool,
     pub leaving: bool,
     /// Its kernel refuses a share of operations now.
@@ -339,6 +345,13 @@ impl Checker {
         ctx: &Context,
         since: Duration,
     ) -> (Duration, &'static str) {
+        if let Some(cleanup) = owners
+            .iter()
+            .filter_map(|&h| ctx.hosts[h].cleanup_since)
+            .max()
+        {
+            return (since.max(cleanup) + CLEANUP_BOUND, "cleanup hands over");
+        }
         let dead = owners.iter().filter_map(|&h| ctx.hosts[h].stopped_at).max();
         if let Some(stopped) = dead {
             // Its address lasts until its lifetime runs out after its agent

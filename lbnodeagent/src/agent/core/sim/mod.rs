@@ -154,6 +154,8 @@ struct Host {
     beat_plan: BeatPlan,
     /// When beats were last handed to this agent.
     beats_at: Option<Duration>,
+    /// `cleanup` runs, since then.
+    cleanup_since: Option<Duration>,
 }
 
 #[derive(Clone, Debug)]
@@ -212,6 +214,12 @@ enum Ev {
     Left {
         observer: usize,
         subject: usize,
+    },
+    /// `subject`'s cleanup's leaving beat reaches `observer`'s agent.
+    LeavingBeat {
+        observer: usize,
+        subject: usize,
+        generation: u64,
     },
     Api {
         host: usize,
@@ -305,6 +313,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             wake_due: None,
             beat_plan: BeatPlan::default(),
             beats_at: None,
+            cleanup_since: None,
             published: LocalState::default(),
             pub_version: 0,
             known: vec![None; shape.nodes],
@@ -576,6 +585,27 @@ impl World {
                     self.deliver_cluster(host);
                 }
             }
+            Ev::LeavingBeat {
+                observer,
+                subject,
+                generation,
+            } => {
+                if self
+                    .for_agent(observer, generation, || Ev::LeavingBeat {
+                        observer,
+                        subject,
+                        generation,
+                    })
+                    .is_some()
+                {
+                    let beat = Beat {
+                        node: self.hosts[subject].name.clone(),
+                        lapse: None,
+                        leaving: true,
+                    };
+                    self.step(observer, Input::Beats(vec![beat]));
+                }
+            }
             Ev::CleanupWait { host, until } => self.cleanup_wait(host, until),
         }
     }
@@ -635,6 +665,7 @@ impl World {
         h.agent = Agent::Running;
         h.killed = false;
         h.stopped_at = None;
+        h.cleanup_since = None;
         h.generation += 1;
         h.api_version = 0;
         h.wake_due = None;
@@ -877,6 +908,7 @@ impl World {
                         l.last.saturating_duration_since(now),
                     )
                 }),
+                leaving: false,
             });
         }
         if only.is_none() {
@@ -1318,8 +1350,35 @@ impl World {
                 self.stop_agent(h, false);
                 self.hosts[h].killed = true;
                 // systemd starts `cleanup`: it tells the peers this node
-                // left, waits for them to hold its VIPs, then removes them.
-                let start = self.rng.ms(20, 80);
+                // left (a leaving beat to each, then gossip), waits for
+                // another node to answer for each VIP, and removes it.
+                // Mostly at once; now and then after the owner's
+                // followers found it silent and its host still answering.
+                let start = if self.rng.chance(0.8) {
+                    self.rng.ms(5, 80)
+                } else {
+                    self.rng.ms(80, 400)
+                };
+                self.hosts[h].cleanup_since = Some(self.t + start);
+                let sends = {
+                    let x = &self.hosts[h];
+                    x.powered && x.port_up && !x.blocked
+                };
+                for j in 0..self.hosts.len() {
+                    let o = &self.hosts[j];
+                    if j != h && sends && o.powered && o.port_up && !o.blocked {
+                        let d = start + self.rng.ms(0, 3);
+                        let generation = o.generation;
+                        self.after(
+                            d,
+                            Ev::LeavingBeat {
+                                observer: j,
+                                subject: h,
+                                generation,
+                            },
+                        );
+                    }
+                }
                 for j in 0..self.hosts.len() {
                     if j != h && self.gossips(j) && self.hosts[h].powered && self.hosts[h].port_up {
                         let d = start + self.rng.ms(LEAVE_MS.0, LEAVE_MS.1);
@@ -1386,30 +1445,50 @@ impl World {
         }
     }
 
-    /// `cleanup` waits for another node to answer for each VIP of the
-    /// host (at most until `until`), then removes them.
+    /// `cleanup` removes each VIP of the host once another node answers
+    /// for it (it sees the claims on the wire), and the rest at `until`.
     fn cleanup_wait(&mut self, host: usize, until: Duration) {
         if self.hosts[host].agent != Agent::Stopped {
             return;
         }
-        let taken = self.hosts[host]
+        let n = self.hosts.len();
+        let answered = |w: &World, ip: IpAddr| (0..n).any(|j| j != host && w.answers(j, ip));
+        let eth0: Vec<IpAddr> = self.hosts[host]
             .kernel
             .keys()
             .filter(|(i, _)| *i == ETH0)
-            .all(|(_, ip)| (0..self.hosts.len()).any(|j| j != host && self.answers(j, *ip)));
-        if !taken && self.t < until {
-            self.after(Duration::from_millis(20), Ev::CleanupWait { host, until });
-            return;
+            .map(|(_, ip)| *ip)
+            .collect();
+        let taken: Vec<IpAddr> = eth0
+            .iter()
+            .copied()
+            .filter(|ip| answered(self, *ip))
+            .collect();
+        let done = self.t >= until || taken.len() == eth0.len();
+        let h = &mut self.hosts[host];
+        let gone: Vec<IpAddr> = if done {
+            h.cleanup_since = None;
+            std::mem::take(&mut h.kernel)
+                .into_keys()
+                .map(|(_, ip)| ip)
+                .collect()
+        } else {
+            h.kernel
+                .retain(|(i, ip), _| !(*i == ETH0 && taken.contains(ip)));
+            taken
+        };
+        if !done {
+            self.after(Duration::from_millis(5), Ev::CleanupWait { host, until });
         }
-        let gone: Vec<IpAddr> = self.hosts[host].kernel.keys().map(|(_, ip)| *ip).collect();
-        self.hosts[host].kernel.clear();
-        self.checker.stats.kernel_changes += gone.len() as u64;
-        self.note(format!(
-            "{}: cleanup removed {gone:?}",
-            self.hosts[host].name
-        ));
-        for ip in gone {
-            self.owners_changed(ip);
+        if !gone.is_empty() {
+            self.checker.stats.kernel_changes += gone.len() as u64;
+            self.note(format!(
+                "{}: cleanup removed {gone:?}",
+                self.hosts[host].name
+            ));
+            for ip in gone {
+                self.owners_changed(ip);
+            }
         }
     }
 
@@ -1518,6 +1597,7 @@ fn context<'a>(
             .map(|h| check::HostState {
                 agent_running: h.agent == Agent::Running,
                 stopped_at: h.stopped_at.filter(|_| h.agent != Agent::Running),
+                cleanup_since: h.cleanup_since,
                 ready: ready(h),
                 leaving: h.core.as_ref().is_some_and(|c| c.is_leaving()),
                 flaky: h.flaky,
