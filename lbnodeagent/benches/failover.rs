@@ -7,6 +7,7 @@
 //! FAILOVER_RUNS=1 FAILOVER_ONLY=hostlb cargo bench -p lbnodeagent --bench failover
 //! FAILOVER_ONLY="keepalived (advert_int 0.1" ...            # rows whose subject starts so
 //! FAILOVER_FAULT="SIGKILL +" ...                               # faults whose name starts so
+//! FAILOVER_LOSS=5 ...          # each node drops 5% of its datagrams (UDP, VRRP) both ways
 //! ```
 //!
 //! Needs root, keepalived (`apt-get install keepalived`), kubectl, python3.
@@ -17,7 +18,7 @@ mod cluster;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use cluster::failover::{Bed, FAULTS, Sample, Subject, stats};
+use cluster::failover::{Bed, FAULTS, Fault, IDLE, Sample, Subject, stats};
 
 fn main() {
     hostlb_tests::netns::require_root();
@@ -27,6 +28,10 @@ fn main() {
         .unwrap_or(5);
     let only = std::env::var("FAILOVER_ONLY").unwrap_or_default();
     let only_fault = std::env::var("FAILOVER_FAULT").unwrap_or_default();
+    let loss: u32 = std::env::var("FAILOVER_LOSS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let window = Duration::from_secs(
         std::env::var("FAILOVER_WINDOW_S")
             .ok()
@@ -55,7 +60,10 @@ fn main() {
             let mut per_family: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
             for run in 0..runs {
                 eprintln!("{subject}: {fault}, run {}/{runs}", run + 1);
-                let Some(samples) = Bed::new(subject).measure(fault, window) else {
+                let bed = Bed::new(subject);
+                bed.lossy(loss);
+                let watch = if fault == Fault::Idle { IDLE } else { window };
+                let Some(samples) = bed.measure(fault, watch) else {
                     break;
                 };
                 for (i, s) in samples.into_iter().enumerate() {
@@ -93,7 +101,7 @@ fn main() {
             }
         }
     }
-    if runs >= 5 && only.is_empty() && only_fault.is_empty() {
+    if runs >= 5 && only.is_empty() && only_fault.is_empty() && loss == 0 {
         write_docs(&table, runs, window);
     }
 }
@@ -159,7 +167,8 @@ run after it, as systemd's `ExecStopPost=` does (hostlb only). *SIGKILL*:
 the daemon killed, nothing else (for keepalived, its VRRP child too).
 *SIGTERM*: a planned stop. *announce link down*: `ip link set eth0 down` on
 the owner. *switch port down*: the owner cut off. *SIGSTOP*: the daemon
-frozen.
+frozen. *none (idle 60 s)*: no fault, watched for 60 s: any takeover there
+is spurious.
 
 {table}
 **Reading it.** The faults where a host is really gone (its port down, its

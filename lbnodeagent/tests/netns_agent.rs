@@ -643,6 +643,11 @@ fn the_failover_benchmark_harness_runs_every_fault() {
         for (family, s) in ["IPv4", "IPv6"].iter().zip(&samples) {
             eprintln!("{fault} {family}: {s:?}");
             match fault {
+                Fault::Idle => {
+                    assert_eq!(s.takeover, None, "{fault} {family}: {s:?}");
+                    assert_eq!(s.lost, 0, "{fault} {family}: {s:?}");
+                    assert_eq!(s.two_owners, Some(Duration::ZERO), "{fault} {family}");
+                }
                 Fault::Kill | Fault::Stop => {
                     assert!(
                         s.outage < Duration::from_millis(500),

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 use super::core::BeatPlan;
 use super::core::sessions::{BEAT_INTERVAL, Beat};
 use crate::gossip::ProbeSend;
-use crate::gossip::beats::BeatMessage;
+use crate::gossip::beats::{BeatMessage, send_leaving};
 
 /// A loop that has not turned for this long sends no more beats. The loop
 /// turns at least once a second (links are re-read then).
@@ -28,6 +28,8 @@ const NOT_YET: u64 = u64::MAX;
 
 /// The loop's side: the plan to follow, and proof of life.
 pub struct Beats {
+    node: String,
+    send: Arc<dyn ProbeSend>,
     plan: watch::Sender<BeatPlan>,
     turned: Arc<AtomicU64>,
     base: Instant,
@@ -45,8 +47,16 @@ impl Beats {
         let (plan, plan_rx) = watch::channel(BeatPlan::default());
         let turned = Arc::new(AtomicU64::new(NOT_YET));
         let base = Instant::now();
-        let task = tokio::spawn(send_beats(node, send, plan_rx, turned.clone(), base));
+        let task = tokio::spawn(send_beats(
+            node.clone(),
+            send.clone(),
+            plan_rx,
+            turned.clone(),
+            base,
+        ));
         Beats {
+            node,
+            send,
             plan,
             turned,
             base,
@@ -56,6 +66,16 @@ impl Beats {
 
     pub fn set_plan(&self, plan: BeatPlan) {
         self.plan.send_replace(plan);
+    }
+
+    /// Tells `peers` at once that this node leaves (see
+    /// `gossip::beats`): they take its VIPs without waiting for gossip.
+    pub fn leave(&self, peers: Vec<SocketAddr>) {
+        let node = self.node.clone();
+        let send = self.send.clone();
+        tokio::spawn(async move {
+            send_leaving(&node, &peers, |to, payload| send.send(to, payload)).await;
+        });
     }
 
     /// The loop turned.

@@ -5,7 +5,8 @@
 //!
 //! Make before break, judged on the wire: it sends a signed *leaving* beat
 //! (see `gossip::beats`) to every peer the agent last knew
-//! (`/run/lbnodeagent/peers`) and the configured seeds, which take it as
+//! (`/run/lbnodeagent/peers`) and the configured seeds (eight times, 5 ms
+//! apart), which take it as
 //! this node leaving, so each VIP's next winner adds it and announces it
 //! while this host still answers; it watches ARP/NA for another MAC to
 //! claim each announced VIP (asking the LAN for the ones nobody claimed
@@ -34,7 +35,7 @@ use crate::addrs::{
     AddressBackend, Lifetime, MacAddr, NetlinkBackend, NetlinkConfig, OwnedAddress,
 };
 use crate::announce::{Announcer, Claims, Target};
-use crate::gossip::beats::BeatMessage;
+use crate::gossip::beats::send_leaving;
 use crate::gossip::{AuthTransport, LocalState, Membership, ProbeSend, Status};
 
 /// How long `cleanup` waits to hear from a peer before giving up on telling
@@ -43,10 +44,6 @@ const REACH_PEERS: Duration = Duration::from_secs(1);
 /// The leaving beats work alone this long: peers that read them take over
 /// within a few milliseconds. Gossip as leaving starts after it.
 const BEATS_FIRST: Duration = Duration::from_millis(100);
-/// Leaving beats go out this many times, [`RESEND`] apart: at 5% datagram
-/// loss a peer misses all of them once in 3 million.
-const BEAT_ROUNDS: u32 = 5;
-const RESEND: Duration = Duration::from_millis(20);
 /// VIPs nobody has claimed yet are asked about this often (a gratuitous
 /// ARP or NA can be lost, or come before the claims socket opened).
 const ASK_EVERY: Duration = Duration::from_millis(50);
@@ -193,7 +190,7 @@ fn known_peers(run_dir: &Path, cfg: &AgentConfig) -> Vec<SocketAddr> {
 
 /// The leaving beat, to every known peer, from a socket of each family.
 struct LeavingBeats {
-    payload: Vec<u8>,
+    node: String,
     peers: Vec<SocketAddr>,
     v4: Option<Arc<dyn ProbeSend>>,
     v6: Option<Arc<dyn ProbeSend>>,
@@ -212,38 +209,23 @@ impl LeavingBeats {
                 )
                 .ok()
         };
-        let mut payload = Vec::new();
-        BeatMessage {
-            node: node.to_string(),
-            lapse: None,
-            leaving: true,
-        }
-        .encode(&mut payload);
         LeavingBeats {
             v4: open(Family::V4, Ipv4Addr::UNSPECIFIED.into()),
             v6: open(Family::V6, Ipv6Addr::UNSPECIFIED.into()),
-            payload,
+            node: node.to_string(),
             peers,
         }
     }
 
-    fn send(&self) {
-        for p in &self.peers {
-            let socket = if p.is_ipv4() { &self.v4 } else { &self.v6 };
-            if let Some(s) = socket {
-                s.send(*p, &self.payload);
-            }
-        }
-    }
-
-    /// Every round, for when nothing watches the wire.
+    /// Every round (see `gossip::beats::send_leaving`).
     async fn send_all(&self) {
-        for round in 0..BEAT_ROUNDS {
-            if round > 0 {
-                tokio::time::sleep(RESEND).await;
+        send_leaving(&self.node, &self.peers, |to, payload| {
+            let socket = if to.is_ipv4() { &self.v4 } else { &self.v6 };
+            if let Some(s) = socket {
+                s.send(to, payload);
             }
-            self.send();
-        }
+        })
+        .await;
     }
 
     fn told(&self) -> usize {
@@ -303,9 +285,9 @@ impl WireWatch {
         })
     }
 
-    /// Sends the beats (at least once), removes each VIP as soon as
-    /// another MAC claims it (into `removed`), and returns once none is
-    /// left.
+    /// Sends the beats, removes each VIP as soon as another MAC claims it
+    /// (into `removed`), and returns once none is left and every beat went
+    /// out.
     async fn until_taken(
         mut self,
         beats: &LeavingBeats,
@@ -313,17 +295,13 @@ impl WireWatch {
         removed: &RefCell<Vec<OwnedAddress>>,
     ) {
         let start = tokio::time::Instant::now();
-        beats.send();
-        let mut rounds = 1;
-        let mut next_beat = start + RESEND;
         let mut next_ask = start + ASK_EVERY;
+        let sending = beats.send_all();
+        tokio::pin!(sending);
+        let mut sent = false;
         while !self.unclaimed.is_empty() {
-            let wake = if rounds < BEAT_ROUNDS {
-                next_beat.min(next_ask)
-            } else {
-                next_ask
-            };
             tokio::select! {
+                () = &mut sending, if !sent => sent = true,
                 claim = self.claims.recv() => match claim {
                     Some(first) => {
                         let mut taken = Vec::new();
@@ -351,23 +329,20 @@ impl WireWatch {
                     }
                     None => std::future::pending().await,
                 },
-                () = tokio::time::sleep_until(wake) => {
-                    let now = tokio::time::Instant::now();
-                    if rounds < BEAT_ROUNDS && now >= next_beat {
-                        beats.send();
-                        rounds += 1;
-                        next_beat += RESEND;
-                    }
-                    if now >= next_ask {
-                        for t in self.unclaimed.values().filter_map(|(_, t)| t.as_ref()) {
-                            if let Err(e) = self.announcer.probe(t).await {
-                                debug!(ip = %t.ip, error = %e, "cannot ask about a VIP");
-                            }
+                () = tokio::time::sleep_until(next_ask) => {
+                    for t in self.unclaimed.values().filter_map(|(_, t)| t.as_ref()) {
+                        if let Err(e) = self.announcer.probe(t).await {
+                            debug!(ip = %t.ip, error = %e, "cannot ask about a VIP");
                         }
-                        next_ask += ASK_EVERY;
                     }
+                    next_ask += ASK_EVERY;
                 }
             }
+        }
+        // Peers that missed the first beats (and, with nothing announced,
+        // every peer) still hear the rest.
+        if !sent {
+            sending.await;
         }
     }
 }

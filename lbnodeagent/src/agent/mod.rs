@@ -479,6 +479,16 @@ impl<B: AddressBackend + 'static> Agent<B> {
             *self.wire.watched.write().unwrap_or_else(|e| e.into_inner()) = watched;
         }
         if a.leave {
+            if let Some(b) = &self.gossip.beats {
+                let view = self.gossip.views.borrow();
+                b.leave(
+                    view.nodes
+                        .iter()
+                        .filter(|n| n.node != view.local.node)
+                        .map(|n| n.gossip_addr)
+                        .collect(),
+                );
+            }
             notify(&[sd_notify::NotifyState::Stopping]);
             self.telemetry.leaving.store(true, Ordering::Relaxed);
             self.gossip.membership.set_leaving().await;

@@ -32,6 +32,31 @@ const FORMAT: u8 = 2;
 pub const LEAVING: u8 = 1;
 /// Both lapse fields when nothing lapses.
 pub const NO_LAPSE: u32 = u32::MAX;
+/// A leaving beat goes out this many times, [`LEAVING_EVERY`] apart: at
+/// 5% datagram loss each way a peer misses all of them about once in 10
+/// million, and one lost costs it only that interval.
+pub const LEAVING_ROUNDS: u32 = 8;
+pub const LEAVING_EVERY: Duration = Duration::from_millis(5);
+
+/// Sends `node`'s leaving beat to every peer, [`LEAVING_ROUNDS`] times.
+pub async fn send_leaving(node: &str, peers: &[SocketAddr], send: impl Fn(SocketAddr, &[u8])) {
+    let mut payload = Vec::new();
+    BeatMessage {
+        node: node.to_string(),
+        lapse: None,
+        leaving: true,
+    }
+    .encode(&mut payload);
+    for round in 0..LEAVING_ROUNDS {
+        if round > 0 {
+            tokio::time::sleep(LEAVING_EVERY).await;
+        }
+        for p in peers {
+            send(*p, &payload);
+        }
+    }
+}
+
 /// Beats queued for the agent's loop before more are dropped: the loop
 /// drains them at every turn.
 pub const BEAT_INBOX: usize = 1_024;

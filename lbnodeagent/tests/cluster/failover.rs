@@ -56,9 +56,16 @@ pub enum Fault {
     PortDown,
     /// The daemon frozen (SIGSTOP).
     Stop,
+    /// Nothing at all, for [`IDLE`]: any other MAC answering is a spurious
+    /// takeover.
+    Idle,
 }
 
-pub const FAULTS: [Fault; 6] = [
+/// How long the benchmark's idle row watches.
+pub const IDLE: Duration = Duration::from_secs(60);
+
+pub const FAULTS: [Fault; 7] = [
+    Fault::Idle,
     Fault::KillCleanup,
     Fault::Kill,
     Fault::Term,
@@ -76,6 +83,7 @@ impl fmt::Display for Fault {
             Fault::LinkDown => "announce link down",
             Fault::PortDown => "switch port down",
             Fault::Stop => "SIGSTOP",
+            Fault::Idle => "none (idle 60 s)",
         })
     }
 }
@@ -220,6 +228,30 @@ impl Bed {
         }
     }
 
+    /// Drops `percent` of the datagrams each node sends and receives:
+    /// UDP (hostlb's gossip and beats) and VRRP (IP protocol 112), not the
+    /// client's ARP and neighbour solicitations, nor the API's TCP.
+    pub fn lossy(&self, percent: u32) {
+        if percent == 0 {
+            return;
+        }
+        for n in NODES {
+            let rules = format!(
+                "table inet loss {{
+  chain input {{ type filter hook input priority 0; meta l4proto {{ udp, 112 }} numgen random mod 100 < {percent} drop; }}
+  chain output {{ type filter hook output priority 0; meta l4proto {{ udp, 112 }} numgen random mod 100 < {percent} drop; }}
+}}"
+            );
+            let path = self.c.dir.path().join(format!("{n}-loss.nft"));
+            std::fs::write(&path, rules).unwrap();
+            self.c
+                .host(n)
+                .ns
+                .run(&["nft", "-f", path.to_str().unwrap()])
+                .unwrap();
+        }
+    }
+
     /// Applies `fault` to the owner of the IPv4 VIP and measures both
     /// families for `window`. `None` when the fault does not apply.
     pub fn measure(mut self, fault: Fault, window: Duration) -> Option<[Sample; 2]> {
@@ -269,6 +301,7 @@ impl Bed {
                     nix_kill(pid, "STOP");
                 }
             }
+            Fault::Idle => {}
         }
         std::thread::sleep(window);
         let end = Instant::now();

@@ -283,6 +283,9 @@ struct Slot {
     probing: Option<Instant>,
     /// Giving it to a live winner, since then.
     handover: Option<Instant>,
+    /// The hostlb node whose MAC claimed it on the wire during the
+    /// hand-over: the winner answering is as good as its gossip saying so.
+    answered_by: Option<String>,
     /// Held and won here, and a live peer shows it held too, since then:
     /// the two views of the cluster differ (see [`Core::contest`]).
     contested: Option<Instant>,
@@ -1323,6 +1326,11 @@ impl Core {
         if self.holds(&winner, ip) {
             return Some(format!("{winner} holds it now"));
         }
+        if self.slots.get(&ip).is_some_and(|s| {
+            s.handover.is_some() && s.answered_by.as_deref() == Some(winner.as_str())
+        }) {
+            return Some(format!("{winner} answers for it on the wire"));
+        }
         // A live peer whose view of the cluster is newer than ours holds it:
         // by the newer view, that is where it belongs. (Not any peer: one
         // with the same view that shows it may be letting it go right now.)
@@ -1357,6 +1365,7 @@ impl Core {
         if slot.handover.is_none() {
             debug!(%ip, %winner, "handing over: waiting for the winner to hold it");
             slot.handover = Some(now);
+            slot.answered_by = None;
             self.publish_dirty = true;
         }
         let since = slot.handover.expect("just set");
@@ -1674,6 +1683,21 @@ impl Core {
         let Some(slot) = self.slots.get(&claim.ip) else {
             // Only yielded VIPs, which may have no slot, refresh their yield.
             self.judge(claim, None, now);
+            return;
+        };
+        if slot.handover.is_some()
+            && let Some(node) = self.conflicts.owner_of(claim.mac)
+            && node != self.settings.node
+        {
+            let node = node.to_string();
+            let slot = self.slots.get_mut(&claim.ip).expect("present");
+            if slot.answered_by.as_ref() != Some(&node) {
+                debug!(ip = %claim.ip, %node, "answered for on the wire while handing over");
+                slot.answered_by = Some(node);
+                self.unsettled.insert(claim.ip);
+            }
+        }
+        let Some(slot) = self.slots.get(&claim.ip) else {
             return;
         };
         // While asking the LAN, the VIP is judged as if held here: an owner

@@ -825,3 +825,34 @@ fn a_leaving_beat_after_the_owner_went_silent_still_hands_over() {
     assert!(act.probe.is_empty(), "no pre-check");
     assert_eq!(ips(&act.add), [v].into(), "taken at once");
 }
+
+/// A node leaving on SIGTERM lets a VIP go as soon as its winner answers
+/// for it on the wire (its gratuitous ARP), without waiting for the
+/// winner's gossip to say so; another MAC's claim does not count.
+#[test]
+fn a_leaving_node_lets_go_once_the_winner_answers_on_the_wire() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(
+        cluster(&[v]),
+        vec![
+            peer("c", Status::Alive, &[], 1),
+            peer("d", Status::Alive, &[], 1),
+        ],
+    );
+    assert_eq!(held, [v].into(), "b is away: a wins");
+    let act = a.step(Input::Leave);
+    assert!(act.remove.is_empty(), "kept until c holds it");
+    a.advance(Duration::from_millis(5));
+    let act = a.step(Input::Claim(Claim {
+        ip: v,
+        mac: mac("d"),
+    }));
+    assert!(act.remove.is_empty(), "d is not the winner");
+    a.advance(Duration::from_millis(5));
+    let act = a.step(Input::Claim(Claim {
+        ip: v,
+        mac: mac("c"),
+    }));
+    assert_eq!(ips(&act.remove), [v].into(), "c answers: let go");
+}

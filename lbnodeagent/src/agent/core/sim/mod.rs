@@ -765,6 +765,24 @@ impl World {
             );
         }
         let on_wire = self.hosts[host].powered && self.hosts[host].port_up;
+        if a.leave && on_wire && !self.hosts[host].blocked {
+            // Its leaving beat, to every peer at once.
+            for j in 0..self.hosts.len() {
+                let o = &self.hosts[j];
+                if j != host && o.powered && o.port_up && !o.blocked {
+                    let d = self.rng.ms(0, 3);
+                    let generation = o.generation;
+                    self.after(
+                        d,
+                        Ev::LeavingBeat {
+                            observer: j,
+                            subject: host,
+                            generation,
+                        },
+                    );
+                }
+            }
+        }
         if on_wire {
             for t in &a.garp {
                 for j in 0..self.hosts.len() {
