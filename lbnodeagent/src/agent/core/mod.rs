@@ -284,8 +284,7 @@ struct Slot {
     /// Giving it to a live winner, since then.
     handover: Option<Instant>,
     /// The hostlb node whose MAC claimed it on the wire during the
-    /// hand-over: for a leaving node, the winner answering is as good as
-    /// its gossip saying so.
+    /// hand-over: the winner answering is as good as its gossip saying so.
     answered_by: Option<String>,
     /// Held and won here, and a live peer shows it held too, since then:
     /// the two views of the cluster differ (see [`Core::contest`]).
@@ -1327,15 +1326,9 @@ impl Core {
         if self.holds(&winner, ip) {
             return Some(format!("{winner} holds it now"));
         }
-        // Leaving, the winner answering on the wire is enough: this node
-        // is going anyway. Running, its gossip must show it held, which
-        // keeps this node answering while a winner that just came back
-        // may still change its mind.
-        if self.is_leaving()
-            && self.slots.get(&ip).is_some_and(|s| {
-                s.handover.is_some() && s.answered_by.as_deref() == Some(winner.as_str())
-            })
-        {
+        if self.slots.get(&ip).is_some_and(|s| {
+            s.handover.is_some() && s.answered_by.as_deref() == Some(winner.as_str())
+        }) {
             return Some(format!("{winner} answers for it on the wire"));
         }
         // A live peer whose view of the cluster is newer than ours holds it:
