@@ -379,9 +379,10 @@ pub struct Core {
     /// its sessions found silent.
     view: MembershipView,
     sessions: Sessions,
-    /// Nodes whose `cleanup` said their agent is gone, with the gossip
-    /// generation they had then: acted on as leaving (as if they had
-    /// published it) until gossip shows another generation or loses them.
+    /// Nodes whose leaving beat said they go (their agent on SIGTERM, or
+    /// `cleanup` for a dead one), with the gossip generation they had
+    /// then: acted on as leaving (as if gossip said so already) until
+    /// gossip shows another generation or loses them.
     left: BTreeMap<String, u64>,
     /// The owners to watch are worked out again then (the election moved).
     watch_due: Option<Instant>,
@@ -611,7 +612,7 @@ impl Core {
                 let mut changed = false;
                 for b in beats {
                     if b.leaving {
-                        changed |= self.left_by_cleanup(b.node);
+                        changed |= self.left_by_beat(b.node);
                     } else if self.sessions.heard(b, now) {
                         info!("a silent owner is heard again");
                         changed = true;
@@ -716,9 +717,9 @@ impl Core {
         }
     }
 
-    /// `node`'s `cleanup` says its agent is gone: its addresses answer
-    /// until others do. True when that is news.
-    fn left_by_cleanup(&mut self, node: String) -> bool {
+    /// `node`'s leaving beat says it goes: its addresses answer until
+    /// others do. True when that is news.
+    fn left_by_beat(&mut self, node: String) -> bool {
         if node == self.settings.node {
             return false;
         }
@@ -729,14 +730,14 @@ impl Core {
         if self.left.get(&node) == Some(&generation) {
             return false;
         }
-        info!(%node, "its agent is gone and cleanup hands its addresses over; taking them as from a leaving node");
+        info!(%node, "its leaving beat says it goes; taking its addresses as from a leaving node");
         self.left.insert(node, generation);
         true
     }
 
     /// Acts on membership: gossip's view without the owners whose
     /// sessions went silent (see [`sessions`]), and with the nodes whose
-    /// `cleanup` spoke as leaving.
+    /// leaving beat came as leaving.
     fn apply_view(&mut self, now: Instant, out: &mut Actions) {
         let mut view = self.gossip_view.clone();
         let gossip = &self.gossip_view;
@@ -751,8 +752,8 @@ impl Core {
             }
         }
         if self.sessions.suspects().next().is_some() {
-            // A node whose cleanup spoke is leaving, not silent: its host
-            // answers until others do, and it is handed over as such.
+            // A node whose leaving beat came is leaving, not silent: its
+            // host answers until others do, and it is handed over as such.
             let suspect = |n: &str| {
                 n != self.settings.node && self.sessions.is_suspect(n) && !self.left.contains_key(n)
             };

@@ -49,8 +49,8 @@ pub struct Beat {
     /// When the sender's addresses lapse if it renews nothing more, counted
     /// from the moment the beat arrived: the earliest and the latest.
     pub lapse: Option<(Duration, Duration)>,
-    /// Sent by `cleanup`: the node's agent is gone (the core takes the
-    /// node as leaving; sessions never see such a beat).
+    /// The node goes (its agent on SIGTERM, or `cleanup` for a dead
+    /// one): the core takes it as leaving; sessions never see such a beat.
     pub leaving: bool,
 }
 

@@ -280,14 +280,7 @@ fn a_dead_nodes_vips_are_probed_together_and_added_in_one_batch() {
 #[test]
 fn an_answer_during_the_probe_window_keeps_this_node_off() {
     let v = ip("10.0.1.1");
-    let mut a = Node::new("a");
-    a.running(
-        cluster(&[v]),
-        vec![
-            peer("b", Status::Alive, &[v], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-    );
+    let (mut a, _) = b_holds(v);
     a.advance(Duration::from_secs(1));
     let act = a.step(Input::Members(view(
         "a",
@@ -643,6 +636,29 @@ fn a_leaving_node_without_a_successor_waits_a_few_rounds_for_a_newer_view() {
     assert_eq!(ips(&act.remove), vs.iter().copied().collect());
 }
 
+/// Node `a`, running, with `b` (which wins every VIP) holding `v` and `c`
+/// alive; and what `a` holds.
+fn b_holds(v: IpAddr) -> (Node, BTreeSet<IpAddr>) {
+    let mut a = Node::new("a");
+    let held = a.running(
+        cluster(&[v]),
+        vec![
+            peer("b", Status::Alive, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    (a, held)
+}
+
+/// `node`'s leaving beat.
+fn leaving(node: &str) -> Input {
+    Input::Beats(vec![sessions::Beat {
+        node: node.into(),
+        lapse: None,
+        leaving: true,
+    }])
+}
+
 fn beat(node: &str, lapse_in: Option<Duration>) -> Input {
     Input::Beats(vec![sessions::Beat {
         node: node.into(),
@@ -659,14 +675,7 @@ fn beat(node: &str, lapse_in: Option<Duration>) -> Input {
 #[test]
 fn a_silent_owner_is_asked_about_and_followed_at_its_lapse() {
     let v = ip("10.0.1.1");
-    let mut a = Node::new("a");
-    let held = a.running(
-        cluster(&[v]),
-        vec![
-            peer("b", Status::Alive, &[v], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-    );
+    let (mut a, held) = b_holds(v);
     assert!(held.is_empty(), "b wins");
     a.advance(Duration::from_millis(200));
     a.step(Input::Tick);
@@ -741,13 +750,6 @@ fn a_leaving_beat_from_cleanup_hands_over_at_once() {
     let b = || peer("b", Status::Alive, &vs, 1);
     let held = a.running(cluster(&vs), vec![b(), peer("c", Status::Alive, &[], 1)]);
     assert!(held.is_empty(), "b wins");
-    let leaving = |node: &str| {
-        Input::Beats(vec![sessions::Beat {
-            node: node.into(),
-            lapse: None,
-            leaving: true,
-        }])
-    };
     let act = a.step(leaving("a"));
     assert!(act.add.is_empty() && act.probe.is_empty(), "its own name");
     let act = a.step(leaving("x"));
@@ -796,14 +798,7 @@ fn a_leaving_beat_from_cleanup_hands_over_at_once() {
 #[test]
 fn a_leaving_beat_after_the_owner_went_silent_still_hands_over() {
     let v = ip("10.0.1.1");
-    let mut a = Node::new("a");
-    a.running(
-        cluster(&[v]),
-        vec![
-            peer("b", Status::Alive, &[v], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-    );
+    let (mut a, _) = b_holds(v);
     a.advance(Duration::from_millis(200));
     a.step(Input::Tick);
     a.step(beat("b", Some(Duration::from_secs(10))));
@@ -817,11 +812,7 @@ fn a_leaving_beat_after_the_owner_went_silent_still_hands_over() {
     a.advance(PRECHECK);
     assert!(a.step(Input::Tick).add.is_empty(), "b's host answers: off");
     a.advance(Duration::from_millis(100));
-    let act = a.step(Input::Beats(vec![sessions::Beat {
-        node: "b".into(),
-        lapse: None,
-        leaving: true,
-    }]));
+    let act = a.step(leaving("b"));
     assert!(act.probe.is_empty(), "no pre-check");
     assert_eq!(ips(&act.add), [v].into(), "taken at once");
 }

@@ -215,12 +215,6 @@ enum Ev {
         observer: usize,
         subject: usize,
     },
-    /// `subject`'s cleanup's leaving beat reaches `observer`'s agent.
-    LeavingBeat {
-        observer: usize,
-        subject: usize,
-        generation: u64,
-    },
     Api {
         host: usize,
         generation: u64,
@@ -585,27 +579,6 @@ impl World {
                     self.deliver_cluster(host);
                 }
             }
-            Ev::LeavingBeat {
-                observer,
-                subject,
-                generation,
-            } => {
-                if self
-                    .for_agent(observer, generation, || Ev::LeavingBeat {
-                        observer,
-                        subject,
-                        generation,
-                    })
-                    .is_some()
-                {
-                    let beat = Beat {
-                        node: self.hosts[subject].name.clone(),
-                        lapse: None,
-                        leaving: true,
-                    };
-                    self.step(observer, Input::Beats(vec![beat]));
-                }
-            }
             Ev::CleanupWait { host, until } => self.cleanup_wait(host, until),
         }
     }
@@ -765,23 +738,8 @@ impl World {
             );
         }
         let on_wire = self.hosts[host].powered && self.hosts[host].port_up;
-        if a.leave && on_wire && !self.hosts[host].blocked {
-            // Its leaving beat, to every peer at once.
-            for j in 0..self.hosts.len() {
-                let o = &self.hosts[j];
-                if j != host && o.powered && o.port_up && !o.blocked {
-                    let d = self.rng.ms(0, 3);
-                    let generation = o.generation;
-                    self.after(
-                        d,
-                        Ev::LeavingBeat {
-                            observer: j,
-                            subject: host,
-                            generation,
-                        },
-                    );
-                }
-            }
+        if a.leave {
+            self.leaving_beats(host, Duration::ZERO);
         }
         if on_wire {
             for t in &a.garp {
@@ -1378,25 +1336,7 @@ impl World {
                     self.rng.ms(80, 400)
                 };
                 self.hosts[h].cleanup_since = Some(self.t + start);
-                let sends = {
-                    let x = &self.hosts[h];
-                    x.powered && x.port_up && !x.blocked
-                };
-                for j in 0..self.hosts.len() {
-                    let o = &self.hosts[j];
-                    if j != h && sends && o.powered && o.port_up && !o.blocked {
-                        let d = start + self.rng.ms(0, 3);
-                        let generation = o.generation;
-                        self.after(
-                            d,
-                            Ev::LeavingBeat {
-                                observer: j,
-                                subject: h,
-                                generation,
-                            },
-                        );
-                    }
-                }
+                self.leaving_beats(h, start);
                 for j in 0..self.hosts.len() {
                     if j != h && self.gossips(j) && self.hosts[h].powered && self.hosts[h].port_up {
                         let d = start + self.rng.ms(LEAVE_MS.0, LEAVE_MS.1);
@@ -1460,6 +1400,34 @@ impl World {
         let ips: Vec<IpAddr> = self.checker.known_ips();
         for ip in ips {
             self.owners_changed(ip);
+        }
+    }
+
+    /// `host`'s leaving beat (its agent's on SIGTERM, or `cleanup`'s),
+    /// sent `after` from now to every host its wire reaches.
+    fn leaving_beats(&mut self, host: usize, after: Duration) {
+        let reaches = |h: &Host| h.powered && h.port_up && !h.blocked;
+        if !reaches(&self.hosts[host]) {
+            return;
+        }
+        let beat = Beat {
+            node: self.hosts[host].name.clone(),
+            lapse: None,
+            leaving: true,
+        };
+        for j in 0..self.hosts.len() {
+            if j != host && reaches(&self.hosts[j]) {
+                let d = after + self.rng.ms(0, 3);
+                let generation = self.hosts[j].generation;
+                self.after(
+                    d,
+                    Ev::Input {
+                        host: j,
+                        generation,
+                        input: Box::new(Input::Beats(vec![beat.clone()])),
+                    },
+                );
+            }
         }
     }
 
