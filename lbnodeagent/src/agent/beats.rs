@@ -29,6 +29,7 @@ const NOT_YET: u64 = u64::MAX;
 /// The loop's side: the plan to follow, and proof of life.
 pub struct Beats {
     node: String,
+    generation: u64,
     send: Arc<dyn ProbeSend>,
     plan: watch::Sender<BeatPlan>,
     turned: Arc<AtomicU64>,
@@ -43,12 +44,13 @@ impl Drop for Beats {
 }
 
 impl Beats {
-    pub fn start(node: String, send: Arc<dyn ProbeSend>) -> Beats {
+    pub fn start(node: String, generation: u64, send: Arc<dyn ProbeSend>) -> Beats {
         let (plan, plan_rx) = watch::channel(BeatPlan::default());
         let turned = Arc::new(AtomicU64::new(NOT_YET));
         let base = Instant::now();
         let task = tokio::spawn(send_beats(
             node.clone(),
+            generation,
             send.clone(),
             plan_rx,
             turned.clone(),
@@ -56,6 +58,7 @@ impl Beats {
         ));
         Beats {
             node,
+            generation,
             send,
             plan,
             turned,
@@ -72,9 +75,13 @@ impl Beats {
     /// `gossip::beats`): they take its VIPs without waiting for gossip.
     pub fn leave(&self, peers: Vec<SocketAddr>) {
         let node = self.node.clone();
+        let generation = Some(self.generation);
         let send = self.send.clone();
         tokio::spawn(async move {
-            send_leaving(&node, &peers, |to, payload| send.send(to, payload)).await;
+            send_leaving(&node, generation, &peers, |to, payload| {
+                send.send(to, payload)
+            })
+            .await;
         });
     }
 
@@ -87,6 +94,7 @@ impl Beats {
 
 async fn send_beats(
     node: String,
+    generation: u64,
     send: Arc<dyn ProbeSend>,
     plan: watch::Receiver<BeatPlan>,
     turned: Arc<AtomicU64>,
@@ -122,6 +130,7 @@ async fn send_beats(
         BeatMessage {
             leaving: false,
             node: node.clone(),
+            generation: Some(generation),
             lapse: plan.lapse.map(|l| {
                 (
                     l.first.saturating_duration_since(now),
@@ -150,6 +159,7 @@ pub fn drain(
         if let Some(m) = BeatMessage::decode(&payload) {
             beats.push(Beat {
                 node: m.node,
+                generation: m.generation,
                 lapse: m.lapse,
                 leaving: m.leaving,
             });

@@ -219,7 +219,9 @@ impl LeavingBeats {
 
     /// Every round (see `gossip::beats::send_leaving`).
     async fn send_all(&self) {
-        send_leaving(&self.node, &self.peers, |to, payload| {
+        // The dead run's generation is not known here: peers take the
+        // beat for the run gossip shows.
+        send_leaving(&self.node, None, &self.peers, |to, payload| {
             let socket = if to.is_ipv4() { &self.v4 } else { &self.v6 };
             if let Some(s) = socket {
                 s.send(to, payload);

@@ -273,7 +273,11 @@ impl<B: AddressBackend + 'static> Agent<B> {
         let views = membership.views();
         let (beats, beats_in) = match membership.take_beats() {
             Some(link) => (
-                Some(beats::Beats::start(cfg.node_name.clone(), link.send)),
+                Some(beats::Beats::start(
+                    cfg.node_name.clone(),
+                    link.generation,
+                    link.send,
+                )),
                 Some(link.recv),
             ),
             None => (None, None),

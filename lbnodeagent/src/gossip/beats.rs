@@ -6,7 +6,11 @@
 //! length byte, UTF-8), two big-endian u32: milliseconds until the first
 //! and the last of the sender's addresses lapse ([`NO_LAPSE`] in both when
 //! it holds none with a finite lifetime), and from format 2 a flags byte
-//! ([`LEAVING`]). 9 to 264 bytes before the frame's own 81. Beats are read
+//! ([`LEAVING`]) and the sender's gossip generation (big-endian u64, 0 when
+//! unknown: `cleanup` does not know it). 24 to 278 bytes before the frame's
+//! own 81. The generation keeps a restarted agent's beats from vouching
+//! for its previous run, which peers may still see in gossip holding
+//! addresses that are gone. Beats are read
 //! by the detector's task, which sees every verified message of its mark
 //! family first, and handed on as they are.
 //!
@@ -39,10 +43,16 @@ pub const LEAVING_ROUNDS: u32 = 8;
 pub const LEAVING_EVERY: Duration = Duration::from_millis(5);
 
 /// Sends `node`'s leaving beat to every peer, [`LEAVING_ROUNDS`] times.
-pub async fn send_leaving(node: &str, peers: &[SocketAddr], send: impl Fn(SocketAddr, &[u8])) {
+pub async fn send_leaving(
+    node: &str,
+    generation: Option<u64>,
+    peers: &[SocketAddr],
+    send: impl Fn(SocketAddr, &[u8]),
+) {
     let mut payload = Vec::new();
     BeatMessage {
         node: node.to_string(),
+        generation,
         lapse: None,
         leaving: true,
     }
@@ -65,6 +75,8 @@ pub const BEAT_INBOX: usize = 1_024;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BeatMessage {
     pub node: String,
+    /// The sender's gossip generation, when it knows it (never 0).
+    pub generation: Option<u64>,
     /// Until the first and the last of the sender's addresses lapse.
     pub lapse: Option<(Duration, Duration)>,
     pub leaving: bool,
@@ -85,6 +97,7 @@ impl BeatMessage {
         out.extend_from_slice(&first.to_be_bytes());
         out.extend_from_slice(&last.to_be_bytes());
         out.push(if self.leaving { LEAVING } else { 0 });
+        out.extend_from_slice(&self.generation.unwrap_or(0).to_be_bytes());
     }
 
     /// `None` for anything that is not a beat of a known format. Longer
@@ -103,6 +116,12 @@ impl BeatMessage {
         let first = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
         let last = u32::from_be_bytes(rest.get(4..8)?.try_into().ok()?);
         let flags = if format >= 2 { *rest.get(8)? } else { 0 };
+        let generation = if format >= 2 {
+            u64::from_be_bytes(rest.get(9..17)?.try_into().ok()?)
+        } else {
+            0
+        };
+        let generation = (generation != 0).then_some(generation);
         if node.is_empty() {
             return None;
         }
@@ -114,6 +133,7 @@ impl BeatMessage {
         });
         Some(BeatMessage {
             node,
+            generation,
             lapse,
             leaving: flags & LEAVING != 0,
         })
@@ -123,6 +143,8 @@ impl BeatMessage {
 /// The agent's side of the beats: send to a peer's gossip address, and
 /// the verified beats received.
 pub struct BeatLink {
+    /// This run's gossip generation, which its beats carry.
+    pub generation: u64,
     pub send: Arc<dyn ProbeSend>,
     pub recv: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
 }
@@ -138,14 +160,15 @@ mod tests {
             None,
             Some((Duration::from_millis(4_980), Duration::from_millis(5_000))),
         ] {
-            for leaving in [false, true] {
+            for (leaving, generation) in [(false, Some(1_790_000_000_123)), (true, None)] {
                 let m = BeatMessage {
                     node: "node-a".into(),
+                    generation,
                     lapse,
                     leaving,
                 };
                 m.encode(&mut out);
-                assert_eq!(out.len(), 4 + 1 + 1 + 6 + 8 + 1);
+                assert_eq!(out.len(), 4 + 1 + 1 + 6 + 8 + 1 + 8);
                 assert_eq!(BeatMessage::decode(&out), Some(m));
             }
         }
@@ -160,6 +183,7 @@ mod tests {
             BeatMessage::decode(old),
             Some(BeatMessage {
                 node: "node-a".into(),
+                generation: None,
                 lapse: Some((Duration::from_millis(4_980), Duration::from_millis(5_000))),
                 leaving: false,
             })
@@ -167,6 +191,7 @@ mod tests {
         let mut ours = Vec::new();
         BeatMessage {
             node: "node-a".into(),
+            generation: Some(7),
             lapse: None,
             leaving: true,
         }
@@ -183,6 +208,7 @@ mod tests {
         let mut out = Vec::new();
         BeatMessage {
             node: "n".into(),
+            generation: Some(7),
             lapse: None,
             leaving: true,
         }
@@ -194,8 +220,8 @@ mod tests {
         longer.extend_from_slice(b"future fields");
         longer[4] = FORMAT + 1;
         assert_eq!(
-            BeatMessage::decode(&longer).map(|m| (m.node, m.leaving)),
-            Some(("n".into(), true))
+            BeatMessage::decode(&longer).map(|m| (m.node, m.generation, m.leaving)),
+            Some(("n".into(), Some(7), true))
         );
         let mut bad = out.clone();
         bad[6] = 0xff;

@@ -338,6 +338,7 @@ pub struct Detector {
 
 impl Detector {
     pub fn start(me: Peer, period: Duration, link: ProbeLink) -> Detector {
+        let generation = me.generation;
         let seed = {
             let digest = Sha256::digest(format!("{}#{}#{:?}", me.node, me.generation, me.addr));
             u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
@@ -353,6 +354,7 @@ impl Detector {
         let counters = Arc::new(DetectorCounters::default());
         let (beat_tx, beat_rx) = mpsc::channel(super::beats::BEAT_INBOX);
         let beats = super::beats::BeatLink {
+            generation,
             send: link.send.clone(),
             recv: beat_rx,
         };

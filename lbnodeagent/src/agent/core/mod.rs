@@ -611,7 +611,12 @@ impl Core {
             Input::Beats(beats) => {
                 let mut changed = false;
                 for b in beats {
-                    if b.leaving {
+                    if self.of_another_run(&b) {
+                        // A restarted agent's beats say nothing of the
+                        // run gossip still shows, whose addresses may be
+                        // gone: the new run counts once gossip has it.
+                        debug!(node = %b.node, "a beat of a run gossip does not show yet");
+                    } else if b.leaving {
                         changed |= self.left_by_beat(b.node);
                     } else if self.sessions.heard(b, now) {
                         info!("a silent owner is heard again");
@@ -715,6 +720,16 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Whether `beat` comes from another run of its node than the one
+    /// gossip shows.
+    fn of_another_run(&self, beat: &Beat) -> bool {
+        beat.generation.is_some_and(|g| {
+            self.gossip_view
+                .node(&beat.node)
+                .is_some_and(|n| n.generation != g)
+        })
     }
 
     /// `node`'s leaving beat says it goes: its addresses answer until

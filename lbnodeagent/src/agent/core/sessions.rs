@@ -46,6 +46,8 @@ pub const LAPSE_KEPT: Duration = Duration::from_secs(3);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Beat {
     pub node: String,
+    /// The sender's gossip generation, when the beat says it.
+    pub generation: Option<u64>,
     /// When the sender's addresses lapse if it renews nothing more, counted
     /// from the moment the beat arrived: the earliest and the latest.
     pub lapse: Option<(Duration, Duration)>,
@@ -187,6 +189,7 @@ mod tests {
     fn beat(node: &str) -> Beat {
         Beat {
             node: node.into(),
+            generation: None,
             lapse: None,
             leaving: false,
         }
@@ -273,6 +276,7 @@ mod tests {
         s.heard(
             Beat {
                 node: "a".into(),
+                generation: None,
                 lapse: Some((Duration::from_secs(4), Duration::from_secs(5))),
                 leaving: false,
             },

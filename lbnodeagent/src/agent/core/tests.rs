@@ -654,6 +654,7 @@ fn b_holds(v: IpAddr) -> (Node, BTreeSet<IpAddr>) {
 fn leaving(node: &str) -> Input {
     Input::Beats(vec![sessions::Beat {
         node: node.into(),
+        generation: None,
         lapse: None,
         leaving: true,
     }])
@@ -662,6 +663,7 @@ fn leaving(node: &str) -> Input {
 fn beat(node: &str, lapse_in: Option<Duration>) -> Input {
     Input::Beats(vec![sessions::Beat {
         node: node.into(),
+        generation: None,
         lapse: lapse_in.map(|d| (d, d)),
         leaving: false,
     }])
@@ -736,6 +738,60 @@ fn a_silent_owner_is_asked_about_and_followed_at_its_lapse() {
         added - lapse
     );
     assert!(asked_near_lapse >= 3, "asked densely near the lapse");
+}
+
+/// An owner found silent and taken over from restarts (its port down, so
+/// no address of the old run answers, and gossip still shows that run
+/// holding the VIP). The new run's beats must not bring the old run back:
+/// that would hand the VIP to a run that no longer holds it, and nobody
+/// would answer. The VIP goes back once gossip shows the new run holding
+/// it, make before break.
+#[test]
+fn a_restarted_owners_beats_do_not_vouch_for_its_old_run() {
+    let v = ip("10.0.1.1");
+    let (mut a, held) = b_holds(v);
+    assert!(held.is_empty(), "b wins");
+    let run = |generation: u64| {
+        Input::Beats(vec![sessions::Beat {
+            node: "b".into(),
+            generation: Some(generation),
+            lapse: None,
+            leaving: false,
+        }])
+    };
+    a.advance(Duration::from_millis(200));
+    a.step(Input::Tick);
+    a.step(run(1));
+    a.advance(sessions::BEAT_MISS);
+    let act = a.step(Input::Tick);
+    assert_eq!(targets(&act.probe), [v].into(), "b silent: asked about");
+    a.advance(PRECHECK);
+    let act = a.step(Input::Tick);
+    assert_eq!(ips(&act.add), [v].into(), "nobody answers: taken");
+    a.done(&act);
+    for _ in 0..20 {
+        a.advance(Duration::from_millis(25));
+        let act = a.step(run(2));
+        assert!(act.remove.is_empty(), "kept: the old run holds nothing");
+        assert!(a.step(Input::Tick).remove.is_empty());
+    }
+    let mut again = peer("b", Status::Alive, &[], 2);
+    again.generation = 2;
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![again.clone(), peer("c", Status::Alive, &[], 1)],
+        Vec::new(),
+    )));
+    assert!(act.remove.is_empty(), "kept until the new run holds it");
+    a.step(run(2));
+    again.vips = [v].into();
+    a.advance(INTERVAL);
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![again, peer("c", Status::Alive, &[], 2)],
+        Vec::new(),
+    )));
+    assert_eq!(ips(&act.remove), [v].into(), "then handed back");
 }
 
 /// `cleanup` of a killed owner says so in a leaving beat: the next winner

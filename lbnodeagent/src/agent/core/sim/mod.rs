@@ -739,7 +739,8 @@ impl World {
         }
         let on_wire = self.hosts[host].powered && self.hosts[host].port_up;
         if a.leave {
-            self.leaving_beats(host, Duration::ZERO);
+            let generation = Some(self.hosts[host].generation);
+            self.leaving_beats(host, generation, Duration::ZERO);
         }
         if on_wire {
             for t in &a.garp {
@@ -878,6 +879,7 @@ impl World {
             }
             beats.push(Beat {
                 node: self.hosts[j].name.clone(),
+                generation: Some(self.hosts[j].generation),
                 lapse: plan.lapse.map(|l| {
                     (
                         l.first.saturating_duration_since(now),
@@ -1336,7 +1338,7 @@ impl World {
                     self.rng.ms(80, 400)
                 };
                 self.hosts[h].cleanup_since = Some(self.t + start);
-                self.leaving_beats(h, start);
+                self.leaving_beats(h, None, start);
                 for j in 0..self.hosts.len() {
                     if j != h && self.gossips(j) && self.hosts[h].powered && self.hosts[h].port_up {
                         let d = start + self.rng.ms(LEAVE_MS.0, LEAVE_MS.1);
@@ -1403,15 +1405,17 @@ impl World {
         }
     }
 
-    /// `host`'s leaving beat (its agent's on SIGTERM, or `cleanup`'s),
-    /// sent `after` from now to every host its wire reaches.
-    fn leaving_beats(&mut self, host: usize, after: Duration) {
+    /// `host`'s leaving beat (its agent's on SIGTERM, or `cleanup`'s,
+    /// which knows no generation), sent `after` from now to every host its
+    /// wire reaches.
+    fn leaving_beats(&mut self, host: usize, generation: Option<u64>, after: Duration) {
         let reaches = |h: &Host| h.powered && h.port_up && !h.blocked;
         if !reaches(&self.hosts[host]) {
             return;
         }
         let beat = Beat {
             node: self.hosts[host].name.clone(),
+            generation,
             lapse: None,
             leaving: true,
         };
