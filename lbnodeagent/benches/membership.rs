@@ -18,7 +18,16 @@
 //!   message an agent sends.
 //!
 //! Per agent, state is what the agent publishes: two prefixes, one MAC and
-//! ten held VIPs. Memory per agent is the heap growth of the whole process
+//! ten held VIPs.
+//!
+//! Owner sessions run beside: who watches whom comes from one real
+//! election of ten VIPs per node (no preferences, so owners and the nodes
+//! next in line are spread by hash), each agent keeps the core's
+//! `Sessions` and sends with the agent's own beat sender over the
+//! detector's link. A crash is known to the nodes next in line for the
+//! victim's VIPs when each holds it suspect (its watcher's own silence, or
+//! a relay); each then takes its VIPs after the pre-check on the wire
+//! (30 ms), which is not run here. Memory per agent is the heap growth of the whole process
 //! divided by the number of agents (each holds the whole cluster's state),
 //! to which the agent's own footprint without gossip is added in the docs.
 //!
@@ -31,10 +40,11 @@
 //! `unlimited`, instead of the shipped `gossip.max_bandwidth`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -44,7 +54,16 @@ use chitchat::transport::{
 use chitchat::{
     ChitchatEnvelope, ChitchatId, ChitchatMessage, Deserializable, ProtocolVersion, Serializable,
 };
-use lbnodeagent::election::OnLink;
+use hostlb_api::{AddressRange, Prefix};
+use lbnodeagent::agent::beats::{Beats, drain};
+use lbnodeagent::agent::core::sessions::{self, BEAT_INTERVAL, Sessions};
+use lbnodeagent::agent::core::{BeatPlan, Relay};
+use lbnodeagent::election::{
+    Advertisement, Cluster, Election, Endpoints, Labels, Member, NodeInfo, OnLink, Pool,
+    ServiceInfo,
+};
+use lbnodeagent::gossip::ProbeSend;
+use lbnodeagent::gossip::beats::BeatLink;
 use lbnodeagent::gossip::counting::CountingTransport;
 use lbnodeagent::gossip::frame::{MAX_DATAGRAM, MAX_MESSAGE, OVERHEAD};
 use lbnodeagent::gossip::{
@@ -297,6 +316,164 @@ fn digest_decode_cost(n: usize) -> (usize, Duration) {
     (size, (cpu_time() - started) / runs)
 }
 
+/// The owners each node watches (index by node), each with the others
+/// next in line for its VIPs, and every owner's nodes next in line: from
+/// one election of ten VIPs per node, as every agent works it out.
+struct Watches {
+    watch: Vec<BTreeMap<String, BTreeSet<String>>>,
+    next: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn watches(n: usize) -> Watches {
+    let names: Vec<String> = (0..n).map(node_name).collect();
+    let services = (0..n * 10)
+        .map(|k| {
+            let v = k as u32 + 1;
+            ServiceInfo {
+                key: format!("ns/svc-{k}"),
+                labels: Labels::new(),
+                created: Some(k as i64),
+                addresses: vec![IpAddr::from([10, 96, (v >> 8) as u8, v as u8])],
+                allocated_pool: Some("default".into()),
+                local_traffic: false,
+                endpoints: Endpoints {
+                    any_usable: true,
+                    nodes: BTreeSet::new(),
+                },
+            }
+        })
+        .collect();
+    let cluster = Cluster {
+        nodes: names
+            .iter()
+            .map(|name| NodeInfo {
+                name: name.clone(),
+                labels: Labels::new(),
+                network_unavailable: false,
+            })
+            .collect(),
+        pools: vec![Pool {
+            name: "default".into(),
+            labels: Labels::new(),
+            created: Some(0),
+            ranges: vec![AddressRange::parse("10.96.0.0/16").unwrap()],
+        }],
+        advertisements: vec![Advertisement {
+            name: "main".into(),
+            ..Default::default()
+        }],
+        services,
+    };
+    let members = names
+        .iter()
+        .map(|name| Member::alive(name, ["10.96.0.0/16".parse::<Prefix>().unwrap()]));
+    let runners_up = Election::new(&cluster, members).runners_up();
+    Watches {
+        watch: names
+            .iter()
+            .map(|me| sessions::watched_by(me, &runners_up))
+            .collect(),
+        next: runners_up
+            .into_iter()
+            .map(|(owner, runs)| (owner, runs.into_iter().map(|(_, r)| r).collect()))
+            .collect(),
+    }
+}
+
+/// When each node first held an owner suspect: (node, owner, when).
+type Suspicions = Arc<Mutex<Vec<(usize, String, Instant)>>>;
+
+/// Beats sent by one node: datagrams and payload bytes.
+#[derive(Default)]
+struct Sent(AtomicU64, AtomicU64);
+
+struct CountingSend {
+    inner: Arc<dyn ProbeSend>,
+    sent: Arc<Sent>,
+}
+
+impl ProbeSend for CountingSend {
+    fn send(&self, to: SocketAddr, payload: &[u8]) {
+        self.sent.0.fetch_add(1, Ordering::Relaxed);
+        self.sent
+            .1
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        self.inner.send(to, payload);
+    }
+}
+
+/// One agent's owner sessions: the core's `Sessions` turned every beat
+/// interval (as the agent's loop at least is), the agent's beat sender.
+async fn run_sessions(
+    me: usize,
+    n: usize,
+    link: BeatLink,
+    watch: BTreeMap<String, BTreeSet<String>>,
+    sent: Arc<Sent>,
+    suspicions: Suspicions,
+) {
+    let name = node_name(me);
+    let send = Arc::new(CountingSend {
+        inner: link.send,
+        sent,
+    });
+    let beats = Beats::start(name.clone(), link.generation, send);
+    let mut sessions = Sessions::default();
+    sessions.watch(watch, |_| true);
+    let mut recv = link.recv;
+    let mut every = tokio::time::interval(BEAT_INTERVAL);
+    let index: HashMap<String, usize> = (0..n).map(|i| (node_name(i), i)).collect();
+    let addrs = |names: &BTreeSet<String>| -> Vec<SocketAddr> {
+        names.iter().map(|n| node_addr(index[n])).collect()
+    };
+    loop {
+        let received = tokio::select! {
+            _ = every.tick() => Vec::new(),
+            got = recv.recv() => match got {
+                Some(first) => drain(first, &mut recv),
+                None => return,
+            },
+        };
+        let now = Instant::now();
+        let mut suspect = Vec::new();
+        for b in received {
+            let subject = b.silent.as_ref().map(|s| s.node.clone());
+            if b.leaving || subject.as_ref() == Some(&name) {
+                continue;
+            }
+            if sessions.heard(b, now.into_std())
+                && let Some(s) = subject
+            {
+                suspect.push(s);
+            }
+        }
+        suspect.extend(sessions.expire(now.into_std()).0);
+        if !suspect.is_empty() {
+            let mut log = suspicions.lock().unwrap();
+            log.extend(suspect.into_iter().map(|s| (me, s, now)));
+        }
+        beats.turned();
+        if sessions.take_changed() {
+            let plan = sessions.plan();
+            beats.set_plan(BeatPlan {
+                dense: addrs(&plan.dense),
+                sparse: addrs(&plan.sparse),
+                lapse: None,
+                relays: plan
+                    .relays
+                    .iter()
+                    .map(|(owner, to)| Relay {
+                        node: owner.clone(),
+                        generation: started_at(index[owner], n),
+                        lapse: None,
+                        to: addrs(to),
+                    })
+                    .collect(),
+            });
+        }
+    }
+}
+
 struct Figures {
     n: usize,
     interval: Duration,
@@ -320,6 +497,17 @@ struct Figures {
     crash_all: Vec<Duration>,
     crash_each_median: Duration,
     spurious: usize,
+    /// Owner sessions' beats on the wire per node: mean, and the busiest.
+    beats_per_node: f64,
+    beats_max_node: f64,
+    /// Per crash: until every node next in line for the victim's VIPs
+    /// held it suspect.
+    sessions_all: Vec<Duration>,
+    /// Nodes next in line that never held a victim suspect by sessions
+    /// (they learn it from SWIM).
+    sessions_missed: usize,
+    /// Suspicions of live owners in the steady window.
+    sessions_spurious: usize,
 }
 
 fn median(v: &mut [Duration]) -> Duration {
@@ -415,6 +603,22 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         }
         wait_all(&nodes, move |v| v.members.len() == n).await;
         let formed_after = started.elapsed();
+        let Watches { mut watch, next } = watches(n);
+        let suspicions: Suspicions = Default::default();
+        let sent: Vec<Arc<Sent>> = (0..n).map(|_| Arc::default()).collect();
+        let mut session_tasks: HashMap<usize, tokio::task::JoinHandle<()>> = HashMap::new();
+        for (i, node) in &nodes {
+            let link = node.take_beats().expect("the detector's beat link");
+            let task = run_sessions(
+                *i,
+                n,
+                link,
+                std::mem::take(&mut watch[*i]),
+                sent[*i].clone(),
+                suspicions.clone(),
+            );
+            session_tasks.insert(*i, tokio::spawn(task));
+        }
         tokio::time::sleep(warmup).await;
 
         // Steady state: traffic, CPU, spurious removals.
@@ -434,6 +638,11 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         }
         counting.reset();
         probes.reset();
+        for s in &sent {
+            s.0.store(0, Ordering::Relaxed);
+            s.1.store(0, Ordering::Relaxed);
+        }
+        let steady_from = Instant::now();
         digests.store(0, Ordering::Relaxed);
         let held_before: u64 = nodes.iter().map(|(_, node)| node.gossip_held()).sum();
         let cpu_before = cpu_time();
@@ -451,6 +660,26 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         let (probe_datagrams, probe_bytes) = (0..n)
             .map(|i| probes.sent(node_addr(i)))
             .fold((0, 0), |(d, b), (dd, bb)| (d + dd, b + bb));
+        // Beats ride the detector's link: told apart by what the sessions
+        // sent.
+        let beat_wire: Vec<f64> = sent
+            .iter()
+            .map(|s| {
+                let (d, b) = (s.0.load(Ordering::Relaxed), s.1.load(Ordering::Relaxed));
+                let mean = b.checked_div(d).unwrap_or(0);
+                d as f64 * wire_bytes(mean) as f64 / secs as f64
+            })
+            .collect();
+        let beats_per_node = beat_wire.iter().sum::<f64>() / n as f64;
+        let beats_max_node = beat_wire.iter().cloned().fold(0.0, f64::max);
+        let (beat_datagrams, beat_bytes) = sent.iter().fold((0, 0), |(d, b), s| {
+            (
+                d + s.0.load(Ordering::Relaxed),
+                b + s.1.load(Ordering::Relaxed),
+            )
+        });
+        let (probe_datagrams, probe_bytes) =
+            (probe_datagrams - beat_datagrams, probe_bytes - beat_bytes);
         let probe_mean = probe_bytes.checked_div(probe_datagrams).unwrap_or(0);
         let detector_per_node =
             probe_datagrams as f64 * wire_bytes(probe_mean) as f64 / n as f64 / secs as f64;
@@ -463,6 +692,8 @@ fn measure(n: usize, settings: &Settings) -> Figures {
                 (t.bytes_sent + t.messages_sent * (wire_bytes(mean) - mean)) as f64 / secs as f64
                     + detector_per_node
             })
+            .zip(&beat_wire)
+            .map(|(w, b)| w + b)
             .collect();
         let payload: f64 =
             traffic.values().map(|t| t.bytes_sent as f64).sum::<f64>() / n as f64 / secs as f64;
@@ -488,6 +719,12 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         tokio::time::sleep(Duration::from_secs(5)).await;
         // Stop counting before the crashes below.
         let spurious = removals.load(Ordering::Relaxed);
+        let sessions_spurious = suspicions
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, t)| *t >= steady_from)
+            .count();
         for watcher in watchers {
             watcher.abort();
         }
@@ -495,19 +732,46 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         // Crashes: victims spread over the cluster, never a seed.
         let mut crash_all = Vec::new();
         let mut crash_each = Vec::new();
+        let mut sessions_all = Vec::new();
+        let mut sessions_missed = 0;
         for k in 0..crashes {
             let victim = 3 + (k * 7919) % (nodes.len() - 3);
             let (index, node) = nodes.remove(victim);
             tokio::time::sleep(Duration::from_millis(37 * k as u64)).await;
             drop(node);
+            if let Some(task) = session_tasks.remove(&index) {
+                task.abort();
+            }
+            let crashed = Instant::now();
             let name = node_name(index);
-            let times = wait_all(&nodes, move |v| v.member(&name).is_none()).await;
+            let times = wait_all(&nodes, {
+                let name = name.clone();
+                move |v| v.member(&name).is_none()
+            })
+            .await;
+            let log = suspicions.lock().unwrap().clone();
+            let mut known = Duration::ZERO;
+            for follower in next.get(&name).into_iter().flatten() {
+                let first = log
+                    .iter()
+                    .filter(|(i, s, t)| node_name(*i) == *follower && *s == name && *t >= crashed)
+                    .map(|(_, _, t)| *t - crashed)
+                    .min();
+                match first {
+                    Some(d) => known = known.max(d),
+                    None => sessions_missed += 1,
+                }
+            }
+            sessions_all.push(known);
             crash_all.push(*times.iter().max().unwrap());
             let mut times = times;
             crash_each.push(median(&mut times));
             tokio::time::sleep(Duration::from_secs(3)).await;
         }
         let crash_each_median = median(&mut crash_each);
+        for task in session_tasks.into_values() {
+            task.abort();
+        }
         drop(nodes);
         drop(transport);
         let mean_size = (payload / datagrams) as usize;
@@ -545,6 +809,11 @@ fn measure(n: usize, settings: &Settings) -> Figures {
             crash_all,
             crash_each_median,
             spurious,
+            beats_per_node,
+            beats_max_node,
+            sessions_all,
+            sessions_missed,
+            sessions_spurious,
         }
     })
 }
@@ -588,16 +857,20 @@ fn main() {
         MAX_DATAGRAM - OVERHEAD
     );
     println!(
-        "| members | interval | budget | SYNs held/s | payload kB/s | wire kB/s (max node) | of which detector | datagrams/s (detector) | digest | largest msg | too large | CPU/agent (chitchat + auth) | heap/agent | formed | join seen by all | crash by all median / max | crash per node median | spurious in {secs} s |"
+        "| members | interval | budget | SYNs held/s | payload kB/s | wire kB/s (max node) | of which detector | datagrams/s (detector) | digest | largest msg | too large | CPU/agent (chitchat + auth) | heap/agent | formed | join seen by all | crash by all median / max | crash per node median | spurious in {secs} s | of which beats kB/s (max node) | crash known to all next in line by sessions, median / max (missed) | sessions' spurious suspicions |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for n in sizes {
         let mut f = measure(n, &settings);
         let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1e3);
         let crash_median = median(&mut f.crash_all);
         let crash_max = f.crash_all.iter().max().copied().unwrap_or_default();
+        let sessions_median = median(&mut f.sessions_all);
+        let sessions_max = f.sessions_all.iter().max().copied().unwrap_or_default();
         println!(
-            "| {} | {:?} | {} | {:.1} | {:.1} | {:.1} ({:.1}) | {:.1} | {:.0} ({:.0}) | {} B | {} B | {} | {:.2}% + {:.2}% of a core | {:.1} MB | {:.1} s | {} | {} / {} | {} | {} |",
+            "| {} | {:?} | {} | {:.1} | {:.1} | {:.1} ({:.1}) | {:.1} | {:.0} ({:.0}) | {} B | {} B | {} | {:.2}% + {:.2}% of a core | {:.1} MB | {:.1} s | {} | {} / {} | {} | {} | {:.1} ({:.1}) | {} / {} ({}) | {} |",
             f.n,
             f.interval,
             f.budget
@@ -621,6 +894,12 @@ fn main() {
             ms(crash_max),
             ms(f.crash_each_median),
             f.spurious,
+            f.beats_per_node / 1e3,
+            f.beats_max_node / 1e3,
+            ms(sessions_median),
+            ms(sessions_max),
+            f.sessions_missed,
+            f.sessions_spurious,
         );
     }
 }

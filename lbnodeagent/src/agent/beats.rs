@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use super::core::BeatPlan;
-use super::core::sessions::{BEAT_INTERVAL, Beat};
+use super::core::sessions::{BEAT_INTERVAL, Beat, Lapse, RELAY_EVERY, SPARSE_EVERY, Silent};
 use crate::gossip::ProbeSend;
-use crate::gossip::beats::{BeatMessage, send_leaving};
+use crate::gossip::beats::{BeatMessage, Subject, send_leaving};
 
 /// A loop that has not turned for this long sends no more beats. The loop
 /// turns at least once a second (links are re-read then).
@@ -33,7 +33,9 @@ pub struct Beats {
     send: Arc<dyn ProbeSend>,
     plan: watch::Sender<BeatPlan>,
     turned: Arc<AtomicU64>,
-    base: Instant,
+    /// The runtime's clock (paused in tests and benchmarks, as the loop's
+    /// turns are).
+    base: tokio::time::Instant,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -47,7 +49,7 @@ impl Beats {
     pub fn start(node: String, generation: u64, send: Arc<dyn ProbeSend>) -> Beats {
         let (plan, plan_rx) = watch::channel(BeatPlan::default());
         let turned = Arc::new(AtomicU64::new(NOT_YET));
-        let base = Instant::now();
+        let base = tokio::time::Instant::now();
         let task = tokio::spawn(send_beats(
             node.clone(),
             generation,
@@ -96,16 +98,28 @@ async fn send_beats(
     node: String,
     generation: u64,
     send: Arc<dyn ProbeSend>,
-    plan: watch::Receiver<BeatPlan>,
+    mut plan: watch::Receiver<BeatPlan>,
     turned: Arc<AtomicU64>,
-    base: Instant,
+    base: tokio::time::Instant,
 ) {
     let mut every = tokio::time::interval(BEAT_INTERVAL);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let relay_every = (RELAY_EVERY.as_millis() / BEAT_INTERVAL.as_millis()).max(1) as u64;
     let mut out = Vec::with_capacity(64);
     let mut stalled = false;
+    let mut tick: u64 = 0;
     loop {
-        every.tick().await;
+        // A new plan goes out at once to the peers it adds and the owners
+        // it finds silent: a relay's first word is the one that counts.
+        let changed = tokio::select! {
+            _ = every.tick() => false,
+            r = plan.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                true
+            }
+        };
         let last = turned.load(Ordering::Relaxed);
         if last == NOT_YET {
             continue;
@@ -122,25 +136,67 @@ async fn send_beats(
             continue;
         }
         stalled = false;
-        let plan = plan.borrow().clone();
-        if plan.peers.is_empty() {
-            continue;
+        let plan = plan.borrow_and_update().clone();
+        if !changed {
+            tick += 1;
         }
         let now = Instant::now();
-        BeatMessage {
-            leaving: false,
-            node: node.clone(),
-            generation: Some(generation),
-            lapse: plan.lapse.map(|l| {
+        let lapse = |l: Option<Lapse>| {
+            l.map(|l| {
                 (
                     l.first.saturating_duration_since(now),
                     l.last.saturating_duration_since(now),
                 )
-            }),
+            })
+        };
+        // Two beats: the owners watched are told so (to be beaten densely),
+        // the watchers are not (an owner's beats are not answered).
+        let sparse = changed || tick.is_multiple_of(SPARSE_EVERY.into());
+        for watching in [false, true] {
+            let to: Vec<&SocketAddr> = if watching {
+                let dense = |p: &&SocketAddr| plan.dense.contains(p);
+                plan.sparse.iter().filter(|p| sparse || dense(p)).collect()
+            } else {
+                plan.dense
+                    .iter()
+                    .filter(|p| !plan.sparse.contains(p))
+                    .collect()
+            };
+            if to.is_empty() {
+                continue;
+            }
+            BeatMessage {
+                leaving: false,
+                watching,
+                node: node.clone(),
+                generation: Some(generation),
+                lapse: lapse(plan.lapse),
+                silent: None,
+            }
+            .encode(&mut out);
+            for peer in to {
+                send.send(*peer, &out);
+            }
         }
-        .encode(&mut out);
-        for peer in &plan.peers {
-            send.send(*peer, &out);
+        if changed || tick.is_multiple_of(relay_every) {
+            for r in &plan.relays {
+                BeatMessage {
+                    leaving: false,
+                    watching: false,
+                    node: node.clone(),
+                    generation: Some(generation),
+                    lapse: lapse(plan.lapse),
+                    silent: Some(Subject {
+                        node: r.node.clone(),
+                        generation: Some(r.generation),
+                        lapse: lapse(r.lapse),
+                    }),
+                }
+                .encode(&mut out);
+                for peer in &r.to {
+                    send.send(*peer, &out);
+                }
+            }
         }
     }
 }
@@ -162,6 +218,12 @@ pub fn drain(
                 generation: m.generation,
                 lapse: m.lapse,
                 leaving: m.leaving,
+                watching: m.watching,
+                silent: m.silent.map(|s| Silent {
+                    node: s.node,
+                    generation: s.generation,
+                    lapse: s.lapse,
+                }),
             });
         }
         next = recv.try_recv().ok();

@@ -15,7 +15,7 @@
 //!
 //! The path of one VIP, from a Service to the kernel, is in `docs/agent.md`.
 
-mod beats;
+pub mod beats;
 pub mod cleanup;
 pub mod config;
 pub mod core;

@@ -416,26 +416,28 @@ impl Election {
             .map(|w| self.c.slots[w.node as usize].name.as_str())
     }
 
-    /// The winners `node` comes right after: for every VIP it does not win,
-    /// the winner, when `node` would win were that winner gone. These are
-    /// the owners whose failure `node` must notice first, since it is the
-    /// one to take over (see the agent core's owner sessions). One
-    /// election per VIP `node` stands in, each walking the cached order.
-    pub fn next_in_line(&mut self, node: &str) -> std::collections::BTreeSet<String> {
-        let mut owners = std::collections::BTreeSet::new();
-        let Some(&id) = self.slot_of.get(node) else {
-            return owners;
-        };
+    /// For every owner, its VIPs (in address order) with the node next in
+    /// line for each: the one that would win were the owner gone. These
+    /// pairs are whose failure must be noticed first (see the agent core's
+    /// owner sessions). One election per VIP, each walking the cached
+    /// order.
+    pub fn runners_up(&mut self) -> BTreeMap<String, Vec<(IpAddr, String)>> {
+        let mut out: BTreeMap<String, Vec<(IpAddr, String)>> = BTreeMap::new();
         for v in 0..self.c.vips.len() {
             let Some(w) = self.winners[v] else { continue };
-            if w.node == id || self.c.exclusion(v, id).is_some() {
-                continue;
-            }
-            if elect(&self.c, &mut self.orders, v, Some(w.node)).is_some_and(|r| r.node == id) {
-                owners.insert(self.c.slots[w.node as usize].name.clone());
+            if let Some(r) = elect(&self.c, &mut self.orders, v, Some(w.node)) {
+                out.entry(self.c.slots[w.node as usize].name.clone())
+                    .or_default()
+                    .push((
+                        self.c.vips[v].ip,
+                        self.c.slots[r.node as usize].name.clone(),
+                    ));
             }
         }
-        owners
+        for runs in out.values_mut() {
+            runs.sort();
+        }
+        out
     }
 
     /// What `node` would hold for `ip` if the nodes for which `passed`

@@ -6,20 +6,23 @@
 //! length byte, UTF-8), two big-endian u32: milliseconds until the first
 //! and the last of the sender's addresses lapse ([`NO_LAPSE`] in both when
 //! it holds none with a finite lifetime), and from format 2 a flags byte
-//! ([`LEAVING`]) and the sender's gossip generation (big-endian u64, 0 when
-//! unknown: `cleanup` does not know it). 24 to 278 bytes before the frame's
-//! own 81. The generation keeps a restarted agent's beats from vouching
-//! for its previous run, which peers may still see in gossip holding
-//! addresses that are gone. Beats are read
-//! by the detector's task, which sees every verified message of its mark
-//! family first, and handed on as they are.
+//! and the sender's gossip generation (big-endian u64, 0 when unknown:
+//! `cleanup` does not know it). 24 to 278 bytes before the frame's own 81.
+//! The generation keeps a restarted agent's beats from vouching for its
+//! previous run, which peers may still see in gossip holding addresses
+//! that are gone. Beats are read by the detector's task, which sees every
+//! verified message of its mark family first, and handed on as they are.
 //!
-//! A *leaving* beat is what `cleanup` sends to every peer it knows when
-//! the agent is gone: the node's addresses still answer and are removed
-//! once others answer for them, so peers take them over at once, as from
-//! a node handing over on SIGTERM. An agent of format 1 reads it as an
-//! ordinary beat (the flags follow what it knows) and learns the same from
-//! gossip, later.
+//! A *leaving* beat ([`LEAVING`]) is what `cleanup` sends to every peer it
+//! knows when the agent is gone: the node's addresses still answer and are
+//! removed once others answer for them, so peers take them over at once,
+//! as from a node handing over on SIGTERM. An agent of format 1 reads it
+//! as an ordinary beat (the flags follow what it knows) and learns the
+//! same from gossip, later.
+//!
+//! A *relay* ([`SILENT`]) is followed by the silent owner's name, lapse
+//! and generation, in the same encoding. A format-1 agent reads it as an
+//! ordinary beat of the sender, which is true.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +37,12 @@ const FORMAT: u8 = 2;
 /// Flag: the sender's agent is gone and its addresses are about to be
 /// removed (see the module docs).
 pub const LEAVING: u8 = 1;
+/// Flag: a relay (see the agent core's sessions): the sender watches the
+/// owner named after the sender's own fields and finds it silent.
+pub const SILENT: u8 = 2;
+/// Flag: the sender watches the receiver, which is to beat it densely (a
+/// format-1 beat is taken as saying so: that release answered every beat).
+pub const WATCHING: u8 = 4;
 /// Both lapse fields when nothing lapses.
 pub const NO_LAPSE: u32 = u32::MAX;
 /// A leaving beat goes out this many times, [`LEAVING_EVERY`] apart: at
@@ -55,6 +64,8 @@ pub async fn send_leaving(
         generation,
         lapse: None,
         leaving: true,
+        watching: false,
+        silent: None,
     }
     .encode(&mut payload);
     for round in 0..LEAVING_ROUNDS {
@@ -80,6 +91,17 @@ pub struct BeatMessage {
     /// Until the first and the last of the sender's addresses lapse.
     pub lapse: Option<(Duration, Duration)>,
     pub leaving: bool,
+    pub watching: bool,
+    /// A relay: the sender watches this owner and finds it silent.
+    pub silent: Option<Subject>,
+}
+
+/// A relay's silent owner: its name, run, and lapse as its last beat said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subject {
+    pub node: String,
+    pub generation: Option<u64>,
+    pub lapse: Option<(Duration, Duration)>,
 }
 
 impl BeatMessage {
@@ -87,41 +109,101 @@ impl BeatMessage {
         out.clear();
         out.extend_from_slice(&BEAT_MARK);
         out.push(FORMAT);
-        let name = &self.node.as_bytes()[..self.node.len().min(u8::MAX as usize)];
-        out.push(name.len() as u8);
-        out.extend_from_slice(name);
-        let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(NO_LAPSE - 1);
-        let (first, last) = self
-            .lapse
-            .map_or((NO_LAPSE, NO_LAPSE), |(f, l)| (ms(f), ms(l)));
-        out.extend_from_slice(&first.to_be_bytes());
-        out.extend_from_slice(&last.to_be_bytes());
-        out.push(if self.leaving { LEAVING } else { 0 });
+        put_node(out, &self.node, self.lapse);
+        let mut flags = 0;
+        if self.leaving {
+            flags |= LEAVING;
+        }
+        if self.silent.is_some() {
+            flags |= SILENT;
+        }
+        if self.watching {
+            flags |= WATCHING;
+        }
+        out.push(flags);
         out.extend_from_slice(&self.generation.unwrap_or(0).to_be_bytes());
+        if let Some(s) = &self.silent {
+            put_node(out, &s.node, s.lapse);
+            out.extend_from_slice(&s.generation.unwrap_or(0).to_be_bytes());
+        }
     }
 
     /// `None` for anything that is not a beat of a known format. Longer
     /// messages are read up to what this format knows, so a later format
     /// may append fields.
     pub fn decode(payload: &[u8]) -> Option<BeatMessage> {
-        let rest = payload.strip_prefix(&BEAT_MARK)?;
-        let (&format, rest) = rest.split_first()?;
+        let mut r = Reader(payload.strip_prefix(&BEAT_MARK)?);
+        let format = r.byte()?;
         if format == 0 {
             return None;
         }
-        let (&len, rest) = rest.split_first()?;
-        let name = rest.get(..len as usize)?;
-        let node = std::str::from_utf8(name).ok()?.to_string();
-        let rest = &rest[len as usize..];
-        let first = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
-        let last = u32::from_be_bytes(rest.get(4..8)?.try_into().ok()?);
-        let flags = if format >= 2 { *rest.get(8)? } else { 0 };
-        let generation = if format >= 2 {
-            u64::from_be_bytes(rest.get(9..17)?.try_into().ok()?)
+        let (node, lapse) = r.node()?;
+        let (flags, generation) = if format >= 2 {
+            (r.byte()?, r.generation()?)
         } else {
-            0
+            (WATCHING, None)
         };
-        let generation = (generation != 0).then_some(generation);
+        let silent = if flags & SILENT != 0 {
+            let (node, lapse) = r.node()?;
+            Some(Subject {
+                node,
+                lapse,
+                generation: r.generation()?,
+            })
+        } else {
+            None
+        };
+        Some(BeatMessage {
+            node,
+            generation,
+            lapse,
+            leaving: flags & LEAVING != 0,
+            watching: flags & WATCHING != 0,
+            silent,
+        })
+    }
+}
+
+/// A node's name (one length byte, at most 255 bytes of it) and its lapse.
+fn put_node(out: &mut Vec<u8>, node: &str, lapse: Option<(Duration, Duration)>) {
+    let name = &node.as_bytes()[..node.len().min(u8::MAX as usize)];
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(NO_LAPSE - 1);
+    let (first, last) = lapse.map_or((NO_LAPSE, NO_LAPSE), |(f, l)| (ms(f), ms(l)));
+    out.extend_from_slice(&first.to_be_bytes());
+    out.extend_from_slice(&last.to_be_bytes());
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let (head, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn byte(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    /// 0 is no generation.
+    fn generation(&mut self) -> Option<Option<u64>> {
+        let g = u64::from_be_bytes(self.take(8)?.try_into().ok()?);
+        Some((g != 0).then_some(g))
+    }
+
+    fn node(&mut self) -> Option<(String, Option<(Duration, Duration)>)> {
+        let len = self.byte()?;
+        let node = std::str::from_utf8(self.take(len.into())?)
+            .ok()?
+            .to_string();
+        let (first, last) = (self.u32()?, self.u32()?);
         if node.is_empty() {
             return None;
         }
@@ -131,12 +213,7 @@ impl BeatMessage {
                 Duration::from_millis(last.max(first).into()),
             )
         });
-        Some(BeatMessage {
-            node,
-            generation,
-            lapse,
-            leaving: flags & LEAVING != 0,
-        })
+        Some((node, lapse))
     }
 }
 
@@ -161,14 +238,24 @@ mod tests {
             Some((Duration::from_millis(4_980), Duration::from_millis(5_000))),
         ] {
             for (leaving, generation) in [(false, Some(1_790_000_000_123)), (true, None)] {
-                let m = BeatMessage {
+                let mut m = BeatMessage {
                     node: "node-a".into(),
                     generation,
                     lapse,
                     leaving,
+                    watching: !leaving,
+                    silent: None,
                 };
                 m.encode(&mut out);
                 assert_eq!(out.len(), 4 + 1 + 1 + 6 + 8 + 1 + 8);
+                assert_eq!(BeatMessage::decode(&out), Some(m.clone()));
+                m.silent = Some(Subject {
+                    node: "node-bb".into(),
+                    generation: Some(9),
+                    lapse: lapse.map(|(f, l)| (f * 2, l * 2)),
+                });
+                m.encode(&mut out);
+                assert_eq!(out.len(), 4 + 1 + 1 + 6 + 8 + 1 + 8 + 1 + 7 + 8 + 8);
                 assert_eq!(BeatMessage::decode(&out), Some(m));
             }
         }
@@ -186,6 +273,8 @@ mod tests {
                 generation: None,
                 lapse: Some((Duration::from_millis(4_980), Duration::from_millis(5_000))),
                 leaving: false,
+                watching: true,
+                silent: None,
             })
         );
         let mut ours = Vec::new();
@@ -194,6 +283,8 @@ mod tests {
             generation: Some(7),
             lapse: None,
             leaving: true,
+            watching: false,
+            silent: None,
         }
         .encode(&mut ours);
         // Format 1's reader: format >= 1, then name and lapse; the rest is
@@ -211,6 +302,12 @@ mod tests {
             generation: Some(7),
             lapse: None,
             leaving: true,
+            watching: false,
+            silent: Some(Subject {
+                node: "o".into(),
+                generation: None,
+                lapse: None,
+            }),
         }
         .encode(&mut out);
         for cut in 0..out.len() {
@@ -220,8 +317,13 @@ mod tests {
         longer.extend_from_slice(b"future fields");
         longer[4] = FORMAT + 1;
         assert_eq!(
-            BeatMessage::decode(&longer).map(|m| (m.node, m.generation, m.leaving)),
-            Some(("n".into(), Some(7), true))
+            BeatMessage::decode(&longer).map(|m| (
+                m.node,
+                m.generation,
+                m.leaving,
+                m.silent.is_some()
+            )),
+            Some(("n".into(), Some(7), true, true))
         );
         let mut bad = out.clone();
         bad[6] = 0xff;

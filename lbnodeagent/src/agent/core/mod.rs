@@ -237,10 +237,28 @@ pub struct Actions {
 /// Whom this node beats, and what its beats say (see [`sessions`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BeatPlan {
-    pub peers: Vec<SocketAddr>,
+    /// Beaten every [`sessions::BEAT_INTERVAL`]: the nodes watching this
+    /// one.
+    pub dense: Vec<SocketAddr>,
+    /// The owners this node watches, told so every
+    /// [`sessions::SPARSE_EVERY`] intervals (densely if also in `dense`).
+    pub sparse: Vec<SocketAddr>,
     /// When this node's addresses on the wire lapse if it renews nothing
     /// more.
     pub lapse: Option<Lapse>,
+    /// Every [`sessions::RELAY_EVERY`]: the silent owners this node
+    /// watches, told to the others next in line for their VIPs.
+    pub relays: Vec<Relay>,
+}
+
+/// A silent owner, and whom to tell (see [`sessions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Relay {
+    pub node: String,
+    pub generation: u64,
+    /// When its addresses lapse, as its last beat said.
+    pub lapse: Option<Lapse>,
+    pub to: Vec<SocketAddr>,
 }
 
 /// A kernel operation in flight for a VIP.
@@ -611,7 +629,18 @@ impl Core {
             Input::Beats(beats) => {
                 let mut changed = false;
                 for b in beats {
-                    if self.of_another_run(&b) {
+                    if let Some(silent) = &b.silent {
+                        if silent.node == self.settings.node
+                            || self.of_another_run(&silent.node, silent.generation)
+                        {
+                            continue;
+                        }
+                        let owner = silent.node.clone();
+                        if self.sessions.heard(b, now) {
+                            warn!(%owner, "its watcher finds the owner silent; taking over what it holds unless it still answers");
+                            changed = true;
+                        }
+                    } else if self.of_another_run(&b.node, b.generation) {
                         // A restarted agent's beats say nothing of the
                         // run gossip still shows, whose addresses may be
                         // gone: the new run counts once gossip has it.
@@ -722,12 +751,12 @@ impl Core {
         }
     }
 
-    /// Whether `beat` comes from another run of its node than the one
-    /// gossip shows.
-    fn of_another_run(&self, beat: &Beat) -> bool {
-        beat.generation.is_some_and(|g| {
+    /// Whether a beat's `generation` of `node` is another run than the
+    /// one gossip shows.
+    fn of_another_run(&self, node: &str, generation: Option<u64>) -> bool {
+        generation.is_some_and(|g| {
             self.gossip_view
-                .node(&beat.node)
+                .node(node)
                 .is_some_and(|n| n.generation != g)
         })
     }
@@ -766,7 +795,7 @@ impl Core {
                 }
             }
         }
-        if self.sessions.suspects().next().is_some() {
+        if self.sessions.any_suspect() {
             // A node whose leaving beat came is leaving, not silent: its
             // host answers until others do, and it is handed over as such.
             let suspect = |n: &str| {
@@ -827,10 +856,12 @@ impl Core {
     /// Everything that follows from the state: settle, decide, announce,
     /// probe, renew, report, and the next wake-up.
     fn advance(&mut self, now: Instant, out: &mut Actions) {
-        if self.sessions.expire(now) {
-            let silent: Vec<&str> = self.sessions.suspects().collect();
-            warn!(owners = ?silent, "owner silent for {} ms; taking over what it holds unless it still answers",
+        let (silent, changed) = self.sessions.expire(now);
+        if !silent.is_empty() {
+            warn!(owners = ?silent, "owner silent for {} ms; taking over what it holds unless it still answers, and telling the others next in line",
                 sessions::BEAT_MISS.as_millis());
+        }
+        if changed {
             self.apply_view(now, out);
         }
         if self.phase == Phase::Starting && self.settings.unable.is_none() && self.settle(now) {
@@ -897,8 +928,10 @@ impl Core {
         self.wake = out.wake;
     }
 
-    /// Works out again which owners this node comes right after, once the
-    /// election moved (at most every [`WATCH_EVERY`]: one election per VIP).
+    /// Works out again which owners this node watches, once the election
+    /// moved (at most every [`WATCH_EVERY`]: one election per VIP): those
+    /// for whose lowest VIP it comes next, each with the others next in
+    /// line for its VIPs.
     fn watch_owners(&mut self, now: Instant) {
         let Some(due) = self.watch_due else { return };
         if now < due || now < self.watched_at + WATCH_EVERY {
@@ -907,27 +940,40 @@ impl Core {
         self.watch_due = None;
         self.watched_at = now;
         let owners = if self.phase == Phase::Running {
-            self.election.next_in_line(&self.settings.node)
+            sessions::watched_by(&self.settings.node, &self.election.runners_up())
         } else {
-            BTreeSet::new()
+            BTreeMap::new()
         };
         let gossip = &self.gossip_view;
         self.sessions.watch(owners, |n| gossip.node(n).is_some());
     }
 
-    /// Whom to beat and what to tell them: the session peers, and when the
-    /// addresses this node answers for lapse.
+    /// Whom to beat and what to tell them: the session peers, when the
+    /// addresses this node answers for lapse, and the silent owners.
     fn next_beat_plan(&self) -> BeatPlan {
-        let peers = self.sessions.peers();
+        let plan = self.sessions.plan();
         let gossip = &self.gossip_view;
-        let peers = gossip
-            .nodes
+        let known = || gossip.nodes.iter().chain(&gossip.gone);
+        let addrs = |names: &BTreeSet<String>| -> Vec<SocketAddr> {
+            known()
+                .filter(|n| names.contains(&n.node) && n.node != self.settings.node)
+                .map(|n| n.gossip_addr)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        };
+        let relays = plan
+            .relays
             .iter()
-            .chain(&gossip.gone)
-            .filter(|n| peers.contains(&n.node) && n.node != self.settings.node)
-            .map(|n| n.gossip_addr)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
+            .filter_map(|(node, to)| {
+                let generation = known().find(|n| n.node == *node)?.generation;
+                Some(Relay {
+                    node: node.clone(),
+                    generation,
+                    lapse: self.sessions.lapse(node),
+                    to: addrs(to),
+                })
+            })
             .collect();
         let expiries = self
             .slots
@@ -943,7 +989,12 @@ impl Core {
                 },
             })
         });
-        BeatPlan { peers, lapse }
+        BeatPlan {
+            dense: addrs(&plan.dense),
+            sparse: addrs(&plan.sparse),
+            lapse,
+            relays,
+        }
     }
 
     /// The lifetime of an address taken now: so that it lapses with the

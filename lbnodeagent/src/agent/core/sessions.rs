@@ -1,42 +1,67 @@
-//! Owner sessions: the node next in line for an owner's VIPs watches that
-//! owner directly, so a host that goes away is noticed in about a tenth of
-//! a second at any cluster size, where SWIM's suspicion grows with the
-//! cluster (0.5 s at 3 members, 1.3 s at 1,000).
+//! Owner sessions: one node watches each owner directly, so a host that
+//! goes away is noticed in about a tenth of a second at any cluster size,
+//! where SWIM's suspicion grows with the cluster (0.5 s at 3 members, 1.3
+//! s at 1,000).
 //!
-//! Every node learns from the election which owners it comes right after
-//! ([`Election::next_in_line`](crate::election::Election::next_in_line))
-//! and sends each of them a signed beat every [`BEAT_INTERVAL`] over the
-//! gossip socket; a node answers every node that beat it in the last
-//! [`WATCHER_TTL`] at the same pace. The pair is one session, started by
-//! the follower, so the two need not agree on the election for it to work.
-//! An owner heard at least once and then silent for [`BEAT_MISS`] is a
-//! *suspect*: the core treats it as gone from the view, so this node takes
-//! its VIPs, after the usual pre-check on the wire. The pre-check is what
+//! Every node learns from the election, for every owner, which node comes
+//! next for each of its VIPs ([`Election::runners_up`]). Of those, one
+//! watches the owner: the node next in line for the owner's lowest VIP.
+//! Each node can tell it is the watcher from its own election; two views
+//! that differ may name two watchers (harmless) or none for a while (the
+//! others then learn of the failure from SWIM, as before).
+//!
+//! The watcher beats the owner every [`SPARSE_EVERY`] beat, saying it
+//! watches; the owner answers every node that said so in the last
+//! [`WATCHER_TTL`] with a beat every [`BEAT_INTERVAL`] (beats that do not
+//! say so, the owner's, are not answered: that would make every session
+//! dense both ways). So each node sends dense beats to about one
+//! watcher and sparse ones to the owners it watches, whatever the size of
+//! the cluster. An owner heard at least once and then silent for
+//! [`BEAT_MISS`] is a *suspect*: the watcher treats it as gone from the
+//! view, and tells the others next in line for its VIPs so every
+//! [`RELAY_EVERY`] (a *relay*, with when the owner's addresses lapse); they
+//! hold it suspect until [`RELAY_TTL`] after the last relay. Each then takes
+//! its VIPs after the usual pre-check on the wire. The pre-check is what
 //! keeps this safe: a live host (its agent starved, stopped, or only its
-//! beats lost) still answers ARP/ND, and this node then stays off. A
-//! suspect heard again is back at once; one SWIM declares down leaves the
-//! session. A node never heard (an agent of an older release, one that
-//! just started) is never suspected: SWIM judges it as before.
+//! beats lost) still answers ARP/ND, and the node stays off. A suspect
+//! heard again is back at once (the relays stop, and the others' hold
+//! runs out); one SWIM declares down leaves the session. A node never
+//! heard (an agent of an older release, one that just started) is never
+//! suspected: SWIM judges it as before.
 //!
 //! Each beat also says when the sender's addresses lapse (they have a
 //! finite lifetime, renewed in one batch): once its agent is dead or frozen
-//! and its host still answers, the follower knows when the answers will
-//! stop, and asks densely then instead of waiting out a silence (see
-//! `conflict`).
+//! and its host still answers, the nodes next in line know when the
+//! answers will stop, and ask densely then instead of waiting out a
+//! silence (see `conflict`).
 //!
 //! Pure: the core feeds beats and the clock in; the shell sends the beats.
+//!
+//! [`Election::runners_up`]: crate::election::Election::runners_up
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-/// How often a beat goes to each session peer.
+/// How often a beat goes to each watcher.
 pub const BEAT_INTERVAL: Duration = Duration::from_millis(25);
+/// A watcher beats the owner it watches every this many beat intervals:
+/// only to be answered (an owner answers whoever beat it within
+/// [`WATCHER_TTL`]), not to be watched.
+pub const SPARSE_EVERY: u32 = 10;
 /// Silence after which a watched owner is suspect: five beats, so at 5%
 /// datagram loss a live owner is suspected about once in 3 million beat
 /// periods (and even then the pre-check on the wire hears it answer).
 pub const BEAT_MISS: Duration = Duration::from_millis(125);
-/// A node that beat this one within this long is answered.
+/// A node that beat this one within this long is answered: four sparse
+/// beats.
 pub const WATCHER_TTL: Duration = Duration::from_secs(1);
+/// How often a watcher tells the others next in line that their owner is
+/// silent, while it is.
+pub const RELAY_EVERY: Duration = Duration::from_millis(50);
+/// A relayed suspect stays one this long after the last relay: two relays
+/// lost in a row do not lift it.
+pub const RELAY_TTL: Duration = Duration::from_millis(160);
 
 /// How long a silent peer's lapse is remembered after its last address's:
 /// the kernel drops a lapsed address up to about a second late.
@@ -54,6 +79,20 @@ pub struct Beat {
     /// The node goes (its agent on SIGTERM, or `cleanup` for a dead
     /// one): the core takes it as leaving; sessions never see such a beat.
     pub leaving: bool,
+    /// The sender watches this node, which is to beat it densely.
+    pub watching: bool,
+    /// A relay: the sender watches this owner and finds it silent. Such a
+    /// beat says nothing else of the sender.
+    pub silent: Option<Silent>,
+}
+
+/// A relay's subject: the silent owner, and what its last beat told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Silent {
+    pub node: String,
+    pub generation: Option<u64>,
+    /// As in [`Beat::lapse`], counted from the moment the relay arrived.
+    pub lapse: Option<(Duration, Duration)>,
 }
 
 /// When a node's addresses lapse, as its last beat said.
@@ -63,10 +102,41 @@ pub struct Lapse {
     pub last: Instant,
 }
 
+impl Lapse {
+    fn after(now: Instant, (first, last): (Duration, Duration)) -> Lapse {
+        Lapse {
+            first: now + first,
+            last: now + last,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct Watched {
     heard: Option<Instant>,
     suspect: bool,
+    /// The others next in line for the owner's VIPs: told when it is
+    /// silent.
+    relay_to: BTreeSet<String>,
+}
+
+/// The owners `me` watches, given every owner's VIPs with the node next
+/// in line for each ([`Election::runners_up`]): those for whose lowest VIP
+/// `me` comes next, each with the others next in line for its VIPs.
+///
+/// [`Election::runners_up`]: crate::election::Election::runners_up
+pub fn watched_by<'a>(
+    me: &str,
+    runners_up: impl IntoIterator<Item = (&'a String, &'a Vec<(IpAddr, String)>)>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    runners_up
+        .into_iter()
+        .filter(|(owner, runs)| *owner != me && runs.first().is_some_and(|(_, r)| r == me))
+        .map(|(owner, runs)| {
+            let others = runs.iter().map(|(_, r)| r).filter(|r| *r != me).cloned();
+            (owner.clone(), others.collect())
+        })
+        .collect()
 }
 
 /// See the module docs.
@@ -75,108 +145,160 @@ pub struct Sessions {
     watched: BTreeMap<String, Watched>,
     /// Nodes that beat this one, when last heard.
     watchers: BTreeMap<String, Instant>,
-    /// The last lapse each peer told, kept after it goes silent (that is
-    /// when it is needed) until [`LAPSE_KEPT`] after its last address.
+    /// Owners a watcher says are silent, until when.
+    relayed: BTreeMap<String, Instant>,
+    /// The last lapse each peer told (or a relay told of it), kept after
+    /// it goes silent (that is when it is needed) until [`LAPSE_KEPT`]
+    /// after its last address.
     lapses: BTreeMap<String, Lapse>,
-    /// [`Sessions::peers`] changed since [`Sessions::take_changed`].
+    /// [`Sessions::plan`] changed since [`Sessions::take_changed`].
     changed: bool,
 }
 
+/// Whom to beat, as [`Sessions::plan`] says: node names.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionPlan {
+    /// Every [`BEAT_INTERVAL`]: the watchers.
+    pub dense: BTreeSet<String>,
+    /// The owners watched, beaten saying so: every [`SPARSE_EVERY`]
+    /// beats, or with the dense ones if they watch this node too.
+    pub sparse: BTreeSet<String>,
+    /// Every [`RELAY_EVERY`]: each silent owner, and whom to tell.
+    pub relays: BTreeMap<String, BTreeSet<String>>,
+}
+
 impl Sessions {
-    /// The owners to watch now. A suspect stays watched (it may answer
-    /// again) until `live` says gossip itself lost it.
-    pub fn watch(&mut self, owners: BTreeSet<String>, live: impl Fn(&str) -> bool) {
+    /// The owners this node watches now, each with the others next in
+    /// line for its VIPs. A suspect stays watched (it may answer again)
+    /// until `live` says gossip itself lost it.
+    pub fn watch(
+        &mut self,
+        owners: BTreeMap<String, BTreeSet<String>>,
+        live: impl Fn(&str) -> bool,
+    ) {
         let before = self.watched.len();
         self.watched
-            .retain(|n, w| owners.contains(n) || (w.suspect && live(n)));
+            .retain(|n, w| owners.contains_key(n) || (w.suspect && live(n)));
         let kept = self.watched.len();
-        for o in owners {
-            self.watched.entry(o).or_default();
+        for (o, relay_to) in owners {
+            let w = self.watched.entry(o).or_default();
+            if w.relay_to != relay_to {
+                self.changed |= w.suspect;
+                w.relay_to = relay_to;
+            }
         }
         self.changed |= kept != before || self.watched.len() != kept;
     }
 
-    /// A beat arrived. True when it brings a suspect back.
+    /// A beat arrived. True when it changes who is suspect.
     pub fn heard(&mut self, beat: Beat, now: Instant) -> bool {
-        if let Some((first, last)) = beat.lapse {
-            self.lapses.insert(
-                beat.node.clone(),
-                Lapse {
-                    first: now + first,
-                    last: now + last,
-                },
-            );
-        } else {
-            self.lapses.remove(&beat.node);
+        if let Some(silent) = beat.silent {
+            return self.relayed(silent, now);
+        }
+        match beat.lapse {
+            Some(l) => {
+                self.lapses.insert(beat.node.clone(), Lapse::after(now, l));
+            }
+            None => {
+                self.lapses.remove(&beat.node);
+            }
         }
         let back = match self.watched.get_mut(&beat.node) {
             Some(w) => {
                 w.heard = Some(now);
-                std::mem::take(&mut w.suspect)
+                let back = std::mem::take(&mut w.suspect);
+                self.changed |= back;
+                back
             }
             None => false,
         };
-        self.changed |= self.watchers.insert(beat.node, now).is_none();
+        if beat.watching {
+            self.changed |= self.watchers.insert(beat.node, now).is_none();
+        }
         back
     }
 
-    /// Marks the owners silent for [`BEAT_MISS`]. True when one is newly
-    /// suspect.
-    pub fn expire(&mut self, now: Instant) -> bool {
-        let mut new = false;
-        for w in self.watched.values_mut() {
+    fn relayed(&mut self, silent: Silent, now: Instant) -> bool {
+        if let Some(l) = silent.lapse {
+            self.lapses
+                .insert(silent.node.clone(), Lapse::after(now, l));
+        }
+        let before = self.is_suspect(&silent.node);
+        self.relayed.insert(silent.node.clone(), now + RELAY_TTL);
+        !before
+    }
+
+    /// Marks the owners silent for [`BEAT_MISS`] and lifts relayed
+    /// suspects past their hold. The owners newly suspect, and whether
+    /// who is suspect changed at all.
+    pub fn expire(&mut self, now: Instant) -> (Vec<String>, bool) {
+        let mut new = Vec::new();
+        for (n, w) in &mut self.watched {
             if !w.suspect
                 && w.heard
                     .is_some_and(|h| now.saturating_duration_since(h) >= BEAT_MISS)
             {
                 w.suspect = true;
-                new = true;
+                new.push(n.clone());
             }
         }
+        self.changed |= !new.is_empty();
+        let before = self.relayed.len();
+        self.relayed.retain(|_, until| now < *until);
+        let lifted = self.relayed.len() != before;
         let before = self.watchers.len();
         self.watchers
             .retain(|_, t| now.saturating_duration_since(*t) < WATCHER_TTL);
         self.changed |= self.watchers.len() != before;
         self.lapses.retain(|_, l| now < l.last + LAPSE_KEPT);
-        new
+        let changed = !new.is_empty() || lifted;
+        (new, changed)
     }
 
     pub fn is_suspect(&self, node: &str) -> bool {
-        self.watched.get(node).is_some_and(|w| w.suspect)
+        self.watched.get(node).is_some_and(|w| w.suspect) || self.relayed.contains_key(node)
     }
 
-    pub fn suspects(&self) -> impl Iterator<Item = &str> {
-        self.watched
-            .iter()
-            .filter(|(_, w)| w.suspect)
-            .map(|(n, _)| n.as_str())
+    /// Whether any node is suspect, by this node's watch or a relay.
+    pub fn any_suspect(&self) -> bool {
+        !self.relayed.is_empty() || self.watched.values().any(|w| w.suspect)
     }
 
-    /// Whether [`Sessions::peers`] changed since the last call.
+    /// Whether [`Sessions::plan`] changed since the last call.
     pub fn take_changed(&mut self) -> bool {
         std::mem::take(&mut self.changed)
     }
 
-    /// Whom to beat: the owners watched and the nodes that watch this one.
-    pub fn peers(&self) -> BTreeSet<String> {
-        self.watched
-            .keys()
-            .chain(self.watchers.keys())
-            .cloned()
-            .collect()
+    /// Whom to beat and whom to tell of a silent owner.
+    pub fn plan(&self) -> SessionPlan {
+        let dense: BTreeSet<String> = self.watchers.keys().cloned().collect();
+        let sparse = self.watched.keys().cloned().collect();
+        let relays = self
+            .watched
+            .iter()
+            .filter(|(_, w)| w.suspect && !w.relay_to.is_empty())
+            .map(|(n, w)| (n.clone(), w.relay_to.clone()))
+            .collect();
+        SessionPlan {
+            dense,
+            sparse,
+            relays,
+        }
     }
 
-    /// When the next owner turns suspect if it stays silent.
+    /// When the next owner turns suspect if it stays silent, or a relayed
+    /// one stops being one.
     pub fn deadline(&self) -> Option<Instant> {
         self.watched
             .values()
             .filter(|w| !w.suspect)
             .filter_map(|w| w.heard)
             .map(|h| h + BEAT_MISS)
+            .chain(self.relayed.values().copied())
             .min()
     }
 
-    /// When `node`'s addresses lapse, as it last said.
+    /// When `node`'s addresses lapse, as it (or a relay) last said.
     pub fn lapse(&self, node: &str) -> Option<Lapse> {
         self.lapses.get(node).copied()
     }
@@ -192,6 +314,8 @@ mod tests {
             generation: None,
             lapse: None,
             leaving: false,
+            watching: true,
+            silent: None,
         }
     }
 
@@ -199,22 +323,46 @@ mod tests {
         nodes.iter().map(|n| n.to_string()).collect()
     }
 
+    /// Owners watched, none with others next in line.
+    fn owners(nodes: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
+        nodes.iter().map(|n| (n.to_string(), set(&[]))).collect()
+    }
+
+    fn relay(owner: &str, lapse: Option<Duration>) -> Beat {
+        Beat {
+            silent: Some(Silent {
+                node: owner.into(),
+                generation: None,
+                lapse: lapse.map(|d| (d, d)),
+            }),
+            ..beat("w")
+        }
+    }
+
+    fn suspects(s: &Sessions) -> Vec<&str> {
+        ["a", "b", "c"]
+            .into_iter()
+            .filter(|n| s.is_suspect(n))
+            .collect()
+    }
+
     #[test]
     fn an_owner_heard_then_silent_is_suspect_until_heard_again() {
         let t0 = Instant::now();
         let mut s = Sessions::default();
-        s.watch(set(&["a"]), |_| true);
-        assert!(
-            !s.expire(t0 + Duration::from_secs(5)),
+        s.watch(owners(&["a"]), |_| true);
+        assert_eq!(
+            s.expire(t0 + Duration::from_secs(5)),
+            (vec![], false),
             "never heard: never suspect"
         );
         assert_eq!(s.deadline(), None);
         s.heard(beat("a"), t0);
         assert_eq!(s.deadline(), Some(t0 + BEAT_MISS));
-        assert!(!s.expire(t0 + BEAT_MISS - Duration::from_millis(1)));
-        assert!(s.expire(t0 + BEAT_MISS));
+        assert!(!s.expire(t0 + BEAT_MISS - Duration::from_millis(1)).1);
+        assert_eq!(s.expire(t0 + BEAT_MISS), (vec!["a".to_string()], true));
         assert!(s.is_suspect("a"));
-        assert!(!s.expire(t0 + BEAT_MISS * 2), "suspect once");
+        assert!(!s.expire(t0 + BEAT_MISS * 2).1, "suspect once");
         assert!(s.heard(beat("a"), t0 + BEAT_MISS * 3));
         assert!(!s.is_suspect("a"));
     }
@@ -223,7 +371,7 @@ mod tests {
     fn beats_within_the_miss_keep_an_owner_up() {
         let t0 = Instant::now();
         let mut s = Sessions::default();
-        s.watch(set(&["a"]), |_| true);
+        s.watch(owners(&["a"]), |_| true);
         let mut t = t0;
         for i in 0..400 {
             // Three beats in four lost: still within the miss.
@@ -231,7 +379,7 @@ mod tests {
                 s.heard(beat("a"), t);
             }
             t += BEAT_INTERVAL;
-            assert!(!s.expire(t), "suspected at beat {i}");
+            assert!(!s.expire(t).1, "suspected at beat {i}");
         }
     }
 
@@ -239,46 +387,110 @@ mod tests {
     fn a_suspect_stays_watched_while_gossip_holds_it_live() {
         let t0 = Instant::now();
         let mut s = Sessions::default();
-        s.watch(set(&["a", "b"]), |_| true);
+        s.watch(owners(&["a", "b"]), |_| true);
         s.heard(beat("a"), t0);
         s.heard(beat("b"), t0);
         s.expire(t0 + BEAT_MISS);
         // Suspects drop out of this node's election, so it no longer comes
         // after them: they must stay watched to come back.
-        s.watch(set(&[]), |_| true);
-        assert_eq!(s.suspects().collect::<Vec<_>>(), ["a", "b"]);
-        s.watch(set(&[]), |n| n == "b");
-        assert_eq!(s.suspects().collect::<Vec<_>>(), ["b"]);
+        s.watch(owners(&[]), |_| true);
+        assert_eq!(suspects(&s), ["a", "b"]);
+        s.watch(owners(&[]), |n| n == "b");
+        assert_eq!(suspects(&s), ["b"]);
     }
 
     #[test]
-    fn watchers_are_answered_for_a_while() {
+    fn watchers_are_beaten_densely_owners_watched_sparsely() {
         let t0 = Instant::now();
         let mut s = Sessions::default();
-        s.watch(set(&["a"]), |_| true);
+        s.watch(owners(&["a"]), |_| true);
         assert!(s.take_changed(), "a watched");
+        let owners_beat = Beat {
+            watching: false,
+            ..beat("x")
+        };
+        s.heard(owners_beat, t0);
+        assert!(s.plan().dense.is_empty(), "an owner's beat is not answered");
         assert!(!s.heard(beat("w"), t0));
-        assert_eq!(s.peers(), set(&["a", "w"]));
+        let plan = s.plan();
+        assert_eq!((plan.dense, plan.sparse), (set(&["w"]), set(&["a"])));
         assert!(s.take_changed(), "w heard");
         s.heard(beat("w"), t0 + WATCHER_TTL / 2);
-        s.watch(set(&["a"]), |_| true);
+        s.watch(owners(&["a"]), |_| true);
         assert!(!s.take_changed(), "the same peers");
+        // An owner that watches this node too is beaten densely, once.
+        s.heard(beat("a"), t0 + WATCHER_TTL / 2);
+        let plan = s.plan();
+        assert_eq!((plan.dense, plan.sparse), (set(&["a", "w"]), set(&["a"])));
         s.expire(t0 + WATCHER_TTL + WATCHER_TTL / 2);
-        assert_eq!(s.peers(), set(&["a"]));
+        let plan = s.plan();
+        assert_eq!((plan.dense, plan.sparse), (set(&[]), set(&["a"])));
         assert!(s.take_changed(), "w gone");
+    }
+
+    /// The watcher tells the others next in line while the owner is
+    /// silent, and stops once it is heard again.
+    #[test]
+    fn a_silent_owner_is_relayed_to_the_others_next_in_line() {
+        let t0 = Instant::now();
+        let mut s = Sessions::default();
+        let with_others = [("a".to_string(), set(&["b", "c"]))].into();
+        s.watch(with_others, |_| true);
+        s.heard(beat("a"), t0);
+        assert!(s.plan().relays.is_empty());
+        s.take_changed();
+        s.expire(t0 + BEAT_MISS);
+        assert!(s.take_changed(), "the relays are news");
+        assert_eq!(
+            s.plan().relays,
+            [("a".to_string(), set(&["b", "c"]))].into()
+        );
+        s.watch([("a".to_string(), set(&["c"]))].into(), |_| true);
+        assert!(s.take_changed());
+        assert_eq!(s.plan().relays, [("a".to_string(), set(&["c"]))].into());
+        s.heard(beat("a"), t0 + BEAT_MISS * 2);
+        assert!(s.take_changed());
+        assert!(s.plan().relays.is_empty(), "heard again");
+    }
+
+    /// A relayed owner is suspect while relays come, and for
+    /// [`RELAY_TTL`] after the last; the lapse it carries is kept. A relay
+    /// makes no session with its sender.
+    #[test]
+    fn a_relay_holds_the_owner_suspect_while_relays_come() {
+        let t0 = Instant::now();
+        let mut s = Sessions::default();
+        assert!(
+            s.heard(relay("a", Some(Duration::from_secs(2))), t0),
+            "news"
+        );
+        assert!(s.is_suspect("a"));
+        assert_eq!(
+            s.lapse("a").map(|l| l.last),
+            Some(t0 + Duration::from_secs(2))
+        );
+        assert!(
+            s.plan().dense.is_empty(),
+            "no session with the relay's sender"
+        );
+        assert_eq!(s.deadline(), Some(t0 + RELAY_TTL));
+        let t1 = t0 + RELAY_EVERY;
+        assert!(!s.heard(relay("a", None), t1), "not news");
+        assert_eq!(s.expire(t0 + RELAY_TTL), (vec![], false), "renewed");
+        assert!(s.is_suspect("a"));
+        assert_eq!(s.expire(t1 + RELAY_TTL), (vec![], true), "lifted");
+        assert!(!s.is_suspect("a") && !s.any_suspect());
     }
 
     #[test]
     fn the_last_lapse_told_is_kept_after_the_owner_goes_silent() {
         let t0 = Instant::now();
         let mut s = Sessions::default();
-        s.watch(set(&["a"]), |_| true);
+        s.watch(owners(&["a"]), |_| true);
         s.heard(
             Beat {
-                node: "a".into(),
-                generation: None,
                 lapse: Some((Duration::from_secs(4), Duration::from_secs(5))),
-                leaving: false,
+                ..beat("a")
             },
             t0,
         );
@@ -290,7 +502,7 @@ mod tests {
                 last: t0 + Duration::from_secs(5)
             })
         );
-        s.watch(set(&[]), |_| false);
+        s.watch(owners(&[]), |_| false);
         s.expire(t0 + Duration::from_secs(5) + LAPSE_KEPT - Duration::from_millis(1));
         assert!(s.lapse("a").is_some(), "kept after gossip lost the node");
         s.expire(t0 + Duration::from_secs(5) + LAPSE_KEPT);

@@ -657,6 +657,8 @@ fn leaving(node: &str) -> Input {
         generation: None,
         lapse: None,
         leaving: true,
+        watching: false,
+        silent: None,
     }])
 }
 
@@ -666,6 +668,8 @@ fn beat(node: &str, lapse_in: Option<Duration>) -> Input {
         generation: None,
         lapse: lapse_in.map(|d| (d, d)),
         leaving: false,
+        watching: false,
+        silent: None,
     }])
 }
 
@@ -682,7 +686,7 @@ fn a_silent_owner_is_asked_about_and_followed_at_its_lapse() {
     a.advance(Duration::from_millis(200));
     a.step(Input::Tick);
     let plan = a.core.beats().expect("a beats the owner it follows");
-    assert_eq!(plan.peers, vec!["10.0.0.250:7934".parse().unwrap()]);
+    assert_eq!(plan.sparse, vec!["10.0.0.250:7934".parse().unwrap()]);
     // b's agent is starved for 200 ms: its beats stop, its kernel answers.
     a.step(beat("b", Some(Duration::from_secs(10))));
     a.advance(sessions::BEAT_MISS - Duration::from_millis(1));
@@ -757,6 +761,8 @@ fn a_restarted_owners_beats_do_not_vouch_for_its_old_run() {
             generation: Some(generation),
             lapse: None,
             leaving: false,
+            watching: false,
+            silent: None,
         }])
     };
     a.advance(Duration::from_millis(200));
@@ -792,6 +798,131 @@ fn a_restarted_owners_beats_do_not_vouch_for_its_old_run() {
         Vec::new(),
     )));
     assert_eq!(ips(&act.remove), [v].into(), "then handed back");
+}
+
+/// Two VIPs b wins, one with a next in line, the other with c (a and c
+/// rank alike but for the hash), `a_first` saying whose VIP is the lower
+/// address (its runner-up watches b).
+fn two_followers(a_first: bool) -> (Cluster, IpAddr, IpAddr) {
+    let mut cl = cluster(&addresses(32));
+    cl.nodes[2].labels.insert("tier".into(), "second".into());
+    let members = ["a", "b", "c"].map(|n| peer(n, Status::Alive, &[], 1).to_member());
+    let runner = |ip: IpAddr| {
+        let r = crate::election::elect_all(&cl, members.clone());
+        let r = r.into_iter().find(|r| r.ip == ip).expect("elected");
+        assert_eq!(r.winner.as_deref(), Some("b"));
+        r.candidates[1].node.clone()
+    };
+    let all = addresses(32);
+    let (first, second) = if a_first { ("a", "c") } else { ("c", "a") };
+    let pair = all
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| runner(**v) == first)
+        .find_map(|(i, v)| {
+            let w = all[i + 1..].iter().find(|w| runner(**w) == second)?;
+            Some((*v, *w))
+        })
+        .expect("32 addresses give both orders");
+    let (to_a, to_c) = if a_first { pair } else { (pair.1, pair.0) };
+    let mut cl = cluster(&[to_a, to_c]);
+    cl.nodes[2].labels.insert("tier".into(), "second".into());
+    (cl, to_a, to_c)
+}
+
+/// The node next in line for an owner's lowest VIP watches it, and once
+/// it is silent tells the others next in line for its VIPs, with its
+/// lapse; they take their VIPs (after the pre-check) while relays come,
+/// and the relays' hold runs out once they stop.
+#[test]
+fn the_watcher_relays_a_silent_owner_to_the_others_next_in_line() {
+    let peers = |b_vips: &[IpAddr]| {
+        vec![
+            peer("b", Status::Alive, b_vips, 1),
+            peer("c", Status::Alive, &[], 1),
+        ]
+    };
+    // a watches b: it beats b sparsely, and relays once b is silent.
+    let (cl, to_a, to_c) = two_followers(true);
+    let mut a = Node::new("a");
+    assert!(a.running(cl, peers(&[to_a, to_c])).is_empty(), "b wins");
+    a.advance(Duration::from_millis(200));
+    a.step(Input::Tick);
+    let plan = a.core.beats().expect("a plan").clone();
+    assert_eq!(plan.sparse.len(), 1, "{plan:?}");
+    assert!(plan.relays.is_empty());
+    a.step(beat("b", Some(Duration::from_secs(3))));
+    a.advance(sessions::BEAT_MISS);
+    let act = a.step(Input::Tick);
+    assert_eq!(targets(&act.probe), [to_a].into(), "its own VIP only");
+    let relay = &act.beat.expect("a new plan").relays;
+    assert_eq!(relay.len(), 1, "{relay:?}");
+    assert_eq!((relay[0].node.as_str(), relay[0].generation), ("b", 1));
+    assert!(relay[0].lapse.is_some(), "with b's lapse");
+    assert_eq!(
+        relay[0].to, plan.sparse,
+        "to c (every peer shares one address here)"
+    );
+
+    // c watches b: a hears of it only from c's relays.
+    let (cl, to_a, to_c) = two_followers(false);
+    let mut a = Node::new("a");
+    assert!(a.running(cl, peers(&[to_a, to_c])).is_empty(), "b wins");
+    a.advance(Duration::from_millis(200));
+    a.step(Input::Tick);
+    assert!(
+        a.core.beats().is_none_or(|p| p.sparse.is_empty()),
+        "a does not watch b"
+    );
+    let relay = |lapse: Option<Duration>| {
+        Input::Beats(vec![sessions::Beat {
+            node: "c".into(),
+            generation: Some(1),
+            lapse: None,
+            leaving: false,
+            watching: false,
+            silent: Some(sessions::Silent {
+                node: "b".into(),
+                generation: Some(1),
+                lapse: lapse.map(|d| (d, d)),
+            }),
+        }])
+    };
+    let act = a.step(relay(None));
+    assert_eq!(targets(&act.probe), [to_a].into(), "asked about at once");
+    a.advance(PRECHECK);
+    let act = a.step(relay(None));
+    let act = if act.add.is_empty() {
+        a.step(Input::Tick)
+    } else {
+        act
+    };
+    assert_eq!(ips(&act.add), [to_a].into(), "nobody answers: taken");
+    a.done(&act);
+    assert!(
+        a.core.beats().is_none_or(|p| p.dense.is_empty()),
+        "a relay starts no session with c"
+    );
+
+    // Another owner b, still answering: a stays off, and once the relays
+    // stop b is back in a's view.
+    let (cl, to_a, to_c) = two_followers(false);
+    let mut a = Node::new("a");
+    a.running(cl, peers(&[to_a, to_c]));
+    let act = a.step(relay(None));
+    assert_eq!(targets(&act.probe), [to_a].into());
+    a.advance(Duration::from_millis(2));
+    a.step(Input::Claim(Claim {
+        ip: to_a,
+        mac: mac("b"),
+    }));
+    for _ in 0..4 {
+        a.advance(sessions::RELAY_EVERY);
+        assert!(a.step(relay(None)).add.is_empty(), "b answers");
+    }
+    a.advance(sessions::RELAY_TTL);
+    a.step(Input::Tick);
+    assert_eq!(a.core.election().winner(to_a), Some("b"), "b back");
 }
 
 /// `cleanup` of a killed owner says so in a leaving beat: the next winner

@@ -46,7 +46,7 @@ use crate::election::Member;
 use crate::gossip::{LocalState, MemberInfo, MembershipView, Status};
 
 use super::links::Links;
-use super::sessions::{BEAT_MISS, Beat};
+use super::sessions::{BEAT_MISS, Beat, Lapse, Silent};
 use super::{Actions, BeatPlan, Core, Input, OpKind, OpResult, Settings};
 pub use check::{Stats, Violation};
 pub use rng::Rng;
@@ -874,20 +874,35 @@ impl World {
                 continue;
             }
             let plan = &self.hosts[j].beat_plan;
-            if !plan.peers.contains(&addr) {
-                continue;
-            }
-            beats.push(Beat {
-                node: self.hosts[j].name.clone(),
-                generation: Some(self.hosts[j].generation),
-                lapse: plan.lapse.map(|l| {
+            let lapse = |l: Option<Lapse>| {
+                l.map(|l| {
                     (
                         l.first.saturating_duration_since(now),
                         l.last.saturating_duration_since(now),
                     )
-                }),
+                })
+            };
+            let beat = Beat {
+                node: self.hosts[j].name.clone(),
+                generation: Some(self.hosts[j].generation),
+                lapse: lapse(plan.lapse),
                 leaving: false,
-            });
+                watching: plan.sparse.contains(&addr),
+                silent: None,
+            };
+            for r in plan.relays.iter().filter(|r| r.to.contains(&addr)) {
+                beats.push(Beat {
+                    silent: Some(Silent {
+                        node: r.node.clone(),
+                        generation: Some(r.generation),
+                        lapse: lapse(r.lapse),
+                    }),
+                    ..beat.clone()
+                });
+            }
+            if plan.dense.contains(&addr) || plan.sparse.contains(&addr) {
+                beats.push(beat);
+            }
         }
         if only.is_none() {
             self.hosts[host].beats_at = Some(self.t);
@@ -1418,6 +1433,8 @@ impl World {
             generation,
             lapse: None,
             leaving: true,
+            watching: false,
+            silent: None,
         };
         for j in 0..self.hosts.len() {
             if j != host && reaches(&self.hosts[j]) {
