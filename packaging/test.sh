@@ -260,6 +260,18 @@ ExecStart=/bin/sh -c '\
   pid=$$(systemctl show -p MainPID --value lbnodeagent.service); \
   systemctl reload lbnodeagent.service; echo reload=$$?; sleep 1; \
   [ "$$(systemctl show -p MainPID --value lbnodeagent.service)" = "$$pid" ] && echo same_pid=yes; \
+  ms() { date +%%s%%3N; }; \
+  kill -STOP $$pid; t0=$$(ms); \
+  while [ -d /proc/$$pid ] && [ $$(( $$(ms) - t0 )) -lt 20000 ]; do sleep 0.02; done; \
+  echo frozen_gone_ms=$$(( $$(ms) - t0 )); \
+  while [ $$(( $$(ms) - t0 )) -lt 30000 ]; do \
+    now=$$(systemctl show -p MainPID --value lbnodeagent.service); \
+    [ "$$now" != 0 ] && [ "$$now" != "$$pid" ] && [ "$$(systemctl show -p ActiveState --value lbnodeagent.service)" = active ] && break; \
+    sleep 0.02; \
+  done; \
+  echo frozen_restarted_ms=$$(( $$(ms) - t0 )); \
+  echo frozen_cleanups=$$(journalctl -u lbnodeagent.service --no-pager -o cat | grep -c "removed .* addresses"); \
+  systemctl show lbnodeagent.service -p NRestarts | sed s/^/frozen_/; \
   systemctl stop lbnodeagent.service; echo stop=$$?; \
   systemctl show lbnodeagent.service -p ActiveState -p Result -p ExecMainStatus; \
   journalctl -u lbnodeagent.service --no-pager -o cat; \
@@ -280,6 +292,17 @@ UNIT
     grep -qx "$line" "$root/probe.out" || fail "after boot: no '$line' (output above)"
   done
   grep -q 'removed .* addresses' "$root/probe.out" || fail "after boot: ExecStopPost cleanup did not run"
+  # Frozen (SIGSTOP): the watchdog (WatchdogSec=3s) aborts it, the abort
+  # times out into SIGKILL (TimeoutAbortSec=1s), cleanup runs as
+  # ExecStopPost, and the unit restarts (RestartSec=2s).
+  gone=$(sed -n 's/^frozen_gone_ms=//p' "$root/probe.out")
+  restarted=$(sed -n 's/^frozen_restarted_ms=//p' "$root/probe.out")
+  cleanups=$(sed -n 's/^frozen_cleanups=//p' "$root/probe.out")
+  [[ -n $gone && $gone -le 6000 ]] || fail "frozen agent: still there ${gone:-?} ms after SIGSTOP"
+  [[ -n $restarted && $restarted -lt 30000 ]] || fail "frozen agent: not restarted (${restarted:-?} ms)"
+  grep -qx frozen_NRestarts=1 "$root/probe.out" || fail "frozen agent: not restarted once by systemd"
+  [[ ${cleanups:-0} -ge 1 ]] || fail "frozen agent: cleanup did not run after the watchdog ended it"
+  echo "frozen agent: ended ${gone} ms after SIGSTOP (cleanup ran), active again after ${restarted} ms"
   # Started while the API server is unreachable: a running, degraded
   # service (READY=1 at once, STATUS= says what it waits for), not a start
   # that times out and loops.
