@@ -49,10 +49,12 @@ pub const BEAT_INTERVAL: Duration = Duration::from_millis(25);
 /// only to be answered (an owner answers whoever beat it within
 /// [`WATCHER_TTL`]), not to be watched.
 pub const SPARSE_EVERY: u32 = 10;
-/// Silence after which a watched owner is suspect: five beats, so at 5%
-/// datagram loss a live owner is suspected about once in 3 million beat
-/// periods (and even then the pre-check on the wire hears it answer).
-pub const BEAT_MISS: Duration = Duration::from_millis(125);
+/// Silence after which a watched owner is suspect: six intervals, five
+/// beats lost in a row, so at 5% datagram loss a live owner is suspected
+/// about once in 3 million beats (once a day per session; at 1,000 owners
+/// about once a minute in the cluster), and even then the pre-check on the
+/// wire hears it answer.
+pub const BEAT_MISS: Duration = Duration::from_millis(150);
 /// A node that beat this one within this long is answered: four sparse
 /// beats.
 pub const WATCHER_TTL: Duration = Duration::from_secs(1);
