@@ -129,7 +129,7 @@ in_root lbnodeagent check --config /tmp/all-keys.toml || fail "the default confi
 grep -Eq '^#?(node_name|kubeconfig|run_dir|namespace|load_balancer_class) = ' packaging/lbnodeagent.toml
 for key in node_name kubeconfig run_dir namespace load_balancer_class listen advertise seeds \
   key_file interval cluster_id phi_threshold interface virtual_interface address_lifetime \
-  garp_count garp_interval; do
+  garp_count garp_interval refresh_interval; do
   grep -Eq "^#$key = " packaging/lbnodeagent.toml || fail "the default config lacks $key"
 done
 ok "the default config names every key and checks uncommented"

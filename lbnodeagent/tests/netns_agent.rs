@@ -456,6 +456,47 @@ fn sighup_reloads_a_good_file_and_refuses_a_bad_one() {
     let o = judge(&probe.replies(), t, Instant::now(), PROBE_EVERY);
     assert_eq!(o.last_mac.as_deref(), Some(c.host(&owner).mac()));
     assert!(o.lost <= 1, "{o:?}");
+
+    // announce.refresh_interval, set by a reload: from then on one
+    // gratuitous ARP round a second for the held VIP, on the wire.
+    let garp = format!("who-has {VIP} tell {VIP}");
+    let capture = c
+        .host("client")
+        .ns
+        .capture(
+            "eth0",
+            &format!("arp and ether src {}", c.host(&owner).mac()),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = capture.lines().iter().filter(|l| l.contains(&garp)).count();
+    assert_eq!(before, 0, "no refresh by default");
+    let refreshing = good.replace(
+        "garp_count = 2",
+        "garp_count = 1\nrefresh_interval = \"1s\"",
+    );
+    std::fs::write(&config, refreshing).unwrap();
+    c.signal(&owner, "HUP");
+    wait_for(
+        "the second reload in the log",
+        Duration::from_secs(5),
+        || {
+            (std::fs::read_to_string(c.log_path(&owner))
+                .unwrap()
+                .matches("config reloaded")
+                .count()
+                == 2)
+                .then_some(())
+        },
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(3500));
+    let rounds = capture.lines().iter().filter(|l| l.contains(&garp)).count();
+    assert!(
+        (3..=4).contains(&rounds),
+        "{rounds} refresh rounds in 3.5 s: {:#?}",
+        capture.lines()
+    );
 }
 
 /// A malformed L2Advertisement is reported and left out; the good one next

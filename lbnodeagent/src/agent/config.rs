@@ -185,6 +185,7 @@ struct AnnounceSection {
     address_lifetime: Option<String>,
     garp_count: Option<i64>,
     garp_interval: Option<String>,
+    refresh_interval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -305,6 +306,19 @@ impl FileConfig {
                 "must be at most 60s".to_string(),
             ));
         }
+        let refresh = duration(
+            "announce.refresh_interval",
+            a.refresh_interval,
+            Duration::ZERO,
+        )?;
+        if !refresh.is_zero() && refresh < Duration::from_secs(1) {
+            return Err(bad(
+                "announce.refresh_interval",
+                "must be at least 1s (one round for every held VIP each time), or 0s for off"
+                    .to_string(),
+            ));
+        }
+        let refresh = (!refresh.is_zero()).then_some(refresh);
         let interface = a.interface.filter(|i| !i.is_empty());
         let virtual_interface = match a.virtual_interface {
             None => Some(DEFAULT_VIRTUAL_INTERFACE.to_string()),
@@ -345,7 +359,11 @@ impl FileConfig {
                 interface,
                 virtual_interface,
                 lifetime: Lifetime::new(lifetime),
-                garp: AnnounceConfig { count, interval },
+                garp: AnnounceConfig {
+                    count,
+                    interval,
+                    refresh,
+                },
             },
             http_listen,
         })
@@ -482,6 +500,7 @@ virtual_interface = ""
 address_lifetime = "0s"
 garp_count = 5
 garp_interval = "250ms"
+refresh_interval = "30s"
 [http]
 listen = "127.0.0.1:9000"
 "#,
@@ -501,6 +520,7 @@ listen = "127.0.0.1:9000"
         assert_eq!(c.announce.lifetime, Lifetime::FOREVER);
         assert_eq!(c.announce.garp.count, 5);
         assert_eq!(c.announce.garp.interval, Duration::from_millis(250));
+        assert_eq!(c.announce.garp.refresh, Some(Duration::from_secs(30)));
         assert_eq!(c.http_listen.port(), 9000);
     }
 
@@ -518,6 +538,11 @@ listen = "127.0.0.1:9000"
         assert!(e.contains("line 2: gossip.interval"), "{e}");
         let e = err("\n\n[announce]\naddress_lifetime = \"1s\"\n");
         assert!(e.contains("line 4: announce.address_lifetime"), "{e}");
+        let e = err("[announce]\nrefresh_interval = \"100ms\"\n");
+        assert!(
+            e.contains("line 2: announce.refresh_interval: must be at least 1s"),
+            "{e}"
+        );
         let e = err("[http]\nlisten = \"localhost\"\n");
         assert!(e.contains("line 2: http.listen"), "{e}");
         let e = err("[gossip]\ninterval = \"5ms\"\n");

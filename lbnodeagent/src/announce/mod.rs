@@ -3,14 +3,15 @@
 //! address is added so switches and clients update at once instead of when
 //! their caches expire.
 //!
-//! Flow: the reconcile loop adds the address, then calls
-//! [`Announcer::announce`] with a check that it still owns the VIP; each
-//! round re-checks before sending, so a VIP lost mid-announcement stops being
-//! advertised immediately. A round that fails to send (the link flapping
-//! down for a moment) is logged and the next one tried: the rounds exist to
-//! survive exactly such moments. [`Announcer::refresh`] repeats single rounds for
-//! as long as the VIP is held. Frames are built in [`packet`]; the raw
-//! socket lives in `sys`, the crate's only unsafe code.
+//! Flow: the agent's core decides every round ([`Announcer::round`]):
+//! `garp_count` of them `garp_interval` apart after it adds a VIP, and one
+//! every `refresh_interval` while it holds it when that is set; it stops
+//! asking the moment the VIP is no longer its own, so a VIP lost
+//! mid-announcement is not advertised again. [`Announcer::announce`] is the
+//! same schedule as one task, checking ownership before each round; a
+//! round that fails to send (the link flapping down for a moment) is logged
+//! and the next one tried. Frames are built in [`packet`]; the raw socket
+//! lives in `sys`, the crate's only unsafe code.
 
 pub mod packet;
 #[allow(unsafe_code)]
@@ -45,13 +46,20 @@ pub enum Error {
     },
 }
 
-/// `announce.garp_count` and `announce.garp_interval`.
+/// `announce.garp_count`, `announce.garp_interval` and
+/// `announce.refresh_interval`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AnnounceConfig {
     /// Rounds per announcement; one round is an ARP request and an ARP
     /// reply, or one Neighbor Advertisement.
     pub count: u32,
     pub interval: Duration,
+    /// One more round for every held VIP this often, for as long as it is
+    /// held: switches that age MAC entries out within minutes, and clients
+    /// that let a neighbour entry go stale without asking again, otherwise
+    /// flood or lose a quiet VIP's traffic. Off by default: the kernel's
+    /// own ARP answers keep ordinary networks current.
+    pub refresh: Option<Duration>,
 }
 
 impl Default for AnnounceConfig {
@@ -62,6 +70,7 @@ impl Default for AnnounceConfig {
         AnnounceConfig {
             count: 3,
             interval: Duration::from_millis(500),
+            refresh: None,
         }
     }
 }
@@ -178,29 +187,6 @@ impl Announcer {
             ?outcome, "announced");
         Ok(outcome)
     }
-
-    /// One round every `every` until ownership is lost; for networks whose
-    /// switches forget MACs quickly. Send failures (a link flapping) are
-    /// logged and retried at the next round, since the reconcile loop, not
-    /// this task, decides when to give up a VIP.
-    pub async fn refresh(
-        &self,
-        target: &Target,
-        every: Duration,
-        owned: &mut impl Ownership,
-    ) -> Outcome {
-        let mut sent = 0;
-        loop {
-            tokio::time::sleep(every).await;
-            if !owned.still_owned() {
-                return Outcome::Lost { rounds: sent };
-            }
-            match self.send_round(target).await {
-                Ok(()) => sent += 1,
-                Err(e) => tracing::warn!(ip = %target.ip, error = %e, "refresh failed"),
-            }
-        }
-    }
 }
 
 impl Announcer {
@@ -293,6 +279,7 @@ mod tests {
         AnnounceConfig {
             count,
             interval: Duration::from_millis(ms),
+            refresh: None,
         }
     }
 
@@ -395,7 +382,6 @@ mod tests {
     fn announcements_can_move_between_threads(a: &Announcer, t: &Target, c: &AnnounceConfig) {
         fn send<T: Send>(_: T) {}
         send(a.announce(t, c, &mut || true));
-        send(a.refresh(t, Duration::ZERO, &mut || true));
     }
 
     #[test]

@@ -425,6 +425,9 @@ pub struct Core {
     vips_changed: BTreeMap<String, Instant>,
     next_renew: Option<Instant>,
     next_owner_probe: Instant,
+    /// The next refresh round of every held VIP, while
+    /// `announce.refresh_interval` is set.
+    next_refresh: Option<Instant>,
     next_yield_probe: Instant,
     next_lapse_probe: Instant,
     /// Re-decide every VIP at the next step.
@@ -474,6 +477,7 @@ impl Core {
             vips_changed: BTreeMap::new(),
             next_renew: None,
             next_owner_probe: now + OWNER_PROBE,
+            next_refresh: None,
             next_yield_probe: now + YIELD_PROBE,
             next_lapse_probe: now,
             all_dirty: true,
@@ -741,6 +745,9 @@ impl Core {
             Input::Leave => self.begin_leave(now, out),
             Input::Settings(settings) => {
                 if settings != self.settings {
+                    if settings.garp.refresh != self.settings.garp.refresh {
+                        self.next_refresh = None;
+                    }
                     self.settings = Settings {
                         node: self.settings.node.clone(),
                         ..settings
@@ -1936,6 +1943,31 @@ impl Core {
                 next: now + self.settings.garp.interval,
             });
         }
+        if let Some(every) = self.settings.garp.refresh {
+            let due = *self.next_refresh.get_or_insert(now + every);
+            if now >= due {
+                self.next_refresh = Some(now + every);
+                // One batch for every VIP: a round is two frames, so even
+                // a thousand VIPs are a moment's burst. Those still in
+                // their first rounds, in dispute, or on their way out are
+                // left alone.
+                out.garp.extend(
+                    self.slots
+                        .values()
+                        .filter(|s| {
+                            s.garp.is_none()
+                                && s.handover.is_none()
+                                && s.contested.is_none()
+                                // A renewal in flight leaves it held; the
+                                // two timers may well keep step.
+                                && matches!(s.op, None | Some(Op::Add { renew: true, .. }))
+                        })
+                        .filter_map(|s| s.held.as_ref())
+                        .filter(|h| h.mode == Mode::Local)
+                        .filter_map(|h| h.target),
+                );
+            }
+        }
         if !self.settings.wire {
             return;
         }
@@ -2102,6 +2134,12 @@ impl Core {
             }
         }
         if let Some(r) = self.next_renew
+            && self.slots.values().any(|s| s.held.is_some())
+        {
+            at(r);
+        }
+        if let Some(r) = self.next_refresh
+            && self.settings.garp.refresh.is_some()
             && self.slots.values().any(|s| s.held.is_some())
         {
             at(r);

@@ -144,10 +144,7 @@ impl Node {
         let settings = Settings {
             node: name.into(),
             lifetime: Lifetime::new(Duration::from_secs(15)),
-            garp: AnnounceConfig {
-                count: 3,
-                interval: Duration::from_millis(500),
-            },
+            garp: AnnounceConfig::default(),
             gossip_interval: INTERVAL,
             wire: true,
             unable: None,
@@ -1033,4 +1030,70 @@ fn a_leaving_node_lets_go_once_the_winner_answers_on_the_wire() {
         mac: mac("c"),
     }));
     assert_eq!(ips(&act.remove), [v].into(), "c answers: let go");
+}
+
+/// `announce.refresh_interval`: off by default; when set, one round for
+/// every held VIP each interval, taking effect on a reload, and none for a
+/// VIP on its way to another node (announcing it would pull its traffic
+/// back here).
+#[test]
+fn held_vips_are_announced_again_every_refresh_interval() {
+    let vs = addresses(2);
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&vs), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, vs.iter().copied().collect(), "a wins while b is away");
+    // Rounds seen over `span`, ticking every 100 ms and when asked to wake.
+    let rounds = |a: &mut Node, span: Duration| {
+        let end = a.now + span;
+        let mut seen = Vec::new();
+        while a.now < end {
+            let act = a.step(Input::Tick);
+            if !act.garp.is_empty() {
+                seen.push((a.now - a.t0, targets(&act.garp)));
+            }
+            if !act.add.is_empty() {
+                assert!(a.done(&act).garp.is_empty(), "a renewal announces nothing");
+            }
+            let step = Duration::from_millis(100);
+            let next = act.wake.map_or(a.now + step, |w| w.min(a.now + step));
+            a.now = next;
+        }
+        seen
+    };
+    rounds(&mut a, Duration::from_secs(2));
+    assert!(
+        rounds(&mut a, Duration::from_secs(5)).is_empty(),
+        "after the first rounds, nothing by default"
+    );
+
+    let mut settings = a.core.settings().clone();
+    settings.garp.refresh = Some(Duration::from_secs(1));
+    let reloaded = a.now;
+    a.step(Input::Settings(settings));
+    let seen = rounds(&mut a, Duration::from_millis(3050));
+    assert_eq!(seen.len(), 3, "one round a second: {seen:?}");
+    for (i, (at, ips)) in seen.iter().enumerate() {
+        assert_eq!(*ips, vs.iter().copied().collect(), "every held VIP");
+        let due = reloaded - a.t0 + Duration::from_secs(i as u64 + 1);
+        assert!(
+            *at >= due && *at < due + Duration::from_millis(100),
+            "round {i} at {at:?}, due {due:?}"
+        );
+    }
+
+    // b returns and wins both: a keeps answering until b holds them, but
+    // announces them no more.
+    a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+        Vec::new(),
+    )));
+    assert_eq!(a.core.held_count(), 2, "still answering");
+    assert!(
+        rounds(&mut a, Duration::from_millis(1500)).is_empty(),
+        "handed over VIPs are not refreshed"
+    );
 }
