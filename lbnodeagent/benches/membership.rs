@@ -318,13 +318,14 @@ fn digest_decode_cost(n: usize) -> (usize, Duration) {
 
 /// The owners each node watches (index by node), each with the others
 /// next in line for its VIPs, and every owner's nodes next in line: from
-/// one election of ten VIPs per node, as every agent works it out.
+/// one election of ten VIPs per node among the nodes still up, as every
+/// agent works it out (again once a crash has left every view).
 struct Watches {
     watch: Vec<BTreeMap<String, BTreeSet<String>>>,
     next: BTreeMap<String, BTreeSet<String>>,
 }
 
-fn watches(n: usize) -> Watches {
+fn watches(n: usize, down: &BTreeSet<usize>) -> Watches {
     let names: Vec<String> = (0..n).map(node_name).collect();
     let services = (0..n * 10)
         .map(|k| {
@@ -366,7 +367,9 @@ fn watches(n: usize) -> Watches {
     };
     let members = names
         .iter()
-        .map(|name| Member::alive(name, ["10.96.0.0/16".parse::<Prefix>().unwrap()]));
+        .enumerate()
+        .filter(|(i, _)| !down.contains(i))
+        .map(|(_, name)| Member::alive(name, ["10.96.0.0/16".parse::<Prefix>().unwrap()]));
     let runners_up = Election::new(&cluster, members).runners_up();
     Watches {
         watch: names
@@ -408,7 +411,7 @@ async fn run_sessions(
     me: usize,
     n: usize,
     link: BeatLink,
-    watch: BTreeMap<String, BTreeSet<String>>,
+    mut watch: tokio::sync::watch::Receiver<BTreeMap<String, BTreeSet<String>>>,
     sent: Arc<Sent>,
     suspicions: Suspicions,
 ) {
@@ -419,7 +422,7 @@ async fn run_sessions(
     });
     let beats = Beats::start(name.clone(), link.generation, send);
     let mut sessions = Sessions::default();
-    sessions.watch(watch, |_| true);
+    sessions.watch(watch.borrow_and_update().clone(), |_| true);
     let mut recv = link.recv;
     let mut every = tokio::time::interval(BEAT_INTERVAL);
     let index: HashMap<String, usize> = (0..n).map(|i| (node_name(i), i)).collect();
@@ -429,6 +432,10 @@ async fn run_sessions(
     loop {
         let received = tokio::select! {
             _ = every.tick() => Vec::new(),
+            Ok(()) = watch.changed() => {
+                sessions.watch(watch.borrow_and_update().clone(), |_| true);
+                Vec::new()
+            }
             got = recv.recv() => match got {
                 Some(first) => drain(first, &mut recv),
                 None => return,
@@ -500,6 +507,8 @@ struct Figures {
     /// Owner sessions' beats on the wire per node: mean, and the busiest.
     beats_per_node: f64,
     beats_max_node: f64,
+    /// Signing, sending and checking the beats, per agent (share of a core).
+    beats_cpu_per_node: f64,
     /// Per crash: until every node next in line for the victim's VIPs
     /// held it suspect.
     sessions_all: Vec<Duration>,
@@ -603,17 +612,21 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         }
         wait_all(&nodes, move |v| v.members.len() == n).await;
         let formed_after = started.elapsed();
-        let Watches { mut watch, next } = watches(n);
+        let mut down = BTreeSet::new();
+        let Watches { watch, mut next } = watches(n, &down);
+        let mut watch_tx = Vec::new();
         let suspicions: Suspicions = Default::default();
         let sent: Vec<Arc<Sent>> = (0..n).map(|_| Arc::default()).collect();
         let mut session_tasks: HashMap<usize, tokio::task::JoinHandle<()>> = HashMap::new();
         for (i, node) in &nodes {
             let link = node.take_beats().expect("the detector's beat link");
+            let (tx, rx) = tokio::sync::watch::channel(watch[*i].clone());
+            watch_tx.push(tx);
             let task = run_sessions(
                 *i,
                 n,
                 link,
-                std::mem::take(&mut watch[*i]),
+                rx,
                 sent[*i].clone(),
                 suspicions.clone(),
             );
@@ -680,6 +693,8 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         });
         let (probe_datagrams, probe_bytes) =
             (probe_datagrams - beat_datagrams, probe_bytes - beat_bytes);
+        let beat_mean = beat_bytes.checked_div(beat_datagrams).unwrap_or(0);
+        let beat_datagrams_per_node = beat_datagrams as f64 / n as f64 / secs as f64;
         let probe_mean = probe_bytes.checked_div(probe_datagrams).unwrap_or(0);
         let detector_per_node =
             probe_datagrams as f64 * wire_bytes(probe_mean) as f64 / n as f64 / secs as f64;
@@ -764,6 +779,13 @@ fn measure(n: usize, settings: &Settings) -> Figures {
             }
             sessions_all.push(known);
             crash_all.push(*times.iter().max().unwrap());
+            // Every view has lost the victim: the elections move on.
+            down.insert(index);
+            let now = watches(n, &down);
+            for (i, tx) in watch_tx.iter().enumerate() {
+                let _ = tx.send(now.watch[i].clone());
+            }
+            next = now.next;
             let mut times = times;
             crash_each.push(median(&mut times));
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -776,10 +798,11 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         drop(transport);
         let mean_size = (payload / datagrams) as usize;
         // On a thread of their own: they run their own runtime.
-        let (auth, probe_auth, (digest_size, digest_decode)) = std::thread::spawn(move || {
+        let (auth, probe_auth, beat_auth, (digest_size, digest_decode)) = std::thread::spawn(move || {
             (
                 auth_cost_per_message(mean_size),
                 auth_cost_per_message(probe_mean as usize),
+                auth_cost_per_message(beat_mean as usize),
                 digest_decode_cost(n),
             )
         })
@@ -810,6 +833,7 @@ fn measure(n: usize, settings: &Settings) -> Figures {
             crash_each_median,
             spurious,
             beats_per_node,
+            beats_cpu_per_node: beat_auth.as_secs_f64() * beat_datagrams_per_node,
             beats_max_node,
             sessions_all,
             sessions_missed,
@@ -857,10 +881,10 @@ fn main() {
         MAX_DATAGRAM - OVERHEAD
     );
     println!(
-        "| members | interval | budget | SYNs held/s | payload kB/s | wire kB/s (max node) | of which detector | datagrams/s (detector) | digest | largest msg | too large | CPU/agent (chitchat + auth) | heap/agent | formed | join seen by all | crash by all median / max | crash per node median | spurious in {secs} s | of which beats kB/s (max node) | crash known to all next in line by sessions, median / max (missed) | sessions' spurious suspicions |"
+        "| members | interval | budget | SYNs held/s | payload kB/s | wire kB/s (max node) | of which detector | datagrams/s (detector) | digest | largest msg | too large | CPU/agent (chitchat + auth) | heap/agent | formed | join seen by all | crash by all median / max | crash per node median | spurious in {secs} s | of which beats kB/s (max node) | beats CPU/agent | crash known to all next in line by sessions, median / max (missed) | sessions' spurious suspicions |"
     );
     println!(
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for n in sizes {
         let mut f = measure(n, &settings);
@@ -870,7 +894,7 @@ fn main() {
         let sessions_median = median(&mut f.sessions_all);
         let sessions_max = f.sessions_all.iter().max().copied().unwrap_or_default();
         println!(
-            "| {} | {:?} | {} | {:.1} | {:.1} | {:.1} ({:.1}) | {:.1} | {:.0} ({:.0}) | {} B | {} B | {} | {:.2}% + {:.2}% of a core | {:.1} MB | {:.1} s | {} | {} / {} | {} | {} | {:.1} ({:.1}) | {} / {} ({}) | {} |",
+            "| {} | {:?} | {} | {:.1} | {:.1} | {:.1} ({:.1}) | {:.1} | {:.0} ({:.0}) | {} B | {} B | {} | {:.2}% + {:.2}% of a core | {:.1} MB | {:.1} s | {} | {} / {} | {} | {} | {:.1} ({:.1}) | {:.2}% | {} / {} ({}) | {} |",
             f.n,
             f.interval,
             f.budget
@@ -896,6 +920,7 @@ fn main() {
             f.spurious,
             f.beats_per_node / 1e3,
             f.beats_max_node / 1e3,
+            f.beats_cpu_per_node * 100.0,
             ms(sessions_median),
             ms(sessions_max),
             f.sessions_missed,

@@ -76,6 +76,29 @@ pub fn require_root() {
     }
 }
 
+/// CPU time process `pid` used so far, all its threads, user and system;
+/// zero once it is gone.
+pub fn cpu_time(pid: u32) -> std::time::Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return std::time::Duration::ZERO;
+    };
+    // Fields after the command name, which may hold spaces: state is the
+    // first, utime the 12th, stime the 13th.
+    let after = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    let hz = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse::<u64>().ok())
+        .unwrap_or(100);
+    std::time::Duration::from_micros(ticks * 1_000_000 / hz)
+}
+
 /// Panics unless every program is on PATH, naming the package to install.
 pub fn require_tools(programs: &[&str]) {
     for p in programs {

@@ -99,6 +99,9 @@ pub struct Sample {
     /// How long two MACs answered after the fault; `None`: still at the
     /// end of the window (forever, as far as can be told).
     pub two_owners: Option<Duration>,
+    /// With no fault: the CPU each host's daemon used, as a share of one
+    /// core over the window (all of its processes and threads).
+    pub idle_cpu: Option<f64>,
 }
 
 /// Judges replies after `t0` given the old owner's MAC.
@@ -136,6 +139,7 @@ pub fn sample(replies: &[Reply], old: &str, t0: Instant, end: Instant) -> Sample
         outage,
         lost,
         two_owners,
+        idle_cpu: None,
     }
 }
 
@@ -228,6 +232,15 @@ impl Bed {
         }
     }
 
+    /// CPU time used so far by the daemons of every host, all processes.
+    fn cpu(&self) -> Duration {
+        NODES
+            .iter()
+            .flat_map(|n| self.pids(n))
+            .map(hostlb_tests::netns::cpu_time)
+            .sum()
+    }
+
     /// Drops `percent` of the datagrams each node sends and receives:
     /// UDP (hostlb's gossip and beats) and VRRP (IP protocol 112), not the
     /// client's ARP and neighbour solicitations, nor the API's TCP.
@@ -277,6 +290,7 @@ impl Bed {
         // elsewhere, so it is judged against its own owner only when it is
         // the same host.
         let t0 = Instant::now();
+        let cpu0 = self.cpu();
         match fault {
             Fault::KillCleanup => {
                 self.c.kill(&owner4);
@@ -305,7 +319,11 @@ impl Bed {
         }
         std::thread::sleep(window);
         let end = Instant::now();
-        let s4 = sample(&p4.replies(), &old4, t0, end);
+        let idle_cpu = (fault == Fault::Idle).then(|| {
+            (self.cpu() - cpu0).as_secs_f64() / (end - t0).as_secs_f64() / NODES.len() as f64
+        });
+        let mut s4 = sample(&p4.replies(), &old4, t0, end);
+        s4.idle_cpu = idle_cpu;
         let s6 = if owner6 == owner4 {
             sample(&p6.replies(), &old6, t0, end)
         } else {

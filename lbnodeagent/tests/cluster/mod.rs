@@ -585,11 +585,7 @@ garp_interval = "200ms"
 
     /// CPU time the agent on `node` used so far (user + system).
     pub fn cpu_time(&self, node: &str) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid(node))).unwrap();
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        Duration::from_millis(ticks * 10)
+        hostlb_tests::netns::cpu_time(self.pid(node))
     }
 }
 
