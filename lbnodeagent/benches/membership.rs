@@ -622,14 +622,7 @@ fn measure(n: usize, settings: &Settings) -> Figures {
             let link = node.take_beats().expect("the detector's beat link");
             let (tx, rx) = tokio::sync::watch::channel(watch[*i].clone());
             watch_tx.push(tx);
-            let task = run_sessions(
-                *i,
-                n,
-                link,
-                rx,
-                sent[*i].clone(),
-                suspicions.clone(),
-            );
+            let task = run_sessions(*i, n, link, rx, sent[*i].clone(), suspicions.clone());
             session_tasks.insert(*i, tokio::spawn(task));
         }
         tokio::time::sleep(warmup).await;
@@ -798,16 +791,17 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         drop(transport);
         let mean_size = (payload / datagrams) as usize;
         // On a thread of their own: they run their own runtime.
-        let (auth, probe_auth, beat_auth, (digest_size, digest_decode)) = std::thread::spawn(move || {
-            (
-                auth_cost_per_message(mean_size),
-                auth_cost_per_message(probe_mean as usize),
-                auth_cost_per_message(beat_mean as usize),
-                digest_decode_cost(n),
-            )
-        })
-        .join()
-        .unwrap();
+        let (auth, probe_auth, beat_auth, (digest_size, digest_decode)) =
+            std::thread::spawn(move || {
+                (
+                    auth_cost_per_message(mean_size),
+                    auth_cost_per_message(probe_mean as usize),
+                    auth_cost_per_message(beat_mean as usize),
+                    digest_decode_cost(n),
+                )
+            })
+            .join()
+            .unwrap();
         Figures {
             n,
             interval: chosen,

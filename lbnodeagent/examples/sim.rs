@@ -116,6 +116,10 @@ fn main() -> ExitCode {
         println!("longest two owners, {cause}: {d:?} (seed {seed})");
     }
     println!("planned moves watched (make before break): {}", t.planned);
+    println!(
+        "owners stalled up to 200 ms with nothing else going on (no spurious takeover): {}",
+        t.calm_stalls
+    );
     match failure.lock().unwrap().take() {
         None => ExitCode::SUCCESS,
         Some(o) => {
@@ -142,6 +146,7 @@ struct Totals {
     no_owner: (Duration, u64),
     two_owners: std::collections::BTreeMap<&'static str, (Duration, u64)>,
     planned: u64,
+    calm_stalls: u64,
 }
 
 impl Totals {
@@ -158,6 +163,7 @@ impl Totals {
             }
         }
         self.planned += o.stats.quiet_moves;
+        self.calm_stalls += o.stats.calm_stalls;
     }
 }
 

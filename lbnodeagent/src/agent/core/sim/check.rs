@@ -62,6 +62,9 @@ const PARTITION_BOUND: Duration = OWNER_PROBE
     .saturating_add(OWNER_PROBE)
     .saturating_add(HANDOVER_MAX)
     .saturating_add(Duration::from_millis(500));
+/// Since the last unplanned fault, for a stall to be judged on its own:
+/// detection and a rejoin, with a margin.
+const CALM: Duration = Duration::from_secs(3);
 /// No owner while a candidate lives, at most: detection, the probe window,
 /// and a yield to a dead owner whose address just lapsed ([`YIELD_HOLD`]
 /// after it was last heard, asked every [`YIELD_PROBE`]), with a margin
@@ -98,6 +101,9 @@ pub struct Stats {
     /// Owners that let a VIP go to another while nothing unplanned was
     /// going on: the planned moves the make-before-break check watched.
     pub quiet_moves: u64,
+    /// Owners that stalled with nothing else going on: the stalls the
+    /// no-spurious-takeover check watched.
+    pub calm_stalls: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -110,6 +116,8 @@ pub struct HostState {
     /// `cleanup` runs since then: it removes each address once another
     /// host answers for it.
     pub cleanup_since: Option<Duration>,
+    /// Its agent stalls (starved for a moment) since then.
+    pub stalled_since: Option<Duration>,
     pub ready: bool,
     pub leaving: bool,
     /// Its kernel refuses a share of operations now.
@@ -222,6 +230,69 @@ impl Checker {
                 .is_none_or(|u| t.saturating_sub(u) >= settle)
     }
 
+    /// Calm enough that nothing may move a stalled owner's VIP: no other
+    /// fault on any host or the API server, none for [`CALM`], every agent
+    /// on the same view of the cluster, and gossip between every pair.
+    fn calm(&self, t: Duration, ctx: &Context) -> bool {
+        ctx.api_up
+            && ctx.hosts.iter().all(|h| !h.faulty)
+            && self
+                .last_unplanned
+                .is_none_or(|u| t.saturating_sub(u) >= CALM)
+            && ctx.host_versions.iter().all(|v| *v == ctx.newest)
+            && ctx.reach.iter().enumerate().all(|(a, row)| {
+                row.iter().enumerate().all(|(b, r)| {
+                    a == b || *r || !ctx.hosts[a].agent_running || !ctx.hosts[b].agent_running
+                })
+            })
+    }
+
+    /// A stalled owner lost a VIP it wins to another host that added it
+    /// while nothing else was going on: a spurious takeover (SPEC: an
+    /// agent starved for up to 200 ms keeps its VIPs).
+    fn spurious_takeover(
+        &mut self,
+        ip: IpAddr,
+        before: &BTreeSet<usize>,
+        owners: &BTreeSet<usize>,
+        t: Duration,
+        ctx: &Context,
+    ) {
+        let added: Vec<usize> = owners.difference(before).copied().collect();
+        if added.is_empty() || !self.calm(t, ctx) {
+            return;
+        }
+        for &i in before.intersection(owners) {
+            let Some(since) = ctx.hosts[i].stalled_since else {
+                continue;
+            };
+            // Every agent that runs counts, ready or not: one that just
+            // started may rightly win the VIP and take it over.
+            let mut counted: Vec<bool> = ctx.hosts.iter().map(|h| h.agent_running).collect();
+            counted[i] = true;
+            if self.oracle(ctx, ctx.newest, &counted).winner(ip) != Some(ctx.hosts[i].name.as_str())
+            {
+                continue;
+            }
+            let names: Vec<&str> = added.iter().map(|&h| ctx.hosts[h].name.as_str()).collect();
+            self.fail(
+                t,
+                format!(
+                    "{ip}: {names:?} took it from its winner {}, whose agent only stalled {:?} ago (a spurious takeover)",
+                    ctx.hosts[i].name,
+                    t.saturating_sub(since)
+                ),
+            );
+        }
+    }
+
+    /// A host's agent began to stall: counted when the check watches it.
+    pub fn stalled(&mut self, t: Duration, ctx: &Context) {
+        if self.calm(t, ctx) {
+            self.stats.calm_stalls += 1;
+        }
+    }
+
     /// The election over cluster `version` among the hosts `counted`
     /// (ready agents, with their links as they are now).
     fn oracle(&mut self, ctx: &Context, version: u64, counted: &[bool]) -> &Election {
@@ -308,6 +379,7 @@ impl Checker {
         let before = std::mem::replace(&mut v.owners, owners.clone());
         let names: Vec<&str> = owners.iter().map(|&h| ctx.hosts[h].name.as_str()).collect();
         let line = format!("{ip} answered by {names:?}");
+        self.spurious_takeover(ip, &before, &owners, t, ctx);
         if self.quiet(t, ctx) {
             if !owners.is_empty() && before.iter().any(|h| !owners.contains(h)) {
                 self.stats.quiet_moves += 1;

@@ -149,6 +149,8 @@ struct Host {
     killed: bool,
     /// Since when the agent has not been running.
     stopped_at: Option<Duration>,
+    /// Since when the agent is stalled (frozen for a moment).
+    stalled_since: Option<Duration>,
     /// Whom the agent beats, as it last said (kept after it stops: its
     /// last beats went out as it stopped).
     beat_plan: BeatPlan,
@@ -320,6 +322,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             deferred: Vec::new(),
             killed: false,
             stopped_at: Some(Duration::ZERO),
+            stalled_since: None,
         })
         .collect();
     let n = shape.nodes;
@@ -642,6 +645,7 @@ impl World {
         h.agent = Agent::Running;
         h.killed = false;
         h.stopped_at = None;
+        h.stalled_since = None;
         h.cleanup_since = None;
         h.generation += 1;
         h.api_version = 0;
@@ -685,6 +689,7 @@ impl World {
         let h = &mut self.hosts[host];
         h.agent = Agent::Stopped;
         h.stopped_at = Some(t);
+        h.stalled_since = None;
         h.core = None;
         h.wake_due = None;
         h.watched.clear();
@@ -1257,7 +1262,7 @@ impl World {
             return;
         }
         let h = *self.rng.pick(&candidates);
-        let (fault, recovery, lo, hi) = match self.rng.below(11) {
+        let (fault, recovery, lo, hi) = match self.rng.below(12) {
             0 => (Fault::Crash(h), Fault::Boot(h), 1000, 8000),
             1 => (Fault::Freeze(h), Fault::Thaw(h), 200, 9000),
             2 => (Fault::Kill(h), Fault::Start(h), 500, 10000),
@@ -1273,6 +1278,7 @@ impl World {
                 self.after(up, Ev::Recover(Fault::ApiUp));
                 (Fault::Kill(h), Fault::Start(h), 200, 1500)
             }
+            10 => (Fault::Stall(h), Fault::Thaw(h), 50, 200),
             _ => (Fault::Term(h), Fault::Start(h), 300, 3000),
         };
         self.apply(fault);
@@ -1309,10 +1315,19 @@ impl World {
                     self.reachability(h);
                 }
             }
+            Fault::Stall(h) => {
+                if self.hosts[h].agent == Agent::Running {
+                    self.hosts[h].agent = Agent::Frozen;
+                    self.hosts[h].stalled_since = Some(self.t);
+                    self.reachability(h);
+                    self.judge(|c, ctx, t| c.stalled(t, ctx));
+                }
+            }
             Fault::Thaw(h) => {
                 if self.hosts[h].agent == Agent::Frozen {
                     self.hosts[h].agent = Agent::Running;
                     self.hosts[h].stopped_at = None;
+                    self.hosts[h].stalled_since = None;
                     self.hosts[h].view_dirty = true;
                     self.reachability(h);
                     let deferred = std::mem::take(&mut self.hosts[h].deferred);
@@ -1539,6 +1554,7 @@ impl World {
             Fault::Boot(h) => format!("{} boots", name(h)),
             Fault::Freeze(h) => format!("{}'s agent frozen", name(h)),
             Fault::Thaw(h) => format!("{}'s agent thawed", name(h)),
+            Fault::Stall(h) => format!("{}'s agent stalls", name(h)),
             Fault::Kill(h) => format!("{}'s agent killed", name(h)),
             Fault::KillCleanup(h) => format!("{}'s agent killed, cleanup runs", name(h)),
             Fault::Term(h) => format!("{}'s agent gets SIGTERM", name(h)),
@@ -1609,11 +1625,12 @@ fn context<'a>(
                 agent_running: h.agent == Agent::Running,
                 stopped_at: h.stopped_at.filter(|_| h.agent != Agent::Running),
                 cleanup_since: h.cleanup_since,
+                stalled_since: h.stalled_since,
                 ready: ready(h),
                 leaving: h.core.as_ref().is_some_and(|c| c.is_leaving()),
                 flaky: h.flaky,
                 faulty: !h.powered
-                    || h.agent == Agent::Frozen
+                    || (h.agent == Agent::Frozen && h.stalled_since.is_none())
                     || h.killed
                     || !h.port_up
                     || h.blocked

@@ -239,6 +239,10 @@ pub enum Fault {
     /// SIGSTOP to the agent; its kernel goes on answering.
     Freeze(usize),
     Thaw(usize),
+    /// The agent starved of CPU for a moment (at most 200 ms), then on
+    /// again ([`Fault::Thaw`]): its beats stop, its kernel goes on
+    /// answering, and nobody may take its VIPs.
+    Stall(usize),
     /// SIGKILL, nobody cleans up: the addresses stay until they lapse.
     Kill(usize),
     /// SIGKILL, then systemd's `ExecStopPost=lbnodeagent cleanup`.
@@ -265,7 +269,7 @@ impl Fault {
     /// Planned changes keep their promise of no lost reply; every other
     /// fault may cost one, within bounds.
     pub fn planned(self) -> bool {
-        matches!(self, Fault::Term(_) | Fault::Start(_))
+        matches!(self, Fault::Term(_) | Fault::Start(_) | Fault::Stall(_))
     }
 }
 
