@@ -916,3 +916,75 @@ fn an_agent_without_its_announce_interface_is_no_candidate_and_says_why() {
         "{log}"
     );
 }
+
+/// An IPv6-only cluster (no IPv4 address on any host, IPv6 InternalIPs)
+/// at the default gossip settings: the dual-stack listen, the advertise
+/// address taken from the announce interface's IPv6 address and the seeds
+/// from the Nodes' InternalIPs find every peer, so one host answers
+/// neighbour solicitations for the VIP, and another takes over when it is
+/// cut off.
+#[test]
+fn an_ipv6_only_cluster_works_at_the_default_gossip_settings() {
+    const VIP6: &str = "fd00:77::100";
+    let mut c = Cluster::ipv6_only(&["node-a", "node-b", "node-c"]);
+    c.pool_and_ad(&["fd00:77::100-fd00:77::120"], "");
+    c.start_all();
+    let client = c.host("client");
+    let source = client.ipv6.to_string();
+    let probe = ArpProbe::start(&client.ns, "eth0", &source, VIP6, PROBE_EVERY).unwrap();
+    c.service("web", &[VIP6], &["node-a"], "");
+    let owner = c.wait_single_holder(VIP6, Duration::from_secs(20));
+    for n in ["node-a", "node-b", "node-c"] {
+        let config = c.config_path(n);
+        let (ok, out, err) = c.agent_command(n, &["status", "--config", config.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        assert!(out.contains("members (3)"), "{n} gossips alone: {out}");
+        assert!(out.contains(&format!("[{}]:7934", c.host(n).ipv6)), "{out}");
+    }
+    let mac = c.host(&owner).mac().to_string();
+    let t = Instant::now();
+    probe
+        .wait_for_mac(&mac, t, Duration::from_secs(3))
+        .expect("the owner answers neighbour solicitations");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        probe.macs_between(t, Instant::now()),
+        vec![mac],
+        "one host answers"
+    );
+
+    let down_at = Instant::now();
+    c.lan.set_port(&owner, false).unwrap();
+    let next = wait_for("a new owner", Duration::from_secs(5), || {
+        c.holders(VIP6).into_iter().find(|n| *n != owner)
+    })
+    .unwrap();
+    let o = until_only(&probe, c.host(&next).mac(), down_at, Duration::from_secs(5));
+    eprintln!(
+        "IPv6 only, switch port down: outage {} ms",
+        o.outage.as_millis()
+    );
+    assert!(o.outage < Duration::from_millis(600), "{o:?}");
+
+    // The mistake that left every agent alone: an IPv6 advertise address
+    // with an IPv4 listen socket. `check` refuses it, naming both keys.
+    let config = c.config_path(&next);
+    let good = std::fs::read_to_string(&config).unwrap();
+    let bad = good.replace(
+        "[gossip]\n",
+        &format!(
+            "[gossip]\nlisten = \"0.0.0.0:7934\"\nadvertise = \"[{}]:7934\"\n",
+            c.host(&next).ipv6
+        ),
+    );
+    std::fs::write(&config, bad).unwrap();
+    let (ok, out, err) = c.agent_command(&next, &["check", "--config", config.to_str().unwrap()]);
+    assert!(
+        !ok,
+        "check passed a listen socket that cannot hear its advertise address: {out}"
+    );
+    assert!(
+        err.contains("gossip.advertise") && err.contains("gossip.listen 0.0.0.0:7934"),
+        "{err}"
+    );
+}

@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::config::{AgentConfig, DEFAULT_RUN_DIR};
-use super::{AgentError, PEERS_FILE, source_address};
+use super::{AgentError, PEERS_FILE};
 use crate::addrs::{
     AddressBackend, Lifetime, MacAddr, NetlinkBackend, NetlinkConfig, OwnedAddress,
 };
@@ -123,12 +123,13 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
 /// until a hand-over's bound. Returns gossip, when it was started, to stop
 /// once the addresses are gone, and how many peers were told.
 async fn hand_over(
-    cfg: AgentConfig,
+    mut cfg: AgentConfig,
     backend: &NetlinkBackend,
     run_dir: &Path,
     announced: &[OwnedAddress],
     removed: &RefCell<Vec<OwnedAddress>>,
 ) -> Result<(Option<Membership>, usize), AgentError> {
+    gossip_addresses(&mut cfg, backend).await?;
     let peers = known_peers(run_dir, &cfg);
     if peers.is_empty() && cfg.gossip.seeds.is_empty() {
         return Ok((None, 0));
@@ -155,7 +156,7 @@ async fn hand_over(
     let held: Vec<IpAddr> = announced.iter().map(|a| a.ip).collect();
     let slow = async {
         tokio::time::sleep(BEATS_FIRST).await;
-        tell_peers(cfg, transport, backend, &held, peers).await
+        tell_peers(cfg, transport, &held, peers).await
     };
     tokio::select! {
         biased;
@@ -166,6 +167,19 @@ async fn hand_over(
         }
         r = slow => r,
     }
+}
+
+/// The listen and advertise addresses as the agent worked them out.
+async fn gossip_addresses(
+    cfg: &mut AgentConfig,
+    backend: &NetlinkBackend,
+) -> Result<(), AgentError> {
+    cfg.gossip.listen = cfg.gossip.usable_listen();
+    if cfg.gossip.advertise.is_none() && cfg.gossip.listen.ip().is_unspecified() {
+        let links = super::read_links(backend, cfg, false).await;
+        cfg.gossip.advertise = Some(super::default_advertise(cfg.gossip.listen, &links)?);
+    }
+    Ok(())
 }
 
 /// The gossip addresses of the peers the agent last knew, and the seeds
@@ -355,7 +369,6 @@ impl WireWatch {
 async fn tell_peers(
     mut cfg: AgentConfig,
     transport: AuthTransport,
-    backend: &NetlinkBackend,
     held: &[IpAddr],
     peers: Vec<SocketAddr>,
 ) -> Result<(Option<Membership>, usize), AgentError> {
@@ -367,10 +380,10 @@ async fn tell_peers(
     // The killed agent's socket can outlive it for a moment (the process
     // still exiting): then say it from another port. Peers learn the
     // address from the signed state and answer there.
-    if let Err(e) = std::net::UdpSocket::bind(cfg.gossip.listen)
+    if let Err(e) = crate::gossip::bind_udp(cfg.gossip.listen)
         && e.kind() == std::io::ErrorKind::AddrInUse
     {
-        let free = std::net::UdpSocket::bind(SocketAddr::new(cfg.gossip.listen.ip(), 0))
+        let free = crate::gossip::bind_udp(SocketAddr::new(cfg.gossip.listen.ip(), 0))
             .and_then(|s| s.local_addr())
             .map_err(AgentError::NoPort)?;
         info!(busy = %cfg.gossip.listen, port = free.port(),
@@ -379,22 +392,6 @@ async fn tell_peers(
         if let Some(a) = &mut cfg.gossip.advertise {
             a.set_port(free.port());
         }
-    }
-    if cfg.gossip.advertise.is_none() && cfg.gossip.listen.ip().is_unspecified() {
-        let family = if cfg.gossip.listen.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
-        };
-        let iface = backend
-            .announce_interface(family, cfg.announce.interface.as_deref())
-            .await?;
-        let ip = iface
-            .prefixes_of(family)
-            .next()
-            .and_then(source_address)
-            .ok_or(AgentError::NoAdvertise)?;
-        cfg.gossip.advertise = Some(SocketAddr::new(ip, cfg.gossip.listen.port()));
     }
     let local = LocalState {
         status: Status::Leaving,

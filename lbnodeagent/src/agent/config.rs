@@ -269,9 +269,11 @@ impl FileConfig {
         // Checked without the advertise address, which may be filled in from
         // the announce interface at start.
         let mut probe = gossip.clone();
-        probe
-            .advertise
-            .get_or_insert(SocketAddr::from(([192, 0, 2, 1], 7934)));
+        if gossip.listen.ip().is_unspecified() {
+            probe
+                .advertise
+                .get_or_insert(SocketAddr::from(([192, 0, 2, 1], gossip.listen.port())));
+        }
         if let Err(crate::gossip::GossipError::Config { key, problem }) = probe.validate() {
             return Err(bad(key, problem));
         }
@@ -471,7 +473,7 @@ mod tests {
         let c = parse("kubeconfig = \"/etc/k\"\n").unwrap();
         assert_eq!(c.node_name, "host-1");
         assert_eq!(c.kubeconfig, PathBuf::from("/etc/k"));
-        assert_eq!(c.gossip.listen, "0.0.0.0:7934".parse().unwrap());
+        assert_eq!(c.gossip.listen, "[::]:7934".parse().unwrap());
         assert_eq!(c.gossip.interval, DEFAULT_INTERVAL);
         assert_eq!(c.gossip.advertise, None);
         assert_eq!(c.announce.interface, None);

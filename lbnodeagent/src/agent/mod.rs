@@ -185,6 +185,49 @@ async fn kube_client(cfg: &AgentConfig) -> Result<(kube::Client, String), AgentE
     Ok((client, server))
 }
 
+/// The address peers reach this node on when `gossip.advertise` is not
+/// set and `listen` is a wildcard: its own address on the announce
+/// interface, IPv4 when the host has one and the socket can take it,
+/// otherwise IPv6. Every node picks the same way, so a fleet with IPv4
+/// gossips over IPv4 and an IPv6-only fleet over IPv6; only a fleet mixing
+/// IPv6-only hosts with others has to set it. A node with no announce
+/// interface (no default route, a typo in `announce.interface`) still
+/// gossips, and so tells its peers why it is no candidate: from its first
+/// other link with carrier and an on-link prefix.
+pub(crate) fn default_advertise(
+    listen: SocketAddr,
+    links: &Links,
+) -> Result<SocketAddr, AgentError> {
+    let families: &[Family] = if listen.is_ipv4() {
+        &[Family::V4]
+    } else {
+        &[Family::V4, Family::V6]
+    };
+    let virtual_index = links.virtual_link.as_ref().map(|v| v.index);
+    let own = |family: Family| {
+        let announce = match family {
+            Family::V4 => links.announce_v4,
+            Family::V6 => links.announce_v6,
+        };
+        let first = |i: &Interface| i.prefixes_of(family).next().and_then(source_address);
+        announce
+            .and_then(|i| links.by_index(i))
+            .and_then(first)
+            .or_else(|| {
+                links
+                    .all
+                    .iter()
+                    .filter(|i| i.carrier && i.mac.is_some() && Some(i.index) != virtual_index)
+                    .find_map(first)
+            })
+    };
+    families
+        .iter()
+        .find_map(|f| own(*f))
+        .map(|ip| SocketAddr::new(ip, listen.port()))
+        .ok_or(AgentError::NoAdvertise)
+}
+
 /// The address the kernel would use to reach `prefix`: the interface's own
 /// address there. A UDP connect sends nothing.
 fn source_address(prefix: &hostlb_api::Prefix) -> Option<IpAddr> {
@@ -240,22 +283,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
         let links = read_links(&*backend, &cfg, true).await;
         note_announce_interface(&telemetry, &cfg, &links);
 
+        cfg.gossip.listen = cfg.gossip.usable_listen();
         if cfg.gossip.advertise.is_none() && cfg.gossip.listen.ip().is_unspecified() {
-            let family = if cfg.gossip.listen.is_ipv4() {
-                Family::V4
-            } else {
-                Family::V6
-            };
-            let index = match family {
-                Family::V4 => links.announce_v4,
-                Family::V6 => links.announce_v6,
-            };
-            let ip = index
-                .and_then(|i| links.by_index(i))
-                .and_then(|i| i.prefixes_of(family).next().copied())
-                .and_then(|p| source_address(&p))
-                .ok_or(AgentError::NoAdvertise)?;
-            cfg.gossip.advertise = Some(SocketAddr::new(ip, cfg.gossip.listen.port()));
+            cfg.gossip.advertise = Some(default_advertise(cfg.gossip.listen, &links)?);
         }
         let wire = open_wire(announcer);
         let core_settings = settings(&cfg, wire.announcer.is_some() && wire.claims.is_some());
@@ -623,7 +653,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
     }
 
     fn on_tick(&mut self) {
-        let seeds = self.kube.seeds(self.cfg.gossip.listen.port());
+        // Nodes' InternalIPs of either family, as far as the socket reaches.
+        let mut seeds = self.kube.seeds(self.cfg.gossip.listen.port());
+        seeds.retain(|s| self.cfg.gossip.reaches(s.ip()));
         if seeds != self.gossip.seeds_given && !seeds.is_empty() {
             self.gossip.membership.set_seeds(seeds.clone());
             self.gossip.seeds_given = seeds;

@@ -1,7 +1,7 @@
 //! Typed gossip settings (`[gossip]` in the agent's TOML, SPEC §8) and the
 //! shipped defaults, with the measurements behind them in `gossip/mod.rs`.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -54,10 +54,12 @@ pub struct GossipConfig {
     /// Must equal the Kubernetes Node name: the election ranks by it.
     pub node_name: String,
     pub agent_version: String,
+    /// Default `[::]:7934`: one dual-stack socket receives both families,
+    /// so IPv4, IPv6-only and dual-stack hosts need no setting.
     pub listen: SocketAddr,
     /// The address peers reach us on. Default: `listen` when it names one
-    /// address; with a wildcard `listen` the agent must fill it in (from the
-    /// announce interface's first address).
+    /// address; with a wildcard `listen` the agent fills it in from the
+    /// announce interface (see `agent::default_advertise`).
     pub advertise: Option<SocketAddr>,
     /// `ip:port` or `host:port` (DNS is re-resolved every minute by
     /// chitchat). More can be handed over at run time with
@@ -84,7 +86,7 @@ impl Default for GossipConfig {
             cluster_id: DEFAULT_CLUSTER_ID.to_string(),
             node_name: String::new(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
-            listen: SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
+            listen: SocketAddr::from((Ipv6Addr::UNSPECIFIED, DEFAULT_PORT)),
             advertise: None,
             seeds: Vec::new(),
             key_file: default_key_file(),
@@ -111,6 +113,32 @@ impl GossipConfig {
             advertise: Some(listen),
             key_file: PathBuf::from("/nonexistent/test.key"),
             ..GossipConfig::default()
+        }
+    }
+
+    /// Whether the listen socket can send to and hear from `ip`: an IPv4
+    /// socket only IPv4, an IPv6 wildcard both families, one IPv6 address
+    /// only IPv6.
+    pub fn reaches(&self, ip: IpAddr) -> bool {
+        match self.listen.ip() {
+            IpAddr::V4(_) => ip.to_canonical().is_ipv4(),
+            IpAddr::V6(v6) if v6.is_unspecified() => true,
+            IpAddr::V6(_) => ip.to_canonical().is_ipv6(),
+        }
+    }
+
+    /// `listen` as this host can bind it: the shipped `[::]` becomes
+    /// `0.0.0.0` where IPv6 is turned off (`ipv6.disable=1`: no IPv6
+    /// socket can be opened at all), so such hosts need no setting either.
+    pub fn usable_listen(&self) -> SocketAddr {
+        match self.listen {
+            SocketAddr::V6(l)
+                if l.ip().is_unspecified()
+                    && std::net::UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).is_err() =>
+            {
+                SocketAddr::from((Ipv4Addr::UNSPECIFIED, l.port()))
+            }
+            l => l,
         }
     }
 
@@ -154,7 +182,38 @@ impl GossipConfig {
         if self.replay_window < Duration::from_secs(1) {
             return bad("gossip.replay_window", "must be at least 1s".into());
         }
-        self.advertise_addr().map(|_| ())
+        let advertise = self.advertise_addr()?;
+        // Both keys are named: either one may be the mistake. Left so,
+        // every agent would gossip alone.
+        if !self.reaches(advertise.ip()) {
+            return bad(
+                "gossip.advertise",
+                format!(
+                    "{advertise} is {}, and gossip.listen {} cannot receive it; listen on \"[::]:{}\" (both families) or advertise an {} address",
+                    family_name(advertise.ip()),
+                    self.listen,
+                    self.listen.port(),
+                    family_name(self.listen.ip()),
+                ),
+            );
+        }
+        for seed in &self.seeds {
+            if let Ok(addr) = seed.parse::<SocketAddr>()
+                && !self.reaches(addr.ip())
+            {
+                return bad(
+                    "gossip.seeds",
+                    format!(
+                        "{addr} is {}, and gossip.listen {} cannot reach it; listen on \"[::]:{}\" (both families) or name {} seeds",
+                        family_name(addr.ip()),
+                        self.listen,
+                        self.listen.port(),
+                        family_name(self.listen.ip()),
+                    ),
+                );
+            }
+        }
+        Ok(())
     }
 
     pub fn advertise_addr(&self) -> Result<SocketAddr, GossipError> {
@@ -198,6 +257,14 @@ impl GossipConfig {
         let advertise = self.advertise_addr()?;
         let keys = GossipKeys::load(&self.key_file)?;
         Ok(AuthTransport::new(keys, self.replay_window).with_destinations([advertise]))
+    }
+}
+
+fn family_name(ip: IpAddr) -> &'static str {
+    if ip.to_canonical().is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
     }
 }
 
@@ -262,6 +329,68 @@ mod tests {
             );
             assert!(err.to_string().contains(key), "{err}");
         }
+    }
+
+    /// Combinations in which no peer could ever be heard are refused, with
+    /// both keys named; the dual-stack wildcard takes either family.
+    #[test]
+    fn an_advertise_address_or_seed_the_listen_socket_cannot_serve_is_refused() {
+        let with = |listen: &str, advertise: &str, seeds: &[&str]| GossipConfig {
+            listen: listen.parse().unwrap(),
+            advertise: Some(advertise.parse().unwrap()),
+            seeds: seeds.iter().map(|s| s.to_string()).collect(),
+            ..ok()
+        };
+        let err = with("0.0.0.0:7934", "[fd00::1]:7934", &[])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gossip.advertise")
+                && err.contains("is IPv6")
+                && err.contains("gossip.listen 0.0.0.0:7934")
+                && err.contains("[::]:7934"),
+            "{err}"
+        );
+        let err = with("[fd00::1]:7934", "10.0.0.1:7934", &[])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gossip.advertise") && err.contains("is IPv4"),
+            "{err}"
+        );
+        let err = with(
+            "0.0.0.0:7934",
+            "10.0.0.1:7934",
+            &["10.0.0.2:7934", "[fd00::2]:7934"],
+        )
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("gossip.seeds") && err.contains("[fd00::2]:7934"),
+            "{err}"
+        );
+        with(
+            "[::]:7934",
+            "10.0.0.1:7934",
+            &["[fd00::2]:7934", "10.0.0.2:7934"],
+        )
+        .validate()
+        .unwrap();
+        with(
+            "[::]:7934",
+            "[fd00::1]:7934",
+            &["10.0.0.2:7934", "seed.example:7934"],
+        )
+        .validate()
+        .unwrap();
+        assert_eq!(
+            GossipConfig::default().listen,
+            "[::]:7934".parse().unwrap(),
+            "both families by default"
+        );
     }
 
     #[test]

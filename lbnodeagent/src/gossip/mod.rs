@@ -197,7 +197,7 @@ pub use keys::{GossipKeys, MAX_KEYS, MIN_KEY_LEN};
 pub use membership::{Membership, MembershipView, ViewBuilder, build_view};
 pub use state::{KEY_STATUS, LocalState, MemberInfo, Status};
 pub use transport::{
-    AuthCounters, AuthSocket, AuthStats, AuthTransport, MAX_PORTS, PORT_GRACE, WallClock,
+    AuthCounters, AuthSocket, AuthStats, AuthTransport, MAX_PORTS, PORT_GRACE, WallClock, bind_udp,
 };
 
 #[derive(Debug, thiserror::Error)]

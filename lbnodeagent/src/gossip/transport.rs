@@ -345,7 +345,7 @@ impl AuthTransport {
     /// Opens the concrete socket (the trait object hides its type; tests want
     /// it to inspect port counts).
     pub async fn open_socket(&self, listen_addr: SocketAddr) -> anyhow::Result<AuthSocket> {
-        let bound = std::net::UdpSocket::bind(listen_addr)
+        let bound = bind_udp(listen_addr)
             .with_context(|| format!("failed to bind gossip socket {listen_addr}/udp"))?;
         bound.set_nonblocking(true)?;
         // The detector sends through a plain duplicate: a `send_to` that
@@ -363,6 +363,7 @@ impl AuthTransport {
             probe_inbox,
         ));
         let probe_send = Arc::new(ProbeSender {
+            v6: local.is_ipv6(),
             wire: probe_wire,
             outbound: std::sync::Mutex::new(Outbound::new(sender_id(local))),
             keys: self.keys.clone(),
@@ -414,9 +415,10 @@ impl AuthTransport {
     /// gossip: `cleanup` speaks for a dead agent whose port may still be
     /// held. Answers to it are not read.
     pub fn sender(&self, bind: SocketAddr) -> io::Result<Arc<dyn ProbeSend>> {
-        let wire = std::net::UdpSocket::bind(bind)?;
+        let wire = bind_udp(bind)?;
         let local = wire.local_addr()?;
         Ok(Arc::new(ProbeSender {
+            v6: local.is_ipv6(),
             wire,
             outbound: std::sync::Mutex::new(Outbound::new(sender_id(local))),
             keys: self.keys.clone(),
@@ -452,6 +454,9 @@ impl ProbeNet for AuthTransport {
 /// socket, beside chitchat's (under a sender id of its own, so the two
 /// streams of sequence numbers do not collide in peers' replay windows).
 struct ProbeSender {
+    /// The socket is IPv6 (dual-stack when a wildcard): IPv4 peers are
+    /// reached at their mapped addresses.
+    v6: bool,
     wire: std::net::UdpSocket,
     outbound: std::sync::Mutex<Outbound>,
     keys: Arc<RwLock<GossipKeys>>,
@@ -471,8 +476,9 @@ impl ProbeSend for ProbeSender {
             AuthCounters::add(&self.counters.send_failed, 1);
             return;
         };
+        let on_wire = on_wire(self.v6, to);
         for frame in &frames {
-            match self.wire.send_to(frame, to) {
+            match self.wire.send_to(frame, on_wire) {
                 Ok(sent) => {
                     AuthCounters::add(&self.counters.frames_sent, 1);
                     AuthCounters::add(&self.counters.bytes_sent, sent as u64);
@@ -637,6 +643,33 @@ impl Destinations {
     }
 }
 
+/// A UDP socket on `addr`. An IPv6 wildcard receives IPv4 too, whatever
+/// the host's `net.ipv6.bindv6only` says: the shipped `[::]` serves IPv4,
+/// IPv6 and dual-stack fleets alike.
+pub fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        socket.set_only_v6(false)?;
+    }
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// Where a datagram for `to` goes from an IPv6 (`v6`) or IPv4 socket: an
+/// IPv6 socket reaches an IPv4 peer at its mapped address.
+fn on_wire(v6: bool, to: SocketAddr) -> SocketAddr {
+    match to {
+        SocketAddr::V4(v4) if v6 => {
+            SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+        }
+        _ => to,
+    }
+}
+
 /// Whether a UDP socket can be bound to `ip`: the kernel allows it for its
 /// own addresses only (unless nonlocal binding is on).
 fn bindable(ip: IpAddr) -> bool {
@@ -703,6 +736,9 @@ async fn read_wire(
     loop {
         match wire.recv_from(&mut buf).await {
             Ok((len, from)) => {
+                // An IPv4 peer on a dual-stack socket shows as its mapped
+                // IPv6 address; it is known by its own.
+                let from = canonical(from);
                 let counters = &probes.counters;
                 AuthCounters::add(&counters.frames_received, 1);
                 AuthCounters::add(&counters.bytes_received, len as u64);
@@ -921,8 +957,9 @@ impl AuthSocket {
             .largest_sent
             .fetch_max(len as u64, Ordering::Relaxed);
         let mut sent = 0;
+        let on_wire = on_wire(self.local.is_ipv6(), to);
         for frame in &frames {
-            match self.wire.send_to(frame, to).await {
+            match self.wire.send_to(frame, on_wire).await {
                 Ok(n) => {
                     sent += n;
                     AuthCounters::add(&self.counters.frames_sent, 1);

@@ -38,6 +38,9 @@ pub struct Cluster {
     pub nodes: Vec<String>,
     /// `announce.address_lifetime` of configs written from now on.
     pub lifetime: String,
+    /// The hosts have IPv6 only (the API server too), and the Nodes IPv6
+    /// InternalIPs.
+    pub ipv6_only: bool,
 }
 
 impl Drop for Cluster {
@@ -73,7 +76,14 @@ impl Cluster {
     /// `nodes` hosts with agents (not started), an API server with the CRDs,
     /// the system namespace and Node objects, and a `client` host.
     pub fn new(nodes: &[&str]) -> Cluster {
-        Self::build(nodes, false)
+        Self::build(nodes, false, false)
+    }
+
+    /// [`new`](Self::new) on a LAN with no IPv4 at all: every host keeps
+    /// only its IPv6 address and route, and the agents' gossip settings
+    /// are the defaults.
+    pub fn ipv6_only(nodes: &[&str]) -> Cluster {
+        Self::build(nodes, false, true)
     }
 
     /// [`new`](Self::new) on the real kube-apiserver, with the agents
@@ -85,16 +95,22 @@ impl Cluster {
             eprintln!("NOT RUN: {why}");
             return None;
         }
-        Some(Self::build(nodes, true))
+        Some(Self::build(nodes, true, false))
     }
 
-    fn build(nodes: &[&str], real: bool) -> Cluster {
+    fn build(nodes: &[&str], real: bool, ipv6_only: bool) -> Cluster {
         require_root();
         require_tools(&["arping", "kubectl", "python3", "ndisc6", "nft"]);
         let mut roles = vec!["api"];
         roles.extend_from_slice(nodes);
         roles.push("client");
         let lan = Lan::new(&roles).unwrap();
+        if ipv6_only {
+            for h in &lan.hosts {
+                h.ns.ip("-4 route flush table main").unwrap();
+                h.ns.ip("-4 addr flush dev eth0").unwrap();
+            }
+        }
         let api = lan.host("api");
         let api_rt = api.ns.runtime().unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -103,7 +119,12 @@ impl Cluster {
             let kc = r.admin_kubeconfig();
             (None, Some(r), kc)
         } else {
-            let listen = std::net::SocketAddr::new(api.ipv4.into(), API_PORT);
+            let ip: std::net::IpAddr = if ipv6_only {
+                api.ipv6.into()
+            } else {
+                api.ipv4.into()
+            };
+            let listen = std::net::SocketAddr::new(ip, API_PORT);
             let server =
                 api_rt.run(move || async move { TestServer::start_on(listen).await.unwrap() });
             let kc = dir.path().join("kubeconfig");
@@ -136,6 +157,7 @@ impl Cluster {
             agent_kubeconfig,
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
             lifetime: "6s".into(),
+            ipv6_only,
         };
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
         c.kubectl(&["apply", "-f", crds.to_str().unwrap()]);
@@ -146,7 +168,12 @@ impl Cluster {
             r.service_account_kubeconfig("hostlb-system", "hostlb-agent", &c.agent_kubeconfig);
         }
         for n in nodes {
-            let ip = c.lan.host(n).ipv4;
+            let host = c.lan.host(n);
+            let ip: std::net::IpAddr = if ipv6_only {
+                host.ipv6.into()
+            } else {
+                host.ipv4.into()
+            };
             c.apply(&format!(
                 "apiVersion: v1\nkind: Node\nmetadata:\n  name: {n}\n  labels: {{kubernetes.io/hostname: {n}}}\n"
             ));
@@ -181,7 +208,8 @@ impl Cluster {
         self.dir.path().join(format!("{node}-run"))
     }
 
-    /// The agent's config: no seeds (they come from the Nodes'
+    /// The agent's config: gossip at its defaults (listen on `[::]`,
+    /// advertise the announce interface's address, seeds from the Nodes'
     /// InternalIPs), a short address lifetime, quick announcements.
     pub fn write_config(&self, node: &str, extra: &str) {
         let text = format!(
@@ -189,7 +217,6 @@ impl Cluster {
 kubeconfig = "{kubeconfig}"
 run_dir = "{run}"
 [gossip]
-listen = "{ip}:7934"
 key_file = "{key}"
 [announce]
 address_lifetime = "{lifetime}"
@@ -199,7 +226,6 @@ garp_interval = "200ms"
 "#,
             kubeconfig = self.agent_kubeconfig.display(),
             run = self.run_dir(node).display(),
-            ip = self.lan.host(node).ipv4,
             key = self.dir.path().join("gossip.key").display(),
             lifetime = self.lifetime,
         );
