@@ -73,6 +73,7 @@ fn crds_command_prints_the_committed_crds() {
     for f in [
         "hostlb.io_ipaddresspools.yaml",
         "hostlb.io_l2advertisements.yaml",
+        "hostlb.io_nodeagents.yaml",
     ] {
         let committed = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -97,6 +97,7 @@ fn manifests_are_what_they_claim() {
         "namespace.yaml",
         "crds/hostlb.io_ipaddresspools.yaml",
         "crds/hostlb.io_l2advertisements.yaml",
+        "crds/hostlb.io_nodeagents.yaml",
         "allocator/rbac.yaml",
         "allocator/deployment.yaml",
         "agent/rbac.yaml",

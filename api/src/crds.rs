@@ -5,13 +5,14 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::v1::{IPAddressPool, L2Advertisement};
+use crate::v1::{IPAddressPool, L2Advertisement, NodeAgent};
 
 /// Every CRD hostlb installs, with the file name it has under `deploy/crds/`.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("hostlb.io_ipaddresspools.yaml", IPAddressPool::crd()),
         ("hostlb.io_l2advertisements.yaml", L2Advertisement::crd()),
+        ("hostlb.io_nodeagents.yaml", NodeAgent::crd()),
     ]
 }
 

@@ -25,4 +25,7 @@ pub mod watch;
 pub use address::{AddressError, AddressRange, Family, Prefix};
 pub use scope::Scope;
 pub use selector::{LabelSelector, Selector, SelectorError};
-pub use v1::{IPAddressPool, IPAddressPoolSpec, L2Advertisement, L2AdvertisementSpec};
+pub use v1::{
+    IPAddressPool, IPAddressPoolSpec, L2Advertisement, L2AdvertisementSpec, NodeAgent,
+    NodeAgentStatus,
+};

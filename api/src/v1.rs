@@ -345,3 +345,85 @@ impl L2Advertisement {
         }
     }
 }
+
+/// One node agent's own record, written only by that node's agent (its
+/// name is the Node's): what it runs, whether it serves, and what other
+/// agents need to know of it without gossip: its gossip address and the
+/// MAC addresses it answers from, so that a second owner of a VIP is
+/// recognised as a hostlb node and settled even when gossip never
+/// connected.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "hostlb.io",
+    version = "v1",
+    kind = "NodeAgent",
+    doc = "One node agent's own record, written by that node's agent: what it runs, whether it serves, and how other agents reach and recognise it.",
+    status = "NodeAgentStatus",
+    shortname = "na",
+    category = "hostlb",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "VIPs", type_ = "integer", json_path = ".status.heldVIPs"),
+    printcolumn(name = "Members", type_ = "integer", json_path = ".status.members"),
+    printcolumn(
+        name = "Isolated",
+        type_ = "boolean",
+        json_path = ".status.gossipIsolated"
+    ),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(
+        name = "Heartbeat",
+        type_ = "date",
+        json_path = ".status.heartbeatTime"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.reason",
+        priority = "10"
+    )
+)]
+pub struct NodeAgentSpec {}
+
+/// Written by the node's agent on every change (at most one write every few
+/// seconds) and at least once a minute.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAgentStatus {
+    /// When the agent last wrote; three minutes older than now, the agent
+    /// is taken as not running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// The agent's release.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// `Starting`, `Ready` or `Degraded` (see `reason`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state: String,
+    /// Why the agent is not ready, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Where the agent gossips (`ip:port`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gossip_address: String,
+    /// The MAC addresses of the node's interfaces: a VIP answered from one
+    /// of them is this node's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub macs: Vec<String>,
+    /// Other nodes run agents (their records are fresh) and gossip has
+    /// reached none of them: this agent acts as if partitioned.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub gossip_isolated: bool,
+    /// Live gossip members this agent sees, itself included.
+    #[serde(default)]
+    pub members: i64,
+    /// VIPs this node holds.
+    #[serde(default, rename = "heldVIPs")]
+    pub held_vips: i64,
+}
+
+/// An agent writes its record at least this often.
+pub const NODE_AGENT_HEARTBEAT_SECS: i64 = 60;
+/// A record not written for this long is an agent that does not run.
+pub const NODE_AGENT_STALE_SECS: i64 = 3 * NODE_AGENT_HEARTBEAT_SECS;

@@ -91,6 +91,28 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
     })
     .unwrap();
 
+    // Each agent's record, written as the ServiceAccount: ready, with the
+    // MACs that let agents recognise each other without gossip.
+    let records = |c: &Cluster| {
+        c.kubectl(&[
+            "get",
+            "nodeagents",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.status.state} {.status.macs[0]}{\"\\n\"}{end}",
+        ])
+    };
+    wait_for("every agent's record", Duration::from_secs(15), || {
+        let out = records(&c);
+        ["node-a", "node-b", "node-c"]
+            .iter()
+            .all(|n| {
+                out.lines()
+                    .any(|l| l == format!("{n} Ready {}", c.host(n).mac()))
+            })
+            .then_some(())
+    })
+    .unwrap();
+
     let t = Instant::now();
     c.kill("node-a");
     let config = c.config_path("node-a");
@@ -128,6 +150,13 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
     assert!(
         !tail.contains(" WARN ") && !tail.contains("ERROR"),
         "a clean stop logged trouble:\n{tail}"
+    );
+    assert!(
+        records(&c)
+            .lines()
+            .any(|l| l.starts_with("node-a Stopped ")),
+        "a stopped agent's record says so: {}",
+        records(&c)
     );
     wait_for("the Withdrawn Event", Duration::from_secs(15), || {
         c.kubectl(&[

@@ -19,6 +19,7 @@ pub mod beats;
 pub mod cleanup;
 pub mod config;
 pub mod core;
+pub mod record;
 pub mod report;
 pub mod status;
 pub mod telemetry;
@@ -54,6 +55,8 @@ use watches::KubeInputs;
 
 /// Links and routes are re-read this often: route changes raise no event.
 const TICK: Duration = Duration::from_secs(1);
+/// How often the agents' records are judged again for freshness.
+const RECORDS_EVERY: Duration = Duration::from_secs(10);
 /// systemd's watchdog is told the loop is turning at most this often.
 const WATCHDOG_EVERY: Duration = Duration::from_millis(500);
 /// The file `cleanup` reads peers from, in the run directory.
@@ -126,6 +129,11 @@ pub struct Agent<B: AddressBackend + 'static> {
     gossip: Gossip,
     kube: KubeInputs,
     report: ReportHandle,
+    /// Every agent's record in the API, and this one's writer.
+    records: record::Records,
+    publisher: record::Publisher,
+    /// The records as the core last had them.
+    records_sent: Vec<core::AgentRecord>,
     telemetry: Arc<Telemetry>,
     kernel: Kernel,
     /// Create the virtual interface at the next links refresh (at start,
@@ -319,6 +327,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
             load_balancer_class: cfg.load_balancer_class.clone(),
         };
         let kube = KubeInputs::start(&client, &scope, &server);
+        let records = record::Records::start(&client);
+        let publisher = record::Publisher::start(&client, &cfg.node_name);
         let report = report::start(
             client,
             &cfg.node_name,
@@ -356,6 +366,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
             },
             kube,
             report,
+            records,
+            publisher,
+            records_sent: Vec::new(),
             telemetry,
             kernel,
             ensure_virtual: false,
@@ -378,6 +391,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.telemetry.set_status_channel(status_tx);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Records go stale with time alone: judged again this often.
+        let mut records_tick = tokio::time::interval(RECORDS_EVERY);
+        records_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The service is up (gossip joined, /readyz answering) even while
         // the API is away: a running, degraded service that is no
         // candidate until its first reconcile, not a start that times out
@@ -429,6 +445,14 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     Input::Links(self.read_links().await)
                 }
                 () = &mut wake => Input::Tick,
+                () = self.records.changed() => match self.records_input() {
+                    Some(input) => input,
+                    None => continue,
+                },
+                _ = records_tick.tick() => match self.records_input() {
+                    Some(input) => input,
+                    None => continue,
+                },
                 Some(claim) = recv_if(&mut self.wire.claims) => Input::Claim(claim),
                 Some(first) = recv_if(&mut self.gossip.beats_in) => {
                     let rest = self.gossip.beats_in.as_mut().expect("a beat came from it");
@@ -562,7 +586,54 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.telemetry
             .object_errors
             .set(self.core.object_errors().len() as i64);
+        if let Some(isolated) = a.isolated {
+            self.telemetry.gossip_isolated.set(i64::from(isolated));
+        }
         self.write_peers();
+        self.publisher.set(self.record());
+    }
+
+    /// The records of every agent, when they changed since the core had
+    /// them (a write, or one going stale).
+    fn records_input(&mut self) -> Option<Input> {
+        let records = self.records.records(jiff::Timestamp::now());
+        if records == self.records_sent {
+            return None;
+        }
+        self.records_sent = records.clone();
+        Some(Input::Records(records))
+    }
+
+    /// This node's record as it should read now.
+    fn record(&self) -> hostlb_api::NodeAgentStatus {
+        let not_ready = self.telemetry.not_ready();
+        let state = match not_ready {
+            None => record::READY,
+            Some(_) if !self.telemetry.applied.load(Ordering::Relaxed) => record::STARTING,
+            Some(_) => record::DEGRADED,
+        };
+        hostlb_api::NodeAgentStatus {
+            heartbeat_time: None,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            state: state.to_string(),
+            reason: not_ready.map(str::to_string),
+            gossip_address: self
+                .cfg
+                .gossip
+                .advertise
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            macs: self
+                .core
+                .links()
+                .macs()
+                .iter()
+                .map(|m| m.to_string())
+                .collect(),
+            gossip_isolated: self.core.isolated(),
+            members: self.core.view().members.len() as i64,
+            held_vips: self.core.held_count() as i64,
+        }
     }
 
     /// What the watches say changed, as the core's input: the whole view,
@@ -712,6 +783,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
     /// tells the peers this node left.
     async fn finish(self) -> Result<(), AgentError> {
         let _ = self.gossip.membership.shutdown().await;
+        self.publisher.stopped().await;
         Ok(())
     }
 

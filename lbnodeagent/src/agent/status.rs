@@ -18,6 +18,10 @@ pub struct StatusDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_ready: Option<String>,
     pub api_healthy: bool,
+    /// Gossip reaches none of these agents, which the API shows running
+    /// (their records are fresh): gossip is isolated when not empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub isolated_from: Vec<String>,
     pub members: Vec<MemberDoc>,
     pub held: Vec<HeldDoc>,
     pub vips: Vec<VipDoc>,
@@ -116,6 +120,13 @@ pub fn render(doc: &StatusDoc) -> String {
         (None, false) => "not ready".to_string(),
     };
     let _ = writeln!(out, "node {}: {ready}", doc.node);
+    if !doc.isolated_from.is_empty() {
+        let _ = writeln!(
+            out,
+            "\ngossip isolated: the API shows agents running on {} but gossip reaches none of them; acting as if partitioned (check UDP 7934 between the hosts, gossip.key_file, gossip.cluster_id, gossip.advertise)",
+            doc.isolated_from.join(", ")
+        );
+    }
     let _ = writeln!(out, "\nmembers ({}):", doc.members.len());
     for m in &doc.members {
         let _ = writeln!(

@@ -46,6 +46,8 @@ pub struct Telemetry {
     pub cannot_serve: Gauge,
     /// 1 while neither family has an announce interface.
     pub no_announce_interface: Gauge,
+    /// 1 while gossip reaches no other agent and the API shows some running.
+    pub gossip_isolated: Gauge,
     pub elections: Counter,
     pub election_seconds: Histogram,
     pub address_ops: Family<OpLabels, Counter>,
@@ -87,6 +89,7 @@ impl Telemetry {
             live_members: Gauge::default(),
             cannot_serve: Gauge::default(),
             no_announce_interface: Gauge::default(),
+            gossip_isolated: Gauge::default(),
             elections: Counter::default(),
             election_seconds: Histogram::new(buckets),
             address_ops: Family::default(),
@@ -125,6 +128,11 @@ impl Telemetry {
             "no_announce_interface",
             "1 while this agent has no announce interface (the configured one is missing, or no default route): it stands in no election for addresses on a host subnet",
             t.no_announce_interface.clone(),
+        );
+        registry.register(
+            "gossip_isolated",
+            "1 while gossip reaches no other agent although the API shows agents running on other nodes (NodeAgent records): the agent acts as if partitioned",
+            t.gossip_isolated.clone(),
         );
         registry.register(
             "elections",
@@ -232,6 +240,10 @@ impl Telemetry {
             Some("waiting for the first reconcile (every watch listed, gossip started)")
         } else if !self.carrier.load(Ordering::Relaxed) {
             Some("the announce interface has no carrier")
+        } else if self.gossip_isolated.get() > 0 {
+            Some(
+                "degraded: gossip is isolated: the API shows agents running on other nodes and gossip reaches none of them; acting as if partitioned (check UDP 7934 between the hosts, gossip.key_file, gossip.cluster_id)",
+            )
         } else if !self.api_healthy.load(Ordering::Relaxed) {
             Some("degraded: the API server is unreachable; electing from the last known objects")
         } else if !self.api_writable.load(Ordering::Relaxed) {

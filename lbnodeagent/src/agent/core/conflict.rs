@@ -150,6 +150,14 @@ impl Conflicts {
         }
     }
 
+    /// Remembers `node`'s MACs from its record in the API, for nodes gossip
+    /// never showed. Never forgets either.
+    pub fn learn_macs(&mut self, node: &str, macs: impl IntoIterator<Item = MacAddr>) {
+        for mac in macs {
+            self.mac_owner.insert(mac, node.to_string());
+        }
+    }
+
     /// The node that last published `ip` as held, as far as gossip told.
     pub fn last_holder(&self, ip: IpAddr) -> Option<&str> {
         self.last_holder.get(&ip).map(String::as_str)

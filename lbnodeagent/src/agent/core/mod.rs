@@ -63,7 +63,7 @@ use hostlb_api::Family;
 use hostlb_api::annotations::reasons;
 use tracing::{debug, info, warn};
 
-use crate::addrs::{Applied, Lifetime, OwnedAddress, VipAddress};
+use crate::addrs::{Applied, Lifetime, MacAddr, OwnedAddress, VipAddress};
 use crate::announce::packet::Claim;
 use crate::announce::{AnnounceConfig, Target};
 use crate::election::{Cluster, Election, Endpoints, Member, Reason};
@@ -98,6 +98,10 @@ pub const RETRY_MAX: Duration = Duration::from_secs(30);
 const GOSSIP_ROUNDS_TO_SETTLE: u32 = 5;
 /// Least time between two workings-out of the owners to watch.
 const WATCH_EVERY: Duration = Duration::from_millis(100);
+/// How long an agent whose gossip reaches no peer, while the API shows
+/// other agents running, waits before it takes itself as isolated: a
+/// start's grace and a few gossip rounds to the seeds.
+pub const ISOLATED_AFTER: Duration = Duration::from_secs(5);
 /// How long a takeover may follow the loss of the member that held the VIP
 /// and still count as its takeover (the `takeover_seconds` metric).
 const TAKEOVER_WINDOW: Duration = Duration::from_secs(10);
@@ -186,6 +190,18 @@ pub enum Input {
     Leave,
     /// A reloaded configuration.
     Settings(Settings),
+    /// The agents' records in the API (`NodeAgent` objects), every one.
+    Records(Vec<AgentRecord>),
+}
+
+/// One agent's record in the API, as far as the core needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentRecord {
+    pub node: String,
+    /// The MACs its VIPs are answered from.
+    pub macs: BTreeSet<MacAddr>,
+    /// Written recently: its agent runs.
+    pub fresh: bool,
 }
 
 /// A figure for the metrics.
@@ -232,6 +248,9 @@ pub struct Actions {
     pub wake: Option<Instant>,
     /// Whom to send beats to and what they say, when that changed.
     pub beat: Option<BeatPlan>,
+    /// Whether gossip is isolated (see [`Core::isolated`]), when that
+    /// changed.
+    pub isolated: Option<bool>,
 }
 
 /// Whom this node beats, and what its beats say (see [`sessions`]).
@@ -421,6 +440,11 @@ pub struct Core {
     foreign: BTreeSet<IpAddr>,
     /// When each member was last seen live, for the takeover metric.
     lost_at: BTreeMap<String, Instant>,
+    /// Other nodes whose agents' records in the API are fresh.
+    running_elsewhere: BTreeSet<String>,
+    /// Gossip last showed a live peer then (or the agent started).
+    peer_seen: Instant,
+    isolated: bool,
     /// When each node's published VIPs last changed in our views.
     vips_changed: BTreeMap<String, Instant>,
     next_renew: Option<Instant>,
@@ -474,6 +498,9 @@ impl Core {
             conflicts: Conflicts::default(),
             foreign: BTreeSet::new(),
             lost_at: BTreeMap::new(),
+            running_elsewhere: BTreeSet::new(),
+            peer_seen: now,
+            isolated: false,
             vips_changed: BTreeMap::new(),
             next_renew: None,
             next_owner_probe: now + OWNER_PROBE,
@@ -742,6 +769,19 @@ impl Core {
                 }
             }
             Input::Tick => {}
+            Input::Records(records) => {
+                let me = self.settings.node.clone();
+                for r in &records {
+                    if r.node != me {
+                        self.conflicts.learn_macs(&r.node, r.macs.iter().copied());
+                    }
+                }
+                self.running_elsewhere = records
+                    .into_iter()
+                    .filter(|r| r.fresh && r.node != me)
+                    .map(|r| r.node)
+                    .collect();
+            }
             Input::Leave => self.begin_leave(now, out),
             Input::Settings(settings) => {
                 if settings != self.settings {
@@ -882,6 +922,7 @@ impl Core {
             self.elect_members();
             self.all_dirty = true;
         }
+        self.note_isolation(now, out);
         if self.orphan_scan {
             self.orphans(now);
         }
@@ -1321,10 +1362,53 @@ impl Core {
         slot.op = Some(Op::Add { want, renew: false });
     }
 
+    /// Gossip is isolated: the API shows agents running on other nodes (their
+    /// records are fresh) and gossip has reached none of them for
+    /// [`ISOLATED_AFTER`] (a firewall on UDP 7934, another key or cluster
+    /// id, an advertise address nobody can reach). Such an agent would
+    /// otherwise act alone and take every VIP. It acts as if partitioned
+    /// instead: it asks the LAN before taking any VIP, and the conflict
+    /// rule, which knows the other agents' MACs from their records, settles
+    /// any second owner by the election's order.
+    pub fn isolated(&self) -> bool {
+        self.isolated
+    }
+
+    /// Gossip shows no live peer while the API shows other agents running:
+    /// a start before gossip connected, or isolation. Nothing is taken
+    /// without asking the LAN first meanwhile.
+    fn lonely(&self) -> bool {
+        let me = &self.settings.node;
+        !self.running_elsewhere.is_empty()
+            && !self.gossip_view.members.iter().any(|m| m.node != *me)
+    }
+
+    fn note_isolation(&mut self, now: Instant, out: &mut Actions) {
+        if !self.lonely() {
+            self.peer_seen = now;
+        }
+        let isolated =
+            self.lonely() && now.saturating_duration_since(self.peer_seen) >= ISOLATED_AFTER;
+        if isolated != self.isolated {
+            self.isolated = isolated;
+            out.isolated = Some(isolated);
+            if isolated {
+                warn!(
+                    running = ?self.running_elsewhere,
+                    "gossip reaches no other agent while the API shows agents running on other nodes; acting as if partitioned (check UDP {} between the hosts, gossip.key_file and gossip.cluster_id)",
+                    crate::gossip::DEFAULT_PORT
+                );
+            } else {
+                info!("gossip reaches other agents again");
+            }
+        }
+    }
+
     /// Whether to ask the LAN before taking `ip`: another node held it, and
     /// no live node shows it held (nobody is handing it over: its holder
-    /// crashed, froze, or gossip cannot reach it). A new Service's address
-    /// had nobody to hear from.
+    /// crashed, froze, or gossip cannot reach it), or gossip reaches no
+    /// peer while others run and this node cannot know who holds what. A
+    /// new Service's address had nobody to hear from.
     fn needs_precheck(&self, ip: IpAddr) -> bool {
         if !self.settings.wire {
             return false;
@@ -1338,7 +1422,7 @@ impl Core {
             .conflicts
             .last_holder(ip)
             .is_some_and(|n| n != self.settings.node);
-        !handed_over && held_elsewhere
+        !handed_over && (held_elsewhere || self.lonely())
     }
 
     /// Why a held VIP this node no longer wins may go now, or `None` while
@@ -2150,6 +2234,9 @@ impl Core {
         if let Some(d) = self.sessions.deadline() {
             at(d);
         }
+        if !self.isolated && self.lonely() {
+            at(self.peer_seen + ISOLATED_AFTER);
+        }
         if let Some(due) = self.watch_due {
             at(due.max(self.watched_at + WATCH_EVERY));
         }
@@ -2346,6 +2433,11 @@ impl Core {
             ready: not_ready.is_none(),
             not_ready: not_ready.map(str::to_string),
             api_healthy,
+            isolated_from: if self.isolated {
+                self.running_elsewhere.iter().cloned().collect()
+            } else {
+                Vec::new()
+            },
             members: self
                 .view
                 .nodes

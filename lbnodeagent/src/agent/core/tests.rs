@@ -1097,3 +1097,77 @@ fn held_vips_are_announced_again_every_refresh_interval() {
         "handed over VIPs are not refreshed"
     );
 }
+
+fn record(node: &str, fresh: bool) -> AgentRecord {
+    AgentRecord {
+        node: node.into(),
+        macs: [mac(node)].into(),
+        fresh,
+    }
+}
+
+/// Gossip reaches nobody while the API shows `b` and `c` running (their
+/// records are fresh): `a` asks the LAN before taking even a new
+/// Service's address, says it is isolated after ISOLATED_AFTER, and, when
+/// `b` (which outranks it) answers for the address too, knows `b`'s MAC
+/// from its record alone and lets go.
+#[test]
+fn an_agent_whose_gossip_reaches_nobody_acts_as_if_partitioned() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.step(Input::Adopted(Vec::new()));
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 1,
+    });
+    a.step(Input::Members(view("a", Vec::new(), Vec::new())));
+    let act = a.step(Input::Records(vec![
+        record("a", true),
+        record("b", true),
+        record("c", false),
+    ]));
+    assert_eq!(act.isolated, None, "not before ISOLATED_AFTER");
+    // Past the start's grace it acts alone, but asks first.
+    let mut probed = None;
+    let mut added = None;
+    for _ in 0..100 {
+        a.advance(Duration::from_millis(50));
+        let act = a.step(Input::Tick);
+        if probed.is_none() && targets(&act.probe).contains(&v) {
+            probed = Some(a.now);
+        }
+        if ips(&act.add).contains(&v) {
+            added = Some(a.now);
+            a.done(&act);
+            break;
+        }
+    }
+    let (probed, added) = (probed.expect("asked the LAN"), added.expect("took it"));
+    assert!(added >= probed + PRECHECK, "{:?}", added - probed);
+    a.at(ISOLATED_AFTER + Duration::from_millis(1));
+    let act = a.step(Input::Tick);
+    a.done(&act);
+    assert_eq!(act.isolated, Some(true));
+    assert!(a.core.isolated());
+    assert_eq!(
+        a.core.status_doc(None, true).isolated_from,
+        vec!["b".to_string()],
+        "c's record is stale: not a running agent"
+    );
+    // b answers for v too: a second owner gossip never showed, known by
+    // its record's MAC, and it outranks a.
+    a.advance(Duration::from_millis(10));
+    let act = a.step(Input::Claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    assert_eq!(ips(&act.remove), [v].into(), "a lets go to b");
+    // Gossip reaches b: no longer isolated.
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![peer("b", Status::Alive, &[v], 1)],
+        Vec::new(),
+    )));
+    assert_eq!(act.isolated, Some(false));
+}

@@ -47,7 +47,7 @@ use crate::gossip::{LocalState, MemberInfo, MembershipView, Status};
 
 use super::links::Links;
 use super::sessions::{BEAT_MISS, Beat, Lapse, Silent};
-use super::{Actions, BeatPlan, Core, Input, OpKind, OpResult, Settings};
+use super::{Actions, AgentRecord, BeatPlan, Core, Input, OpKind, OpResult, Settings};
 pub use check::{Stats, Violation};
 pub use rng::Rng;
 use scenario::{Fault, Shape, Truth};
@@ -583,6 +583,7 @@ impl World {
                     .for_agent(host, generation, || Ev::Api { host, generation })
                     .is_some()
                 {
+                    self.deliver_records(host);
                     self.deliver_cluster(host);
                 }
             }
@@ -663,6 +664,23 @@ impl World {
             let d = self.rng.ms(50, 300);
             self.after(d, Ev::Api { host, generation });
         }
+        self.records_changed(host);
+    }
+
+    /// `host`'s record changed (its agent started, or stopped and said
+    /// so): the other agents' watches deliver the records again.
+    fn records_changed(&mut self, host: usize) {
+        if !self.api_up {
+            return;
+        }
+        for j in 0..self.hosts.len() {
+            if j == host || self.hosts[j].agent == Agent::Stopped {
+                continue;
+            }
+            let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
+            let generation = self.hosts[j].generation;
+            self.after(d, Ev::Api { host: j, generation });
+        }
     }
 
     /// The agent is gone (killed, exited, host off): peers find out by
@@ -695,6 +713,9 @@ impl World {
         h.watched.clear();
         h.deferred.clear();
         self.reachability(host);
+        if graceful {
+            self.records_changed(host);
+        }
     }
 
     fn step(&mut self, host: usize, input: Input) {
@@ -1037,6 +1058,25 @@ impl World {
                 self.after(ev.0, ev.1);
             }
         }
+    }
+
+    /// Every agent's record in the API, as a watch delivers them: each
+    /// host's MAC, fresh unless its agent stopped gracefully (a killed or
+    /// crashed agent's record goes stale only after minutes).
+    fn deliver_records(&mut self, host: usize) {
+        if !self.api_up {
+            return;
+        }
+        let records = self
+            .hosts
+            .iter()
+            .map(|h| AgentRecord {
+                node: h.name.clone(),
+                macs: [h.mac].into(),
+                fresh: h.agent != Agent::Stopped || h.killed || !h.powered,
+            })
+            .collect();
+        self.step(host, Input::Records(records));
     }
 
     fn deliver_cluster(&mut self, host: usize) {
