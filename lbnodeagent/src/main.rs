@@ -65,6 +65,11 @@ enum Command {
         /// (default: every node on-link for every address); repeatable.
         #[arg(long = "on-link")]
         on_link: Vec<String>,
+        /// IFACE or NODE=IFACE: the default-route interface, which
+        /// advertisements without `interfaces` announce on (default: the
+        /// interface of the node's first --on-link entry); repeatable.
+        #[arg(long = "default-interface")]
+        default_interface: Vec<String>,
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
         /// Namespace holding the IPAddressPools and L2Advertisements.
@@ -183,6 +188,7 @@ fn main() -> ExitCode {
             files,
             down,
             on_link,
+            default_interface,
             output,
             namespace,
             load_balancer_class,
@@ -191,6 +197,7 @@ fn main() -> ExitCode {
                 files,
                 down,
                 on_link,
+                default_interface,
                 output,
                 scope: Scope {
                     namespace,

@@ -6,8 +6,11 @@
 //! on every interface an advertisement names, so an advertisement that lists
 //! `interfaces` finds them; `--on-link NODE=CIDR` gives the
 //! node exactly the listed prefixes on its announce interface,
-//! `NODE=CIDR@IFACE` a prefix on another interface (for advertisements that
-//! list `interfaces`), and `NODE=none` no on-link prefix at all.
+//! `NODE=CIDR@IFACE` a prefix on a named interface, and `NODE=none` no
+//! on-link prefix at all. A node's announce (default-route) interface is
+//! the one `--default-interface` names, else the interface of its first
+//! `--on-link` entry: what an advertisement without `interfaces` announces
+//! on, whether it is written `@eth0` or left out.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,6 +35,8 @@ pub struct Options {
     pub files: Vec<PathBuf>,
     pub down: Vec<String>,
     pub on_link: Vec<String>,
+    /// `IFACE` (every node) or `NODE=IFACE`: the default-route interface.
+    pub default_interface: Vec<String>,
     pub output: Output,
     pub scope: Scope,
 }
@@ -44,6 +49,8 @@ pub enum SimulateError {
     UnknownDown(String),
     #[error("--on-link {arg}: {reason}")]
     OnLink { arg: String, reason: String },
+    #[error("--default-interface {arg}: {reason}")]
+    DefaultInterface { arg: String, reason: String },
 }
 
 /// Run the simulation and render it.
@@ -69,7 +76,8 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
             return Err(SimulateError::UnknownDown(d.clone()));
         }
     }
-    let on_link = parse_on_link(&opts.on_link, &node_names)?;
+    let defaults = parse_default_interfaces(&opts.default_interface, &node_names)?;
+    let on_link = parse_on_link(&opts.on_link, &node_names, &defaults)?;
     let mut ad_interfaces: Vec<&str> = cluster
         .advertisements
         .iter()
@@ -115,11 +123,35 @@ fn everything(interfaces: &[&str]) -> Vec<OnLink> {
         .collect()
 }
 
+/// `--default-interface` values: by node, with `""` for every node.
+fn parse_default_interfaces(
+    args: &[String],
+    nodes: &[&str],
+) -> Result<BTreeMap<String, String>, SimulateError> {
+    let mut out = BTreeMap::new();
+    for arg in args {
+        let bad = |reason: String| SimulateError::DefaultInterface {
+            arg: arg.clone(),
+            reason,
+        };
+        let (node, iface) = arg.split_once('=').unwrap_or(("", arg));
+        if iface.is_empty() {
+            return Err(bad("expected IFACE or NODE=IFACE".into()));
+        }
+        if !node.is_empty() && !nodes.contains(&node) {
+            return Err(bad(format!("no Node named {node:?} in the input")));
+        }
+        out.insert(node.to_string(), iface.to_string());
+    }
+    Ok(out)
+}
+
 fn parse_on_link(
     args: &[String],
     nodes: &[&str],
+    defaults: &BTreeMap<String, String>,
 ) -> Result<BTreeMap<String, Vec<OnLink>>, SimulateError> {
-    let mut out: BTreeMap<String, Vec<OnLink>> = BTreeMap::new();
+    let mut entries: BTreeMap<String, Vec<(Prefix, Option<String>)>> = BTreeMap::new();
     for arg in args {
         let bad = |reason: String| SimulateError::OnLink {
             arg: arg.clone(),
@@ -131,7 +163,7 @@ fn parse_on_link(
         if !nodes.contains(&node) {
             return Err(bad(format!("no Node named {node:?} in the input")));
         }
-        let list = out.entry(node.to_string()).or_default();
+        let list = entries.entry(node.to_string()).or_default();
         if rest == "none" {
             continue;
         }
@@ -143,11 +175,28 @@ fn parse_on_link(
         let prefix: Prefix = cidr
             .parse()
             .map_err(|e: hostlb_api::AddressError| bad(e.reason))?;
-        list.push(OnLink {
-            prefix,
-            interface: iface.unwrap_or_default().to_string(),
-            announce: iface.is_none(),
-        });
+        list.push((prefix, iface.map(str::to_string)));
+    }
+    let mut out = BTreeMap::new();
+    for (node, list) in entries {
+        // The default-route interface: named, else the first entry's.
+        let default = defaults
+            .get(&node)
+            .or_else(|| defaults.get(""))
+            .cloned()
+            .or_else(|| list.first().and_then(|(_, i)| i.clone()));
+        let on_link = list
+            .into_iter()
+            .map(|(prefix, iface)| {
+                let announce = iface.is_none() || iface == default;
+                OnLink {
+                    prefix,
+                    interface: iface.or_else(|| default.clone()).unwrap_or_default(),
+                    announce,
+                }
+            })
+            .collect();
+        out.insert(node, on_link);
     }
     Ok(out)
 }

@@ -323,3 +323,56 @@ fn bad_arguments_fail_with_a_clear_message() {
         assert!(err.contains(msg), "{args:?}: {err}");
     }
 }
+
+/// A host's default-route interface named with `@eth0` is what an
+/// advertisement without `interfaces` means, as when it is left out:
+/// both nodes stand for the base pool on eth0 and for the VLAN pool on
+/// eth0.100. With the VLAN's prefix given first, `--default-interface`
+/// says which is the default one.
+#[test]
+fn a_named_default_route_interface_serves_advertisements_without_interfaces() {
+    let on_link = |first: &str, second: &str| -> Vec<String> {
+        ["h1", "h2"]
+            .iter()
+            .flat_map(|n| {
+                [
+                    "--on-link".to_string(),
+                    format!("{n}={first}"),
+                    "--on-link".to_string(),
+                    format!("{n}={second}"),
+                ]
+            })
+            .collect()
+    };
+    let check = |v: &Value| {
+        for ip in ["10.81.10.1", "10.82.10.1"] {
+            let x = vip(v, ip);
+            assert_eq!(
+                order(x),
+                by_hash(&["h1", "h2"], ip, 0),
+                "{ip}: both nodes stand: {x}"
+            );
+            assert_eq!(x["excluded"], serde_json::json!([]), "{x}");
+        }
+    };
+    let args = on_link("10.81.0.0/16@eth0", "10.82.0.0/16@eth0.100");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v = case("two-networks", "two-networks.yaml", &args);
+    check(&v);
+    let (table, err, ok) = simulate(&[&["-f", "two-networks.yaml"], &args[..]].concat());
+    assert!(ok, "{err}");
+    assert!(
+        table.contains(" on eth0\n") && table.contains(" on eth0.100\n"),
+        "{table}"
+    );
+
+    let args = on_link("10.82.0.0/16@eth0.100", "10.81.0.0/16@eth0");
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--default-interface", "eth0"]);
+    let (json, err, ok) =
+        simulate(&[&["-f", "two-networks.yaml", "-o", "json"], &args[..]].concat());
+    assert!(ok, "{err}");
+    check(&serde_json::from_str(&json).unwrap());
+    let (_, err, ok) = simulate(&["-f", "two-networks.yaml", "--default-interface", "h9=eth0"]);
+    assert!(!ok && err.contains("no Node named \"h9\""), "{err}");
+}

@@ -679,7 +679,13 @@ impl World {
             }
             let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
             let generation = self.hosts[j].generation;
-            self.after(d, Ev::Api { host: j, generation });
+            self.after(
+                d,
+                Ev::Api {
+                    host: j,
+                    generation,
+                },
+            );
         }
     }
 
