@@ -1264,6 +1264,12 @@ impl Core {
             (Some(want), held) => self.acquire(ip, want, held.is_some(), now, out),
             (None, Some(held)) => {
                 if let Some(why) = self.may_release(ip, &held, now) {
+                    // Whatever the hand-over came to, the cause is the stop.
+                    let why = if self.is_leaving() && !why.starts_with("shutting down") {
+                        format!("shutting down; {why}")
+                    } else {
+                        why
+                    };
                     let slot = self.slots.get_mut(&ip).expect("present");
                     slot.garp = None;
                     slot.op = Some(Op::Remove {

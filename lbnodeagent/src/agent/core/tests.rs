@@ -1171,3 +1171,64 @@ fn an_agent_whose_gossip_reaches_nobody_acts_as_if_partitioned() {
     )));
     assert_eq!(act.isolated, Some(false));
 }
+
+/// Every release says why, in its log line and its Withdrawn Event: the
+/// link lost carrier, the Service lost its endpoints, the node shuts down
+/// (not "lost the election" for all of them).
+#[test]
+fn every_release_gives_its_true_reason() {
+    let withdrawn = |a: &mut Node, act: &Actions| -> Vec<String> {
+        let done = a.done(act);
+        done.events
+            .iter()
+            .filter(|e| e.reason == hostlb_api::annotations::reasons::WITHDRAWN)
+            .map(|e| e.note.clone())
+            .collect()
+    };
+    let vs = addresses(2);
+    let running = || {
+        let mut a = Node::new("a");
+        let held = a.running(cluster(&vs), vec![peer("c", Status::Alive, &[], 1)]);
+        assert_eq!(held.len(), 2);
+        a
+    };
+
+    let mut a = running();
+    let act = a.step(Input::Links(links("a", false)));
+    let notes = withdrawn(&mut a, &act);
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(
+        notes.iter().all(|n| n.contains("eth0 has no carrier")),
+        "{notes:?}"
+    );
+
+    let mut a = running();
+    let mut c = cluster(&vs);
+    c.services[0].local_traffic = true;
+    c.services[0].endpoints = crate::election::Endpoints::default();
+    let act = a.step(Input::Cluster {
+        cluster: c,
+        errors: Vec::new(),
+        revision: 2,
+    });
+    let notes = withdrawn(&mut a, &act);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains("endpoint"), "{notes:?}");
+
+    let mut a = running();
+    a.step(Input::Leave);
+    let mut notes = Vec::new();
+    for _ in 0..100 {
+        a.advance(Duration::from_millis(100));
+        let act = a.step(Input::Tick);
+        notes.extend(withdrawn(&mut a, &act));
+        if notes.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(
+        notes.iter().all(|n| n.contains("shutting down")),
+        "{notes:?}"
+    );
+}
