@@ -105,6 +105,11 @@ mode_owner /usr/lib/sysusers.d/lbnodeagent.conf "644 root:root"
 mode_owner /usr/share/man/man1/lbnodeagent.1.gz "644 root:root"
 mode_owner /usr/share/doc/lbnodeagent/agent.md "644 root:root"
 mode_owner /usr/share/doc/lbnodeagent/copyright "644 root:root"
+# The opt-in ARP drop-in: shipped, not active, and what sysctl accepts.
+mode_owner /usr/share/lbnodeagent/sysctl.d/90-lbnodeagent-arp.conf "644 root:root"
+[[ ! -e $root/etc/sysctl.d/90-lbnodeagent-arp.conf ]] || fail "the ARP drop-in is active without being asked for"
+grep -qx 'net.ipv4.conf.all.arp_ignore = 1' "$root/usr/share/lbnodeagent/sysctl.d/90-lbnodeagent-arp.conf" ||
+  fail "the ARP drop-in does not set arp_ignore"
 zcat "$root/usr/share/man/man1/lbnodeagent.1.gz" | grep -q '^\.TH lbnodeagent 1' || fail "the man page has no .TH header"
 zcat "$root/usr/share/man/man1/lbnodeagent.1.gz" | grep -q 'cleanup' || fail "the man page does not list the subcommands"
 ok "man page generated from the clap definitions"
@@ -166,7 +171,8 @@ log "rpm -qp $rpm"
 files=$(rpm -qlp "$rpm")
 echo "$files"
 for f in /usr/bin/lbnodeagent /etc/lbnodeagent/lbnodeagent.toml /usr/lib/systemd/system/lbnodeagent.service \
-  /usr/lib/sysusers.d/lbnodeagent.conf /usr/share/man/man1/lbnodeagent.1.gz /usr/share/doc/lbnodeagent/agent.md; do
+  /usr/lib/sysusers.d/lbnodeagent.conf /usr/share/man/man1/lbnodeagent.1.gz /usr/share/doc/lbnodeagent/agent.md \
+  /usr/share/lbnodeagent/sysctl.d/90-lbnodeagent-arp.conf; do
   grep -qx "$f" <<<"$files" || fail "the .rpm lacks $f"
 done
 [[ $(rpm -qp --configfiles "$rpm") == /etc/lbnodeagent/lbnodeagent.toml ]] || fail "the .rpm's config files are not just lbnodeagent.toml"

@@ -1080,3 +1080,122 @@ fn agents_whose_gossip_never_connects_settle_one_owner_per_vip() {
         "{records}"
     );
 }
+
+/// Several networks per host: eth0 on the LAN, eth1 on a second L2
+/// network (a bridge of its own standing for VLAN 100). The base pool's
+/// advertisement names no interface (eth0), the second pool's names eth1.
+/// At the kernel's defaults a host answers ARP for the eth1 VIP on eth0
+/// too, and the agent says so (log, `/readyz` warning, `status`, metric);
+/// with the documented sysctls each client sees only its own network's
+/// VIPs and the warning goes. IPv6 neighbour discovery never answers
+/// across: the kernel answers only for addresses of the receiving
+/// interface.
+#[test]
+fn a_vip_answers_only_on_its_own_network() {
+    const BASE: &str = "10.77.0.100";
+    const VLAN: &str = "10.82.0.100";
+    const VLAN6: &str = "fd00:82::100";
+    let nodes = ["node-a", "node-b", "node-c"];
+    let mut c = Cluster::new(&nodes);
+    let mut roles = nodes.to_vec();
+    roles.push("client");
+    c.lan.add_network("br1", "eth1", 82, &roles).unwrap();
+    c.pool_and_ad(&["10.77.0.100-10.77.0.110"], "");
+    c.apply(
+        "apiVersion: hostlb.io/v1\nkind: IPAddressPool\nmetadata: {name: vlan, namespace: hostlb-system}\nspec:\n  addresses: [10.82.0.100-10.82.0.110, fd00:82::100-fd00:82::110]\n",
+    );
+    c.apply(
+        "apiVersion: hostlb.io/v1\nkind: L2Advertisement\nmetadata: {name: vlan, namespace: hostlb-system}\nspec:\n  ipAddressPools: [vlan]\n  interfaces: [eth1]\n",
+    );
+    c.start_all();
+    // Everything on node-a, so that one host holds VIPs on both networks.
+    c.service("base", &[BASE], &["node-a", "node-b", "node-c"], "");
+    c.service("vlan", &[VLAN, VLAN6], &["node-a", "node-b", "node-c"], "");
+    let base_owner = c.wait_single_holder(BASE, Duration::from_secs(20));
+    let vlan_owner = c.wait_single_holder(VLAN, Duration::from_secs(20));
+    c.wait_single_holder(VLAN6, Duration::from_secs(20));
+    let client = c.host("client");
+    let (lan_src, vlan_src) = (
+        client.ipv4.to_string(),
+        format!("10.82.0.{}", client.ipv4.octets()[3]),
+    );
+    let vlan6_src = format!("fd00:82::{:x}", client.ipv4.octets()[3]);
+    // Which MACs answer `ip` on the client's `iface` over 1.5 s.
+    let answers = |iface: &str, source: &str, ip: &str| -> Vec<String> {
+        let p = ArpProbe::start(&client.ns, iface, source, ip, PROBE_EVERY).unwrap();
+        let t = Instant::now();
+        std::thread::sleep(Duration::from_millis(1500));
+        p.macs_between(t, Instant::now())
+    };
+    let mac_on =
+        |node: &str, iface: &str| hostlb_tests::netns::link_mac(&c.host(node).ns, iface).unwrap();
+
+    // The kernel's defaults: the VLAN VIP is claimed on the LAN too.
+    assert_eq!(
+        answers("eth1", &vlan_src, VLAN),
+        vec![mac_on(&vlan_owner, "eth1")]
+    );
+    let leak = answers("eth0", &lan_src, VLAN);
+    assert!(
+        !leak.is_empty(),
+        "the leak this test guards against did not happen"
+    );
+    assert!(
+        answers("eth0", &lan_src, VLAN6).is_empty(),
+        "ND answers across networks"
+    );
+    assert_eq!(answers("eth1", &vlan6_src, VLAN6).len(), 1);
+    let warned = |node: &str| {
+        let (code, body) = c.http_get(node, "/readyz");
+        (code == "200" && body.contains("warning: VIPs exposed on another network")).then_some(body)
+    };
+    // The host that holds the eth1 VIP warns.
+    {
+        let node = &vlan_owner;
+        let body = wait_for("the warning", Duration::from_secs(5), || warned(node)).unwrap();
+        assert!(body.contains("arp_ignore=1"), "{body}");
+        let (_, metrics) = c.http_get(node, "/metrics");
+        assert!(
+            metrics.lines().any(
+                |l| l.starts_with("hostlb_agent_arp_exposed_interfaces ") && !l.ends_with(" 0")
+            ),
+            "{metrics}"
+        );
+        let config = c.config_path(node);
+        let (_, out, _) = c.agent_command(node, &["status", "--config", config.to_str().unwrap()]);
+        assert!(
+            out.contains("warning: VIPs exposed on another network"),
+            "{out}"
+        );
+        let log = std::fs::read_to_string(c.log_path(node)).unwrap();
+        assert!(log.contains("net.ipv4.conf.all.arp_ignore=1"), "{log}");
+    }
+
+    // The documented settings, as the package's opt-in drop-in sets them.
+    for n in nodes {
+        let ns = &c.host(n).ns;
+        ns.sysctl("net.ipv4.conf.all.arp_ignore", "1").unwrap();
+        ns.sysctl("net.ipv4.conf.all.arp_announce", "2").unwrap();
+    }
+    wait_for("the warning to go", Duration::from_secs(5), || {
+        let (code, body) = c.http_get(&vlan_owner, "/readyz");
+        (code == "200" && body.trim() == "ok").then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", c.http_get(&vlan_owner, "/readyz")));
+    assert_eq!(
+        answers("eth0", &lan_src, BASE),
+        vec![mac_on(&base_owner, "eth0")]
+    );
+    assert!(
+        answers("eth1", &vlan_src, BASE).is_empty(),
+        "the LAN VIP answered on the VLAN"
+    );
+    assert_eq!(
+        answers("eth1", &vlan_src, VLAN),
+        vec![mac_on(&vlan_owner, "eth1")]
+    );
+    assert!(
+        answers("eth0", &lan_src, VLAN).is_empty(),
+        "the VLAN VIP answered on the LAN"
+    );
+}

@@ -620,6 +620,43 @@ impl Lan {
     }
 }
 
+impl Lan {
+    /// A second L2 network: a bridge of its own (`bridge`) on the switch,
+    /// reaching each of `roles` through a new interface `ifname` with
+    /// `10.{subnet}.0.X/24` and `fd00:{subnet}::X/64` (X as on the first
+    /// network) and no route beyond it. As a VLAN would, it shares the
+    /// hosts but not the wire.
+    pub fn add_network(
+        &self,
+        bridge: &str,
+        ifname: &str,
+        subnet: u8,
+        roles: &[&str],
+    ) -> Result<()> {
+        self.switch
+            .ip(&format!("link add {bridge} type bridge mcast_snooping 0"))?;
+        self.switch.ip(&format!("link set {bridge} up"))?;
+        for role in roles {
+            let host = self.host(role);
+            let port = format!("{}{ifname}", host.port);
+            self.switch.ip(&format!(
+                "link add {port} type veth peer name {ifname} netns {}",
+                host.ns.name()
+            ))?;
+            self.switch
+                .ip(&format!("link set {port} master {bridge} up"))?;
+            let x = host.ipv4.octets()[3];
+            host.ns.ip(&format!("link set {ifname} up"))?;
+            host.ns
+                .ip(&format!("addr add 10.{subnet}.0.{x}/24 dev {ifname}"))?;
+            host.ns.ip(&format!(
+                "-6 addr add fd00:{subnet}::{x:x}/64 dev {ifname} nodad"
+            ))?;
+        }
+        Ok(())
+    }
+}
+
 /// A link's MAC address as `ip` prints it.
 pub fn link_mac(ns: &Netns, ifname: &str) -> Result<String> {
     let out = ns.ip(&format!("-o link show dev {ifname}"))?;

@@ -15,6 +15,7 @@
 //!
 //! The path of one VIP, from a Service to the kernel, is in `docs/agent.md`.
 
+pub mod arp;
 pub mod beats;
 pub mod cleanup;
 pub mod config;
@@ -732,6 +733,58 @@ impl<B: AddressBackend + 'static> Agent<B> {
             self.gossip.seeds_given = seeds;
         }
         self.api_health();
+        self.check_arp();
+    }
+
+    /// Whether the host answers ARP for its VIPs on networks they do not
+    /// belong to (see `arp`): said in the log when it changes, in
+    /// `/readyz`, `status` and a metric while it lasts. A warning, not a
+    /// failed readiness: the node serves its own VIPs correctly, and only
+    /// the host's settings, which the agent may not change, can fix it.
+    fn check_arp(&mut self) {
+        let links = self.core.links();
+        let held_on: BTreeSet<String> = self
+            .core
+            .held()
+            .filter(|(ip, w)| ip.is_ipv4() && w.mode == core::links::Mode::Local)
+            .map(|(_, w)| w.vip.interface.clone())
+            .collect();
+        let announce = links
+            .announce_v4
+            .and_then(|i| links.by_index(i))
+            .map(|i| i.name.as_str());
+        let virtual_index = links.virtual_link.as_ref().map(|v| v.index);
+        let ethernet: Vec<String> = links
+            .all
+            .iter()
+            .filter(|i| i.mac.is_some() && i.carrier && Some(i.index) != virtual_index)
+            .map(|i| i.name.clone())
+            .collect();
+        let all = arp::read("all").unwrap_or_default();
+        let by_interface = ethernet
+            .iter()
+            .filter_map(|n| arp::read(n).map(|s| (n.clone(), s)))
+            .collect();
+        let warnings: Vec<String> =
+            arp::exposures(&held_on, announce, &ethernet, all, &by_interface)
+                .iter()
+                .map(|e| format!("VIPs exposed on another network: {e}"))
+                .collect();
+        self.telemetry.arp_exposed.set(warnings.len() as i64);
+        let mut current = self
+            .telemetry
+            .warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *current != warnings {
+            if warnings.is_empty() {
+                info!("no interface answers ARP for VIPs of another any more");
+            }
+            for w in &warnings {
+                warn!("{w}; docs/agent.md, \"Several networks per host\"");
+            }
+            *current = warnings;
+        }
     }
 
     /// `/readyz` follows the watches as soon as one fails or recovers;
@@ -810,8 +863,11 @@ impl<B: AddressBackend + 'static> Agent<B> {
     }
 
     fn status_doc(&self) -> StatusDoc {
-        self.core
-            .status_doc(self.telemetry.not_ready(), self.kube.api_healthy())
+        let mut doc = self
+            .core
+            .status_doc(self.telemetry.not_ready(), self.kube.api_healthy());
+        doc.warnings = self.telemetry.warnings();
+        doc
     }
 }
 

@@ -22,6 +22,10 @@ pub struct StatusDoc {
     /// (their records are fresh): gossip is isolated when not empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub isolated_from: Vec<String>,
+    /// Conditions that do not stop this node serving, but need an
+    /// operator (an interface exposing VIPs of another network).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     pub members: Vec<MemberDoc>,
     pub held: Vec<HeldDoc>,
     pub vips: Vec<VipDoc>,
@@ -120,6 +124,9 @@ pub fn render(doc: &StatusDoc) -> String {
         (None, false) => "not ready".to_string(),
     };
     let _ = writeln!(out, "node {}: {ready}", doc.node);
+    for w in &doc.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
     if !doc.isolated_from.is_empty() {
         let _ = writeln!(
             out,

@@ -48,6 +48,10 @@ pub struct Telemetry {
     pub no_announce_interface: Gauge,
     /// 1 while gossip reaches no other agent and the API shows some running.
     pub gossip_isolated: Gauge,
+    /// Interfaces that would answer ARP for VIPs held on another (`arp`).
+    pub arp_exposed: Gauge,
+    /// Conditions that do not stop the node serving but need an operator.
+    pub warnings: Mutex<Vec<String>>,
     pub elections: Counter,
     pub election_seconds: Histogram,
     pub address_ops: Family<OpLabels, Counter>,
@@ -90,6 +94,8 @@ impl Telemetry {
             cannot_serve: Gauge::default(),
             no_announce_interface: Gauge::default(),
             gossip_isolated: Gauge::default(),
+            arp_exposed: Gauge::default(),
+            warnings: Mutex::new(Vec::new()),
             elections: Counter::default(),
             election_seconds: Histogram::new(buckets),
             address_ops: Family::default(),
@@ -128,6 +134,11 @@ impl Telemetry {
             "no_announce_interface",
             "1 while this agent has no announce interface (the configured one is missing, or no default route): it stands in no election for addresses on a host subnet",
             t.no_announce_interface.clone(),
+        );
+        registry.register(
+            "arp_exposed_interfaces",
+            "Interfaces that would answer ARP for, or announce, VIPs held on another interface (net.ipv4.conf.*.arp_ignore / arp_announce at the kernel's defaults)",
+            t.arp_exposed.clone(),
         );
         registry.register(
             "gossip_isolated",
@@ -222,6 +233,13 @@ impl Telemetry {
 
     fn alive(&self) -> bool {
         unix_now() - self.beat.load(Ordering::Relaxed) < 30
+    }
+
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Why the node is not ready, or `None`.
@@ -409,7 +427,14 @@ pub fn router(t: Arc<Telemetry>) -> Router {
             "/readyz",
             get(|State(t): State<Arc<Telemetry>>| async move {
                 match t.not_ready() {
-                    None => (StatusCode::OK, "ok".to_string()).into_response(),
+                    None => {
+                        let mut body = "ok".to_string();
+                        for w in t.warnings() {
+                            body.push_str("\nwarning: ");
+                            body.push_str(&w);
+                        }
+                        (StatusCode::OK, body).into_response()
+                    }
                     Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()).into_response(),
                 }
             }),

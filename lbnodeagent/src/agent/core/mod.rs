@@ -2439,6 +2439,7 @@ impl Core {
             ready: not_ready.is_none(),
             not_ready: not_ready.map(str::to_string),
             api_healthy,
+            warnings: Vec::new(),
             isolated_from: if self.isolated {
                 self.running_elsewhere.iter().cloned().collect()
             } else {
