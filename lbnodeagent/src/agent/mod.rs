@@ -56,8 +56,6 @@ use watches::KubeInputs;
 
 /// Links and routes are re-read this often: route changes raise no event.
 const TICK: Duration = Duration::from_secs(1);
-/// How often the agents' records are judged again for freshness.
-const RECORDS_EVERY: Duration = Duration::from_secs(10);
 /// systemd's watchdog is told the loop is turning at most this often.
 const WATCHDOG_EVERY: Duration = Duration::from_millis(500);
 /// The file `cleanup` reads peers from, in the run directory.
@@ -133,8 +131,6 @@ pub struct Agent<B: AddressBackend + 'static> {
     /// Every agent's record in the API, and this one's writer.
     records: record::Records,
     publisher: record::Publisher,
-    /// The records as the core last had them.
-    records_sent: Vec<core::AgentRecord>,
     telemetry: Arc<Telemetry>,
     kernel: Kernel,
     /// Create the virtual interface at the next links refresh (at start,
@@ -328,7 +324,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
             load_balancer_class: cfg.load_balancer_class.clone(),
         };
         let kube = KubeInputs::start(&client, &scope, &server);
-        let records = record::Records::start(&client);
+        let mut records = record::Records::new(&client);
+        records.ask();
         let publisher = record::Publisher::start(&client, &cfg.node_name);
         let report = report::start(
             client,
@@ -369,7 +366,6 @@ impl<B: AddressBackend + 'static> Agent<B> {
             report,
             records,
             publisher,
-            records_sent: Vec::new(),
             telemetry,
             kernel,
             ensure_virtual: false,
@@ -392,9 +388,6 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.telemetry.set_status_channel(status_tx);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Records go stale with time alone: judged again this often.
-        let mut records_tick = tokio::time::interval(RECORDS_EVERY);
-        records_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The service is up (gossip joined, /readyz answering) even while
         // the API is away: a running, degraded service that is no
         // candidate until its first reconcile, not a start that times out
@@ -446,12 +439,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     Input::Links(self.read_links().await)
                 }
                 () = &mut wake => Input::Tick,
-                () = self.records.changed() => match self.records_input() {
-                    Some(input) => input,
-                    None => continue,
-                },
-                _ = records_tick.tick() => match self.records_input() {
-                    Some(input) => input,
+                listed = self.records.listed() => match listed {
+                    Some(records) => Input::Records(records),
                     None => continue,
                 },
                 Some(claim) = recv_if(&mut self.wire.claims) => Input::Claim(claim),
@@ -564,7 +553,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
         for m in a.metrics {
             match m {
                 Metric::Op { op, ok } => self.telemetry.op(op, ok),
-                Metric::Conflict(kind) => self.telemetry.conflict(kind),
+                Metric::Conflict(kind) => {
+                    self.telemetry.conflict(kind);
+                    if kind == "foreign" {
+                        // Perhaps a hostlb node gossip never showed.
+                        self.records.ask();
+                    }
+                }
                 Metric::Takeover(d) => {
                     self.telemetry.takeover_seconds.observe(d.as_secs_f64());
                 }
@@ -592,17 +587,6 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
         self.write_peers();
         self.publisher.set(self.record());
-    }
-
-    /// The records of every agent, when they changed since the core had
-    /// them (a write, or one going stale).
-    fn records_input(&mut self) -> Option<Input> {
-        let records = self.records.records(jiff::Timestamp::now());
-        if records == self.records_sent {
-            return None;
-        }
-        self.records_sent = records.clone();
-        Some(Input::Records(records))
     }
 
     /// This node's record as it should read now.
@@ -734,6 +718,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
         self.api_health();
         self.check_arp();
+        // While gossip shows no peer, who runs elsewhere and their MACs
+        // come from the records alone.
+        if self.core.gossip_alone() {
+            self.records.ask();
+        } else {
+            self.records.calm();
+        }
     }
 
     /// Whether the host answers ARP for its VIPs on networks they do not

@@ -6,32 +6,30 @@
 //! key, an advertise address nobody reaches) would otherwise each hold
 //! every VIP, each taking the others' MACs for hosts configured by hand.
 //! So each agent writes its gossip address and MACs into a record named
-//! after its Node, and reads everyone's: the core learns the MACs for its
-//! conflict rule, and which other agents run (a record written in the last
-//! three minutes) to tell an isolated agent from one that is alone.
+//! after its Node, and reads everyone's when it needs them ([`Records`]):
+//! the core learns the MACs for its conflict rule, and which other agents
+//! run (a record written in the last three minutes) to tell an isolated
+//! agent from one that is alone.
 //!
 //! The loop hands the [`Publisher`] the record as it should read; it is
 //! written at once the first time, then on change at most every
 //! [`MIN_GAP`], and at least every minute as a heartbeat. At 1,000 nodes
-//! that is about 17 writes a second for the heartbeats, and a failover
-//! changes a handful of records; each write is one small status patch. A
+//! that is about 17 small status patches a second for the heartbeats; a
+//! membership change rewrites every record within [`MIN_GAP`] (200 writes
+//! a second for a few seconds), which nothing but `kubectl` reads. A
 //! write that fails is tried again with backoff; the loop never waits on
 //! it. On SIGTERM the record says `Stopped`; a killed agent's goes stale.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use hostlb_api::v1::{NODE_AGENT_HEARTBEAT_SECS, NODE_AGENT_STALE_SECS};
 use hostlb_api::{NodeAgent, NodeAgentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
@@ -53,73 +51,94 @@ pub const READY: &str = "Ready";
 pub const DEGRADED: &str = "Degraded";
 pub const STOPPED: &str = "Stopped";
 
-/// Every agent's record, kept current by a watch.
+/// Every agent's record, read when this node needs the others': at start
+/// (before gossip has told anything), while gossip shows no live peer, and
+/// when a MAC gossip never named answers for a VIP held here; 2 s apart at
+/// first, doubling to a minute while such occasions keep coming (a fleet
+/// whose gossip broke everywhere at once lists at most once a minute per
+/// agent). Not watched: every agent's record changes when membership
+/// does, so at 1,000 nodes a watch would carry each change to all 1,000
+/// agents; listed on these occasions only, a healthy cluster reads none.
 pub struct Records {
-    store: Store<NodeAgent>,
-    changed: Arc<Notify>,
-    task: JoinHandle<()>,
+    api: Api<NodeAgent>,
+    tx: mpsc::Sender<Result<Vec<NodeAgent>, kube::Error>>,
+    rx: mpsc::Receiver<Result<Vec<NodeAgent>, kube::Error>>,
+    last_asked: Option<std::time::Instant>,
+    /// Least time from the last list to the next.
+    gap: Duration,
+    in_flight: bool,
+    failing: bool,
 }
 
+/// Least time between two lists of the records, at first, and at most.
+pub const LIST_GAP_MIN: Duration = Duration::from_secs(2);
+pub const LIST_GAP_MAX: Duration = Duration::from_secs(60);
+
 impl Records {
-    pub fn start(client: &Client) -> Records {
-        let (store, writer) = reflector::store();
-        let changed = Arc::new(Notify::new());
-        let notify = changed.clone();
-        let api = Api::<NodeAgent>::all(client.clone());
-        let task = tokio::spawn(async move {
-            let mut stream = watcher(api, watcher::Config::default())
-                .backoff(hostlb_api::watch::WatchBackoff::spread())
-                .reflect(writer)
-                .boxed();
-            let mut failing = false;
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
-                    Ok(_) => {
-                        if std::mem::take(&mut failing) {
-                            info!("NodeAgent watch recovered");
-                        }
-                        notify.notify_one();
-                    }
-                    // Logged once per outage: the other watches say the
-                    // same of the server; a missing CRD or rule is this
-                    // watch's own (the agent works on, without records).
-                    Err(e) if !failing => {
-                        failing = true;
-                        warn!(error = %e, "cannot watch NodeAgent records (is deploy/crds/hostlb.io_nodeagents.yaml applied, and deploy/agent/rbac.yaml?); agents whose gossip cannot connect will not recognise each other");
-                    }
-                    Err(_) => {}
-                }
-            }
-        });
+    pub fn new(client: &Client) -> Records {
+        let (tx, rx) = mpsc::channel(1);
         Records {
-            store,
-            changed,
-            task,
+            api: Api::<NodeAgent>::all(client.clone()),
+            tx,
+            rx,
+            last_asked: None,
+            gap: LIST_GAP_MIN,
+            in_flight: false,
+            failing: false,
         }
     }
 
-    /// Wakes when a record changed.
-    pub async fn changed(&self) {
-        self.changed.notified().await
+    /// Lists the records, unless a list is under way or the last ran
+    /// within the current gap, which doubles with each list.
+    pub fn ask(&mut self) {
+        let now = std::time::Instant::now();
+        if self.in_flight || self.last_asked.is_some_and(|t| now < t + self.gap) {
+            return;
+        }
+        if self.last_asked.is_some() {
+            self.gap = (self.gap * 2).min(LIST_GAP_MAX);
+        }
+        self.last_asked = Some(now);
+        self.in_flight = true;
+        let (api, tx) = (self.api.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let listed = api
+                .list(&kube::api::ListParams::default())
+                .await
+                .map(|l| l.items);
+            let _ = tx.send(listed).await;
+        });
     }
 
-    /// What the core needs of every record, judged fresh at `now`.
-    pub fn records(&self, now: jiff::Timestamp) -> Vec<AgentRecord> {
-        let mut out: Vec<AgentRecord> = self
-            .store
-            .state()
-            .iter()
-            .filter_map(|r| record_of(r, now))
-            .collect();
-        out.sort_by(|a, b| a.node.cmp(&b.node));
-        out
+    /// Gossip reaches peers again: the next trouble lists at once.
+    pub fn calm(&mut self) {
+        self.gap = LIST_GAP_MIN;
     }
-}
 
-impl Drop for Records {
-    fn drop(&mut self) {
-        self.task.abort();
+    /// The next list's records, as the core needs them, judged fresh at
+    /// the time they arrive. A failed list is logged once until one
+    /// succeeds (a missing CRD or rule: the agent works on without them).
+    pub async fn listed(&mut self) -> Option<Vec<AgentRecord>> {
+        let listed = self.rx.recv().await?;
+        self.in_flight = false;
+        match listed {
+            Ok(items) => {
+                if std::mem::take(&mut self.failing) {
+                    info!("NodeAgent records read again");
+                }
+                let now = jiff::Timestamp::now();
+                let mut out: Vec<AgentRecord> =
+                    items.iter().filter_map(|r| record_of(r, now)).collect();
+                out.sort_by(|a, b| a.node.cmp(&b.node));
+                Some(out)
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.failing, true) {
+                    warn!(error = %e, "cannot read the NodeAgent records (is deploy/crds/hostlb.io_nodeagents.yaml applied, and deploy/agent/rbac.yaml?); agents whose gossip cannot connect will not recognise each other");
+                }
+                None
+            }
+        }
     }
 }
 

@@ -1383,10 +1383,14 @@ impl Core {
     /// Gossip shows no live peer while the API shows other agents running:
     /// a start before gossip connected, or isolation. Nothing is taken
     /// without asking the LAN first meanwhile.
-    fn lonely(&self) -> bool {
+    pub fn lonely(&self) -> bool {
+        !self.running_elsewhere.is_empty() && self.gossip_alone()
+    }
+
+    /// Gossip shows no live peer.
+    pub fn gossip_alone(&self) -> bool {
         let me = &self.settings.node;
-        !self.running_elsewhere.is_empty()
-            && !self.gossip_view.members.iter().any(|m| m.node != *me)
+        !self.gossip_view.members.iter().any(|m| m.node != *me)
     }
 
     fn note_isolation(&mut self, now: Instant, out: &mut Actions) {
