@@ -18,8 +18,8 @@ for tool in cargo-deb cargo-generate-rpm; do
   fi
 done
 
-log "cargo build --release -p lbnodeagent"
-cargo build --release --locked -p lbnodeagent
+log "cargo build --release -p lbnodeagent -p kubectl-hostlb"
+cargo build --release --locked -p lbnodeagent -p kubectl-hostlb
 bin=target/release/lbnodeagent
 
 # The man page comes from the same clap definitions as --help.

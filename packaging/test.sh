@@ -95,6 +95,8 @@ mode_owner() {
   ok "$1 $got"
 }
 mode_owner /usr/bin/lbnodeagent "755 root:root"
+mode_owner /usr/bin/kubectl-hostlb "755 root:root"
+in_root kubectl-hostlb --help | grep -q 'explain' || fail "kubectl-hostlb does not run in the installed root"
 mode_owner /etc/lbnodeagent "755 root:root"
 mode_owner /etc/lbnodeagent/lbnodeagent.toml "644 root:root"
 unit=/lib/systemd/system/lbnodeagent.service
@@ -170,7 +172,7 @@ ok "purged: /etc/lbnodeagent and the enablement link are gone"
 log "rpm -qp $rpm"
 files=$(rpm -qlp "$rpm")
 echo "$files"
-for f in /usr/bin/lbnodeagent /etc/lbnodeagent/lbnodeagent.toml /usr/lib/systemd/system/lbnodeagent.service \
+for f in /usr/bin/lbnodeagent /usr/bin/kubectl-hostlb /etc/lbnodeagent/lbnodeagent.toml /usr/lib/systemd/system/lbnodeagent.service \
   /usr/lib/sysusers.d/lbnodeagent.conf /usr/share/man/man1/lbnodeagent.1.gz /usr/share/doc/lbnodeagent/agent.md \
   /usr/share/lbnodeagent/sysctl.d/90-lbnodeagent-arp.conf; do
   grep -qx "$f" <<<"$files" || fail "the .rpm lacks $f"

@@ -372,6 +372,7 @@ impl L2Advertisement {
         json_path = ".status.gossipIsolated"
     ),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(name = "Changed", type_ = "date", json_path = ".status.lastChangeTime"),
     printcolumn(
         name = "Heartbeat",
         type_ = "date",
@@ -395,9 +396,16 @@ pub struct NodeAgentStatus {
     /// is taken as not running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// When what the record says last changed, the heartbeat aside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_change_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     /// The agent's release.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub version: String,
+    /// A hash of the configuration in force (12 hex digits of SHA-256):
+    /// agents configured alike show the same one, the node name aside.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config_hash: String,
     /// `Starting`, `Ready` or `Degraded` (see `reason`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub state: String,
@@ -418,9 +426,63 @@ pub struct NodeAgentStatus {
     /// Live gossip members this agent sees, itself included.
     #[serde(default)]
     pub members: i64,
+    /// Their names, the first 256 by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub member_names: Vec<String>,
+    /// A hash of all their names (12 hex digits of SHA-256): agents that
+    /// see the same members show the same one, however many there are.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub members_hash: String,
+    /// The agent runs virtual mode (off-link VIPs on its virtual interface).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub virtual_mode: bool,
+    /// The node's interfaces with an on-link prefix or a MAC.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<NodeAgentInterface>,
     /// VIPs this node holds.
     #[serde(default, rename = "heldVIPs")]
     pub held_vips: i64,
+    /// The first 64 of them.
+    #[serde(default, rename = "vips", skip_serializing_if = "Vec::is_empty")]
+    pub vips: Vec<String>,
+    /// Objects this agent left out as unusable, with the reason (the
+    /// first 32).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invalid_objects: Vec<String>,
+    /// The last time another host answered for a VIP held here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_conflict: Option<NodeAgentConflict>,
+}
+
+/// One interface of a node, as its agent sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAgentInterface {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+    /// On-link prefixes (CIDR), from the main routing table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<String>,
+    /// The default-route interface of a family: where advertisements
+    /// without `interfaces` put their VIPs.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub announce: bool,
+}
+
+/// A second host answering for a VIP held here.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAgentConflict {
+    pub address: String,
+    pub mac: String,
+    /// The hostlb node whose MAC it is; none for a host configured by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// What this node did: `kept`, `yielded` or `reported`.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// An agent writes its record at least this often.

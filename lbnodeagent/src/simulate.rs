@@ -265,7 +265,7 @@ fn json(reports: &[VipReport], errors: &[ObjectError]) -> String {
 }
 
 /// Rows padded to column widths.
-fn columns(rows: &[Vec<String>], indent: &str) -> String {
+pub fn columns(rows: &[Vec<String>], indent: &str) -> String {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();
@@ -300,70 +300,7 @@ fn table(reports: &[VipReport], errors: &[ObjectError], opts: &Options) -> Strin
     }
     for r in reports {
         out.push('\n');
-        let pool = r.pool.as_deref().unwrap_or("-");
-        let _ = writeln!(
-            out,
-            "{}  pool {pool}  services {}",
-            r.ip,
-            r.services.join(", ")
-        );
-        match (&r.winner, &r.note) {
-            (Some(w), _) => match r.winner_on.as_ref().filter(|o| !o.interface.is_empty()) {
-                Some(on) => {
-                    let _ = writeln!(out, "  winner: {w} on {}", on.interface);
-                }
-                None => {
-                    let _ = writeln!(out, "  winner: {w}");
-                }
-            },
-            (None, Some(note)) => {
-                let _ = writeln!(out, "  winner: none ({note})");
-            }
-            (None, None) => {
-                let _ = writeln!(out, "  winner: none (no live, eligible, on-link candidate)");
-            }
-        }
-        if !r.candidates.is_empty() {
-            let mut rows = vec![vec![
-                "ORDER".to_string(),
-                "NODE".into(),
-                "SCORE".into(),
-                "HASH-RANK".into(),
-                "SHA256(NODE#IP)".into(),
-            ]];
-            for (i, c) in r.candidates.iter().enumerate() {
-                rows.push(vec![
-                    (i + 1).to_string(),
-                    c.node.clone(),
-                    c.score.to_string(),
-                    c.hash_rank.to_string(),
-                    format!("{}…", &hex::encode(c.hash)[..16]),
-                ]);
-            }
-            out.push_str(&columns(&rows, "  "));
-        }
-        if !r.virtual_nodes.is_empty() {
-            let _ = writeln!(
-                out,
-                "  virtual (off-link, on the virtual interface): {}",
-                r.virtual_nodes.join(", ")
-            );
-        }
-        if !r.excluded.is_empty() {
-            let _ = writeln!(out, "  excluded:");
-            let rows: Vec<Vec<String>> = r
-                .excluded
-                .iter()
-                .map(|x| {
-                    vec![
-                        x.node.clone(),
-                        x.reason.to_string(),
-                        x.reason.explain().to_string(),
-                    ]
-                })
-                .collect();
-            out.push_str(&columns(&rows, "    "));
-        }
+        render_vip(&mut out, r);
     }
     if reports.is_empty() {
         out.push_str("\nno LoadBalancer addresses in the input\n");
@@ -375,4 +312,74 @@ fn table(reports: &[VipReport], errors: &[ObjectError], opts: &Options) -> Strin
         }
     }
     out
+}
+
+/// One address's election as the table shows it: the winner, the
+/// candidates in order with score and hash rank, the nodes on the virtual
+/// interface, and why every other node is out.
+pub fn render_vip(out: &mut String, r: &VipReport) {
+    let pool = r.pool.as_deref().unwrap_or("-");
+    let _ = writeln!(
+        out,
+        "{}  pool {pool}  services {}",
+        r.ip,
+        r.services.join(", ")
+    );
+    match (&r.winner, &r.note) {
+        (Some(w), _) => match r.winner_on.as_ref().filter(|o| !o.interface.is_empty()) {
+            Some(on) => {
+                let _ = writeln!(out, "  winner: {w} on {}", on.interface);
+            }
+            None => {
+                let _ = writeln!(out, "  winner: {w}");
+            }
+        },
+        (None, Some(note)) => {
+            let _ = writeln!(out, "  winner: none ({note})");
+        }
+        (None, None) => {
+            let _ = writeln!(out, "  winner: none (no live, eligible, on-link candidate)");
+        }
+    }
+    if !r.candidates.is_empty() {
+        let mut rows = vec![vec![
+            "ORDER".to_string(),
+            "NODE".into(),
+            "SCORE".into(),
+            "HASH-RANK".into(),
+            "SHA256(NODE#IP)".into(),
+        ]];
+        for (i, c) in r.candidates.iter().enumerate() {
+            rows.push(vec![
+                (i + 1).to_string(),
+                c.node.clone(),
+                c.score.to_string(),
+                c.hash_rank.to_string(),
+                format!("{}…", &hex::encode(c.hash)[..16]),
+            ]);
+        }
+        out.push_str(&columns(&rows, "  "));
+    }
+    if !r.virtual_nodes.is_empty() {
+        let _ = writeln!(
+            out,
+            "  virtual (off-link, on the virtual interface): {}",
+            r.virtual_nodes.join(", ")
+        );
+    }
+    if !r.excluded.is_empty() {
+        let _ = writeln!(out, "  excluded:");
+        let rows: Vec<Vec<String>> = r
+            .excluded
+            .iter()
+            .map(|x| {
+                vec![
+                    x.node.clone(),
+                    x.reason.to_string(),
+                    x.reason.explain().to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&columns(&rows, "    "));
+    }
 }

@@ -131,6 +131,10 @@ pub struct Agent<B: AddressBackend + 'static> {
     /// Every agent's record in the API, and this one's writer.
     records: record::Records,
     publisher: record::Publisher,
+    /// A hash of the configuration in force, for the record.
+    config_hash: String,
+    /// The core's last conflict, and when it was seen.
+    conflict_seen: Option<(core::ConflictSeen, jiff::Timestamp)>,
     telemetry: Arc<Telemetry>,
     kernel: Kernel,
     /// Create the virtual interface at the next links refresh (at start,
@@ -188,6 +192,23 @@ async fn kube_client(cfg: &AgentConfig) -> Result<(kube::Client, String), AgentE
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).map_err(|e| bad(e.to_string()))?;
     Ok((client, server))
+}
+
+/// 12 hex digits of SHA-256: enough to tell two values apart at a glance.
+fn short_hash(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The configuration in force, hashed without what names the node (its
+/// name and its own addresses), so agents configured alike agree.
+fn config_hash(cfg: &AgentConfig) -> String {
+    let mut c = cfg.clone();
+    c.node_name.clear();
+    c.gossip.node_name.clear();
+    c.gossip.advertise = None;
+    short_hash(format!("{c:?}").as_bytes())
 }
 
 /// The address peers reach this node on when `gossip.advertise` is not
@@ -347,6 +368,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             }
         });
         let kernel = kernel_worker(backend.clone());
+        let config_hash = config_hash(&cfg);
         Ok(Agent {
             core,
             cfg,
@@ -366,6 +388,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
             report,
             records,
             publisher,
+            config_hash,
+            conflict_seen: None,
             telemetry,
             kernel,
             ensure_virtual: false,
@@ -586,20 +610,60 @@ impl<B: AddressBackend + 'static> Agent<B> {
             self.telemetry.gossip_isolated.set(i64::from(isolated));
         }
         self.write_peers();
+        if let Some(c) = self.core.last_conflict()
+            && self.conflict_seen.as_ref().map(|(s, _)| s) != Some(c)
+        {
+            self.conflict_seen = Some((c.clone(), jiff::Timestamp::now()));
+        }
         self.publisher.set(self.record());
     }
 
     /// This node's record as it should read now.
     fn record(&self) -> hostlb_api::NodeAgentStatus {
+        use hostlb_api::{NodeAgentConflict, NodeAgentInterface};
         let not_ready = self.telemetry.not_ready();
         let state = match not_ready {
             None => record::READY,
             Some(_) if !self.telemetry.applied.load(Ordering::Relaxed) => record::STARTING,
             Some(_) => record::DEGRADED,
         };
+        let links = self.core.links();
+        let on_link = links.on_link();
+        let interfaces: Vec<NodeAgentInterface> = links
+            .all
+            .iter()
+            .filter(|i| i.mac.is_some() || on_link.iter().any(|o| o.interface == i.name))
+            .map(|i| NodeAgentInterface {
+                name: i.name.clone(),
+                mac: i.mac.map(|m| m.to_string()).unwrap_or_default(),
+                prefixes: on_link
+                    .iter()
+                    .filter(|o| o.interface == i.name)
+                    .map(|o| o.prefix.to_string())
+                    .collect(),
+                announce: on_link.iter().any(|o| o.interface == i.name && o.announce),
+            })
+            .collect();
+        let mut members: Vec<String> = self
+            .core
+            .view()
+            .members
+            .iter()
+            .map(|m| m.node.clone())
+            .collect();
+        members.sort();
+        let members_hash = short_hash(members.join("\n").as_bytes());
+        let count = members.len() as i64;
+        members.truncate(record::MAX_NAMES);
+        let mut vips: Vec<IpAddr> = self.core.held().map(|(ip, _)| *ip).collect();
+        vips.sort();
+        let mut invalid: Vec<String> = self.core.object_errors().to_vec();
+        invalid.truncate(record::MAX_INVALID);
         hostlb_api::NodeAgentStatus {
             heartbeat_time: None,
+            last_change_time: None,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            config_hash: self.config_hash.clone(),
             state: state.to_string(),
             reason: not_ready.map(str::to_string),
             gossip_address: self
@@ -608,16 +672,30 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 .advertise
                 .map(|a| a.to_string())
                 .unwrap_or_default(),
-            macs: self
-                .core
-                .links()
-                .macs()
-                .iter()
-                .map(|m| m.to_string())
-                .collect(),
+            macs: links.macs().iter().map(|m| m.to_string()).collect(),
             gossip_isolated: self.core.isolated(),
-            members: self.core.view().members.len() as i64,
-            held_vips: self.core.held_count() as i64,
+            members: count,
+            member_names: members,
+            members_hash,
+            virtual_mode: links.virtual_link.is_some(),
+            interfaces,
+            held_vips: vips.len() as i64,
+            vips: vips
+                .iter()
+                .take(record::MAX_VIPS)
+                .map(|v| v.to_string())
+                .collect(),
+            invalid_objects: invalid,
+            last_conflict: self
+                .conflict_seen
+                .as_ref()
+                .map(|(c, at)| NodeAgentConflict {
+                    address: c.ip.to_string(),
+                    mac: c.mac.to_string(),
+                    node: c.node.clone(),
+                    outcome: c.outcome.to_string(),
+                    time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(*at)),
+                }),
         }
     }
 
@@ -718,6 +796,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
         self.api_health();
         self.check_arp();
+        self.telemetry
+            .ready
+            .set(i64::from(self.telemetry.not_ready().is_none()));
+        self.telemetry
+            .vips_without_candidate
+            .set(self.core.vips_without_candidate() as i64);
         // While gossip shows no peer, who runs elsewhere and their MACs
         // come from the records alone.
         if self.core.gossip_alone() {
@@ -817,6 +901,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.cfg.announce = new.announce;
         self.cfg.gossip.seeds = new.gossip.seeds;
         self.cfg.gossip.key_file = new.gossip.key_file;
+        self.config_hash = config_hash(&self.cfg);
         info!(config = %self.config_path.display(), "config reloaded");
         let wire = self.core.settings().wire;
         self.step(Input::Settings(settings(&self.cfg, wire))).await;

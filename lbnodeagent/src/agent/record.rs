@@ -36,6 +36,7 @@ use tracing::{debug, info, warn};
 use super::core::AgentRecord;
 use super::report::FIELD_MANAGER;
 use crate::addrs::MacAddr;
+use crate::election::{Member, OnLink};
 
 /// Least time between two writes of a changed record.
 pub const MIN_GAP: Duration = Duration::from_secs(5);
@@ -44,6 +45,11 @@ const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 /// How long SIGTERM waits for the `Stopped` record to be written.
 const STOP_WRITE: Duration = Duration::from_secs(1);
+
+/// Caps on the lists a record carries, so that one stays a few kB.
+pub const MAX_NAMES: usize = 256;
+pub const MAX_VIPS: usize = 64;
+pub const MAX_INVALID: usize = 32;
 
 /// State values.
 pub const STARTING: &str = "Starting";
@@ -154,6 +160,47 @@ fn record_of(r: &NodeAgent, now: jiff::Timestamp) -> Option<AgentRecord> {
     Some(AgentRecord { node, macs, fresh })
 }
 
+/// The election's members as the records tell them, for tools that read
+/// only the API (`kubectl hostlb explain`): each node whose agent runs
+/// (fresh record) and stands (`Ready` or `Degraded`; a `Starting` agent is
+/// no candidate), on the prefixes its record lists.
+pub fn members_of(records: &[NodeAgent], now: jiff::Timestamp) -> Vec<Member> {
+    records
+        .iter()
+        .filter(|r| record_of(r, now).is_some_and(|a| a.fresh))
+        .filter_map(|r| {
+            let status = r.status.as_ref()?;
+            if status.state != READY && status.state != DEGRADED {
+                return None;
+            }
+            let on_link = status
+                .interfaces
+                .iter()
+                .flat_map(|i| {
+                    i.prefixes.iter().filter_map(|p| {
+                        Some(OnLink {
+                            prefix: p.parse().ok()?,
+                            interface: i.name.clone(),
+                            announce: i.announce,
+                        })
+                    })
+                })
+                .collect();
+            Some(Member {
+                node: r.metadata.name.clone()?,
+                leaving: false,
+                virtual_mode: status.virtual_mode,
+                on_link,
+            })
+        })
+        .collect()
+}
+
+/// Whether `record` stands for an agent that runs now.
+pub fn is_fresh(record: &NodeAgent, now: jiff::Timestamp) -> bool {
+    record_of(record, now).is_some_and(|a| a.fresh)
+}
+
 /// Writes this node's record.
 pub struct Publisher {
     tx: watch::Sender<Option<NodeAgentStatus>>,
@@ -177,11 +224,14 @@ impl Publisher {
 
     /// The record as it should read now (its heartbeat time is the
     /// publisher's); written when it differs from the last.
-    pub fn set(&self, status: NodeAgentStatus) {
+    pub fn set(&self, mut status: NodeAgentStatus) {
         self.tx.send_if_modified(|current| {
+            let last_change = current.as_ref().and_then(|c| c.last_change_time.clone());
+            status.last_change_time = last_change.clone();
             if current.as_ref() == Some(&status) {
                 false
             } else {
+                status.last_change_time = Some(Time(jiff::Timestamp::now()));
                 *current = Some(status);
                 true
             }

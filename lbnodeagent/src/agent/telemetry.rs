@@ -50,6 +50,10 @@ pub struct Telemetry {
     pub gossip_isolated: Gauge,
     /// Interfaces that would answer ARP for VIPs held on another (`arp`).
     pub arp_exposed: Gauge,
+    /// 1 while `/readyz` says ready.
+    pub ready: Gauge,
+    /// VIPs of the cluster no live, eligible, on-link node may announce.
+    pub vips_without_candidate: Gauge,
     /// Conditions that do not stop the node serving but need an operator.
     pub warnings: Mutex<Vec<String>>,
     pub elections: Counter,
@@ -95,6 +99,8 @@ impl Telemetry {
             no_announce_interface: Gauge::default(),
             gossip_isolated: Gauge::default(),
             arp_exposed: Gauge::default(),
+            ready: Gauge::default(),
+            vips_without_candidate: Gauge::default(),
             warnings: Mutex::new(Vec::new()),
             elections: Counter::default(),
             election_seconds: Histogram::new(buckets),
@@ -134,6 +140,16 @@ impl Telemetry {
             "no_announce_interface",
             "1 while this agent has no announce interface (the configured one is missing, or no default route): it stands in no election for addresses on a host subnet",
             t.no_announce_interface.clone(),
+        );
+        registry.register(
+            "ready",
+            "1 while /readyz says ready (every reason it may not be is there and in `lbnodeagent status`)",
+            t.ready.clone(),
+        );
+        registry.register(
+            "vips_without_candidate",
+            "Addresses of the cluster that no live, eligible, on-link node may announce, by this agent's election: nobody answers for them",
+            t.vips_without_candidate.clone(),
         );
         registry.register(
             "arp_exposed_interfaces",

@@ -194,6 +194,17 @@ pub enum Input {
     Records(Vec<AgentRecord>),
 }
 
+/// A second host seen answering for a VIP held (or about to be) here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConflictSeen {
+    pub ip: IpAddr,
+    pub mac: MacAddr,
+    /// The hostlb node whose MAC it is, if any.
+    pub node: Option<String>,
+    /// `kept`, `yielded` or `reported`.
+    pub outcome: &'static str,
+}
+
 /// One agent's record in the API, as far as the core needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentRecord {
@@ -442,6 +453,7 @@ pub struct Core {
     lost_at: BTreeMap<String, Instant>,
     /// Other nodes whose agents' records in the API are fresh.
     running_elsewhere: BTreeSet<String>,
+    last_conflict: Option<ConflictSeen>,
     /// Gossip last showed a live peer then (or the agent started).
     peer_seen: Instant,
     isolated: bool,
@@ -499,6 +511,7 @@ impl Core {
             foreign: BTreeSet::new(),
             lost_at: BTreeMap::new(),
             running_elsewhere: BTreeSet::new(),
+            last_conflict: None,
             peer_seen: now,
             isolated: false,
             vips_changed: BTreeMap::new(),
@@ -1387,6 +1400,26 @@ impl Core {
         !self.running_elsewhere.is_empty() && self.gossip_alone()
     }
 
+    /// Addresses of the cluster's Services that the election gives to no
+    /// node (no live, eligible, on-link candidate, and no node to hold it
+    /// on its virtual interface). Before a first cluster view, none.
+    pub fn vips_without_candidate(&self) -> usize {
+        self.services_of
+            .keys()
+            .filter(|ip| {
+                self.election.winner(**ip).is_none()
+                    && self
+                        .election
+                        .explain(**ip)
+                        .is_none_or(|r| r.virtual_nodes.is_empty())
+            })
+            .count()
+    }
+
+    pub fn last_conflict(&self) -> Option<&ConflictSeen> {
+        self.last_conflict.as_ref()
+    }
+
     /// Gossip shows no live peer.
     pub fn gossip_alone(&self) -> bool {
         let me = &self.settings.node;
@@ -1912,6 +1945,12 @@ impl Core {
                 warn!(ip = %claim.ip, %other, mac = %claim.mac,
                     "second owner on the wire; this node outranks it and keeps the address");
                 out.metrics.push(Metric::Conflict("hostlb"));
+                self.last_conflict = Some(ConflictSeen {
+                    ip: claim.ip,
+                    mac: claim.mac,
+                    node: Some(other),
+                    outcome: "kept",
+                });
                 if let Some(t) = held.and_then(|h| h.target) {
                     out.garp.push(t);
                     slot.garp = (self.settings.garp.count > 1).then(|| Garp {
@@ -1923,6 +1962,12 @@ impl Core {
             }
             Verdict::Yield { to } => {
                 out.metrics.push(Metric::Conflict("hostlb"));
+                self.last_conflict = Some(ConflictSeen {
+                    ip: claim.ip,
+                    mac: claim.mac,
+                    node: Some(to.clone()),
+                    outcome: "yielded",
+                });
                 let slot = self.slots.get_mut(&claim.ip).expect("present");
                 self.unsettled.insert(claim.ip);
                 if probing {
@@ -1953,6 +1998,12 @@ impl Core {
                     return;
                 }
                 out.metrics.push(Metric::Conflict("foreign"));
+                self.last_conflict = Some(ConflictSeen {
+                    ip: claim.ip,
+                    mac: claim.mac,
+                    node: None,
+                    outcome: "reported",
+                });
                 if first {
                     warn!(ip = %claim.ip, mac = %claim.mac,
                         "another host answers for this address and it is no hostlb node; not fighting over it");

@@ -1,0 +1,109 @@
+//! `kubectl hostlb` (the `kubectl-hostlb` binary on PATH): arguments and
+//! the API client, with kubectl's kubeconfig conventions. The views are in
+//! the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use hostlb_api::Scope;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kubectl_hostlb::{Fleet, Output, check, explain, status};
+
+/// hostlb's fleet from the Kubernetes API: what each Service's addresses
+/// are and who announces them, why an address is where it is, and what is
+/// wrong with the configuration.
+#[derive(Parser)]
+#[command(name = "kubectl-hostlb", bin_name = "kubectl hostlb", version)]
+struct Args {
+    /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// The Services' namespace (status: all namespaces when not given;
+    /// explain: the context's namespace).
+    #[arg(short = 'n', long, global = true)]
+    namespace: Option<String>,
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+    /// Where the IPAddressPools and L2Advertisements live.
+    #[arg(long, default_value = hostlb_api::annotations::SYSTEM_NAMESPACE, global = true)]
+    hostlb_namespace: String,
+    /// spec.loadBalancerClass handled besides no class.
+    #[arg(long, default_value = hostlb_api::annotations::DEFAULT_LOAD_BALANCER_CLASS, global = true)]
+    load_balancer_class: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Services with their addresses, pool and announcing node per family;
+    /// pools and their use; agents that are not ready (all with -o wide).
+    Status,
+    /// The election for each address of a Service (svc/NAME), and whether
+    /// the node announcing it agrees.
+    Explain { target: String },
+    /// Lint the configuration and the fleet; exits 1 on any error.
+    Check,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let config = if args.kubeconfig.is_none() && args.context.is_none() {
+        kube::Config::infer().await?
+    } else {
+        let kubeconfig = match &args.kubeconfig {
+            Some(path) => Kubeconfig::read_from(path)?,
+            None => Kubeconfig::read()?,
+        };
+        let options = KubeConfigOptions {
+            context: args.context.clone(),
+            ..Default::default()
+        };
+        kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
+    };
+    let default_namespace = config.default_namespace.clone();
+    let client = kube::Client::try_from(config)?;
+    let scope = Scope {
+        namespace: args.hostlb_namespace.clone(),
+        load_balancer_class: args.load_balancer_class.clone(),
+    };
+    let fleet = Fleet::load(&client, &scope).await?;
+    Ok(match args.command {
+        Command::Status => {
+            let doc = status::status(&fleet, args.namespace.as_deref());
+            print!("{}", status::render(&doc, args.output));
+            ExitCode::SUCCESS
+        }
+        Command::Explain { target } => {
+            let name = explain::service_name(&target)?;
+            let ns = args.namespace.unwrap_or(default_namespace);
+            let doc = explain::explain(&fleet, &ns, name)?;
+            print!("{}", explain::render(&doc, args.output));
+            ExitCode::SUCCESS
+        }
+        Command::Check => {
+            let findings = check::check(&fleet);
+            print!("{}", check::render(&findings, args.output));
+            if check::failed(&findings) {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+    })
+}

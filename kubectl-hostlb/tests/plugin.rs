@@ -1,0 +1,312 @@
+//! `kubectl hostlb` run as a binary against the test API server holding a
+//! small cluster's objects: three Nodes with agent records, pools (one
+//! overlapping another), advertisements (one selecting no node),
+//! Services with and without addresses and annotations. Asserts on what
+//! the commands print and their exit status.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use hostlb_api::crds;
+use hostlb_tests::apiserver::TestServer;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+struct Bed {
+    _server: TestServer,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Bed {
+    fn run(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_kubectl-hostlb"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .expect("run kubectl-hostlb");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+fn record(mac: &str, state: &str, heartbeat: &str, extra: Value) -> Value {
+    let mut status = json!({
+        "heartbeatTime": heartbeat,
+        "lastChangeTime": heartbeat,
+        "version": "0.1.0",
+        "configHash": "0123456789ab",
+        "state": state,
+        "gossipAddress": "10.77.0.12:7934",
+        "macs": [mac],
+        "members": 3,
+        "memberNames": NODES,
+        "membersHash": "aaaaaaaaaaaa",
+        "interfaces": [{"name": "eth0", "mac": mac, "prefixes": ["10.77.0.0/24", "fd00:77::/64"], "announce": true}],
+        "heldVIPs": 0,
+    });
+    if let Value::Object(extra) = extra {
+        for (k, v) in extra {
+            status[k] = v;
+        }
+    }
+    status
+}
+
+async fn objects(client: Client) {
+    let crd_api = Api::<CustomResourceDefinition>::all(client.clone());
+    for (_, crd) in crds::all() {
+        crd_api.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let apply = |v: Value| {
+        let client = client.clone();
+        async move {
+            let kind = v["kind"].as_str().unwrap().to_string();
+            let name = v["metadata"]["name"].as_str().unwrap().to_string();
+            let ns = v["metadata"]["namespace"].as_str().map(str::to_string);
+            let api_version = v["apiVersion"].as_str().unwrap().to_string();
+            let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
+            let gvk = kube::api::GroupVersionKind::gvk(group, version, &kind);
+            let (ar, _) = kube::discovery::pinned_kind(&client, &gvk).await.unwrap();
+            let api: Api<kube::api::DynamicObject> = match ns {
+                Some(ns) => Api::namespaced_with(client.clone(), &ns, &ar),
+                None => Api::all_with(client.clone(), &ar),
+            };
+            let status = v.get("status").cloned();
+            api.patch(&name, &PatchParams::apply("test"), &Patch::Apply(&v))
+                .await
+                .unwrap();
+            if let Some(status) = status {
+                let mut body = v.clone();
+                body["status"] = status;
+                api.patch_status(
+                    &name,
+                    &PatchParams::apply("test").force(),
+                    &Patch::Apply(&body),
+                )
+                .await
+                .unwrap();
+            }
+        }
+    };
+    apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hostlb-system"}}))
+        .await;
+    for (i, n) in NODES.iter().enumerate() {
+        apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"kubernetes.io/hostname": n, "zone": if i == 0 { "a" } else { "b" }}}})).await;
+    }
+    apply(json!({"apiVersion": "hostlb.io/v1", "kind": "IPAddressPool", "metadata": {"name": "default", "namespace": "hostlb-system", "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"addresses": ["10.77.0.100-10.77.0.120"]}})).await;
+    apply(json!({"apiVersion": "hostlb.io/v1", "kind": "IPAddressPool", "metadata": {"name": "late", "namespace": "hostlb-system"}, "spec": {"addresses": ["10.77.0.120-10.77.0.130"]}})).await;
+    apply(json!({"apiVersion": "hostlb.io/v1", "kind": "L2Advertisement", "metadata": {"name": "main", "namespace": "hostlb-system"}, "spec": {"ipAddressPools": ["default", "late"]}})).await;
+    apply(json!({"apiVersion": "hostlb.io/v1", "kind": "L2Advertisement", "metadata": {"name": "nowhere", "namespace": "hostlb-system"}, "spec": {"ipAddressPools": ["default"], "nodeSelectors": [{"matchLabels": {"zone": "mars"}}]}})).await;
+    let svc = |name: &str, ip: Option<&str>, annotations: Value| {
+        let mut v = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default", "annotations": annotations}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}});
+        if let Some(ip) = ip {
+            v["status"] = json!({"loadBalancer": {"ingress": [{"ip": ip}]}});
+        }
+        v
+    };
+    apply(svc(
+        "web",
+        Some("10.77.0.100"),
+        json!({"hostlb.io/ip-allocated-from-pool": "default"}),
+    ))
+    .await;
+    apply(svc("db", None, json!({}))).await;
+    for name in ["web", "db"] {
+        apply(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": format!("{name}-1"), "namespace": "default", "labels": {"kubernetes.io/service-name": name}}, "addressType": "IPv4", "endpoints": NODES.iter().enumerate().map(|(i, n)| json!({"addresses": [format!("10.244.0.{}", i + 10)], "nodeName": n, "conditions": {"ready": true}})).collect::<Vec<_>>()})).await;
+    }
+    let now = jiff::Timestamp::now().to_string();
+    let old = (jiff::Timestamp::now() - jiff::SignedDuration::from_secs(600)).to_string();
+    let records = [
+        (
+            "node-a",
+            record("02:00:00:00:00:0a", "Ready", &now, json!({})),
+        ),
+        (
+            "node-b",
+            record(
+                "02:00:00:00:00:0b",
+                "Ready",
+                &now,
+                json!({"members": 2, "memberNames": ["node-a", "node-b"], "membersHash": "bbbbbbbbbbbb"}),
+            ),
+        ),
+        (
+            "node-c",
+            record("02:00:00:00:00:0c", "Ready", &old, json!({})),
+        ),
+    ];
+    for (n, status) in records {
+        apply(json!({"apiVersion": "hostlb.io/v1", "kind": "NodeAgent", "metadata": {"name": n}, "spec": {}, "status": status})).await;
+    }
+}
+
+fn bed() -> Bed {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt.block_on(TestServer::start());
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    rt.block_on(async { objects(server.client()).await });
+    Bed {
+        _server: server,
+        kubeconfig,
+        _dir: dir,
+        _rt: rt,
+    }
+}
+
+/// One Service with its address, pool and announcer; the one without an
+/// address; the pools; the agent whose record went stale.
+#[test]
+fn status_shows_services_pools_and_the_agents_that_are_not_ready() {
+    let b = bed();
+    // The winner of 10.77.0.100 among the fresh, ready agents (a and b) is
+    // what the annotation should say; status prints the annotation as is.
+    let (code, out, err) = b.run(&["status"]);
+    eprintln!("{out}");
+    assert_eq!(code, 0, "{err}");
+    let web = out
+        .lines()
+        .find(|l| l.starts_with("default") && l.contains(" web "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        web.contains("10.77.0.100") && web.contains(" default "),
+        "{out}"
+    );
+    let db = out.lines().find(|l| l.contains(" db ")).unwrap();
+    assert!(db.contains("<pending>"), "{out}");
+    assert!(out.contains("POOLS") && out.contains("late"), "{out}");
+    assert!(out.contains("AGENTS: 2 of 3 ready; not ready:"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("node-c") && l.contains("Stale")),
+        "{out}"
+    );
+    // -o wide lists every agent, with version and config hash.
+    let (_, wide, _) = b.run(&["status", "-o", "wide"]);
+    assert!(
+        wide.lines()
+            .any(|l| l.starts_with("node-a") && l.contains("0123456789ab")),
+        "{wide}"
+    );
+    // -o json is the same content, structured.
+    let (_, json, _) = b.run(&["status", "-o", "json"]);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["services"][1]["name"], "web", "{json}");
+    assert_eq!(v["services"][1]["pool"], "default");
+    assert_eq!(v["agents"][2]["state"], "Stale");
+    // -n narrows the Services.
+    let (_, none, _) = b.run(&["status", "-n", "kube-system"]);
+    assert!(none.starts_with("SERVICES\nnone\n"), "{none}");
+}
+
+/// The election for web's address, computed with the agents the records
+/// show running (node-c's is stale, so it is out), and the annotation
+/// judged against it.
+#[test]
+fn explain_computes_the_election_and_judges_the_annotation() {
+    let b = bed();
+    let (code, out, err) = b.run(&["explain", "svc/web", "-n", "default"]);
+    eprintln!("{out}");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("members (agents running, by their records): node-a, node-b"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ORDER") && out.contains("SHA256(NODE#IP)"),
+        "{out}"
+    );
+    assert!(out.contains("node-c") && out.contains("not-live"), "{out}");
+    // Nobody announces it yet: a disagreement, explained.
+    assert!(out.contains("announced by: nobody (DISAGREES"), "{out}");
+    assert!(out.contains("no node says it announces"), "{out}");
+    assert!(out.contains("see different gossip members"), "{out}");
+    let (_, json, _) = b.run(&["explain", "svc/web", "-o", "json"]);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    let winner = v["addresses"][0]["election"]["winner"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(winner == "node-a" || winner == "node-b", "{json}");
+    assert_eq!(v["addresses"][0]["agrees"], false);
+
+    // The winner announces it: they agree.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let kubeconfig = b.kubeconfig.clone();
+    rt.block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        let api: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(Client::try_from(config).unwrap(), "default");
+        api.patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"hostlb.io/announcing-IPv4": format!("{winner},eth0")}}})),
+        )
+        .await
+        .unwrap();
+    });
+    let (_, out, _) = b.run(&["explain", "svc/web"]);
+    assert!(
+        out.contains(&format!("announced by: {winner},eth0 (agrees)")),
+        "{out}"
+    );
+
+    let (code, _, err) = b.run(&["explain", "web"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("expected svc/NAME"), "{err}");
+    let (code, _, err) = b.run(&["explain", "svc/nope"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no Service nope in namespace default"),
+        "{err}"
+    );
+}
+
+/// The lint finds what is wrong and exits 1.
+#[test]
+fn check_finds_what_is_wrong_and_exits_non_zero() {
+    let b = bed();
+    let (code, out, err) = b.run(&["check"]);
+    eprintln!("{out}");
+    assert_eq!(code, 1, "{out}{err}");
+    for want in [
+        "IPAddressPool/late",
+        "overlaps the older pool default",
+        "L2Advertisement/nowhere",
+        "spec.nodeSelectors match no Node",
+        "Service/default/db",
+        "has no address",
+        "NodeAgent/node-c",
+        "not written for three minutes",
+        "the agents disagree on gossip membership",
+    ] {
+        assert!(out.contains(want), "no {want:?} in:\n{out}");
+    }
+    let (code, json, _) = b.run(&["check", "-o", "json"]);
+    assert_eq!(code, 1);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["severity"] == "error")
+    );
+    let (_, yaml, _) = b.run(&["check", "-o", "yaml"]);
+    assert!(yaml.contains("severity: error"), "{yaml}");
+}
