@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use hostlb_allocator::controller::telemetry::Telemetry;
+use hostlb_allocator::engine::{PoolReport, PoolState};
 
 fn names_used(prefix: &str) -> BTreeSet<String> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring");
@@ -30,7 +31,15 @@ fn names_used(prefix: &str) -> BTreeSet<String> {
 
 #[test]
 fn the_rules_and_dashboard_name_only_metrics_the_allocator_exports() {
-    let exported = Telemetry::new().render();
+    let t = Telemetry::new();
+    // Families appear once a label set has a value.
+    t.set_pools(&[PoolReport {
+        name: "p".into(),
+        state: PoolState::Ready,
+        assigned: [1, 0],
+        available: [9, 0],
+    }]);
+    let exported = t.render();
     let used = names_used("hostlb_allocator_");
     assert!(used.len() >= 4, "{used:?}");
     for name in &used {

@@ -77,10 +77,9 @@ fn promtool_checks_the_rules_their_tests_and_the_dashboard_queries() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring");
     promtool(&["check", "rules", "hostlb-alerts.yaml"], &dir);
     promtool(&["test", "rules", "hostlb-alerts.test.yaml"], &dir);
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("hostlb-dashboard.json")).unwrap(),
-    )
-    .unwrap();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("hostlb-dashboard.json")).unwrap())
+            .unwrap();
     let exprs: Vec<String> = dashboard["panels"]
         .as_array()
         .unwrap()
