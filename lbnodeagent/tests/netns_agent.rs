@@ -75,6 +75,11 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
         c.agent_command(&owner, &["cleanup", "--config", config.to_str().unwrap()]);
     assert!(ok, "cleanup failed: {out} {err}");
     assert!(out.contains("removed 1 addresses"), "{out}");
+    // The killed agent's record says so at once (cleanup wrote it).
+    let state = |c: &Cluster, n: &str| {
+        c.kubectl(&["get", "nodeagent", n, "-o", "jsonpath={.status.state}"])
+    };
+    assert_eq!(state(&c, &owner), "Stopped");
     let next = c.wait_single_holder(VIP, Duration::from_secs(5));
     assert_ne!(next, owner);
     let next_mac = c.host(&next).mac().to_string();
@@ -115,6 +120,12 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
         o.two_owners.as_millis()
     );
     assert!(o.lost <= 2, "reclaim lost replies: {o:?}");
+    wait_for(
+        "the restarted agent's record",
+        Duration::from_secs(10),
+        || (state(&c, &owner) == "Ready").then_some(()),
+    )
+    .unwrap();
 
     // The owner's switch port goes down: its peers see it fail, the client
     // sees another MAC, and the owner itself released (carrier lost).

@@ -47,6 +47,8 @@ const BEATS_FIRST: Duration = Duration::from_millis(100);
 /// VIPs nobody has claimed yet are asked about this often (a gratuitous
 /// ARP or NA can be lost, or come before the claims socket opened).
 const ASK_EVERY: Duration = Duration::from_millis(50);
+/// Longest `cleanup` waits for the API to take the `Stopped` record.
+const RECORD_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Cleaned {
@@ -78,6 +80,7 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
     let mut out = Cleaned::default();
     let removed_early = RefCell::new(Vec::new());
     let mut gossip = None;
+    let record_cfg = cfg.clone();
     if let Some(cfg) = cfg {
         let announced: Vec<OwnedAddress> = owned
             .iter()
@@ -115,7 +118,33 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
     if let Some(m) = gossip {
         let _ = m.shutdown().await;
     }
+    // Then the record says the agent stopped: readers see a crashed agent
+    // at once, not when its heartbeat goes stale minutes later. After the
+    // hand-over, which it must not slow (a client loads its CA roots).
+    if let Some(cfg) = record_cfg {
+        mark_stopped(cfg).await;
+    }
     Ok(out)
+}
+
+/// Marks this node's `NodeAgent` record `Stopped` (the agent exited
+/// without a clean stop), keeping what else it says; at most
+/// [`RECORD_WAIT`], and only a log line if the API is away.
+async fn mark_stopped(cfg: AgentConfig) {
+    let write = async {
+        let (client, _) = super::kube_client(&cfg).await.map_err(|e| e.to_string())?;
+        let why = "the agent exited without a clean stop (killed or crashed); cleanup handed its VIPs over";
+        super::record::mark_stopped(&client, &cfg.node_name, why)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(RECORD_WAIT, write).await {
+        Ok(Ok(())) => info!("NodeAgent record marked Stopped"),
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot mark the NodeAgent record Stopped; it goes stale instead")
+        }
+        Err(_) => warn!("the API did not answer in time; the NodeAgent record goes stale instead"),
+    }
 }
 
 /// Tells the peers, by leaving beats and by gossip, and waits until each

@@ -254,6 +254,23 @@ impl Publisher {
     }
 }
 
+/// Marks `node`'s record `Stopped` with `reason`, keeping the rest (for
+/// `cleanup`, after an agent that did not stop cleanly). A node without a
+/// record is left without one.
+pub async fn mark_stopped(client: &Client, node: &str, reason: &str) -> Result<(), kube::Error> {
+    let api = Api::<NodeAgent>::all(client.clone());
+    let Some(current) = api.get_opt(node).await? else {
+        return Ok(());
+    };
+    let mut status = current.status.unwrap_or_default();
+    status.state = STOPPED.into();
+    status.reason = Some(reason.into());
+    status.held_vips = 0;
+    status.vips.clear();
+    status.last_change_time = Some(Time(jiff::Timestamp::now()));
+    write_status(&api, node, status).await
+}
+
 async fn publish(
     api: Api<NodeAgent>,
     node: String,
@@ -264,6 +281,13 @@ async fn publish(
     let mut retry = RETRY_MIN;
     let mut last: Option<NodeAgentStatus> = None;
     let mut failing = false;
+    // The first record goes out as soon as the loop has one.
+    while rx.borrow_and_update().is_none() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+    rx.mark_changed();
     loop {
         let wanted = rx.borrow_and_update().clone();
         if let Some(status) = wanted {
