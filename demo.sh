@@ -12,6 +12,6 @@ fi
 for tool in ip python3; do
   command -v "$tool" >/dev/null || { echo "demo: failed needs $tool (apt-get install iproute2 python3)"; exit 1; }
 done
-echo "building lbnodeagent, allocator, kube-testserver and hostlb-demo (first time: a few minutes)"
-cargo build -q --bins -p lbnodeagent -p hostlb-allocator -p hostlb-tests
+echo "building lbnodeagent, allocator, kubectl-hostlb, kube-testserver and hostlb-demo (first time: a few minutes)"
+cargo build -q --bins -p lbnodeagent -p hostlb-allocator -p kubectl-hostlb -p hostlb-tests
 exec target/debug/hostlb-demo "$@"

@@ -288,6 +288,7 @@ impl Demo {
         let failover = self.fail_owner(&ip, &owner)?;
         let lost = self.bring_back(&ip, &owner)?;
         self.show_status()?;
+        self.show_fleet()?;
         Ok((failover, lost))
     }
 
@@ -510,6 +511,28 @@ impl Demo {
             .context("lbnodeagent status")?;
         for line in out.lines() {
             println!("   {line}");
+        }
+        Ok(())
+    }
+
+    /// The same cluster from the API alone, as an operator's kubectl sees
+    /// it: the agents' records and `kubectl hostlb`.
+    fn show_fleet(&self) -> Result<()> {
+        let kubeconfig = self.kubeconfig.to_str().unwrap().to_string();
+        let plugin = self.bin.join("kubectl-hostlb");
+        for args in [&["status"][..], &["explain", "svc/web", "-n", "shop"]] {
+            phase(&format!("kubectl hostlb {}", args.join(" ")));
+            let mut argv = vec![plugin.to_str().unwrap(), "--kubeconfig", &kubeconfig];
+            argv.extend_from_slice(args);
+            let out = self
+                .lan()
+                .host("api")
+                .ns
+                .run(&argv)
+                .with_context(|| format!("kubectl hostlb {}", args.join(" ")))?;
+            for line in out.lines() {
+                println!("   {line}");
+            }
         }
         Ok(())
     }
