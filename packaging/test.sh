@@ -268,6 +268,12 @@ ExecStart=/bin/sh -c '\
   pid=$$(systemctl show -p MainPID --value lbnodeagent.service); \
   systemctl reload lbnodeagent.service; echo reload=$$?; sleep 1; \
   [ "$$(systemctl show -p MainPID --value lbnodeagent.service)" = "$$pid" ] && echo same_pid=yes; \
+  cp /etc/lbnodeagent/lbnodeagent.toml /root/good.toml; \
+  echo "bogus_key = 1" >>/etc/lbnodeagent/lbnodeagent.toml; \
+  systemctl reload lbnodeagent.service; echo bad_reload=$$?; \
+  cp /root/good.toml /etc/lbnodeagent/lbnodeagent.toml; \
+  [ "$$(systemctl show -p MainPID --value lbnodeagent.service)" = "$$pid" ] && echo bad_reload_same_pid=yes; \
+  echo restart_warnings=$$(journalctl -u lbnodeagent.service --no-pager -o cat | grep -c "take effect only after a restart"); \
   ms() { date +%%s%%3N; }; \
   kill -STOP $$pid; t0=$$(ms); \
   while [ -d /proc/$$pid ] && [ $$(( $$(ms) - t0 )) -lt 20000 ]; do sleep 0.02; done; \
@@ -296,9 +302,13 @@ UNIT
   kill $apiserver 2>/dev/null || true
   [[ -f $root/probe.out ]] || fail "the second boot wrote no probe output (see $work/boot2.log)"
   cat "$root/probe.out"
-  for line in start=0 ActiveState=active reload=0 same_pid=yes stop=0 Result=success ExecMainStatus=0; do
+  for line in start=0 ActiveState=active reload=0 same_pid=yes bad_reload_same_pid=yes restart_warnings=0 \
+    stop=0 Result=success ExecMainStatus=0; do
     grep -qx "$line" "$root/probe.out" || fail "after boot: no '$line' (output above)"
   done
+  # A bad file fails `systemctl reload` visibly; the running agent stays.
+  grep -qx 'bad_reload=[1-9][0-9]*' "$root/probe.out" || fail "a reload with a bad file did not fail"
+  ok "a reload with a bad file fails (systemctl says so) and the agent keeps running; an unchanged file reloads without warnings"
   grep -q 'removed .* addresses' "$root/probe.out" || fail "after boot: ExecStopPost cleanup did not run"
   # Frozen (SIGSTOP): the watchdog (WatchdogSec=3s) aborts it, the abort
   # times out into SIGKILL (TimeoutAbortSec=1s), cleanup runs as

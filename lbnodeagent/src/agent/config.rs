@@ -437,6 +437,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
+    // "100 ms" as well as "100ms".
+    let unit = unit.trim_start();
     let value: f64 = number
         .parse()
         .map_err(|_| format!("{text:?} is not a duration like \"200ms\", \"15s\" or \"1m\""))?;
@@ -445,9 +447,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
-        _ => {
+        "" => {
             return Err(format!(
                 "{text:?} has no unit: write it like \"200ms\", \"15s\" or \"1m\""
+            ));
+        }
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?}; use ms, s, m or h, like \"200ms\" or \"1m\""
             ));
         }
     };
@@ -564,6 +571,12 @@ listen = "127.0.0.1:9000"
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("100 ms"), Ok(Duration::from_millis(100)));
+        assert!(
+            parse_duration("100 sec")
+                .unwrap_err()
+                .contains("unknown unit \"sec\"")
+        );
         assert!(parse_duration("15").unwrap_err().contains("no unit"));
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("").is_err());

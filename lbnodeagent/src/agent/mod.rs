@@ -886,6 +886,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 return None;
             }
         };
+        // Compared as the running agent resolved them at start: an unset
+        // advertise address is the one it worked out, not a change.
+        let mut new = new;
+        new.gossip.listen = new.gossip.usable_listen();
+        if new.gossip.advertise.is_none() && new.gossip.listen == self.cfg.gossip.listen {
+            new.gossip.advertise = self.cfg.gossip.advertise;
+        }
         let restart = self.cfg.restart_only_changes(&new);
         if !restart.is_empty() {
             warn!(keys = ?restart, "reloaded; these settings take effect only after a restart");
