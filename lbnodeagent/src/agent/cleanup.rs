@@ -82,11 +82,22 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
     let mut gossip = None;
     let record_cfg = cfg.clone();
     if let Some(cfg) = cfg {
-        let announced: Vec<OwnedAddress> = owned
+        let (routed, announced): (Vec<OwnedAddress>, Vec<OwnedAddress>) = owned
             .iter()
-            .filter(|a| Some(&a.interface) != cfg.announce.virtual_interface.as_ref())
             .cloned()
-            .collect();
+            .partition(|a| Some(&a.interface) == cfg.announce.virtual_interface.as_ref());
+        // Every eligible node holds a routed address at once, so nobody
+        // takes it over: it goes first, and the routing daemon withdraws
+        // this node's route without waiting for the hand-over of the rest.
+        for a in routed {
+            match backend.remove(&a.vip(Lifetime::FOREVER)).await {
+                Ok(_) => {
+                    info!(ip = %a.ip, interface = %a.interface, "removed");
+                    removed_early.borrow_mut().push(a);
+                }
+                Err(e) => warn!(ip = %a.ip, error = %e, "cannot remove; trying again at the end"),
+            }
+        }
         match hand_over(cfg, &backend, &run_dir, &announced, &removed_early).await {
             Ok((membership, told)) => {
                 out.told = told;
