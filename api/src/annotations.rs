@@ -22,6 +22,60 @@ pub const ALLOCATED_SHARING: &str = "hostlb.io/allocated-sharing";
 pub const ANNOUNCING_IPV4: &str = "hostlb.io/announcing-IPv4";
 /// `NODE,INTERFACE` of the agent answering for the IPv6 address (agent).
 pub const ANNOUNCING_IPV6: &str = "hostlb.io/announcing-IPv6";
+/// The nodes holding the IPv4 address on their virtual interface for
+/// routing software to export (agent): `NODE,NODE,...` by name. Every one
+/// of them is a next hop, so it is a set, apart from the one-node
+/// `announcing-IPv4`; an address can have both when some nodes have it
+/// on-link and others not.
+pub const ANNOUNCING_VIRTUAL_IPV4: &str = "hostlb.io/announcing-virtual-IPv4";
+/// As [`ANNOUNCING_VIRTUAL_IPV4`], for the IPv6 address.
+pub const ANNOUNCING_VIRTUAL_IPV6: &str = "hostlb.io/announcing-virtual-IPv6";
+/// Names listed in a virtual annotation at most; more are counted
+/// (`,+N more`), so that a Cluster-policy VIP on 1,000 nodes stays a
+/// short value.
+pub const VIRTUAL_NODES_LISTED: usize = 32;
+
+/// The announcing annotation of `family`: the one node answering on its
+/// LAN, or (`routed`) the nodes holding it for routing software.
+pub fn announcing(family: crate::Family, routed: bool) -> &'static str {
+    match (family, routed) {
+        (crate::Family::V4, false) => ANNOUNCING_IPV4,
+        (crate::Family::V6, false) => ANNOUNCING_IPV6,
+        (crate::Family::V4, true) => ANNOUNCING_VIRTUAL_IPV4,
+        (crate::Family::V6, true) => ANNOUNCING_VIRTUAL_IPV6,
+    }
+}
+
+/// The value of a virtual announcing annotation for `nodes` (sorted here).
+pub fn virtual_value<S: AsRef<str>>(nodes: &[S]) -> String {
+    let mut names: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+    names.sort_unstable();
+    let more = names.len().saturating_sub(VIRTUAL_NODES_LISTED);
+    names.truncate(VIRTUAL_NODES_LISTED);
+    let mut value = names.join(",");
+    if more > 0 {
+        value.push_str(&format!(",+{more} more"));
+    }
+    value
+}
+
+/// The node names of a virtual announcing annotation, and how many more
+/// it counts without naming.
+pub fn parse_virtual_value(value: &str) -> (Vec<String>, usize) {
+    let mut names = Vec::new();
+    let mut more = 0;
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part
+            .strip_prefix('+')
+            .and_then(|p| p.strip_suffix(" more"))
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            Some(n) => more += n,
+            None => names.push(part.to_string()),
+        }
+    }
+    (names, more)
+}
 
 /// The `spec.loadBalancerClass` hostlb handles by default, besides no class.
 pub const DEFAULT_LOAD_BALANCER_CLASS: &str = "hostlb.io/lb";
@@ -65,6 +119,23 @@ pub fn service_annotation<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_virtual_value_names_its_nodes_sorted_and_counts_the_rest() {
+        assert_eq!(virtual_value(&["node-c", "node-a"]), "node-a,node-c");
+        assert_eq!(virtual_value::<&str>(&[]), "");
+        let many: Vec<String> = (0..100).map(|i| format!("n{i:03}")).collect();
+        let v = virtual_value(&many);
+        assert!(v.starts_with("n000,n001,"), "{v}");
+        assert!(v.ends_with(",n031,+68 more"), "{v}");
+        let (names, more) = parse_virtual_value(&v);
+        assert_eq!(names.len(), VIRTUAL_NODES_LISTED);
+        assert_eq!(more, 68);
+        assert_eq!(
+            parse_virtual_value("node-a,node-b"),
+            (vec!["node-a".to_string(), "node-b".to_string()], 0)
+        );
+    }
 
     #[test]
     fn hostlb_form_wins_then_metallb_io_then_universe() {

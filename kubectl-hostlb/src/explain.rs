@@ -10,7 +10,7 @@ use lbnodeagent::election::VipReport;
 use lbnodeagent::simulate::render_vip;
 use serde::Serialize;
 
-use crate::status::{addresses, announcing};
+use crate::status::{addresses, announcing, routed};
 use crate::{Fleet, Output};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -30,6 +30,11 @@ pub struct AddressDoc {
     pub election: VipDoc,
     /// `NODE,IFACE` of the announcing annotation, if any.
     pub announced_by: Option<String>,
+    /// The virtual announcing annotation (`NODE,NODE,...`), if any.
+    pub routed_by: Option<String>,
+    /// Whether it names the nodes the computation puts the address on
+    /// virtual interfaces of.
+    pub routed_agrees: bool,
     pub agrees: bool,
     /// What would explain a disagreement, most likely first.
     pub why: Vec<String>,
@@ -81,7 +86,11 @@ pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc,
                 (None, None) => true,
                 _ => false,
             };
-            let why = if agrees {
+            let routed_by = routed(svc, Family::of(ip));
+            let computed = (!report.virtual_nodes.is_empty())
+                .then(|| hostlb_api::annotations::virtual_value(&report.virtual_nodes));
+            let routed_agrees = routed_by == computed;
+            let mut why = if agrees {
                 Vec::new()
             } else {
                 reasons(
@@ -90,11 +99,18 @@ pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc,
                     announced.as_ref().map(|(n, _)| n.as_str()),
                 )
             };
+            if !routed_agrees {
+                why.push(
+                    "the virtual annotation is written by the first live member by name: it may not have caught up yet, or the members it sees differ from the records'".into(),
+                );
+            }
             Some(AddressDoc {
                 election: VipDoc::from_report(&report),
                 report,
                 announced_by: announced.map(|(n, i)| format!("{n},{i}")),
                 agrees,
+                routed_by,
+                routed_agrees,
                 why,
             })
         })
@@ -216,6 +232,22 @@ pub fn render(doc: &ExplainDoc, output: Output) -> String {
                 }
             }
             (None, true) => out.push_str("  announced by: nobody (agrees: no winner)\n"),
+        }
+        if a.routed_by.is_some() || !a.report.virtual_nodes.is_empty() {
+            out.push_str(&format!(
+                "  routed by: {} ({})\n",
+                a.routed_by.as_deref().unwrap_or("nobody"),
+                if a.routed_agrees {
+                    "agrees"
+                } else {
+                    "DISAGREES with the computation"
+                }
+            ));
+            if !a.routed_agrees && a.agrees {
+                for w in &a.why {
+                    out.push_str(&format!("    - {w}\n"));
+                }
+            }
         }
     }
     out

@@ -27,7 +27,9 @@ pub struct ServiceRow {
     pub name: String,
     pub addresses: Vec<String>,
     pub pool: Option<String>,
-    /// `NODE on IFACE` per family, as the announcing agent wrote it.
+    /// `NODE on IFACE` per family, as the announcing agent wrote it, or
+    /// `routed via NODE,NODE,...` for an address held on virtual
+    /// interfaces (both, `;`-separated, when some nodes have it on-link).
     pub ipv4: Option<String>,
     pub ipv6: Option<String>,
 }
@@ -122,6 +124,18 @@ pub(crate) fn pool_of(fleet: &Fleet, svc: &Service) -> Option<String> {
     .and_then(|i| pools[i].metadata.name.clone())
 }
 
+/// The virtual announcing annotation of `family` as written: the nodes
+/// holding the address on their virtual interfaces for routing.
+pub(crate) fn routed(svc: &Service, family: Family) -> Option<String> {
+    let key = hostlb_api::annotations::announcing(family, true);
+    svc.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .filter(|v| !v.is_empty())
+        .cloned()
+}
+
 /// `NODE on IFACE` from the announcing annotation of `family`.
 pub(crate) fn announcing(svc: &Service, family: Family) -> Option<(String, String)> {
     let key = match family {
@@ -138,7 +152,14 @@ pub fn status(fleet: &Fleet, namespace: Option<&str>) -> StatusDoc {
         .load_balancers()
         .filter(|s| namespace.is_none_or(|n| s.metadata.namespace.as_deref() == Some(n)))
         .map(|s| {
-            let on = |f| announcing(s, f).map(|(n, i)| format!("{n} on {i}"));
+            let on = |f| {
+                let local = announcing(s, f).map(|(n, i)| format!("{n} on {i}"));
+                let routed = routed(s, f).map(|v| format!("routed via {v}"));
+                match (local, routed) {
+                    (Some(l), Some(r)) => Some(format!("{l}; {r}")),
+                    (l, r) => l.or(r),
+                }
+            };
             ServiceRow {
                 namespace: s.metadata.namespace.clone().unwrap_or_default(),
                 name: s.metadata.name.clone().unwrap_or_default(),

@@ -310,3 +310,81 @@ fn check_finds_what_is_wrong_and_exits_non_zero() {
     let (_, yaml, _) = b.run(&["check", "-o", "yaml"]);
     assert!(yaml.contains("severity: error"), "{yaml}");
 }
+
+/// An address in no node's prefixes, on agents that run virtual mode:
+/// every live agent holds it on its virtual interface. `status` prints the
+/// virtual annotation; `explain` computes the node set and judges the
+/// annotation against it.
+#[test]
+fn a_routed_address_shows_the_nodes_that_hold_it() {
+    let b = bed();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let kubeconfig = b.kubeconfig.clone();
+    rt.block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        let client = Client::try_from(config).unwrap();
+        let agents: Api<hostlb_api::v1::NodeAgent> = Api::all(client.clone());
+        for n in NODES {
+            agents
+                .patch_status(
+                    n,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"virtualMode": true}})),
+                )
+                .await
+                .unwrap();
+        }
+        let pools: Api<hostlb_api::IPAddressPool> = Api::namespaced(client.clone(), "hostlb-system");
+        let pool: hostlb_api::IPAddressPool = serde_json::from_value(json!({"apiVersion": "hostlb.io/v1", "kind": "IPAddressPool", "metadata": {"name": "routed", "namespace": "hostlb-system"}, "spec": {"addresses": ["10.99.0.0/24"]}})).unwrap();
+        pools.create(&PostParams::default(), &pool).await.unwrap();
+        let ads: Api<hostlb_api::L2Advertisement> = Api::namespaced(client.clone(), "hostlb-system");
+        let ad: hostlb_api::L2Advertisement = serde_json::from_value(json!({"apiVersion": "hostlb.io/v1", "kind": "L2Advertisement", "metadata": {"name": "routed", "namespace": "hostlb-system"}, "spec": {"ipAddressPools": ["routed"]}})).unwrap();
+        ads.create(&PostParams::default(), &ad).await.unwrap();
+        let services: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(client, "default");
+        services
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    "hostlb.io/ip-allocated-from-pool": "routed",
+                    "hostlb.io/announcing-virtual-IPv4": "node-a,node-b"}}})),
+            )
+            .await
+            .unwrap();
+        services
+            .patch_status(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "10.99.0.5"}]}}})),
+            )
+            .await
+            .unwrap();
+    });
+    let (code, out, err) = b.run(&["status"]);
+    assert_eq!(code, 0, "{err}");
+    let web = out
+        .lines()
+        .find(|l| l.starts_with("default") && l.contains(" web "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(web.contains("routed via node-a,node-b"), "{out}");
+    // node-c's record is stale: the agents running are a and b, and both
+    // hold it. The annotation agrees.
+    let (code, out, err) = b.run(&["explain", "svc/web"]);
+    eprintln!("{out}");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("routed by: node-a,node-b (agrees)"), "{out}");
+    let (_, json, _) = b.run(&["explain", "svc/web", "-o", "json"]);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["addresses"][0]["routed_agrees"], true, "{json}");
+    assert_eq!(
+        v["addresses"][0]["election"]["virtual"],
+        json!(["node-a", "node-b"]),
+        "{json}"
+    );
+}

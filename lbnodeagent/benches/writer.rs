@@ -12,7 +12,6 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hostlb_api::Family;
 use hostlb_api::annotations::{ANNOUNCING_IPV4, reasons};
 use hostlb_tests::realserver::{RealServer, create_load_balancers, kube_config};
 use k8s_openapi::api::core::v1::Service;
@@ -78,7 +77,7 @@ async fn run(n: usize, port: u16) -> (Duration, Duration) {
     let want: Announcing = (0..n)
         .map(|i| {
             (
-                (format!("shop/s{i}"), Family::V4),
+                (format!("shop/s{i}"), ANNOUNCING_IPV4),
                 Some("node-a,eth0".to_string()),
             )
         })

@@ -601,6 +601,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
         self.telemetry.owned_vips.set(self.core.held_count() as i64);
         self.telemetry
+            .virtual_vips
+            .set(self.core.held_virtual_count() as i64);
+        self.telemetry
             .live_members
             .set(self.core.view().members.len() as i64);
         self.telemetry

@@ -1,10 +1,14 @@
 //! Writing what this node does back to the API: the `announcing-IPv4/-IPv6`
-//! annotations (`NODE,INTERFACE`) and the `AnnouncingLocal`,
-//! `AnnouncingVirtual` and `Withdrawn` Events.
+//! annotations (`NODE,INTERFACE`), the `announcing-virtual-IPv4/-IPv6`
+//! ones (`NODE,NODE,...`) and the `AnnouncingLocal`, `AnnouncingVirtual`
+//! and `Withdrawn` Events.
 //!
 //! Only the winner writes a VIP's annotation. When no node wins (no
 //! endpoints, no candidate), one designated live member, the first by name,
-//! clears it: somebody has to, and every node computes who. The loop hands
+//! clears it: somebody has to, and every node computes who. The same
+//! member names the nodes holding a VIP on their virtual interfaces: they
+//! hold it all at once, and one writer keeps them from overwriting each
+//! other. The loop hands
 //! the writer the whole set of values this node is responsible for; the
 //! writer compares it with the cached Services and patches only what
 //! differs, and a repeated pass writes nothing. Writes go [`IN_FLIGHT`] at
@@ -24,8 +28,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hostlb_api::Family;
-use hostlb_api::annotations::{ANNOUNCING_IPV4, ANNOUNCING_IPV6};
 use hostlb_api::backlog::Backlog;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
@@ -74,13 +76,6 @@ const PROBE_EVERY: Duration = Duration::from_secs(5);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub use super::core::{Announcing, EventRequest};
-
-pub fn annotation(family: Family) -> &'static str {
-    match family {
-        Family::V4 => ANNOUNCING_IPV4,
-        Family::V6 => ANNOUNCING_IPV6,
-    }
-}
 
 /// Whether the server took the request: a success, or an answer about the
 /// object itself (gone, conflicting), which a retry cannot mend and which
@@ -199,7 +194,7 @@ struct Writer {
     services: Store<Service>,
     recorder: Recorder,
     telemetry: Arc<Telemetry>,
-    written: HashMap<(String, Family), Written>,
+    written: HashMap<(String, &'static str), Written>,
     bucket: Bucket,
     /// Events not written yet, by Service and reason, oldest first.
     waiting: Backlog<(String, &'static str), EventRequest>,
@@ -286,12 +281,12 @@ impl Writer {
         self.written
             .retain(|_, (_, _, at)| now - *at < WRITTEN_GRACE);
         let mut jobs = Vec::new();
-        for ((key, family), value) in want {
+        for ((key, name_of), value) in want {
+            let name_of = *name_of;
             let Some(svc) = self.cached(key) else {
                 continue;
             };
             let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
-            let name_of = annotation(*family);
             let current = svc
                 .metadata
                 .annotations
@@ -301,7 +296,7 @@ impl Writer {
             if current == *value {
                 continue;
             }
-            let k = (key.clone(), *family);
+            let k = (key.clone(), name_of);
             // Written already and the cache has not moved since: our write
             // is on its way. Once the cache moves on and still differs
             // (another node wrote after us), it is written again.

@@ -178,6 +178,12 @@ pub fn render(doc: &StatusDoc) -> String {
             (None, Some(n)) => {
                 let _ = writeln!(out, "  winner: none ({n})");
             }
+            (None, None) if !v.virtual_nodes.is_empty() => {
+                let _ = writeln!(
+                    out,
+                    "  winner: none on a LAN (routed: no node has it on-link)"
+                );
+            }
             (None, None) => {
                 let _ = writeln!(out, "  winner: none (no live, eligible, on-link candidate)");
             }
@@ -193,7 +199,11 @@ pub fn render(doc: &StatusDoc) -> String {
             );
         }
         if !v.virtual_nodes.is_empty() {
-            let _ = writeln!(out, "  virtual: {}", v.virtual_nodes.join(", "));
+            let _ = writeln!(
+                out,
+                "  virtual (routed, every one holds it on its virtual interface): {}",
+                v.virtual_nodes.join(", ")
+            );
         }
         for x in &v.excluded {
             let _ = writeln!(

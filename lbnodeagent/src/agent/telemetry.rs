@@ -41,6 +41,9 @@ pub struct OpLabels {
 pub struct Telemetry {
     registry: Mutex<Registry>,
     pub owned_vips: Gauge,
+    /// Of `owned_vips`, those on the virtual interface: several nodes hold
+    /// such a VIP at once, so they do not add up to the cluster's VIPs.
+    pub virtual_vips: Gauge,
     pub live_members: Gauge,
     /// 1 while this agent cannot hold addresses (no CAP_NET_ADMIN).
     pub cannot_serve: Gauge,
@@ -94,6 +97,7 @@ impl Telemetry {
         let t = Telemetry {
             registry: Mutex::new(Registry::default()),
             owned_vips: Gauge::default(),
+            virtual_vips: Gauge::default(),
             live_members: Gauge::default(),
             cannot_serve: Gauge::default(),
             no_announce_interface: Gauge::default(),
@@ -125,6 +129,11 @@ impl Telemetry {
             "owned_vips",
             "Addresses this node holds",
             t.owned_vips.clone(),
+        );
+        registry.register(
+            "virtual_vips",
+            "Of owned_vips, the addresses held on the virtual interface for routing software to export; every eligible node holds such an address at once (one route per node: ECMP)",
+            t.virtual_vips.clone(),
         );
         registry.register(
             "live_members",

@@ -60,7 +60,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use hostlb_api::Family;
-use hostlb_api::annotations::reasons;
+use hostlb_api::annotations::{self, reasons};
 use tracing::{debug, info, warn};
 
 use crate::addrs::{Applied, Lifetime, MacAddr, OwnedAddress, VipAddress};
@@ -124,9 +124,9 @@ pub struct Settings {
     pub unable: Option<String>,
 }
 
-/// `(namespace/name, family)` → the annotation value this node writes
+/// `(namespace/name, annotation)` → the value this node writes there
 /// (`None`: clear it).
-pub type Announcing = BTreeMap<(String, Family), Option<String>>;
+pub type Announcing = BTreeMap<(String, &'static str), Option<String>>;
 
 /// An Event on a Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -583,6 +583,14 @@ impl Core {
 
     pub fn held_count(&self) -> usize {
         self.slots.values().filter(|s| s.held.is_some()).count()
+    }
+
+    /// Of [`held_count`](Self::held_count), those on the virtual interface.
+    pub fn held_virtual_count(&self) -> usize {
+        self.slots
+            .values()
+            .filter(|s| s.held.as_ref().is_some_and(|h| h.mode == Mode::Virtual))
+            .count()
     }
 
     pub fn object_errors(&self) -> &[String] {
@@ -2211,8 +2219,9 @@ impl Core {
     }
 
     /// The annotations this node is responsible for: the VIPs it holds and
-    /// wins, and, on the first live member by name, clearing those nobody
-    /// announces.
+    /// wins; and, on the first live member by name, clearing those nobody
+    /// announces and naming the nodes that hold each VIP on their virtual
+    /// interfaces (several hold it at once, so no one of them can say).
     fn announcing(&self) -> Announcing {
         let mut out = Announcing::new();
         let janitor = self
@@ -2223,15 +2232,32 @@ impl Core {
         for (ip, svcs) in &self.services_of {
             let family = Family::of(*ip);
             let slot = self.slots.get(ip);
-            let value = match slot.and_then(|s| s.want.as_ref().zip(s.held.as_ref())) {
+            let local = match slot.and_then(|s| s.want.as_ref().zip(s.held.as_ref())) {
                 Some((w, h)) if w.mode == Mode::Local && same_place(w, h) => {
-                    Some(format!("{},{}", self.settings.node, w.vip.interface))
+                    Some(Some(format!("{},{}", self.settings.node, w.vip.interface)))
                 }
-                _ if janitor && self.election.winner(*ip).is_none() => None,
-                _ => continue,
+                _ if janitor && self.election.winner(*ip).is_none() => Some(None),
+                _ => None,
             };
+            let routed = janitor.then(|| {
+                self.election
+                    .explain(*ip)
+                    .filter(|r| !r.virtual_nodes.is_empty())
+                    .map(|r| annotations::virtual_value(&r.virtual_nodes))
+            });
             for s in svcs {
-                out.insert((s.clone(), family), value.clone());
+                if let Some(v) = &local {
+                    out.insert(
+                        (s.clone(), annotations::announcing(family, false)),
+                        v.clone(),
+                    );
+                }
+                if let Some(v) = &routed {
+                    out.insert(
+                        (s.clone(), annotations::announcing(family, true)),
+                        v.clone(),
+                    );
+                }
             }
         }
         out

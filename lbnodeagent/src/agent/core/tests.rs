@@ -1232,3 +1232,42 @@ fn every_release_gives_its_true_reason() {
         "{notes:?}"
     );
 }
+
+/// A VIP that no node has on-link goes on the virtual interface of every
+/// node running virtual mode; the first member by name names them all in
+/// the virtual annotation and clears the one-node one, which nobody wins.
+#[test]
+fn a_routed_vip_is_held_by_every_node_and_named_once() {
+    use hostlb_api::annotations::{ANNOUNCING_IPV4, ANNOUNCING_VIRTUAL_IPV4};
+    let v = ip("10.99.0.5");
+    let mut routed = cluster(&[v]);
+    routed.pools[0]
+        .ranges
+        .push(AddressRange::parse("10.99.0.0/24").unwrap());
+    let mut a = Node::new("a");
+    let mut with_virtual = links("a", true);
+    let kube_lb0 = Interface {
+        name: "kube-lb0".into(),
+        index: 3,
+        mac: None,
+        carrier: true,
+        prefixes: Vec::new(),
+    };
+    with_virtual.all.push(kube_lb0.clone());
+    with_virtual.virtual_link = Some(kube_lb0);
+    a.step(Input::Links(with_virtual));
+    let virtual_peer = |n: &str| MemberInfo {
+        virtual_mode: true,
+        ..peer(n, Status::Alive, &[], 1)
+    };
+    let held = a.running(routed, vec![virtual_peer("b"), virtual_peer("c")]);
+    assert_eq!(held, [v].into());
+    assert_eq!(a.core.held_virtual_count(), 1);
+    let announcing = a.core.announcing();
+    let key = |annotation| ("ns/s0".to_string(), annotation);
+    assert_eq!(
+        announcing.get(&key(ANNOUNCING_VIRTUAL_IPV4)),
+        Some(&Some("a,b,c".to_string()))
+    );
+    assert_eq!(announcing.get(&key(ANNOUNCING_IPV4)), Some(&None));
+}
