@@ -7,3 +7,4 @@ pub mod netns;
 pub mod probe;
 pub mod realserver;
 pub mod rng;
+pub mod routing;

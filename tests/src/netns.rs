@@ -56,7 +56,8 @@ pub enum NetnsError {
 /// The address plan of [`Lan`].
 pub const LAN_V4_PREFIX: &str = "10.77.0.0/24";
 pub const LAN_V6_PREFIX: &str = "fd00:77::/64";
-/// Default routes point here; nothing answers, the route only has to exist.
+/// Default routes point here; nothing answers unless a test adds a router
+/// ([`Lan::add_gateway`]): most need only the route to exist.
 pub const LAN_V4_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 pub const LAN_V6_GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 1);
 
@@ -654,6 +655,42 @@ impl Lan {
             ))?;
         }
         Ok(())
+    }
+}
+
+impl Lan {
+    /// A router on the LAN at the hosts' default gateway (the addresses
+    /// their default routes point to), forwarding both families, with a
+    /// second network behind it: its `eth1` with 10.{subnet}.0.1/24 and
+    /// fd00:{subnet}::1/64, wired to `eth0` of a namespace returned beside
+    /// it (10.{subnet}.0.2, fd00:{subnet}::2, default routes via the
+    /// router): a client that reaches the LAN only through the router.
+    pub fn add_gateway(&self, subnet: u8) -> Result<(Netns, Netns)> {
+        let router = Netns::new("router")?;
+        let outside = Netns::new("outside")?;
+        self.switch.ip(&format!(
+            "link add pgw type veth peer name eth0 netns {}",
+            router.name()
+        ))?;
+        self.switch.ip("link set pgw master br0 up")?;
+        router.ip("link set eth0 up")?;
+        router.ip(&format!("addr add {LAN_V4_GATEWAY}/24 dev eth0"))?;
+        router.ip(&format!("-6 addr add {LAN_V6_GATEWAY}/64 dev eth0 nodad"))?;
+        router.ip(&format!(
+            "link add eth1 type veth peer name eth0 netns {}",
+            outside.name()
+        ))?;
+        router.ip("link set eth1 up")?;
+        router.ip(&format!("addr add 10.{subnet}.0.1/24 dev eth1"))?;
+        router.ip(&format!("-6 addr add fd00:{subnet}::1/64 dev eth1 nodad"))?;
+        router.sysctl("net.ipv4.ip_forward", "1")?;
+        router.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        outside.ip("link set eth0 up")?;
+        outside.ip(&format!("addr add 10.{subnet}.0.2/24 dev eth0"))?;
+        outside.ip(&format!("-6 addr add fd00:{subnet}::2/64 dev eth0 nodad"))?;
+        outside.ip(&format!("route add default via 10.{subnet}.0.1"))?;
+        outside.ip(&format!("-6 route add default via fd00:{subnet}::1"))?;
+        Ok((router, outside))
     }
 }
 
