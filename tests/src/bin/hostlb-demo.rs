@@ -520,6 +520,39 @@ impl Demo {
     fn show_fleet(&self) -> Result<()> {
         let kubeconfig = self.kubeconfig.to_str().unwrap().to_string();
         let plugin = self.bin.join("kubectl-hostlb");
+        // A restarted agent's record says Ready, with its members, within
+        // the record's 5 s write gap: shown before that, the computation
+        // would leave it out while its annotation says it announces.
+        let settled = || -> Option<()> {
+            let out = self
+                .lan()
+                .host("api")
+                .ns
+                .run(&[
+                    plugin.to_str()?,
+                    "--kubeconfig",
+                    &kubeconfig,
+                    "explain",
+                    "svc/web",
+                    "-n",
+                    "shop",
+                    "-o",
+                    "json",
+                ])
+                .ok()?;
+            let doc: serde_json::Value = serde_json::from_str(&out).ok()?;
+            let addresses = doc["addresses"].as_array()?;
+            (!addresses.is_empty() && addresses.iter().all(|a| a["agrees"] == true)).then_some(())
+        };
+        if wait_for(
+            "the agents' records to settle",
+            Duration::from_secs(20),
+            settled,
+        )
+        .is_err()
+        {
+            say("   (the records have not settled: what follows may disagree)");
+        }
         for args in [&["status"][..], &["explain", "svc/web", "-n", "shop"]] {
             phase(&format!("kubectl hostlb {}", args.join(" ")));
             let mut argv = vec![plugin.to_str().unwrap(), "--kubeconfig", &kubeconfig];
