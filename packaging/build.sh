@@ -22,9 +22,12 @@ log "cargo build --release -p lbnodeagent -p kubectl-hostlb"
 cargo build --release --locked -p lbnodeagent -p kubectl-hostlb
 bin=target/release/lbnodeagent
 
-# The man page comes from the same clap definitions as --help.
+# The man pages come from the same clap definitions as --help: the main
+# one and one per subcommand, which it names in SEE ALSO.
 mkdir -p target/packages
-"$bin" man | gzip -9n > target/release/lbnodeagent.1.gz
+rm -rf target/release/man
+"$bin" man --dir target/release/man
+gzip -9n target/release/man/*.1
 
 # The oldest glibc the binary runs on: the newest symbol version it needs.
 glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1)

@@ -105,6 +105,12 @@ mode_owner "$unit" "644 root:root"
 cmp "$root$unit" systemd/lbnodeagent.service || fail "the installed unit differs from systemd/lbnodeagent.service"
 mode_owner /usr/lib/sysusers.d/lbnodeagent.conf "644 root:root"
 mode_owner /usr/share/man/man1/lbnodeagent.1.gz "644 root:root"
+# Every page the main one names is installed too.
+pages=$(zcat "$root/usr/share/man/man1/lbnodeagent.1.gz" | grep -o 'lbnodeagent\\-[a-z]*(1)' | sed 's/\\-/-/; s/(1)//')
+(( $(wc -w <<<"$pages") >= 6 )) || fail "the man page names too few subcommand pages: $pages"
+for page in $pages; do
+  mode_owner "/usr/share/man/man1/$page.1.gz" "644 root:root"
+done
 mode_owner /usr/share/doc/lbnodeagent/agent.md "644 root:root"
 mode_owner /usr/share/doc/lbnodeagent/copyright "644 root:root"
 # The opt-in ARP drop-in: shipped, not active, and what sysctl accepts.

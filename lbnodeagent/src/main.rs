@@ -49,9 +49,14 @@ enum Command {
         #[arg(long)]
         output: Option<PathBuf>,
     },
-    /// Print the man page (roff), generated from these definitions.
+    /// Print the man page (roff), generated from these definitions; with
+    /// --dir, write it and one page per subcommand there (what the
+    /// packages install, so every page the main one names exists).
     #[command(hide = true)]
-    Man,
+    Man {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Compute the election offline from YAML files (`kubectl get -o yaml`).
     Simulate {
         /// File with Nodes, Services, EndpointSlices, IPAddressPools and
@@ -174,9 +179,14 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Man => {
+        Command::Man { dir } => {
             use clap::CommandFactory;
-            match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+            let written = match dir {
+                Some(dir) => std::fs::create_dir_all(&dir)
+                    .and_then(|()| clap_mangen::generate_to(Cli::command(), dir)),
+                None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()),
+            };
+            match written {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("man: {e}");
