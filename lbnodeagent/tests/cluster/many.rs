@@ -68,8 +68,20 @@ impl Bed {
             bed.wait_ready(Duration::from_secs(30));
             bed.c.bulk_services(n, FIRST, "node-a");
             bed.wait_held("node-a", Duration::from_secs(120));
+            // Nodes that took some while node-a's view lagged hand them
+            // back one removal at a time: a run starts after that.
+            bed.wait_released("node-b", Duration::from_secs(120));
+            bed.wait_released("node-c", Duration::from_secs(120));
         }
         bed
+    }
+
+    /// Waits until `node` holds no VIP.
+    pub fn wait_released(&self, node: &str, timeout: Duration) {
+        wait_for(&format!("{node} to let go"), timeout, || {
+            (self.c.held_count(node) == 0).then_some(())
+        })
+        .unwrap();
     }
 
     pub fn sweep(&self) -> ArpSweep {
@@ -239,12 +251,7 @@ pub fn cut_off(bed: &Bed) -> CutOff {
     // The survivors let go of their copies too before the next run starts,
     // so it measures a move, not a leftover.
     for node in ["node-b", "node-c"] {
-        wait_for(
-            &format!("{node} to let go"),
-            Duration::from_secs(60),
-            || (bed.c.held_count(node) == 0).then_some(()),
-        )
-        .unwrap();
+        bed.wait_released(node, Duration::from_secs(60));
     }
     CutOff {
         wire_first: *times.iter().min().unwrap(),
