@@ -394,12 +394,37 @@ impl Election {
                 on_link,
             });
         }
-        let virtual_mode = self.c.slots[id as usize]
-            .member
-            .as_ref()
-            .is_some_and(|m| m.virtual_mode);
-        (virtual_mode && self.c.exclusion(v, id) == Some(Reason::NotOnLink))
+        self.goes_virtual(id, self.c.exclusion(v, id))
             .then_some(Duty::Virtual { ip: vip.ip })
+    }
+
+    /// Whether node `n`, kept out of a VIP's election for `exclusion`,
+    /// holds it on its virtual interface instead: the address is on none
+    /// of its links and its agent runs virtual mode.
+    fn goes_virtual(&self, n: NodeId, exclusion: Option<Reason>) -> bool {
+        exclusion == Some(Reason::NotOnLink)
+            && self.c.slots[n as usize]
+                .member
+                .as_ref()
+                .is_some_and(|m| m.virtual_mode)
+    }
+
+    /// The nodes holding `ip` on their virtual interfaces, by name: the
+    /// report's `virtual_nodes`, without ranking the candidates (a sha256
+    /// per node), for callers that ask about every VIP.
+    pub fn virtual_nodes(&self, ip: IpAddr) -> Vec<&str> {
+        let Some(&v) = self.vip_of.get(&ip) else {
+            return Vec::new();
+        };
+        let mut names: Vec<&str> = (0..self.c.slots.len() as NodeId)
+            .filter(|&n| {
+                self.c.slots[n as usize].node.is_some()
+                    && self.goes_virtual(n, self.c.exclusion(v, n))
+            })
+            .map(|n| self.c.slots[n as usize].name.as_str())
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     /// The winner for `ip` if the nodes for which `passed` says so were no
@@ -536,7 +561,7 @@ impl Election {
                         [n as usize],
                     hash: rank_key(&slot.name, &vip.text),
                 }),
-                Some(Reason::NotOnLink) if slot.member.as_ref().is_some_and(|m| m.virtual_mode) => {
+                Some(reason) if self.goes_virtual(n, Some(reason)) => {
                     virtual_nodes.push(slot.name.clone())
                 }
                 Some(reason) => excluded.push(Excluded {

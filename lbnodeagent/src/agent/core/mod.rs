@@ -1415,11 +1415,7 @@ impl Core {
         self.services_of
             .keys()
             .filter(|ip| {
-                self.election.winner(**ip).is_none()
-                    && self
-                        .election
-                        .explain(**ip)
-                        .is_none_or(|r| r.virtual_nodes.is_empty())
+                self.election.winner(**ip).is_none() && self.election.virtual_nodes(**ip).is_empty()
             })
             .count()
     }
@@ -2240,10 +2236,8 @@ impl Core {
                 _ => None,
             };
             let routed = janitor.then(|| {
-                self.election
-                    .explain(*ip)
-                    .filter(|r| !r.virtual_nodes.is_empty())
-                    .map(|r| annotations::virtual_value(&r.virtual_nodes))
+                let nodes = self.election.virtual_nodes(*ip);
+                (!nodes.is_empty()).then(|| annotations::virtual_value(&nodes))
             });
             for s in svcs {
                 if let Some(v) = &local {

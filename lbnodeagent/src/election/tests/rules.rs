@@ -116,6 +116,15 @@ fn off_link_nodes_go_virtual_and_never_win() {
     let r = e.explain(ip("10.99.0.5")).unwrap();
     assert_eq!(r.winner, None);
     assert_eq!(r.virtual_nodes, vec!["rack1-a", "rack1-b", "rack2-a"]);
+    // The cheap form answers the same.
+    for a in ["10.1.0.100", "10.99.0.5"] {
+        let r = e.explain(ip(a)).unwrap();
+        assert_eq!(e.virtual_nodes(ip(a)), r.virtual_nodes, "{a}");
+    }
+    assert!(
+        e.virtual_nodes(ip("10.1.0.250")).is_empty(),
+        "an unknown address"
+    );
     assert_eq!(
         e.duties("rack2-a"),
         vec![
