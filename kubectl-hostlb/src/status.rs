@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use hostlb_api::annotations::{ANNOUNCING_IPV4, ANNOUNCING_IPV6, IP_ALLOCATED_FROM_POOL};
+use hostlb_api::annotations::IP_ALLOCATED_FROM_POOL;
 use hostlb_api::rules::{age_key, pool_holding};
 use hostlb_api::{AddressRange, Family, IPAddressPool};
 use k8s_openapi::api::core::v1::Service;
@@ -138,10 +138,7 @@ pub(crate) fn routed(svc: &Service, family: Family) -> Option<String> {
 
 /// `NODE on IFACE` from the announcing annotation of `family`.
 pub(crate) fn announcing(svc: &Service, family: Family) -> Option<(String, String)> {
-    let key = match family {
-        Family::V4 => ANNOUNCING_IPV4,
-        Family::V6 => ANNOUNCING_IPV6,
-    };
+    let key = hostlb_api::annotations::announcing(family, false);
     let value = svc.metadata.annotations.as_ref()?.get(key)?;
     let (node, iface) = value.split_once(',').unwrap_or((value.as_str(), ""));
     Some((node.to_string(), iface.to_string()))
