@@ -89,8 +89,10 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
         // Every eligible node holds a routed address at once, so nobody
         // takes it over: it goes first, and the routing daemon withdraws
         // this node's route without waiting for the hand-over of the rest.
-        for a in routed {
-            match backend.remove(&a.vip(Lifetime::FOREVER)).await {
+        let vips: Vec<_> = routed.iter().map(|a| a.vip(Lifetime::FOREVER)).collect();
+        let results = backend.remove_many(&vips).await;
+        for (a, result) in routed.into_iter().zip(results) {
+            match result {
                 Ok(_) => {
                     info!(ip = %a.ip, interface = %a.interface, "removed");
                     removed_early.borrow_mut().push(a);
