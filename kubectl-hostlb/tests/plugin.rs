@@ -15,13 +15,19 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 struct Bed {
-    _server: TestServer,
+    server: TestServer,
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
-    _rt: tokio::runtime::Runtime,
+    rt: tokio::runtime::Runtime,
 }
 
 impl Bed {
+    /// Runs `f` with a client of the test server, on the bed's runtime:
+    /// the test's own writes between two runs of the plugin.
+    fn api<Fut: std::future::Future<Output = ()>>(&self, f: impl FnOnce(Client) -> Fut) {
+        self.rt.block_on(async { f(self.server.client()).await })
+    }
+
     fn run(&self, args: &[&str]) -> (i32, String, String) {
         let out = Command::new(env!("CARGO_BIN_EXE_kubectl-hostlb"))
             .arg("--kubeconfig")
@@ -158,10 +164,10 @@ fn bed() -> Bed {
     server.write_kubeconfig(&kubeconfig).unwrap();
     rt.block_on(async { objects(server.client()).await });
     Bed {
-        _server: server,
+        server,
         kubeconfig,
         _dir: dir,
-        _rt: rt,
+        rt,
     }
 }
 
@@ -242,21 +248,15 @@ fn explain_computes_the_election_and_judges_the_annotation() {
     assert_eq!(v["addresses"][0]["agrees"], false);
 
     // The winner announces it: they agree.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let kubeconfig = b.kubeconfig.clone();
-    rt.block_on(async {
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
-            &Default::default(),
-        )
-        .await
-        .unwrap();
-        let api: Api<k8s_openapi::api::core::v1::Service> =
-            Api::namespaced(Client::try_from(config).unwrap(), "default");
+    let announced = format!("{winner},eth0");
+    b.api(|client| async move {
+        let api: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client, "default");
         api.patch(
             "web",
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"hostlb.io/announcing-IPv4": format!("{winner},eth0")}}})),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"hostlb.io/announcing-IPv4": announced}}}),
+            ),
         )
         .await
         .unwrap();
@@ -318,16 +318,7 @@ fn check_finds_what_is_wrong_and_exits_non_zero() {
 #[test]
 fn a_routed_address_shows_the_nodes_that_hold_it() {
     let b = bed();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let kubeconfig = b.kubeconfig.clone();
-    rt.block_on(async {
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
-            &Default::default(),
-        )
-        .await
-        .unwrap();
-        let client = Client::try_from(config).unwrap();
+    b.api(|client| async move {
         let agents: Api<hostlb_api::v1::NodeAgent> = Api::all(client.clone());
         for n in NODES {
             agents

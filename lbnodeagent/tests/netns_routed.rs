@@ -230,8 +230,9 @@ fn scenario(hosts: Daemon, router: Daemon) {
     let mut r = Routed::new(hosts, router);
     r.c.start_all();
     let mut figures = Vec::new();
+    let label = r.label.clone();
     let mut note = |what: &str, d: Duration| {
-        eprintln!("{}: {what}: {} ms", r_label(hosts, router), d.as_millis());
+        eprintln!("{label}: {what}: {} ms", d.as_millis());
         figures.push(format!("{what} {} ms", d.as_millis()));
     };
 
@@ -388,10 +389,6 @@ fn scenario(hosts: Daemon, router: Daemon) {
         assert!(!out.contains("10.99.0."), "{n}: {out}");
     }
     eprintln!("{}: {}", r.label, figures.join("; "));
-}
-
-fn r_label(hosts: Daemon, router: Daemon) -> String {
-    format!("{} hosts / {} router", hosts.name(), router.name())
 }
 
 #[test]

@@ -40,6 +40,20 @@ fn links(node: &str, carrier: bool) -> Links {
     }
 }
 
+/// `links` with a virtual interface, `kube-lb0`, beside them.
+fn with_virtual(mut links: Links) -> Links {
+    let kube_lb0 = Interface {
+        name: "kube-lb0".into(),
+        index: 3,
+        mac: None,
+        carrier: true,
+        prefixes: Vec::new(),
+    };
+    links.all.push(kube_lb0.clone());
+    links.virtual_link = Some(kube_lb0);
+    links
+}
+
 fn on_link() -> Vec<OnLink> {
     vec![OnLink {
         prefix: "10.0.0.0/16".parse().unwrap(),
@@ -575,17 +589,7 @@ fn losing_carrier_releases_at_once_and_goes_virtual_for_nothing() {
     let mut a = Node::new("a");
     let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
     assert_eq!(held, [v].into());
-    let mut down = links("a", false);
-    let virtual_link = Interface {
-        name: "kube-lb0".into(),
-        index: 3,
-        mac: None,
-        carrier: true,
-        prefixes: Vec::new(),
-    };
-    down.all.push(virtual_link.clone());
-    down.virtual_link = Some(virtual_link);
-    let act = a.step(Input::Links(down));
+    let act = a.step(Input::Links(with_virtual(links("a", false))));
     assert_eq!(ips(&act.remove), [v].into());
     assert!(act.add.is_empty(), "no virtual copy: {:?}", act.add);
 }
@@ -1245,17 +1249,7 @@ fn a_routed_vip_is_held_by_every_node_and_named_once() {
         .ranges
         .push(AddressRange::parse("10.99.0.0/24").unwrap());
     let mut a = Node::new("a");
-    let mut with_virtual = links("a", true);
-    let kube_lb0 = Interface {
-        name: "kube-lb0".into(),
-        index: 3,
-        mac: None,
-        carrier: true,
-        prefixes: Vec::new(),
-    };
-    with_virtual.all.push(kube_lb0.clone());
-    with_virtual.virtual_link = Some(kube_lb0);
-    a.step(Input::Links(with_virtual));
+    a.step(Input::Links(with_virtual(links("a", true))));
     let virtual_peer = |n: &str| MemberInfo {
         virtual_mode: true,
         ..peer(n, Status::Alive, &[], 1)
