@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use cluster::{Cluster, max, median};
 use hostlb_tests::netns::wait_for;
-use hostlb_tests::probe::{ArpProbe, Outcome, judge};
+use hostlb_tests::probe::{ArpProbe, Outcome};
 
 const VIP: &str = "10.77.0.100";
 const EVERY: Duration = Duration::from_millis(10);
@@ -40,7 +40,7 @@ fn until_only(p: &ArpProbe, mac: &str, t: Instant) -> Outcome {
         std::thread::sleep(Duration::from_millis(200));
         let now = Instant::now();
         if p.macs_between(now - Duration::from_millis(200), now) == [mac.to_string()] {
-            return judge(&p.replies(), t, now, EVERY);
+            return p.judge(t, now);
         }
         assert!(Instant::now() < deadline, "{mac} never answered alone");
     }

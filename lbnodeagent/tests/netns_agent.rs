@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cluster::{Cluster, PROBE_EVERY, until_only};
 use hostlb_tests::netns::wait_for;
-use hostlb_tests::probe::{ArpProbe, judge};
+use hostlb_tests::probe::ArpProbe;
 
 const VIP: &str = "10.77.0.100";
 
@@ -265,7 +265,7 @@ fn a_restart_adopts_its_own_addresses_and_leaves_hand_added_ones() {
         || (c.holders(VIP) == [owner.clone()]).then_some(()),
     )
     .unwrap();
-    let o = judge(&probe.replies(), restart_at, Instant::now(), PROBE_EVERY);
+    let o = probe.judge(restart_at, Instant::now());
     assert!(o.lost <= 2, "the adopted VIP stopped answering: {o:?}");
     let addrs = ip_cmd(&c, "-o addr show dev eth0");
     assert!(addrs.contains("10.77.0.250/24"), "{addrs}");
@@ -464,7 +464,7 @@ fn sighup_reloads_a_good_file_and_refuses_a_bad_one() {
             .then_some(())
     })
     .unwrap();
-    let o = judge(&probe.replies(), t, Instant::now(), PROBE_EVERY);
+    let o = probe.judge(t, Instant::now());
     assert_eq!(o.last_mac.as_deref(), Some(c.host(&owner).mac()));
     assert!(o.lost <= 1, "{o:?}");
 
@@ -874,7 +874,7 @@ fn an_agent_without_net_admin_is_no_candidate_and_its_peers_serve() {
     // Long past settling: still the peer, and it answers throughout.
     let from = Instant::now();
     std::thread::sleep(Duration::from_secs(5));
-    let o = judge(&probe.replies(), from, Instant::now(), PROBE_EVERY);
+    let o = probe.judge(from, Instant::now());
     assert_eq!(o.lost, 0, "{o:?}");
     assert_eq!(c.holders(VIP), vec![owner]);
     let (code, body) = c.http_get("node-a", "/readyz");
@@ -911,7 +911,7 @@ fn an_agent_without_its_announce_interface_is_no_candidate_and_says_why() {
     assert_ne!(owner, "node-a");
     let from = Instant::now();
     std::thread::sleep(Duration::from_secs(3));
-    let o = judge(&probe.replies(), from, Instant::now(), PROBE_EVERY);
+    let o = probe.judge(from, Instant::now());
     assert_eq!(o.lost, 0, "{o:?}");
     assert_eq!(c.holders(VIP), vec![owner]);
     let (code, body) = c.http_get("node-a", "/readyz");
@@ -1155,7 +1155,7 @@ fn a_vip_answers_only_on_its_own_network() {
         "the leak this test guards against did not happen"
     );
     assert!(
-        answers("eth0", &lan_src, VLAN6).is_empty(),
+        answers("eth0", &client.ipv6.to_string(), VLAN6).is_empty(),
         "ND answers across networks"
     );
     assert_eq!(answers("eth1", &vlan6_src, VLAN6).len(), 1);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use cluster::{Cluster, PROBE_EVERY, until_only};
 use hostlb_tests::netns::wait_for;
-use hostlb_tests::probe::{ArpProbe, judge};
+use hostlb_tests::probe::ArpProbe;
 
 const VIP: &str = "10.77.0.100";
 
@@ -215,7 +215,7 @@ fn an_agent_restarted_during_an_api_outage_takes_nothing_it_cannot_serve() {
         .unwrap_or(10);
     let watch_from = Instant::now();
     std::thread::sleep(Duration::from_secs(outage));
-    let o = judge(&probe.replies(), watch_from, Instant::now(), PROBE_EVERY);
+    let o = probe.judge(watch_from, Instant::now());
     assert_eq!(
         o.lost, 0,
         "the VIP went unanswered during the outage: {o:?}"

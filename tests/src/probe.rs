@@ -23,10 +23,19 @@ pub struct Reply {
     pub mac: String,
 }
 
-/// A running probe; stops (kills arping) on drop.
+/// What the prober saw, stamped by the prober itself when it sent and
+/// when it read, so a test process slow to read the lines does not move
+/// them in time.
+#[derive(Default)]
+struct Seen {
+    sent: Vec<Instant>,
+    replies: Vec<Reply>,
+}
+
+/// A running probe; stops (kills the prober) on drop.
 pub struct ArpProbe {
     child: Child,
-    replies: Arc<Mutex<Vec<Reply>>>,
+    seen: Arc<Mutex<Seen>>,
     pub interval: Duration,
     pub started: Instant,
 }
@@ -43,31 +52,75 @@ impl ArpProbe {
     ) -> Result<ArpProbe> {
         let secs = format!("{:.4}", interval.as_secs_f64());
         let (child, stdout) = python(ns, "ARP prober", PROBER, &[interface, source, ip, &secs])?;
-        let replies = Arc::new(Mutex::new(Vec::new()));
-        let sink = replies.clone();
+        let clock = Clock::new();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let sink = seen.clone();
         thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
-                if let Some(mac) = parse_reply(&line) {
-                    sink.lock().unwrap_or_else(|e| e.into_inner()).push(Reply {
-                        at: Instant::now(),
-                        mac,
-                    });
+                let at = stamp(&line).map_or_else(Instant::now, |t| clock.at(t));
+                let mut seen = sink.lock().unwrap_or_else(|e| e.into_inner());
+                if line.starts_with("sent") {
+                    seen.sent.push(at);
+                } else if let Some(mac) = parse_reply(&line) {
+                    seen.replies.push(Reply { at, mac });
                 }
             }
         });
-        Ok(ArpProbe {
+        let mut probe = ArpProbe {
             child,
-            replies,
+            seen,
             interval,
             started: Instant::now(),
-        })
+        };
+        probe.wait_first_request(ip)?;
+        Ok(probe)
+    }
+
+    /// Returns once the prober has sent its first request; an error when
+    /// it died first (a source address of the wrong family, say), so a test
+    /// never reads "nobody answered" off a prober that never asked.
+    fn wait_first_request(&mut self, ip: &str) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if !self
+                .seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .sent
+                .is_empty()
+            {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(NetnsError::Failed {
+                    command: format!("python3 (ARP prober for {ip})"),
+                    status: status.to_string(),
+                    stderr: "it exited before sending a request (see its traceback above)".into(),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(NetnsError::Timeout {
+                    what: format!("the prober for {ip} to send its first request"),
+                    after: Duration::from_secs(10),
+                });
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
     }
 
     pub fn replies(&self) -> Vec<Reply> {
-        self.replies
+        self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .replies
             .clone()
+    }
+
+    /// What the client saw from `t0` to `end`, counting as lost only
+    /// requests it sent that went unanswered.
+    pub fn judge(&self, t0: Instant, end: Instant) -> Outcome {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        judge(&seen.replies, Some(&seen.sent), t0, end, self.interval)
     }
 
     /// Replies received since `t`.
@@ -216,14 +269,50 @@ fn python(
     Ok((child, stdout))
 }
 
+/// Maps the prober's `time.monotonic()` readings to `Instant`s: both are
+/// CLOCK_MONOTONIC on Linux, so one pair read together fixes the offset.
+#[derive(Clone, Copy)]
+struct Clock {
+    anchor: Instant,
+    mono: Duration,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        let anchor = Instant::now();
+        let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .expect("CLOCK_MONOTONIC is always readable");
+        Clock {
+            anchor,
+            mono: Duration::from(ts),
+        }
+    }
+
+    fn at(&self, secs: f64) -> Instant {
+        let t = Duration::from_secs_f64(secs.max(0.0));
+        match t.checked_sub(self.mono) {
+            Some(after) => self.anchor + after,
+            None => self.anchor - (self.mono - t),
+        }
+    }
+}
+
+/// The prober's own time at the end of a line (`... @123.456789`).
+fn stamp(line: &str) -> Option<f64> {
+    line.rsplit_once(" @")?.1.trim().parse().ok()
+}
+
 /// What a client saw across one event (a fault at `t0`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
     /// Longest silence between two replies after `t0` (or from `t0` to the
     /// first reply), less one probe interval: the time no owner answered.
+    /// With the send times known, only a silence in which a request went
+    /// unanswered counts (a prober that did not ask saw no outage).
     pub outage: Duration,
-    /// Probes that got no answer in that window, estimated as the longest
-    /// silence divided by the interval, minus one.
+    /// Requests that got no answer in that window. With the send times
+    /// known, counted one by one; without (the many-address sweep),
+    /// estimated as the longest silence divided by the interval, minus one.
     pub lost: u64,
     /// How long two or more MACs answered the same probes: the probe
     /// periods with answers from more than one MAC, times the period.
@@ -232,28 +321,70 @@ pub struct Outcome {
     pub last_mac: Option<String>,
 }
 
-/// Judges the replies after `t0` up to `end`.
-pub fn judge(replies: &[Reply], t0: Instant, end: Instant, interval: Duration) -> Outcome {
+/// Judges the replies after `t0` up to `end`; `sent`, when known, are the
+/// times the requests went out.
+pub fn judge(
+    replies: &[Reply],
+    sent: Option<&[Instant]>,
+    t0: Instant,
+    end: Instant,
+    interval: Duration,
+) -> Outcome {
     let window: Vec<&Reply> = replies
         .iter()
         .filter(|r| r.at >= t0 && r.at <= end)
         .collect();
+    let unanswered = sent.map(|sent| unanswered(sent, &window, t0, end, interval));
     let mut longest = Duration::ZERO;
     let mut prev = t0;
-    for r in &window {
-        longest = longest.max(r.at.saturating_duration_since(prev));
-        prev = r.at;
+    let bounds = window.iter().map(|r| r.at).chain([end]);
+    for at in bounds {
+        let counts = unanswered
+            .as_ref()
+            .is_none_or(|u| u.iter().any(|&s| s >= prev && s < at));
+        if counts {
+            longest = longest.max(at.saturating_duration_since(prev));
+        }
+        prev = at;
     }
-    longest = longest.max(end.saturating_duration_since(prev));
     let last_mac = window.last().map(|r| r.mac.clone());
     let two_owners = overlap(&window, t0, interval);
     let step = interval.as_nanos().max(1);
+    let lost = match &unanswered {
+        Some(u) => u.len() as u64,
+        None => (longest.as_nanos() / step).saturating_sub(1) as u64,
+    };
     Outcome {
         outage: longest.saturating_sub(interval),
-        lost: (longest.as_nanos() / step).saturating_sub(1) as u64,
+        lost,
         two_owners,
         last_mac,
     }
+}
+
+/// The requests sent in `[t0, end - interval]` that no reply answered. A
+/// reply answers a request when it arrives after it and before the next
+/// one (or within an interval, when the prober sent the next one early).
+fn unanswered(
+    sent: &[Instant],
+    window: &[&Reply],
+    t0: Instant,
+    end: Instant,
+    interval: Duration,
+) -> Vec<Instant> {
+    let mut out = Vec::new();
+    for (i, &s) in sent.iter().enumerate() {
+        if s < t0 || s + interval > end {
+            continue;
+        }
+        let until = sent
+            .get(i + 1)
+            .map_or(s + interval, |&n| n.max(s + interval));
+        if !window.iter().any(|r| r.at >= s && r.at < until) {
+            out.push(s);
+        }
+    }
+    out
 }
 
 /// The probe periods (from `t0`, `interval` long) in which more than one
@@ -274,7 +405,8 @@ pub fn overlap(replies: &[&Reply], t0: Instant, interval: Duration) -> Duration 
 }
 
 /// Sends a request for the target every interval and prints one line per
-/// answer: `reply from IP [MAC]`. IPv4: a broadcast ARP request. IPv6: a
+/// request, `sent @T`, and per answer, `reply from IP [MAC] @T`, T being
+/// its monotonic clock when it sent or read. IPv4: a broadcast ARP request. IPv6: a
 /// neighbour solicitation to the target's solicited-node group (hop limit
 /// 255, with our link-layer address), answered by a neighbour advertisement
 /// whose target link-layer option names the MAC.
@@ -323,6 +455,8 @@ while True:
     if now >= due:
         try:
             send()
+            sys.stdout.write("sent @%.6f\n" % time.monotonic())
+            sys.stdout.flush()
         except OSError:
             pass
         due = max(due + interval, now)
@@ -330,7 +464,7 @@ while True:
     if ready:
         m = answer(s.recv(512))
         if m:
-            sys.stdout.write("reply from %s [%s]\n" % (dst, m.hex(":")))
+            sys.stdout.write("reply from %s [%s] @%.6f\n" % (dst, m.hex(":"), time.monotonic()))
             sys.stdout.flush()
 "#;
 
@@ -408,7 +542,7 @@ mod tests {
         let iv = Duration::from_millis(10);
         // Old answers until 20 ms, silence, new from 320 ms on.
         let replies = vec![r(10, "a"), r(20, "a"), r(320, "b"), r(330, "b")];
-        let o = judge(&replies, t0, ms(335), iv);
+        let o = judge(&replies, None, t0, ms(335), iv);
         assert_eq!(o.outage, Duration::from_millis(290));
         assert_eq!(o.lost, 29);
         assert_eq!(o.two_owners, Duration::ZERO);
@@ -419,11 +553,65 @@ mod tests {
             replies.extend([r(n + 1, "a"), r(n + 2, "b")]);
         }
         replies.push(r(135, "b"));
-        let o = judge(&replies, t0, ms(140), iv);
+        let o = judge(&replies, None, t0, ms(140), iv);
         assert_eq!(o.two_owners, Duration::from_millis(30));
         assert_eq!(o.last_mac.as_deref(), Some("b"));
         // Alternating, each answering other probes, is not overlap.
         let replies = vec![r(5, "a"), r(15, "b"), r(25, "a")];
-        assert_eq!(judge(&replies, t0, ms(30), iv).two_owners, Duration::ZERO);
+        assert_eq!(
+            judge(&replies, None, t0, ms(30), iv).two_owners,
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn with_send_times_a_prober_that_did_not_ask_lost_nothing() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let r = |n: u64| Reply {
+            at: ms(n),
+            mac: "a".into(),
+        };
+        let iv = Duration::from_millis(10);
+        // The prober stalled from 30 to 80 ms: no request, so no loss,
+        // although no reply came for 50 ms.
+        let sent: Vec<Instant> = [0, 10, 20, 80, 90].map(ms).to_vec();
+        let replies = vec![r(1), r(11), r(21), r(81), r(91)];
+        let o = judge(&replies, Some(&sent), t0, ms(101), iv);
+        assert_eq!(o.lost, 0, "{o:?}");
+        assert_eq!(o.outage, Duration::ZERO, "{o:?}");
+        // Without the send times the same silence reads as five lost.
+        assert_eq!(judge(&replies, None, t0, ms(101), iv).lost, 5);
+        // Requests at 30..=60 unanswered: four lost, silence 21 to 71.
+        let sent: Vec<Instant> = (0..10).map(|i| ms(i * 10)).collect();
+        let replies: Vec<Reply> = [0, 1, 2, 7, 8, 9].map(|i| r(i * 10 + 1)).to_vec();
+        let o = judge(&replies, Some(&sent), t0, ms(101), iv);
+        assert_eq!(o.lost, 4, "{o:?}");
+        assert_eq!(o.outage, Duration::from_millis(40), "{o:?}");
+        // A reply read late (the prober stalled after sending) still
+        // answers its request.
+        let sent: Vec<Instant> = [0, 40].map(ms).to_vec();
+        let o = judge(&[r(35), r(41)], Some(&sent), t0, ms(51), iv);
+        assert_eq!(o.lost, 0, "{o:?}");
+        // The last request, not yet due an answer at the end, is not lost.
+        let o = judge(&[r(1)], Some(&[ms(0), ms(10)]), t0, ms(15), iv);
+        assert_eq!(o.lost, 0, "{o:?}");
+    }
+
+    #[test]
+    fn reads_the_probers_stamps() {
+        assert_eq!(stamp("sent @12.500000"), Some(12.5));
+        assert_eq!(
+            stamp("reply from 10.77.0.100 [02:aa:bb:cc:dd:ee] @3.25"),
+            Some(3.25)
+        );
+        assert_eq!(
+            parse_reply("reply from 10.77.0.100 [02:aa:bb:cc:dd:ee] @3.25").as_deref(),
+            Some("02:aa:bb:cc:dd:ee")
+        );
+        let c = Clock::new();
+        let later = c.at(c.mono.as_secs_f64() + 0.25);
+        assert!(later.duration_since(c.anchor) >= Duration::from_millis(249));
+        assert!(c.at(c.mono.as_secs_f64() - 0.25) < c.anchor);
     }
 }

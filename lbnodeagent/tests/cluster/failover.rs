@@ -10,7 +10,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use hostlb_tests::netns::wait_for;
-use hostlb_tests::probe::{ArpProbe, Reply};
+use hostlb_tests::probe::{ArpProbe, Outcome, Reply};
 
 use super::Cluster;
 
@@ -104,22 +104,15 @@ pub struct Sample {
     pub idle_cpu: Option<f64>,
 }
 
-/// Judges replies after `t0` given the old owner's MAC.
-pub fn sample(replies: &[Reply], old: &str, t0: Instant, end: Instant) -> Sample {
+/// Judges what `probe` saw after `t0` given the old owner's MAC.
+pub fn sample(probe: &ArpProbe, old: &str, t0: Instant, end: Instant) -> Sample {
+    let replies = probe.replies();
     let window: Vec<&Reply> = replies
         .iter()
         .filter(|r| r.at >= t0 && r.at <= end)
         .collect();
     let takeover = window.iter().find(|r| r.mac != old).map(|r| r.at - t0);
-    let mut longest = Duration::ZERO;
-    let mut prev = t0;
-    for r in &window {
-        longest = longest.max(r.at - prev);
-        prev = r.at;
-    }
-    longest = longest.max(end.saturating_duration_since(prev));
-    let outage = longest.saturating_sub(EVERY);
-    let lost = (longest.as_millis() / EVERY.as_millis()).saturating_sub(1) as u64;
+    let Outcome { outage, lost, .. } = probe.judge(t0, end);
     // Two owners: probe periods answered by more than one MAC; "forever"
     // when the old MAC and another still both answer in the last second.
     let last_second: Vec<&Reply> = window
@@ -322,13 +315,13 @@ impl Bed {
         let idle_cpu = (fault == Fault::Idle).then(|| {
             (self.cpu() - cpu0).as_secs_f64() / (end - t0).as_secs_f64() / NODES.len() as f64
         });
-        let mut s4 = sample(&p4.replies(), &old4, t0, end);
+        let mut s4 = sample(&p4, &old4, t0, end);
         s4.idle_cpu = idle_cpu;
         let s6 = if owner6 == owner4 {
-            sample(&p6.replies(), &old6, t0, end)
+            sample(&p6, &old6, t0, end)
         } else {
             // Not the failed host's VIP: it must just keep answering.
-            let mut s = sample(&p6.replies(), &old6, t0, end);
+            let mut s = sample(&p6, &old6, t0, end);
             s.takeover = Some(Duration::ZERO);
             s
         };

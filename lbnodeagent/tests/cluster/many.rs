@@ -281,7 +281,7 @@ pub fn sigterm(bed: &mut Bed) -> (u64, Duration) {
     let mut lost = 0;
     let mut outage = Duration::ZERO;
     for ip in &bed.sample {
-        let o = judge(&sweep.replies(ip), t0, end, EVERY);
+        let o = judge(&sweep.replies(ip), None, t0, end, EVERY);
         lost = lost.max(o.lost);
         outage = outage.max(o.outage);
     }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use hostlb_tests::apiserver::TestServer;
 use hostlb_tests::netns::{Host, Lan, NsRuntime, require_root, require_tools, wait_for};
-use hostlb_tests::probe::{ArpProbe, Outcome, judge};
+use hostlb_tests::probe::{ArpProbe, Outcome};
 use hostlb_tests::realserver::RealServer;
 
 pub const API_PORT: u16 = 6443;
@@ -641,7 +641,7 @@ pub fn until_only(probe: &ArpProbe, mac: &str, t: Instant, timeout: Duration) ->
         let now = Instant::now();
         let recent = probe.macs_between(now - Duration::from_millis(200), now);
         if recent == [mac.to_string()] {
-            return judge(&probe.replies(), t, now, PROBE_EVERY);
+            return probe.judge(t, now);
         }
         assert!(
             Instant::now() < deadline,

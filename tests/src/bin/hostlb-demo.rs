@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use hostlb_tests::netns::{Lan, NsRuntime, wait_for};
-use hostlb_tests::probe::{ArpProbe, judge};
+use hostlb_tests::probe::ArpProbe;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -453,7 +453,7 @@ impl Demo {
             probe.since(t).into_iter().find(|r| r.mac != owner_mac)
         })?;
         std::thread::sleep(Duration::from_millis(500));
-        let o = judge(&probe.replies(), t, Instant::now(), PROBE_EVERY);
+        let o = probe.judge(t, Instant::now());
         let new_owner = self.node_of_mac(&next.mac);
         say(&format!(
             "   {ip} answers from {new_owner} ({}) after an outage of {} ms",
@@ -485,7 +485,7 @@ impl Demo {
                 (recent == [owner_mac.clone()]).then_some(())
             },
         )?;
-        let o = judge(&probe.replies(), t, Instant::now(), PROBE_EVERY);
+        let o = probe.judge(t, Instant::now());
         say(&format!(
             "   {ip} answers from {owner} again; replies lost: {}, two hosts answered for {} ms (make before break)",
             o.lost,
