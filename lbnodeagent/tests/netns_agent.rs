@@ -1213,3 +1213,105 @@ fn a_vip_answers_only_on_its_own_network() {
         "the VLAN VIP answered on the LAN"
     );
 }
+
+/// A rolling upgrade the way the packages do it, node after node: the new
+/// binary unpacked over the old one while it runs, then the postinst's
+/// `try-restart` (SIGTERM and its hand-over, `cleanup` as the unit's
+/// ExecStopPost, the new binary started), and the next node only once this
+/// one is ready and has taken back the VIPs it is preferred for. The "new"
+/// binary is a copy of this build; what an agent of the previous release
+/// reads from a newer one is tested with fixtures (gossip and beat
+/// formats). A client asks about every VIP, IPv4 and IPv6, every 10 ms
+/// throughout: no request goes unanswered.
+#[test]
+fn a_rolling_upgrade_loses_no_reply() {
+    let nodes = ["node-a", "node-b", "node-c"];
+    let mut c = three_nodes();
+    // VIPs (a dual-stack Service at a time) until every node holds one, so
+    // that every restart hands some over and takes them back.
+    let mut vips: Vec<String> = Vec::new();
+    for i in 0..20 {
+        let (v4, v6) = (
+            format!("10.77.0.{}", 100 + i),
+            format!("fd00:77::{:x}", 0x100 + i),
+        );
+        c.service(&format!("s{i}"), &[&v4, &v6], &nodes, "");
+        for v in [&v4, &v6] {
+            c.wait_single_holder(v, Duration::from_secs(20));
+        }
+        vips.extend([v4, v6]);
+        let holders: Vec<String> = vips.iter().flat_map(|v| c.holders(v)).collect();
+        if nodes.iter().all(|n| holders.iter().any(|h| h == n)) {
+            break;
+        }
+    }
+    let client = c.host("client");
+    let (src4, src6) = (client.ipv4.to_string(), client.ipv6.to_string());
+    let probes: Vec<ArpProbe> = vips
+        .iter()
+        .map(|v| {
+            let src = if v.contains(':') { &src6 } else { &src4 };
+            ArpProbe::start(&client.ns, "eth0", src, v, PROBE_EVERY).unwrap()
+        })
+        .collect();
+    for (v, p) in vips.iter().zip(&probes) {
+        let owner = c.wait_single_holder(v, Duration::from_secs(10));
+        let mac = c.host(&owner).mac().to_string();
+        p.wait_for_mac(&mac, Instant::now(), Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("{owner} holds {v} but does not answer for it"));
+    }
+    eprintln!("{} VIPs on 3 nodes", vips.len());
+    let build = std::path::PathBuf::from(env!("CARGO_BIN_EXE_lbnodeagent"));
+    let mut failures = Vec::new();
+    for node in nodes {
+        let preferred: Vec<&String> = vips.iter().filter(|v| c.holders(v) == [node]).collect();
+        let t0 = Instant::now();
+        c.install(node, &build);
+        c.signal(node, "TERM");
+        assert_eq!(c.wait_exit(node, Duration::from_secs(20)), Some(0));
+        let stopped = t0.elapsed();
+        let config = c.config_path(node);
+        let (ok, out, err) =
+            c.agent_command(node, &["cleanup", "--config", config.to_str().unwrap()]);
+        assert!(ok, "cleanup: {out} {err}");
+        c.start(node);
+        wait_for("the new agent to be ready", Duration::from_secs(20), || {
+            (c.http_get(node, "/readyz").0 == "200").then_some(())
+        })
+        .unwrap();
+        let ready = t0.elapsed();
+        wait_for(
+            "the restarted node to take its VIPs back",
+            Duration::from_secs(20),
+            || {
+                preferred
+                    .iter()
+                    .all(|v| c.holders(v) == [node])
+                    .then_some(())
+            },
+        )
+        .unwrap();
+        let back = t0.elapsed();
+        // Long enough for any second MAC or silence to show.
+        std::thread::sleep(Duration::from_secs(1));
+        let end = Instant::now();
+        let (mut lost, mut two) = (0, Duration::ZERO);
+        for (v, p) in vips.iter().zip(&probes) {
+            let o = p.judge(t0, end);
+            if o.lost > 0 || o.two_owners > Duration::from_millis(100) {
+                failures.push(format!("{node} restart, {v}: {o:?}"));
+            }
+            lost += o.lost;
+            two = two.max(o.two_owners);
+        }
+        eprintln!(
+            "{node} restarted: {} VIPs handed over and back; stopped after {} ms, ready after {} ms, VIPs back after {} ms; lost {lost}, two MACs at most {} ms",
+            preferred.len(),
+            stopped.as_millis(),
+            ready.as_millis(),
+            back.as_millis(),
+            two.as_millis()
+        );
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -41,6 +41,9 @@ pub struct Cluster {
     /// The hosts have IPv6 only (the API server too), and the Nodes IPv6
     /// InternalIPs.
     pub ipv6_only: bool,
+    /// Nodes whose agent binary was replaced ([`Cluster::install`]): the
+    /// path they start and run commands from.
+    binaries: BTreeMap<String, PathBuf>,
 }
 
 impl Drop for Cluster {
@@ -158,6 +161,7 @@ impl Cluster {
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
             lifetime: "6s".into(),
             ipv6_only,
+            binaries: BTreeMap::new(),
         };
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
         c.kubectl(&["apply", "-f", crds.to_str().unwrap()]);
@@ -256,8 +260,9 @@ garp_interval = "200ms"
             .unwrap();
         let config = self.config_path(node);
         let mut argv: Vec<&str> = wrapper.to_vec();
+        let binary = self.binary(node);
         argv.extend([
-            env!("CARGO_BIN_EXE_lbnodeagent"),
+            binary.to_str().unwrap(),
             "run",
             "--config",
             config.to_str().unwrap(),
@@ -272,6 +277,27 @@ garp_interval = "200ms"
         .stderr(log);
         let child = cmd.spawn().unwrap();
         self.agents.insert(node.to_string(), child);
+    }
+
+    /// Replaces `node`'s agent binary by a copy of `from`, as a package
+    /// upgrade unpacks the new one while the old process still runs: the
+    /// next start, and `cleanup` from then on, run the copy.
+    pub fn install(&mut self, node: &str, from: &std::path::Path) {
+        let dir = self.dir.path().join(format!("{node}-bin"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let to = dir.join("lbnodeagent");
+        let staged = to.with_extension("new");
+        std::fs::copy(from, &staged).unwrap();
+        std::fs::rename(&staged, &to).unwrap();
+        self.binaries.insert(node.to_string(), to);
+    }
+
+    /// The agent binary `node` runs.
+    pub fn binary(&self, node: &str) -> PathBuf {
+        self.binaries
+            .get(node)
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_lbnodeagent")))
     }
 
     pub fn start_all(&mut self) {
@@ -320,7 +346,7 @@ garp_interval = "200ms"
             .lan
             .host(node)
             .ns
-            .command(env!("CARGO_BIN_EXE_lbnodeagent"), args)
+            .command(self.binary(node).to_str().unwrap(), args)
             .output()
             .unwrap();
         (
