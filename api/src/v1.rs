@@ -402,6 +402,10 @@ pub struct NodeAgentStatus {
     /// The agent's release.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub version: String,
+    /// The gossip protocol the agent speaks: agents one protocol apart work
+    /// together, so a fleet mid-upgrade shows two values and no more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u32>,
     /// A hash of the configuration in force (12 hex digits of SHA-256):
     /// agents configured alike show the same one, the node name aside.
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -666,6 +666,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             heartbeat_time: None,
             last_change_time: None,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            protocol: Some(crate::gossip::PROTOCOL),
             config_hash: self.config_hash.clone(),
             state: state.to_string(),
             reason: not_ready.map(str::to_string),

@@ -39,6 +39,9 @@ pub struct MemberDoc {
     pub status: String,
     pub gossip: String,
     pub version: String,
+    /// The gossip protocol it speaks (0 in a dump from before the field).
+    #[serde(default)]
+    pub protocol: u32,
     /// `prefix@interface`, `*` after an announce interface's.
     pub prefixes: Vec<String>,
     pub vips: usize,
@@ -138,10 +141,11 @@ pub fn render(doc: &StatusDoc) -> String {
     for m in &doc.members {
         let _ = writeln!(
             out,
-            "  {:<20} {:<8} {:<22} vips {:<4} {}",
+            "  {:<20} {:<8} {:<22} protocol {:<2} vips {:<4} {}",
             m.node,
             m.status,
             m.gossip,
+            m.protocol,
             m.vips,
             m.prefixes.join(" ")
         );

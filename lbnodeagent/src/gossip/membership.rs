@@ -82,6 +82,7 @@ impl MembershipView {
                 generation: 0,
                 gossip_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
                 agent_version: String::new(),
+                protocol: crate::gossip::PROTOCOL,
                 status: Status::Starting,
                 virtual_mode: false,
                 on_link: Vec::new(),
@@ -660,6 +661,7 @@ impl ViewBuilder {
                 generation: own.generation_id,
                 gossip_addr: own.gossip_advertise_addr,
                 agent_version: String::new(),
+                protocol: crate::gossip::PROTOCOL,
                 status: Status::Leaving,
                 virtual_mode: false,
                 on_link: Vec::new(),
@@ -743,6 +745,93 @@ mod tests {
             macs: ["02:00:00:00:00:01".parse().unwrap()].into_iter().collect(),
             revision: 0,
         }
+    }
+
+    /// A node's state from key-values as another release wrote them.
+    fn chitchat_with(node: &str, kvs: &[(&str, &str)]) -> Chitchat {
+        let mut c = chitchat_for(node, &LocalState::default());
+        let state = c.self_node_state();
+        for key in state
+            .key_values()
+            .map(|(k, _)| k.to_string())
+            .collect::<Vec<_>>()
+        {
+            state.delete(&key);
+        }
+        for (k, v) in kvs {
+            state.set(*k, *v);
+        }
+        c
+    }
+
+    /// The previous release's keys, verbatim (no `protocol` key yet): read
+    /// as protocol 1, every field as the current release reads its own.
+    const PREVIOUS_RELEASE: &[(&str, &str)] = &[
+        ("version", "0.1.0"),
+        (
+            "onlink.v4",
+            r#"[{"if":"eth0","prefix":"10.0.0.0/24","announce":true}]"#,
+        ),
+        (
+            "onlink.v6",
+            r#"[{"if":"eth0","prefix":"2001:db8::/64","announce":true}]"#,
+        ),
+        ("virtual", "true"),
+        ("macs", "02:00:00:00:00:01"),
+        ("detector", "swim"),
+        ("revision", "42"),
+        ("vips.0", "10.0.0.10 2001:db8::10"),
+        ("status", "alive"),
+    ];
+
+    #[test]
+    fn state_of_the_previous_release_and_of_a_newer_protocol_reads_alike() {
+        let old = build_view(&chitchat_with("n1", PREVIOUS_RELEASE), &Up::default()).local;
+        assert_eq!(old.protocol, 1);
+        assert_eq!(old.agent_version, "0.1.0");
+        assert_eq!(old.status, Status::Alive);
+        assert!(old.virtual_mode);
+        assert_eq!(old.revision, 42);
+        assert_eq!(old.vips, sample().vips);
+        assert_eq!(old.macs, sample().macs);
+        assert_eq!(old.on_link, sample().on_link);
+        // The current release writes the same, plus its protocol.
+        let current = build_view(
+            &chitchat_for(
+                "n1",
+                &LocalState {
+                    revision: 42,
+                    ..sample()
+                },
+            ),
+            &Up::default(),
+        )
+        .local;
+        assert_eq!(current.protocol, state::PROTOCOL);
+        assert_eq!(
+            MemberInfo {
+                agent_version: current.agent_version.clone(),
+                protocol: current.protocol,
+                ..old.clone()
+            },
+            current
+        );
+        // A newer protocol's keys that this release does not know, and
+        // fields it does not know inside values it does, are skipped.
+        let mut newer = PREVIOUS_RELEASE.to_vec();
+        newer.retain(|(k, _)| *k != "onlink.v4" && *k != "status");
+        newer.extend([
+            ("protocol", "2"),
+            ("election.rule", "v2"),
+            (
+                "onlink.v4",
+                r#"[{"if":"eth0","prefix":"10.0.0.0/24","announce":true,"weight":3}]"#,
+            ),
+            ("status", "alive"),
+        ]);
+        let new = build_view(&chitchat_with("n1", &newer), &Up::default()).local;
+        assert_eq!(new.protocol, 2);
+        assert_eq!(MemberInfo { protocol: 1, ..new }, old);
     }
 
     #[test]

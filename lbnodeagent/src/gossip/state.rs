@@ -4,6 +4,7 @@
 //! | key | value |
 //! |---|---|
 //! | `version` | agent version |
+//! | `protocol` | [`PROTOCOL`]: the version of what agents exchange; absent from agents before the key, which speak protocol 1 |
 //! | `status` | `starting`, `alive` or `leaving` |
 //! | `onlink.v4`, `onlink.v6` | JSON list of `{"if", "prefix", "announce"}` |
 //! | `virtual` | `true` / `false` |
@@ -34,6 +35,17 @@ use crate::addrs::MacAddr;
 use crate::election::{Member, OnLink};
 
 pub const KEY_VERSION: &str = "version";
+pub const KEY_PROTOCOL: &str = "protocol";
+/// The version of what agents exchange with each other: the frame and beat
+/// formats, these keys and what their values mean, and the election rule.
+/// It goes up when one of those changes in a way an agent of the previous
+/// protocol would misread; an addition an older agent skips (a new key, a
+/// longer beat) does not need it. Agents one protocol apart must work
+/// together: a newer one keeps reading and writing what the older one
+/// understands, and a rule both must apply alike (the election) switches
+/// only once every member publishes the newer protocol. See docs/agent.md,
+/// "Compatibility".
+pub const PROTOCOL: u32 = 1;
 pub const KEY_STATUS: &str = "status";
 pub const KEY_ONLINK_V4: &str = "onlink.v4";
 pub const KEY_ONLINK_V6: &str = "onlink.v6";
@@ -104,6 +116,8 @@ pub struct MemberInfo {
     pub generation: u64,
     pub gossip_addr: SocketAddr,
     pub agent_version: String,
+    /// [`PROTOCOL`] of that agent (1 for one from before the key).
+    pub protocol: u32,
     pub status: Status,
     pub virtual_mode: bool,
     pub on_link: Vec<OnLink>,
@@ -194,6 +208,7 @@ fn vip_key(index: usize) -> String {
 pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(String, String)> {
     let mut kvs = vec![
         (KEY_VERSION.to_string(), agent_version.to_string()),
+        (KEY_PROTOCOL.to_string(), PROTOCOL.to_string()),
         (
             KEY_ONLINK_V4.to_string(),
             encode_on_link(&local.on_link, Family::V4),
@@ -270,6 +285,10 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
         generation: id.generation_id,
         gossip_addr: id.gossip_advertise_addr,
         agent_version: node.get(KEY_VERSION).unwrap_or_default().to_string(),
+        protocol: node
+            .get(KEY_PROTOCOL)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(1),
         status,
         virtual_mode: node.get(KEY_VIRTUAL) == Some("true"),
         on_link,

@@ -337,6 +337,7 @@ mod tests {
             generation: 1,
             gossip_addr: "192.0.2.1:7934".parse().unwrap(),
             agent_version: String::new(),
+            protocol: crate::gossip::PROTOCOL,
             status: Status::Alive,
             virtual_mode: false,
             on_link: Vec::new(),

@@ -2529,6 +2529,7 @@ impl Core {
                     status: n.status.as_str().to_string(),
                     gossip: n.gossip_addr.to_string(),
                     version: n.agent_version.clone(),
+                    protocol: n.protocol,
                     prefixes: n
                         .on_link
                         .iter()

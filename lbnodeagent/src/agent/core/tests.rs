@@ -117,6 +117,7 @@ fn peer(node: &str, status: Status, vips: &[IpAddr], revision: u64) -> MemberInf
         generation: 1,
         gossip_addr: "10.0.0.250:7934".parse().unwrap(),
         agent_version: String::new(),
+        protocol: crate::gossip::PROTOCOL,
         status,
         virtual_mode: false,
         on_link: on_link(),

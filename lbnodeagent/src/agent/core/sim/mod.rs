@@ -967,6 +967,7 @@ impl World {
             generation,
             gossip_addr: self.hosts[i].gossip_addr,
             agent_version: String::new(),
+            protocol: crate::gossip::PROTOCOL,
             status: state.status,
             virtual_mode: state.virtual_mode,
             on_link: state.on_link.clone(),
