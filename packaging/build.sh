@@ -1,42 +1,65 @@
 #!/usr/bin/env bash
 # Builds the lbnodeagent packages: target/packages/lbnodeagent_*.deb and
-# target/packages/lbnodeagent-*.rpm. Installs what it needs first: Debian's
-# gzip and the crates.io tools cargo-deb and cargo-generate-rpm.
+# target/packages/lbnodeagent-*.rpm, with binaries that run on glibc 2.28
+# or newer (RHEL 8, Debian 10, Ubuntu 20.04 and later). Installs what it
+# needs first, at pinned versions: Debian's gzip and binutils, the
+# crates.io tools cargo-deb and cargo-generate-rpm, and (through
+# packaging/zigbuild.sh) cargo-zigbuild and zig from PyPI, which link
+# against glibc 2.28's symbols from any build host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\n== %s\n' "$*"; }
 
-command -v gzip >/dev/null || {
-  log "apt-get install gzip"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gzip
-}
-for tool in cargo-deb cargo-generate-rpm; do
-  if ! command -v "$tool" >/dev/null; then
-    log "cargo install $tool"
-    cargo install --locked "$tool"
+CARGO_DEB_VERSION=3.8.0
+CARGO_GENERATE_RPM_VERSION=0.21.1
+# The oldest glibc the packaged binaries may need: the one
+# packaging/zigbuild.sh builds against.
+GLIBC_FLOOR=$(sed -n 's/^GLIBC_FLOOR=//p' packaging/zigbuild.sh)
+TARGET=x86_64-unknown-linux-gnu
+
+missing=()
+command -v gzip >/dev/null || missing+=(gzip)
+command -v objdump >/dev/null || missing+=(binutils)
+if ((${#missing[@]})); then
+  log "apt-get install ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+for pinned in "cargo-deb $CARGO_DEB_VERSION" "cargo-generate-rpm $CARGO_GENERATE_RPM_VERSION"; do
+  read -r tool version <<<"$pinned"
+  if [[ $("$tool" --version 2>/dev/null || cargo "${tool#cargo-}" --version 2>/dev/null) != *" $version"* ]]; then
+    log "cargo install $tool@$version"
+    cargo install --locked "$tool@$version"
   fi
 done
 
-log "cargo build --release -p lbnodeagent -p kubectl-hostlb"
-cargo build --release --locked -p lbnodeagent -p kubectl-hostlb
-bin=target/release/lbnodeagent
+log "packaging/zigbuild.sh -p lbnodeagent -p kubectl-hostlb (glibc $GLIBC_FLOOR)"
+packaging/zigbuild.sh -p lbnodeagent -p kubectl-hostlb
+out=target/$TARGET/release
+bin=$out/lbnodeagent
 
 # The man pages come from the same clap definitions as --help: the main
 # one and one per subcommand, which it names in SEE ALSO.
 mkdir -p target/packages
-rm -rf target/release/man
-"$bin" man --dir target/release/man
-gzip -9n target/release/man/*.1
+rm -rf "$out/man"
+"$bin" man --dir "$out/man"
+gzip -9n "$out"/man/*.1
 
-# The oldest glibc the binary runs on: the newest symbol version it needs.
-glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1)
-echo "lbnodeagent needs glibc ${glibc#GLIBC_} or newer"
+# The oldest glibc each binary runs on is the newest symbol version it
+# needs; above the floor, the build fails.
+for b in "$bin" "$out/kubectl-hostlb"; do
+  glibc=$(objdump -T "$b" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1)
+  echo "$(basename "$b") needs glibc ${glibc#GLIBC_} or newer"
+  if [[ $(printf '%s\n%s\n' "${glibc#GLIBC_}" "$GLIBC_FLOOR" | sort -V | tail -n 1) != "$GLIBC_FLOOR" ]]; then
+    echo "$(basename "$b") needs glibc ${glibc#GLIBC_}, above the floor of $GLIBC_FLOOR" >&2
+    exit 1
+  fi
+done
 
 log "cargo deb"
 rm -f target/packages/lbnodeagent*.deb target/packages/lbnodeagent*.rpm
-cargo deb --locked -p lbnodeagent --no-build --output target/packages/
+cargo deb --locked -p lbnodeagent --no-build --target "$TARGET" --output target/packages/
 log "cargo generate-rpm"
-cargo generate-rpm -p lbnodeagent --output target/packages/
+cargo generate-rpm -p lbnodeagent --target "$TARGET" --output target/packages/
 
 ls -l target/packages/

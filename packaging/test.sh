@@ -39,6 +39,24 @@ rpm=${rpms[0]}
 work=target/packaging
 mkdir -p "$work"
 
+log "glibc floor of the packaged binaries"
+floor=$(sed -n 's/^GLIBC_FLOOR=//p' packaging/zigbuild.sh)
+newest() { grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n 1; }
+at_most_floor() { [[ $(printf '%s\n%s\n' "$1" "$floor" | sort -V | tail -n 1) == "$floor" ]]; }
+rm -rf "$work/unpacked"
+mkdir -p "$work/unpacked"
+dpkg-deb -x "$deb" "$work/unpacked"
+for b in usr/bin/lbnodeagent usr/bin/kubectl-hostlb; do
+  need=$(objdump -T "$work/unpacked/$b" | newest)
+  at_most_floor "$need" || fail "the .deb's $b needs glibc $need, above $floor"
+  ok "the .deb's $b needs glibc $need (floor $floor)"
+done
+depends=$(dpkg-deb -f "$deb" Depends)
+[[ $depends == *"libc6 (>= $floor)"* ]] || fail "the .deb does not depend on libc6 (>= $floor): $depends"
+need=$(rpm -qp --requires "$rpm" 2>/dev/null | newest)
+at_most_floor "$need" || fail "the .rpm requires glibc $need, above $floor"
+ok "the .deb depends on libc6 (>= $floor); the .rpm requires at most GLIBC_$need"
+
 log "lintian $deb"
 # Errors fail; warnings are printed and explained in packaging/README.md.
 lintian --fail-on error "$deb" || fail "lintian reports errors"
@@ -79,7 +97,7 @@ in_root() { chroot "$root" "$@"; }
 log "a newer build for the upgrade"
 upgrade_dir=$work/upgrade
 rm -rf "$upgrade_dir"
-cargo deb -p lbnodeagent --no-build --deb-revision 2 --output "$upgrade_dir/" >/dev/null
+cargo deb -p lbnodeagent --no-build --target x86_64-unknown-linux-gnu --deb-revision 2 --output "$upgrade_dir/" >/dev/null
 upgrade=$(echo "$upgrade_dir"/lbnodeagent_*.deb)
 [[ -f $upgrade ]] || fail "no upgrade package built"
 
@@ -175,6 +193,69 @@ in_root dpkg -P lbnodeagent
 [[ ! -e $link ]] || fail "purge left the enablement link"
 ok "purged: /etc/lbnodeagent and the enablement link are gone"
 
+log "a signed repository (packaging/repo.sh): apt install, then apt upgrade"
+# A throwaway signing key, and a second one nobody trusts.
+export GNUPGHOME=$(realpath "$work")/gnupg
+# A gpg-agent left from an earlier run holds sockets in the old directory.
+[[ ! -d $GNUPGHOME ]] || gpgconf --kill gpg-agent || true
+rm -rf "$GNUPGHOME"
+mkdir -m 0700 "$GNUPGHOME"
+gpg --batch --quiet --passphrase '' --quick-gen-key "hostlb test repository <repo@hostlb.invalid>" rsa3072 sign never
+gpg --batch --quiet --passphrase '' --quick-gen-key "someone else <other@hostlb.invalid>" rsa3072 sign never
+# The first release alone; then the repository with the newer one added.
+rm -rf "$root/srv/hostlb"
+packaging/repo.sh --key repo@hostlb.invalid --out "$root/srv/hostlb/one" "$deb" "$rpm" >/dev/null
+cp -a "$root/srv/hostlb/one" "$root/srv/hostlb/two"
+packaging/repo.sh --key repo@hostlb.invalid --out "$root/srv/hostlb/two" "$upgrade" >/dev/null
+gpgv --keyring "$root/srv/hostlb/two/hostlb.gpg" "$root/srv/hostlb/two/apt/dists/stable/InRelease" 2>/dev/null ||
+  fail "InRelease does not verify with the published key"
+gpgv --keyring "$root/srv/hostlb/two/hostlb.gpg" "$root/srv/hostlb/two/rpm/repodata/repomd.xml.asc" \
+  "$root/srv/hostlb/two/rpm/repodata/repomd.xml" 2>/dev/null || fail "repomd.xml.asc does not verify with the published key"
+ok "InRelease and repomd.xml.asc verify with the published key"
+gpgconf --kill gpg-agent || true
+# The client side, as packaging/README.md documents it, with nothing but
+# this repository configured (the root has no network to rely on).
+: >"$root/etc/apt/sources.list"
+install -m 0644 "$root/srv/hostlb/one/hostlb.gpg" "$root/usr/share/keyrings/hostlb.gpg"
+sources() {
+  printf 'Types: deb\nURIs: file:/srv/hostlb/%s/apt\nSuites: stable\nComponents: main\nSigned-By: %s\n' "$1" "$2" \
+    >"$root/etc/apt/sources.list.d/hostlb.sources"
+}
+apt_root() { in_root env DEBIAN_FRONTEND=noninteractive apt-get -q -y "$@"; }
+# Signed by a key apt was not told to trust: refused.
+gpg --batch --export other@hostlb.invalid >"$root/usr/share/keyrings/other.gpg"
+sources one /usr/share/keyrings/other.gpg
+apt_root update >"$work/apt-wrong-key.log" 2>&1 || true
+if in_root apt-cache show lbnodeagent >/dev/null 2>&1; then
+  cat "$work/apt-wrong-key.log"
+  fail "apt accepted the repository with a key that did not sign it"
+fi
+grep -q 'NO_PUBKEY' "$work/apt-wrong-key.log" || { cat "$work/apt-wrong-key.log"; fail "apt did not name the missing key"; }
+ok "apt refuses the repository under a key that did not sign it"
+sources one /usr/share/keyrings/hostlb.gpg
+apt_root update >"$work/apt-update.log" 2>&1 || { cat "$work/apt-update.log"; fail "apt-get update from the repository"; }
+grep -q 'NO_PUBKEY\|not signed\|insecure' "$work/apt-update.log" && { cat "$work/apt-update.log"; fail "apt warned about the signature"; }
+apt_root install lbnodeagent >/dev/null || fail "apt-get install lbnodeagent from the repository"
+[[ $(in_root dpkg-query -W -f '${Version}' lbnodeagent) == *-1 ]] || fail "apt did not install the first release"
+echo 'namespace = "edited"' >>"$root/etc/lbnodeagent/lbnodeagent.toml"
+sources two /usr/share/keyrings/hostlb.gpg
+apt_root update >/dev/null 2>&1 || fail "apt-get update after the newer release was added"
+apt_root upgrade >/dev/null || fail "apt-get upgrade"
+[[ $(in_root dpkg-query -W -f '${Version}' lbnodeagent) == *-2 ]] || fail "apt-get upgrade did not install the newer release"
+grep -qx 'namespace = "edited"' "$root/etc/lbnodeagent/lbnodeagent.toml" || fail "apt-get upgrade lost the edited config"
+ok "apt-get install from the signed repository, then apt-get upgrade to $(in_root dpkg-query -W -f '${Version}' lbnodeagent), edit kept"
+apt_root purge lbnodeagent >/dev/null
+# The dnf side: the .rpm is signed by the repository key, the metadata
+# lists both releases. dnf itself is not run here (a Debian host).
+rpm --root "$root" --initdb
+rpm --root "$root" --import "$root/srv/hostlb/two/hostlb.asc"
+for r in "$root"/srv/hostlb/two/rpm/*.rpm; do
+  rpm --root "$root" -K "$r" | grep -q 'digests signatures OK' || fail "$(basename "$r") is not signed by the repository key"
+done
+primary=$(echo "$root"/srv/hostlb/two/rpm/repodata/*-primary.xml.gz)
+zcat "$primary" | grep -q '<name>lbnodeagent</name>' || fail "the dnf metadata does not list lbnodeagent"
+ok "the .rpm checks against the repository key (rpm -K); createrepo_c's metadata lists it"
+
 log "rpm -qp $rpm"
 files=$(rpm -qlp "$rpm")
 echo "$files"
@@ -206,7 +287,9 @@ rpm --root "$root" -e lbnodeagent
 ok "installed (user, enabled), erased keeping the edited config as .rpmsave"
 
 log "boot the root with systemd-nspawn: installed, not configured"
-in_root dpkg -i /tmp/lbnodeagent.deb >/dev/null
+# The first release from the repository, which also holds the newer one:
+# the second boot upgrades the running agent with apt-get upgrade.
+apt_root install "lbnodeagent=$(dpkg-deb -f "$deb" Version)" >/dev/null || fail "apt-get install of the first release"
 # A probe reports what the booted system made of the unit, then powers off.
 cat >"$root/etc/systemd/system/lbnodeagent-probe.service" <<'UNIT'
 [Unit]
@@ -280,6 +363,13 @@ ExecStart=/bin/sh -c '\
   cp /root/good.toml /etc/lbnodeagent/lbnodeagent.toml; \
   [ "$$(systemctl show -p MainPID --value lbnodeagent.service)" = "$$pid" ] && echo bad_reload_same_pid=yes; \
   echo restart_warnings=$$(journalctl -u lbnodeagent.service --no-pager -o cat | grep -c "take effect only after a restart"); \
+  DEBIAN_FRONTEND=noninteractive apt-get -q -y upgrade >/root/upgrade.log 2>&1; echo upgrade=$$?; \
+  echo upgraded_to=$$(dpkg-query -W lbnodeagent | cut -f2); \
+  newpid=$$(systemctl show -p MainPID --value lbnodeagent.service); \
+  [ "$$newpid" != 0 ] && [ "$$newpid" != "$$pid" ] && echo upgrade_restarted=yes; \
+  systemctl show lbnodeagent.service -p ActiveState | sed s/^/upgrade_/; \
+  grep -q pkgtest /etc/lbnodeagent/lbnodeagent.toml && echo upgrade_config_kept=yes; \
+  pid=$$newpid; \
   ms() { date +%%s%%3N; }; \
   kill -STOP $$pid; t0=$$(ms); \
   while [ -d /proc/$$pid ] && [ $$(( $$(ms) - t0 )) -lt 20000 ]; do sleep 0.02; done; \
@@ -309,6 +399,8 @@ UNIT
   [[ -f $root/probe.out ]] || fail "the second boot wrote no probe output (see $work/boot2.log)"
   cat "$root/probe.out"
   for line in start=0 ActiveState=active reload=0 same_pid=yes bad_reload_same_pid=yes restart_warnings=0 \
+    upgrade=0 "upgraded_to=$(dpkg-deb -f "$upgrade" Version)" upgrade_restarted=yes upgrade_ActiveState=active \
+    upgrade_config_kept=yes \
     stop=0 Result=success ExecMainStatus=0; do
     grep -qx "$line" "$root/probe.out" || fail "after boot: no '$line' (output above)"
   done
@@ -342,7 +434,7 @@ UNIT
   if grep -q 'cannot read' "$root/probe.out"; then
     fail "after boot: the agent could not read something under the unit's sandbox (output above)"
   fi
-  ok "booted and configured: started (READY=1), reloaded in place, stopped cleanly, cleanup ran; started degraded without the API server"
+  ok "booted and configured: started (READY=1), reloaded in place, upgraded by apt-get upgrade from the repository (restarted, config kept), stopped cleanly, cleanup ran; started degraded without the API server"
 else
   echo "packaging test: NOT RUN: starting the unit (READY=1, a reload, a clean stop): the root" \
     "could not be booted here (above)."
