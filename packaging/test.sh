@@ -154,8 +154,29 @@ grep -qx /etc/lbnodeagent/lbnodeagent.toml "$root/var/lib/dpkg/info/lbnodeagent.
 ok "conffile /etc/lbnodeagent/lbnodeagent.toml"
 
 # Every commented key is at a valid default: uncommented, the file checks.
-# The three worked out at run time are shown with examples.
-sed -E 's/^#([a-z_]+ = )/\1/' packaging/lbnodeagent.toml >"$root/tmp/all-keys.toml"
+# The three worked out at run time are shown with examples. `check` also
+# reads the kubeconfig and the gossip key the file names: without a key it
+# fails naming the file.
+sed -E 's/^#([a-z_]+ = )/\1/; s|^kubeconfig = .*|kubeconfig = "/tmp/kubeconfig"|' packaging/lbnodeagent.toml \
+  >"$root/tmp/all-keys.toml"
+cat >"$root/tmp/kubeconfig" <<'KUBECONFIG'
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://10.0.0.1:6443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+KUBECONFIG
+if out=$(in_root lbnodeagent check --config /tmp/all-keys.toml 2>&1); then
+  fail "check passed without the gossip key file: $out"
+fi
+grep -q /etc/lbnodeagent/gossip.key <<<"$out" || fail "check without a gossip key does not name the file: $out"
+ok "check fails without the gossip key file, naming it"
+in_root lbnodeagent keygen --output /etc/lbnodeagent/gossip.key
+mode_owner /etc/lbnodeagent/gossip.key "600 root:root"
+in_root lbnodeagent keygen --output /etc/lbnodeagent/gossip.key 2>/dev/null &&
+  fail "keygen --output replaced an existing key"
+ok "keygen --output writes 0600 and never replaces a key"
 in_root lbnodeagent check --config /tmp/all-keys.toml || fail "the default config, uncommented, does not check"
 grep -Eq '^#?(node_name|kubeconfig|run_dir|namespace|load_balancer_class) = ' packaging/lbnodeagent.toml
 for key in node_name kubeconfig run_dir namespace load_balancer_class listen advertise seeds \
@@ -165,11 +186,6 @@ for key in node_name kubeconfig run_dir namespace load_balancer_class listen adv
 done
 ok "the default config names every key and checks uncommented"
 
-in_root lbnodeagent keygen --output /etc/lbnodeagent/gossip.key
-mode_owner /etc/lbnodeagent/gossip.key "600 root:root"
-in_root lbnodeagent keygen --output /etc/lbnodeagent/gossip.key 2>/dev/null &&
-  fail "keygen --output replaced an existing key"
-ok "keygen --output writes 0600 and never replaces a key"
 
 log "systemd-analyze verify in the root"
 in_root systemd-analyze verify "$unit" || fail "systemd-analyze verify $unit"

@@ -166,6 +166,17 @@ pub async fn run(config_path: &Path) -> Result<(), AgentError> {
         .await
 }
 
+/// What `lbnodeagent check` can tell without the network, beyond the file
+/// itself: that the kubeconfig reads and resolves to a cluster and
+/// credentials (certificates and token files loaded), and that the gossip
+/// key file loads with a safe mode. Both would stop `run` at start; the
+/// unit's `ExecStartPre=` check then fails with the reason instead.
+pub async fn check_offline(cfg: &AgentConfig) -> Result<(), AgentError> {
+    kube_client(cfg).await?;
+    crate::gossip::GossipKeys::load(&cfg.gossip.key_file)?;
+    Ok(())
+}
+
 /// The client, and the API server's URL (for log lines).
 async fn kube_client(cfg: &AgentConfig) -> Result<(kube::Client, String), AgentError> {
     let bad = |message: String| AgentError::Kubeconfig {
