@@ -115,6 +115,13 @@ mode_owner() {
 mode_owner /usr/bin/lbnodeagent "755 root:root"
 mode_owner /usr/bin/kubectl-hostlb "755 root:root"
 in_root kubectl-hostlb --help | grep -q 'explain' || fail "kubectl-hostlb does not run in the installed root"
+# --version names the commit built, for bug reports.
+commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+for b in lbnodeagent kubectl-hostlb; do
+  v=$(in_root "$b" --version)
+  [[ $v == "$b "*"+$commit"* ]] || fail "$b --version is '$v', not naming commit $commit"
+done
+ok "--version names the commit: $(in_root lbnodeagent --version)"
 mode_owner /etc/lbnodeagent "755 root:root"
 mode_owner /etc/lbnodeagent/lbnodeagent.toml "644 root:root"
 unit=/lib/systemd/system/lbnodeagent.service

@@ -14,7 +14,11 @@ use kubectl_hostlb::{Fleet, Output, check, explain, status};
 /// are and who announces them, why an address is where it is, and what is
 /// wrong with the configuration.
 #[derive(Parser)]
-#[command(name = "kubectl-hostlb", bin_name = "kubectl hostlb", version)]
+#[command(
+    name = "kubectl-hostlb",
+    bin_name = "kubectl hostlb",
+    version = concat!(env!("CARGO_PKG_VERSION"), "+", env!("HOSTLB_COMMIT"))
+)]
 struct Args {
     /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
     #[arg(long, global = true)]

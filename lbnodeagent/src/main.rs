@@ -10,7 +10,7 @@ use lbnodeagent::inputs::Scope;
 use lbnodeagent::simulate::{self, Output};
 
 #[derive(Parser)]
-#[command(name = "lbnodeagent", version, about = "hostlb node agent")]
+#[command(name = "lbnodeagent", version = lbnodeagent::VERSION, about = "hostlb node agent")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -92,7 +92,7 @@ fn main() -> ExitCode {
     // failures once per outage instead.
     hostlb_api::logging::init("info,kube_client::client::builder=off");
     let cli = Cli::parse();
-    tracing::debug!(version = env!("CARGO_PKG_VERSION"), "lbnodeagent starting");
+    tracing::debug!(version = lbnodeagent::VERSION, "lbnodeagent starting");
     if !matches!(cli.command, Command::Run { .. }) {
         hostlb_api::logging::quiet_on_closed_pipe();
     }

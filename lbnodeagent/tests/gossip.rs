@@ -135,7 +135,11 @@ async fn three_agents_form_a_cluster_and_see_each_others_state() {
     assert_eq!(c.gossip_addr, agents[2].addr);
     assert_eq!(c.vips, local_state(agents[2].addr.port() as u8).vips);
     assert_eq!(c.macs, local_state(agents[2].addr.port() as u8).macs);
-    assert_eq!(c.agent_version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(c.agent_version, lbnodeagent::VERSION);
+    assert!(
+        c.agent_version
+            .starts_with(concat!(env!("CARGO_PKG_VERSION"), "+"))
+    );
     let member = view.member("c").unwrap();
     assert_eq!(
         member.on_link,

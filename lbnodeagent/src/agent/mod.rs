@@ -191,13 +191,7 @@ async fn kube_client(cfg: &AgentConfig) -> Result<(kube::Client, String), AgentE
     // The client's own retries of 503s back off for minutes, during which
     // the watches look healthy; the watchers retry themselves, and report.
     config.default_retry = false;
-    if let Ok(v) = format!(
-        "hostlb-lbnodeagent/{} ({})",
-        env!("CARGO_PKG_VERSION"),
-        cfg.node_name
-    )
-    .parse()
-    {
+    if let Ok(v) = format!("hostlb-lbnodeagent/{} ({})", crate::VERSION, cfg.node_name).parse() {
         config.headers.push((http::header::USER_AGENT, v));
     }
     let server = config.cluster_url.to_string();
@@ -315,7 +309,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         backend: Arc<B>,
         announcer: Option<Arc<Announcer>>,
     ) -> Result<Agent<B>, AgentError> {
-        info!(node = %cfg.node_name, version = env!("CARGO_PKG_VERSION"), "starting");
+        info!(node = %cfg.node_name, version = crate::VERSION, "starting");
         let telemetry = Telemetry::new();
         let links = read_links(&*backend, &cfg, true).await;
         note_announce_interface(&telemetry, &cfg, &links);
@@ -676,7 +670,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         hostlb_api::NodeAgentStatus {
             heartbeat_time: None,
             last_change_time: None,
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: crate::VERSION.to_string(),
             protocol: Some(crate::gossip::PROTOCOL),
             config_hash: self.config_hash.clone(),
             state: state.to_string(),

@@ -85,7 +85,7 @@ impl Default for GossipConfig {
         GossipConfig {
             cluster_id: DEFAULT_CLUSTER_ID.to_string(),
             node_name: String::new(),
-            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            agent_version: crate::VERSION.to_string(),
             listen: SocketAddr::from((Ipv6Addr::UNSPECIFIED, DEFAULT_PORT)),
             advertise: None,
             seeds: Vec::new(),
