@@ -1,8 +1,7 @@
 //! Names the commit a binary was built from, so that `--version`, the log
 //! and the NodeAgent record say exactly which build runs: `HOSTLB_COMMIT`
 //! from the environment when set (a build from a source tarball), else
-//! git's HEAD (with `-dirty` for uncommitted changes to tracked files),
-//! else `unknown`. kubectl-hostlb uses this same file.
+//! git's HEAD, else `unknown`. kubectl-hostlb uses this same file.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -26,17 +25,17 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn from_git() -> Option<String> {
     let head = git(&["rev-parse", "--short=12", "HEAD"])?;
-    // Built again when HEAD moves or the index changes (a commit, an add).
+    // Built again when HEAD moves (a commit, a checkout). Not on the index:
+    // git itself rewrites it on reads, which would rebuild on every run.
     if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
         let dir = PathBuf::from(dir);
-        for f in ["HEAD", "index", "packed-refs"] {
-            println!("cargo:rerun-if-changed={}", dir.join(f).display());
-        }
-        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={}", dir.join(branch).display());
+        // Only paths that exist: cargo takes a missing one as changed. A
+        // directory counts as changed when anything under it is.
+        for f in ["HEAD", "packed-refs", "refs/heads"].map(|f| dir.join(f)) {
+            if f.exists() {
+                println!("cargo:rerun-if-changed={}", f.display());
+            }
         }
     }
-    let dirty =
-        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-    Some(if dirty { format!("{head}-dirty") } else { head })
+    Some(head)
 }
