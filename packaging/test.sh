@@ -23,6 +23,11 @@ command -v rpm >/dev/null || apt_packages+=(rpm)
 command -v debootstrap >/dev/null || apt_packages+=(debootstrap)
 command -v systemd-nspawn >/dev/null || apt_packages+=(systemd-container)
 command -v kubectl >/dev/null || apt_packages+=(kubernetes-client)
+# The signed repository: a throwaway key, and what packaging/repo.sh uses.
+command -v gpg >/dev/null || apt_packages+=(gnupg)
+command -v gpgv >/dev/null || apt_packages+=(gpgv)
+command -v apt-ftparchive >/dev/null || apt_packages+=(apt-utils)
+command -v createrepo_c >/dev/null || apt_packages+=(createrepo-c)
 if ((${#apt_packages[@]})); then
   log "apt-get install ${apt_packages[*]}"
   apt-get update -qq
