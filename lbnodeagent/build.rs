@@ -1,7 +1,8 @@
 //! Names the commit a binary was built from, so that `--version`, the log
 //! and the NodeAgent record say exactly which build runs: `HOSTLB_COMMIT`
 //! from the environment when set (a build from a source tarball), else
-//! git's HEAD, else `unknown`. kubectl-hostlb uses this same file.
+//! git's HEAD, else `unknown`. kubectl-hostlb shows the same, through
+//! `lbnodeagent::VERSION`.
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -17,7 +17,7 @@ use kubectl_hostlb::{Fleet, Output, check, explain, status};
 #[command(
     name = "kubectl-hostlb",
     bin_name = "kubectl hostlb",
-    version = concat!(env!("CARGO_PKG_VERSION"), "+", env!("HOSTLB_COMMIT"))
+    version = lbnodeagent::VERSION
 )]
 struct Args {
     /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).

@@ -3,12 +3,13 @@
 #![deny(unsafe_code)]
 
 pub mod addrs;
-/// The release and the commit it was built from (`build.rs`), as
-/// `--version`, the log, gossip and the NodeAgent record show it.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("HOSTLB_COMMIT"));
 pub mod agent;
 pub mod announce;
 pub mod election;
 pub mod gossip;
 pub mod inputs;
 pub mod simulate;
+
+/// The release and the commit it was built from (`build.rs`), as
+/// `--version`, the log, gossip and the NodeAgent record show it.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("HOSTLB_COMMIT"));

@@ -339,9 +339,11 @@ pub fn judge(
     let mut prev = t0;
     let bounds = window.iter().map(|r| r.at).chain([end]);
     for at in bounds {
-        let counts = unanswered
-            .as_ref()
-            .is_none_or(|u| u.iter().any(|&s| s >= prev && s < at));
+        // `unanswered` is in time order: is one of them in [prev, at)?
+        let counts = unanswered.as_ref().is_none_or(|u| {
+            u.get(u.partition_point(|&s| s < prev))
+                .is_some_and(|&s| s < at)
+        });
         if counts {
             longest = longest.max(at.saturating_duration_since(prev));
         }
@@ -365,6 +367,8 @@ pub fn judge(
 /// The requests sent in `[t0, end - interval]` that no reply answered. A
 /// reply answers a request when it arrives after it and before the next
 /// one (or within an interval, when the prober sent the next one early).
+/// Both lists are in the prober's time order, so each request looks up
+/// its first reply by bisection.
 fn unanswered(
     sent: &[Instant],
     window: &[&Reply],
@@ -380,7 +384,8 @@ fn unanswered(
         let until = sent
             .get(i + 1)
             .map_or(s + interval, |&n| n.max(s + interval));
-        if !window.iter().any(|r| r.at >= s && r.at < until) {
+        let first = window.partition_point(|r| r.at < s);
+        if window.get(first).is_none_or(|r| r.at >= until) {
             out.push(s);
         }
     }

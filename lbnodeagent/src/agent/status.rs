@@ -39,12 +39,17 @@ pub struct MemberDoc {
     pub status: String,
     pub gossip: String,
     pub version: String,
-    /// The gossip protocol it speaks (0 in a dump from before the field).
-    #[serde(default)]
+    /// The gossip protocol it speaks (in a dump from before the field, the
+    /// protocol of every agent then).
+    #[serde(default = "protocol_unsaid")]
     pub protocol: u32,
     /// `prefix@interface`, `*` after an announce interface's.
     pub prefixes: Vec<String>,
     pub vips: usize,
+}
+
+fn protocol_unsaid() -> u32 {
+    crate::gossip::PROTOCOL_UNSAID
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

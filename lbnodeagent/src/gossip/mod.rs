@@ -195,7 +195,7 @@ pub use detector::{
 };
 pub use keys::{GossipKeys, MAX_KEYS, MIN_KEY_LEN};
 pub use membership::{Membership, MembershipView, ViewBuilder, build_view};
-pub use state::{KEY_STATUS, LocalState, MemberInfo, PROTOCOL, Status};
+pub use state::{KEY_STATUS, LocalState, MemberInfo, PROTOCOL, PROTOCOL_UNSAID, Status};
 pub use transport::{
     AuthCounters, AuthSocket, AuthStats, AuthTransport, MAX_PORTS, PORT_GRACE, WallClock, bind_udp,
 };

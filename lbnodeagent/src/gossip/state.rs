@@ -46,6 +46,9 @@ pub const KEY_PROTOCOL: &str = "protocol";
 /// only once every member publishes the newer protocol. See docs/agent.md,
 /// "Compatibility".
 pub const PROTOCOL: u32 = 1;
+/// The protocol of an agent that does not say: every release before the
+/// `protocol` key spoke protocol 1.
+pub const PROTOCOL_UNSAID: u32 = 1;
 pub const KEY_STATUS: &str = "status";
 pub const KEY_ONLINK_V4: &str = "onlink.v4";
 pub const KEY_ONLINK_V6: &str = "onlink.v6";
@@ -116,7 +119,8 @@ pub struct MemberInfo {
     pub generation: u64,
     pub gossip_addr: SocketAddr,
     pub agent_version: String,
-    /// [`PROTOCOL`] of that agent (1 for one from before the key).
+    /// [`PROTOCOL`] of that agent ([`PROTOCOL_UNSAID`] for one from before
+    /// the key).
     pub protocol: u32,
     pub status: Status,
     pub virtual_mode: bool,
@@ -288,7 +292,7 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
         protocol: node
             .get(KEY_PROTOCOL)
             .and_then(|p| p.parse().ok())
-            .unwrap_or(1),
+            .unwrap_or(PROTOCOL_UNSAID),
         status,
         virtual_mode: node.get(KEY_VIRTUAL) == Some("true"),
         on_link,
