@@ -114,8 +114,29 @@ struct Gossip {
 /// Kernel address operations, carried out one batch after another by a
 /// task of their own (see [`kernel_worker`]).
 struct Kernel {
-    batches: mpsc::UnboundedSender<(Vec<crate::addrs::VipAddress>, Vec<crate::addrs::VipAddress>)>,
-    results: mpsc::UnboundedReceiver<Vec<OpResult>>,
+    batches: mpsc::UnboundedSender<KernelJob>,
+    results: mpsc::UnboundedReceiver<Input>,
+}
+
+/// One batch for the kernel worker: addresses to add, then to remove,
+/// then (`read`) our addresses read back for the core.
+#[derive(Default)]
+struct KernelJob {
+    add: Vec<crate::addrs::VipAddress>,
+    remove: Vec<crate::addrs::VipAddress>,
+    read: bool,
+}
+
+impl Kernel {
+    /// Asks for our addresses as the kernel has them once the operations
+    /// asked for so far are done, as [`Input::KernelOwned`].
+    fn read(&self) {
+        // The worker lives as long as the agent.
+        let _ = self.batches.send(KernelJob {
+            read: true,
+            ..KernelJob::default()
+        });
+    }
 }
 
 /// The shell's state. See the module docs.
@@ -477,7 +498,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     let rest = self.gossip.beats_in.as_mut().expect("a beat came from it");
                     Input::Beats(beats::drain(first, rest))
                 }
-                Some(done) = self.kernel.results.recv() => Input::Done(done),
+                Some(done) = self.kernel.results.recv() => done,
                 _ = hup.recv() => match self.reload().await {
                     Some(input) => input,
                     None => continue,
@@ -529,9 +550,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
 
     /// Does what the core said, without waiting for any of it to finish.
     async fn carry_out(&mut self, a: Actions) {
-        if !a.add.is_empty() || !a.remove.is_empty() {
+        if !a.add.is_empty() || !a.remove.is_empty() || a.read_kernel {
             // The worker lives as long as the agent.
-            let _ = self.kernel.batches.send((a.add, a.remove));
+            let _ = self.kernel.batches.send(KernelJob {
+                add: a.add,
+                remove: a.remove,
+                read: a.read_kernel,
+            });
         }
         if let Some(announcer) = &self.wire.announcer {
             if !a.garp.is_empty() {
@@ -753,15 +778,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 Some(Input::Links(self.read_links().await))
             }
             KernelEvent::Resync => {
-                let links = self.read_links().await;
-                self.step(Input::Links(links)).await;
-                match self.backend.owned().await {
-                    Ok(owned) => Some(Input::KernelOwned(owned)),
-                    Err(e) => {
-                        warn!(error = %e, "cannot read the kernel's addresses");
-                        None
-                    }
-                }
+                // Read by the worker, after the operations in flight, so
+                // that the read is not older than their results.
+                self.kernel.read();
+                Some(Input::Links(self.read_links().await))
             }
         }
     }
@@ -770,9 +790,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         loop {
             match self.backend.subscribe().await {
                 Ok(ev) => {
-                    if let Ok(owned) = self.backend.owned().await {
-                        self.step(Input::KernelOwned(owned)).await;
-                    }
+                    self.kernel.read();
                     return ev;
                 }
                 Err(e) => {
@@ -1008,19 +1026,25 @@ fn open_wire(announcer: Option<Arc<Announcer>>) -> Wire {
 /// The kernel worker: batches in the order the core asked for them, each
 /// carried out by the backend's batch calls, results back to the loop.
 fn kernel_worker<B: AddressBackend + 'static>(backend: Arc<B>) -> Kernel {
-    let (batches, mut rx) =
-        mpsc::unbounded_channel::<(Vec<crate::addrs::VipAddress>, Vec<crate::addrs::VipAddress>)>();
+    let (batches, mut rx) = mpsc::unbounded_channel::<KernelJob>();
     let (done, results) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        while let Some((mut add, mut remove)) = rx.recv().await {
+        while let Some(KernelJob {
+            mut add,
+            mut remove,
+            mut read,
+        }) = rx.recv().await
+        {
             // Whatever queued up meanwhile goes in the same batch (one link
             // read, one record write): the core has at most one operation
             // in flight per VIP, so batches never disagree about one, and
             // a burst (a heal's conflicts settled one claim at a time) costs
-            // one batch, not hundreds one after another.
-            while let Ok((a, r)) = rx.try_recv() {
-                add.extend(a);
-                remove.extend(r);
+            // one batch, not hundreds one after another. A read goes after
+            // all of them: what it finds is then no older than any result.
+            while let Ok(job) = rx.try_recv() {
+                add.extend(job.add);
+                remove.extend(job.remove);
+                read |= job.read;
             }
             let mut out = Vec::with_capacity(add.len() + remove.len());
             for (kind, vips) in [(OpKind::Add, add), (OpKind::Remove, remove)] {
@@ -1037,8 +1061,18 @@ fn kernel_worker<B: AddressBackend + 'static>(backend: Arc<B>) -> Kernel {
                     result: result.map_err(|e| e.to_string()),
                 }));
             }
-            if done.send(out).is_err() {
+            if !out.is_empty() && done.send(Input::Done(out)).is_err() {
                 return;
+            }
+            if read {
+                match backend.owned().await {
+                    Ok(owned) => {
+                        if done.send(Input::KernelOwned(owned)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "cannot read the kernel's addresses"),
+                }
             }
         }
     });

@@ -69,7 +69,8 @@ use crate::announce::{AnnounceConfig, Target};
 use crate::election::{Cluster, Election, Endpoints, Member, Reason};
 use crate::gossip::{LocalState, MembershipView, Status};
 use conflict::{
-    Conflicts, Hold, LAPSE_EARLY, LAPSE_PROBE, OWNER_PROBE, PRECHECK, Verdict, YIELD_PROBE, lapsing,
+    Conflicts, Hold, LAPSE_EARLY, LAPSE_PROBE, OWNER_PROBE, PRECHECK, PRECHECK_EVERY,
+    PRECHECK_PROBES, Verdict, YIELD_PROBE, lapsing,
 };
 use links::{Links, Mode, Want};
 use sessions::{Beat, Lapse, Sessions};
@@ -178,7 +179,9 @@ pub enum Input {
     Adopted(Vec<OwnedAddress>),
     /// One of our addresses disappeared without us removing it.
     AddressRemoved(OwnedAddress),
-    /// Our addresses as the kernel has them, after kernel events were lost.
+    /// Our addresses as the kernel has them: read when kernel events were
+    /// lost, or when [`Actions::read_kernel`] asked, after every operation
+    /// asked for before.
     KernelOwned(Vec<OwnedAddress>),
     /// A host on the wire claims an address.
     Claim(Claim),
@@ -262,6 +265,9 @@ pub struct Actions {
     /// Whether gossip is isolated (see [`Core::isolated`]), when that
     /// changed.
     pub isolated: Option<bool>,
+    /// Read our addresses from the kernel, after the operations asked for
+    /// so far, and give them back as [`Input::KernelOwned`].
+    pub read_kernel: bool,
 }
 
 /// Whom this node beats, and what its beats say (see [`sessions`]).
@@ -313,6 +319,16 @@ struct Retry {
     delay: Duration,
 }
 
+/// A pre-check under way: [`PRECHECK_PROBES`] questions on the wire,
+/// [`PRECHECK_EVERY`] apart, and the window ends at `until`.
+#[derive(Clone, Copy, Debug)]
+struct Probing {
+    until: Instant,
+    /// When the next question goes out, while some are left.
+    next: Instant,
+    left: u32,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Garp {
     left: u32,
@@ -327,8 +343,8 @@ struct Slot {
     /// What the kernel holds for us, as last confirmed.
     held: Option<Want>,
     op: Option<Op>,
-    /// Asking the LAN before taking it; the window ends then.
-    probing: Option<Instant>,
+    /// Asking the LAN before taking it.
+    probing: Option<Probing>,
     /// Giving it to a live winner, since then.
     handover: Option<Instant>,
     /// The hostlb node whose MAC claimed it on the wire during the
@@ -733,42 +749,23 @@ impl Core {
                 self.publish_dirty = true;
             }
             Input::AddressRemoved(a) => {
-                if let Some(s) = self.slots.get_mut(&a.ip)
-                    && s.op.is_none()
-                    && s.held.as_ref().is_some_and(|h| h.vip.ifindex == a.ifindex)
-                {
-                    warn!(ip = %a.ip, interface = %a.interface,
-                        "address removed outside the agent; putting it back if still ours");
-                    s.held = None;
-                    s.held_since = None;
-                    s.garp = None;
-                    s.handover = None;
-                    s.kept_for_views = false;
-                    self.unsettled.insert(a.ip);
-                    self.publish_dirty = true;
-                    self.report_dirty = true;
+                // Not taken at its word: the event may be older than the
+                // operation that put the address back (a frozen agent
+                // reads, on thawing, the removals of addresses that lapsed
+                // meanwhile, after its renewal added them again), and a
+                // VIP the core believes gone but the kernel still answers
+                // for would have two owners until it lapses. The kernel
+                // is read again, after the operations already asked for,
+                // and `KernelOwned` says what is there.
+                if self.slots.get(&a.ip).is_some_and(|s| {
+                    s.op.is_none() && s.held.as_ref().is_some_and(|h| h.vip.ifindex == a.ifindex)
+                }) {
+                    debug!(ip = %a.ip, interface = %a.interface,
+                        "the kernel reports the address removed; reading the kernel again");
+                    out.read_kernel = true;
                 }
             }
-            Input::KernelOwned(owned) => {
-                let there: BTreeSet<(u32, IpAddr)> =
-                    owned.iter().map(|o| (o.ifindex, o.ip)).collect();
-                for (ip, s) in &mut self.slots {
-                    if s.op.is_none()
-                        && s.held
-                            .as_ref()
-                            .is_some_and(|h| !there.contains(&(h.vip.ifindex, *ip)))
-                    {
-                        s.held = None;
-                        s.held_since = None;
-                        s.garp = None;
-                        s.handover = None;
-                        s.kept_for_views = false;
-                        self.unsettled.insert(*ip);
-                        self.publish_dirty = true;
-                        self.report_dirty = true;
-                    }
-                }
-            }
+            Input::KernelOwned(owned) => self.kernel_owned(owned),
             Input::Claim(claim) => self.on_claim(claim, now, out),
             Input::Done(results) => {
                 let worked = results.iter().any(|r| r.result.is_ok());
@@ -816,6 +813,53 @@ impl Core {
                     self.all_dirty = true;
                 }
             }
+        }
+    }
+
+    /// Our addresses as the kernel has them, read after every operation
+    /// asked for before: the truth, for every VIP with no operation in
+    /// flight. One held here but gone from the kernel (removed by hand,
+    /// lapsed) is put back if still ours; one the kernel holds that the
+    /// core does not (a removal it was told of that had not happened) is
+    /// held again, and kept or released like any other.
+    fn kernel_owned(&mut self, owned: Vec<OwnedAddress>) {
+        let there: BTreeSet<(u32, IpAddr)> = owned.iter().map(|o| (o.ifindex, o.ip)).collect();
+        for (ip, s) in &mut self.slots {
+            if s.op.is_none()
+                && s.held
+                    .as_ref()
+                    .is_some_and(|h| !there.contains(&(h.vip.ifindex, *ip)))
+            {
+                warn!(%ip, "address removed outside the agent; putting it back if still ours");
+                s.held = None;
+                s.held_since = None;
+                s.garp = None;
+                s.handover = None;
+                s.kept_for_views = false;
+                self.unsettled.insert(*ip);
+                self.publish_dirty = true;
+                self.report_dirty = true;
+            }
+        }
+        for o in owned {
+            if self
+                .slots
+                .get(&o.ip)
+                .is_some_and(|s| s.op.is_some() || s.held.is_some())
+            {
+                continue;
+            }
+            info!(ip = %o.ip, interface = %o.interface,
+                "the kernel holds an address of ours the agent thought gone; deciding it again");
+            let want = self.adopted_want(&o);
+            let slot = self.slots.entry(o.ip).or_default();
+            slot.held = Some(want);
+            // Not a VIP just handed to this node: a peer's word that it
+            // holds it stands at once (see `holds`).
+            slot.held_since = None;
+            self.unsettled.insert(o.ip);
+            self.publish_dirty = true;
+            self.report_dirty = true;
         }
     }
 
@@ -942,6 +986,9 @@ impl Core {
             self.publish_dirty = true;
             self.elect_members();
             self.all_dirty = true;
+            // Orphans are looked for only while running: those found
+            // while starting (a view newer than the peers') are due now.
+            self.orphan_scan = true;
         }
         self.note_isolation(now, out);
         if self.orphan_scan {
@@ -1363,19 +1410,25 @@ impl Core {
         }
         if want.mode == Mode::Local && !held_here && !checked && self.needs_precheck(ip) {
             let slot = self.slots.get_mut(&ip).expect("present");
-            match slot.probing {
+            match &mut slot.probing {
                 None => {
                     debug!(%ip, "asking the LAN before taking it");
-                    slot.probing = Some(now + PRECHECK);
-                    if let Some(t) = want.target {
-                        // Twice: one probe or its answer lost (5% loss
-                        // each way: one in ten) would take a live host's
-                        // address; both, about one in a hundred.
-                        out.probe.extend([t, t]);
+                    slot.probing = Some(Probing {
+                        until: now + PRECHECK,
+                        next: now + PRECHECK_EVERY,
+                        left: PRECHECK_PROBES - 1,
+                    });
+                    out.probe.extend(want.target);
+                    return;
+                }
+                Some(p) if now < p.until => {
+                    if p.left > 0 && now >= p.next {
+                        p.left -= 1;
+                        p.next = now + PRECHECK_EVERY;
+                        out.probe.extend(want.target);
                     }
                     return;
                 }
-                Some(until) if now < until => return,
                 Some(_) => {}
             }
         }
@@ -1451,25 +1504,20 @@ impl Core {
         }
     }
 
-    /// Whether to ask the LAN before taking `ip`: another node held it, and
-    /// no live node shows it held (nobody is handing it over: its holder
-    /// crashed, froze, or gossip cannot reach it), or gossip reaches no
-    /// peer while others run and this node cannot know who holds what. A
-    /// new Service's address had nobody to hear from.
+    /// Whether to ask the LAN before taking `ip`: unless a live node shows
+    /// it held, and so hands it over make before break (both answer until
+    /// it sees this node hold it), every takeover asks first. Its holder
+    /// may have crashed, frozen, stalled, or be out of gossip's reach; and
+    /// what this node has heard of who held it proves nothing: an owner
+    /// that took it a moment ago may not have told yet (its state lost or
+    /// late, or this agent just started).
     fn needs_precheck(&self, ip: IpAddr) -> bool {
-        if !self.settings.wire {
-            return false;
-        }
-        let handed_over = self
-            .view
-            .nodes
-            .iter()
-            .any(|n| n.node != self.settings.node && n.vips.contains(&ip));
-        let held_elsewhere = self
-            .conflicts
-            .last_holder(ip)
-            .is_some_and(|n| n != self.settings.node);
-        !handed_over && (held_elsewhere || self.lonely())
+        self.settings.wire
+            && !self
+                .view
+                .nodes
+                .iter()
+                .any(|n| n.node != self.settings.node && n.vips.contains(&ip))
     }
 
     /// Why a held VIP this node no longer wins may go now, or `None` while
@@ -2279,7 +2327,10 @@ impl Core {
                 at(r.at);
             }
             if let Some(p) = s.probing {
-                at(p);
+                at(p.until);
+                if p.left > 0 {
+                    at(p.next);
+                }
             }
             if let Some(h) = s.handover {
                 at(h + HANDOVER_MAX);
@@ -2431,7 +2482,20 @@ impl Core {
                 };
                 // Whoever else holds it meanwhile (an earlier fallback) does
                 // not make it the winner's: the fallback's order decides.
-                if !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
+                // Nor does the winner showing it held, once this node has
+                // taken it as the fallback: an older winner answers for it
+                // only until a node with the newer view holds it (see
+                // `may_release`), so if this node let go to it in turn,
+                // each would let go to the other and nobody would answer.
+                let taken_here = self
+                    .orphans
+                    .get(&ip)
+                    .is_some_and(|since| now.saturating_duration_since(*since) >= HANDOVER_MAX)
+                    && self
+                        .slots
+                        .get(&ip)
+                        .is_some_and(|s| s.held.is_some() && s.handover.is_none());
+                if taken_here || !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
                     found.insert(ip, self.orphans.get(&ip).copied().unwrap_or(now));
                 }
             }

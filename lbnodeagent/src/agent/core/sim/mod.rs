@@ -190,6 +190,8 @@ enum Ev {
         generation: u64,
         add: Vec<VipAddress>,
         remove: Vec<VipAddress>,
+        /// Read our addresses after the operations, for the core.
+        read: bool,
     },
     Expire {
         host: usize,
@@ -518,7 +520,8 @@ impl World {
                 generation,
                 add,
                 remove,
-            } => self.kernel_done(host, generation, add, remove),
+                read,
+            } => self.kernel_done(host, generation, add, remove, read),
             Ev::Expire { host, ifindex, ip } => self.expire(host, ifindex, ip),
             Ev::Gossip {
                 to,
@@ -629,16 +632,7 @@ impl World {
             ..self.settings.clone()
         };
         let core = Core::new(settings, self.links(host), self.now());
-        let adopted: Vec<OwnedAddress> = h
-            .kernel
-            .iter()
-            .map(|((ifindex, ip), a)| OwnedAddress {
-                interface: if *ifindex == ETH0 { "eth0" } else { "kube-lb0" }.into(),
-                ifindex: *ifindex,
-                ip: *ip,
-                prefix_len: a.prefix_len,
-            })
-            .collect();
+        let adopted = owned_addresses(h);
         let h = &mut self.hosts[host];
         h.published = core.local_state();
         h.pub_version += 1;
@@ -750,7 +744,7 @@ impl World {
         if let Some(plan) = a.beat {
             self.hosts[host].beat_plan = plan;
         }
-        if !a.add.is_empty() || !a.remove.is_empty() {
+        if !a.add.is_empty() || !a.remove.is_empty() || a.read_kernel {
             let n = (a.add.len() + a.remove.len()) as u32;
             let took = self.rng.ms(BATCH_MS.0, BATCH_MS.1) + PER_ADDRESS * n;
             let h = &mut self.hosts[host];
@@ -770,6 +764,7 @@ impl World {
                     generation,
                     add: a.add,
                     remove: a.remove,
+                    read: a.read_kernel,
                 },
             );
         }
@@ -1145,6 +1140,7 @@ impl World {
         generation: u64,
         add: Vec<VipAddress>,
         remove: Vec<VipAddress>,
+        read: bool,
     ) {
         let h = &mut self.hosts[host];
         if h.generation != generation || !h.powered {
@@ -1156,6 +1152,7 @@ impl World {
                 generation,
                 add,
                 remove,
+                read,
             });
             return;
         }
@@ -1221,8 +1218,12 @@ impl World {
         for ip in touched {
             self.owners_changed(ip);
         }
-        if self.hosts[host].agent == Agent::Running {
+        if self.hosts[host].agent == Agent::Running && !results.is_empty() {
             self.step(host, Input::Done(results));
+        }
+        if read && self.hosts[host].agent == Agent::Running {
+            let owned = owned_addresses(&self.hosts[host]);
+            self.step(host, Input::KernelOwned(owned));
         }
     }
 
@@ -1693,6 +1694,19 @@ fn context<'a>(
         latest: truth.version,
         api_up,
     }
+}
+
+/// What the host's kernel holds, all of it the agent's.
+fn owned_addresses(h: &Host) -> Vec<OwnedAddress> {
+    h.kernel
+        .iter()
+        .map(|((ifindex, ip), a)| OwnedAddress {
+            interface: if *ifindex == ETH0 { "eth0" } else { "kube-lb0" }.into(),
+            ifindex: *ifindex,
+            ip: *ip,
+            prefix_len: a.prefix_len,
+        })
+        .collect()
 }
 
 /// A simulated host's links: `eth0` on the LAN, `kube-lb0` for virtual
