@@ -90,10 +90,12 @@ fn realistic_state(n: u32) -> LocalState {
                 interface: "eth0".into(),
                 announce: true,
             },
-        ],
+        ]
+        .into(),
         vips: (0..10u8)
             .map(|i| IpAddr::from([10, 96, third, i]))
-            .collect::<BTreeSet<_>>(),
+            .collect::<BTreeSet<_>>()
+            .into(),
         macs: [lbnodeagent::addrs::MacAddr([
             2,
             0,
@@ -103,7 +105,8 @@ fn realistic_state(n: u32) -> LocalState {
             1,
         ])]
         .into_iter()
-        .collect(),
+        .collect::<BTreeSet<_>>()
+        .into(),
         revision: 0,
     }
 }

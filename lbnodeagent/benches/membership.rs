@@ -158,13 +158,15 @@ fn node_state(i: usize) -> LocalState {
                 interface: "bond0".into(),
                 announce: true,
             },
-        ],
+        ]
+        .into(),
         vips: (0..10u32)
             .map(|v| {
                 let n = i * 10 + v;
                 IpAddr::from([10, 96, (n >> 8) as u8, n as u8])
             })
-            .collect::<BTreeSet<_>>(),
+            .collect::<BTreeSet<_>>()
+            .into(),
         macs: [lbnodeagent::addrs::MacAddr([
             2,
             0,
@@ -174,7 +176,8 @@ fn node_state(i: usize) -> LocalState {
             1,
         ])]
         .into_iter()
-        .collect(),
+        .collect::<BTreeSet<_>>()
+        .into(),
         revision: 0,
     }
 }

@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo run --release -p lbnodeagent --example sim -- --seeds 0..100000
 //! cargo run --release -p lbnodeagent --example sim -- --seed 4242 --trace
+//! cargo run --release -p lbnodeagent --example sim -- --seeds 0..20000 --digests FILE
 //! RUST_LOG=lbnodeagent=debug cargo run ... -- --seed 4242 --trace   # the cores' own logs too
 //! ```
 //!
@@ -21,6 +22,8 @@ use lbnodeagent::agent::core::sim::{self, Options, Outcome};
 struct Args {
     seeds: std::ops::Range<u64>,
     trace: bool,
+    /// Write each seed's trace digest, one line per seed, to this file.
+    digests: Option<std::path::PathBuf>,
     threads: usize,
 }
 
@@ -28,6 +31,7 @@ fn parse() -> Result<Args, String> {
     let mut args = Args {
         seeds: 0..1000,
         trace: false,
+        digests: None,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let mut it = std::env::args().skip(1);
@@ -44,6 +48,7 @@ fn parse() -> Result<Args, String> {
                     ..b.parse().map_err(|_| "--seeds A..B")?;
             }
             "--trace" => args.trace = true,
+            "--digests" => args.digests = Some(it.next().ok_or("--digests FILE")?.into()),
             "--threads" => {
                 args.threads = it
                     .next()
@@ -73,7 +78,10 @@ fn main() -> ExitCode {
     let stop = Arc::new(AtomicBool::new(false));
     let failure: Arc<Mutex<Option<Outcome>>> = Arc::default();
     let totals: Arc<Mutex<Totals>> = Arc::default();
-    let options = Options { trace: args.trace };
+    let options = Options {
+        trace: args.trace,
+        digest: args.digests.is_some(),
+    };
     std::thread::scope(|scope| {
         for _ in 0..args.threads.max(1) {
             let (next, stop, failure, totals, options) =
@@ -100,6 +108,17 @@ fn main() -> ExitCode {
         }
     });
     let t = totals.lock().unwrap();
+    if let Some(path) = &args.digests {
+        let lines: String = t
+            .digests
+            .iter()
+            .map(|(seed, d)| format!("{seed} {d:016x}\n"))
+            .collect();
+        if let Err(e) = std::fs::write(path, lines) {
+            eprintln!("sim: cannot write {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    }
     println!(
         "{} seeds in {:.1} s ({:.2} ms per seed, {} threads); {} events",
         t.seeds,
@@ -119,6 +138,10 @@ fn main() -> ExitCode {
     println!(
         "owners stalled up to 200 ms with nothing else going on (no spurious takeover): {}",
         t.calm_stalls
+    );
+    println!(
+        "  of which taken because every question of the pre-check or its answer was lost: {}",
+        t.unheard_takeovers
     );
     match failure.lock().unwrap().take() {
         None => ExitCode::SUCCESS,
@@ -147,6 +170,8 @@ struct Totals {
     two_owners: std::collections::BTreeMap<&'static str, (Duration, u64)>,
     planned: u64,
     calm_stalls: u64,
+    unheard_takeovers: u64,
+    digests: std::collections::BTreeMap<u64, u64>,
 }
 
 impl Totals {
@@ -164,6 +189,10 @@ impl Totals {
         }
         self.planned += o.stats.quiet_moves;
         self.calm_stalls += o.stats.calm_stalls;
+        self.unheard_takeovers += o.stats.unheard_takeovers;
+        if o.digest != 0 {
+            self.digests.insert(o.seed, o.digest);
+        }
     }
 }
 

@@ -96,7 +96,8 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
             on_link: on_link
                 .get(*n)
                 .cloned()
-                .unwrap_or_else(|| one_segment.clone()),
+                .unwrap_or_else(|| one_segment.clone())
+                .into(),
         })
         .collect();
     let reports = Election::new(&cluster, members).report_all();

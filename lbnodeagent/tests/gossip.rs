@@ -37,9 +37,10 @@ fn local_state(n: u8) -> LocalState {
             prefix: format!("10.0.{n}.0/24").parse().unwrap(),
             interface: "eth0".into(),
             announce: true,
-        }],
-        vips: BTreeSet::from([IpAddr::from([10, 0, n, 100])]),
-        macs: BTreeSet::from([lbnodeagent::addrs::MacAddr([2, 0, 0, 0, 0, n])]),
+        }]
+        .into(),
+        vips: BTreeSet::from([IpAddr::from([10, 0, n, 100])]).into(),
+        macs: BTreeSet::from([lbnodeagent::addrs::MacAddr([2, 0, 0, 0, 0, n])]).into(),
         revision: 0,
     }
 }
@@ -149,7 +150,7 @@ async fn three_agents_form_a_cluster_and_see_each_others_state() {
 
     // A published change reaches the others.
     let mut changed = local_state(7);
-    changed.vips.insert("10.9.9.9".parse().unwrap());
+    std::sync::Arc::make_mut(&mut changed.vips).insert("10.9.9.9".parse().unwrap());
     agents[2].membership.publish(changed.clone()).await;
     for agent in &agents[..2] {
         wait_view(agent, Duration::from_secs(3), "c's new VIPs", |v| {
@@ -459,7 +460,8 @@ async fn state_larger_than_a_datagram_is_fragmented_and_arrives() {
             bytes[8..].copy_from_slice(&host);
             IpAddr::from(bytes)
         })
-        .collect();
+        .collect::<BTreeSet<_>>()
+        .into();
     let a_membership = Membership::start(&config, big.clone(), &transport, &transport)
         .await
         .unwrap();

@@ -28,9 +28,13 @@ fn local_state(n: u8) -> LocalState {
             prefix: "10.20.0.0/16".parse().unwrap(),
             interface: "eth0".into(),
             announce: true,
-        }],
-        vips: (0..10).map(|v| IpAddr::from([10, 96, n, v])).collect(),
-        macs: BTreeSet::from([lbnodeagent::addrs::MacAddr([2, 0, 0, 0, 0, n])]),
+        }]
+        .into(),
+        vips: (0..10)
+            .map(|v| IpAddr::from([10, 96, n, v]))
+            .collect::<BTreeSet<_>>()
+            .into(),
+        macs: BTreeSet::from([lbnodeagent::addrs::MacAddr([2, 0, 0, 0, 0, n])]).into(),
         revision: 0,
     }
 }
@@ -99,7 +103,7 @@ async fn fifty_agents_converge_and_the_largest_messages_go_through() {
         let counters = transport.counters();
         let mut state = local_state(i as u8);
         if i == 7 || i == 31 {
-            state.vips = random_v6_vips(3_000, 0x9e37_79b9_7f4a_7c15 + i as u64);
+            state.vips = random_v6_vips(3_000, 0x9e37_79b9_7f4a_7c15 + i as u64).into();
         }
         let membership = Membership::start(&config, state.clone(), &transport, &transport)
             .await

@@ -5,7 +5,6 @@
 //! joins. Needs root (namespaces); CI runs it as root.
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -42,9 +41,10 @@ fn start(rt: &NsRuntime, name: &str, addr: SocketAddr, seed: Option<SocketAddr>,
                 prefix: "10.77.0.0/24".parse().unwrap(),
                 interface: "eth0".into(),
                 announce: true,
-            }],
-            vips: BTreeSet::new(),
-            macs: BTreeSet::new(),
+            }]
+            .into(),
+            vips: Default::default(),
+            macs: Default::default(),
             revision: 0,
         };
         let m = Membership::start(&config, local, &transport, &transport)

@@ -138,9 +138,19 @@ pub struct Election {
     orders: HashMap<IpAddr, Order>,
     winners: Vec<Option<Win>>,
     vip_of: HashMap<IpAddr, usize>,
+    /// Bumped by every change of the inputs (see [`Election::epoch`]).
+    epoch: u64,
 }
 
 impl Election {
+    /// Changes at every change of what the election is computed from (the
+    /// cluster, a member, a Service's endpoints), so that a caller may keep
+    /// what it derived from the election (a costly [`Election::runners_up`])
+    /// while the epoch stays.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     pub fn new(cluster: &Cluster, members: impl IntoIterator<Item = Member>) -> Election {
         Election::tuned(cluster, members, DIRECT_HASH_MAX, ORDER_DEPTH)
     }
@@ -164,6 +174,7 @@ impl Election {
             orders: HashMap::new(),
             winners: Vec::new(),
             vip_of: HashMap::new(),
+            epoch: 0,
         };
         for m in members {
             let id = e.slot(&m.node);
@@ -176,6 +187,7 @@ impl Election {
     /// Replace the cluster objects and re-elect every VIP. Returns the
     /// addresses whose winner changed (or that appeared or disappeared).
     pub fn set_cluster(&mut self, cluster: &Cluster) -> Vec<IpAddr> {
+        self.epoch += 1;
         let before = self.winner_ids();
         for s in &mut self.c.slots {
             s.node = None;
@@ -211,16 +223,32 @@ impl Election {
             return Vec::new();
         }
         slot.member = Some(member);
+        self.epoch += 1;
         self.reconsider(id)
     }
 
     /// Replace the whole membership with `members` (a gossip view): members
     /// that changed are upserted, missing ones removed, unchanged ones cost
     /// nothing. Returns the addresses whose winner changed, sorted.
-    pub fn set_members(&mut self, members: &[Member]) -> Vec<IpAddr> {
+    pub fn set_members<'a, I>(&mut self, members: I) -> Vec<IpAddr>
+    where
+        I: IntoIterator<Item = &'a Member>,
+        I::IntoIter: Clone,
+    {
+        let members = members.into_iter();
+        // Most views change nothing here (a peer's held VIPs moved): the
+        // same members, each as it was, and nothing to re-elect.
+        let mut given = 0;
+        let same = members.clone().all(|m| {
+            given += 1;
+            self.member(&m.node) == Some(m)
+        });
+        if same && given == self.c.slots.iter().filter(|s| s.member.is_some()).count() {
+            return Vec::new();
+        }
         let mut moved = Vec::new();
         let keep: std::collections::HashSet<&str> =
-            members.iter().map(|m| m.node.as_str()).collect();
+            members.clone().map(|m| m.node.as_str()).collect();
         let gone: Vec<String> = self
             .c
             .slots
@@ -232,7 +260,9 @@ impl Election {
             moved.extend(self.remove_member(&node));
         }
         for m in members {
-            moved.extend(self.upsert_member(m.clone()));
+            if self.member(&m.node) != Some(m) {
+                moved.extend(self.upsert_member(m.clone()));
+            }
         }
         moved.sort();
         moved.dedup();
@@ -281,6 +311,7 @@ impl Election {
         if self.c.slots[id as usize].member.take().is_none() {
             return Vec::new();
         }
+        self.epoch += 1;
         self.reconsider(id)
     }
 
@@ -505,6 +536,7 @@ impl Election {
         let Some(s) = self.c.services.iter().position(|k| k == key) else {
             return Vec::new();
         };
+        self.epoch += 1;
         let mut touched = Vec::new();
         for v in 0..self.c.vips.len() {
             if self.c.vips[v].services.first() != Some(&s) {

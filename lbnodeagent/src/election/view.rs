@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use hostlb_api::{AddressRange, Prefix, Selector};
 
@@ -116,7 +117,8 @@ pub struct Member {
     pub leaving: bool,
     /// The agent holds off-link addresses on its virtual interface.
     pub virtual_mode: bool,
-    pub on_link: Vec<OnLink>,
+    /// Shared with the gossip view it came from.
+    pub on_link: Arc<[OnLink]>,
 }
 
 impl Member {

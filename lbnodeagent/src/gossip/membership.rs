@@ -85,7 +85,7 @@ impl MembershipView {
                 protocol: crate::gossip::PROTOCOL,
                 status: Status::Starting,
                 virtual_mode: false,
-                on_link: Vec::new(),
+                on_link: Default::default(),
                 vips: Default::default(),
                 macs: Default::default(),
                 revision: 0,
@@ -664,7 +664,7 @@ impl ViewBuilder {
                 protocol: crate::gossip::PROTOCOL,
                 status: Status::Leaving,
                 virtual_mode: false,
-                on_link: Vec::new(),
+                on_link: Default::default(),
                 vips: Default::default(),
                 macs: Default::default(),
                 revision: 0,
@@ -737,12 +737,14 @@ mod tests {
                     interface: "eth0".into(),
                     announce: true,
                 },
-            ],
+            ]
+            .into(),
             vips: ["10.0.0.10", "2001:db8::10"]
                 .iter()
                 .map(|s| s.parse::<IpAddr>().unwrap())
-                .collect(),
-            macs: ["02:00:00:00:00:01".parse().unwrap()].into_iter().collect(),
+                .collect::<BTreeSet<_>>()
+                .into(),
+            macs: BTreeSet::from(["02:00:00:00:00:01".parse().unwrap()]).into(),
             revision: 0,
         }
     }
@@ -845,9 +847,9 @@ mod tests {
         assert_eq!(view.members.len(), 1);
         let member = &view.members[0];
         assert!(!member.leaving && member.virtual_mode);
-        let mut got = member.on_link.clone();
+        let mut got = member.on_link.to_vec();
         got.sort();
-        let mut want = local.on_link.clone();
+        let mut want = local.on_link.to_vec();
         want.sort();
         assert_eq!(got, want);
     }
@@ -857,7 +859,8 @@ mod tests {
         let mut local = sample();
         local.vips = (0..1_000u32)
             .map(|i| IpAddr::from([10, 1, (i >> 8) as u8, i as u8]))
-            .collect();
+            .collect::<BTreeSet<_>>()
+            .into();
         let mut c = chitchat_for("n1", &local);
         let chunks = c
             .self_node_state()
@@ -873,7 +876,7 @@ mod tests {
             "same state, no new versions"
         );
 
-        local.vips = BTreeSet::from(["10.9.9.9".parse().unwrap()]);
+        local.vips = BTreeSet::from(["10.9.9.9".parse().unwrap()]).into();
         local.status = Status::Leaving;
         state::publish(c.self_node_state(), &local);
         assert_eq!(
@@ -923,7 +926,7 @@ mod tests {
             2
         );
         let mut changed = sample();
-        changed.vips.clear();
+        changed.vips = Default::default();
         state::publish(c.self_node_state(), &changed);
         assert!(
             builder

@@ -26,6 +26,7 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use chitchat::NodeState;
 use hostlb_api::{Family, Prefix};
@@ -102,10 +103,11 @@ pub struct LocalState {
     pub status: Status,
     /// The agent holds off-link VIPs on its virtual interface.
     pub virtual_mode: bool,
-    pub on_link: Vec<OnLink>,
-    pub vips: BTreeSet<IpAddr>,
+    /// Shared with the [`MemberInfo`] peers make of it.
+    pub on_link: Arc<[OnLink]>,
+    pub vips: Arc<BTreeSet<IpAddr>>,
     /// MACs of the interfaces the node announces on.
-    pub macs: BTreeSet<MacAddr>,
+    pub macs: Arc<BTreeSet<MacAddr>>,
     /// How new the node's view of the cluster is (see `KEY_REVISION`); 0
     /// before its first view, or from an agent that does not say.
     pub revision: u64,
@@ -124,9 +126,11 @@ pub struct MemberInfo {
     pub protocol: u32,
     pub status: Status,
     pub virtual_mode: bool,
-    pub on_link: Vec<OnLink>,
-    pub vips: BTreeSet<IpAddr>,
-    pub macs: BTreeSet<MacAddr>,
+    /// Shared, like the sets below: a view is copied for every change of
+    /// any node, and most nodes are as they were.
+    pub on_link: Arc<[OnLink]>,
+    pub vips: Arc<BTreeSet<IpAddr>>,
+    pub macs: Arc<BTreeSet<MacAddr>>,
     pub revision: u64,
 }
 
@@ -295,14 +299,15 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
             .unwrap_or(PROTOCOL_UNSAID),
         status,
         virtual_mode: node.get(KEY_VIRTUAL) == Some("true"),
-        on_link,
-        vips,
+        on_link: on_link.into(),
+        vips: vips.into(),
         macs: node
             .get(KEY_MACS)
             .unwrap_or_default()
             .split_ascii_whitespace()
             .filter_map(|m| m.parse().ok())
-            .collect(),
+            .collect::<BTreeSet<_>>()
+            .into(),
         revision: node
             .get(KEY_REVISION)
             .and_then(|r| r.parse().ok())

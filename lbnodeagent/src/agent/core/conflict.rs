@@ -146,13 +146,13 @@ impl Conflicts {
     /// what it holds, and would hide the last other holder.
     pub fn learn<'a>(&mut self, nodes: impl IntoIterator<Item = &'a MemberInfo>, me: &str) {
         for n in nodes {
-            for mac in &n.macs {
+            for mac in n.macs.iter() {
                 self.mac_owner.insert(*mac, n.node.clone());
             }
             if n.node == me {
                 continue;
             }
-            for ip in &n.vips {
+            for ip in n.vips.iter() {
                 self.last_holder.insert(*ip, n.node.clone());
             }
         }
@@ -348,9 +348,9 @@ mod tests {
             protocol: crate::gossip::PROTOCOL,
             status: Status::Alive,
             virtual_mode: false,
-            on_link: Vec::new(),
+            on_link: Default::default(),
             vips: Default::default(),
-            macs: [mac].into(),
+            macs: BTreeSet::from([mac]).into(),
             revision: 0,
         }
     }
@@ -510,7 +510,7 @@ mod tests {
         let mut c = Conflicts::default();
         assert_eq!(c.last_holder(ip), None);
         let mut a = info("a", MAC_A);
-        a.vips.insert(ip);
+        a.vips = BTreeSet::from([ip]).into();
         c.learn([&a], "");
         c.learn(std::iter::empty::<&MemberInfo>(), "");
         assert_eq!(c.last_holder(ip), Some("a"));

@@ -57,6 +57,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostlb_api::Family;
@@ -437,11 +438,14 @@ pub struct Core {
     services_of: BTreeMap<IpAddr, Vec<String>>,
     object_errors: Vec<String>,
     links: Links,
+    /// `links.on_link()`, worked out when the links change: this node's
+    /// member is handed to the election at every membership change.
+    on_link: Arc<[crate::election::OnLink]>,
     /// Membership as gossip reports it.
-    gossip_view: MembershipView,
+    gossip_view: Arc<MembershipView>,
     /// Membership as this node acts on it: gossip's, without the owners
-    /// its sessions found silent.
-    view: MembershipView,
+    /// its sessions found silent. Most of the time gossip's own, shared.
+    view: Arc<MembershipView>,
     sessions: Sessions,
     /// Nodes whose leaving beat said they go (their agent on SIGTERM, or
     /// `cleanup` for a dead one), with the gossip generation they had
@@ -451,6 +455,9 @@ pub struct Core {
     /// The owners to watch are worked out again then (the election moved).
     watch_due: Option<Instant>,
     watched_at: Instant,
+    /// The owners to watch as last worked out, and the election's epoch
+    /// and this node's candidacy they were worked out for.
+    watching: (Option<(u64, bool)>, sessions::Owners),
     beat_plan: Option<BeatPlan>,
     /// The beat plan may have changed beyond what `publish_dirty` and the
     /// sessions say: peers' addresses, or a renewal.
@@ -510,12 +517,14 @@ impl Core {
             own_member: None,
             services_of: BTreeMap::new(),
             object_errors: Vec::new(),
+            on_link: links.on_link().into(),
             links,
-            gossip_view: MembershipView::empty(),
-            view: MembershipView::empty(),
+            gossip_view: Arc::new(MembershipView::empty()),
+            view: Arc::new(MembershipView::empty()),
             sessions: Sessions::default(),
             left: BTreeMap::new(),
             watch_due: None,
+            watching: (None, BTreeMap::new()),
             watched_at: now,
             beat_plan: None,
             beat_dirty: true,
@@ -557,7 +566,7 @@ impl Core {
                 _ => Status::Leaving,
             },
             virtual_mode: self.links.virtual_link.is_some(),
-            on_link: self.links.on_link(),
+            on_link: Arc::clone(&self.on_link),
             // Not what is being handed over: this node does not mean to
             // keep it, and a peer that holds it too need not contest it.
             vips: self
@@ -568,8 +577,9 @@ impl Core {
                         && s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
                 })
                 .map(|(ip, _)| *ip)
-                .collect(),
-            macs: self.links.macs(),
+                .collect::<BTreeSet<_>>()
+                .into(),
+            macs: self.links.macs().into(),
             revision: self.revision,
         }
     }
@@ -691,7 +701,7 @@ impl Core {
                 out.metrics.push(Metric::Elected);
             }
             Input::Members(view) => {
-                self.gossip_view = view;
+                self.gossip_view = Arc::new(view);
                 self.apply_view(now, out);
             }
             Input::Beats(beats) => {
@@ -727,6 +737,7 @@ impl Core {
             Input::Links(links) => {
                 if links != self.links {
                     debug!("links or routes changed");
+                    self.on_link = links.on_link().into();
                     self.links = links;
                     self.publish_dirty = true;
                     self.elect_members();
@@ -895,30 +906,38 @@ impl Core {
     /// sessions went silent (see [`sessions`]), and with the nodes whose
     /// leaving beat came as leaving.
     fn apply_view(&mut self, now: Instant, out: &mut Actions) {
-        let mut view = self.gossip_view.clone();
         let gossip = &self.gossip_view;
         self.left
             .retain(|n, g| gossip.node(n).is_some_and(|i| i.generation == *g));
-        if !self.left.is_empty() {
-            view.members.retain(|m| !self.left.contains_key(&m.node));
-            for n in &mut view.nodes {
-                if n.status == Status::Alive && self.left.contains_key(&n.node) {
-                    n.status = Status::Leaving;
+        let view = if self.left.is_empty() && !self.sessions.any_suspect() {
+            Arc::clone(&self.gossip_view)
+        } else {
+            let mut view = (*self.gossip_view).clone();
+            if !self.left.is_empty() {
+                view.members.retain(|m| !self.left.contains_key(&m.node));
+                for n in &mut view.nodes {
+                    if n.status == Status::Alive && self.left.contains_key(&n.node) {
+                        n.status = Status::Leaving;
+                    }
                 }
             }
-        }
-        if self.sessions.any_suspect() {
-            // A node whose leaving beat came is leaving, not silent: its
-            // host answers until others do, and it is handed over as such.
-            let suspect = |n: &str| {
-                n != self.settings.node && self.sessions.is_suspect(n) && !self.left.contains_key(n)
-            };
-            view.members.retain(|m| !suspect(&m.node));
-            let (silent, nodes): (Vec<_>, Vec<_>) =
-                view.nodes.into_iter().partition(|n| suspect(&n.node));
-            view.nodes = nodes;
-            view.gone.extend(silent);
-        }
+            if self.sessions.any_suspect() {
+                // A node whose leaving beat came is leaving, not silent:
+                // its host answers until others do, and it is handed over
+                // as such.
+                let suspect = |n: &str| {
+                    n != self.settings.node
+                        && self.sessions.is_suspect(n)
+                        && !self.left.contains_key(n)
+                };
+                view.members.retain(|m| !suspect(&m.node));
+                let (silent, nodes): (Vec<_>, Vec<_>) =
+                    view.nodes.into_iter().partition(|n| suspect(&n.node));
+                view.nodes = nodes;
+                view.gone.extend(silent);
+            }
+            Arc::new(view)
+        };
         for m in &self.view.members {
             if view.member(&m.node).is_none() {
                 self.lost_at.insert(m.node.clone(), now);
@@ -926,29 +945,49 @@ impl Core {
         }
         self.lost_at
             .retain(|_, t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW * 3);
+        // The previous view by name, live nodes over gone ones.
+        let before: BTreeMap<&str, (&crate::gossip::MemberInfo, bool)> = self
+            .view
+            .gone
+            .iter()
+            .map(|n| (n.node.as_str(), (n, false)))
+            .chain(self.view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
+            .collect();
         for n in &view.nodes {
-            let before = self.view.node(&n.node);
-            if before.is_none_or(|b| b.vips != n.vips || b.generation != n.generation) {
+            let live_before = before.get(n.node.as_str()).filter(|(_, live)| *live);
+            if live_before.is_none_or(|(b, _)| b.vips != n.vips || b.generation != n.generation) {
                 self.vips_changed.insert(n.node.clone(), now);
             }
         }
-        self.vips_changed
-            .retain(|node, _| view.nodes.iter().any(|n| n.node == *node));
+        if self.vips_changed.len() > view.nodes.len() {
+            let live: BTreeSet<&str> = view.nodes.iter().map(|n| n.node.as_str()).collect();
+            self.vips_changed
+                .retain(|node, _| live.contains(node.as_str()));
+        }
         // The live last, so that who holds a VIP now wins over a
-        // gone node's last word.
-        self.conflicts
-            .learn(view.gone.iter().chain(&view.nodes), &self.settings.node);
+        // gone node's last word. Only what changed: a view comes with
+        // every gossip update, and most of its nodes are as they were.
+        let news = |n: &&crate::gossip::MemberInfo| {
+            before
+                .get(n.node.as_str())
+                .is_none_or(|(b, _)| b.macs != n.macs || b.vips != n.vips)
+        };
+        self.conflicts.learn(
+            view.gone.iter().chain(&view.nodes).filter(news),
+            &self.settings.node,
+        );
+        // Most views are of a peer's state (its held VIPs), with the same
+        // members: the election has them already.
+        let members_changed = self.view.members != view.members;
         self.view = view;
         self.orphan_scan = true;
-        self.elect_members();
+        if members_changed {
+            self.elect_members();
+        }
         self.report_dirty = true;
         out.metrics.push(Metric::Elected);
         // Adopted addresses another node now holds, VIPs handed
         // over, and VIPs a peer holds too may be decided now.
-        let peers_hold: BTreeSet<IpAddr> = self
-            .alive_peers()
-            .flat_map(|n| n.vips.iter().copied())
-            .collect();
         let waiting: Vec<IpAddr> = self
             .slots
             .iter()
@@ -956,7 +995,7 @@ impl Core {
                 s.handover.is_some()
                     || s.adopted
                     || s.contested.is_some()
-                    || (s.held.is_some() && peers_hold.contains(ip))
+                    || (s.held.is_some() && self.alive_peers().any(|n| n.vips.contains(ip)))
             })
             .map(|(ip, _)| *ip)
             .collect();
@@ -1055,13 +1094,20 @@ impl Core {
         }
         self.watch_due = None;
         self.watched_at = now;
-        let owners = if self.phase == Phase::Running {
-            sessions::watched_by(&self.settings.node, &self.election.runners_up())
-        } else {
-            BTreeMap::new()
-        };
+        let running = self.phase == Phase::Running;
+        let key = (self.election.epoch(), running);
+        if self.watching.0 != Some(key) {
+            // One election per VIP: only when the election changed.
+            let owners = if running {
+                sessions::watched_by(&self.settings.node, &self.election.runners_up())
+            } else {
+                BTreeMap::new()
+            };
+            self.watching = (Some(key), owners);
+        }
         let gossip = &self.gossip_view;
-        self.sessions.watch(owners, |n| gossip.node(n).is_some());
+        self.sessions
+            .watch(self.watching.1.clone(), |n| gossip.node(n).is_some());
     }
 
     /// Whom to beat and what to tell them: the session peers, when the
@@ -1172,7 +1218,7 @@ impl Core {
             node: self.settings.node.clone(),
             leaving: false,
             virtual_mode: self.links.virtual_link.is_some(),
-            on_link: self.links.on_link(),
+            on_link: Arc::clone(&self.on_link),
         })
     }
 
@@ -1180,17 +1226,14 @@ impl Core {
     /// and marks what it says moved.
     fn elect_members(&mut self) {
         let own = self.own_member();
-        let mut members: Vec<Member> = self
-            .view
-            .members
-            .iter()
-            .filter(|m| m.node != self.settings.node)
-            .cloned()
-            .collect();
-        if let Some(m) = &own {
-            members.push(m.clone());
-        }
-        let moved = self.election.set_members(&members);
+        let me = self.settings.node.as_str();
+        let moved = self.election.set_members(
+            self.view
+                .members
+                .iter()
+                .filter(|m| m.node != me)
+                .chain(own.as_ref()),
+        );
         if own != self.own_member {
             // Its interfaces or its candidacy changed: any duty may have.
             self.own_member = own;
@@ -2217,14 +2260,19 @@ impl Core {
                 out.publish = Some(local);
             }
         }
-        let watched: BTreeSet<IpAddr> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| s.held.is_some() || s.probing.is_some())
-            .map(|(ip, _)| *ip)
-            .chain(self.conflicts.yielded().map(|(ip, _)| *ip))
-            .collect();
-        if watched != self.watched {
+        // Compared in place (every step comes here), built only when it
+        // changed.
+        let watched = || {
+            merged(
+                self.slots
+                    .iter()
+                    .filter(|(_, s)| s.held.is_some() || s.probing.is_some())
+                    .map(|(ip, _)| *ip),
+                self.conflicts.yielded().map(|(ip, _)| *ip),
+            )
+        };
+        if !watched().eq(self.watched.iter().copied()) {
+            let watched: BTreeSet<IpAddr> = watched().collect();
             self.watched = watched.clone();
             out.watch = Some(watched);
         }
@@ -2641,6 +2689,24 @@ fn expiry(want: &Want, now: Instant) -> Option<Instant> {
         .lifetime
         .kernel_seconds()
         .map(|s| now + Duration::from_secs(s.into()))
+}
+
+/// Two ascending iterators as one, each item once.
+fn merged<T: Ord + Copy>(
+    a: impl Iterator<Item = T>,
+    b: impl Iterator<Item = T>,
+) -> impl Iterator<Item = T> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if x < y => a.next(),
+        (Some(x), Some(y)) if y < x => b.next(),
+        (Some(_), Some(_)) => {
+            b.next();
+            a.next()
+        }
+        (Some(_), None) => a.next(),
+        (None, _) => b.next(),
+    })
 }
 
 fn same_place(a: &Want, b: &Want) -> bool {

@@ -122,6 +122,9 @@ struct Watched {
     relay_to: BTreeSet<String>,
 }
 
+/// Owners to watch, each with the others next in line for its VIPs.
+pub type Owners = BTreeMap<String, BTreeSet<String>>;
+
 /// The owners `me` watches, given every owner's VIPs with the node next
 /// in line for each ([`Election::runners_up`]): those for whose lowest VIP
 /// `me` comes next, each with the others next in line for its VIPs.
@@ -130,7 +133,7 @@ struct Watched {
 pub fn watched_by<'a>(
     me: &str,
     runners_up: impl IntoIterator<Item = (&'a String, &'a Vec<(IpAddr, String)>)>,
-) -> BTreeMap<String, BTreeSet<String>> {
+) -> Owners {
     runners_up
         .into_iter()
         .filter(|(owner, runs)| *owner != me && runs.first().is_some_and(|(_, r)| r == me))
@@ -175,7 +178,7 @@ impl Sessions {
     /// until `live` says gossip itself lost it.
     pub fn watch(
         &mut self,
-        owners: BTreeMap<String, BTreeSet<String>>,
+        owners: Owners,
         live: impl Fn(&str) -> bool,
     ) {
         let before = self.watched.len();

@@ -120,9 +120,9 @@ fn peer(node: &str, status: Status, vips: &[IpAddr], revision: u64) -> MemberInf
         protocol: crate::gossip::PROTOCOL,
         status,
         virtual_mode: false,
-        on_link: on_link(),
-        vips: vips.iter().copied().collect(),
-        macs: [mac(node)].into(),
+        on_link: on_link().into(),
+        vips: vips.iter().copied().collect::<BTreeSet<_>>().into(),
+        macs: BTreeSet::from([mac(node)]).into(),
         revision,
     }
 }
@@ -368,7 +368,7 @@ fn a_planned_move_keeps_answering_until_the_winner_holds_it() {
     assert!(act.remove.is_empty(), "b does not hold it yet");
     assert_eq!(
         act.publish.map(|p| p.vips),
-        Some(BTreeSet::new()),
+        Some(BTreeSet::new().into()),
         "no longer shown as meant to be kept"
     );
     a.advance(Duration::from_millis(100));
@@ -818,7 +818,7 @@ fn a_restarted_owners_beats_do_not_vouch_for_its_old_run() {
     )));
     assert!(act.remove.is_empty(), "kept until the new run holds it");
     a.step(run(2));
-    again.vips = [v].into();
+    again.vips = BTreeSet::from([v]).into();
     a.advance(INTERVAL);
     let act = a.step(Input::Members(view(
         "a",
@@ -993,7 +993,7 @@ fn a_leaving_beat_from_cleanup_hands_over_at_once() {
         vec![again.clone(), peer("c", Status::Alive, &[], 1)],
         Vec::new(),
     )));
-    again.vips = vs.iter().copied().collect();
+    again.vips = vs.iter().copied().collect::<BTreeSet<_>>().into();
     a.advance(INTERVAL);
     let act = a.step(Input::Members(view(
         "a",

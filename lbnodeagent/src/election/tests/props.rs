@@ -178,7 +178,7 @@ fn random_member(r: &mut Rng, name: &str, n_pools: usize) -> Member {
         node: name.into(),
         leaving: r.chance(0.1),
         virtual_mode: r.chance(0.8),
-        on_link,
+        on_link: on_link.into(),
     }
 }
 

@@ -197,7 +197,7 @@ fn advertisement_interfaces_choose_where_to_announce() {
         // The VIP's subnet is on the default interface only, which the ad
         // does not allow: `a` sits out. It must not go virtual either, or
         // its kernel would answer ARP for the VIP on eth0 beside `b`.
-        on_link: vec![on("eth0", "10.20.0.0/24", true)],
+        on_link: vec![on("eth0", "10.20.0.0/24", true)].into(),
     };
     let b = Member {
         node: "b".into(),
@@ -206,7 +206,8 @@ fn advertisement_interfaces_choose_where_to_announce() {
         on_link: vec![
             on("eth0", "10.0.0.0/24", true),
             on("eth2", "10.20.0.0/24", false),
-        ],
+        ]
+        .into(),
     };
     let e = Election::new(&c, vec![a, b]);
     let r = e.explain(ip("10.20.0.1")).unwrap();
@@ -240,7 +241,7 @@ fn a_prefix_only_on_a_non_announce_interface_excludes_rather_than_goes_virtual()
         node: node.into(),
         leaving: false,
         virtual_mode: true,
-        on_link,
+        on_link: on_link.into(),
     };
     let members = vec![
         // The VIP's subnet is on a storage NIC, not the announce interface.

@@ -62,6 +62,9 @@ const PARTITION_BOUND: Duration = OWNER_PROBE
     .saturating_add(OWNER_PROBE)
     .saturating_add(HANDOVER_MAX)
     .saturating_add(Duration::from_millis(500));
+/// From the end of a pre-check's window to its address in the kernel: a
+/// kernel batch (`BATCH_MS` and a little per address), with a margin.
+const PRECHECK_SLACK: Duration = Duration::from_millis(20);
 /// Since the last unplanned fault, for a stall to be judged on its own:
 /// detection and a rejoin, with a margin.
 const CALM: Duration = Duration::from_secs(3);
@@ -104,11 +107,14 @@ pub struct Stats {
     /// Owners that stalled with nothing else going on: the stalls the
     /// no-spurious-takeover check watched.
     pub calm_stalls: u64,
+    /// Of those, VIPs taken because every question of the pre-check, or
+    /// its answer, was lost.
+    pub unheard_takeovers: u64,
 }
 
 #[derive(Clone, Debug)]
-pub struct HostState {
-    pub name: String,
+pub struct HostState<'a> {
+    pub name: &'a str,
     pub agent_running: bool,
     /// Since when the agent has not been running (frozen, killed, host
     /// off); its addresses lapse a lifetime after.
@@ -126,11 +132,23 @@ pub struct HostState {
     pub faulty: bool,
 }
 
+/// How a host's questions on the wire about an address went lately: when
+/// one (or its answer) was last lost, when one was last answered.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Exchange {
+    pub lost: Option<Duration>,
+    pub heard: Option<Duration>,
+}
+
 /// The world as the checker needs it.
 pub struct Context<'a> {
-    pub hosts: Vec<HostState>,
+    pub hosts: Vec<HostState<'a>>,
     pub reach: &'a [Vec<bool>],
-    pub links: Vec<Links>,
+    pub links: &'a [Links],
+    /// The hosts whose links have an on-link prefix now.
+    pub on_link: Mask,
+    /// The hosts whose agents run and are ready.
+    pub ready: Mask,
     /// Every version of the cluster objects.
     pub versions: &'a BTreeMap<u64, Cluster>,
     /// The version each host's agent has.
@@ -140,6 +158,7 @@ pub struct Context<'a> {
     /// The API server's version now.
     pub latest: u64,
     pub api_up: bool,
+    pub exchanges: &'a BTreeMap<(usize, IpAddr), Exchange>,
 }
 
 struct Episode {
@@ -160,9 +179,12 @@ struct VipState {
     none: Option<Duration>,
 }
 
-/// Elections over ready agents, by cluster version and which agents
-/// count; rebuilt only when those change.
-type Oracles = std::collections::HashMap<(u64, Vec<bool>), Election>;
+/// A set of hosts, one bit each (a run has at most 20).
+pub type Mask = u64;
+
+/// Elections over ready agents, by cluster version, which agents count
+/// and which have on-link prefixes; rebuilt only when those change.
+type Oracles = BTreeMap<(u64, Mask, Mask), Election>;
 
 pub struct Checker {
     lifetime: Duration,
@@ -174,6 +196,8 @@ pub struct Checker {
     /// `kernel_changes` when the steady window began.
     steady: Option<u64>,
     oracles: Oracles,
+    /// Room for a sweep's addresses, kept from one sweep to the next.
+    scratch: Vec<IpAddr>,
 }
 
 impl Checker {
@@ -186,6 +210,7 @@ impl Checker {
             last_unplanned: None,
             steady: None,
             oracles: Oracles::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -268,13 +293,25 @@ impl Checker {
             };
             // Every agent that runs counts, ready or not: one that just
             // started may rightly win the VIP and take it over.
-            let mut counted: Vec<bool> = ctx.hosts.iter().map(|h| h.agent_running).collect();
-            counted[i] = true;
-            if self.oracle(ctx, ctx.newest, &counted).winner(ip) != Some(ctx.hosts[i].name.as_str())
-            {
+            let counted = mask(ctx.hosts.iter().map(|h| h.agent_running)) | 1 << i;
+            if self.oracle(ctx, ctx.newest, counted).winner(ip) != Some(ctx.hosts[i].name) {
                 continue;
             }
-            let names: Vec<&str> = added.iter().map(|&h| ctx.hosts[h].name.as_str()).collect();
+            // The LAN was asked, and every question or answer of the
+            // pre-check was lost: what a dead owner looks like. Counted,
+            // and the two owners it makes are judged like any other.
+            let window = PRECHECK + PRECHECK_SLACK;
+            let unheard = |h: usize| {
+                ctx.exchanges.get(&(h, ip)).is_some_and(|e| {
+                    e.lost.is_some_and(|l| t.saturating_sub(l) <= window)
+                        && e.heard.is_none_or(|a| t.saturating_sub(a) > window)
+                })
+            };
+            if added.iter().all(|&h| unheard(h)) {
+                self.stats.unheard_takeovers += 1;
+                continue;
+            }
+            let names: Vec<&str> = added.iter().map(|&h| ctx.hosts[h].name).collect();
             self.fail(
                 t,
                 format!(
@@ -295,10 +332,8 @@ impl Checker {
 
     /// The election over cluster `version` among the hosts `counted`
     /// (ready agents, with their links as they are now).
-    fn oracle(&mut self, ctx: &Context, version: u64, counted: &[bool]) -> &Election {
-        let mut key_mask = counted.to_vec();
-        key_mask.extend(ctx.links.iter().map(|l| l.on_link().is_empty()));
-        let key = (version, key_mask);
+    fn oracle(&mut self, ctx: &Context, version: u64, counted: Mask) -> &Election {
+        let key = (version, counted, ctx.on_link);
         if self.oracles.len() > 64 {
             self.oracles.clear();
         }
@@ -307,12 +342,12 @@ impl Checker {
                 .hosts
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| counted[*i])
+                .filter(|(i, _)| counted & 1 << i != 0)
                 .map(|(i, h)| Member {
-                    node: h.name.clone(),
+                    node: h.name.to_string(),
                     leaving: false,
                     virtual_mode: true,
-                    on_link: ctx.links[i].on_link(),
+                    on_link: ctx.links[i].on_link().into(),
                 })
                 .collect();
             Election::new(&ctx.versions[&version], members)
@@ -327,23 +362,15 @@ impl Checker {
     /// of, or one whose only possible node does not know it may serve it,
     /// has no candidate. Off-link VIPs are nobody's to answer.
     fn has_candidate(&mut self, ip: IpAddr, ctx: &Context) -> bool {
-        let ready: Vec<bool> = ctx
-            .hosts
-            .iter()
-            .map(|h| h.ready && h.agent_running)
-            .collect();
-        let Some(winner) = self
-            .oracle(ctx, ctx.newest, &ready)
+        let ready = ctx.ready;
+        let Some(w) = self
+            .oracle(ctx, ctx.newest, ready)
             .winner(ip)
-            .map(str::to_string)
+            .and_then(|winner| ctx.hosts.iter().position(|h| h.name == winner))
         else {
             return false;
         };
-        let w = ctx
-            .hosts
-            .iter()
-            .position(|h| h.name == winner)
-            .expect("a host");
+        let winner = ctx.hosts[w].name;
         if ctx.hosts[w].flaky {
             // Its kernel refuses operations, and its retries back off: no
             // bound holds for what it must add (the others rightly wait).
@@ -353,15 +380,11 @@ impl Checker {
         if known == ctx.newest {
             return true;
         }
-        if self.oracle(ctx, known, &ready).winner(ip) == Some(winner.as_str()) {
+        if self.oracle(ctx, known, ready).winner(ip) == Some(winner) {
             return true;
         }
-        let newest: Vec<bool> = ready
-            .iter()
-            .zip(&ctx.host_versions)
-            .map(|(r, v)| *r && *v == ctx.newest)
-            .collect();
-        self.oracle(ctx, ctx.newest, &newest).winner(ip).is_some()
+        let newest = ready & mask(ctx.host_versions.iter().map(|v| *v == ctx.newest));
+        self.oracle(ctx, ctx.newest, newest).winner(ip).is_some()
     }
 
     /// Who answers for `ip` changed. Returns a line for the trace.
@@ -377,7 +400,7 @@ impl Checker {
             return None;
         }
         let before = std::mem::replace(&mut v.owners, owners.clone());
-        let names: Vec<&str> = owners.iter().map(|&h| ctx.hosts[h].name.as_str()).collect();
+        let names: Vec<&str> = owners.iter().map(|&h| ctx.hosts[h].name).collect();
         let line = format!("{ip} answered by {names:?}");
         self.spurious_takeover(ip, &before, &owners, t, ctx);
         if self.quiet(t, ctx) {
@@ -397,16 +420,18 @@ impl Checker {
 
     /// Every VIP's episodes against their bounds; runs every 50 ms.
     pub fn sweep(&mut self, t: Duration, ctx: &Context) {
-        let mut ips: BTreeSet<IpAddr> = self.vips.keys().copied().collect();
-        ips.extend(
-            ctx.versions[&ctx.newest]
-                .services
-                .iter()
-                .flat_map(|s| s.addresses.iter().copied()),
-        );
-        for ip in ips {
-            self.judge(ip, t, ctx);
+        for s in &ctx.versions[&ctx.newest].services {
+            for ip in &s.addresses {
+                self.vips.entry(*ip).or_default();
+            }
         }
+        let mut ips = std::mem::take(&mut self.scratch);
+        ips.clear();
+        ips.extend(self.vips.keys().copied());
+        for ip in &ips {
+            self.judge(*ip, t, ctx);
+        }
+        self.scratch = ips;
     }
 
     /// By when two owners must be down to one, for an episode that began
@@ -474,11 +499,13 @@ impl Checker {
     }
 
     fn judge(&mut self, ip: IpAddr, t: Duration, ctx: &Context) {
-        let owners = self
-            .vips
-            .get(&ip)
-            .map(|v| v.owners.clone())
-            .unwrap_or_default();
+        let v = self.vips.entry(ip).or_default();
+        if v.owners.len() <= 1 && v.pairs.is_empty() {
+            // Most of the time: one owner or none, nothing to pair.
+            let unowned = v.owners.is_empty();
+            return self.judge_none(ip, unowned, t, ctx);
+        }
+        let owners = v.owners.clone();
         // Two owners, pair by pair.
         let current: BTreeSet<(usize, usize)> = owners
             .iter()
@@ -546,8 +573,12 @@ impl Checker {
                 );
             }
         }
-        // No owner while a candidate lives.
-        let orphan = owners.is_empty() && self.has_candidate(ip, ctx);
+        self.judge_none(ip, owners.is_empty(), t, ctx);
+    }
+
+    /// No owner while a candidate lives.
+    fn judge_none(&mut self, ip: IpAddr, unowned: bool, t: Duration, ctx: &Context) {
+        let orphan = unowned && self.has_candidate(ip, ctx);
         let v = self.vips.entry(ip).or_default();
         match (orphan, v.none) {
             (true, None) => v.none = Some(t),
@@ -600,13 +631,13 @@ impl Checker {
             }
         }
         let mut expected: Vec<BTreeSet<(u32, IpAddr)>> = vec![BTreeSet::new(); ctx.hosts.len()];
-        let all = vec![true; ctx.hosts.len()];
-        let reports = self.oracle(ctx, ctx.latest, &all).report_all();
+        let all = mask(ctx.hosts.iter().map(|_| true));
+        let reports = self.oracle(ctx, ctx.latest, all).report_all();
         let index: BTreeMap<&str, usize> = ctx
             .hosts
             .iter()
             .enumerate()
-            .map(|(i, h)| (h.name.as_str(), i))
+            .map(|(i, h)| (h.name, i))
             .collect();
         for r in &reports {
             if let Some(w) = r.winner.as_deref().and_then(|w| index.get(w)) {
@@ -632,4 +663,11 @@ impl Checker {
             }
         }
     }
+}
+
+/// The hosts for which `bits` says true, as a [`Mask`].
+pub fn mask(bits: impl IntoIterator<Item = bool>) -> Mask {
+    bits.into_iter()
+        .enumerate()
+        .fold(0, |m, (i, b)| if b { m | 1 << i } else { m })
 }

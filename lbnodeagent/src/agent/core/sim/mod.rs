@@ -46,7 +46,7 @@ use crate::election::Member;
 use crate::gossip::{LocalState, MemberInfo, MembershipView, Status};
 
 use super::links::Links;
-use super::sessions::{BEAT_MISS, Beat, Lapse, Silent};
+use super::sessions::{Beat, Lapse, Silent};
 use super::{Actions, AgentRecord, BeatPlan, Core, Input, OpKind, OpResult, Settings};
 pub use check::{Stats, Violation};
 pub use rng::Rng;
@@ -72,6 +72,13 @@ const WIRE_MS: (u64, u64) = (0, 2);
 /// A kernel batch: a fixed part plus a little per address.
 const BATCH_MS: (u64, u64) = (1, 4);
 const PER_ADDRESS: Duration = Duration::from_micros(20);
+/// Beats reach an agent at least this often while they flow. Often enough
+/// that no watcher's silence is ever due while they do: a watched owner
+/// is suspected [`BEAT_MISS`](super::sessions::BEAT_MISS) after it was last heard, and the watcher's
+/// step at that moment is handed the beats first. How often beats arrive
+/// matters only when they stop, and then the last ones are handed over at
+/// that moment (see [`World::deliver_beats`]).
+const BEATS_EVERY: Duration = Duration::from_millis(100);
 /// Share of operations a flaky kernel refuses.
 const FLAKY_FAILS: f64 = 0.3;
 
@@ -81,6 +88,10 @@ pub struct Options {
     /// Print every event and decision of the world (not the cores' own
     /// logs: those go through `tracing`).
     pub trace: bool,
+    /// Fold every line of the full trace into [`Outcome::digest`], without
+    /// printing it: two builds whose runs are the same event for event
+    /// give the same digests.
+    pub digest: bool,
 }
 
 /// How a run ended.
@@ -94,6 +105,8 @@ pub struct Outcome {
     pub events: u64,
     /// The last lines of the trace (all of it with `trace`).
     pub trace: Vec<String>,
+    /// With [`Options::digest`], a hash of every line of the full trace.
+    pub digest: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,7 +243,13 @@ enum Ev {
 }
 
 struct World {
+    /// The world's own randomness: delays, losses, refusals. How much of it
+    /// a run draws depends on what the cores do.
     rng: Rng,
+    /// The scenario's: the cluster, the faults and changes and when they
+    /// come. A separate stream, so that a change to the cores' decisions
+    /// leaves a seed's schedule as it was.
+    plan: Rng,
     base: Instant,
     t: Duration,
     seq: u64,
@@ -250,22 +269,41 @@ struct World {
     settings: Settings,
     faulting: bool,
     checker: check::Checker,
+    /// Each host's questions about each address, and how the last went.
+    exchanges: BTreeMap<(usize, IpAddr), check::Exchange>,
+    /// Each host's links as they are now ([`World::relink`]), and which
+    /// of them have an on-link prefix.
+    links: Vec<Links>,
+    on_link: check::Mask,
     trace: Trace,
     handled: u64,
 }
 
 struct Trace {
     all: bool,
+    /// FNV-1a over every line, when digesting.
+    digest: Option<u64>,
     lines: std::collections::VecDeque<String>,
 }
 
 impl Trace {
     const KEEP: usize = 400;
 
+    /// Whether every line is wanted (printed or digested), not only the
+    /// notes kept for a failure's report.
+    fn full(&self) -> bool {
+        self.all || self.digest.is_some()
+    }
+
     fn push(&mut self, t: Duration, line: String) {
         let line = format!("{:>9.3}s {line}", t.as_secs_f64());
         if self.all {
             println!("{line}");
+        }
+        if let Some(d) = &mut self.digest {
+            for b in line.bytes().chain([b'\n']) {
+                *d = (*d ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
         }
         if self.lines.len() == Self::KEEP {
             self.lines.pop_front();
@@ -276,10 +314,11 @@ impl Trace {
 
 /// Runs one seed to the end or to its first violation.
 pub fn run(seed: u64, options: &Options) -> Outcome {
-    let mut rng = Rng::new(seed);
-    let shape = Shape::draw(&mut rng);
+    let mut plan = Rng::new(seed);
+    let rng = Rng::new(plan.next_u64());
+    let shape = Shape::draw(&mut plan);
     let names: Vec<String> = (0..shape.nodes).map(|i| format!("n{i:02}")).collect();
-    let truth = Truth::generate(&mut rng, &names, shape.services);
+    let truth = Truth::generate(&mut plan, &names, shape.services);
     let settings = Settings {
         node: String::new(),
         lifetime: Lifetime::new(shape.lifetime),
@@ -330,6 +369,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
     let n = shape.nodes;
     let mut w = World {
         rng,
+        plan,
         base: Instant::now(),
         t: Duration::ZERO,
         seq: 0,
@@ -345,12 +385,20 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         settings,
         faulting: true,
         checker: check::Checker::new(shape.lifetime),
+        exchanges: BTreeMap::new(),
+        links: Vec::new(),
+        on_link: 0,
         trace: Trace {
             all: options.trace,
+            digest: options.digest.then_some(0xcbf2_9ce4_8422_2325),
             lines: Default::default(),
         },
         handled: 0,
     };
+    w.links = w.hosts.iter().map(links_of).collect();
+    for h in 0..n {
+        w.relink(h);
+    }
     w.trace.push(
         Duration::ZERO,
         format!(
@@ -359,7 +407,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         ),
     );
     for h in 0..n {
-        let at = w.rng.ms(0, 1000);
+        let at = w.plan.ms(0, 1000);
         w.schedule(at, Ev::Recover(Fault::Start(h)));
     }
     w.schedule(Duration::from_secs(4), Ev::NextFault);
@@ -374,6 +422,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         stats: w.checker.stats.clone(),
         violation,
         events: w.handled,
+        digest: w.trace.digest.unwrap_or(0),
         trace: w.trace.lines.into_iter().collect(),
     }
 }
@@ -394,7 +443,7 @@ impl World {
     }
 
     fn log(&mut self, line: impl FnOnce() -> String) {
-        if self.trace.all {
+        if self.trace.full() {
             let l = line();
             self.trace.push(self.t, l);
         }
@@ -429,22 +478,22 @@ impl World {
             Ev::NextFault => {
                 if self.faulting {
                     self.next_fault();
-                    let next = self.rng.ms(500, 4000);
+                    let next = self.plan.ms(500, 4000);
                     self.after(next, Ev::NextFault);
                 }
             }
             Ev::Churn => {
                 // Nobody changes objects while the API server is down.
                 if self.faulting && !self.api_up {
-                    let next = self.rng.ms(300, 3000);
+                    let next = self.plan.ms(300, 3000);
                     self.after(next, Ev::Churn);
                 } else if self.faulting {
-                    let what = self.truth.churn(&mut self.rng);
+                    let what = self.truth.churn(&mut self.plan);
                     self.versions
                         .insert(self.truth.version, self.truth.cluster.clone());
                     self.note(format!("change: {what}"));
                     self.truth_changed();
-                    let next = self.rng.ms(300, 3000);
+                    let next = self.plan.ms(300, 3000);
                     self.after(next, Ev::Churn);
                 }
             }
@@ -619,7 +668,18 @@ impl World {
     // ---- agents ----
 
     fn links(&self, host: usize) -> Links {
-        links_of(&self.hosts[host])
+        self.links[host].clone()
+    }
+
+    /// A host's power or port changed: its links with it.
+    fn relink(&mut self, host: usize) {
+        self.links[host] = links_of(&self.hosts[host]);
+        let bit = 1 << host;
+        if self.links[host].on_link().is_empty() {
+            self.on_link &= !bit;
+        } else {
+            self.on_link |= bit;
+        }
     }
 
     fn start_agent(&mut self, host: usize) {
@@ -722,9 +782,14 @@ impl World {
         if !matches!(input, Input::Beats(_))
             && self.hosts[host]
                 .beats_at
-                .is_none_or(|at| self.t >= at + BEAT_MISS / 3)
+                .is_none_or(|at| self.t >= at + BEATS_EVERY)
+            && self.deliver_beats(host, None)
+            && matches!(input, Input::Tick)
         {
-            self.deliver_beats(host, None);
+            // The beats' step was this moment's step: a tick after it, at
+            // the same instant, finds nothing more to do (the shell, too,
+            // steps once for all that woke it).
+            return;
         }
         let now = self.now();
         let span = self.trace.all.then(|| {
@@ -779,6 +844,9 @@ impl World {
                     if j == host || !self.hosts[j].powered || !self.hosts[j].port_up {
                         continue;
                     }
+                    if self.rng.chance(self.shape.loss) {
+                        continue;
+                    }
                     let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
                     let claim = Claim {
                         ip: t.ip,
@@ -798,6 +866,15 @@ impl World {
             for t in &a.probe {
                 for j in 0..self.hosts.len() {
                     if j != host && self.answers(j, t.ip) {
+                        // The question or its answer lost on the way.
+                        let lost =
+                            self.rng.chance(self.shape.loss) || self.rng.chance(self.shape.loss);
+                        let e = self.exchanges.entry((host, t.ip)).or_default();
+                        if lost {
+                            e.lost = Some(self.t);
+                            continue;
+                        }
+                        e.heard = Some(self.t);
                         let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
                         let claim = Claim {
                             ip: t.ip,
@@ -824,11 +901,14 @@ impl World {
         if a.ready {
             self.log(|| format!("{host}: ready"));
         }
-        if let Some(at) = a.wake {
-            let at = at.saturating_duration_since(self.base);
-            let h = &mut self.hosts[host];
-            if h.wake_due.is_none_or(|due| at < due || due < self.t) {
-                h.wake_due = Some(at);
+        // As the shell does: it sleeps until the core's latest word, later
+        // or earlier than the one before (a wake-up that was pushed back
+        // does not come).
+        let at = a.wake.map(|at| at.saturating_duration_since(self.base));
+        let h = &mut self.hosts[host];
+        if at != h.wake_due {
+            h.wake_due = at;
+            if let Some(at) = at {
                 self.schedule(
                     at,
                     Ev::Wake {
@@ -886,13 +966,14 @@ impl World {
 
     /// Beats are modelled as flowing without a gap while a sender's agent
     /// runs and gossip reaches the receiver: an agent is handed the beats
-    /// of its senders before it steps (at most every third of the miss),
-    /// and the last ones when the path breaks (`only`: that sender). Loss
-    /// is not modelled: five beats lost in a row are about one in three
+    /// of its senders before it steps (at most every [`BEATS_EVERY`]), and
+    /// the last ones when the path breaks (`only`: that sender). Loss is
+    /// not modelled: five beats lost in a row are about one in three
     /// million at 5% loss; a silent live owner comes from a frozen agent.
-    fn deliver_beats(&mut self, host: usize, only: Option<usize>) {
+    /// True when the agent stepped.
+    fn deliver_beats(&mut self, host: usize, only: Option<usize>) -> bool {
         if self.hosts[host].agent != Agent::Running || self.hosts[host].core.is_none() {
-            return;
+            return false;
         }
         let now = self.now();
         let addr = self.hosts[host].gossip_addr;
@@ -938,9 +1019,11 @@ impl World {
         if only.is_none() {
             self.hosts[host].beats_at = Some(self.t);
         }
-        if !beats.is_empty() {
-            self.step(host, Input::Beats(beats));
+        if beats.is_empty() {
+            return false;
         }
+        self.step(host, Input::Beats(beats));
+        true
     }
 
     /// Membership views to the agents whose knowledge changed.
@@ -972,20 +1055,23 @@ impl World {
         };
         let h = &self.hosts[host];
         let local = info(host, h.generation, &h.published);
-        let mut nodes = vec![local.clone()];
+        let mut nodes = Vec::with_capacity(self.hosts.len());
+        nodes.push(local.clone());
+        let mut live = 1u64 << host;
         for (j, k) in h.known.iter().enumerate() {
             if let Some(k) = k
                 && k.up
                 && j != host
             {
                 nodes.push(info(j, k.generation, &k.state));
+                live |= 1 << j;
             }
         }
         nodes.sort_by(|a, b| a.node.cmp(&b.node));
         // Nodes not live here, as last heard of here or through a live peer
         // (gossip carries every node's state, not only live ones').
         let gone: Vec<MemberInfo> = (0..self.hosts.len())
-            .filter(|&j| j != host && !nodes.iter().any(|n| n.node == self.hosts[j].name))
+            .filter(|&j| live & 1 << j == 0)
             .filter_map(|j| {
                 let known = h.known[j].as_ref().or_else(|| {
                     (0..self.hosts.len())
@@ -1302,15 +1388,15 @@ impl World {
         let budget = (n / 3).max(1);
         let candidates: Vec<usize> = (0..n).filter(|&h| self.healthy(h)).collect();
         if unhealthy >= budget || candidates.is_empty() {
-            if self.api_up && self.rng.chance(0.2) {
+            if self.api_up && self.plan.chance(0.2) {
                 self.apply(Fault::ApiDown);
-                let d = self.rng.ms(1000, 15000);
+                let d = self.plan.ms(1000, 15000);
                 self.after(d, Ev::Recover(Fault::ApiUp));
             }
             return;
         }
-        let h = *self.rng.pick(&candidates);
-        let (fault, recovery, lo, hi) = match self.rng.below(12) {
+        let h = *self.plan.pick(&candidates);
+        let (fault, recovery, lo, hi) = match self.plan.below(12) {
             0 => (Fault::Crash(h), Fault::Boot(h), 1000, 8000),
             1 => (Fault::Freeze(h), Fault::Thaw(h), 200, 9000),
             2 => (Fault::Kill(h), Fault::Start(h), 500, 10000),
@@ -1322,7 +1408,10 @@ impl World {
             9 if self.api_up => {
                 // An outage, and an agent restarted during it.
                 self.apply(Fault::ApiDown);
-                let up = self.rng.ms(2000, 15000);
+                // Long enough that an agent which cannot serve, but
+                // stands as a candidate, leaves VIPs unowned for far
+                // longer than any bound.
+                let up = self.plan.ms(4000, 20000);
                 self.after(up, Ev::Recover(Fault::ApiUp));
                 (Fault::Kill(h), Fault::Start(h), 200, 1500)
             }
@@ -1330,7 +1419,7 @@ impl World {
             _ => (Fault::Term(h), Fault::Start(h), 300, 3000),
         };
         self.apply(fault);
-        let d = self.rng.ms(lo, hi);
+        let d = self.plan.ms(lo, hi);
         self.after(d, Ev::Recover(recovery));
     }
 
@@ -1345,6 +1434,8 @@ impl World {
                 self.stop_agent(h, false);
                 let host = &mut self.hosts[h];
                 host.powered = false;
+                self.relink(h);
+                let host = &mut self.hosts[h];
                 host.kernel.clear();
                 host.kernel_busy = self.t;
                 self.reachability(h);
@@ -1352,8 +1443,9 @@ impl World {
             }
             Fault::Boot(h) => {
                 self.hosts[h].powered = true;
+                self.relink(h);
                 self.reachability(h);
-                let d = self.rng.ms(300, 1000);
+                let d = self.plan.ms(300, 1000);
                 self.after(d, Ev::Recover(Fault::Start(h)));
             }
             Fault::Freeze(h) => {
@@ -1414,10 +1506,10 @@ impl World {
                 // another node to answer for each VIP, and removes it.
                 // Mostly at once; now and then after the owner's
                 // followers found it silent and its host still answering.
-                let start = if self.rng.chance(0.8) {
-                    self.rng.ms(5, 80)
+                let start = if self.plan.chance(0.8) {
+                    self.plan.ms(5, 80)
                 } else {
-                    self.rng.ms(80, 400)
+                    self.plan.ms(80, 400)
                 };
                 self.hosts[h].cleanup_since = Some(self.t + start);
                 self.leaving_beats(h, None, start);
@@ -1453,6 +1545,7 @@ impl World {
             }
             Fault::PortDown(h) | Fault::PortUp(h) => {
                 self.hosts[h].port_up = matches!(f, Fault::PortUp(_));
+                self.relink(h);
                 self.reachability(h);
                 self.all_owners_changed(h);
                 let generation = self.hosts[h].generation;
@@ -1622,14 +1715,11 @@ impl World {
 
     /// Hands the checker what it needs to know about the world now.
     fn judge(&mut self, f: impl FnOnce(&mut check::Checker, &check::Context, Duration)) {
-        let ctx = context(
-            &self.hosts,
-            &self.reach,
-            &self.versions,
-            &self.truth,
-            self.api_up,
-        );
-        f(&mut self.checker, &ctx, self.t);
+        // Out of the world while the context borrows the rest of it.
+        let mut checker = std::mem::replace(&mut self.checker, check::Checker::new(Duration::ZERO));
+        let ctx = context(self);
+        f(&mut checker, &ctx, self.t);
+        self.checker = checker;
     }
 
     fn sweep(&mut self) {
@@ -1647,13 +1737,8 @@ impl World {
 }
 
 /// What the checker needs to know about the hosts now.
-fn context<'a>(
-    hosts: &[Host],
-    reach: &'a [Vec<bool>],
-    versions: &'a BTreeMap<u64, crate::election::Cluster>,
-    truth: &Truth,
-    api_up: bool,
-) -> check::Context<'a> {
+fn context(w: &World) -> check::Context<'_> {
+    let hosts = &w.hosts;
     let ready =
         |h: &Host| h.agent == Agent::Running && h.core.as_ref().is_some_and(|c| c.is_ready());
     // The newest view a running agent has: no agent can serve a Service
@@ -1665,7 +1750,7 @@ fn context<'a>(
         .filter(|h| h.agent == Agent::Running)
         .map(|h| h.api_version)
         .max()
-        .unwrap_or(truth.version);
+        .unwrap_or(w.truth.version);
     check::Context {
         hosts: hosts
             .iter()
@@ -1683,16 +1768,19 @@ fn context<'a>(
                     || !h.port_up
                     || h.blocked
                     || h.flaky,
-                name: h.name.clone(),
+                name: &h.name,
             })
             .collect(),
-        reach,
-        links: hosts.iter().map(links_of).collect(),
-        versions,
+        reach: &w.reach,
+        links: &w.links,
+        on_link: w.on_link,
+        ready: check::mask(hosts.iter().map(ready)),
+        versions: &w.versions,
         host_versions: hosts.iter().map(|h| h.api_version.max(1)).collect(),
         newest: newest.max(1),
-        latest: truth.version,
-        api_up,
+        latest: w.truth.version,
+        api_up: w.api_up,
+        exchanges: &w.exchanges,
     }
 }
 
