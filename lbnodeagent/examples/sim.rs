@@ -143,6 +143,14 @@ fn main() -> ExitCode {
         "  of which taken because every question of the pre-check or its answer was lost: {}",
         t.unheard_takeovers
     );
+    println!(
+        "owner pairs that became live, ready, connected and of one view: {}, settled at most {:?} after",
+        t.agreed_pairs, t.agreed_longest
+    );
+    println!(
+        "dead owners' lapses followed by a successor that knew when: {}, answering at most {:?} after",
+        t.lapses_followed, t.lapse_longest
+    );
     match failure.lock().unwrap().take() {
         None => ExitCode::SUCCESS,
         Some(o) => {
@@ -171,6 +179,10 @@ struct Totals {
     planned: u64,
     calm_stalls: u64,
     unheard_takeovers: u64,
+    agreed_pairs: u64,
+    agreed_longest: Duration,
+    lapses_followed: u64,
+    lapse_longest: Duration,
     digests: std::collections::BTreeMap<u64, u64>,
 }
 
@@ -190,6 +202,10 @@ impl Totals {
         self.planned += o.stats.quiet_moves;
         self.calm_stalls += o.stats.calm_stalls;
         self.unheard_takeovers += o.stats.unheard_takeovers;
+        self.agreed_pairs += o.stats.agreed_pairs;
+        self.agreed_longest = self.agreed_longest.max(o.stats.agreed_longest);
+        self.lapses_followed += o.stats.lapses_followed;
+        self.lapse_longest = self.lapse_longest.max(o.stats.lapse_longest);
         if o.digest != 0 {
             self.digests.insert(o.seed, o.digest);
         }

@@ -641,6 +641,11 @@ impl Core {
         self.wake
     }
 
+    /// When `node`'s addresses lapse, as its beats (or a relay) last said.
+    pub fn lapse_of(&self, node: &str) -> Option<Lapse> {
+        self.sessions.lapse(node)
+    }
+
     /// Whom this node beats now (see [`sessions`]).
     pub fn beats(&self) -> Option<&BeatPlan> {
         self.beat_plan.as_ref()
@@ -1063,6 +1068,10 @@ impl Core {
             self.decide(ip, now, out);
         }
         self.renew(now, out);
+        if !out.add.is_empty() {
+            // What the beats say of when this node's addresses lapse.
+            self.beat_dirty = true;
+        }
         self.probe_wire(now, out);
         if self.phase == Phase::Finishing && self.slots.values().all(|s| s.op.is_none()) {
             let left: Vec<VipAddress> = self
@@ -1137,11 +1146,19 @@ impl Core {
                 })
             })
             .collect();
+        // An add or renewal in flight may land, even if this agent dies
+        // now (the kernel has the request): then its address lapses a
+        // lifetime from now, and a follower told only the older lapse
+        // would stop asking before the address goes.
         let expiries = self
             .slots
             .values()
             .filter(|s| s.held.as_ref().is_some_and(|h| h.mode == Mode::Local))
-            .filter_map(|s| s.expires);
+            .filter_map(|s| s.expires)
+            .chain(self.slots.values().filter_map(|s| match &s.op {
+                Some(Op::Add { want, .. }) if want.mode == Mode::Local => expiry(want, self.now),
+                _ => None,
+            }));
         let lapse = expiries.fold(None, |acc: Option<Lapse>, e| {
             Some(match acc {
                 None => Lapse { first: e, last: e },

@@ -21,6 +21,20 @@
 //!   recent, a VIP that had an owner never goes without one while it has a
 //!   candidate: SIGTERM, a node returning, Service, endpoint, label and
 //!   advertisement changes are all make before break.
+//! - **Two live holders with one view settle.** Two hosts whose agents run,
+//!   are ready, hear each other through gossip and have the same view of
+//!   the cluster answer together no longer than a hand-over: however the
+//!   episode began (a partition, a lag, a restart), it ends within
+//!   [`AGREED_BOUND`] of the moment all that holds.
+//! - **A candidate is a node that reconciled.** An agent publishes `alive`
+//!   only once it has a complete view of the cluster and has heard its
+//!   peers, or waited the start's grace for them: a node its peers elect
+//!   must be able to serve (judged by the world, see `World::publish`).
+//! - **A dead owner's lapse is followed at once.** When the address of an
+//!   owner whose agent is not running lapses, and the node that now wins
+//!   the VIP was told when it would (the owner's beats, or a relay), that
+//!   node answers within [`LAPSE_BOUND`] (SPEC: the successor answers at
+//!   most 100 ms after the old address lapses).
 //! - **Nothing flaps after a heal.** Once every fault has healed and the
 //!   cluster has settled, no address is added, removed or lapses during
 //!   [`STEADY_WINDOW`], and at the end every VIP is held exactly where the
@@ -34,7 +48,9 @@ use std::time::Duration;
 use super::super::links::Links;
 use super::super::{HANDOVER_MAX, LEAVE_MAX};
 use super::{ETH0, KUBE_LB0};
-use crate::agent::core::conflict::{OWNER_PROBE, PRECHECK, YIELD_HOLD, YIELD_PROBE};
+use crate::agent::core::conflict::{
+    LAPSE_HOLD, LAPSE_PROBE, OWNER_PROBE, PRECHECK, YIELD_HOLD, YIELD_PROBE,
+};
 use crate::election::{Cluster, Election, Member};
 
 /// The settled end of a run in which nothing may change.
@@ -78,6 +94,20 @@ const NO_OWNER_BOUND: Duration = DETECTION
     .saturating_add(PRECHECK)
     .saturating_add(Duration::from_millis(800));
 
+/// Two live, ready agents that gossip connects and that have the same
+/// view of the cluster hold one VIP together at most this long: a
+/// make-before-break move waits [`HANDOVER_MAX`] for the winner to show the
+/// VIP held, a contest of equal views lets the lower-ranked go after as
+/// long, and gossip carries either word in a round or two (with loss).
+const AGREED_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_secs(1));
+/// From a dead owner's lapse to its successor's answer, when the successor
+/// knew when it would lapse: it asks every [`LAPSE_PROBE`] from before,
+/// takes the VIP once [`LAPSE_HOLD`] passes unanswered, and the kernel
+/// batch adds it ([`PRECHECK_SLACK`]).
+pub const LAPSE_BOUND: Duration = LAPSE_HOLD
+    .saturating_add(LAPSE_PROBE)
+    .saturating_add(PRECHECK_SLACK);
+
 #[derive(Clone, Debug)]
 pub struct Violation {
     pub t: Duration,
@@ -110,6 +140,15 @@ pub struct Stats {
     /// Of those, VIPs taken because every question of the pre-check, or
     /// its answer, was lost.
     pub unheard_takeovers: u64,
+    /// Pairs of owners that became live, ready, connected and of one view
+    /// while both answered (watched by [`AGREED_BOUND`]), and the longest
+    /// they took to settle from then.
+    pub agreed_pairs: u64,
+    pub agreed_longest: Duration,
+    /// Dead owners' lapses followed by a successor that knew when (watched
+    /// by [`LAPSE_BOUND`]), and the longest gap.
+    pub lapses_followed: u64,
+    pub lapse_longest: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -167,6 +206,9 @@ struct Episode {
     /// during it allow.
     deadline: Duration,
     kind: &'static str,
+    /// Since when both are live, ready, connected and of one view (see
+    /// [`AGREED_BOUND`]).
+    agreed: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -177,6 +219,9 @@ struct VipState {
     /// with another), each with its own bound.
     pairs: BTreeMap<(usize, usize), Episode>,
     none: Option<Duration>,
+    /// A dead owner's address lapsed then, and this host, which knew when
+    /// it would, is to answer (see [`LAPSE_BOUND`]).
+    lapsed: Option<(Duration, usize)>,
 }
 
 /// A set of hosts, one bit each (a run has at most 20).
@@ -228,6 +273,16 @@ impl Checker {
             }
             Some(_) => {}
         }
+    }
+
+    /// A node stood as a candidate before it could serve.
+    pub fn unfit_candidate(&mut self, t: Duration, what: String) {
+        self.fail(t, what);
+    }
+
+    /// How long ago an unplanned fault last began or ended.
+    pub fn unplanned_since(&self, t: Duration) -> Duration {
+        self.last_unplanned.map_or(t, |u| t.saturating_sub(u))
     }
 
     /// An unplanned fault began or ended.
@@ -362,29 +417,43 @@ impl Checker {
     /// of, or one whose only possible node does not know it may serve it,
     /// has no candidate. Off-link VIPs are nobody's to answer.
     fn has_candidate(&mut self, ip: IpAddr, ctx: &Context) -> bool {
+        self.candidate(ip, ctx).is_some()
+    }
+
+    /// The host that should answer for `ip` now, by [`Checker::has_candidate`]'s
+    /// rules.
+    pub fn candidate(&mut self, ip: IpAddr, ctx: &Context) -> Option<usize> {
         let ready = ctx.ready;
-        let Some(w) = self
+        let w = self
             .oracle(ctx, ctx.newest, ready)
             .winner(ip)
-            .and_then(|winner| ctx.hosts.iter().position(|h| h.name == winner))
-        else {
-            return false;
-        };
+            .and_then(|winner| ctx.hosts.iter().position(|h| h.name == winner))?;
         let winner = ctx.hosts[w].name;
         if ctx.hosts[w].flaky {
             // Its kernel refuses operations, and its retries back off: no
             // bound holds for what it must add (the others rightly wait).
-            return false;
+            return None;
         }
         let known = ctx.host_versions[w];
         if known == ctx.newest {
-            return true;
+            return Some(w);
         }
         if self.oracle(ctx, known, ready).winner(ip) == Some(winner) {
-            return true;
+            return Some(w);
         }
         let newest = ready & mask(ctx.host_versions.iter().map(|v| *v == ctx.newest));
-        self.oracle(ctx, ctx.newest, newest).winner(ip).is_some()
+        let fallback = self.oracle(ctx, ctx.newest, newest).winner(ip)?;
+        ctx.hosts.iter().position(|h| h.name == fallback)
+    }
+
+    /// A dead owner's address on `ip` lapsed now and `successor`, which
+    /// knew when it would, wins the VIP: it must answer within
+    /// [`LAPSE_BOUND`].
+    pub fn lapsed(&mut self, ip: IpAddr, successor: usize, t: Duration) {
+        let v = self.vips.entry(ip).or_default();
+        if v.owners.is_empty() {
+            v.lapsed = Some((t, successor));
+        }
     }
 
     /// Who answers for `ip` changed. Returns a line for the trace.
@@ -526,6 +595,10 @@ impl Checker {
         };
         for ((a, b), e) in ended {
             self.record_two(e.kind, t - e.since);
+            if let Some(agreed) = e.agreed {
+                self.stats.agreed_pairs += 1;
+                self.stats.agreed_longest = self.stats.agreed_longest.max(t - agreed);
+            }
             if t > e.deadline {
                 self.fail(
                     t,
@@ -553,12 +626,35 @@ impl Checker {
                 since,
                 deadline,
                 kind,
+                agreed: None,
             });
             if deadline > e.deadline {
                 e.deadline = deadline;
                 e.kind = kind;
             }
-            let (since, deadline, kind) = (e.since, e.deadline, e.kind);
+            let agree = |h: usize| {
+                let s = &ctx.hosts[h];
+                s.agent_running && s.ready && !s.leaving && !s.flaky && s.stalled_since.is_none()
+            };
+            e.agreed = (agree(a)
+                && agree(b)
+                && ctx.reach[a][b]
+                && ctx.host_versions[a] == ctx.host_versions[b])
+                .then(|| e.agreed.unwrap_or(t));
+            let (since, deadline, kind, agreed) = (e.since, e.deadline, e.kind, e.agreed);
+            if let Some(agreed) = agreed
+                && t - agreed > AGREED_BOUND
+            {
+                self.fail(
+                    t,
+                    format!(
+                        "{ip} answered by {} and {} for {:?} after both were live, ready, connected and of one view of the cluster (bound {AGREED_BOUND:?}): they do not settle",
+                        ctx.hosts[a].name,
+                        ctx.hosts[b].name,
+                        t - agreed
+                    ),
+                );
+            }
             self.record_two(kind, t - since);
             if t > deadline {
                 self.fail(
@@ -579,6 +675,36 @@ impl Checker {
     /// No owner while a candidate lives.
     fn judge_none(&mut self, ip: IpAddr, unowned: bool, t: Duration, ctx: &Context) {
         let orphan = unowned && self.has_candidate(ip, ctx);
+        let v = self.vips.entry(ip).or_default();
+        let since_unplanned = self.last_unplanned;
+        let lapsed = v.lapsed;
+        // The one to answer is another now (a change of the objects, a
+        // node back): its own bounds apply.
+        let moved = lapsed.is_some_and(|(_, h)| unowned && self.candidate(ip, ctx) != Some(h));
+        let v = self.vips.entry(ip).or_default();
+        match lapsed {
+            Some((at, _)) if !unowned && !moved => {
+                v.lapsed = None;
+                self.stats.lapses_followed += 1;
+                self.stats.lapse_longest = self.stats.lapse_longest.max(t - at);
+            }
+            // Another fault came since, or another node is to answer, with
+            // bounds of their own.
+            Some((at, _)) if moved || since_unplanned.is_some_and(|u| u > at) => v.lapsed = None,
+            Some((at, h)) if t - at > LAPSE_BOUND => {
+                v.lapsed = None;
+                self.fail(
+                    t,
+                    format!(
+                        "{ip} has had no owner for {:?} since its dead owner's address lapsed, and {}, which knew when it would, does not answer (bound {LAPSE_BOUND:?})",
+                        t - at,
+                        ctx.hosts[h].name
+                    ),
+                );
+                return;
+            }
+            _ => {}
+        }
         let v = self.vips.entry(ip).or_default();
         match (orphan, v.none) {
             (true, None) => v.none = Some(t),

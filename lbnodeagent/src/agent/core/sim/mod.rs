@@ -46,7 +46,7 @@ use crate::election::Member;
 use crate::gossip::{LocalState, MemberInfo, MembershipView, Status};
 
 use super::links::Links;
-use super::sessions::{Beat, Lapse, Silent};
+use super::sessions::{Beat, Lapse, RELAY_TTL, Silent};
 use super::{Actions, AgentRecord, BeatPlan, Core, Input, OpKind, OpResult, Settings};
 pub use check::{Stats, Violation};
 pub use rng::Rng;
@@ -164,6 +164,8 @@ struct Host {
     stopped_at: Option<Duration>,
     /// Since when the agent is stalled (frozen for a moment).
     stalled_since: Option<Duration>,
+    /// When the agent last started.
+    started_at: Duration,
     /// Whom the agent beats, as it last said (kept after it stops: its
     /// last beats went out as it stopped).
     beat_plan: BeatPlan,
@@ -364,6 +366,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             killed: false,
             stopped_at: Some(Duration::ZERO),
             stalled_since: None,
+            started_at: Duration::ZERO,
         })
         .collect();
     let n = shape.nodes;
@@ -693,9 +696,11 @@ impl World {
         };
         let core = Core::new(settings, self.links(host), self.now());
         let adopted = owned_addresses(h);
+        let t = self.t;
         let h = &mut self.hosts[host];
         h.published = core.local_state();
         h.pub_version += 1;
+        h.started_at = t;
         h.core = Some(core);
         h.agent = Agent::Running;
         h.killed = false;
@@ -712,6 +717,7 @@ impl World {
         h.view_dirty = true;
         let generation = h.generation;
         self.note(format!("{}: agent starts", self.hosts[host].name));
+        self.judge_candidacy(host);
         self.reachability(host);
         self.step(host, Input::Adopted(adopted));
         if self.api_up {
@@ -935,9 +941,12 @@ impl World {
             )
         });
         let h = &mut self.hosts[host];
-        h.published = local;
+        let was = std::mem::replace(&mut h.published, local).status;
         h.pub_version += 1;
         let (generation, version) = (h.generation, h.pub_version);
+        if was != Status::Alive {
+            self.judge_candidacy(host);
+        }
         for j in 0..self.hosts.len() {
             if j == host || !self.reach[host][j] {
                 continue;
@@ -962,6 +971,32 @@ impl World {
                 },
             );
         }
+    }
+
+    /// A node that becomes `alive` stands in its peers' elections: it must
+    /// have reconciled, with a complete view of the cluster, and have heard
+    /// its peers or waited the start's grace for them.
+    fn judge_candidacy(&mut self, host: usize) {
+        let h = &self.hosts[host];
+        if h.published.status != Status::Alive {
+            return;
+        }
+        let heard_peers = h.known.iter().flatten().any(|k| k.up)
+            || self.t >= h.started_at + super::STARTUP_GRACE;
+        let why = if h.api_version == 0 {
+            "without a view of the cluster"
+        } else if !heard_peers {
+            "before it heard its peers or waited the start's grace"
+        } else {
+            return;
+        };
+        let what = format!(
+            "{} published itself a candidate ({}) {why}: its peers elect a node that cannot serve",
+            h.name,
+            Status::Alive.as_str()
+        );
+        let t = self.t;
+        self.checker.unfit_candidate(t, what);
     }
 
     /// Beats are modelled as flowing without a gap while a sender's agent
@@ -1249,7 +1284,11 @@ impl World {
             let result = if fail {
                 Err("the kernel refused (simulated)".to_string())
             } else {
-                let expires = vip.lifetime.duration().map(|d| self.t + d);
+                // The kernel counts whole seconds, as the agent asks.
+                let expires = vip
+                    .lifetime
+                    .kernel_seconds()
+                    .map(|s| self.t + Duration::from_secs(s.into()));
                 let fresh = self.hosts[host]
                     .kernel
                     .insert(
@@ -1327,8 +1366,42 @@ impl World {
         self.checker.stats.kernel_changes += 1;
         self.checker.stats.lapsed += 1;
         let name = h.name.clone();
+        let dead = h.agent != Agent::Running && h.cleanup_since.is_none();
         self.note(format!("{name}: {ip} lapsed"));
         self.owners_changed(ip);
+        if dead && ifindex == ETH0 {
+            // Whoever wins it now was told when it would lapse (its last
+            // word says now, not a lapse an older renewal pushed back),
+            // or not.
+            // Judged only when the dead owner is the one trouble: every
+            // other agent ready and healthy, and no other fault begun or
+            // ended within a detection (a node that is starting, stalled or
+            // just cut off may still win the VIP by its peers' elections).
+            let mut successor = None;
+            let detected = Duration::from_millis(DETECT_MS.1) + RELAY_TTL;
+            self.judge(|c, ctx, t| {
+                let alone = ctx.hosts.iter().enumerate().all(|(i, h)| {
+                    i == host || (h.agent_running && h.ready && !h.faulty)
+                });
+                if alone && c.unplanned_since(t) > detected {
+                    successor = c.candidate(ip, ctx);
+                }
+            });
+            let now = self.now();
+            if let Some(s) = successor
+                && self.hosts[s]
+                    .core
+                    .as_ref()
+                    .and_then(|c| c.lapse_of(&name))
+                    .is_some_and(|l| {
+                        now + super::conflict::LAPSE_EARLY >= l.first
+                            && now <= l.last + Duration::from_millis(10)
+                    })
+            {
+                let t = self.t;
+                self.checker.lapsed(ip, s, t);
+            }
+        }
         let removed = OwnedAddress {
             interface: if ifindex == ETH0 { "eth0" } else { "kube-lb0" }.into(),
             ifindex,
