@@ -176,11 +176,7 @@ impl Sessions {
     /// The owners this node watches now, each with the others next in
     /// line for its VIPs. A suspect stays watched (it may answer again)
     /// until `live` says gossip itself lost it.
-    pub fn watch(
-        &mut self,
-        owners: Owners,
-        live: impl Fn(&str) -> bool,
-    ) {
+    pub fn watch(&mut self, owners: Owners, live: impl Fn(&str) -> bool) {
         let before = self.watched.len();
         self.watched
             .retain(|n, w| owners.contains_key(n) || (w.suspect && live(n)));

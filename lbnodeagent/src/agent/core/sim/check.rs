@@ -108,6 +108,21 @@ pub const LAPSE_BOUND: Duration = LAPSE_HOLD
     .saturating_add(LAPSE_PROBE)
     .saturating_add(PRECHECK_SLACK);
 
+/// After a bound is broken, the run goes on this long to see how long the
+/// broken situation lasts: by how much the bound was missed, which tells a
+/// bound a little too tight from a rule that never settles.
+pub const FOLLOW: Duration = Duration::from_secs(10);
+
+/// The situation that broke its bound, followed until it ends.
+#[derive(Clone, Copy, Debug)]
+struct Follow {
+    ip: IpAddr,
+    /// The two owners, or none for a VIP without an owner.
+    pair: Option<(usize, usize)>,
+    since: Duration,
+    bound: Duration,
+}
+
 #[derive(Clone, Debug)]
 pub struct Violation {
     pub t: Duration,
@@ -235,6 +250,10 @@ pub struct Checker {
     lifetime: Duration,
     vips: BTreeMap<IpAddr, VipState>,
     violation: Option<Violation>,
+    /// The open situation behind `violation`, while it lasts.
+    follow: Option<Follow>,
+    /// `violation` was told to the trace.
+    told: bool,
     pub stats: Stats,
     /// The last time an unplanned fault began or ended.
     last_unplanned: Option<Duration>,
@@ -251,6 +270,8 @@ impl Checker {
             lifetime,
             vips: BTreeMap::new(),
             violation: None,
+            follow: None,
+            told: false,
             stats: Stats::default(),
             last_unplanned: None,
             steady: None,
@@ -259,8 +280,48 @@ impl Checker {
         }
     }
 
-    pub fn take_violation(&mut self) -> Option<Violation> {
+    /// The violation once it is complete: at once, or once the situation
+    /// behind it ended or has lasted [`FOLLOW`] more.
+    pub fn take_violation(&mut self, t: Duration) -> Option<Violation> {
+        let v = self.violation.as_mut()?;
+        if self.follow.is_some() {
+            if t < v.t + FOLLOW {
+                return None;
+            }
+            v.what.push_str(&format!("; still so {FOLLOW:?} later"));
+            self.follow = None;
+        }
         self.violation.take()
+    }
+
+    /// A violation just found, once, for the trace.
+    pub fn just_found(&mut self) -> Option<String> {
+        let v = self.violation.as_ref()?;
+        (!std::mem::replace(&mut self.told, true)).then(|| v.to_string())
+    }
+
+    /// The followed situation ended now.
+    fn ended(&mut self, ip: IpAddr, pair: Option<(usize, usize)>, t: Duration) {
+        let Some(f) = self.follow else { return };
+        if f.ip != ip || f.pair != pair {
+            return;
+        }
+        self.follow = None;
+        if let Some(v) = &mut self.violation {
+            v.what.push_str(&format!(
+                "; it lasted {:?} in all, {:?} beyond its bound",
+                t - f.since,
+                t - f.bound
+            ));
+        }
+    }
+
+    /// A bound broken by a situation that lasts: the run follows it.
+    fn fail_open(&mut self, t: Duration, what: String, follow: Follow) {
+        if self.violation.is_none() {
+            self.follow = Some(follow);
+        }
+        self.fail(t, what);
     }
 
     fn fail(&mut self, t: Duration, what: String) {
@@ -594,6 +655,7 @@ impl Checker {
                 .collect()
         };
         for ((a, b), e) in ended {
+            self.ended(ip, Some((a, b)), t);
             self.record_two(e.kind, t - e.since);
             if let Some(agreed) = e.agreed {
                 self.stats.agreed_pairs += 1;
@@ -642,10 +704,16 @@ impl Checker {
                 && ctx.host_versions[a] == ctx.host_versions[b])
                 .then(|| e.agreed.unwrap_or(t));
             let (since, deadline, kind, agreed) = (e.since, e.deadline, e.kind, e.agreed);
+            let follow = |bound| Follow {
+                ip,
+                pair: Some((a, b)),
+                since,
+                bound,
+            };
             if let Some(agreed) = agreed
                 && t - agreed > AGREED_BOUND
             {
-                self.fail(
+                self.fail_open(
                     t,
                     format!(
                         "{ip} answered by {} and {} for {:?} after both were live, ready, connected and of one view of the cluster (bound {AGREED_BOUND:?}): they do not settle",
@@ -653,19 +721,21 @@ impl Checker {
                         ctx.hosts[b].name,
                         t - agreed
                     ),
+                    follow(agreed + AGREED_BOUND),
                 );
             }
             self.record_two(kind, t - since);
             if t > deadline {
-                self.fail(
+                self.fail_open(
                     t,
                     format!(
-                        "{ip} answered by {} and {} for {:?}, {:?} longer than allowed ({kind})",
+                        "{ip} answered by {} and {} for {:?}, longer than allowed ({kind}, {:?})",
                         ctx.hosts[a].name,
                         ctx.hosts[b].name,
                         t - since,
-                        t - deadline
+                        deadline - since
                     ),
+                    follow(deadline),
                 );
             }
         }
@@ -681,6 +751,9 @@ impl Checker {
         // The one to answer is another now (a change of the objects, a
         // node back): its own bounds apply.
         let moved = lapsed.is_some_and(|(_, h)| unowned && self.candidate(ip, ctx) != Some(h));
+        if !unowned {
+            self.ended(ip, None, t);
+        }
         let v = self.vips.entry(ip).or_default();
         match lapsed {
             Some((at, _)) if !unowned && !moved => {
@@ -693,13 +766,19 @@ impl Checker {
             Some((at, _)) if moved || since_unplanned.is_some_and(|u| u > at) => v.lapsed = None,
             Some((at, h)) if t - at > LAPSE_BOUND => {
                 v.lapsed = None;
-                self.fail(
+                self.fail_open(
                     t,
                     format!(
                         "{ip} has had no owner for {:?} since its dead owner's address lapsed, and {}, which knew when it would, does not answer (bound {LAPSE_BOUND:?})",
                         t - at,
                         ctx.hosts[h].name
                     ),
+                    Follow {
+                        ip,
+                        pair: None,
+                        since: at,
+                        bound: at + LAPSE_BOUND,
+                    },
                 );
                 return;
             }
@@ -712,11 +791,17 @@ impl Checker {
                 let gap = t - since;
                 self.stats.no_owner = self.stats.no_owner.max(gap);
                 if gap > NO_OWNER_BOUND {
-                    self.fail(
+                    self.fail_open(
                         t,
                         format!(
                             "{ip} has had no owner for {gap:?} while the election has a winner among ready agents (bound {NO_OWNER_BOUND:?})"
                         ),
+                        Follow {
+                            ip,
+                            pair: None,
+                            since,
+                            bound: since + NO_OWNER_BOUND,
+                        },
                     );
                 }
             }
@@ -737,6 +822,12 @@ impl Checker {
     /// ready, every VIP exactly where the election says.
     pub fn finish(&mut self, t: Duration, ctx: &Context, held: &[BTreeSet<(u32, IpAddr)>]) {
         self.sweep(t, ctx);
+        if self.follow.take().is_some()
+            && let Some(v) = &mut self.violation
+        {
+            v.what.push_str("; still so at the end of the run");
+            return;
+        }
         if let Some(at) = self.steady
             && self.stats.kernel_changes != at
         {

@@ -466,14 +466,20 @@ impl World {
             self.handled += 1;
             self.handle(ev);
             self.deliver_views();
-            if let Some(v) = self.checker.take_violation() {
+            if let Some(v) = self.checker.just_found() {
+                self.note(format!(
+                    "VIOLATION: {v} (followed for up to {:?})",
+                    check::FOLLOW
+                ));
+            }
+            if let Some(v) = self.checker.take_violation(self.t) {
                 self.note(format!("VIOLATION: {v}"));
                 return Some(v);
             }
         }
         self.t = end;
         self.final_check();
-        self.checker.take_violation()
+        self.checker.take_violation(end)
     }
 
     fn handle(&mut self, ev: Ev) {
@@ -981,8 +987,8 @@ impl World {
         if h.published.status != Status::Alive {
             return;
         }
-        let heard_peers = h.known.iter().flatten().any(|k| k.up)
-            || self.t >= h.started_at + super::STARTUP_GRACE;
+        let heard_peers =
+            h.known.iter().flatten().any(|k| k.up) || self.t >= h.started_at + super::STARTUP_GRACE;
         let why = if h.api_version == 0 {
             "without a view of the cluster"
         } else if !heard_peers {
@@ -1380,9 +1386,11 @@ impl World {
             let mut successor = None;
             let detected = Duration::from_millis(DETECT_MS.1) + RELAY_TTL;
             self.judge(|c, ctx, t| {
-                let alone = ctx.hosts.iter().enumerate().all(|(i, h)| {
-                    i == host || (h.agent_running && h.ready && !h.faulty)
-                });
+                let alone = ctx
+                    .hosts
+                    .iter()
+                    .enumerate()
+                    .all(|(i, h)| i == host || (h.agent_running && h.ready && !h.faulty));
                 if alone && c.unplanned_since(t) > detected {
                     successor = c.candidate(ip, ctx);
                 }
