@@ -943,9 +943,15 @@ impl Core {
             }
             Arc::new(view)
         };
-        for m in &self.view.members {
-            if view.member(&m.node).is_none() {
-                self.lost_at.insert(m.node.clone(), now);
+        // Most views are of a peer's state (its held VIPs), with the same
+        // members: the election has them already, and nobody was lost.
+        let members_changed = self.view.members != view.members;
+        if members_changed {
+            let members: BTreeSet<&str> = view.members.iter().map(|m| m.node.as_str()).collect();
+            for m in &self.view.members {
+                if !members.contains(m.node.as_str()) {
+                    self.lost_at.insert(m.node.clone(), now);
+                }
             }
         }
         self.lost_at
@@ -981,9 +987,6 @@ impl Core {
             view.gone.iter().chain(&view.nodes).filter(news),
             &self.settings.node,
         );
-        // Most views are of a peer's state (its held VIPs), with the same
-        // members: the election has them already.
-        let members_changed = self.view.members != view.members;
         self.view = view;
         self.orphan_scan = true;
         if members_changed {
@@ -993,17 +996,19 @@ impl Core {
         out.metrics.push(Metric::Elected);
         // Adopted addresses another node now holds, VIPs handed
         // over, and VIPs a peer holds too may be decided now.
-        let waiting: Vec<IpAddr> = self
+        let mut waiting: BTreeSet<IpAddr> = self
             .slots
             .iter()
-            .filter(|(ip, s)| {
-                s.handover.is_some()
-                    || s.adopted
-                    || s.contested.is_some()
-                    || (s.held.is_some() && self.alive_peers().any(|n| n.vips.contains(ip)))
-            })
+            .filter(|(_, s)| s.handover.is_some() || s.adopted || s.contested.is_some())
             .map(|(ip, _)| *ip)
             .collect();
+        for n in self.alive_peers() {
+            waiting.extend(
+                n.vips
+                    .iter()
+                    .filter(|ip| self.slots.get(ip).is_some_and(|s| s.held.is_some())),
+            );
+        }
         self.mark(waiting);
         self.watch_due.get_or_insert(now);
         self.beat_dirty = true;

@@ -255,8 +255,7 @@ struct World {
     base: Instant,
     t: Duration,
     seq: u64,
-    queue: BinaryHeap<Reverse<(Duration, u64)>>,
-    events: BTreeMap<u64, Ev>,
+    queue: BinaryHeap<Reverse<Scheduled>>,
     hosts: Vec<Host>,
     /// Per pair of hosts: reachable by gossip, and an epoch bumped at every
     /// change, so a stale detection or rejoin is dropped.
@@ -279,6 +278,34 @@ struct World {
     on_link: check::Mask,
     trace: Trace,
     handled: u64,
+}
+
+/// An event in the queue, in time order and, at one instant, in the order
+/// it was scheduled (which keeps a seed's run the same on every build).
+struct Scheduled {
+    at: Duration,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Scheduled {}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
 }
 
 struct Trace {
@@ -377,7 +404,6 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         t: Duration::ZERO,
         seq: 0,
         queue: BinaryHeap::new(),
-        events: BTreeMap::new(),
         hosts,
         reach: vec![vec![false; n]; n],
         epoch: vec![vec![0; n]; n],
@@ -437,8 +463,11 @@ impl World {
 
     fn schedule(&mut self, at: Duration, ev: Ev) {
         self.seq += 1;
-        self.queue.push(Reverse((at.max(self.t), self.seq)));
-        self.events.insert(self.seq, ev);
+        self.queue.push(Reverse(Scheduled {
+            at: at.max(self.t),
+            seq: self.seq,
+            ev,
+        }));
     }
 
     fn after(&mut self, delay: Duration, ev: Ev) {
@@ -457,12 +486,11 @@ impl World {
     }
 
     fn run_until(&mut self, end: Duration) -> Option<Violation> {
-        while let Some(Reverse((at, seq))) = self.queue.pop() {
+        while let Some(Reverse(Scheduled { at, ev, .. })) = self.queue.pop() {
             if at > end {
                 break;
             }
             self.t = at;
-            let ev = self.events.remove(&seq).expect("scheduled");
             self.handled += 1;
             self.handle(ev);
             self.deliver_views();
