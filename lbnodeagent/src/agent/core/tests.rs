@@ -8,11 +8,15 @@ use std::time::{Duration, Instant};
 
 use hostlb_api::{AddressRange, LabelSelector, Selector};
 
+use super::conflict::{PRECHECK, PRECHECK_EVERY, PRECHECK_PROBES};
 use super::links::Links;
 use super::*;
-use crate::addrs::{Interface, MacAddr};
+use crate::addrs::{Applied, Interface, Lifetime, MacAddr, OwnedAddress};
+use crate::announce::packet::Claim;
+use crate::announce::{AnnounceConfig, Target};
 use crate::election::{Advertisement, Labels, NodeInfo, OnLink, Pool, Preference, ServiceInfo};
 use crate::gossip::MemberInfo;
+use crate::gossip::Status;
 
 const INTERVAL: Duration = Duration::from_millis(100);
 

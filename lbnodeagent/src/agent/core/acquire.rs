@@ -1,0 +1,288 @@
+//! Taking a VIP: the one place a VIP's next move is chosen ([`Core::decide`]),
+//! what the election and the links want of it, and the gates before an
+//! address goes into the kernel: a retry's backoff, a yield to an
+//! outranking owner, and the pre-check that asks the LAN first.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use super::conflict::{Hold, PRECHECK, PRECHECK_EVERY, PRECHECK_PROBES};
+use super::links::{Mode, Want};
+use super::slot::{Op, Probing, Retry, Slot, same_place};
+use super::{Actions, Core, Phase, RETRY_MAX, RETRY_MIN};
+
+impl Core {
+    /// Re-reads what this node should hold for the given addresses.
+    pub(super) fn mark(&mut self, ips: impl IntoIterator<Item = IpAddr>) {
+        for ip in ips {
+            let want = self.want_of(ip);
+            match self.slots.get_mut(&ip) {
+                Some(s) => s.want = want,
+                None if want.is_some() => {
+                    self.slots.insert(
+                        ip,
+                        Slot {
+                            want,
+                            ..Slot::default()
+                        },
+                    );
+                }
+                None => continue,
+            }
+            self.unsettled.insert(ip);
+        }
+    }
+
+    pub(super) fn want_of(&self, ip: IpAddr) -> Option<Want> {
+        if self.phase != Phase::Running {
+            return None;
+        }
+        let duty = self
+            .election
+            .duty(&self.settings.node, ip)
+            .or_else(|| self.orphan_duty(ip))?;
+        let (wants, missing) = self
+            .links
+            .wants(std::slice::from_ref(&duty), self.settings.lifetime);
+        for (ip, what) in missing {
+            debug!(%ip, missing = %what, "won, but the interface is not there");
+        }
+        wants.into_values().next()
+    }
+
+    /// Every duty again (a cluster view, new links, this node's own state).
+    pub(super) fn refresh_wants(&mut self) {
+        let mut wants = if self.phase == Phase::Running {
+            let mut duties = self.election.duties(&self.settings.node);
+            let orphans: Vec<IpAddr> = self.orphans.keys().copied().collect();
+            duties.extend(orphans.into_iter().filter_map(|ip| self.orphan_duty(ip)));
+            let (wants, missing) = self.links.wants(&duties, self.settings.lifetime);
+            for (ip, what) in missing {
+                debug!(%ip, missing = %what, "won, but the interface is not there");
+            }
+            wants
+        } else {
+            BTreeMap::new()
+        };
+        for (ip, s) in &mut self.slots {
+            let want = wants.remove(ip);
+            if s.want != want {
+                s.want = want;
+                self.unsettled.insert(*ip);
+            } else if !s.settled() {
+                self.unsettled.insert(*ip);
+            }
+        }
+        for (ip, want) in wants {
+            self.slots.insert(
+                ip,
+                Slot {
+                    want: Some(want),
+                    ..Slot::default()
+                },
+            );
+            self.unsettled.insert(ip);
+        }
+        self.report_dirty = true;
+    }
+
+    /// The one place a VIP's next move is chosen; see the module docs.
+    pub(super) fn decide(&mut self, ip: IpAddr, now: Instant, out: &mut Actions) {
+        let Some(slot) = self.slots.get(&ip) else {
+            self.unsettled.remove(&ip);
+            return;
+        };
+        if slot.op.is_some() {
+            return;
+        }
+        if let Some(r) = slot.retry
+            && r.at > now
+        {
+            return;
+        }
+        let (want, held) = (slot.want.clone(), slot.held.clone());
+        match (want, held) {
+            (Some(want), Some(held)) if same_place(&want, &held) => {
+                let slot = self.slots.get_mut(&ip).expect("present");
+                slot.probing = None;
+                let handed_back = slot.handover.take().is_some();
+                slot.kept_for_views = false;
+                if handed_back {
+                    info!(%ip, "kept: this node wins it again");
+                }
+                if std::mem::take(&mut slot.adopted) {
+                    info!(%ip, interface = %want.vip.interface, "kept an address of a previous run");
+                    // Renewed now, and announced: a peer may have answered
+                    // for it while this node was away.
+                    slot.op = Some(Op::Add {
+                        want: want.clone(),
+                        renew: false,
+                    });
+                    out.add.push(want.vip.clone());
+                }
+                slot.held = Some(want.clone());
+                if handed_back {
+                    self.publish_dirty = true;
+                }
+                if self.slots[&ip].op.is_none()
+                    && let Some((peer, why)) = self.contest(ip, now)
+                {
+                    warn!(%ip, reason = %why, "another live node holds it too; letting go");
+                    // And stays off while it answers, even if gossip loses it.
+                    self.conflicts.yield_to(ip, &peer, want.clone(), now);
+                    let slot = self.slots.get_mut(&ip).expect("present");
+                    slot.garp = None;
+                    slot.contested = None;
+                    slot.op = Some(Op::Remove {
+                        vip: want.vip.clone(),
+                        why,
+                        stale: false,
+                    });
+                    out.remove.push(want.vip);
+                }
+            }
+            (Some(want), held) => self.acquire(ip, want, held.is_some(), now, out),
+            (None, Some(held)) => {
+                if let Some(why) = self.may_release(ip, &held, now) {
+                    // Whatever the hand-over came to, the cause is the stop.
+                    let why = if self.is_leaving() && !why.starts_with("shutting down") {
+                        format!("shutting down; {why}")
+                    } else {
+                        why
+                    };
+                    let slot = self.slots.get_mut(&ip).expect("present");
+                    slot.garp = None;
+                    slot.op = Some(Op::Remove {
+                        vip: held.vip.clone(),
+                        why,
+                        stale: false,
+                    });
+                    out.remove.push(held.vip);
+                }
+            }
+            (None, None) => {
+                let slot = self.slots.get_mut(&ip).expect("present");
+                slot.probing = None;
+                slot.retry = None;
+                self.conflicts.forget(ip);
+            }
+        }
+        let slot = self.slots.get(&ip).expect("present");
+        if slot.idle() {
+            self.slots.remove(&ip);
+            self.unsettled.remove(&ip);
+        } else if slot.settled() {
+            self.unsettled.remove(&ip);
+        }
+    }
+
+    pub(super) fn acquire(
+        &mut self,
+        ip: IpAddr,
+        want: Want,
+        held_here: bool,
+        now: Instant,
+        out: &mut Actions,
+    ) {
+        if self.phase != Phase::Running || now < self.acquire_from {
+            return;
+        }
+        // A live peer with a newer view of the cluster holds it: by that
+        // view it is where it belongs (this node's view lags, or lost a
+        // contest over it; see `contest`).
+        let newer_holder = (!held_here)
+            .then(|| {
+                self.alive_peers()
+                    .find(|n| n.revision > self.revision && n.vips.contains(&ip))
+                    .map(|n| n.node.clone())
+            })
+            .flatten();
+        if let Some(peer) = newer_holder {
+            self.conflicts.yield_to(ip, &peer, want, now);
+            self.slots.get_mut(&ip).expect("present").probing = None;
+            return;
+        }
+        let view = &self.view;
+        let sessions = &self.sessions;
+        let checked = match self.conflicts.holding_off(
+            ip,
+            now,
+            |n| view.node(n).is_some(),
+            |n| sessions.lapse(n),
+        ) {
+            Hold::Off => {
+                self.slots.get_mut(&ip).expect("present").probing = None;
+                return;
+            }
+            Hold::Released { checked } => checked,
+            Hold::Free => false,
+        };
+        if checked {
+            info!(%ip, "the gone owner's address lapsed and nobody answers; taking it");
+        }
+        if want.mode == Mode::Local && !held_here && !checked && self.needs_precheck(ip) {
+            let slot = self.slots.get_mut(&ip).expect("present");
+            match &mut slot.probing {
+                None => {
+                    debug!(%ip, "asking the LAN before taking it");
+                    slot.probing = Some(Probing {
+                        until: now + PRECHECK,
+                        next: now + PRECHECK_EVERY,
+                        left: PRECHECK_PROBES - 1,
+                    });
+                    out.probe.extend(want.target);
+                    return;
+                }
+                Some(p) if now < p.until => {
+                    if p.left > 0 && now >= p.next {
+                        p.left -= 1;
+                        p.next = now + PRECHECK_EVERY;
+                        out.probe.extend(want.target);
+                    }
+                    return;
+                }
+                Some(_) => {}
+            }
+        }
+        let mut want = want;
+        if !held_here {
+            want.vip.lifetime = self.aligned_lifetime(now);
+        }
+        let slot = self.slots.get_mut(&ip).expect("present");
+        slot.probing = None;
+        out.add.push(want.vip.clone());
+        slot.op = Some(Op::Add { want, renew: false });
+    }
+
+    /// Whether to ask the LAN before taking `ip`: unless a live node shows
+    /// it held, and so hands it over make before break (both answer until
+    /// it sees this node hold it), every takeover asks first. Its holder
+    /// may have crashed, frozen, stalled, or be out of gossip's reach; and
+    /// what this node has heard of who held it proves nothing: an owner
+    /// that took it a moment ago may not have told yet (its state lost or
+    /// late, or this agent just started).
+    pub(super) fn needs_precheck(&self, ip: IpAddr) -> bool {
+        self.settings.wire
+            && !self
+                .view
+                .nodes
+                .iter()
+                .any(|n| n.node != self.settings.node && n.vips.contains(&ip))
+    }
+
+    /// Schedules the next try at `ip`, doubling the delay each time.
+    pub(super) fn backoff(&mut self, ip: IpAddr) -> Duration {
+        let now_retry = self.slots.get(&ip).and_then(|s| s.retry);
+        let delay = now_retry
+            .map(|r| (r.delay * 2).min(RETRY_MAX))
+            .unwrap_or(RETRY_MIN);
+        let at = self.now + delay;
+        if let Some(s) = self.slots.get_mut(&ip) {
+            s.retry = Some(Retry { at, delay });
+        }
+        delay
+    }
+}

@@ -1,0 +1,205 @@
+//! What the shell and the core say to each other: the settings, the
+//! inputs a step takes and the actions it returns.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use crate::addrs::{Applied, Lifetime, MacAddr, OwnedAddress, VipAddress};
+use crate::announce::packet::Claim;
+use crate::announce::{AnnounceConfig, Target};
+use crate::election::{Cluster, Endpoints};
+use crate::gossip::{LocalState, MembershipView};
+
+use super::links::Links;
+use super::sessions::{Beat, Lapse};
+
+/// What the core needs from the configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub node: String,
+    pub lifetime: Lifetime,
+    pub garp: AnnounceConfig,
+    pub gossip_interval: Duration,
+    /// The wire can be asked: a raw socket sends probes and another hears
+    /// claims. Without, nothing is asked before a takeover and no second
+    /// owner is looked for.
+    pub wire: bool,
+    /// Why this node cannot hold addresses at all (no CAP_NET_ADMIN): it
+    /// then stays `starting` in gossip, no candidate, and its peers keep
+    /// serving. A node that would win and hold nothing is the one outage
+    /// a live candidate must never cause.
+    pub unable: Option<String>,
+}
+
+/// `(namespace/name, annotation)` → the value this node writes there
+/// (`None`: clear it).
+pub type Announcing = BTreeMap<(String, &'static str), Option<String>>;
+
+/// An Event on a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventRequest {
+    pub service: String,
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+/// A kernel operation the core asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// Add, or renew: the backend's `add`.
+    Add,
+    Remove,
+}
+
+/// The result of one kernel operation, fed back as [`Input::Done`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpResult {
+    pub ip: IpAddr,
+    pub kind: OpKind,
+    /// The error's message on failure.
+    pub result: Result<Applied, String>,
+}
+
+/// Something that happened, for [`Core::step`].
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// A complete view of the cluster objects (every watch has listed), and
+    /// the objects left out as unusable.
+    Cluster {
+        cluster: Cluster,
+        errors: Vec<String>,
+        /// How new the view is (the newest resourceVersion seen).
+        revision: u64,
+    },
+    /// Only the endpoints of these Services (`namespace/name`) changed.
+    Endpoints {
+        changes: Vec<(String, Endpoints)>,
+        revision: u64,
+    },
+    Members(MembershipView),
+    /// Beats from session peers (see [`sessions`]), as they arrived.
+    Beats(Vec<Beat>),
+    Links(Links),
+    /// Addresses a previous run of the agent left in the kernel (at start).
+    Adopted(Vec<OwnedAddress>),
+    /// One of our addresses disappeared without us removing it.
+    AddressRemoved(OwnedAddress),
+    /// Our addresses as the kernel has them: read when kernel events were
+    /// lost, or when [`Actions::read_kernel`] asked, after every operation
+    /// asked for before.
+    KernelOwned(Vec<OwnedAddress>),
+    /// A host on the wire claims an address.
+    Claim(Claim),
+    /// Results of kernel operations asked for earlier.
+    Done(Vec<OpResult>),
+    /// A deadline from [`Actions::wake`] passed (or any wake-up).
+    Tick,
+    /// SIGTERM or SIGINT: hand everything over and exit.
+    Leave,
+    /// A reloaded configuration.
+    Settings(Settings),
+    /// The agents' records in the API (`NodeAgent` objects), every one.
+    Records(Vec<AgentRecord>),
+}
+
+/// A second host seen answering for a VIP held (or about to be) here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConflictSeen {
+    pub ip: IpAddr,
+    pub mac: MacAddr,
+    /// The hostlb node whose MAC it is, if any.
+    pub node: Option<String>,
+    /// `kept`, `yielded` or `reported`.
+    pub outcome: &'static str,
+}
+
+/// One agent's record in the API, as far as the core needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentRecord {
+    pub node: String,
+    /// The MACs its VIPs are answered from.
+    pub macs: BTreeSet<MacAddr>,
+    /// Written recently: its agent runs.
+    pub fresh: bool,
+}
+
+/// A figure for the metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Metric {
+    /// A kernel operation's result: `add`, `renew` or `remove`.
+    Op { op: &'static str, ok: bool },
+    /// A second owner seen on the wire: `hostlb` or `foreign`.
+    Conflict(&'static str),
+    /// From a member's loss to this node holding one of its VIPs.
+    Takeover(Duration),
+    /// The election was updated.
+    Elected,
+}
+
+/// What the shell must do after a step.
+#[derive(Clone, Debug, Default)]
+pub struct Actions {
+    /// Addresses to add or renew, as one batch (the backend's `add`).
+    pub add: Vec<VipAddress>,
+    /// Addresses to remove, as one batch, after the adds.
+    pub remove: Vec<VipAddress>,
+    /// One announcement round (gratuitous ARP / unsolicited NA) for each.
+    pub garp: Vec<Target>,
+    /// One probe (ARP probe / DAD-style solicitation) for each.
+    pub probe: Vec<Target>,
+    /// This node's gossip state, when it changed.
+    pub publish: Option<LocalState>,
+    /// The addresses whose claims on the wire matter, when that changed.
+    pub watch: Option<BTreeSet<IpAddr>>,
+    /// The annotations this node is responsible for, when they changed.
+    pub announcing: Option<Announcing>,
+    pub events: Vec<EventRequest>,
+    /// Start leaving gossip (push `leaving` to peers; systemd `STOPPING=1`).
+    pub leave: bool,
+    /// The first reconcile is applied: ready (systemd `READY=1`).
+    pub ready: bool,
+    /// systemd `STATUS=`, when it changed.
+    pub status: Option<String>,
+    pub metrics: Vec<Metric>,
+    /// Everything is handed over and removed: exit.
+    pub exit: bool,
+    /// Step again (with [`Input::Tick`]) at this time at the latest.
+    pub wake: Option<Instant>,
+    /// Whom to send beats to and what they say, when that changed.
+    pub beat: Option<BeatPlan>,
+    /// Whether gossip is isolated (see [`Core::isolated`]), when that
+    /// changed.
+    pub isolated: Option<bool>,
+    /// Read our addresses from the kernel, after the operations asked for
+    /// so far, and give them back as [`Input::KernelOwned`].
+    pub read_kernel: bool,
+}
+
+/// Whom this node beats, and what its beats say (see [`sessions`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BeatPlan {
+    /// Beaten every [`sessions::BEAT_INTERVAL`]: the nodes watching this
+    /// one.
+    pub dense: Vec<SocketAddr>,
+    /// The owners this node watches, told so every
+    /// [`sessions::SPARSE_EVERY`] intervals (densely if also in `dense`).
+    pub sparse: Vec<SocketAddr>,
+    /// When this node's addresses on the wire lapse if it renews nothing
+    /// more.
+    pub lapse: Option<Lapse>,
+    /// Every [`sessions::RELAY_EVERY`]: the silent owners this node
+    /// watches, told to the others next in line for their VIPs.
+    pub relays: Vec<Relay>,
+}
+
+/// A silent owner, and whom to tell (see [`sessions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Relay {
+    pub node: String,
+    pub generation: u64,
+    /// When its addresses lapse, as its last beat said.
+    pub lapse: Option<Lapse>,
+    pub to: Vec<SocketAddr>,
+}

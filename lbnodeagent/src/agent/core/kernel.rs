@@ -1,0 +1,246 @@
+//! What the kernel did with what the core asked: operation results, the
+//! kernel's own list of our addresses (which is trusted over events read
+//! late), and the addresses a previous run left.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use hostlb_api::annotations::reasons;
+use tracing::{info, warn};
+
+use crate::addrs::{Applied, OwnedAddress};
+use crate::announce::Target;
+
+use super::links::{Mode, Want};
+use super::slot::{Garp, Op, expiry, same_place};
+use super::{Actions, Core, Metric, OpResult};
+
+impl Core {
+    /// Our addresses as the kernel has them, read after every operation
+    /// asked for before: the truth, for every VIP with no operation in
+    /// flight. One held here but gone from the kernel (removed by hand,
+    /// lapsed) is put back if still ours; one the kernel holds that the
+    /// core does not (a removal it was told of that had not happened) is
+    /// held again, and kept or released like any other.
+    pub(super) fn kernel_owned(&mut self, owned: Vec<OwnedAddress>) {
+        let there: BTreeSet<(u32, IpAddr)> = owned.iter().map(|o| (o.ifindex, o.ip)).collect();
+        for (ip, s) in &mut self.slots {
+            if s.op.is_none()
+                && s.held
+                    .as_ref()
+                    .is_some_and(|h| !there.contains(&(h.vip.ifindex, *ip)))
+            {
+                warn!(%ip, "address removed outside the agent; putting it back if still ours");
+                s.held = None;
+                s.held_since = None;
+                s.garp = None;
+                s.handover = None;
+                s.kept_for_views = false;
+                self.unsettled.insert(*ip);
+                self.publish_dirty = true;
+                self.report_dirty = true;
+            }
+        }
+        for o in owned {
+            if self
+                .slots
+                .get(&o.ip)
+                .is_some_and(|s| s.op.is_some() || s.held.is_some())
+            {
+                continue;
+            }
+            info!(ip = %o.ip, interface = %o.interface,
+                "the kernel holds an address of ours the agent thought gone; deciding it again");
+            let want = self.adopted_want(&o);
+            let slot = self.slots.entry(o.ip).or_default();
+            slot.held = Some(want);
+            // Not a VIP just handed to this node: a peer's word that it
+            // holds it stands at once (see `holds`).
+            slot.held_since = None;
+            self.unsettled.insert(o.ip);
+            self.publish_dirty = true;
+            self.report_dirty = true;
+        }
+    }
+
+    pub(super) fn on_done(&mut self, r: OpResult, now: Instant, out: &mut Actions) {
+        let Some(slot) = self.slots.get_mut(&r.ip) else {
+            return;
+        };
+        let Some(op) = slot.op.take() else {
+            return;
+        };
+        self.unsettled.insert(r.ip);
+        let ip = r.ip;
+        match (op, r.result) {
+            (Op::Add { want, renew: true }, Ok(Applied::Done)) => {
+                out.metrics.push(Metric::Op {
+                    op: "renew",
+                    ok: true,
+                });
+                if slot.held.as_ref().is_some_and(|h| same_place(h, &want)) {
+                    slot.expires = expiry(&want, now);
+                    slot.held = Some(want);
+                    self.beat_dirty = true;
+                }
+            }
+            (Op::Add { renew: true, .. }, Ok(Applied::NotOurs)) => {
+                warn!(%ip, "address is no longer ours (added by hand?); leaving it alone");
+                slot.held = None;
+                slot.held_since = None;
+                slot.garp = None;
+                self.publish_dirty = true;
+                self.report_dirty = true;
+            }
+            (Op::Add { renew: true, .. }, Err(e)) => {
+                out.metrics.push(Metric::Op {
+                    op: "renew",
+                    ok: false,
+                });
+                warn!(%ip, error = %e, "renewing failed; retrying at the next renewal");
+            }
+            (Op::Add { want, .. }, Ok(Applied::Done)) => {
+                out.metrics.push(Metric::Op {
+                    op: "add",
+                    ok: true,
+                });
+                slot.retry = None;
+                slot.expires = expiry(&want, now);
+                let previous = slot.held.replace(want.clone());
+                if previous.is_none() {
+                    slot.held_since = Some(now);
+                }
+                slot.handover = None;
+                slot.kept_for_views = false;
+                if let Some(target) = want.target {
+                    out.garp.push(target);
+                    slot.garp = (self.settings.garp.count > 1).then(|| Garp {
+                        left: self.settings.garp.count - 1,
+                        next: now + self.settings.garp.interval,
+                    });
+                }
+                let fresh = previous.is_none();
+                let moved = previous.filter(|p| p.vip.ifindex != want.vip.ifindex);
+                let fresh = fresh || moved.is_some();
+                if let Some(p) = moved {
+                    slot.op = Some(Op::Remove {
+                        vip: p.vip.clone(),
+                        why: format!("moved to {}", want.vip.interface),
+                        stale: true,
+                    });
+                    out.remove.push(p.vip);
+                }
+                self.foreign.remove(&ip);
+                self.publish_dirty = true;
+                self.report_dirty = true;
+                if fresh {
+                    info!(%ip, interface = %want.vip.interface, prefix_len = want.vip.prefix_len,
+                        mode = ?want.mode, "acquired");
+                    self.observe_takeover(ip, now, out);
+                    let (reason, note) = match want.mode {
+                        Mode::Local => (
+                            reasons::ANNOUNCING_LOCAL,
+                            format!(
+                                "{} answers for {ip} on {}",
+                                self.settings.node, want.vip.interface
+                            ),
+                        ),
+                        Mode::Virtual => (
+                            reasons::ANNOUNCING_VIRTUAL,
+                            format!(
+                                "{} holds {ip} on {} for routing",
+                                self.settings.node, want.vip.interface
+                            ),
+                        ),
+                    };
+                    self.event_for(ip, false, reason, note, out);
+                }
+            }
+            (Op::Add { want, .. }, Ok(Applied::NotOurs)) => {
+                out.metrics.push(Metric::Op {
+                    op: "add",
+                    ok: true,
+                });
+                // Looked at again later, in case it is taken away.
+                self.backoff(ip);
+                if self.foreign.insert(ip) {
+                    warn!(%ip, interface = %want.vip.interface,
+                        "won, but the host already holds this address and the agent did not add it; leaving it alone");
+                    let note = format!(
+                        "{} won {ip} but {} already holds it, added outside hostlb; it is left alone",
+                        self.settings.node, want.vip.interface
+                    );
+                    self.event_for(ip, true, "AddressConflict", note, out);
+                }
+            }
+            (Op::Add { .. }, Err(e)) => {
+                out.metrics.push(Metric::Op {
+                    op: "add",
+                    ok: false,
+                });
+                let delay = self.backoff(ip);
+                warn!(%ip, error = %e, retry_in = ?delay, "cannot add the address");
+            }
+            (Op::Remove { vip, why, stale }, Ok(_)) => {
+                out.metrics.push(Metric::Op {
+                    op: "remove",
+                    ok: true,
+                });
+                if stale {
+                    return;
+                }
+                slot.held = None;
+                slot.held_since = None;
+                slot.garp = None;
+                slot.handover = None;
+                slot.kept_for_views = false;
+                slot.retry = None;
+                let adopted = std::mem::take(&mut slot.adopted);
+                self.publish_dirty = true;
+                self.report_dirty = true;
+                if adopted {
+                    info!(%ip, interface = %vip.interface, reason = %why,
+                        "removed an address of a previous run");
+                } else {
+                    info!(%ip, interface = %vip.interface, reason = %why, "released");
+                    let note = format!("{} no longer answers for {ip} ({why})", self.settings.node);
+                    self.event_for(ip, false, reasons::WITHDRAWN, note, out);
+                }
+            }
+            (Op::Remove { vip, .. }, Err(e)) => {
+                out.metrics.push(Metric::Op {
+                    op: "remove",
+                    ok: false,
+                });
+                let delay = self.backoff(ip);
+                warn!(%ip, interface = %vip.interface, error = %e, retry_in = ?delay,
+                    "cannot remove the address");
+            }
+        }
+    }
+
+    /// An address of a previous run as a held VIP.
+    pub(super) fn adopted_want(&self, a: &OwnedAddress) -> Want {
+        let virtual_link = self
+            .links
+            .virtual_link
+            .as_ref()
+            .is_some_and(|v| v.index == a.ifindex);
+        Want {
+            vip: a.vip(self.settings.lifetime),
+            mode: if virtual_link {
+                Mode::Virtual
+            } else {
+                Mode::Local
+            },
+            target: if virtual_link {
+                None
+            } else {
+                self.links
+                    .by_index(a.ifindex)
+                    .and_then(|i| Target::on(i, a.ip))
+            },
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! What the core tells the world: its beat plan, its gossip state, the
+//! annotations and Events, metrics, when to wake it next, and the
+//! `/status` document.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use hostlb_api::Family;
+use hostlb_api::annotations::{self};
+use tracing::{info, warn};
+
+use crate::agent::status::{HeldDoc, MemberDoc, StatusDoc, VipDoc};
+use crate::gossip::{LocalState, Status};
+
+use super::conflict::{self, LAPSE_EARLY, lapsing};
+use super::links::Mode;
+use super::sessions::Lapse;
+use super::slot::{Op, expiry, merged, same_place};
+use super::{
+    Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, ISOLATED_AFTER,
+    LEAVE_GRACE_ROUNDS, LEAVE_MAX, Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, WATCH_EVERY,
+};
+
+impl Core {
+    /// The state to publish in gossip before the first step.
+    pub fn local_state(&self) -> LocalState {
+        LocalState {
+            status: match self.phase {
+                Phase::Starting => Status::Starting,
+                Phase::Running => Status::Alive,
+                _ => Status::Leaving,
+            },
+            virtual_mode: self.links.virtual_link.is_some(),
+            on_link: Arc::clone(&self.on_link),
+            // Not what is being handed over: this node does not mean to
+            // keep it, and a peer that holds it too need not contest it.
+            vips: self
+                .slots
+                .iter()
+                .filter(|(_, s)| {
+                    (s.handover.is_none() || s.kept_for_views)
+                        && s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
+                })
+                .map(|(ip, _)| *ip)
+                .collect::<BTreeSet<_>>()
+                .into(),
+            macs: self.links.macs().into(),
+            revision: self.revision,
+        }
+    }
+
+    /// Whom to beat and what to tell them: the session peers, when the
+    /// addresses this node answers for lapse, and the silent owners.
+    pub(super) fn next_beat_plan(&self) -> BeatPlan {
+        let plan = self.sessions.plan();
+        let gossip = &self.gossip_view;
+        let known = || gossip.nodes.iter().chain(&gossip.gone);
+        let addrs = |names: &BTreeSet<String>| -> Vec<SocketAddr> {
+            known()
+                .filter(|n| names.contains(&n.node) && n.node != self.settings.node)
+                .map(|n| n.gossip_addr)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        };
+        let relays = plan
+            .relays
+            .iter()
+            .filter_map(|(node, to)| {
+                let generation = known().find(|n| n.node == *node)?.generation;
+                Some(Relay {
+                    node: node.clone(),
+                    generation,
+                    lapse: self.sessions.lapse(node),
+                    to: addrs(to),
+                })
+            })
+            .collect();
+        // An add or renewal in flight may land, even if this agent dies
+        // now (the kernel has the request): then its address lapses a
+        // lifetime from now, and a follower told only the older lapse
+        // would stop asking before the address goes.
+        let expiries = self
+            .slots
+            .values()
+            .filter(|s| s.held.as_ref().is_some_and(|h| h.mode == Mode::Local))
+            .filter_map(|s| s.expires)
+            .chain(self.slots.values().filter_map(|s| match &s.op {
+                Some(Op::Add { want, .. }) if want.mode == Mode::Local => expiry(want, self.now),
+                _ => None,
+            }));
+        let lapse = expiries.fold(None, |acc: Option<Lapse>, e| {
+            Some(match acc {
+                None => Lapse { first: e, last: e },
+                Some(l) => Lapse {
+                    first: l.first.min(e),
+                    last: l.last.max(e),
+                },
+            })
+        });
+        BeatPlan {
+            dense: addrs(&plan.dense),
+            sparse: addrs(&plan.sparse),
+            lapse,
+            relays,
+        }
+    }
+
+    /// The outputs that follow the state: gossip, the watched addresses,
+    /// annotations, readiness and status.
+    pub(super) fn report(&mut self, now: Instant, out: &mut Actions) {
+        // Held addresses change with what is published; worked out only
+        // then, not at every step (beats arrive many times a second).
+        let peers_changed = self.sessions.take_changed();
+        if std::mem::take(&mut self.beat_dirty) || self.publish_dirty || peers_changed {
+            let plan = self.next_beat_plan();
+            if self.beat_plan.as_ref() != Some(&plan) {
+                self.beat_plan = Some(plan.clone());
+                out.beat = Some(plan);
+            }
+        }
+        if self.publish_dirty {
+            self.publish_dirty = false;
+            let local = self.local_state();
+            if self.published.as_ref() != Some(&local) {
+                self.published = Some(local.clone());
+                out.publish = Some(local);
+            }
+        }
+        // Compared in place (every step comes here), built only when it
+        // changed.
+        let watched = || {
+            merged(
+                self.slots
+                    .iter()
+                    .filter(|(_, s)| s.held.is_some() || s.probing.is_some())
+                    .map(|(ip, _)| *ip),
+                self.conflicts.yielded().map(|(ip, _)| *ip),
+            )
+        };
+        if !watched().eq(self.watched.iter().copied()) {
+            let watched: BTreeSet<IpAddr> = watched().collect();
+            self.watched = watched.clone();
+            out.watch = Some(watched);
+        }
+        if self.report_dirty && self.cluster_known {
+            self.report_dirty = false;
+            let announcing = self.announcing();
+            if self.announced.as_ref() != Some(&announcing) {
+                self.announced = Some(announcing.clone());
+                out.announcing = Some(announcing);
+            }
+        }
+        if self.phase == Phase::Running
+            && !self.ready
+            && now >= self.acquire_from
+            && self
+                .slots
+                .values()
+                .all(|s| s.op.is_none() && s.probing.is_none())
+        {
+            self.ready = true;
+            info!(
+                held = self.held_count(),
+                members = self.view.members.len(),
+                "first reconcile applied; ready"
+            );
+            out.ready = true;
+        }
+        let status = (self.held_count(), self.view.members.len());
+        if self.ready && self.last_status != Some(status) {
+            self.last_status = Some(status);
+            out.status = Some(format!(
+                "holding {} VIPs; {} live members",
+                status.0, status.1
+            ));
+        }
+    }
+
+    /// The annotations this node is responsible for: the VIPs it holds and
+    /// wins; and, on the first live member by name, clearing those nobody
+    /// announces and naming the nodes that hold each VIP on their virtual
+    /// interfaces (several hold it at once, so no one of them can say).
+    pub(super) fn announcing(&self) -> Announcing {
+        let mut out = Announcing::new();
+        let janitor = self
+            .view
+            .members
+            .first()
+            .is_some_and(|m| m.node == self.settings.node);
+        for (ip, svcs) in &self.services_of {
+            let family = Family::of(*ip);
+            let slot = self.slots.get(ip);
+            let local = match slot.and_then(|s| s.want.as_ref().zip(s.held.as_ref())) {
+                Some((w, h)) if w.mode == Mode::Local && same_place(w, h) => {
+                    Some(Some(format!("{},{}", self.settings.node, w.vip.interface)))
+                }
+                _ if janitor && self.election.winner(*ip).is_none() => Some(None),
+                _ => None,
+            };
+            let routed = janitor.then(|| {
+                let nodes = self.election.virtual_nodes(*ip);
+                (!nodes.is_empty()).then(|| annotations::virtual_value(&nodes))
+            });
+            for s in svcs {
+                if let Some(v) = &local {
+                    out.insert(
+                        (s.clone(), annotations::announcing(family, false)),
+                        v.clone(),
+                    );
+                }
+                if let Some(v) = &routed {
+                    out.insert(
+                        (s.clone(), annotations::announcing(family, true)),
+                        v.clone(),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    pub(super) fn next_wake(&self, now: Instant) -> Option<Instant> {
+        // Only deadlines still ahead: one that has passed was acted on in
+        // this step, or waits on something else that has its own deadline
+        // (a VIP whose retry is due while a yield holds it off). Waking
+        // for it again now would spin.
+        let mut wake: Option<Instant> = None;
+        let mut at = |t: Instant| {
+            if t > now {
+                wake = Some(wake.map_or(t, |w| w.min(t)));
+            }
+        };
+        for ip in &self.unsettled {
+            let Some(s) = self.slots.get(ip) else {
+                continue;
+            };
+            if s.op.is_some() {
+                continue;
+            }
+            if let Some(r) = s.retry {
+                at(r.at);
+            }
+            if let Some(p) = s.probing {
+                at(p.until);
+                if p.left > 0 {
+                    at(p.next);
+                }
+            }
+            if let Some(h) = s.handover {
+                at(h + HANDOVER_MAX);
+            }
+            if let Some(c) = s.contested {
+                at(c + HANDOVER_MAX);
+            }
+            if let Some(g) = s.garp {
+                at(g.next);
+            }
+            if let Some(y) = self.conflicts.yield_of(*ip) {
+                let lapse = self.sessions.lapse(&y.to);
+                at(conflict::yield_ends(y.seen, lapse, now));
+                if let Some(l) = lapse {
+                    at(l.first.checked_sub(LAPSE_EARLY).unwrap_or(l.first));
+                }
+            }
+        }
+        if let Some(r) = self.next_renew
+            && self.slots.values().any(|s| s.held.is_some())
+        {
+            at(r);
+        }
+        if let Some(r) = self.next_refresh
+            && self.settings.garp.refresh.is_some()
+            && self.slots.values().any(|s| s.held.is_some())
+        {
+            at(r);
+        }
+        for since in self.orphans.values() {
+            at(*since + HANDOVER_MAX);
+        }
+        if let Some(d) = self.sessions.deadline() {
+            at(d);
+        }
+        if !self.isolated && self.lonely() {
+            at(self.peer_seen + ISOLATED_AFTER);
+        }
+        if let Some(due) = self.watch_due {
+            at(due.max(self.watched_at + WATCH_EVERY));
+        }
+        if self.settings.wire {
+            if self.conflicts.yielded().next().is_some() {
+                at(self.next_yield_probe);
+            }
+            if self
+                .conflicts
+                .yielded()
+                .any(|(_, y)| lapsing(self.sessions.lapse(&y.to), now))
+            {
+                at(self.next_lapse_probe);
+            }
+            if self.slots.values().any(|s| s.held.is_some()) {
+                at(self.next_owner_probe);
+            }
+        }
+        match self.phase {
+            Phase::Starting => match self.first_peer {
+                Some(first) => {
+                    at(first + self.settings.gossip_interval * 3);
+                    at(first + UNCONFIRMED_GRACE);
+                }
+                None => at(self.started + STARTUP_GRACE),
+            },
+            Phase::Leaving { since } => {
+                at(since + self.settings.gossip_interval * LEAVE_GRACE_ROUNDS);
+                at(since + LEAVE_MAX);
+            }
+            Phase::Running if now < self.acquire_from => at(self.acquire_from),
+            _ => {}
+        }
+        wake
+    }
+
+    pub(super) fn event_for(
+        &self,
+        ip: IpAddr,
+        warning: bool,
+        reason: &'static str,
+        note: String,
+        out: &mut Actions,
+    ) {
+        for svc in self.services_of.get(&ip).into_iter().flatten() {
+            out.events.push(EventRequest {
+                service: svc.clone(),
+                warning,
+                reason,
+                note: note.clone(),
+            });
+        }
+    }
+
+    pub(super) fn set_revision(&mut self, revision: u64) {
+        if revision != self.revision {
+            self.revision = revision;
+            self.publish_dirty = true;
+            self.orphan_scan = true;
+        }
+    }
+
+    pub(super) fn note_object_errors(&mut self, errors: Vec<String>) {
+        for e in errors.iter().filter(|e| !self.object_errors.contains(e)) {
+            warn!(error = %e, "object left out");
+        }
+        self.object_errors = errors;
+    }
+
+    /// The peers' gossip addresses, for `cleanup`.
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        let mut peers: Vec<SocketAddr> = self
+            .view
+            .nodes
+            .iter()
+            .filter(|n| n.node != self.settings.node)
+            .map(|n| n.gossip_addr)
+            .collect();
+        peers.sort();
+        peers
+    }
+
+    /// `/status`: `not_ready` and `api_healthy` come from the shell.
+    pub fn status_doc(&self, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc {
+        StatusDoc {
+            node: self.settings.node.clone(),
+            ready: not_ready.is_none(),
+            not_ready: not_ready.map(str::to_string),
+            api_healthy,
+            warnings: Vec::new(),
+            isolated_from: if self.isolated {
+                self.running_elsewhere.iter().cloned().collect()
+            } else {
+                Vec::new()
+            },
+            members: self
+                .view
+                .nodes
+                .iter()
+                .map(|n| MemberDoc {
+                    node: n.node.clone(),
+                    status: n.status.as_str().to_string(),
+                    gossip: n.gossip_addr.to_string(),
+                    version: n.agent_version.clone(),
+                    protocol: n.protocol,
+                    prefixes: n
+                        .on_link
+                        .iter()
+                        .map(|o| {
+                            format!(
+                                "{}@{}{}",
+                                o.prefix,
+                                o.interface,
+                                if o.announce { "*" } else { "" }
+                            )
+                        })
+                        .collect(),
+                    vips: n.vips.len(),
+                })
+                .collect(),
+            held: self
+                .slots
+                .iter()
+                .filter_map(|(ip, s)| {
+                    let h = s.held.as_ref()?;
+                    Some(HeldDoc {
+                        ip: *ip,
+                        interface: h.vip.interface.clone(),
+                        prefix_len: h.vip.prefix_len,
+                        mode: format!("{:?}", h.mode).to_lowercase(),
+                        handing_over: s.handover.is_some(),
+                    })
+                })
+                .collect(),
+            vips: self
+                .election
+                .report_all()
+                .iter()
+                .map(VipDoc::from_report)
+                .collect(),
+            object_errors: self.object_errors.clone(),
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! Letting a VIP go: make before break to a live winner, a contest of two
+//! holders, a leave on SIGTERM, and addresses no node should hold any more
+//! (orphans). Every rule here answers one question: may this node stop
+//! answering now without leaving the VIP unanswered?
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use tracing::{debug, info, warn};
+
+use crate::election::Reason;
+
+use super::links::{Mode, Want};
+use super::{Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase};
+
+impl Core {
+    /// Why a held VIP this node no longer wins may go now, or `None` while
+    /// it must stay. A live winner that has not yet shown the VIP in its
+    /// gossip state gets up to [`HANDOVER_MAX`]; meanwhile this node stops
+    /// announcing but keeps answering, so no request goes unanswered.
+    pub(super) fn may_release(&mut self, ip: IpAddr, held: &Want, now: Instant) -> Option<String> {
+        let adopted = self.slots.get(&ip).is_some_and(|s| s.adopted);
+        let link_up = self
+            .links
+            .by_index(held.vip.ifindex)
+            .is_some_and(|l| l.carrier);
+        if adopted && !link_up {
+            return Some("its link has no carrier".into());
+        }
+        if adopted && self.phase == Phase::Starting {
+            // Not decided before the first reconcile, unless another node
+            // has taken it over meanwhile.
+            let taken = self
+                .view
+                .members
+                .iter()
+                .any(|m| m.node != self.settings.node && self.holds(&m.node, ip));
+            return taken.then(|| "another node holds it now".into());
+        }
+        if held.mode == Mode::Virtual || self.phase == Phase::Finishing {
+            return Some(self.release_reason(ip));
+        }
+        if !link_up {
+            return Some(format!("{} has no carrier", held.vip.interface));
+        }
+        let Some(mut winner) = self
+            .election
+            .winner(ip)
+            .filter(|w| *w != self.settings.node)
+            .map(str::to_string)
+        else {
+            if let Phase::Leaving { since } = self.phase
+                && let Some(why) = self.leaving_without_successor(ip, since, now)
+            {
+                return why;
+            }
+            return Some(self.release_reason(ip));
+        };
+        // A winner with an older view of the cluster may not know the VIP;
+        // the nodes that do take it then (see `orphans`): the first of them
+        // is who to hand it to.
+        if self
+            .view
+            .node(&winner)
+            .is_some_and(|n| n.revision < self.revision)
+        {
+            let older = self.older_peers();
+            if let Some(w) = self
+                .election
+                .winner_without(ip, |n| older.contains(n))
+                .filter(|w| *w != self.settings.node)
+            {
+                winner = w.to_string();
+            }
+        }
+        if self.holds(&winner, ip) {
+            return Some(format!("{winner} holds it now"));
+        }
+        if self.slots.get(&ip).is_some_and(|s| {
+            s.handover.is_some() && s.answered_by.as_deref() == Some(winner.as_str())
+        }) {
+            return Some(format!("{winner} answers for it on the wire"));
+        }
+        // A live peer whose view of the cluster is newer than ours holds it:
+        // by the newer view, that is where it belongs. (Not any peer: one
+        // with the same view that shows it may be letting it go right now.)
+        if let Some(p) = self
+            .alive_peers()
+            .filter(|n| n.revision > self.revision)
+            .map(|n| n.node.clone())
+            .find(|n| self.holds(n, ip))
+        {
+            return Some(format!(
+                "{p} holds it now, with a newer view of the cluster"
+            ));
+        }
+        // Kept for differing views (below), and so is it on a peer with the
+        // same view: the one the election ranks first keeps it.
+        if self.slots.get(&ip).is_some_and(|s| s.kept_for_views)
+            && let Some(p) = self
+                .alive_peers()
+                .filter(|n| {
+                    n.revision == self.revision
+                        && self.election.outranks(ip, &n.node, &self.settings.node) == Some(true)
+                })
+                .map(|n| n.node.clone())
+                .find(|n| self.holds(n, ip))
+        {
+            return Some(format!("{p} keeps it too and ranks first"));
+        }
+        let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
+        let slot = self.slots.get_mut(&ip).expect("present");
+        slot.garp = None;
+        slot.contested = None;
+        if slot.handover.is_none() {
+            debug!(%ip, %winner, "handing over: waiting for the winner to hold it");
+            slot.handover = Some(now);
+            slot.answered_by = None;
+            self.publish_dirty = true;
+        }
+        let since = slot.handover.expect("just set");
+        if now.saturating_duration_since(since) >= HANDOVER_MAX {
+            if winner_revision != self.revision {
+                // The two views of the cluster differ (watches lag, or the
+                // API server went away before both heard of a change). An
+                // older winner may not know this address yet; a newer one
+                // evidently does not think it wins. Either way, letting go
+                // would leave nobody answering: keep answering until the
+                // views agree or someone with the newer view holds it.
+                debug!(%ip, %winner, winner_revision, revision = self.revision,
+                    "the winner's view of the cluster differs; still answering");
+                slot.handover = Some(now);
+                // Shown as held again: this node answers for it until the
+                // views agree, and another that keeps it too must see so.
+                if !std::mem::replace(&mut slot.kept_for_views, true) {
+                    self.publish_dirty = true;
+                }
+                return None;
+            }
+            warn!(%ip, %winner, "the winner did not show the address in time; releasing anyway");
+            return Some(format!("{winner} wins it and did not show it held in time"));
+        }
+        None
+    }
+
+    /// A VIP this node holds and wins, which a live peer shows held too
+    /// for [`HANDOVER_MAX`]: no planned move takes that long (the old
+    /// owner stops showing a VIP it hands over), so the two nodes'
+    /// views of the cluster differ: one's watches lag, or the API server
+    /// went away while a change was on its way. The node with the older
+    /// view lets go; with equal views (the memberships differ), the one the
+    /// election ranks lower, liveness aside. Both sides compute the same.
+    pub(super) fn contest(&mut self, ip: IpAddr, now: Instant) -> Option<(String, String)> {
+        let me = self.settings.node.as_str();
+        let peers: Vec<(String, u64)> = self
+            .alive_peers()
+            .filter(|n| n.vips.contains(&ip))
+            .map(|n| (n.node.clone(), n.revision))
+            .collect();
+        let slot = self.slots.get_mut(&ip).expect("present");
+        if peers.is_empty() {
+            slot.contested = None;
+            return None;
+        }
+        let since = *slot.contested.get_or_insert(now);
+        // A newer view settles it at once (once its word is fresh enough
+        // to trust); equal views only after a planned move had its time.
+        if let Some(peer) = peers
+            .iter()
+            .find(|(peer, revision)| *revision > self.revision && self.holds(peer, ip))
+        {
+            let why = format!("{} holds it too, with a newer view of the cluster", peer.0);
+            return Some((peer.0.clone(), why));
+        }
+        if now.saturating_duration_since(since) < HANDOVER_MAX {
+            return None;
+        }
+        peers.into_iter().find_map(|(peer, revision)| {
+            if revision > self.revision {
+                let why = format!("{peer} holds it too, with a newer view of the cluster");
+                Some((peer, why))
+            } else if revision == self.revision
+                && self.election.outranks(ip, &peer, me) == Some(true)
+            {
+                let why = format!("{peer} holds it too and outranks this node");
+                Some((peer, why))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Whether `node`'s gossip shows it holding `ip`. Right after this node
+    /// came to hold `ip`, only in a state published since: an older one may
+    /// be that of the node that just handed the VIP to this one, whose word
+    /// that it let go has not arrived yet. After a few gossip rounds that
+    /// word would have come, and the state stands.
+    pub(super) fn holds(&self, node: &str, ip: IpAddr) -> bool {
+        let settle = self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE;
+        let fresh_since = self
+            .slots
+            .get(&ip)
+            .and_then(|s| s.held_since)
+            .filter(|since| self.now.saturating_duration_since(*since) < settle);
+        self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
+            && fresh_since
+                .is_none_or(|since| self.vips_changed.get(node).is_some_and(|t| *t > since))
+    }
+
+    /// Leaving, and by this node's view nobody else may hold `ip`. A live
+    /// peer may know better: a change that makes it eligible (an
+    /// advertisement widened a moment ago) can be on its way here. So the
+    /// VIP is kept while a live peer has a newer view, or for
+    /// [`LEAVE_GRACE_ROUNDS`] gossip rounds after the leave began, unless a
+    /// live peer already holds it. `None`: not this rule's case.
+    pub(super) fn leaving_without_successor(
+        &self,
+        ip: IpAddr,
+        since: Instant,
+        now: Instant,
+    ) -> Option<Option<String>> {
+        let peers: Vec<&crate::gossip::MemberInfo> = self.alive_peers().collect();
+        if peers.is_empty() {
+            return None;
+        }
+        if let Some(p) = peers.iter().find(|n| self.holds(&n.node, ip)) {
+            return Some(Some(format!("{} holds it now", p.node)));
+        }
+        let newer = peers.iter().any(|n| n.revision > self.revision);
+        let grace = self.settings.gossip_interval * LEAVE_GRACE_ROUNDS;
+        (newer || now.saturating_duration_since(since) < grace).then_some(None)
+    }
+
+    /// Why this node no longer holds `ip`, in words: the first rule it
+    /// fails, or who wins.
+    pub(super) fn release_reason(&self, ip: IpAddr) -> String {
+        if self.is_leaving() {
+            return "shutting down".into();
+        }
+        let Some(report) = self.election.explain(ip) else {
+            return "no Service has the address any more".into();
+        };
+        if let Some(x) = report
+            .excluded
+            .iter()
+            .find(|x| x.node == self.settings.node)
+        {
+            return match x.reason {
+                Reason::NoReadyEndpoint => match report.note {
+                    Some(n) => n.to_string(),
+                    None => x.reason.explain().to_string(),
+                },
+                r => r.explain().to_string(),
+            };
+        }
+        match (report.winner, report.note) {
+            (Some(w), _) => format!("{w} wins it"),
+            (None, Some(n)) => n.to_string(),
+            (None, None) => "this node no longer wins it".into(),
+        }
+    }
+
+    pub(super) fn begin_leave(&mut self, now: Instant, out: &mut Actions) {
+        if self.is_leaving() {
+            return;
+        }
+        info!(
+            held = self.held_count(),
+            "leaving: handing VIPs over before exit"
+        );
+        out.leave = true;
+        self.phase = Phase::Leaving { since: now };
+        self.publish_dirty = true;
+        self.elect_members();
+        self.all_dirty = true;
+    }
+
+    /// VIPs nobody may serve because their winner does not know them: its
+    /// view of the cluster is older than this node's (its watches lag, or
+    /// the API server went away before it heard of the Service), and it
+    /// does not show them held. After [`HANDOVER_MAX`] the nodes that do
+    /// know take them: the first of them in the election's order (each
+    /// computes the same), until the views agree again and the winner
+    /// takes over, make before break.
+    pub(super) fn orphans(&mut self, now: Instant) {
+        self.orphan_scan = false;
+        let older = self.older_peers();
+        let mut found = BTreeMap::new();
+        if !older.is_empty() && self.phase == Phase::Running {
+            for (ip, winner) in self.election.winners() {
+                let Some(w) = winner.filter(|w| older.contains(*w)) else {
+                    continue;
+                };
+                // Whoever else holds it meanwhile (an earlier fallback) does
+                // not make it the winner's: the fallback's order decides.
+                // Nor does the winner showing it held, once this node has
+                // taken it as the fallback: an older winner answers for it
+                // only until a node with the newer view holds it (see
+                // `may_release`), so if this node let go to it in turn,
+                // each would let go to the other and nobody would answer.
+                let taken_here = self
+                    .orphans
+                    .get(&ip)
+                    .is_some_and(|since| now.saturating_duration_since(*since) >= HANDOVER_MAX)
+                    && self
+                        .slots
+                        .get(&ip)
+                        .is_some_and(|s| s.held.is_some() && s.handover.is_none());
+                if taken_here || !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
+                    found.insert(ip, self.orphans.get(&ip).copied().unwrap_or(now));
+                }
+            }
+        }
+        let changed: Vec<IpAddr> = found
+            .keys()
+            .filter(|ip| !self.orphans.contains_key(ip))
+            .chain(self.orphans.keys().filter(|ip| !found.contains_key(ip)))
+            .copied()
+            .collect();
+        if !changed.is_empty() {
+            debug!(
+                orphans = found.len(),
+                "VIPs whose winner has an older view of the cluster"
+            );
+        }
+        self.orphans = found;
+        self.mark(changed);
+    }
+
+    /// The duty for an orphaned VIP whose grace has passed.
+    pub(super) fn orphan_duty(&self, ip: IpAddr) -> Option<crate::election::Duty> {
+        let since = self.orphans.get(&ip)?;
+        if self.now.saturating_duration_since(*since) < HANDOVER_MAX {
+            return None;
+        }
+        let older = self.older_peers();
+        self.election
+            .duty_without(&self.settings.node, ip, |n| older.contains(n))
+    }
+}

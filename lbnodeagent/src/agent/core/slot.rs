@@ -1,0 +1,139 @@
+//! A VIP's state in the core, and small helpers over it.
+
+use std::time::{Duration, Instant};
+
+use crate::addrs::VipAddress;
+
+use super::links::Want;
+
+/// A kernel operation in flight for a VIP.
+#[derive(Clone, Debug)]
+pub(super) enum Op {
+    Add {
+        want: Want,
+        renew: bool,
+    },
+    Remove {
+        vip: VipAddress,
+        why: String,
+        /// The old place of a VIP that moved to another interface: the VIP
+        /// stays held at its new place.
+        stale: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Retry {
+    pub(super) at: Instant,
+    pub(super) delay: Duration,
+}
+
+/// A pre-check under way: [`PRECHECK_PROBES`] questions on the wire,
+/// [`PRECHECK_EVERY`] apart, and the window ends at `until`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Probing {
+    pub(super) until: Instant,
+    /// When the next question goes out, while some are left.
+    pub(super) next: Instant,
+    pub(super) left: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Garp {
+    pub(super) left: u32,
+    pub(super) next: Instant,
+}
+
+/// One VIP this node deals with. See the module docs.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Slot {
+    /// Where the election and the links say this node holds it now.
+    pub(super) want: Option<Want>,
+    /// What the kernel holds for us, as last confirmed.
+    pub(super) held: Option<Want>,
+    pub(super) op: Option<Op>,
+    /// Asking the LAN before taking it.
+    pub(super) probing: Option<Probing>,
+    /// Giving it to a live winner, since then.
+    pub(super) handover: Option<Instant>,
+    /// The hostlb node whose MAC claimed it on the wire during the
+    /// hand-over: the winner answering is as good as its gossip saying so.
+    pub(super) answered_by: Option<String>,
+    /// Held and won here, and a live peer shows it held too, since then:
+    /// the two views of the cluster differ (see [`Core::contest`]).
+    pub(super) contested: Option<Instant>,
+    pub(super) retry: Option<Retry>,
+    pub(super) garp: Option<Garp>,
+    /// Left by a previous run and not yet decided by a reconcile.
+    pub(super) adopted: bool,
+    /// When a second owner that this node outranks was last answered with
+    /// an announcement: one a second at most, so two nodes that each think
+    /// they outrank the other do not trade announcements at wire speed.
+    pub(super) kept_at: Option<Instant>,
+    /// Still answering, past the hand-over time, for a VIP whose winner has
+    /// a view of the cluster other than this node's (see
+    /// [`Core::may_release`]): published as held again.
+    pub(super) kept_for_views: bool,
+    /// Since when `held` has been this node's: a peer's gossip saying it
+    /// holds the VIP counts only if published after that (see
+    /// [`Core::holds`]).
+    pub(super) held_since: Option<Instant>,
+    /// When the kernel drops `held` unless it is renewed.
+    pub(super) expires: Option<Instant>,
+}
+
+impl Slot {
+    pub(super) fn idle(&self) -> bool {
+        self.want.is_none()
+            && self.held.is_none()
+            && self.op.is_none()
+            && self.retry.is_none()
+            && self.probing.is_none()
+    }
+
+    /// Nothing to decide until an input changes it.
+    pub(super) fn settled(&self) -> bool {
+        self.op.is_none()
+            && self.probing.is_none()
+            && self.handover.is_none()
+            && self.garp.is_none()
+            && self.contested.is_none()
+            && !self.adopted
+            && match (&self.want, &self.held) {
+                (Some(w), Some(h)) => same_place(w, h),
+                (None, None) => self.retry.is_none(),
+                _ => false,
+            }
+    }
+}
+
+/// When the kernel drops an address added or renewed `now` (the kernel
+/// counts whole seconds from when it took the request, a moment earlier).
+pub(super) fn expiry(want: &Want, now: Instant) -> Option<Instant> {
+    want.vip
+        .lifetime
+        .kernel_seconds()
+        .map(|s| now + Duration::from_secs(s.into()))
+}
+
+/// Two ascending iterators as one, each item once.
+pub(super) fn merged<T: Ord + Copy>(
+    a: impl Iterator<Item = T>,
+    b: impl Iterator<Item = T>,
+) -> impl Iterator<Item = T> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if x < y => a.next(),
+        (Some(x), Some(y)) if y < x => b.next(),
+        (Some(_), Some(_)) => {
+            b.next();
+            a.next()
+        }
+        (Some(_), None) => a.next(),
+        (None, _) => b.next(),
+    })
+}
+
+pub(super) fn same_place(a: &Want, b: &Want) -> bool {
+    a.vip.ifindex == b.vip.ifindex && a.vip.prefix_len == b.vip.prefix_len && a.mode == b.mode
+}

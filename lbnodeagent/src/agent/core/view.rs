@@ -1,0 +1,332 @@
+//! The cluster as gossip shows it: membership views, owners lost and
+//! watched, the start's settling, the election's members, and isolation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{debug, info, warn};
+
+use crate::election::Member;
+use crate::gossip::Status;
+
+use super::sessions::{self};
+use super::{
+    Actions, ConflictSeen, Core, ISOLATED_AFTER, Metric, Phase, STARTUP_GRACE, TAKEOVER_WINDOW,
+    UNCONFIRMED_GRACE, WATCH_EVERY,
+};
+
+impl Core {
+    /// Whether a beat's `generation` of `node` is another run than the
+    /// one gossip shows.
+    pub(super) fn of_another_run(&self, node: &str, generation: Option<u64>) -> bool {
+        generation.is_some_and(|g| {
+            self.gossip_view
+                .node(node)
+                .is_some_and(|n| n.generation != g)
+        })
+    }
+
+    /// `node`'s leaving beat says it goes: its addresses answer until
+    /// others do. True when that is news.
+    pub(super) fn left_by_beat(&mut self, node: String) -> bool {
+        if node == self.settings.node {
+            return false;
+        }
+        let Some(generation) = self.gossip_view.node(&node).map(|n| n.generation) else {
+            debug!(%node, "leaving beat from a node gossip does not show live");
+            return false;
+        };
+        if self.left.get(&node) == Some(&generation) {
+            return false;
+        }
+        info!(%node, "its leaving beat says it goes; taking its addresses as from a leaving node");
+        self.left.insert(node, generation);
+        true
+    }
+
+    /// Acts on membership: gossip's view without the owners whose
+    /// sessions went silent (see [`sessions`]), and with the nodes whose
+    /// leaving beat came as leaving.
+    pub(super) fn apply_view(&mut self, now: Instant, out: &mut Actions) {
+        let gossip = &self.gossip_view;
+        self.left
+            .retain(|n, g| gossip.node(n).is_some_and(|i| i.generation == *g));
+        let view = if self.left.is_empty() && !self.sessions.any_suspect() {
+            Arc::clone(&self.gossip_view)
+        } else {
+            let mut view = (*self.gossip_view).clone();
+            if !self.left.is_empty() {
+                view.members.retain(|m| !self.left.contains_key(&m.node));
+                for n in &mut view.nodes {
+                    if n.status == Status::Alive && self.left.contains_key(&n.node) {
+                        n.status = Status::Leaving;
+                    }
+                }
+            }
+            if self.sessions.any_suspect() {
+                // A node whose leaving beat came is leaving, not silent:
+                // its host answers until others do, and it is handed over
+                // as such.
+                let suspect = |n: &str| {
+                    n != self.settings.node
+                        && self.sessions.is_suspect(n)
+                        && !self.left.contains_key(n)
+                };
+                view.members.retain(|m| !suspect(&m.node));
+                let (silent, nodes): (Vec<_>, Vec<_>) =
+                    view.nodes.into_iter().partition(|n| suspect(&n.node));
+                view.nodes = nodes;
+                view.gone.extend(silent);
+            }
+            Arc::new(view)
+        };
+        // Most views are of a peer's state (its held VIPs), with the same
+        // members: the election has them already, and nobody was lost.
+        let members_changed = self.view.members != view.members;
+        if members_changed {
+            let members: BTreeSet<&str> = view.members.iter().map(|m| m.node.as_str()).collect();
+            for m in &self.view.members {
+                if !members.contains(m.node.as_str()) {
+                    self.lost_at.insert(m.node.clone(), now);
+                }
+            }
+        }
+        self.lost_at
+            .retain(|_, t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW * 3);
+        // The previous view by name, live nodes over gone ones.
+        let before: BTreeMap<&str, (&crate::gossip::MemberInfo, bool)> = self
+            .view
+            .gone
+            .iter()
+            .map(|n| (n.node.as_str(), (n, false)))
+            .chain(self.view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
+            .collect();
+        for n in &view.nodes {
+            let live_before = before.get(n.node.as_str()).filter(|(_, live)| *live);
+            if live_before.is_none_or(|(b, _)| b.vips != n.vips || b.generation != n.generation) {
+                self.vips_changed.insert(n.node.clone(), now);
+            }
+        }
+        if self.vips_changed.len() > view.nodes.len() {
+            let live: BTreeSet<&str> = view.nodes.iter().map(|n| n.node.as_str()).collect();
+            self.vips_changed
+                .retain(|node, _| live.contains(node.as_str()));
+        }
+        // The live last, so that who holds a VIP now wins over a
+        // gone node's last word. Only what changed: a view comes with
+        // every gossip update, and most of its nodes are as they were.
+        let news = |n: &&crate::gossip::MemberInfo| {
+            before
+                .get(n.node.as_str())
+                .is_none_or(|(b, _)| b.macs != n.macs || b.vips != n.vips)
+        };
+        self.conflicts.learn(
+            view.gone.iter().chain(&view.nodes).filter(news),
+            &self.settings.node,
+        );
+        self.view = view;
+        self.orphan_scan = true;
+        if members_changed {
+            self.elect_members();
+        }
+        self.report_dirty = true;
+        out.metrics.push(Metric::Elected);
+        // Adopted addresses another node now holds, VIPs handed
+        // over, and VIPs a peer holds too may be decided now.
+        let mut waiting: BTreeSet<IpAddr> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.handover.is_some() || s.adopted || s.contested.is_some())
+            .map(|(ip, _)| *ip)
+            .collect();
+        for n in self.alive_peers() {
+            waiting.extend(
+                n.vips
+                    .iter()
+                    .filter(|ip| self.slots.get(ip).is_some_and(|s| s.held.is_some())),
+            );
+        }
+        self.mark(waiting);
+        self.watch_due.get_or_insert(now);
+        self.beat_dirty = true;
+    }
+
+    /// Works out again which owners this node watches, once the election
+    /// moved (at most every [`WATCH_EVERY`]: one election per VIP): those
+    /// for whose lowest VIP it comes next, each with the others next in
+    /// line for its VIPs.
+    pub(super) fn watch_owners(&mut self, now: Instant) {
+        let Some(due) = self.watch_due else { return };
+        if now < due || now < self.watched_at + WATCH_EVERY {
+            return;
+        }
+        self.watch_due = None;
+        self.watched_at = now;
+        let running = self.phase == Phase::Running;
+        let key = (self.election.epoch(), running);
+        if self.watching.0 != Some(key) {
+            // One election per VIP: only when the election changed.
+            let owners = if running {
+                sessions::watched_by(&self.settings.node, &self.election.runners_up())
+            } else {
+                BTreeMap::new()
+            };
+            self.watching = (Some(key), owners);
+        }
+        let gossip = &self.gossip_view;
+        self.sessions
+            .watch(self.watching.1.clone(), |n| gossip.node(n).is_some());
+    }
+
+    /// Whether a starting agent may elect: the cluster is known, and gossip
+    /// has had time to show the other members. A node that elected before
+    /// hearing from its peers would win every VIP alone and put them on the
+    /// wire beside their real owners. Settled once a peer was seen, a few
+    /// rounds passed (so its state, held VIPs included, arrived) and the
+    /// failure detector has confirmed every node gossip reports (in a large
+    /// cluster that takes a few seconds), or after [`STARTUP_GRACE`] with
+    /// nobody to hear from (the first node of a cluster). Nodes the
+    /// detector cannot reach hold it back for at most [`UNCONFIRMED_GRACE`].
+    ///
+    /// Peers that are still starting are no candidates, so two nodes that
+    /// settle at the same moment would each elect as if the other were
+    /// absent, and both add the VIPs the other wins. So a node that
+    /// settles publishes `alive` at once but takes nothing for three more
+    /// gossip rounds (`acquire_from`), by when it sees every peer that
+    /// settled with it; one that settles later takes over from it make
+    /// before break, as any returning node does.
+    pub(super) fn settle(&mut self, now: Instant) -> bool {
+        let peers = self.view.unconfirmed > 0
+            || self.view.nodes.iter().any(|n| n.node != self.settings.node);
+        let settled = if peers {
+            let first = *self.first_peer.get_or_insert(now);
+            let waited = now.saturating_duration_since(first);
+            let settled = (waited >= self.settings.gossip_interval * 3
+                && self.view.unconfirmed == 0)
+                || waited >= UNCONFIRMED_GRACE;
+            if settled && self.view.unconfirmed > 0 {
+                warn!(
+                    unconfirmed = self.view.unconfirmed,
+                    "electing although the failure detector has not reached every node gossip reports alive"
+                );
+            }
+            settled
+        } else {
+            now.saturating_duration_since(self.started) >= STARTUP_GRACE
+        };
+        settled && self.cluster_known
+    }
+
+    /// This node as the election should see it: from its own links and
+    /// phase, not from the echo of its gossip state, which lags.
+    pub(super) fn own_member(&self) -> Option<Member> {
+        (self.phase == Phase::Running).then(|| Member {
+            node: self.settings.node.clone(),
+            leaving: false,
+            virtual_mode: self.links.virtual_link.is_some(),
+            on_link: Arc::clone(&self.on_link),
+        })
+    }
+
+    /// Hands the membership (with this node as it is now) to the election
+    /// and marks what it says moved.
+    pub(super) fn elect_members(&mut self) {
+        let own = self.own_member();
+        let me = self.settings.node.as_str();
+        let moved = self.election.set_members(
+            self.view
+                .members
+                .iter()
+                .filter(|m| m.node != me)
+                .chain(own.as_ref()),
+        );
+        if own != self.own_member {
+            // Its interfaces or its candidacy changed: any duty may have.
+            self.own_member = own;
+            self.all_dirty = true;
+        } else {
+            self.mark(moved);
+        }
+    }
+
+    /// Gossip is isolated: the API shows agents running on other nodes (their
+    /// records are fresh) and gossip has reached none of them for
+    /// [`ISOLATED_AFTER`] (a firewall on UDP 7934, another key or cluster
+    /// id, an advertise address nobody can reach). Such an agent would
+    /// otherwise act alone and take every VIP. It acts as if partitioned
+    /// instead: it asks the LAN before taking any VIP, and the conflict
+    /// rule, which knows the other agents' MACs from their records, settles
+    /// any second owner by the election's order.
+    pub fn isolated(&self) -> bool {
+        self.isolated
+    }
+
+    /// Gossip shows no live peer while the API shows other agents running:
+    /// a start before gossip connected, or isolation. Nothing is taken
+    /// without asking the LAN first meanwhile.
+    pub fn lonely(&self) -> bool {
+        !self.running_elsewhere.is_empty() && self.gossip_alone()
+    }
+
+    /// Addresses of the cluster's Services that the election gives to no
+    /// node (no live, eligible, on-link candidate, and no node to hold it
+    /// on its virtual interface). Before a first cluster view, none.
+    pub fn vips_without_candidate(&self) -> usize {
+        self.services_of
+            .keys()
+            .filter(|ip| {
+                self.election.winner(**ip).is_none() && self.election.virtual_nodes(**ip).is_empty()
+            })
+            .count()
+    }
+
+    pub fn last_conflict(&self) -> Option<&ConflictSeen> {
+        self.last_conflict.as_ref()
+    }
+
+    /// Gossip shows no live peer.
+    pub fn gossip_alone(&self) -> bool {
+        let me = &self.settings.node;
+        !self.gossip_view.members.iter().any(|m| m.node != *me)
+    }
+
+    pub(super) fn note_isolation(&mut self, now: Instant, out: &mut Actions) {
+        if !self.lonely() {
+            self.peer_seen = now;
+        }
+        let isolated =
+            self.lonely() && now.saturating_duration_since(self.peer_seen) >= ISOLATED_AFTER;
+        if isolated != self.isolated {
+            self.isolated = isolated;
+            out.isolated = Some(isolated);
+            if isolated {
+                warn!(
+                    running = ?self.running_elsewhere,
+                    "gossip reaches no other agent while the API shows agents running on other nodes; acting as if partitioned (check UDP {} between the hosts, gossip.key_file and gossip.cluster_id)",
+                    crate::gossip::DEFAULT_PORT
+                );
+            } else {
+                info!("gossip reaches other agents again");
+            }
+        }
+    }
+
+    /// Live peers whose view of the cluster is older than this node's.
+    /// The other nodes gossip shows live and `alive` (candidates, not
+    /// starting or leaving), with what they publish.
+    pub(super) fn alive_peers(&self) -> impl Iterator<Item = &crate::gossip::MemberInfo> {
+        self.view
+            .nodes
+            .iter()
+            .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
+    }
+
+    pub(super) fn older_peers(&self) -> BTreeSet<String> {
+        self.alive_peers()
+            .filter(|n| n.revision < self.revision)
+            .map(|n| n.node.clone())
+            .collect()
+    }
+}

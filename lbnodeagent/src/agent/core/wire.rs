@@ -1,0 +1,293 @@
+//! The LAN: claims heard on the wire and what they mean, the probes that
+//! ask who answers for a held VIP, and renewal of held addresses before
+//! they lapse.
+
+use std::net::IpAddr;
+use std::time::Instant;
+
+use tracing::{debug, warn};
+
+use crate::addrs::Lifetime;
+use crate::announce::packet::Claim;
+
+use super::conflict::{LAPSE_PROBE, OWNER_PROBE, Verdict, YIELD_PROBE, lapsing};
+use super::links::{Mode, Want};
+use super::slot::{Garp, Op};
+use super::{Actions, ConflictSeen, Core, Metric, Phase, TAKEOVER_WINDOW};
+
+impl Core {
+    /// The lifetime of an address taken now: so that it lapses with the
+    /// ones renewed at the last renewal (to the second, the kernel's unit),
+    /// and a follower learns one moment when all of them lapse.
+    pub(super) fn aligned_lifetime(&self, now: Instant) -> Lifetime {
+        // A renewal due now renews the others in this very step, to the
+        // whole lifetime; it skips this address (its add is in flight), so
+        // the address must outlast the renewal after that one too.
+        match (self.settings.lifetime.renew_every(), self.next_renew) {
+            (Some(every), Some(next)) if next > now => Lifetime::new(next + every * 2 - now),
+            _ => self.settings.lifetime,
+        }
+    }
+
+    pub(super) fn on_claim(&mut self, claim: Claim, now: Instant, out: &mut Actions) {
+        let Some(slot) = self.slots.get(&claim.ip) else {
+            // Only yielded VIPs, which may have no slot, refresh their yield.
+            self.judge(claim, None, now);
+            return;
+        };
+        if slot.handover.is_some()
+            && let Some(node) = self.conflicts.owner_of(claim.mac)
+            && node != self.settings.node
+        {
+            let node = node.to_string();
+            let slot = self.slots.get_mut(&claim.ip).expect("present");
+            if slot.answered_by.as_ref() != Some(&node) {
+                debug!(ip = %claim.ip, %node, "answered for on the wire while handing over");
+                slot.answered_by = Some(node);
+                self.unsettled.insert(claim.ip);
+            }
+        }
+        let Some(slot) = self.slots.get(&claim.ip) else {
+            return;
+        };
+        // While asking the LAN, the VIP is judged as if held here: an owner
+        // that outranks this node makes it stay off.
+        let held = if slot.probing.is_some() {
+            slot.want.clone()
+        } else {
+            slot.held
+                .clone()
+                .filter(|h| h.mode == Mode::Local && slot.handover.is_none() && slot.op.is_none())
+        };
+        let probing = slot.probing.is_some();
+        let mut verdict = self.judge(claim, held.as_ref(), now);
+        if let Verdict::Keep { other } = &verdict
+            && self.phase != Phase::Running
+        {
+            // Not a candidate (still starting, without a view of the
+            // cluster to rank by, or leaving): the other hostlb node that
+            // answers keeps it.
+            let to = other.clone();
+            if let Some(want) = held.clone() {
+                self.conflicts.yield_to(claim.ip, &to, want, now);
+            }
+            verdict = Verdict::Yield { to };
+        }
+        match verdict {
+            Verdict::Ignore => {}
+            Verdict::Keep { other } => {
+                if probing {
+                    return;
+                }
+                let slot = self.slots.get_mut(&claim.ip).expect("present");
+                if slot.garp.is_some()
+                    || slot
+                        .kept_at
+                        .is_some_and(|t| now.saturating_duration_since(t) < OWNER_PROBE)
+                {
+                    return;
+                }
+                slot.kept_at = Some(now);
+                warn!(ip = %claim.ip, %other, mac = %claim.mac,
+                    "second owner on the wire; this node outranks it and keeps the address");
+                out.metrics.push(Metric::Conflict("hostlb"));
+                self.last_conflict = Some(ConflictSeen {
+                    ip: claim.ip,
+                    mac: claim.mac,
+                    node: Some(other),
+                    outcome: "kept",
+                });
+                if let Some(t) = held.and_then(|h| h.target) {
+                    out.garp.push(t);
+                    slot.garp = (self.settings.garp.count > 1).then(|| Garp {
+                        left: self.settings.garp.count - 1,
+                        next: now + self.settings.garp.interval,
+                    });
+                    self.unsettled.insert(claim.ip);
+                }
+            }
+            Verdict::Yield { to } => {
+                out.metrics.push(Metric::Conflict("hostlb"));
+                self.last_conflict = Some(ConflictSeen {
+                    ip: claim.ip,
+                    mac: claim.mac,
+                    node: Some(to.clone()),
+                    outcome: "yielded",
+                });
+                let slot = self.slots.get_mut(&claim.ip).expect("present");
+                self.unsettled.insert(claim.ip);
+                if probing {
+                    warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
+                        "won, but a node that outranks this one still answers for it; staying off while it does");
+                    slot.probing = None;
+                    return;
+                }
+                warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
+                    "second owner on the wire; it outranks this node, which lets go while it answers");
+                if let Some(h) = slot.held.clone() {
+                    slot.garp = None;
+                    slot.op = Some(Op::Remove {
+                        vip: h.vip.clone(),
+                        why: "another node that outranks this one answers for it".into(),
+                        stale: false,
+                    });
+                    out.remove.push(h.vip);
+                }
+            }
+            Verdict::Foreign { first } => {
+                if probing {
+                    if first {
+                        // Reported once the address is held here and it
+                        // still answers.
+                        self.conflicts.forget_report(claim.ip, claim.mac);
+                    }
+                    return;
+                }
+                out.metrics.push(Metric::Conflict("foreign"));
+                self.last_conflict = Some(ConflictSeen {
+                    ip: claim.ip,
+                    mac: claim.mac,
+                    node: None,
+                    outcome: "reported",
+                });
+                if first {
+                    warn!(ip = %claim.ip, mac = %claim.mac,
+                        "another host answers for this address and it is no hostlb node; not fighting over it");
+                    let note = format!(
+                        "{} holds {} but the host with MAC {} answers for it too, and it is no hostlb node",
+                        self.settings.node, claim.ip, claim.mac
+                    );
+                    self.event_for(claim.ip, true, "AddressConflict", note, out);
+                }
+            }
+        }
+    }
+
+    pub(super) fn judge(&mut self, claim: Claim, held: Option<&Want>, now: Instant) -> Verdict {
+        let view = &self.view;
+        self.conflicts.judge(
+            claim,
+            &self.settings.node,
+            &self.links.macs(),
+            held,
+            &self.election,
+            |n| view.node(n).is_some(),
+            now,
+        )
+    }
+
+    /// Renews every held address each third of its lifetime, in one batch.
+    pub(super) fn renew(&mut self, now: Instant, out: &mut Actions) {
+        let Some(every) = self.settings.lifetime.renew_every() else {
+            self.next_renew = None;
+            return;
+        };
+        let due = *self.next_renew.get_or_insert(now + every);
+        if now < due {
+            return;
+        }
+        self.next_renew = Some(now + every);
+        for s in self.slots.values_mut() {
+            if s.op.is_some() {
+                continue;
+            }
+            if let Some(h) = &s.held {
+                let mut want = h.clone();
+                want.vip.lifetime = self.settings.lifetime;
+                out.add.push(want.vip.clone());
+                s.op = Some(Op::Add { want, renew: true });
+            }
+        }
+    }
+
+    /// Asks the LAN about every VIP held here (each [`OWNER_PROBE`]) and
+    /// every VIP yielded to another node (each [`YIELD_PROBE`]); sends the
+    /// announcement rounds that are due.
+    pub(super) fn probe_wire(&mut self, now: Instant, out: &mut Actions) {
+        for s in self.slots.values_mut() {
+            let (Some(g), Some(h)) = (s.garp, &s.held) else {
+                continue;
+            };
+            if g.next > now {
+                continue;
+            }
+            if let Some(t) = h.target {
+                out.garp.push(t);
+            }
+            s.garp = (g.left > 1).then(|| Garp {
+                left: g.left - 1,
+                next: now + self.settings.garp.interval,
+            });
+        }
+        if let Some(every) = self.settings.garp.refresh {
+            let due = *self.next_refresh.get_or_insert(now + every);
+            if now >= due {
+                self.next_refresh = Some(now + every);
+                // One batch for every VIP: a round is two frames, so even
+                // a thousand VIPs are a moment's burst. Those still in
+                // their first rounds, in dispute, or on their way out are
+                // left alone.
+                out.garp.extend(
+                    self.slots
+                        .values()
+                        .filter(|s| {
+                            s.garp.is_none()
+                                && s.handover.is_none()
+                                && s.contested.is_none()
+                                // A renewal in flight leaves it held; the
+                                // two timers may well keep step.
+                                && matches!(s.op, None | Some(Op::Add { renew: true, .. }))
+                        })
+                        .filter_map(|s| s.held.as_ref())
+                        .filter(|h| h.mode == Mode::Local)
+                        .filter_map(|h| h.target),
+                );
+            }
+        }
+        if !self.settings.wire {
+            return;
+        }
+        if now >= self.next_yield_probe {
+            self.next_yield_probe = now + YIELD_PROBE;
+            self.next_lapse_probe = now + LAPSE_PROBE;
+            out.probe
+                .extend(self.conflicts.yielded().filter_map(|(_, y)| y.want.target));
+        } else if now >= self.next_lapse_probe {
+            self.next_lapse_probe = now + LAPSE_PROBE;
+            let sessions = &self.sessions;
+            out.probe.extend(
+                self.conflicts
+                    .yielded()
+                    .filter(|(_, y)| lapsing(sessions.lapse(&y.to), now))
+                    .filter_map(|(_, y)| y.want.target),
+            );
+        }
+        if now >= self.next_owner_probe {
+            self.next_owner_probe = now + OWNER_PROBE;
+            out.probe.extend(
+                self.slots
+                    .values()
+                    .filter(|s| s.handover.is_none() && s.op.is_none())
+                    .filter_map(|s| s.held.as_ref())
+                    .filter(|h| h.mode == Mode::Local)
+                    .filter_map(|h| h.target),
+            );
+        }
+    }
+
+    pub(super) fn observe_takeover(&mut self, ip: IpAddr, now: Instant, out: &mut Actions) {
+        // The previous holder per gossip, if it is one we saw go.
+        let from = self
+            .lost_at
+            .iter()
+            .filter(|(node, _)| self.conflicts.last_holder(ip) == Some(node.as_str()))
+            .map(|(_, t)| *t)
+            .max();
+        if let Some(t) = from
+            && now.saturating_duration_since(t) < TAKEOVER_WINDOW
+        {
+            out.metrics
+                .push(Metric::Takeover(now.saturating_duration_since(t)));
+        }
+    }
+}
