@@ -8,6 +8,7 @@ pub mod announce;
 pub mod election;
 pub mod gossip;
 pub mod inputs;
+pub mod model;
 pub mod simulate;
 
 /// The release and the commit it was built from (`build.rs`), as

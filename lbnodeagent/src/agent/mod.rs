@@ -973,9 +973,11 @@ impl<B: AddressBackend + 'static> Agent<B> {
     }
 
     fn status_doc(&self) -> StatusDoc {
-        let mut doc = self
-            .core
-            .status_doc(self.telemetry.not_ready(), self.kube.api_healthy());
+        let mut doc = status::doc(
+            &self.core,
+            self.telemetry.not_ready(),
+            self.kube.api_healthy(),
+        );
         doc.warnings = self.telemetry.warnings();
         doc
     }

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::agent::core::Core;
 use crate::election::VipReport;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -124,6 +125,60 @@ impl VipDoc {
 }
 
 /// The page `lbnodeagent status` prints.
+/// What `/status` shows of the core now.
+pub fn doc(core: &Core, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc {
+    StatusDoc {
+        node: core.node().to_string(),
+        ready: not_ready.is_none(),
+        not_ready: not_ready.map(str::to_string),
+        api_healthy,
+        warnings: Vec::new(),
+        isolated_from: core.isolated_from(),
+        members: core
+            .view()
+            .nodes
+            .iter()
+            .map(|n| MemberDoc {
+                node: n.node.clone(),
+                status: n.status.as_str().to_string(),
+                gossip: n.gossip_addr.to_string(),
+                version: n.agent_version.clone(),
+                protocol: n.protocol,
+                prefixes: n
+                    .on_link
+                    .iter()
+                    .map(|o| {
+                        format!(
+                            "{}@{}{}",
+                            o.prefix,
+                            o.interface,
+                            if o.announce { "*" } else { "" }
+                        )
+                    })
+                    .collect(),
+                vips: n.vips.len(),
+            })
+            .collect(),
+        held: core
+            .holdings()
+            .map(|(ip, h, handing_over)| HeldDoc {
+                ip,
+                interface: h.vip.interface.clone(),
+                prefix_len: h.vip.prefix_len,
+                mode: format!("{:?}", h.mode).to_lowercase(),
+                handing_over,
+            })
+            .collect(),
+        vips: core
+            .election()
+            .report_all()
+            .iter()
+            .map(VipDoc::from_report)
+            .collect(),
+        object_errors: core.object_errors().to_vec(),
+    }
+}
+
 pub fn render(doc: &StatusDoc) -> String {
     let mut out = String::new();
     let ready = match (&doc.not_ready, doc.ready) {

@@ -5,6 +5,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::addrs::MacAddr;
+pub use crate::model::Claim;
 
 pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_IPV6: u16 = 0x86dd;
@@ -174,13 +175,6 @@ pub fn dad_solicitation(mac: MacAddr, target: Ipv6Addr) -> Frame {
         bytes: f,
         kind: "neighbor solicitation",
     }
-}
-
-/// A host on the wire saying it holds `ip`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Claim {
-    pub ip: std::net::IpAddr,
-    pub mac: MacAddr,
 }
 
 /// Any Ethernet ARP frame (reply, gratuitous ARP, or a request using the

@@ -44,7 +44,7 @@ pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_BANDWIDTH: Option<u64> = Some(128_000);
 /// Below this a budget cannot carry one round of a small cluster.
 pub const MIN_MAX_BANDWIDTH: u64 = 8_000;
-pub const DEFAULT_PORT: u16 = 7934;
+pub use crate::model::DEFAULT_PORT;
 pub const DEFAULT_CLUSTER_ID: &str = "hostlb";
 
 #[derive(Clone, Debug, PartialEq)]

@@ -35,7 +35,7 @@ use super::config::GossipConfig;
 use super::detector::{Detector, Peer, ProbeNet, Up};
 use super::pace::{Pace, PacedTransport};
 use super::state::{self, LocalState, MemberInfo, Status};
-use crate::election::Member;
+pub use crate::model::MembershipView;
 
 /// Peers told directly when this node starts leaving; the rest hear it by
 /// ordinary gossip within a round or two. Each push costs a SYN carrying the
@@ -46,66 +46,6 @@ const SEEDS_PER_ROUND_ALONE: usize = 3;
 /// With peers known, one unknown seed every this many rounds: enough to merge
 /// two halves that never met, cheap when seeds list nodes without an agent.
 const SEED_ROUNDS_CONNECTED: u32 = 10;
-
-/// Membership as the reconcile loop sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MembershipView {
-    /// This node, as peers see it.
-    pub local: MemberInfo,
-    /// The election's input: live members whose status is `alive`, this node
-    /// included while it is, one per node name (highest generation), sorted
-    /// by name.
-    pub members: Vec<Member>,
-    /// Every live node, leaving ones included, with everything it publishes
-    /// (held VIPs, agent version): for `lbnodeagent status` and for a
-    /// leaving node to see that others have taken over its VIPs.
-    pub nodes: Vec<MemberInfo>,
-    /// Nodes gossip reports alive that the failure detector has not heard
-    /// from yet (not in `members`): many right after this node starts,
-    /// until its detector has reached them. The reconcile loop waits for
-    /// them before its first election.
-    pub unconfirmed: usize,
-    /// Nodes whose state gossip still carries but that are not live (dead,
-    /// unreachable, or not confirmed yet), as last published. A node that
-    /// started after one of them was cut off learns from them which MACs
-    /// are hostlb nodes' and who held which VIP: a second owner on the
-    /// wire is then recognised, not taken for a stranger.
-    pub gone: Vec<MemberInfo>,
-}
-
-impl MembershipView {
-    /// No member at all, before gossip has produced a view.
-    pub fn empty() -> MembershipView {
-        MembershipView {
-            local: MemberInfo {
-                node: String::new(),
-                generation: 0,
-                gossip_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-                agent_version: String::new(),
-                protocol: crate::gossip::PROTOCOL,
-                status: Status::Starting,
-                virtual_mode: false,
-                on_link: Default::default(),
-                vips: Default::default(),
-                macs: Default::default(),
-                revision: 0,
-            },
-            members: Vec::new(),
-            nodes: Vec::new(),
-            unconfirmed: 0,
-            gone: Vec::new(),
-        }
-    }
-
-    /// A live, alive member by name.
-    pub fn member(&self, node: &str) -> Option<&Member> {
-        self.members.iter().find(|m| m.node == node)
-    }
-
-    pub fn node(&self, node: &str) -> Option<&MemberInfo> {
-        self.nodes.iter().find(|m| m.node == node)
-    }
-}
 
 /// A running gossip member. Dropping it stops gossip at once, without
 /// telling anyone: peers find out through their failure detectors, exactly

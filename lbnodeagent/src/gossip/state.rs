@@ -25,31 +25,18 @@
 //! without breaking an older one mid-upgrade.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::net::IpAddr;
 
 use chitchat::NodeState;
 use hostlb_api::{Family, Prefix};
 use serde::{Deserialize, Serialize};
 
 use crate::addrs::MacAddr;
-use crate::election::{Member, OnLink};
+use crate::election::OnLink;
+pub use crate::model::{LocalState, MemberInfo, PROTOCOL, PROTOCOL_UNSAID, Status};
 
 pub const KEY_VERSION: &str = "version";
 pub const KEY_PROTOCOL: &str = "protocol";
-/// The version of what agents exchange with each other: the frame and beat
-/// formats, these keys and what their values mean, and the election rule.
-/// It goes up when one of those changes in a way an agent of the previous
-/// protocol would misread; an addition an older agent skips (a new key, a
-/// longer beat) does not need it. Agents one protocol apart must work
-/// together: a newer one keeps reading and writing what the older one
-/// understands, and a rule both must apply alike (the election) switches
-/// only once every member publishes the newer protocol. See docs/agent.md,
-/// "Compatibility".
-pub const PROTOCOL: u32 = 1;
-/// The protocol of an agent that does not say: every release before the
-/// `protocol` key spoke protocol 1.
-pub const PROTOCOL_UNSAID: u32 = 1;
 pub const KEY_STATUS: &str = "status";
 pub const KEY_ONLINK_V4: &str = "onlink.v4";
 pub const KEY_ONLINK_V6: &str = "onlink.v6";
@@ -62,89 +49,6 @@ pub const KEY_VIPS_PREFIX: &str = "vips.";
 /// Bound on one `vips.N` value: small against the 64 KiB datagram, large
 /// enough that a node with 1 000 IPv4 VIPs needs only a handful of keys.
 pub const VIPS_CHUNK_BYTES: usize = 4_000;
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Status {
-    #[default]
-    Alive,
-    /// Running, but not serving yet: the agent has not applied its first
-    /// reconcile (no complete cluster view, membership not settled), so it
-    /// is no candidate and its peers keep its VIPs. An agent restarted while
-    /// the API server is unreachable stays here.
-    Starting,
-    /// Shutting down: peers drop it from their live view at once.
-    Leaving,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Alive => "alive",
-            Status::Starting => "starting",
-            Status::Leaving => "leaving",
-        }
-    }
-
-    /// Anything but `alive` keeps the node out of elections: when in doubt
-    /// (a status a newer agent may invent), not a candidate, and as good as
-    /// gone. (An agent older than `starting` reads it so too, which is right.)
-    fn parse(text: &str) -> Status {
-        match text {
-            "alive" => Status::Alive,
-            "starting" => Status::Starting,
-            _ => Status::Leaving,
-        }
-    }
-}
-
-/// The state this node publishes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LocalState {
-    pub status: Status,
-    /// The agent holds off-link VIPs on its virtual interface.
-    pub virtual_mode: bool,
-    /// Shared with the [`MemberInfo`] peers make of it.
-    pub on_link: Arc<[OnLink]>,
-    pub vips: Arc<BTreeSet<IpAddr>>,
-    /// MACs of the interfaces the node announces on.
-    pub macs: Arc<BTreeSet<MacAddr>>,
-    /// How new the node's view of the cluster is (see `KEY_REVISION`); 0
-    /// before its first view, or from an agent that does not say.
-    pub revision: u64,
-}
-
-/// One node as seen through gossip.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MemberInfo {
-    pub node: String,
-    /// Chitchat generation: start time in ns; a restart makes a new one.
-    pub generation: u64,
-    pub gossip_addr: SocketAddr,
-    pub agent_version: String,
-    /// [`PROTOCOL`] of that agent ([`PROTOCOL_UNSAID`] for one from before
-    /// the key).
-    pub protocol: u32,
-    pub status: Status,
-    pub virtual_mode: bool,
-    /// Shared, like the sets below: a view is copied for every change of
-    /// any node, and most nodes are as they were.
-    pub on_link: Arc<[OnLink]>,
-    pub vips: Arc<BTreeSet<IpAddr>>,
-    pub macs: Arc<BTreeSet<MacAddr>>,
-    pub revision: u64,
-}
-
-impl MemberInfo {
-    /// The election's view of this node.
-    pub fn to_member(&self) -> Member {
-        Member {
-            node: self.node.clone(),
-            leaving: self.status != Status::Alive,
-            virtual_mode: self.virtual_mode,
-            on_link: self.on_link.clone(),
-        }
-    }
-}
 
 #[derive(Serialize, Deserialize)]
 struct OnLinkWire {

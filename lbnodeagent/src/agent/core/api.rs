@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::addrs::{Applied, Lifetime, MacAddr, OwnedAddress, VipAddress};
-use crate::announce::packet::Claim;
-use crate::announce::{AnnounceConfig, Target};
 use crate::election::{Cluster, Endpoints};
-use crate::gossip::{LocalState, MembershipView};
+use crate::model::Claim;
+use crate::model::{AnnounceConfig, Target};
+use crate::model::{Applied, Lifetime, MacAddr, OwnedAddress, VipAddress};
+use crate::model::{LocalState, MembershipView};
 
 use super::links::Links;
 use super::sessions::{Beat, Lapse};

@@ -35,10 +35,10 @@ use std::time::{Duration, Instant};
 
 use super::links::Want;
 use super::sessions::Lapse;
-use crate::addrs::MacAddr;
-use crate::announce::packet::Claim;
 use crate::election::Election;
-use crate::gossip::MemberInfo;
+use crate::model::Claim;
+use crate::model::MacAddr;
+use crate::model::MemberInfo;
 
 /// How long a yielded VIP stays off after the winner was last heard.
 pub const YIELD_HOLD: Duration = Duration::from_millis(1500);
@@ -302,10 +302,10 @@ impl Conflicts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::addrs::{Lifetime, VipAddress};
     use crate::agent::links::Mode;
     use crate::election::{Advertisement, Cluster, Member, NodeInfo, Pool, ServiceInfo};
-    use crate::gossip::Status;
+    use crate::model::Status;
+    use crate::model::{Lifetime, VipAddress};
 
     const VIP: &str = "10.0.0.1";
 
@@ -345,7 +345,7 @@ mod tests {
             generation: 1,
             gossip_addr: "192.0.2.1:7934".parse().unwrap(),
             agent_version: String::new(),
-            protocol: crate::gossip::PROTOCOL,
+            protocol: crate::model::PROTOCOL,
             status: Status::Alive,
             virtual_mode: false,
             on_link: Default::default(),

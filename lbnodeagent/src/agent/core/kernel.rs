@@ -9,8 +9,8 @@ use std::time::Instant;
 use hostlb_api::annotations::reasons;
 use tracing::{info, warn};
 
-use crate::addrs::{Applied, OwnedAddress};
-use crate::announce::Target;
+use crate::model::Target;
+use crate::model::{Applied, OwnedAddress};
 
 use super::links::{Mode, Want};
 use super::slot::{Garp, Op, expiry, same_place};

@@ -10,9 +10,9 @@ use std::net::IpAddr;
 
 use hostlb_api::Family;
 
-use crate::addrs::{Interface, Lifetime, VipAddress};
-use crate::announce::Target;
 use crate::election::{Duty, OnLink};
+use crate::model::Target;
+use crate::model::{Interface, Lifetime, VipAddress};
 
 /// How a VIP is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -95,7 +95,7 @@ impl Links {
     /// The MACs this node may answer from: those of the links whose
     /// prefixes it publishes. Peers map a MAC seen on the wire to this node
     /// with them.
-    pub fn macs(&self) -> std::collections::BTreeSet<crate::addrs::MacAddr> {
+    pub fn macs(&self) -> std::collections::BTreeSet<crate::model::MacAddr> {
         let virtual_index = self.virtual_link.as_ref().map(|v| v.index);
         self.all
             .iter()
@@ -180,7 +180,7 @@ impl Links {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::addrs::MacAddr;
+    use crate::model::MacAddr;
 
     fn iface(name: &str, index: u32, carrier: bool, prefixes: &[&str]) -> Interface {
         Interface {

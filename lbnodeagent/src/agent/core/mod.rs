@@ -70,9 +70,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::addrs::VipAddress;
 use crate::election::{Cluster, Election, Member};
-use crate::gossip::{LocalState, MembershipView};
+use crate::model::VipAddress;
+use crate::model::{LocalState, MembershipView};
 use conflict::{Conflicts, OWNER_PROBE, YIELD_PROBE};
 use links::{Links, Mode, Want};
 use sessions::{Lapse, Sessions};
@@ -292,6 +292,23 @@ impl Core {
         self.slots
             .iter()
             .filter_map(|(ip, s)| s.held.as_ref().map(|h| (ip, h)))
+    }
+
+    /// Held addresses, each with whether it is being handed over.
+    pub fn holdings(&self) -> impl Iterator<Item = (IpAddr, &Want, bool)> {
+        self.slots
+            .iter()
+            .filter_map(|(ip, s)| s.held.as_ref().map(|h| (*ip, h, s.handover.is_some())))
+    }
+
+    /// The agents the API shows running elsewhere, while gossip reaches
+    /// none of them (empty unless isolated).
+    pub fn isolated_from(&self) -> Vec<String> {
+        if self.isolated {
+            self.running_elsewhere.iter().cloned().collect()
+        } else {
+            Vec::new()
+        }
     }
 
     pub fn held_count(&self) -> usize {

@@ -11,8 +11,7 @@ use hostlb_api::Family;
 use hostlb_api::annotations::{self};
 use tracing::{info, warn};
 
-use crate::agent::status::{HeldDoc, MemberDoc, StatusDoc, VipDoc};
-use crate::gossip::{LocalState, Status};
+use crate::model::{LocalState, Status};
 
 use super::conflict::{self, LAPSE_EARLY, lapsing};
 use super::links::Mode;
@@ -366,67 +365,5 @@ impl Core {
             .collect();
         peers.sort();
         peers
-    }
-
-    /// `/status`: `not_ready` and `api_healthy` come from the shell.
-    pub fn status_doc(&self, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc {
-        StatusDoc {
-            node: self.settings.node.clone(),
-            ready: not_ready.is_none(),
-            not_ready: not_ready.map(str::to_string),
-            api_healthy,
-            warnings: Vec::new(),
-            isolated_from: if self.isolated {
-                self.running_elsewhere.iter().cloned().collect()
-            } else {
-                Vec::new()
-            },
-            members: self
-                .view
-                .nodes
-                .iter()
-                .map(|n| MemberDoc {
-                    node: n.node.clone(),
-                    status: n.status.as_str().to_string(),
-                    gossip: n.gossip_addr.to_string(),
-                    version: n.agent_version.clone(),
-                    protocol: n.protocol,
-                    prefixes: n
-                        .on_link
-                        .iter()
-                        .map(|o| {
-                            format!(
-                                "{}@{}{}",
-                                o.prefix,
-                                o.interface,
-                                if o.announce { "*" } else { "" }
-                            )
-                        })
-                        .collect(),
-                    vips: n.vips.len(),
-                })
-                .collect(),
-            held: self
-                .slots
-                .iter()
-                .filter_map(|(ip, s)| {
-                    let h = s.held.as_ref()?;
-                    Some(HeldDoc {
-                        ip: *ip,
-                        interface: h.vip.interface.clone(),
-                        prefix_len: h.vip.prefix_len,
-                        mode: format!("{:?}", h.mode).to_lowercase(),
-                        handing_over: s.handover.is_some(),
-                    })
-                })
-                .collect(),
-            vips: self
-                .election
-                .report_all()
-                .iter()
-                .map(VipDoc::from_report)
-                .collect(),
-            object_errors: self.object_errors.clone(),
-        }
     }
 }

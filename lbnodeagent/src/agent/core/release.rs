@@ -220,7 +220,7 @@ impl Core {
         since: Instant,
         now: Instant,
     ) -> Option<Option<String>> {
-        let peers: Vec<&crate::gossip::MemberInfo> = self.alive_peers().collect();
+        let peers: Vec<&crate::model::MemberInfo> = self.alive_peers().collect();
         if peers.is_empty() {
             return None;
         }

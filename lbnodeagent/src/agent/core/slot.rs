@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::addrs::VipAddress;
+use crate::model::VipAddress;
 
 use super::links::Want;
 

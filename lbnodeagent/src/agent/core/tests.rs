@@ -11,12 +11,12 @@ use hostlb_api::{AddressRange, LabelSelector, Selector};
 use super::conflict::{PRECHECK, PRECHECK_EVERY, PRECHECK_PROBES};
 use super::links::Links;
 use super::*;
-use crate::addrs::{Applied, Interface, Lifetime, MacAddr, OwnedAddress};
-use crate::announce::packet::Claim;
-use crate::announce::{AnnounceConfig, Target};
 use crate::election::{Advertisement, Labels, NodeInfo, OnLink, Pool, Preference, ServiceInfo};
-use crate::gossip::MemberInfo;
-use crate::gossip::Status;
+use crate::model::Claim;
+use crate::model::MemberInfo;
+use crate::model::Status;
+use crate::model::{AnnounceConfig, Target};
+use crate::model::{Applied, Interface, Lifetime, MacAddr, OwnedAddress};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
@@ -1186,7 +1186,7 @@ fn an_agent_whose_gossip_reaches_nobody_acts_as_if_partitioned() {
     assert_eq!(act.isolated, Some(true));
     assert!(a.core.isolated());
     assert_eq!(
-        a.core.status_doc(None, true).isolated_from,
+        a.core.isolated_from(),
         vec!["b".to_string()],
         "c's record is stale: not a running agent"
     );

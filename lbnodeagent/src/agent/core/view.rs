@@ -9,7 +9,7 @@ use std::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::election::Member;
-use crate::gossip::Status;
+use crate::model::Status;
 
 use super::sessions::{self};
 use super::{
@@ -96,7 +96,7 @@ impl Core {
         self.lost_at
             .retain(|_, t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW * 3);
         // The previous view by name, live nodes over gone ones.
-        let before: BTreeMap<&str, (&crate::gossip::MemberInfo, bool)> = self
+        let before: BTreeMap<&str, (&crate::model::MemberInfo, bool)> = self
             .view
             .gone
             .iter()
@@ -117,7 +117,7 @@ impl Core {
         // The live last, so that who holds a VIP now wins over a
         // gone node's last word. Only what changed: a view comes with
         // every gossip update, and most of its nodes are as they were.
-        let news = |n: &&crate::gossip::MemberInfo| {
+        let news = |n: &&crate::model::MemberInfo| {
             before
                 .get(n.node.as_str())
                 .is_none_or(|(b, _)| b.macs != n.macs || b.vips != n.vips)
@@ -305,7 +305,7 @@ impl Core {
                 warn!(
                     running = ?self.running_elsewhere,
                     "gossip reaches no other agent while the API shows agents running on other nodes; acting as if partitioned (check UDP {} between the hosts, gossip.key_file and gossip.cluster_id)",
-                    crate::gossip::DEFAULT_PORT
+                    crate::model::DEFAULT_PORT
                 );
             } else {
                 info!("gossip reaches other agents again");
@@ -316,7 +316,7 @@ impl Core {
     /// Live peers whose view of the cluster is older than this node's.
     /// The other nodes gossip shows live and `alive` (candidates, not
     /// starting or leaving), with what they publish.
-    pub(super) fn alive_peers(&self) -> impl Iterator<Item = &crate::gossip::MemberInfo> {
+    pub(super) fn alive_peers(&self) -> impl Iterator<Item = &crate::model::MemberInfo> {
         self.view
             .nodes
             .iter()

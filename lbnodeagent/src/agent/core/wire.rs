@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use tracing::{debug, warn};
 
-use crate::addrs::Lifetime;
-use crate::announce::packet::Claim;
+use crate::model::Claim;
+use crate::model::Lifetime;
 
 use super::conflict::{LAPSE_PROBE, OWNER_PROBE, Verdict, YIELD_PROBE, lapsing};
 use super::links::{Mode, Want};

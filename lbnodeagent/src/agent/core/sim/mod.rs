@@ -39,11 +39,11 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::addrs::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress};
-use crate::announce::AnnounceConfig;
-use crate::announce::packet::Claim;
 use crate::election::Member;
-use crate::gossip::{LocalState, MemberInfo, MembershipView, Status};
+use crate::model::AnnounceConfig;
+use crate::model::Claim;
+use crate::model::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress};
+use crate::model::{LocalState, MemberInfo, MembershipView, Status};
 
 use super::links::Links;
 use super::sessions::{Beat, Lapse, RELAY_TTL, Silent};
@@ -1114,7 +1114,7 @@ impl World {
             generation,
             gossip_addr: self.hosts[i].gossip_addr,
             agent_version: String::new(),
-            protocol: crate::gossip::PROTOCOL,
+            protocol: crate::model::PROTOCOL,
             status: state.status,
             virtual_mode: state.virtual_mode,
             on_link: state.on_link.clone(),
