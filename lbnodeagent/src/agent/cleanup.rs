@@ -145,7 +145,9 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
 /// [`RECORD_WAIT`], and only a log line if the API is away.
 async fn mark_stopped(cfg: AgentConfig) {
     let write = async {
-        let (client, _) = super::kube_client(&cfg).await.map_err(|e| e.to_string())?;
+        let (client, _) = super::start::kube_client(&cfg)
+            .await
+            .map_err(|e| e.to_string())?;
         let why = "the agent exited without a clean stop (killed or crashed); cleanup handed its VIPs over";
         super::record::mark_stopped(&client, &cfg.node_name, why)
             .await
@@ -218,7 +220,7 @@ async fn gossip_addresses(
 ) -> Result<(), AgentError> {
     cfg.gossip.listen = cfg.gossip.usable_listen();
     if cfg.gossip.advertise.is_none() && cfg.gossip.listen.ip().is_unspecified() {
-        let links = super::read_links(backend, cfg, false).await;
+        let links = super::kernel::read_links(backend, cfg, false).await;
         cfg.gossip.advertise = Some(super::default_advertise(cfg.gossip.listen, &links)?);
     }
     Ok(())

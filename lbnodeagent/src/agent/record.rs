@@ -21,6 +21,8 @@
 //! it. On SIGTERM the record says `Stopped`; a killed agent's goes stale.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hostlb_api::v1::{NODE_AGENT_HEARTBEAT_SECS, NODE_AGENT_STALE_SECS};
@@ -28,6 +30,10 @@ use hostlb_api::{NodeAgent, NodeAgentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
+
+use super::Agent;
+use super::start::short_hash;
+use crate::addrs::AddressBackend;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -364,6 +370,88 @@ async fn write_status(
     )
     .await
     .map(drop)
+}
+
+/// The record as it should read now; the [`Publisher`] writes it when it
+/// changed.
+impl<B: AddressBackend + 'static> Agent<B> {
+    /// This node's record as it should read now.
+    pub(super) fn record(&self) -> hostlb_api::NodeAgentStatus {
+        use hostlb_api::{NodeAgentConflict, NodeAgentInterface};
+        let not_ready = self.telemetry.not_ready();
+        let state = match not_ready {
+            None => READY,
+            Some(_) if !self.telemetry.applied.load(Ordering::Relaxed) => STARTING,
+            Some(_) => DEGRADED,
+        };
+        let links = self.core.links();
+        let on_link = links.on_link();
+        let interfaces: Vec<NodeAgentInterface> = links
+            .all
+            .iter()
+            .filter(|i| i.mac.is_some() || on_link.iter().any(|o| o.interface == i.name))
+            .map(|i| NodeAgentInterface {
+                name: i.name.clone(),
+                mac: i.mac.map(|m| m.to_string()).unwrap_or_default(),
+                prefixes: on_link
+                    .iter()
+                    .filter(|o| o.interface == i.name)
+                    .map(|o| o.prefix.to_string())
+                    .collect(),
+                announce: on_link.iter().any(|o| o.interface == i.name && o.announce),
+            })
+            .collect();
+        let mut members: Vec<String> = self
+            .core
+            .view()
+            .members
+            .iter()
+            .map(|m| m.node.clone())
+            .collect();
+        members.sort();
+        let members_hash = short_hash(members.join("\n").as_bytes());
+        let count = members.len() as i64;
+        members.truncate(MAX_NAMES);
+        let mut vips: Vec<IpAddr> = self.core.held().map(|(ip, _)| *ip).collect();
+        vips.sort();
+        let mut invalid: Vec<String> = self.core.object_errors().to_vec();
+        invalid.truncate(MAX_INVALID);
+        hostlb_api::NodeAgentStatus {
+            heartbeat_time: None,
+            last_change_time: None,
+            version: crate::VERSION.to_string(),
+            protocol: Some(crate::gossip::PROTOCOL),
+            config_hash: self.config_hash.clone(),
+            state: state.to_string(),
+            reason: not_ready.map(str::to_string),
+            gossip_address: self
+                .cfg
+                .gossip
+                .advertise
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            macs: links.macs().iter().map(|m| m.to_string()).collect(),
+            gossip_isolated: self.core.isolated(),
+            members: count,
+            member_names: members,
+            members_hash,
+            virtual_mode: links.virtual_link.is_some(),
+            interfaces,
+            held_vips: vips.len() as i64,
+            vips: vips.iter().take(MAX_VIPS).map(|v| v.to_string()).collect(),
+            invalid_objects: invalid,
+            last_conflict: self
+                .conflict_seen
+                .as_ref()
+                .map(|(c, at)| NodeAgentConflict {
+                    address: c.ip.to_string(),
+                    mac: c.mac.to_string(),
+                    node: c.node.clone(),
+                    outcome: c.outcome.as_str().to_string(),
+                    time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(*at)),
+                }),
+        }
+    }
 }
 
 #[cfg(test)]

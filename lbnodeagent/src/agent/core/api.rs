@@ -111,8 +111,68 @@ pub struct ConflictSeen {
     pub mac: MacAddr,
     /// The hostlb node whose MAC it is, if any.
     pub node: Option<String>,
-    /// `kept`, `yielded` or `reported`.
-    pub outcome: &'static str,
+    pub outcome: ConflictOutcome,
+}
+
+/// A kernel operation, as metrics name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpName {
+    Add,
+    Renew,
+    Remove,
+}
+
+impl OpName {
+    /// The `op` label of `hostlb_agent_address_operations_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpName::Add => "add",
+            OpName::Renew => "renew",
+            OpName::Remove => "remove",
+        }
+    }
+}
+
+/// Whose MAC answered as a second owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConflictKind {
+    /// Another hostlb node's.
+    Hostlb,
+    /// A MAC no hostlb node publishes: a host configured by hand, a DHCP
+    /// lease, or a node gossip never showed.
+    Foreign,
+}
+
+impl ConflictKind {
+    /// The `kind` label of `hostlb_agent_conflicts_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConflictKind::Hostlb => "hostlb",
+            ConflictKind::Foreign => "foreign",
+        }
+    }
+}
+
+/// What this node did about a second owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConflictOutcome {
+    /// It outranks the other and keeps answering.
+    Kept,
+    /// The other outranks it: it let go.
+    Yielded,
+    /// A foreign MAC: reported, and kept.
+    Reported,
+}
+
+impl ConflictOutcome {
+    /// As the NodeAgent record and `/status` show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConflictOutcome::Kept => "kept",
+            ConflictOutcome::Yielded => "yielded",
+            ConflictOutcome::Reported => "reported",
+        }
+    }
 }
 
 /// One agent's record in the API, as far as the core needs it.
@@ -128,10 +188,10 @@ pub struct AgentRecord {
 /// A figure for the metrics.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Metric {
-    /// A kernel operation's result: `add`, `renew` or `remove`.
-    Op { op: &'static str, ok: bool },
-    /// A second owner seen on the wire: `hostlb` or `foreign`.
-    Conflict(&'static str),
+    /// A kernel operation's result.
+    Op { op: OpName, ok: bool },
+    /// A second owner seen on the wire.
+    Conflict(ConflictKind),
     /// From a member's loss to this node holding one of its VIPs.
     Takeover(Duration),
     /// The election was updated.

@@ -14,7 +14,7 @@ use crate::model::{Applied, OwnedAddress};
 
 use super::links::{Mode, Want};
 use super::slot::{Garp, Op, expiry, same_place};
-use super::{Actions, Core, Metric, OpResult};
+use super::{Actions, Core, Metric, OpName, OpResult};
 
 impl Core {
     /// Our addresses as the kernel has them, read after every operation
@@ -76,7 +76,7 @@ impl Core {
         match (op, r.result) {
             (Op::Add { want, renew: true }, Ok(Applied::Done)) => {
                 out.metrics.push(Metric::Op {
-                    op: "renew",
+                    op: OpName::Renew,
                     ok: true,
                 });
                 if slot.held.as_ref().is_some_and(|h| same_place(h, &want)) {
@@ -95,14 +95,14 @@ impl Core {
             }
             (Op::Add { renew: true, .. }, Err(e)) => {
                 out.metrics.push(Metric::Op {
-                    op: "renew",
+                    op: OpName::Renew,
                     ok: false,
                 });
                 warn!(%ip, error = %e, "renewing failed; retrying at the next renewal");
             }
             (Op::Add { want, .. }, Ok(Applied::Done)) => {
                 out.metrics.push(Metric::Op {
-                    op: "add",
+                    op: OpName::Add,
                     ok: true,
                 });
                 slot.retry = None;
@@ -159,7 +159,7 @@ impl Core {
             }
             (Op::Add { want, .. }, Ok(Applied::NotOurs)) => {
                 out.metrics.push(Metric::Op {
-                    op: "add",
+                    op: OpName::Add,
                     ok: true,
                 });
                 // Looked at again later, in case it is taken away.
@@ -176,7 +176,7 @@ impl Core {
             }
             (Op::Add { .. }, Err(e)) => {
                 out.metrics.push(Metric::Op {
-                    op: "add",
+                    op: OpName::Add,
                     ok: false,
                 });
                 let delay = self.backoff(ip);
@@ -184,7 +184,7 @@ impl Core {
             }
             (Op::Remove { vip, why, stale }, Ok(_)) => {
                 out.metrics.push(Metric::Op {
-                    op: "remove",
+                    op: OpName::Remove,
                     ok: true,
                 });
                 if stale {
@@ -210,7 +210,7 @@ impl Core {
             }
             (Op::Remove { vip, .. }, Err(e)) => {
                 out.metrics.push(Metric::Op {
-                    op: "remove",
+                    op: OpName::Remove,
                     ok: false,
                 });
                 let delay = self.backoff(ip);

@@ -78,8 +78,8 @@ use links::{Links, Mode, Want};
 use sessions::{Lapse, Sessions};
 
 pub use api::{
-    Actions, AgentRecord, Announcing, BeatPlan, ConflictSeen, EventRequest, Input, Metric, OpKind,
-    OpResult, Relay, Settings,
+    Actions, AgentRecord, Announcing, BeatPlan, ConflictKind, ConflictOutcome, ConflictSeen,
+    EventRequest, Input, Metric, OpKind, OpName, OpResult, Relay, Settings,
 };
 use slot::{Op, Slot};
 

@@ -13,7 +13,9 @@ use crate::model::Lifetime;
 use super::conflict::{LAPSE_PROBE, OWNER_PROBE, Verdict, YIELD_PROBE, lapsing};
 use super::links::{Mode, Want};
 use super::slot::{Garp, Op};
-use super::{Actions, ConflictSeen, Core, Metric, Phase, TAKEOVER_WINDOW};
+use super::{
+    Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, Metric, Phase, TAKEOVER_WINDOW,
+};
 
 impl Core {
     /// The lifetime of an address taken now: so that it lapses with the
@@ -90,12 +92,12 @@ impl Core {
                 slot.kept_at = Some(now);
                 warn!(ip = %claim.ip, %other, mac = %claim.mac,
                     "second owner on the wire; this node outranks it and keeps the address");
-                out.metrics.push(Metric::Conflict("hostlb"));
+                out.metrics.push(Metric::Conflict(ConflictKind::Hostlb));
                 self.last_conflict = Some(ConflictSeen {
                     ip: claim.ip,
                     mac: claim.mac,
                     node: Some(other),
-                    outcome: "kept",
+                    outcome: ConflictOutcome::Kept,
                 });
                 if let Some(t) = held.and_then(|h| h.target) {
                     out.garp.push(t);
@@ -107,12 +109,12 @@ impl Core {
                 }
             }
             Verdict::Yield { to } => {
-                out.metrics.push(Metric::Conflict("hostlb"));
+                out.metrics.push(Metric::Conflict(ConflictKind::Hostlb));
                 self.last_conflict = Some(ConflictSeen {
                     ip: claim.ip,
                     mac: claim.mac,
                     node: Some(to.clone()),
-                    outcome: "yielded",
+                    outcome: ConflictOutcome::Yielded,
                 });
                 let slot = self.slots.get_mut(&claim.ip).expect("present");
                 self.unsettled.insert(claim.ip);
@@ -143,12 +145,12 @@ impl Core {
                     }
                     return;
                 }
-                out.metrics.push(Metric::Conflict("foreign"));
+                out.metrics.push(Metric::Conflict(ConflictKind::Foreign));
                 self.last_conflict = Some(ConflictSeen {
                     ip: claim.ip,
                     mac: claim.mac,
                     node: None,
-                    outcome: "reported",
+                    outcome: ConflictOutcome::Reported,
                 });
                 if first {
                     warn!(ip = %claim.ip, mac = %claim.mac,

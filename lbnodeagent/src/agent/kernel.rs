@@ -1,0 +1,224 @@
+//! The kernel side of the shell: the worker that runs the core's address
+//! batches off the loop, kernel events and their resubscription, and
+//! reading links and routes.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use hostlb_api::Family;
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+use super::Agent;
+use super::config::AgentConfig;
+use super::core::links::Links;
+use super::core::{Input, OpKind, OpResult};
+use super::telemetry::Telemetry;
+use crate::addrs::{AddressBackend, Events, Interface, KernelEvent};
+
+impl<B: AddressBackend + 'static> Agent<B> {
+    pub(super) async fn kernel_event(&mut self, ev: KernelEvent) -> Option<Input> {
+        match ev {
+            KernelEvent::AddressRemoved(a) => Some(Input::AddressRemoved(a)),
+            KernelEvent::CarrierLost { ifindex, interface } => {
+                if self.core.links().is_announce(ifindex)
+                    || self.core.held().any(|(_, h)| h.vip.ifindex == ifindex)
+                {
+                    warn!(%interface, "carrier lost; releasing its VIPs");
+                }
+                Some(Input::Links(self.read_links().await))
+            }
+            KernelEvent::CarrierRegained { interface, .. } => {
+                info!(%interface, "carrier back");
+                Some(Input::Links(self.read_links().await))
+            }
+            KernelEvent::Resync => {
+                // Read by the worker, after the operations in flight, so
+                // that the read is not older than their results.
+                self.kernel.read();
+                Some(Input::Links(self.read_links().await))
+            }
+        }
+    }
+
+    pub(super) async fn resubscribe(&mut self) -> Events {
+        loop {
+            match self.backend.subscribe().await {
+                Ok(ev) => {
+                    self.kernel.read();
+                    return ev;
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot subscribe to kernel events; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    pub(super) async fn read_links(&mut self) -> Links {
+        let links = read_links(&*self.backend, &self.cfg, self.ensure_virtual).await;
+        self.ensure_virtual = false;
+        note_announce_interface(&self.telemetry, &self.cfg, &links);
+        let carrier = [links.announce_v4, links.announce_v6]
+            .into_iter()
+            .flatten()
+            .all(|i| links.by_index(i).is_some_and(|l| l.carrier));
+        self.telemetry.carrier.store(carrier, Ordering::Relaxed);
+        links
+    }
+}
+
+/// Kernel address operations, carried out one batch after another by a
+/// task of their own (see [`kernel_worker`]).
+pub(super) struct Kernel {
+    pub(super) batches: mpsc::UnboundedSender<KernelJob>,
+    pub(super) results: mpsc::UnboundedReceiver<Input>,
+}
+
+/// One batch for the kernel worker: addresses to add, then to remove,
+/// then (`read`) our addresses read back for the core.
+#[derive(Default)]
+pub(super) struct KernelJob {
+    pub(super) add: Vec<crate::addrs::VipAddress>,
+    pub(super) remove: Vec<crate::addrs::VipAddress>,
+    pub(super) read: bool,
+}
+
+impl Kernel {
+    /// Asks for our addresses as the kernel has them once the operations
+    /// asked for so far are done, as [`Input::KernelOwned`].
+    fn read(&self) {
+        // The worker lives as long as the agent.
+        let _ = self.batches.send(KernelJob {
+            read: true,
+            ..KernelJob::default()
+        });
+    }
+}
+
+/// The kernel worker: batches in the order the core asked for them, each
+/// carried out by the backend's batch calls, results back to the loop.
+pub(super) fn kernel_worker<B: AddressBackend + 'static>(backend: Arc<B>) -> Kernel {
+    let (batches, mut rx) = mpsc::unbounded_channel::<KernelJob>();
+    let (done, results) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(KernelJob {
+            mut add,
+            mut remove,
+            mut read,
+        }) = rx.recv().await
+        {
+            // Whatever queued up meanwhile goes in the same batch (one link
+            // read, one record write): the core has at most one operation
+            // in flight per VIP, so batches never disagree about one, and
+            // a burst (a heal's conflicts settled one claim at a time) costs
+            // one batch, not hundreds one after another. A read goes after
+            // all of them: what it finds is then no older than any result.
+            while let Ok(job) = rx.try_recv() {
+                add.extend(job.add);
+                remove.extend(job.remove);
+                read |= job.read;
+            }
+            let mut out = Vec::with_capacity(add.len() + remove.len());
+            for (kind, vips) in [(OpKind::Add, add), (OpKind::Remove, remove)] {
+                if vips.is_empty() {
+                    continue;
+                }
+                let results = match kind {
+                    OpKind::Add => backend.add_many(&vips).await,
+                    OpKind::Remove => backend.remove_many(&vips).await,
+                };
+                out.extend(vips.iter().zip(results).map(|(vip, result)| OpResult {
+                    ip: vip.ip,
+                    kind,
+                    result: result.map_err(|e| e.to_string()),
+                }));
+            }
+            if !out.is_empty() && done.send(Input::Done(out)).is_err() {
+                return;
+            }
+            if read {
+                match backend.owned().await {
+                    Ok(owned) => {
+                        if done.send(Input::KernelOwned(owned)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "cannot read the kernel's addresses"),
+                }
+            }
+        }
+    });
+    Kernel { batches, results }
+}
+
+/// The links snapshot; errors leave the affected part empty (logged), so a
+/// missing default route means "no announce interface", not a crash.
+pub(super) async fn read_links<B: AddressBackend>(
+    backend: &B,
+    cfg: &AgentConfig,
+    ensure_virtual: bool,
+) -> Links {
+    let all = match backend.interfaces().await {
+        Ok(a) => a,
+        Err(e) => {
+            warn!(error = %e, "cannot read links");
+            Vec::new()
+        }
+    };
+    let configured = cfg.announce.interface.as_deref();
+    let mut announce = [None, None];
+    for (slot, family) in announce.iter_mut().zip([Family::V4, Family::V6]) {
+        *slot = match backend.announce_interface(family, configured).await {
+            Ok(i) => Some(i.index),
+            Err(e) => {
+                debug!(%family, error = %e, "no announce interface");
+                None
+            }
+        };
+    }
+    let virtual_link = match &cfg.announce.virtual_interface {
+        None => None,
+        Some(name) if ensure_virtual => match backend.ensure_virtual_interface(name).await {
+            Ok(i) => Some(i),
+            Err(e) => {
+                warn!(error = %e, "virtual mode is off");
+                None
+            }
+        },
+        Some(name) => all.iter().find(|i| i.name == *name).cloned(),
+    };
+    Links {
+        all,
+        announce_v4: announce[0],
+        announce_v6: announce[1],
+        virtual_link: virtual_link.map(|v: Interface| Interface {
+            prefixes: Vec::new(),
+            ..v
+        }),
+    }
+}
+
+/// A node with no announce interface publishes no subnet of its own in
+/// gossip, so the election already leaves it out of every on-link VIP; this
+/// says why, once per change, in the log, `/readyz` and a metric, so that
+/// a typo in `announce.interface` is not a node that silently never serves.
+pub(super) fn note_announce_interface(telemetry: &Telemetry, cfg: &AgentConfig, links: &Links) {
+    let missing = links.announce_v4.is_none() && links.announce_v6.is_none();
+    let was = telemetry.no_announce_interface.set(i64::from(missing)) > 0;
+    if missing && !was {
+        match &cfg.announce.interface {
+            Some(name) => error!(
+                interface = %name,
+                "announce.interface not found: no candidate for addresses on the host's subnets until it appears; peers serve them"
+            ),
+            None => error!(
+                "no default route, so no announce interface: no candidate for addresses on the host's subnets until one appears; peers serve them"
+            ),
+        }
+    } else if was && !missing {
+        info!("announce interface found; a candidate again");
+    }
+}
