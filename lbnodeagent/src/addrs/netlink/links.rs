@@ -1,0 +1,209 @@
+//! Links, routes and addresses as the kernel lists them.
+
+use std::collections::HashMap;
+
+use futures::TryStreamExt;
+use hostlb_api::Family;
+use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::address::AddressMessage;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use rtnetlink::{Handle, RouteMessageBuilder};
+
+use super::NetlinkBackend;
+use super::ownership::KernelAddress;
+use crate::addrs::error::errno;
+use crate::addrs::routes::{self, Route};
+use crate::addrs::{Error, Interface, MacAddr, OwnedAddress, Result};
+
+impl NetlinkBackend {
+    pub(super) async fn links(&self) -> Result<Vec<LinkMessage>> {
+        self.handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|e| Error::netlink("listing links", e))
+    }
+
+    pub(super) async fn link_by_index(&self, index: u32) -> Result<Option<LinkMessage>> {
+        match self
+            .handle
+            .link()
+            .get()
+            .match_index(index)
+            .execute()
+            .try_next()
+            .await
+        {
+            Ok(link) => Ok(link),
+            Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(Error::netlink(format!("reading link {index}"), e)),
+        }
+    }
+
+    pub(super) async fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>> {
+        match self
+            .handle
+            .link()
+            .get()
+            .match_name(name)
+            .execute()
+            .try_next()
+            .await
+        {
+            Ok(link) => Ok(link),
+            Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(Error::netlink(format!("reading link {name:?}"), e)),
+        }
+    }
+
+    pub(super) async fn routes(&self) -> Result<Vec<Route>> {
+        let mut out = Vec::new();
+        for request in [
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+        ] {
+            let mut dump = self.handle.route().get(request).execute();
+            while let Some(msg) = dump
+                .try_next()
+                .await
+                .map_err(|e| Error::netlink("listing routes", e))?
+            {
+                out.extend(Route::parse(&msg));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Addresses of one family and link, or all of them.
+    pub(super) async fn addresses(
+        &self,
+        family: Option<Family>,
+        ifindex: Option<u32>,
+    ) -> Result<Vec<KernelAddress>> {
+        let mut request = self.handle.address().get();
+        if let Some(ifindex) = ifindex {
+            request = request.set_link_index_filter(ifindex);
+        }
+        if let Some(family) = family {
+            request.message_mut().header.family = address_family(family);
+        }
+        let msgs: Vec<AddressMessage> = request
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|e| Error::netlink("listing addresses", e))?;
+        Ok(msgs.iter().filter_map(KernelAddress::parse).collect())
+    }
+
+    pub(super) async fn describe(&self, link: &LinkMessage) -> Result<Interface> {
+        let routes = self.routes().await?;
+        Ok(describe_link(link, &routes))
+    }
+
+    /// The name the kernel uses now for link `ifindex`, in case it was
+    /// renamed.
+    pub(super) async fn current_name(&self, ifindex: u32, interface: &str) -> Result<String> {
+        Ok(self
+            .link_by_index(ifindex)
+            .await?
+            .and_then(|l| link_name(&l))
+            .unwrap_or_else(|| interface.to_string()))
+    }
+
+    pub(super) async fn names(&self) -> Result<HashMap<u32, String>> {
+        Ok(self
+            .links()
+            .await?
+            .iter()
+            .filter_map(|l| Some((l.header.index, link_name(l)?)))
+            .collect())
+    }
+
+    /// Our addresses in the kernel now.
+    pub(super) async fn ours_in_kernel(&self) -> Result<Vec<OwnedAddress>> {
+        let names = self.names().await?;
+        let all = self.addresses(None, None).await?;
+        let state = self.lock();
+        let mut out: Vec<OwnedAddress> = all
+            .into_iter()
+            .filter_map(|a| {
+                let interface = names.get(&a.ifindex)?;
+                self.is_ours(&state, interface, &a).then_some(OwnedAddress {
+                    interface: interface.clone(),
+                    ifindex: a.ifindex,
+                    ip: a.ip,
+                    prefix_len: a.prefix_len,
+                })
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// The addresses of one family on one link, filtered by the kernel.
+    pub(super) async fn link_addresses(
+        &self,
+        family: Family,
+        ifindex: u32,
+    ) -> Result<Vec<KernelAddress>> {
+        read_link_addresses(&self.strict, family, ifindex).await
+    }
+}
+
+pub(super) fn family_of(v6: bool) -> Family {
+    if v6 { Family::V6 } else { Family::V4 }
+}
+
+/// The addresses of one family on one link, filtered by the kernel where
+/// `strict` has `NETLINK_GET_STRICT_CHK` (and here in any case).
+pub(super) async fn read_link_addresses(
+    strict: &Handle,
+    family: Family,
+    ifindex: u32,
+) -> Result<Vec<KernelAddress>> {
+    let mut request = strict.address().get().set_link_index_filter(ifindex);
+    let header = &mut request.message_mut().header;
+    header.family = address_family(family);
+    header.index = ifindex;
+    let msgs: Vec<AddressMessage> = request
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| Error::netlink(format!("listing addresses of link {ifindex}"), e))?;
+    Ok(msgs.iter().filter_map(KernelAddress::parse).collect())
+}
+
+pub(super) fn address_family(family: Family) -> AddressFamily {
+    match family {
+        Family::V4 => AddressFamily::Inet,
+        Family::V6 => AddressFamily::Inet6,
+    }
+}
+
+pub(super) fn link_name(link: &LinkMessage) -> Option<String> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(n) => Some(n.clone()),
+        _ => None,
+    })
+}
+
+pub(super) fn link_carrier(link: &LinkMessage) -> bool {
+    let f = link.header.flags;
+    f.contains(LinkFlags::Up) && f.contains(LinkFlags::LowerUp)
+}
+
+pub(super) fn describe_link(link: &LinkMessage, routes: &[Route]) -> Interface {
+    let index = link.header.index;
+    Interface {
+        name: link_name(link).unwrap_or_default(),
+        index,
+        mac: link.attributes.iter().find_map(|a| match a {
+            LinkAttribute::Address(bytes) => MacAddr::from_slice(bytes),
+            _ => None,
+        }),
+        carrier: link_carrier(link),
+        prefixes: routes::on_link_prefixes(routes, index),
+    }
+}
