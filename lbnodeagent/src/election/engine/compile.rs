@@ -1,0 +1,232 @@
+//! Compiling the cluster objects into classes (one per distinct set of
+//! advertisements a VIP falls under) and VIPs (address, class, endpoint
+//! filter).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use hostlb_api::rules::{age_key, pool_holding};
+
+use super::super::report::Note;
+use super::super::view::{Cluster, Endpoints, Pool, ServiceInfo};
+use super::{Class, CompiledAd, Election, EndpointFilter, IfaceSet, NodeId, Tier, Vip};
+
+impl Election {
+    /// Compile pools, advertisements and Services into classes and VIPs.
+    pub(super) fn compile(&mut self, cluster: &Cluster) {
+        let slots = &self.c.slots;
+        let n_slots = slots.len();
+
+        let mut pools: Vec<&Pool> = cluster.pools.iter().collect();
+        pools.sort_by(|a, b| age_key(a.created, &a.name).cmp(&age_key(b.created, &b.name)));
+
+        let mut ads: Vec<_> = cluster.advertisements.iter().collect();
+        ads.sort_by(|a, b| a.name.cmp(&b.name));
+        let compiled_ads: Vec<CompiledAd> = ads
+            .iter()
+            .map(|ad| {
+                let mut matches = vec![false; n_slots];
+                let mut score = vec![0u32; n_slots];
+                for (i, slot) in slots.iter().enumerate() {
+                    let Some(facts) = &slot.node else { continue };
+                    if ad.node_selectors.is_empty()
+                        || ad.node_selectors.iter().any(|s| s.matches(&facts.labels))
+                    {
+                        matches[i] = true;
+                        score[i] = ad
+                            .preferences
+                            .iter()
+                            .filter(|p| p.selector.matches(&facts.labels))
+                            .map(|p| p.weight)
+                            .sum();
+                    }
+                }
+                CompiledAd {
+                    service_selectors: ad.service_selectors.clone(),
+                    interfaces: ad.interfaces.clone(),
+                    matches,
+                    score,
+                }
+            })
+            .collect();
+        // Advertisements selecting each pool (by name or label, once).
+        let pool_ads: Vec<Vec<usize>> = pools
+            .iter()
+            .map(|p| {
+                (0..ads.len())
+                    .filter(|&a| {
+                        let ad = ads[a];
+                        (ad.pools.is_empty() && ad.pool_selectors.is_empty())
+                            || ad.pools.contains(&p.name)
+                            || ad.pool_selectors.iter().any(|s| s.matches(&p.labels))
+                    })
+                    .collect()
+            })
+            .collect();
+
+        let mut services: Vec<&ServiceInfo> = cluster.services.iter().collect();
+        services.sort_by(|a, b| a.age_key().cmp(&b.age_key()));
+        let mut by_ip: BTreeMap<IpAddr, Vec<usize>> = BTreeMap::new();
+        for (i, s) in services.iter().enumerate() {
+            for ip in &s.addresses {
+                let list = by_ip.entry(*ip).or_default();
+                if !list.contains(&i) {
+                    list.push(i);
+                }
+            }
+        }
+
+        let mut class_of: HashMap<Vec<usize>, usize> = HashMap::new();
+        let mut class_ads: Vec<Vec<usize>> = Vec::new();
+        let mut vips = Vec::with_capacity(by_ip.len());
+        for (ip, svcs) in by_ip {
+            let oldest = services[svcs[0]];
+            let pool = pool_holding(
+                &pools,
+                oldest.allocated_pool.as_deref(),
+                &[ip],
+                |p| &p.name,
+                |p, ip| p.ranges.iter().any(|r| r.contains(ip)),
+            );
+            let (class, mut note) = match pool {
+                None => (None, Some(Note::NoPool)),
+                Some(p) => {
+                    let applicable: Vec<usize> = pool_ads[p]
+                        .iter()
+                        .copied()
+                        .filter(|&a| {
+                            let sel = &compiled_ads[a].service_selectors;
+                            sel.is_empty() || sel.iter().any(|s| s.matches(&oldest.labels))
+                        })
+                        .collect();
+                    if applicable.is_empty() {
+                        (
+                            None,
+                            Some(Note::NoAdvertisement {
+                                pool: pools[p].name.clone(),
+                            }),
+                        )
+                    } else {
+                        let next = class_ads.len();
+                        let c = *class_of.entry(applicable.clone()).or_insert(next);
+                        if c == next {
+                            class_ads.push(applicable);
+                        }
+                        (Some(c), None)
+                    }
+                }
+            };
+            let endpoints = endpoint_filter(&self.slot_of, &oldest.endpoints, oldest.local_traffic);
+            if note.is_none() && matches!(endpoints, EndpointFilter::Nowhere) {
+                note = Some(Note::NoEndpoints);
+            }
+            vips.push(Vip {
+                ip,
+                text: ip.to_string(),
+                services: svcs,
+                pool: pool.map(|p| pools[p].name.clone()),
+                class,
+                local_traffic: oldest.local_traffic,
+                endpoints,
+                note,
+            });
+        }
+
+        let classes = class_ads
+            .iter()
+            .map(|ads| build_class(ads, &compiled_ads, n_slots))
+            .collect();
+
+        self.vip_of = vips.iter().enumerate().map(|(i, v)| (v.ip, i)).collect();
+        self.c.classes = classes;
+        self.c.vips = vips;
+        self.c.services = services.iter().map(|s| s.key.clone()).collect();
+    }
+}
+
+/// Which nodes a VIP's endpoints allow (SPEC §5.5).
+pub(super) fn endpoint_filter(
+    slot_of: &HashMap<String, NodeId>,
+    endpoints: &Endpoints,
+    local_traffic: bool,
+) -> EndpointFilter {
+    if !endpoints.any_usable {
+        return EndpointFilter::Nowhere;
+    }
+    if !local_traffic {
+        return EndpointFilter::Anywhere;
+    }
+    let mut ids: Vec<NodeId> = endpoints
+        .nodes
+        .iter()
+        .filter_map(|n| slot_of.get(n).copied())
+        .collect();
+    ids.sort_unstable();
+    if ids.is_empty() {
+        EndpointFilter::Nowhere
+    } else {
+        EndpointFilter::Only(ids)
+    }
+}
+
+pub(super) fn build_class(ads: &[usize], compiled: &[CompiledAd], n_slots: usize) -> Class {
+    let mut eligible = vec![false; n_slots];
+    let mut score = vec![0u32; n_slots];
+    let mut iface_sets: Vec<IfaceSet> = Vec::new();
+    let mut iface_of = vec![0u16; n_slots];
+    for n in 0..n_slots {
+        let mut set = IfaceSet {
+            names: Vec::new(),
+            announce: false,
+        };
+        for &a in ads {
+            let ad = &compiled[a];
+            if ad.matches[n] {
+                eligible[n] = true;
+                score[n] = score[n].saturating_add(ad.score[n]);
+                if ad.interfaces.is_empty() {
+                    set.announce = true;
+                }
+                for i in &ad.interfaces {
+                    if !set.names.contains(i) {
+                        set.names.push(i.clone());
+                    }
+                }
+            }
+        }
+        if eligible[n] {
+            let idx = match iface_sets.iter().position(|s| *s == set) {
+                Some(i) => i,
+                None => {
+                    iface_sets.push(set);
+                    iface_sets.len() - 1
+                }
+            };
+            iface_of[n] = idx as u16;
+        }
+    }
+    if iface_sets.is_empty() {
+        iface_sets.push(IfaceSet {
+            names: Vec::new(),
+            announce: true,
+        });
+    }
+    let mut by_score: BTreeMap<u32, Vec<NodeId>> = BTreeMap::new();
+    for n in 0..n_slots {
+        if eligible[n] {
+            by_score.entry(score[n]).or_default().push(n as NodeId);
+        }
+    }
+    let tiers = by_score
+        .into_iter()
+        .rev()
+        .map(|(score, nodes)| Tier { score, nodes })
+        .collect();
+    Class {
+        eligible,
+        score,
+        tiers,
+        iface_sets,
+        iface_of,
+    }
+}

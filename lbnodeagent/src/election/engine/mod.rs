@@ -1,0 +1,376 @@
+//! The election engine: SPEC §5 computed for every VIP, kept up to date as the
+//! cluster and the gossip membership change.
+//!
+//! Data flow: [`Election::set_cluster`] compiles the cluster objects into
+//! *classes* (one per distinct set of advertisements that apply to a VIP:
+//! eligibility, scores and interfaces per node) and *VIPs* (address, class,
+//! endpoint filter); then every VIP is elected. Membership changes
+//! ([`Election::upsert_member`], [`Election::remove_member`]) re-elect only the
+//! VIPs they can affect.
+//!
+//! Speed comes from never hashing more than needed. Each VIP keeps, once
+//! computed, the first nodes of its order by `sha256(node#ip)` (deepened
+//! when a walk needs more); it depends on node names and the address only,
+//! so it survives every configuration and membership change. A VIP's winner
+//! is then the first candidate of its top score tier met while walking that
+//! order, usually within a few steps. Tiers of a few nodes (preferred edge
+//! nodes, say) are hashed directly.
+//!
+//! Every rule lives in `rules.rs` (`Compiled::exclusion`): the fast path and the full
+//! explanation ([`Election::explain`]) both ask it, so they cannot disagree.
+
+mod compile;
+mod elect;
+mod explain;
+mod queries;
+mod rules;
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use hostlb_api::Selector;
+use hostlb_api::annotations::EXCLUDE_FROM_EXTERNAL_LB;
+
+use super::hash::rank_key;
+use super::report::{Note, Reason};
+use super::view::{Cluster, Endpoints, Labels, Member, OnLink};
+use compile::endpoint_filter;
+pub use elect::elect_all;
+use elect::{ORDER_DEPTH, Order, changed, elect};
+
+/// Index of a node in the engine; stable for the engine's lifetime.
+type NodeId = u32;
+
+/// Tiers (and Local endpoint lists) up to this size are hashed directly
+/// rather than found by walking the cached hash order.
+const DIRECT_HASH_MAX: usize = 8;
+
+/// What a node must do for one VIP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Duty {
+    /// Won the election: hold the address on `on_link.interface` with the
+    /// on-link prefix length, and answer ARP/ND for it.
+    Announce { ip: IpAddr, on_link: OnLink },
+    /// Eligible but off-link: hold `ip/32` (`/128`) on the virtual interface.
+    Virtual { ip: IpAddr },
+}
+
+struct Slot {
+    name: String,
+    /// Facts from the Node object; `None` when there is no Node of that name.
+    node: Option<NodeFacts>,
+    member: Option<Member>,
+}
+
+struct NodeFacts {
+    labels: Labels,
+    /// Rules that exclude the node whatever the advertisement.
+    veto: Option<Reason>,
+}
+
+struct CompiledAd {
+    service_selectors: Vec<Selector>,
+    interfaces: Vec<String>,
+    /// Per node: `nodeSelectors` match.
+    matches: Vec<bool>,
+    /// Per node: sum of matching preference weights, zero where `!matches`.
+    score: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct IfaceSet {
+    /// Listed interfaces, in the order the advertisements list them.
+    names: Vec<String>,
+    /// Some applicable advertisement lists no interface: the announce one.
+    announce: bool,
+}
+
+struct Class {
+    eligible: Vec<bool>,
+    score: Vec<u32>,
+    /// Eligible nodes grouped by score, highest first.
+    tiers: Vec<Tier>,
+    iface_sets: Vec<IfaceSet>,
+    iface_of: Vec<u16>,
+}
+
+struct Tier {
+    score: u32,
+    nodes: Vec<NodeId>,
+}
+
+enum EndpointFilter {
+    Anywhere,
+    Nowhere,
+    /// Sorted node ids with a usable endpoint (`externalTrafficPolicy: Local`).
+    Only(Vec<NodeId>),
+}
+
+struct Vip {
+    ip: IpAddr,
+    text: String,
+    /// Indices into `Compiled::services`, oldest first.
+    services: Vec<usize>,
+    pool: Option<String>,
+    class: Option<usize>,
+    /// `externalTrafficPolicy: Local` on the oldest Service.
+    local_traffic: bool,
+    endpoints: EndpointFilter,
+    note: Option<Note>,
+}
+
+/// Everything compiled from the cluster; read-only while electing.
+#[derive(Default)]
+struct Compiled {
+    slots: Vec<Slot>,
+    classes: Vec<Class>,
+    vips: Vec<Vip>,
+    services: Vec<String>,
+    direct_hash_max: usize,
+    order_depth: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Win {
+    node: NodeId,
+    score: u32,
+    hash: [u8; 32],
+}
+
+/// The election for every VIP of the cluster. See the module docs.
+pub struct Election {
+    c: Compiled,
+    slot_of: HashMap<String, NodeId>,
+    /// Per address: the first node ids by rank key, built on first need.
+    orders: HashMap<IpAddr, Order>,
+    winners: Vec<Option<Win>>,
+    vip_of: HashMap<IpAddr, usize>,
+    /// Bumped by every change of the inputs (see [`Election::epoch`]).
+    epoch: u64,
+}
+
+impl Election {
+    /// Changes at every change of what the election is computed from (the
+    /// cluster, a member, a Service's endpoints), so that a caller may keep
+    /// what it derived from the election (a costly [`Election::runners_up`])
+    /// while the epoch stays.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn new(cluster: &Cluster, members: impl IntoIterator<Item = Member>) -> Election {
+        Election::tuned(cluster, members, DIRECT_HASH_MAX, ORDER_DEPTH)
+    }
+
+    /// [`Election::new`] with other thresholds, so tests can force the walk
+    /// (`direct_hash_max` 0) or direct hashing (`usize::MAX`) everywhere, and
+    /// make cached orders deepen (`order_depth` 1).
+    pub(crate) fn tuned(
+        cluster: &Cluster,
+        members: impl IntoIterator<Item = Member>,
+        direct_hash_max: usize,
+        order_depth: usize,
+    ) -> Election {
+        let mut e = Election {
+            c: Compiled {
+                direct_hash_max,
+                order_depth: order_depth.max(1),
+                ..Compiled::default()
+            },
+            slot_of: HashMap::new(),
+            orders: HashMap::new(),
+            winners: Vec::new(),
+            vip_of: HashMap::new(),
+            epoch: 0,
+        };
+        for m in members {
+            let id = e.slot(&m.node);
+            e.c.slots[id as usize].member = Some(m);
+        }
+        e.set_cluster(cluster);
+        e
+    }
+
+    /// Replace the cluster objects and re-elect every VIP. Returns the
+    /// addresses whose winner changed (or that appeared or disappeared).
+    pub fn set_cluster(&mut self, cluster: &Cluster) -> Vec<IpAddr> {
+        self.epoch += 1;
+        let before = self.winner_ids();
+        for s in &mut self.c.slots {
+            s.node = None;
+        }
+        for n in &cluster.nodes {
+            let id = self.slot(&n.name);
+            let veto = if n.labels.contains_key(EXCLUDE_FROM_EXTERNAL_LB) {
+                Some(Reason::ExcludeLabel)
+            } else if n.network_unavailable {
+                Some(Reason::NetworkUnavailable)
+            } else {
+                None
+            };
+            self.c.slots[id as usize].node = Some(NodeFacts {
+                labels: n.labels.clone(),
+                veto,
+            });
+        }
+        self.compile(cluster);
+        self.orders.retain(|ip, _| self.vip_of.contains_key(ip));
+        self.winners = (0..self.c.vips.len())
+            .map(|v| elect(&self.c, &mut self.orders, v, None))
+            .collect();
+        let after = self.winner_ids();
+        changed(&before, &after)
+    }
+
+    /// A member joined, or its state (leaving, prefixes) changed.
+    pub fn upsert_member(&mut self, member: Member) -> Vec<IpAddr> {
+        let id = self.slot(&member.node);
+        let slot = &mut self.c.slots[id as usize];
+        if slot.member.as_ref() == Some(&member) {
+            return Vec::new();
+        }
+        slot.member = Some(member);
+        self.epoch += 1;
+        self.reconsider(id)
+    }
+
+    /// Replace the whole membership with `members` (a gossip view): members
+    /// that changed are upserted, missing ones removed, unchanged ones cost
+    /// nothing. Returns the addresses whose winner changed, sorted.
+    pub fn set_members<'a, I>(&mut self, members: I) -> Vec<IpAddr>
+    where
+        I: IntoIterator<Item = &'a Member>,
+        I::IntoIter: Clone,
+    {
+        let members = members.into_iter();
+        // Most views change nothing here (a peer's held VIPs moved): the
+        // same members, each as it was, and nothing to re-elect.
+        let mut given = 0;
+        let same = members.clone().all(|m| {
+            given += 1;
+            self.member(&m.node) == Some(m)
+        });
+        if same && given == self.c.slots.iter().filter(|s| s.member.is_some()).count() {
+            return Vec::new();
+        }
+        let mut moved = Vec::new();
+        let keep: std::collections::HashSet<&str> =
+            members.clone().map(|m| m.node.as_str()).collect();
+        let gone: Vec<String> = self
+            .c
+            .slots
+            .iter()
+            .filter(|s| s.member.is_some() && !keep.contains(s.name.as_str()))
+            .map(|s| s.name.clone())
+            .collect();
+        for node in gone {
+            moved.extend(self.remove_member(&node));
+        }
+        for m in members {
+            if self.member(&m.node) != Some(m) {
+                moved.extend(self.upsert_member(m.clone()));
+            }
+        }
+        moved.sort();
+        moved.dedup();
+        moved
+    }
+
+    /// A member is gone (failed or left).
+    pub fn remove_member(&mut self, node: &str) -> Vec<IpAddr> {
+        let Some(&id) = self.slot_of.get(node) else {
+            return Vec::new();
+        };
+        if self.c.slots[id as usize].member.take().is_none() {
+            return Vec::new();
+        }
+        self.epoch += 1;
+        self.reconsider(id)
+    }
+
+    /// Re-elect after node `id` changed: the VIPs it won may move away, and
+    /// it may now beat the winner of others. Nothing else can change.
+    fn reconsider(&mut self, id: NodeId) -> Vec<IpAddr> {
+        let mut moved = Vec::new();
+        for v in 0..self.c.vips.len() {
+            let old = self.winners[v];
+            let new = if old.is_some_and(|w| w.node == id) {
+                elect(&self.c, &mut self.orders, v, None)
+            } else if self.c.exclusion(v, id).is_none() {
+                let vip = &self.c.vips[v];
+                let class = &self.c.classes[vip.class.expect("a candidate implies a class")];
+                let challenger = Win {
+                    node: id,
+                    score: class.score[id as usize],
+                    hash: rank_key(&self.c.slots[id as usize].name, &vip.text),
+                };
+                match old {
+                    Some(w) if self.c.order(&w, &challenger) != Ordering::Greater => old,
+                    _ => Some(challenger),
+                }
+            } else {
+                old
+            };
+            if new.map(|w| w.node) != old.map(|w| w.node) {
+                self.winners[v] = new;
+                moved.push(self.c.vips[v].ip);
+            }
+        }
+        moved
+    }
+
+    fn slot(&mut self, name: &str) -> NodeId {
+        if let Some(&id) = self.slot_of.get(name) {
+            return id;
+        }
+        let id = self.c.slots.len() as NodeId;
+        self.c.slots.push(Slot {
+            name: name.to_string(),
+            node: None,
+            member: None,
+        });
+        self.slot_of.insert(name.to_string(), id);
+        let slots = &self.c.slots;
+        for (ip, order) in &mut self.orders {
+            order.insert(slots, id, &ip.to_string());
+        }
+        for class in &mut self.c.classes {
+            class.eligible.push(false);
+            class.score.push(0);
+            class.iface_of.push(0);
+        }
+        id
+    }
+
+    /// Only the endpoints of Service `key` (`namespace/name`) changed: the
+    /// VIPs it gives the Service-side inputs of (those where it is the
+    /// oldest Service) are re-elected, nothing is recompiled. Returns those
+    /// addresses, whether their winner moved or not: off-link VIPs follow
+    /// endpoints without any winner.
+    pub fn set_endpoints(&mut self, key: &str, endpoints: &Endpoints) -> Vec<IpAddr> {
+        let Some(s) = self.c.services.iter().position(|k| k == key) else {
+            return Vec::new();
+        };
+        self.epoch += 1;
+        let mut touched = Vec::new();
+        for v in 0..self.c.vips.len() {
+            if self.c.vips[v].services.first() != Some(&s) {
+                continue;
+            }
+            let vip = &mut self.c.vips[v];
+            vip.endpoints = endpoint_filter(&self.slot_of, endpoints, vip.local_traffic);
+            match (&vip.note, &vip.endpoints) {
+                (None, EndpointFilter::Nowhere) => vip.note = Some(Note::NoEndpoints),
+                (Some(Note::NoEndpoints), EndpointFilter::Anywhere | EndpointFilter::Only(_)) => {
+                    vip.note = None
+                }
+                _ => {}
+            }
+            self.winners[v] = elect(&self.c, &mut self.orders, v, None);
+            touched.push(self.c.vips[v].ip);
+        }
+        touched.sort();
+        touched
+    }
+}

@@ -1,0 +1,206 @@
+//! What the agent asks of the election: winners, duties, runners-up, and
+//! who outranks whom.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use super::super::hash::rank_key;
+use super::super::report::Reason;
+use super::super::view::Member;
+use super::elect::elect;
+use super::{Duty, Election, NodeId};
+
+impl Election {
+    /// Whether `node` outranks `other` for `ip` by the election's order with
+    /// liveness ignored (eligibility, then score, then hash). Two nodes that
+    /// both hold a VIP because each thinks the other dead (a partition that
+    /// drops gossip but not ARP) ask this and agree, without talking, on
+    /// which keeps it. `None` when the address is unknown.
+    pub fn outranks(&self, ip: IpAddr, node: &str, other: &str) -> Option<bool> {
+        let v = *self.vip_of.get(&ip)?;
+        let vip = &self.c.vips[v];
+        let rank = |name: &str| -> Option<(std::cmp::Reverse<u32>, [u8; 32])> {
+            let id = *self.slot_of.get(name)?;
+            let class = &self.c.classes[vip.class?];
+            let facts = self.c.slots[id as usize].node.as_ref()?;
+            if !class.eligible.get(id as usize).copied().unwrap_or(false) || facts.veto.is_some() {
+                return None;
+            }
+            Some((
+                std::cmp::Reverse(class.score[id as usize]),
+                rank_key(name, &vip.text),
+            ))
+        };
+        Some(match (rank(node), rank(other)) {
+            (Some(a), Some(b)) => a < b,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => node < other,
+        })
+    }
+
+    /// Live members as the engine has them, by name.
+    pub fn member(&self, node: &str) -> Option<&Member> {
+        let id = *self.slot_of.get(node)?;
+        self.c.slots[id as usize].member.as_ref()
+    }
+
+    pub(super) fn winner_ids(&self) -> HashMap<IpAddr, Option<NodeId>> {
+        self.c
+            .vips
+            .iter()
+            .zip(&self.winners)
+            .map(|(v, w)| (v.ip, w.map(|w| w.node)))
+            .collect()
+    }
+
+    /// The winner for `ip`, `None` when no node announces it or it is unknown.
+    pub fn winner(&self, ip: IpAddr) -> Option<&str> {
+        let v = *self.vip_of.get(&ip)?;
+        self.winners[v].map(|w| self.c.slots[w.node as usize].name.as_str())
+    }
+
+    /// Every VIP with its winner, in address order of compilation.
+    pub fn winners(&self) -> impl Iterator<Item = (IpAddr, Option<&str>)> {
+        self.c
+            .vips
+            .iter()
+            .zip(&self.winners)
+            .map(|(v, w)| (v.ip, w.map(|w| self.c.slots[w.node as usize].name.as_str())))
+    }
+
+    /// What `node` must hold: the VIPs it won and the off-link VIPs it is
+    /// eligible for (when its agent runs virtual mode).
+    pub fn duties(&self, node: &str) -> Vec<Duty> {
+        let Some(&id) = self.slot_of.get(node) else {
+            return Vec::new();
+        };
+        (0..self.c.vips.len())
+            .filter_map(|v| self.duty_of(v, id))
+            .collect()
+    }
+
+    /// [`Election::duties`] for one address: what `node` must hold for `ip`,
+    /// `None` when nothing (or the address is unknown).
+    pub fn duty(&self, node: &str, ip: IpAddr) -> Option<Duty> {
+        let id = *self.slot_of.get(node)?;
+        let v = *self.vip_of.get(&ip)?;
+        self.duty_of(v, id)
+    }
+
+    pub(super) fn duty_of(&self, v: usize, id: NodeId) -> Option<Duty> {
+        let vip = &self.c.vips[v];
+        if self.winners[v].is_some_and(|w| w.node == id) {
+            let on_link = self
+                .c
+                .announce_target(v, id)
+                .expect("a winner is on-link")
+                .clone();
+            return Some(Duty::Announce {
+                ip: vip.ip,
+                on_link,
+            });
+        }
+        self.goes_virtual(id, self.c.exclusion(v, id))
+            .then_some(Duty::Virtual { ip: vip.ip })
+    }
+
+    /// Whether node `n`, kept out of a VIP's election for `exclusion`,
+    /// holds it on its virtual interface instead: the address is on none
+    /// of its links and its agent runs virtual mode.
+    pub(super) fn goes_virtual(&self, n: NodeId, exclusion: Option<Reason>) -> bool {
+        exclusion == Some(Reason::NotOnLink)
+            && self.c.slots[n as usize]
+                .member
+                .as_ref()
+                .is_some_and(|m| m.virtual_mode)
+    }
+
+    /// The nodes holding `ip` on their virtual interfaces, by name: the
+    /// report's `virtual_nodes`, without ranking the candidates (a sha256
+    /// per node), for callers that ask about every VIP.
+    pub fn virtual_nodes(&self, ip: IpAddr) -> Vec<&str> {
+        let Some(&v) = self.vip_of.get(&ip) else {
+            return Vec::new();
+        };
+        let mut names: Vec<&str> = (0..self.c.slots.len() as NodeId)
+            .filter(|&n| {
+                self.c.slots[n as usize].node.is_some()
+                    && self.goes_virtual(n, self.c.exclusion(v, n))
+            })
+            .map(|n| self.c.slots[n as usize].name.as_str())
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// The winner for `ip` if the nodes for which `passed` says so were no
+    /// candidates.
+    pub fn winner_without(&self, ip: IpAddr, passed: impl Fn(&str) -> bool) -> Option<&str> {
+        let v = *self.vip_of.get(&ip)?;
+        let class = &self.c.classes[self.c.vips[v].class?];
+        (0..self.c.slots.len() as NodeId)
+            .filter(|&n| {
+                !passed(&self.c.slots[n as usize].name) && self.c.exclusion(v, n).is_none()
+            })
+            .map(|n| self.c.win(v, class, n))
+            .min_by(|a, b| self.c.order(a, b))
+            .map(|w| self.c.slots[w.node as usize].name.as_str())
+    }
+
+    /// For every owner, its VIPs (in address order) with the node next in
+    /// line for each: the one that would win were the owner gone. These
+    /// pairs are whose failure must be noticed first (see the agent core's
+    /// owner sessions). One election per VIP, each walking the cached
+    /// order.
+    pub fn runners_up(&mut self) -> BTreeMap<String, Vec<(IpAddr, String)>> {
+        let mut out: BTreeMap<String, Vec<(IpAddr, String)>> = BTreeMap::new();
+        for v in 0..self.c.vips.len() {
+            let Some(w) = self.winners[v] else { continue };
+            if let Some(r) = elect(&self.c, &mut self.orders, v, Some(w.node)) {
+                out.entry(self.c.slots[w.node as usize].name.clone())
+                    .or_default()
+                    .push((
+                        self.c.vips[v].ip,
+                        self.c.slots[r.node as usize].name.clone(),
+                    ));
+            }
+        }
+        for runs in out.values_mut() {
+            runs.sort();
+        }
+        out
+    }
+
+    /// What `node` would hold for `ip` if the nodes for which `passed`
+    /// says so were no candidates: the announce duty when it comes first
+    /// among the others, `None` otherwise. For a VIP whose winner cannot
+    /// know of it (its view of the cluster is older), so that the nodes
+    /// that do know agree on one of them.
+    pub fn duty_without(
+        &self,
+        node: &str,
+        ip: IpAddr,
+        passed: impl Fn(&str) -> bool,
+    ) -> Option<Duty> {
+        let id = *self.slot_of.get(node)?;
+        let v = *self.vip_of.get(&ip)?;
+        if self.c.exclusion(v, id).is_some() {
+            return None;
+        }
+        let class = &self.c.classes[self.c.vips[v].class?];
+        let me = self.c.win(v, class, id);
+        let beaten = (0..self.c.slots.len() as NodeId).any(|n| {
+            n != id
+                && !passed(&self.c.slots[n as usize].name)
+                && self.c.exclusion(v, n).is_none()
+                && self.c.order(&self.c.win(v, class, n), &me) == Ordering::Less
+        });
+        if beaten {
+            return None;
+        }
+        let on_link = self.c.announce_target(v, id)?.clone();
+        Some(Duty::Announce { ip, on_link })
+    }
+}

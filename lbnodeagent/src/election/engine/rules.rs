@@ -1,0 +1,123 @@
+//! The rules of SPEC §5, in one place: who is excluded from a VIP and
+//! why, where it would be announced, and the order of two candidates.
+
+use std::cmp::Ordering;
+
+use super::super::hash::rank_key;
+use super::super::report::Reason;
+use super::super::view::OnLink;
+use super::{Class, Compiled, EndpointFilter, NodeId, Win};
+
+impl Compiled {
+    /// The one place the rules of SPEC §5.3–5.5 live: why node `n` is not a
+    /// candidate for VIP `v`, or `None` when it is one.
+    pub(super) fn exclusion(&self, v: usize, n: NodeId) -> Option<Reason> {
+        let vip = &self.vips[v];
+        let slot = &self.slots[n as usize];
+        let Some(facts) = &slot.node else {
+            return Some(Reason::NotEligible);
+        };
+        let Some(class) = vip.class.map(|c| &self.classes[c]) else {
+            return Some(Reason::NotEligible);
+        };
+        if !class.eligible.get(n as usize).copied().unwrap_or(false) {
+            return Some(Reason::NotEligible);
+        }
+        if let Some(veto) = facts.veto {
+            return Some(veto);
+        }
+        let Some(member) = &slot.member else {
+            return Some(Reason::NotLive);
+        };
+        if member.leaving {
+            return Some(Reason::Leaving);
+        }
+        match &vip.endpoints {
+            EndpointFilter::Anywhere => {}
+            EndpointFilter::Nowhere => return Some(Reason::NoReadyEndpoint),
+            EndpointFilter::Only(ids) => {
+                if ids.binary_search(&n).is_err() {
+                    return Some(Reason::NoReadyEndpoint);
+                }
+            }
+        }
+        if self.announce_target(v, n).is_none() {
+            // Off-link only if no interface at all has the prefix: a node
+            // that has it on an interface the advertisements do not allow
+            // must not go virtual, since with Linux's default `arp_ignore=0`
+            // its kernel would answer ARP for the virtual address on that
+            // interface, beside the winner.
+            return Some(
+                if member.on_link.iter().any(|o| o.prefix.contains(vip.ip)) {
+                    Reason::InterfaceNotAllowed
+                } else {
+                    Reason::NotOnLink
+                },
+            );
+        }
+        None
+    }
+
+    /// Where node `n` would hold VIP `v` (SPEC §6): the first listed
+    /// interface with an on-link prefix containing the address, else the
+    /// announce interface; the most specific prefix on that interface.
+    pub(super) fn announce_target(&self, v: usize, n: NodeId) -> Option<&OnLink> {
+        let vip = &self.vips[v];
+        let class = &self.classes[vip.class?];
+        let member = self.slots[n as usize].member.as_ref()?;
+        let set = &class.iface_sets[class.iface_of[n as usize] as usize];
+        let best = |pred: &dyn Fn(&OnLink) -> bool| {
+            member
+                .on_link
+                .iter()
+                .filter(|o| pred(o) && o.prefix.contains(vip.ip))
+                .max_by_key(|o| o.prefix.prefix_len())
+        };
+        set.names
+            .iter()
+            .find_map(|name| best(&|o: &OnLink| o.interface == *name))
+            .or_else(|| {
+                if set.announce {
+                    best(&|o: &OnLink| o.announce)
+                } else {
+                    None
+                }
+            })
+    }
+
+    /// Election order: score descending, then rank key ascending (then name,
+    /// which only matters if sha256 ever collides).
+    pub(super) fn order(&self, a: &Win, b: &Win) -> Ordering {
+        b.score
+            .cmp(&a.score)
+            .then_with(|| a.hash.cmp(&b.hash))
+            .then_with(|| {
+                self.slots[a.node as usize]
+                    .name
+                    .cmp(&self.slots[b.node as usize].name)
+            })
+    }
+
+    pub(super) fn win(&self, v: usize, class: &Class, n: NodeId) -> Win {
+        Win {
+            node: n,
+            score: class.score[n as usize],
+            hash: rank_key(&self.slots[n as usize].name, &self.vips[v].text),
+        }
+    }
+
+    /// The best candidate among `nodes`, hashing each candidate.
+    pub(super) fn best_of(
+        &self,
+        v: usize,
+        class: &Class,
+        nodes: &[NodeId],
+        skip: Option<NodeId>,
+    ) -> Option<Win> {
+        nodes
+            .iter()
+            .filter(|&&n| Some(n) != skip && self.exclusion(v, n).is_none())
+            .map(|&n| self.win(v, class, n))
+            .min_by(|a, b| self.order(a, b))
+    }
+}
