@@ -62,8 +62,8 @@ use lbnodeagent::election::{
     Advertisement, Cluster, Election, Endpoints, Labels, Member, NodeInfo, OnLink, Pool,
     ServiceInfo,
 };
+use lbnodeagent::gossip::BeatLink;
 use lbnodeagent::gossip::ProbeSend;
-use lbnodeagent::gossip::beats::BeatLink;
 use lbnodeagent::gossip::counting::CountingTransport;
 use lbnodeagent::gossip::frame::{MAX_DATAGRAM, MAX_MESSAGE, OVERHEAD};
 use lbnodeagent::gossip::{

@@ -25,14 +25,10 @@
 //! ordinary beat of the sender, which is true.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use super::link::BEAT_MARK;
 
-use super::detector::ProbeSend;
-
-pub const BEAT_MARK: [u8; 4] = *b"HLB\x01";
 const FORMAT: u8 = 2;
 /// Flag: the sender's agent is gone and its addresses are about to be
 /// removed (see the module docs).
@@ -77,10 +73,6 @@ pub async fn send_leaving(
         }
     }
 }
-
-/// Beats queued for the agent's loop before more are dropped: the loop
-/// drains them at every turn.
-pub const BEAT_INBOX: usize = 1_024;
 
 /// One beat as sent and received.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,15 +207,6 @@ impl Reader<'_> {
         });
         Some((node, lapse))
     }
-}
-
-/// The agent's side of the beats: send to a peer's gossip address, and
-/// the verified beats received.
-pub struct BeatLink {
-    /// This run's gossip generation, which its beats carry.
-    pub generation: u64,
-    pub send: Arc<dyn ProbeSend>,
-    pub recv: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Dispatch, Event, Level, Metadata, Subscriber};
 
-use super::transport::AuthCounters;
+use super::counters::AuthCounters;
 
 /// Where chitchat's codec logs from, and what it says about a datagram it
 /// cannot decode.

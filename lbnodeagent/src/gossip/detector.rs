@@ -59,8 +59,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-/// First bytes of every detector payload.
-pub const PROBE_MARK: [u8; 4] = *b"HLS\x01";
+use super::link::{PROBE_MARK, ProbeLink, ProbeNet, ProbeSend};
+
 /// Largest detector message, mark included: one datagram on a 1,500-byte
 /// MTU with the frame, UDP and IPv4/IPv6 headers.
 pub const MAX_PACKET: usize = 1_300;
@@ -157,25 +157,6 @@ impl FromIterator<(String, u64)> for Up {
         }
         up
     }
-}
-
-/// Sends one detector payload; never waits (a full socket drops it, as the
-/// network may).
-pub trait ProbeSend: Send + Sync + 'static {
-    fn send(&self, to: SocketAddr, payload: &[u8]);
-}
-
-/// The detector's side of the gossip socket.
-pub struct ProbeLink {
-    pub send: Arc<dyn ProbeSend>,
-    /// Verified payloads (mark included) and who sent them.
-    pub recv: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
-}
-
-/// Provides the detector's link on the socket gossip listens on.
-pub trait ProbeNet: Send + Sync {
-    /// Called once the gossip socket bound to `listen` is open.
-    fn attach(&self, listen: SocketAddr) -> Result<ProbeLink, String>;
 }
 
 /// In-memory [`ProbeNet`] for tests and benchmarks, with optional loss and
@@ -330,7 +311,7 @@ enum Command {
 pub struct Detector {
     commands: mpsc::UnboundedSender<Command>,
     /// The owner sessions' side of the link, until the agent takes it.
-    beats: std::sync::Mutex<Option<super::beats::BeatLink>>,
+    beats: std::sync::Mutex<Option<super::link::BeatLink>>,
     up: watch::Receiver<Arc<Up>>,
     counters: Arc<DetectorCounters>,
     task: JoinHandle<()>,
@@ -352,8 +333,8 @@ impl Detector {
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (up_tx, up) = watch::channel(Arc::new(Up::default()));
         let counters = Arc::new(DetectorCounters::default());
-        let (beat_tx, beat_rx) = mpsc::channel(super::beats::BEAT_INBOX);
-        let beats = super::beats::BeatLink {
+        let (beat_tx, beat_rx) = mpsc::channel(super::link::BEAT_INBOX);
+        let beats = super::link::BeatLink {
             generation,
             send: link.send.clone(),
             recv: beat_rx,
@@ -391,7 +372,7 @@ impl Detector {
     }
 
     /// The beats' link (see `beats`), once.
-    pub fn take_beats(&self) -> Option<super::beats::BeatLink> {
+    pub fn take_beats(&self) -> Option<super::link::BeatLink> {
         self.beats
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -521,7 +502,7 @@ impl Task {
     }
 
     fn receive(&mut self, from: SocketAddr, payload: &[u8]) {
-        if payload.starts_with(&super::beats::BEAT_MARK) {
+        if payload.starts_with(&super::link::BEAT_MARK) {
             let _ = self.beats.try_send((from, payload.to_vec()));
             return;
         }

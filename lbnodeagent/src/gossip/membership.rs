@@ -32,7 +32,8 @@ use tracing::{debug, info};
 
 use super::GossipError;
 use super::config::GossipConfig;
-use super::detector::{Detector, Peer, ProbeNet, Up};
+use super::detector::{Detector, Peer, Up};
+use super::link::ProbeNet;
 use super::pace::{Pace, PacedTransport};
 use super::state::{self, LocalState, MemberInfo, Status};
 pub use crate::model::MembershipView;
@@ -166,7 +167,7 @@ impl Membership {
     }
 
     /// The owner sessions' link on the gossip socket, once.
-    pub fn take_beats(&self) -> Option<super::beats::BeatLink> {
+    pub fn take_beats(&self) -> Option<super::link::BeatLink> {
         self.detector.take_beats()
     }
 

@@ -172,10 +172,12 @@
 pub mod beats;
 mod codec_junk;
 mod config;
+mod counters;
 pub mod counting;
 mod detector;
 pub mod frame;
 mod keys;
+mod link;
 mod membership;
 mod pace;
 mod state;
@@ -189,16 +191,13 @@ pub use config::{
     DEFAULT_MAX_BANDWIDTH, DEFAULT_PHI_THRESHOLD, DEFAULT_PORT, DEFAULT_REPLAY_WINDOW,
     DEFAULT_TOMBSTONE_GRACE, GossipConfig, MIN_MAX_BANDWIDTH,
 };
-pub use detector::{
-    Detector, DetectorCounters, MAX_PACKET, MemProbes, PROBE_MARK, Peer, ProbeLink, ProbeNet,
-    ProbeSend, Up,
-};
+pub use counters::{AuthCounters, AuthStats};
+pub use detector::{Detector, DetectorCounters, MAX_PACKET, MemProbes, Peer, Up};
 pub use keys::{GossipKeys, MAX_KEYS, MIN_KEY_LEN};
+pub use link::{BEAT_INBOX, BEAT_MARK, BeatLink, PROBE_MARK, ProbeLink, ProbeNet, ProbeSend};
 pub use membership::{Membership, MembershipView, ViewBuilder, build_view};
 pub use state::{KEY_STATUS, LocalState, MemberInfo, PROTOCOL, PROTOCOL_UNSAID, Status};
-pub use transport::{
-    AuthCounters, AuthSocket, AuthStats, AuthTransport, MAX_PORTS, PORT_GRACE, WallClock, bind_udp,
-};
+pub use transport::{AuthSocket, AuthTransport, MAX_PORTS, PORT_GRACE, WallClock, bind_udp};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GossipError {
