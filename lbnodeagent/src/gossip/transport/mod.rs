@@ -62,9 +62,12 @@
 //! injection) is synchronous, with injection a non-blocking `send` on a std
 //! socket.
 
+mod ports;
+mod verify;
+
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -80,19 +83,18 @@ use tracing::{debug, warn};
 
 use super::codec_junk::CodecJunk;
 use super::counters::AuthCounters;
-use super::frame::{
-    Accepted, Inbound, MAX_DATAGRAM, Outbound, Reject, canonical, payload_starts_with,
-};
+use super::frame::{Inbound, MAX_DATAGRAM, Outbound, Reject, canonical};
 use super::keys::GossipKeys;
-use super::link::{PROBE_MARK, ProbeLink, ProbeNet, ProbeSend};
+use super::link::{ProbeLink, ProbeNet, ProbeSend};
+pub use ports::bind_udp;
+use ports::{Destinations, PORT_IDLE, Port, on_wire};
+use verify::{Verifier, Warnings, read_keys, read_wire};
 
 /// Loopback port sockets kept open before idle ones are closed. A node
 /// exchanges with about six random peers per gossip round, so even in a
 /// 1 000-node cluster far fewer than this are busy at any moment; the cap
 /// keeps file descriptors bounded however large the cluster grows.
 pub const MAX_PORTS: usize = 512;
-/// A port unused for this long is closed when over [`MAX_PORTS`].
-const PORT_IDLE: Duration = Duration::from_secs(2);
 /// How long a closed port stays bound: far longer than chitchat takes to read
 /// what the codec has queued (ten gossip rounds), short enough that closed
 /// ports do not pile up.
@@ -401,164 +403,6 @@ fn sender_id(local: SocketAddr) -> u64 {
     u64::from_be_bytes(id)
 }
 
-/// A loopback socket dedicated to one peer, connected to the codec. A plain
-/// non-blocking std socket: injecting is one `send` syscall that either
-/// queues the datagram or fails at once, with no readiness state that a
-/// fresh tokio socket would not have yet.
-struct Port {
-    socket: std::net::UdpSocket,
-    local: SocketAddr,
-    last_used: tokio::time::Instant,
-}
-
-impl Port {
-    fn open(codec: SocketAddr) -> io::Result<Port> {
-        let socket = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?;
-        socket.connect(codec)?;
-        socket.set_nonblocking(true)?;
-        let local = socket.local_addr()?;
-        Ok(Port {
-            socket,
-            local,
-            last_used: tokio::time::Instant::now(),
-        })
-    }
-
-    /// The codec's bytes for this peer. Loopback delivery normally completes
-    /// before the codec's `send_to` returns, so the first read finds them;
-    /// otherwise poll briefly (yield, then 1 ms sleeps) up to `timeout`.
-    async fn recv(&self, buf: &mut [u8], timeout: Duration) -> io::Result<Option<usize>> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        for attempt in 0u32.. {
-            match self.socket.recv(buf) {
-                Ok(len) => return Ok(Some(len)),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
-                Err(error) => return Err(error),
-            }
-            if tokio::time::Instant::now() >= deadline {
-                break;
-            }
-            if attempt < 8 {
-                tokio::task::yield_now().await;
-            } else {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        }
-        Ok(None)
-    }
-
-    /// A datagram already queued, if any; never waits.
-    fn try_recv(&self, buf: &mut [u8]) -> Option<usize> {
-        self.socket.recv(buf).ok()
-    }
-}
-
-/// Which destinations name this socket (see the module doc).
-struct Destinations {
-    local: SocketAddr,
-    configured: Vec<SocketAddr>,
-    /// With a wildcard listen address: whether the host may bind foreign
-    /// addresses, which makes [`Destinations::is_local`] meaningless.
-    nonlocal_bind: bool,
-    probed: HashMap<IpAddr, (bool, tokio::time::Instant)>,
-}
-
-impl Destinations {
-    fn new(local: SocketAddr, configured: Vec<SocketAddr>) -> Destinations {
-        let local = canonical(local);
-        // Documentation addresses (RFC 5737, RFC 3849): never assigned to a
-        // host, so binding one succeeds only where any address would.
-        let nonlocal_bind = local.ip().is_unspecified()
-            && [
-                IpAddr::from(Ipv4Addr::new(192, 0, 2, 1)),
-                IpAddr::from(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
-            ]
-            .into_iter()
-            .any(bindable);
-        if nonlocal_bind && configured.is_empty() {
-            warn!(listen = %local, "this host allows binding foreign addresses (ip_nonlocal_bind), so gossip cannot tell which addresses are its own; it accepts only frames sent to the listen address; set gossip.advertise");
-        }
-        Destinations {
-            local,
-            configured,
-            nonlocal_bind,
-            probed: HashMap::new(),
-        }
-    }
-
-    fn accepts(&mut self, to: SocketAddr) -> bool {
-        let to = canonical(to);
-        if self.configured.contains(&to) {
-            return true;
-        }
-        if to.port() != self.local.port() {
-            return false;
-        }
-        match self.local.ip() {
-            ip if !ip.is_unspecified() => to.ip() == ip,
-            // An IPv4 wildcard only receives IPv4.
-            IpAddr::V4(_) if to.is_ipv6() => false,
-            _ => !self.nonlocal_bind && self.is_local(to.ip()),
-        }
-    }
-
-    /// Whether `ip` is an address of this host, by the kernel's word.
-    fn is_local(&mut self, ip: IpAddr) -> bool {
-        if ip.is_unspecified() || ip.is_multicast() {
-            return false;
-        }
-        let now = tokio::time::Instant::now();
-        if let Some((local, at)) = self.probed.get(&ip)
-            && now.duration_since(*at) < LOCAL_PROBE_TTL
-        {
-            return *local;
-        }
-        if self.probed.len() >= MAX_LOCAL_PROBES {
-            self.probed
-                .retain(|_, (_, at)| now.duration_since(*at) < LOCAL_PROBE_TTL);
-            if self.probed.len() >= MAX_LOCAL_PROBES {
-                self.probed.clear();
-            }
-        }
-        let local = bindable(ip);
-        self.probed.insert(ip, (local, now));
-        local
-    }
-}
-
-/// A UDP socket on `addr`. An IPv6 wildcard receives IPv4 too, whatever
-/// the host's `net.ipv6.bindv6only` says: the shipped `[::]` serves IPv4,
-/// IPv6 and dual-stack fleets alike.
-pub fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::DGRAM,
-        Some(socket2::Protocol::UDP),
-    )?;
-    if addr.is_ipv6() && addr.ip().is_unspecified() {
-        socket.set_only_v6(false)?;
-    }
-    socket.bind(&addr.into())?;
-    Ok(socket.into())
-}
-
-/// Where a datagram for `to` goes from an IPv6 (`v6`) or IPv4 socket: an
-/// IPv6 socket reaches an IPv4 peer at its mapped address.
-fn on_wire(v6: bool, to: SocketAddr) -> SocketAddr {
-    match to {
-        SocketAddr::V4(v4) if v6 => {
-            SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
-        }
-        _ => to,
-    }
-}
-
-/// Whether a UDP socket can be bound to `ip`: the kernel allows it for its
-/// own addresses only (unless nonlocal binding is on).
-fn bindable(ip: IpAddr) -> bool {
-    std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
 /// A port closed to make room, kept bound for [`PORT_GRACE`].
 struct Closing {
     port: Port,
@@ -601,152 +445,6 @@ impl Drop for AuthSocket {
     fn drop(&mut self) {
         self.reader.abort();
     }
-}
-
-/// Reads the gossip socket on its own task, so the failure detector's
-/// probes are answered however busy chitchat's loop is (a large delta, a
-/// slow round): its messages are verified and handed to the detector here,
-/// everything else is queued for chitchat's socket, which verifies it.
-/// Telling the two apart peeks at the unverified payload; a forged answer
-/// only sends a datagram to the verifier that rejects it.
-async fn read_wire(
-    wire: Arc<tokio::net::UdpSocket>,
-    to_chitchat: mpsc::Sender<io::Result<(Vec<u8>, SocketAddr)>>,
-    mut probes: Verifier,
-    probe_inbox: mpsc::Sender<(SocketAddr, Vec<u8>)>,
-) {
-    let mut buf = vec![0u8; RECV_BUF];
-    loop {
-        match wire.recv_from(&mut buf).await {
-            Ok((len, from)) => {
-                // An IPv4 peer on a dual-stack socket shows as its mapped
-                // IPv6 address; it is known by its own.
-                let from = canonical(from);
-                let counters = &probes.counters;
-                AuthCounters::add(&counters.frames_received, 1);
-                AuthCounters::add(&counters.bytes_received, len as u64);
-                let datagram = &buf[..len];
-                if payload_starts_with(datagram, &PROBE_MARK)
-                    || payload_starts_with(datagram, &super::link::BEAT_MARK)
-                {
-                    if let Some(message) = probes.open(datagram, from) {
-                        match probe_inbox.try_send((from, message)) {
-                            Ok(()) => AuthCounters::add(&probes.counters.messages_accepted, 1),
-                            Err(_) => AuthCounters::add(&probes.counters.dropped_backlog, 1),
-                        }
-                    }
-                } else if to_chitchat.try_send(Ok((datagram.to_vec(), from))).is_err() {
-                    AuthCounters::add(&counters.dropped_backlog, 1);
-                }
-            }
-            Err(error) if is_transient(&error) => {
-                debug!(%error, "transient gossip receive error");
-            }
-            Err(error) => {
-                let _ = to_chitchat.send(Err(error)).await;
-                return;
-            }
-        }
-    }
-}
-
-/// Frame verification with its replay state: one for chitchat's socket,
-/// one for the failure detector's frames (which come under sender ids of
-/// their own) in the wire reader.
-struct Verifier {
-    inbound: Inbound,
-    destinations: Destinations,
-    keys: Arc<RwLock<GossipKeys>>,
-    clock: WallClock,
-    counters: Arc<AuthCounters>,
-    warnings: Warnings,
-}
-
-impl Verifier {
-    /// The whole message once its last fragment verified; drops counted
-    /// (and logged, see [`Warnings`]).
-    fn open(&mut self, datagram: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
-        let now = self.clock.now_ms();
-        let destinations = &mut self.destinations;
-        let accepted = self
-            .inbound
-            .accept(&read_keys(&self.keys), datagram, now, |to| {
-                destinations.accepts(to)
-            });
-        match accepted {
-            Ok(Accepted::Whole(payload)) => Some(payload.to_vec()),
-            Ok(Accepted::Reassembled(payload)) => Some(payload),
-            Ok(Accepted::Pending) => None,
-            Err(reason) => {
-                self.counters.reject(reason);
-                self.warnings.reject(reason, from);
-                debug!(%from, len = datagram.len(), ?reason, "gossip datagram dropped");
-                None
-            }
-        }
-    }
-}
-
-/// Drops are counted for metrics; these also mean an operator mistake (a
-/// wrong key, a clock without NTP, an address the node does not know as its
-/// own, a half-finished upgrade) that would otherwise look like a silent
-/// partition, so they are logged too, each at most once a minute.
-#[derive(Default)]
-struct Warnings {
-    bad_mac: Option<tokio::time::Instant>,
-    stale: Option<tokio::time::Instant>,
-    misdirected: Option<tokio::time::Instant>,
-    other_version: Option<tokio::time::Instant>,
-    codec_junk: Option<tokio::time::Instant>,
-}
-
-impl Warnings {
-    const EVERY: Duration = Duration::from_secs(60);
-
-    fn due(last: &mut Option<tokio::time::Instant>) -> bool {
-        let now = tokio::time::Instant::now();
-        if last.is_some_and(|at| now.duration_since(at) < Self::EVERY) {
-            return false;
-        }
-        *last = Some(now);
-        true
-    }
-
-    fn reject(&mut self, reason: Reject, from: SocketAddr) {
-        match reason {
-            Reject::BadMac if Self::due(&mut self.bad_mac) => {
-                warn!(%from, "dropping gossip that fails authentication; does the peer use another gossip key?");
-            }
-            Reject::Stale { skew_ms } if Self::due(&mut self.stale) => {
-                warn!(%from, skew_ms, "dropping gossip stamped outside the replay window; check the clocks (NTP) of both nodes");
-            }
-            Reject::Misdirected { to } if Self::due(&mut self.misdirected) => {
-                warn!(%from, %to, "dropping gossip addressed to another node: a replay, or a peer or seed that names this node by an address it does not know as its own; give that address to gossip as its advertise address");
-            }
-            Reject::OtherVersion { version } if Self::due(&mut self.other_version) => {
-                warn!(%from, version, "dropping gossip in another frame format; agents of this release and that one do not gossip with each other, so upgrade every agent");
-            }
-            _ => {}
-        }
-    }
-
-    /// One line for the datagrams at the codec that are not gossip, with
-    /// their number since the last line.
-    fn codec_junk(&mut self, unreported: &AtomicU64) {
-        if unreported.load(Ordering::Relaxed) > 0 && Self::due(&mut self.codec_junk) {
-            let datagrams = unreported.swap(0, Ordering::Relaxed);
-            warn!(
-                datagrams,
-                "dropping datagrams at the gossip codec's loopback socket that are not gossip; a local process sends them"
-            );
-        }
-    }
-}
-
-fn read_keys(keys: &RwLock<GossipKeys>) -> std::sync::RwLockReadGuard<'_, GossipKeys> {
-    // A panic while holding the lock cannot leave the keys half-written
-    // (the write is one assignment), so a poisoned lock is still good.
-    keys.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl AuthSocket {
@@ -981,6 +679,7 @@ mod tests {
     use chitchat::{ChitchatMessage, ProtocolVersion};
 
     use super::*;
+    use crate::gossip::PROBE_MARK;
     use crate::gossip::frame::{Header, seal_one};
 
     fn envelope() -> ChitchatEnvelope {
