@@ -1011,6 +1011,55 @@ fn a_leaving_beat_from_cleanup_hands_over_at_once() {
     );
 }
 
+/// A node leaving on SIGTERM hands its VIP over and goes; its last
+/// answer on the wire can arrive after gossip dropped it from the view.
+/// The successor keeps the VIP: yielding to a node that has left would
+/// leave it unanswered until that node's answers stop for `YIELD_HOLD`.
+#[test]
+fn a_late_answer_of_a_node_that_left_does_not_take_the_vip_away() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let b = |status| peer("b", status, &[v], 1);
+    let held = a.running(cluster(&[v]), vec![b(Status::Alive)]);
+    assert!(held.is_empty(), "b wins");
+    let act = a.step(leaving("b"));
+    assert_eq!(
+        ips(&act.add),
+        [v].into(),
+        "taken at once from a leaving node"
+    );
+    a.done(&act);
+    a.advance(Duration::from_millis(4));
+    // b has left: gossip shows it gone, leaving.
+    let act = a.step(Input::Members(view(
+        "a",
+        Vec::new(),
+        vec![b(Status::Leaving)],
+    )));
+    assert!(act.remove.is_empty());
+    a.advance(Duration::from_millis(2));
+    let act = a.step(Input::Claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    assert!(
+        act.remove.is_empty(),
+        "b's last answer is no reason to let go"
+    );
+    // Long after, a node gone from gossip that answers is an owner gossip
+    // cannot reach: the conflict rule applies as before.
+    a.advance(HANDOVER_MAX + Duration::from_millis(100));
+    let act = a.step(Input::Claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    assert_eq!(
+        ips(&act.remove),
+        [v].into(),
+        "b outranks a and still answers after its hand-over time: a yields"
+    );
+}
+
 /// `cleanup` can start after the owner's follower found it silent, asked
 /// the LAN, heard its host still answer and stayed off: the leaving beat
 /// still hands the VIP over at once.

@@ -8,13 +8,14 @@ use std::time::Instant;
 use tracing::{debug, warn};
 
 use crate::model::Claim;
-use crate::model::Lifetime;
+use crate::model::{Lifetime, Status};
 
 use super::conflict::{LAPSE_PROBE, OWNER_PROBE, Verdict, YIELD_PROBE, lapsing};
 use super::links::{Mode, Want};
 use super::slot::{Garp, Op};
 use super::{
-    Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, Metric, Phase, TAKEOVER_WINDOW,
+    Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase,
+    TAKEOVER_WINDOW,
 };
 
 impl Core {
@@ -166,14 +167,29 @@ impl Core {
     }
 
     pub(super) fn judge(&mut self, claim: Claim, held: Option<&Want>, now: Instant) -> Verdict {
-        let view = &self.view;
+        let (view, lost_at) = (&self.view, &self.lost_at);
+        // Never yielded to: a node gossip shows live (the election settles
+        // it), nor one that left gracefully a moment ago, whose answers are
+        // the last of its hand-over, heard after it left the view. Yielding
+        // to it would leave the VIP unanswered until its answers stop for
+        // `YIELD_HOLD`.
+        let settled_by_gossip = |n: &str| {
+            view.node(n).is_some()
+                || (view
+                    .gone
+                    .iter()
+                    .any(|g| g.node == n && g.status == Status::Leaving)
+                    && lost_at
+                        .get(n)
+                        .is_some_and(|t| now.saturating_duration_since(*t) < HANDOVER_MAX))
+        };
         self.conflicts.judge(
             claim,
             &self.settings.node,
             &self.links.macs(),
             held,
             &self.election,
-            |n| view.node(n).is_some(),
+            settled_by_gossip,
             now,
         )
     }
