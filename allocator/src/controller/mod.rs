@@ -10,54 +10,41 @@
 //! Losing the Lease stops all writes at once; winning it rebuilds from the
 //! caches, so a hand-over never hands out an address twice.
 
+mod events;
+mod lease;
 mod status;
 pub mod telemetry;
+mod watches;
+mod writes;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, stream::BoxStream};
+use futures::StreamExt;
 use hostlb_api::backlog::Backlog;
 use hostlb_api::{IPAddressPool, L2Advertisement};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Service};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::inputs::{self, Scope};
 use crate::ledger::Ledger;
+use events::{EVENT_MAX_AGE, EVENTS_WAITING};
+use lease::{LeaseGuard, MAX_SKEW, watch_lease};
 use telemetry::Telemetry;
+use watches::{KINDS, is_answer, is_init_done, kind_index, watch_into};
+use writes::{MAX_WRITE, Written};
 
 /// How soon a failed write is tried again.
 const RETRY_WRITES: Duration = Duration::from_secs(2);
 
-/// How long a confirmation that this replica holds the Lease is trusted
-/// before the Lease is read again (someone may have changed its holder).
-const LEASE_CHECK: Duration = Duration::from_millis(500);
-
-/// Writes the allocator has in flight at once. The API server takes them in
-/// parallel; more would only queue there and compete with everything else
-/// it serves.
-const WRITES_IN_FLIGHT: usize = 32;
-
-/// Services written per Lease confirmation: two rounds of requests, well
-/// within the deadline they share on a slow server too.
-const WRITE_BATCH: usize = 2 * WRITES_IN_FLIGHT;
-
 /// The field manager of every write, so `managedFields` show who owns what.
 pub const FIELD_MANAGER: &str = "hostlb-allocator";
-
-/// The longest a write may take, whatever the Lease duration.
-const MAX_WRITE: Duration = Duration::from_secs(5);
-
-/// The largest clock difference between replicas allowed for: another
-/// replica judges our Lease expired on its own clock.
-const MAX_SKEW: Duration = Duration::from_secs(1);
 
 /// How long writes may take and how much Lease they need.
 ///
@@ -97,22 +84,6 @@ impl Timing {
     fn needed(&self) -> Duration {
         self.write + self.skew
     }
-}
-
-/// When a write started now must be done, on both sides.
-fn write_deadline(timing: Timing) -> tokio::time::Instant {
-    tokio::time::Instant::now() + timing.write
-}
-
-/// `write`, failed if it is not done by `deadline` (the server was told the
-/// same, so it does not apply it later either).
-async fn bounded<T>(
-    deadline: tokio::time::Instant,
-    write: impl std::future::Future<Output = Result<T, kube::Error>>,
-) -> Result<T, kube::Error> {
-    tokio::time::timeout_at(deadline, write)
-        .await
-        .unwrap_or_else(|_| Err(kube::Error::Service("no answer in time".into())))
 }
 
 /// Prepares the client configuration for the controller.
@@ -185,121 +156,6 @@ enum Input {
     WatchFailed(usize, String),
 }
 
-/// A watch feeding a store, as one stream of inputs; errors are logged and
-/// retried with backoff by the watcher.
-fn watch_into<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
-    wrap: fn(watcher::Event<K>) -> Input,
-    index: usize,
-) -> BoxStream<'static, Input>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    watcher(api, watcher::Config::default())
-        .backoff(hostlb_api::watch::WatchBackoff::spread())
-        .reflect(writer)
-        .map(move |ev| match ev {
-            Ok(e) => wrap(e),
-            Err(e) => Input::WatchFailed(index, e.to_string()),
-        })
-        .boxed()
-}
-
-/// What we wrote to a Service before the cache showed it.
-struct Written {
-    shown: status::Shown,
-    /// resourceVersion our last write returned.
-    rv: Option<String>,
-    /// resourceVersion of the cached object when we wrote.
-    before_rv: Option<String>,
-}
-
-impl Written {
-    /// The cached object is at least as new as our write, so it is the
-    /// truth again (someone may have changed it after us). resourceVersions
-    /// are compared as numbers when both are (etcd revisions); otherwise any
-    /// version other than the one we wrote over counts as newer.
-    fn superseded_by(&self, svc: &Service) -> bool {
-        let cached = svc.metadata.resource_version.as_deref();
-        let as_num = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok());
-        match (as_num(cached), as_num(self.rv.as_deref())) {
-            (Some(c), Some(w)) => c >= w,
-            _ => cached != self.before_rv.as_deref(),
-        }
-    }
-}
-
-/// Confirms, before writes, that the Lease is still ours for longer than a
-/// write can take: the lease manager's view can lag when renewals fail.
-struct LeaseGuard {
-    api: Api<Lease>,
-    name: String,
-    identity: String,
-    timing: Timing,
-    /// When the Lease was last read and found ours, and when it ends, both
-    /// on this replica's monotonic clock.
-    confirmed: Option<(tokio::time::Instant, tokio::time::Instant)>,
-}
-
-impl LeaseGuard {
-    async fn holds(&mut self) -> bool {
-        let needed = self.timing.needed();
-        if let Some((read, until)) = self.confirmed
-            && read.elapsed() < LEASE_CHECK
-            && until > tokio::time::Instant::now() + needed
-        {
-            return true;
-        }
-        self.confirmed = None;
-        // The Lease's end is a wall-clock time: it is mapped onto the
-        // monotonic clock as of before the read, so the read's own latency
-        // only makes the answer more careful.
-        let asked = tokio::time::Instant::now();
-        let wall = jiff::Timestamp::now();
-        // Bounded: the loop waits on this, and an API that does not answer
-        // in time cannot confirm anything anyway.
-        let lease = match tokio::time::timeout(LEASE_CHECK * 4, self.api.get_opt(&self.name)).await
-        {
-            Ok(Ok(l)) => l,
-            Ok(Err(e)) => {
-                warn!(error = %e, "cannot confirm the lease; writes wait");
-                return false;
-            }
-            Err(_) => {
-                warn!("cannot confirm the lease in time; writes wait");
-                return false;
-            }
-        };
-        let spec = lease.and_then(|l| l.spec).unwrap_or_default();
-        let ours = spec.holder_identity.as_deref() == Some(self.identity.as_str());
-        let left = spec
-            .renew_time
-            .zip(spec.lease_duration_seconds)
-            .and_then(|(t, d)| {
-                t.0.checked_add(jiff::SignedDuration::from_secs(d.into()))
-                    .ok()
-            })
-            .and_then(|end| Duration::try_from(end.duration_since(wall)).ok());
-        let until = left.map(|l| asked + l);
-        if ours && let Some(until) = until {
-            self.confirmed = Some((asked, until));
-            if until > tokio::time::Instant::now() + needed {
-                return true;
-            }
-        }
-        warn!(holder = ?spec.holder_identity, left = ?left, needed = ?needed,
-            "the lease is not (or not surely long enough) ours; writes wait");
-        false
-    }
-}
-
 struct Stores {
     services: Store<Service>,
     pools: Store<IPAddressPool>,
@@ -346,11 +202,6 @@ struct Loop {
     events: Backlog<(String, &'static str), (kube::runtime::events::Event, ObjectReference)>,
 }
 
-/// Events waiting for the API server, at most (the oldest go first).
-const EVENTS_WAITING: usize = 1024;
-/// An Event that waited this long is dropped: Kubernetes would already have
-/// expired it.
-const EVENT_MAX_AGE: Duration = Duration::from_secs(3600);
 /// With no write this long, the loop asks the server whether it still takes
 /// requests (for `/readyz`).
 const PROBE_EVERY: Duration = Duration::from_secs(5);
@@ -538,91 +389,6 @@ pub async fn run(
     }
 }
 
-/// The Lease held and renewed, as `LeaseManager::watch` does, but retried
-/// after an API error on the watches' capped backoff (at most 2 s) rather
-/// than its own, which grows to 30 s: after a long outage the replica would
-/// otherwise wait up to half a minute before renewing, and every write
-/// waits on the Lease.
-fn watch_lease(
-    manager: kube_lease_manager::LeaseManager,
-) -> (
-    watch::Receiver<bool>,
-    tokio::task::JoinHandle<
-        Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>,
-    >,
-) {
-    let (sender, receiver) = watch::channel(false);
-    let task = tokio::spawn(async move {
-        let mut backoff = hostlb_api::watch::WatchBackoff::spread();
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                biased;
-                () = sender.closed() => {
-                    manager.release().await?;
-                    return Ok(manager);
-                }
-                result = manager.changed() => match result {
-                    Ok(leader) => {
-                        use kube::runtime::utils::Backoff;
-                        backoff.reset();
-                        if std::mem::take(&mut failing) {
-                            info!("the lease can be read and renewed again");
-                        }
-                        if sender.send(leader).is_err() {
-                            manager.release().await?;
-                            return Ok(manager);
-                        }
-                    }
-                    Err(e) => {
-                        if !std::mem::replace(&mut failing, true) {
-                            warn!(error = %e, "the lease cannot be read or renewed; retrying");
-                        }
-                        let wait = backoff.next().unwrap_or(hostlb_api::watch::WatchBackoff::MAX);
-                        tokio::time::sleep(wait).await;
-                    }
-                }
-            }
-        }
-    });
-    (receiver, task)
-}
-
-fn kind_index(i: &Input) -> usize {
-    match i {
-        Input::Service(_) => 0,
-        Input::Pool(_) => 1,
-        Input::Namespace(_) => 2,
-        Input::Advertisement(_) => 3,
-        Input::WatchFailed(k, _) => *k,
-    }
-}
-
-const KINDS: [&str; 4] = ["Service", "IPAddressPool", "Namespace", "L2Advertisement"];
-
-/// `Init` comes before a list request is even sent; anything else shows
-/// the server answered.
-fn is_answer<K>(e: &watcher::Event<K>) -> bool {
-    !matches!(e, watcher::Event::Init)
-}
-
-/// An Event's key in the backlog: its reason (one of the constants).
-fn reason_of(ev: &kube::runtime::events::Event) -> &'static str {
-    use hostlb_api::annotations::reasons;
-    [
-        reasons::IP_ALLOCATED,
-        reasons::ALLOCATION_FAILED,
-        reasons::INVALID_CONFIG,
-    ]
-    .into_iter()
-    .find(|r| *r == ev.reason)
-    .unwrap_or("other")
-}
-
-fn is_init_done<K>(e: &watcher::Event<K>) -> bool {
-    matches!(e, watcher::Event::InitDone)
-}
-
 impl Loop {
     fn synced(&self) -> bool {
         self.synced.iter().all(|s| *s)
@@ -679,22 +445,6 @@ impl Loop {
             }
         }
         if changed {
-            self.update_ready();
-        }
-    }
-
-    /// Notes whether the server took a write (or an Event).
-    fn wrote(&mut self, ok: bool) {
-        if ok {
-            self.last_write = std::time::Instant::now();
-        }
-        if ok != self.writes_ok {
-            self.writes_ok = ok;
-            if ok {
-                info!("the API server takes writes again");
-            } else {
-                warn!("the API server refuses writes; not ready until it takes one");
-            }
             self.update_ready();
         }
     }
@@ -821,14 +571,6 @@ impl Loop {
         r
     }
 
-    /// Writes go out only while the Lease is surely ours.
-    async fn lease_holds(&mut self) -> bool {
-        match &mut self.guard {
-            Some(g) => g.holds().await,
-            None => true,
-        }
-    }
-
     async fn service_deleted(&mut self, svc: &Service) {
         let key = inputs::service_key(svc);
         self.written.remove(&key);
@@ -889,392 +631,13 @@ impl Loop {
         self.write(all).await;
         self.write_advertisements().await;
     }
-
-    async fn write_advertisement(&mut self, ad: &L2Advertisement) {
-        let deadline = write_deadline(self.timing);
-        match bounded(
-            deadline,
-            status::write_advertisement(&self.client, ad, deadline),
-        )
-        .await
-        {
-            Ok(Some(problem)) => {
-                use kube::Resource;
-                let key = format!("L2Advertisement/{}", ad.name_any());
-                self.report_invalid(&key, problem, ad.object_ref(&()));
-            }
-            Ok(None) => {}
-            Err(e) => {
-                warn!(advertisement = %ad.name_any(), error = %e, "writing advertisement status failed; retrying");
-                self.statuses_dirty = true;
-            }
-        }
-        self.flush_events().await;
-    }
-
-    /// A Warning on a pool or advertisement whose edit cannot be used, once
-    /// per distinct problem (the condition says it for as long as it lasts).
-    fn report_invalid(&mut self, key: &str, problem: String, regarding: ObjectReference) {
-        let ev = kube::runtime::events::Event {
-            type_: kube::runtime::events::EventType::Warning,
-            reason: hostlb_api::annotations::reasons::INVALID_CONFIG.into(),
-            note: Some(problem),
-            action: "Validate".into(),
-            secondary: None,
-        };
-        self.publish(key, ev, regarding);
-    }
-
-    async fn write_advertisements(&mut self) {
-        if self.ledger.is_none() || !self.leader || !self.lease_holds().await {
-            return;
-        }
-        for ad in self.stores.advertisements.state() {
-            if !self.lease_holds().await {
-                self.statuses_dirty = true;
-                return;
-            }
-            self.write_advertisement(&ad).await;
-        }
-    }
-
-    /// Make the cluster match the ledger for `keys`, then the pool statuses.
-    ///
-    /// Writes go in batches of [`WRITE_BATCH`], [`WRITES_IN_FLIGHT`] at a
-    /// time: one after another, a cold start over 2,000 Services waits on
-    /// 2,000 round trips. Each batch starts only after the Lease is
-    /// confirmed, and every write in it shares the deadline that
-    /// confirmation covers, so none can land after another replica could
-    /// take over. A batch holds each Service once, so the concurrent writes
-    /// never touch one object twice.
-    async fn write(&mut self, keys: BTreeSet<String>) {
-        if self.ledger.is_none() || !self.leader {
-            return;
-        }
-        let mut refusals = self.ledger.as_mut().expect("checked").take_refusals();
-        let mut keys = keys.into_iter().peekable();
-        while keys.peek().is_some() {
-            if !self.lease_holds().await {
-                self.dirty.extend(keys);
-                self.statuses_dirty = true;
-                self.flush_events().await;
-                return;
-            }
-            let deadline = write_deadline(self.timing);
-            let mut batch = Vec::new();
-            for key in keys.by_ref().take(WRITE_BATCH) {
-                let Some((ns, name)) = key.split_once('/') else {
-                    continue;
-                };
-                let Some(svc) = self.stores.services.get(&ObjectRef::new(name).within(ns)) else {
-                    continue;
-                };
-                let ledger = self.ledger.as_ref().expect("checked");
-                if ledger.undecided(&key) {
-                    // Its namespace is not known yet; its status stays as it is.
-                    continue;
-                }
-                let answer = ledger.answer(&key).cloned();
-                if let Some(r) = refusals.remove(&key) {
-                    self.report_refusal(&svc, &key, &r);
-                }
-                let before = self
-                    .overlay(&svc)
-                    .unwrap_or_else(|| status::Shown::of(&svc));
-                let terms = crate::inputs::service_request(&svc).sharing_terms();
-                batch.push((key, svc, before, answer, terms));
-            }
-            let client = &self.client;
-            let results: Vec<_> = futures::stream::iter(batch)
-                .map(|(key, svc, before, answer, terms)| async move {
-                    let result = bounded(
-                        deadline,
-                        status::write_service(
-                            client,
-                            &svc,
-                            &before,
-                            answer.as_ref(),
-                            terms,
-                            deadline,
-                        ),
-                    )
-                    .await;
-                    (key, svc, before, answer, result)
-                })
-                .buffer_unordered(WRITES_IN_FLIGHT)
-                .collect()
-                .await;
-            for (key, svc, before, answer, result) in results {
-                match result {
-                    Ok((after, rv)) => {
-                        self.wrote(true);
-                        let assigned = after.ips != before.ips && !after.ips.is_empty();
-                        if after != status::Shown::of(&svc) {
-                            self.written.insert(
-                                key.clone(),
-                                Written {
-                                    shown: after,
-                                    rv,
-                                    before_rv: svc.metadata.resource_version.clone(),
-                                },
-                            );
-                        }
-                        self.report(&svc, &key, answer.as_ref(), assigned);
-                    }
-                    Err(e) => {
-                        warn!(service = %key, error = %e, "writing status failed; retrying");
-                        self.wrote(false);
-                        self.dirty.insert(key.clone());
-                        self.report(&svc, &key, answer.as_ref(), false);
-                    }
-                }
-            }
-            self.flush_events().await;
-        }
-        self.write_pools().await;
-    }
-
-    async fn write_pools(&mut self) {
-        let Some(ledger) = &self.ledger else { return };
-        let reports = ledger.report();
-        self.telemetry.set_pools(&reports);
-        self.telemetry.set_services(ledger.len());
-        for p in self.stores.pools.state() {
-            if !self.lease_holds().await {
-                self.statuses_dirty = true;
-                break;
-            }
-            let Some(r) = reports.iter().find(|r| r.name == p.name_any()) else {
-                continue;
-            };
-            let deadline = write_deadline(self.timing);
-            match bounded(deadline, status::write_pool(&self.client, &p, r, deadline)).await {
-                Ok(Some(problem)) => {
-                    use kube::Resource;
-                    let key = format!("IPAddressPool/{}", p.name_any());
-                    self.report_invalid(&key, problem, p.object_ref(&()));
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    warn!(pool = %r.name, error = %e, "writing pool status failed; retrying");
-                    self.statuses_dirty = true;
-                }
-            }
-        }
-        self.flush_events().await;
-    }
-
-    /// Queues an Event about `key` for [`Loop::flush_events`].
-    fn publish(&mut self, key: &str, ev: kube::runtime::events::Event, regarding: ObjectReference) {
-        self.outbox.push((key.to_string(), ev, regarding));
-    }
-
-    /// Writes the queued Events, [`WRITES_IN_FLIGHT`] at a time. One the
-    /// server does not take waits in [`Loop::events`] and is written again
-    /// with the other retries; while some already wait, new ones queue
-    /// behind them, in order.
-    async fn flush_events(&mut self) {
-        let outbox = std::mem::take(&mut self.outbox);
-        if outbox.is_empty() {
-            return;
-        }
-        let now = std::time::Instant::now();
-        if !self.events.is_empty() {
-            // One that timed out must not hold up a healthy server's
-            // others until the next retry tick.
-            self.retry_events().await;
-        }
-        if !self.events.is_empty() {
-            for (key, ev, regarding) in outbox {
-                let dropped = self
-                    .events
-                    .push((key, reason_of(&ev)), (ev, regarding), now);
-                self.events_dropped(dropped);
-            }
-            return;
-        }
-        let recorder = &self.recorder;
-        let results: Vec<_> = futures::stream::iter(outbox)
-            .map(|(key, ev, regarding)| async move {
-                let result = bounded(
-                    tokio::time::Instant::now() + Duration::from_secs(3),
-                    recorder.publish(&ev, &regarding),
-                )
-                .await;
-                (key, ev, regarding, result)
-            })
-            .buffered(WRITES_IN_FLIGHT)
-            .collect()
-            .await;
-        let mut failed = 0;
-        for (key, ev, regarding, result) in results {
-            self.wrote(result.is_ok());
-            if let Err(e) = result {
-                if failed == 0 {
-                    warn!(service = %key, error = %e, "cannot write an Event; it waits for the API server");
-                }
-                failed += 1;
-                let dropped = self
-                    .events
-                    .push((key, reason_of(&ev)), (ev, regarding), now);
-                self.events_dropped(dropped);
-            }
-        }
-        if failed > 1 {
-            warn!(
-                failed,
-                "Events wait for the API server; they are written when it takes writes again"
-            );
-        }
-    }
-
-    /// Writes a waiting Event again; put back in front if it fails (its
-    /// first failure was logged when it was queued).
-    async fn try_publish(
-        &mut self,
-        key: &str,
-        ev: kube::runtime::events::Event,
-        regarding: ObjectReference,
-        since: std::time::Instant,
-    ) -> bool {
-        let result = bounded(
-            tokio::time::Instant::now() + Duration::from_secs(3),
-            self.recorder.publish(&ev, &regarding),
-        )
-        .await;
-        self.wrote(result.is_ok());
-        match result {
-            Ok(()) => true,
-            Err(e) => {
-                debug!(service = %key, error = %e, "an Event still waits for the API server");
-                let reason = reason_of(&ev);
-                let dropped =
-                    self.events
-                        .put_back((key.to_string(), reason), (ev, regarding), since);
-                self.events_dropped(dropped);
-                false
-            }
-        }
-    }
-
-    fn events_dropped(&self, n: usize) {
-        if n > 0 {
-            self.telemetry.events_dropped(n as u64);
-            warn!(
-                dropped = n,
-                waiting = self.events.len(),
-                "Events dropped: too many wait for the API server"
-            );
-        }
-    }
-
-    /// Writes the waiting Events, oldest first, until one fails again.
-    async fn retry_events(&mut self) {
-        loop {
-            let (next, expired) = self.events.pop(std::time::Instant::now());
-            if expired > 0 {
-                self.telemetry.events_dropped(expired as u64);
-                warn!(
-                    dropped = expired,
-                    "Events dropped: they waited an hour for the API server"
-                );
-            }
-            let Some(((key, _), (ev, regarding), since)) = next else {
-                return;
-            };
-            if !self.try_publish(&key, ev, regarding, since).await {
-                return;
-            }
-        }
-    }
-
-    /// A Warning that the Service's edit no longer fit the address it
-    /// shared, which stays with the others.
-    fn report_refusal(&mut self, svc: &Service, key: &str, why: &crate::engine::AllocError) {
-        warn!(service = %key, reason = %why, "edit refused");
-        let ev = kube::runtime::events::Event {
-            type_: kube::runtime::events::EventType::Warning,
-            reason: hostlb_api::annotations::reasons::ALLOCATION_FAILED.into(),
-            note: Some(why.to_string()),
-            action: "Allocate".into(),
-            secondary: None,
-        };
-        use kube::Resource;
-        self.publish(key, ev, svc.object_ref(&()));
-    }
-
-    /// Events for what changed: an address given, or a failure (once per
-    /// distinct reason; again if publishing it failed).
-    fn report(
-        &mut self,
-        svc: &Service,
-        key: &str,
-        answer: Option<&crate::ledger::Answer>,
-        assigned: bool,
-    ) {
-        use hostlb_api::annotations::reasons;
-        // A failure, or a request not applied while the addresses are kept:
-        // a Warning once per distinct reason.
-        let failure = match answer {
-            Some(Ok(a)) => a.pending.as_ref().map(|why| {
-                let ips: Vec<String> = a.ips.iter().map(|i| i.to_string()).collect();
-                format!("keeping {}: {why}", ips.join(", "))
-            }),
-            Some(Err(e)) => Some(e.to_string()),
-            None => return,
-        };
-        let (type_, reason, note, failure) = match (failure, answer) {
-            (Some(msg), _) => {
-                if self.reported.get(key) == Some(&msg) {
-                    return;
-                }
-                warn!(service = %key, reason = %msg, "allocation failed or not applied");
-                (
-                    kube::runtime::events::EventType::Warning,
-                    reasons::ALLOCATION_FAILED,
-                    msg.clone(),
-                    Some(msg),
-                )
-            }
-            (None, Some(Ok(a))) if assigned => {
-                self.reported.remove(key);
-                self.telemetry.allocated();
-                let ips: Vec<String> = a.ips.iter().map(|i| i.to_string()).collect();
-                info!(service = %key, addresses = %ips.join(","), pool = %a.pool, "assigned");
-                (
-                    kube::runtime::events::EventType::Normal,
-                    reasons::IP_ALLOCATED,
-                    format!("Assigned {} from pool {}", ips.join(", "), a.pool),
-                    None,
-                )
-            }
-            _ => {
-                // Applied: the next failure is news again.
-                self.reported.remove(key);
-                return;
-            }
-        };
-        let ev = kube::runtime::events::Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Allocate".into(),
-            secondary: None,
-        };
-        use kube::Resource;
-        // Written now or waiting to be: either way it is reported.
-        self.publish(key, ev, svc.object_ref(&()));
-        if let Some(msg) = failure {
-            self.telemetry.failed();
-            self.reported.insert(key.to_string(), msg);
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use hostlb_tests::apiserver::TestServer;
+    use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{Patch, PatchParams};
     use serde_json::json;
 
