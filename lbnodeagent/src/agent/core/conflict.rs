@@ -297,6 +297,11 @@ impl Conflicts {
     pub fn yielded(&self) -> impl Iterator<Item = (&IpAddr, &Yielded)> {
         self.yielded.iter()
     }
+
+    /// The node this node yields `ip` to, if any.
+    pub fn yielded_to(&self, ip: IpAddr) -> Option<&str> {
+        self.yielded.get(&ip).map(|y| y.to.as_str())
+    }
 }
 
 #[cfg(test)]

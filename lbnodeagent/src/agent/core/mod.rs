@@ -569,7 +569,7 @@ impl Core {
             .orphans
             .iter()
             .filter(|(ip, since)| {
-                now.saturating_duration_since(**since) >= HANDOVER_MAX
+                self.orphan_due(**ip, **since, now)
                     && self.slots.get(ip).is_none_or(|s| s.want.is_none())
             })
             .map(|(ip, _)| *ip)

@@ -302,7 +302,7 @@ impl Core {
                 let taken_here = self
                     .orphans
                     .get(&ip)
-                    .is_some_and(|since| now.saturating_duration_since(*since) >= HANDOVER_MAX)
+                    .is_some_and(|since| self.orphan_due(ip, *since, now))
                     && self
                         .slots
                         .get(&ip)
@@ -329,9 +329,21 @@ impl Core {
     }
 
     /// The duty for an orphaned VIP whose grace has passed.
+    /// An orphan is this node's once its winner had a hand-over's time to
+    /// catch up with the cluster, or at once while its holder is a silent
+    /// owner whose addresses this node knows will lapse: the yield to it
+    /// keeps this node off until they do, and waiting longer would only
+    /// leave the VIP unanswered after the lapse.
+    pub(super) fn orphan_due(&self, ip: IpAddr, since: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(since) >= HANDOVER_MAX
+            || self.conflicts.yielded_to(ip).is_some_and(|owner| {
+                self.view.node(owner).is_none() && self.sessions.lapse(owner).is_some()
+            })
+    }
+
     pub(super) fn orphan_duty(&self, ip: IpAddr) -> Option<crate::election::Duty> {
         let since = self.orphans.get(&ip)?;
-        if self.now.saturating_duration_since(*since) < HANDOVER_MAX {
+        if !self.orphan_due(ip, *since, self.now) {
             return None;
         }
         let older = self.older_peers();

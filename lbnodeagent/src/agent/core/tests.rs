@@ -1523,6 +1523,73 @@ fn an_orphan_taken_is_kept_while_its_winner_has_an_older_view() {
     assert_eq!(ips(&act.remove), [v].into(), "b holds it now");
 }
 
+/// The owner's agent dies and its host answers until its addresses
+/// lapse; meanwhile a newer view of the cluster makes another node the
+/// winner, one whose view is older (the API server went away before it
+/// heard). This node, the fallback, still follows the lapse: the VIP is
+/// answered again within `LAPSE_HOLD` of it, not a hand-over time after
+/// the orphan was found.
+#[test]
+fn an_orphan_held_by_a_dead_owner_is_taken_at_its_lapse() {
+    let v = ip("10.0.1.1");
+    let (mut a, held) = b_holds(v);
+    assert!(held.is_empty(), "b wins");
+    a.advance(Duration::from_millis(200));
+    a.step(Input::Tick);
+    let lapse_in = Duration::from_secs(3);
+    a.step(beat("b", Some(lapse_in)));
+    let lapse = a.now + lapse_in;
+    a.advance(sessions::BEAT_MISS);
+    let act = a.step(Input::Tick);
+    assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
+    a.advance(Duration::from_millis(2));
+    a.step(Input::Claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    // c now ranks with b (and first while b is silent), but has not heard.
+    let mut newer = cluster(&[v]);
+    newer.nodes[2].labels.insert("tier".into(), "first".into());
+    a.advance(lapse_in / 2);
+    a.step(Input::Cluster {
+        cluster: newer,
+        errors: Vec::new(),
+        revision: 9,
+    });
+    a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[v], 7),
+            peer("c", Status::Alive, &[], 7),
+        ],
+        Vec::new(),
+    )));
+    let mut added = None;
+    for _ in 0..300 {
+        a.advance(Duration::from_millis(10));
+        let act = a.step(Input::Tick);
+        if a.now < lapse {
+            for t in &act.probe {
+                a.step(Input::Claim(Claim {
+                    ip: t.ip,
+                    mac: mac("b"),
+                }));
+            }
+        }
+        if ips(&act.add) == [v].into() {
+            added = Some(a.now);
+            break;
+        }
+    }
+    let added = added.expect("taken once the address lapsed");
+    assert!(added >= lapse, "not while b answers");
+    assert!(
+        added <= lapse + conflict::LAPSE_HOLD + Duration::from_millis(20),
+        "taken {:?} after the lapse",
+        added - lapse
+    );
+}
+
 /// A starting agent whose view is newer than its peers' (the API server
 /// went away before they heard of a Service) takes that Service's VIP as
 /// the fallback once it runs, not only at the next membership change.
