@@ -11,7 +11,6 @@ use rtnetlink::packet_route::address::{
     AddressAttribute, AddressFlags, AddressProtocol, CacheInfo,
 };
 
-use super::links::family_of;
 use super::ownership::{KernelAddress, Owned, Presence, Tags, longer, restore, shares_subnet};
 use super::{IN_FLIGHT, NetlinkBackend};
 use crate::addrs::error::errno;
@@ -278,12 +277,7 @@ impl NetlinkBackend {
                 .or_default()
                 .push(i);
         }
-        let reads = futures::future::join_all(
-            groups
-                .keys()
-                .map(|&(ifindex, v6)| self.addresses(Some(family_of(v6)), Some(ifindex))),
-        )
-        .await;
+        let reads = self.addresses_of_groups(&groups).await;
         let mut single = Vec::new();
         // (index, the entry before, becomes the primary of its subnet)
         let mut send: Vec<(usize, Option<Owned>, bool)> = Vec::new();

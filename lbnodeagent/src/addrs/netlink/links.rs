@@ -1,6 +1,6 @@
 //! Links, routes and addresses as the kernel lists them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use futures::TryStreamExt;
 use hostlb_api::Family;
@@ -95,6 +95,20 @@ impl NetlinkBackend {
             .await
             .map_err(|e| Error::netlink("listing addresses", e))?;
         Ok(msgs.iter().filter_map(KernelAddress::parse).collect())
+    }
+
+    /// The addresses of every (link, family) a batch touches, read once
+    /// each and all at once, in the order of `groups`.
+    pub(super) async fn addresses_of_groups(
+        &self,
+        groups: &BTreeMap<(u32, bool), Vec<usize>>,
+    ) -> Vec<Result<Vec<KernelAddress>>> {
+        futures::future::join_all(
+            groups
+                .keys()
+                .map(|&(ifindex, v6)| self.addresses(Some(family_of(v6)), Some(ifindex))),
+        )
+        .await
     }
 
     pub(super) async fn describe(&self, link: &LinkMessage) -> Result<Interface> {

@@ -9,7 +9,7 @@ use hostlb_api::Family;
 use rtnetlink::Handle;
 
 use super::add::promotes_secondaries;
-use super::links::{family_of, read_link_addresses};
+use super::links::read_link_addresses;
 use super::ownership::{ExpectedDelete, KernelAddress, State};
 use super::{IN_FLIGHT, NetlinkBackend};
 use crate::addrs::error::errno;
@@ -103,12 +103,7 @@ impl NetlinkBackend {
                 .or_default()
                 .push(i);
         }
-        let reads = futures::future::join_all(
-            groups
-                .keys()
-                .map(|&(ifindex, v6)| self.addresses(Some(family_of(v6)), Some(ifindex))),
-        )
-        .await;
+        let reads = self.addresses_of_groups(&groups).await;
         let mut single = Vec::new();
         // (index, our addresses at its IP, someone else's is there too)
         let mut delete: Vec<(usize, Vec<KernelAddress>, bool)> = Vec::new();

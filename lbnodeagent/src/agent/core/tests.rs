@@ -705,6 +705,32 @@ fn beat(node: &str, lapse_in: Option<Duration>) -> Input {
     }])
 }
 
+/// Ticks every 10 ms until `v` is added, with b's host answering every
+/// question about it until its address lapses at `lapse`: when it was
+/// added, and how many questions were asked in the last 200 ms before.
+fn follow_lapse(a: &mut Node, v: IpAddr, lapse: Instant) -> (Instant, usize) {
+    let mut asked_near_lapse = 0;
+    for _ in 0..400 {
+        a.advance(Duration::from_millis(10));
+        let act = a.step(Input::Tick);
+        if a.now < lapse {
+            for t in &act.probe {
+                if a.now + Duration::from_millis(200) > lapse {
+                    asked_near_lapse += 1;
+                }
+                a.step(Input::Claim(Claim {
+                    ip: t.ip,
+                    mac: mac("b"),
+                }));
+            }
+        }
+        if ips(&act.add) == [v].into() {
+            return (a.now, asked_near_lapse);
+        }
+    }
+    panic!("not taken once the address lapsed");
+}
+
 /// The node next in line watches the owner: an owner whose beats stop for
 /// a moment (its agent starved for 200 ms) while its host still answers
 /// is asked about, left in place, and back once heard; an owner whose
@@ -745,28 +771,7 @@ fn a_silent_owner_is_asked_about_and_followed_at_its_lapse() {
     let lapse_in = Duration::from_secs(3);
     a.step(beat("b", Some(lapse_in)));
     let lapse = a.now + lapse_in;
-    let mut added = None;
-    let mut asked_near_lapse = 0;
-    for _ in 0..400 {
-        a.advance(Duration::from_millis(10));
-        let act = a.step(Input::Tick);
-        if a.now < lapse {
-            for t in &act.probe {
-                if a.now + Duration::from_millis(200) > lapse {
-                    asked_near_lapse += 1;
-                }
-                a.step(Input::Claim(Claim {
-                    ip: t.ip,
-                    mac: mac("b"),
-                }));
-            }
-        }
-        if ips(&act.add) == [v].into() {
-            added = Some(a.now);
-            break;
-        }
-    }
-    let added = added.expect("taken once the address lapsed");
+    let (added, asked_near_lapse) = follow_lapse(&mut a, v, lapse);
     assert!(added >= lapse, "not while b answers");
     assert!(
         added <= lapse + conflict::LAPSE_HOLD + Duration::from_millis(20),
@@ -1564,24 +1569,7 @@ fn an_orphan_held_by_a_dead_owner_is_taken_at_its_lapse() {
         ],
         Vec::new(),
     )));
-    let mut added = None;
-    for _ in 0..300 {
-        a.advance(Duration::from_millis(10));
-        let act = a.step(Input::Tick);
-        if a.now < lapse {
-            for t in &act.probe {
-                a.step(Input::Claim(Claim {
-                    ip: t.ip,
-                    mac: mac("b"),
-                }));
-            }
-        }
-        if ips(&act.add) == [v].into() {
-            added = Some(a.now);
-            break;
-        }
-    }
-    let added = added.expect("taken once the address lapsed");
+    let (added, _) = follow_lapse(&mut a, v, lapse);
     assert!(added >= lapse, "not while b answers");
     assert!(
         added <= lapse + conflict::LAPSE_HOLD + Duration::from_millis(20),
