@@ -35,11 +35,14 @@ impl Core {
             on_link: Arc::clone(&self.on_link),
             // Not what is being handed over: this node does not mean to
             // keep it, and a peer that holds it too need not contest it.
+            // Nor what is being removed: a leaving node that read it here
+            // would let go to a node that is letting go too.
             vips: self
                 .slots
                 .iter()
                 .filter(|(_, s)| {
                     (s.handover.is_none() || s.kept_for_views)
+                        && !matches!(s.op, Some(Op::Remove { stale: false, .. }))
                         && s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
                 })
                 .map(|(ip, _)| *ip)

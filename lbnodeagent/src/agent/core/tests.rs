@@ -1016,6 +1016,25 @@ fn a_leaving_beat_from_cleanup_hands_over_at_once() {
     );
 }
 
+/// A VIP whose removal is under way is not published as held: a leaving
+/// node that read it so would let go to a node that is letting go too.
+#[test]
+fn a_vip_being_removed_is_not_published_held() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, [v].into(), "a wins while b is away");
+    a.advance(INTERVAL);
+    let act = a.step(Input::Cluster {
+        cluster: cluster(&[]),
+        errors: Vec::new(),
+        revision: 2,
+    });
+    assert_eq!(ips(&act.remove), [v].into(), "its Service is gone");
+    let published = act.publish.expect("the new revision is published");
+    assert!(!published.vips.contains(&v), "not held while being removed");
+}
+
 /// A node leaving on SIGTERM hands its VIP over and goes; its last
 /// answer on the wire can arrive after gossip dropped it from the view.
 /// The successor keeps the VIP: yielding to a node that has left would
