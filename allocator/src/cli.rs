@@ -71,39 +71,20 @@ pub fn run(args: Run) -> anyhow::Result<()> {
                 .map(|h| h.trim().to_string())
                 .context("no --identity/POD_NAME and no hostname")?,
         };
-        let mut config = match &args.kubeconfig {
-            Some(path) => {
-                let kc = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                    .await
-                    .context("using the kubeconfig")?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("finding the cluster (in-cluster or ~/.kube/config)")?,
-        };
-        controller::prepare_client(&mut config, &identity);
-        let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+        let (client, _) =
+            hostlb_api::runtime::client::client(args.kubeconfig.as_deref(), "allocator", &identity)
+                .await?;
         let telemetry = Telemetry::new();
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("listening on {}", args.listen))?;
-        let server = axum::serve(listener, controller::telemetry::router(telemetry.clone()));
-        tokio::spawn(async move {
-            if let Err(e) = server.await {
-                tracing::error!(error = %e, "metrics server stopped");
-            }
-        });
+        hostlb_api::runtime::admin::serve(
+            args.listen,
+            controller::telemetry::router(telemetry.clone()),
+        )
+        .await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
+        let signals = hostlb_api::runtime::signals::Signals::new(false)
+            .context("installing the signal handlers")?;
         tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("installing a SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
+            signals.stopped().await;
             let _ = stop.send(true);
         });
         let cfg = controller::Config {

@@ -14,6 +14,8 @@ pub mod crds;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod rules;
+#[cfg(feature = "runtime")]
+pub mod runtime;
 pub mod scope;
 pub mod selector;
 pub mod snapshot;
@@ -21,6 +23,10 @@ pub mod v1;
 mod validation;
 #[cfg(feature = "watch")]
 pub mod watch;
+
+/// The version and the commit this build came from, e.g. `0.1.0+3f2a…`:
+/// `--version`, the log, User-Agents and the NodeAgent record all say it.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("HOSTLB_COMMIT"));
 
 pub use address::{AddressError, AddressRange, Family, Prefix};
 pub use scope::Scope;

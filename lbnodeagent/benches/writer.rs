@@ -84,15 +84,12 @@ async fn run(n: usize, port: u16) -> (Duration, Duration) {
         .collect();
     handle.announcing.send(want).unwrap();
     for i in 0..n {
-        handle.event(
-            &telemetry,
-            EventRequest {
-                service: format!("shop/s{i}"),
-                warning: false,
-                reason: reasons::ANNOUNCING_LOCAL,
-                note: "announcing from node-a on eth0".into(),
-            },
-        );
+        handle.event(EventRequest {
+            service: format!("shop/s{i}"),
+            warning: false,
+            reason: reasons::ANNOUNCING_LOCAL,
+            note: "announcing from node-a on eth0".into(),
+        });
     }
     let mut annotated = None;
     let mut events = None;

@@ -11,6 +11,6 @@ pub mod inputs;
 pub mod model;
 pub mod simulate;
 
-/// The release and the commit it was built from (`build.rs`), as
+/// The release and the commit it was built from (`api/build.rs`), as
 /// `--version`, the log, gossip and the NodeAgent record show it.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("HOSTLB_COMMIT"));
+pub use hostlb_api::VERSION;

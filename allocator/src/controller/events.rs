@@ -1,13 +1,15 @@
-//! Events: queued, published with a bounded backlog, and refusals and problems reported on the objects they concern.
+//! Events: what the loop decided (an address given, a failure, a refused
+//! edit, an unusable pool), handed to the shared writer
+//! ([`hostlb_api::runtime::events`]), which writes them off the loop.
 
-use std::time::Duration;
+use std::sync::Arc;
 
-use futures::StreamExt;
+use hostlb_api::runtime::events::{Note, Sink};
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::Loop;
-use super::writes::{WRITES_IN_FLIGHT, bounded};
+use super::telemetry::Telemetry;
 
 impl Loop {
     /// A Warning on a pool or advertisement whose edit cannot be used, once
@@ -28,133 +30,20 @@ impl Loop {
         self.publish(key, ev, regarding);
     }
 
-    /// Queues an Event about `key` for [`Loop::flush_events`].
+    /// Hands an Event about `key` to the writer, which keeps it until the
+    /// server takes it; never waits.
     pub(super) fn publish(
         &mut self,
         key: &str,
         ev: kube::runtime::events::Event,
         regarding: ObjectReference,
     ) {
-        self.outbox.push((key.to_string(), ev, regarding));
-    }
-
-    /// Writes the queued Events, [`WRITES_IN_FLIGHT`] at a time. One the
-    /// server does not take waits in [`Loop::events`] and is written again
-    /// with the other retries; while some already wait, new ones queue
-    /// behind them, in order.
-    pub(super) async fn flush_events(&mut self) {
-        let outbox = std::mem::take(&mut self.outbox);
-        if outbox.is_empty() {
-            return;
-        }
-        let now = std::time::Instant::now();
-        if !self.events.is_empty() {
-            // One that timed out must not hold up a healthy server's
-            // others until the next retry tick.
-            self.retry_events().await;
-        }
-        if !self.events.is_empty() {
-            for (key, ev, regarding) in outbox {
-                let dropped = self
-                    .events
-                    .push((key, reason_of(&ev)), (ev, regarding), now);
-                self.events_dropped(dropped);
-            }
-            return;
-        }
-        let recorder = &self.recorder;
-        let results: Vec<_> = futures::stream::iter(outbox)
-            .map(|(key, ev, regarding)| async move {
-                let result = bounded(
-                    tokio::time::Instant::now() + Duration::from_secs(3),
-                    recorder.publish(&ev, &regarding),
-                )
-                .await;
-                (key, ev, regarding, result)
-            })
-            .buffered(WRITES_IN_FLIGHT)
-            .collect()
-            .await;
-        let mut failed = 0;
-        for (key, ev, regarding, result) in results {
-            self.wrote(result.is_ok());
-            if let Err(e) = result {
-                if failed == 0 {
-                    warn!(service = %key, error = %e, "cannot write an Event; it waits for the API server");
-                }
-                failed += 1;
-                let dropped = self
-                    .events
-                    .push((key, reason_of(&ev)), (ev, regarding), now);
-                self.events_dropped(dropped);
-            }
-        }
-        if failed > 1 {
-            warn!(
-                failed,
-                "Events wait for the API server; they are written when it takes writes again"
-            );
-        }
-    }
-
-    /// Writes a waiting Event again; put back in front if it fails (its
-    /// first failure was logged when it was queued).
-    pub(super) async fn try_publish(
-        &mut self,
-        key: &str,
-        ev: kube::runtime::events::Event,
-        regarding: ObjectReference,
-        since: std::time::Instant,
-    ) -> bool {
-        let result = bounded(
-            tokio::time::Instant::now() + Duration::from_secs(3),
-            self.recorder.publish(&ev, &regarding),
-        )
-        .await;
-        self.wrote(result.is_ok());
-        match result {
-            Ok(()) => true,
-            Err(e) => {
-                debug!(service = %key, error = %e, "an Event still waits for the API server");
-                let reason = reason_of(&ev);
-                let dropped =
-                    self.events
-                        .put_back((key.to_string(), reason), (ev, regarding), since);
-                self.events_dropped(dropped);
-                false
-            }
-        }
-    }
-
-    pub(super) fn events_dropped(&self, n: usize) {
-        if n > 0 {
-            self.telemetry.events_dropped(n as u64);
-            warn!(
-                dropped = n,
-                waiting = self.events.len(),
-                "Events dropped: too many wait for the API server"
-            );
-        }
-    }
-
-    /// Writes the waiting Events, oldest first, until one fails again.
-    pub(super) async fn retry_events(&mut self) {
-        loop {
-            let (next, expired) = self.events.pop(std::time::Instant::now());
-            if expired > 0 {
-                self.telemetry.events_dropped(expired as u64);
-                warn!(
-                    dropped = expired,
-                    "Events dropped: they waited an hour for the API server"
-                );
-            }
-            let Some(((key, _), (ev, regarding), since)) = next else {
-                return;
-            };
-            if !self.try_publish(&key, ev, regarding, since).await {
-                return;
-            }
-        }
+        self.events.send(Note {
+            key: key.to_string(),
+            reason: reason_of(&ev),
+            event: ev,
+            regarding: Some(regarding),
+        });
     }
 
     /// A Warning that the Service's edit no longer fit the address it
@@ -245,12 +134,24 @@ impl Loop {
     }
 }
 
-/// Events waiting for the API server, at most (the oldest go first).
-pub(super) const EVENTS_WAITING: usize = 1024;
+/// What the Event writer tells the loop: a write's outcome counts for
+/// readiness like any other write.
+pub(super) struct Outcomes {
+    pub telemetry: Arc<Telemetry>,
+    pub tx: tokio::sync::mpsc::UnboundedSender<bool>,
+}
 
-/// An Event that waited this long is dropped: Kubernetes would already have
-/// expired it.
-pub(super) const EVENT_MAX_AGE: Duration = Duration::from_secs(3600);
+impl Sink for Outcomes {
+    fn dropped(&self, n: usize) {
+        if n > 0 {
+            self.telemetry.events_dropped(n as u64);
+        }
+    }
+
+    fn wrote(&self, written: bool, _answered: bool) {
+        let _ = self.tx.send(written);
+    }
+}
 
 /// An Event's key in the backlog: its reason (one of the constants).
 pub(super) fn reason_of(ev: &kube::runtime::events::Event) -> &'static str {

@@ -22,9 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use hostlb_api::backlog::Backlog;
 use hostlb_api::{IPAddressPool, L2Advertisement};
-use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
@@ -34,7 +33,6 @@ use tracing::{debug, info, warn};
 
 use crate::inputs::{self, Scope};
 use crate::ledger::Ledger;
-use events::{EVENT_MAX_AGE, EVENTS_WAITING};
 use lease::{LeaseGuard, MAX_SKEW, watch_lease};
 use telemetry::Telemetry;
 use watches::{KINDS, is_answer, is_init_done, kind_index, watch_into};
@@ -95,13 +93,7 @@ impl Timing {
 /// controller retries failed writes itself, every few seconds, each time
 /// after confirming the Lease again.
 pub fn prepare_client(config: &mut kube::Config, identity: &str) {
-    if let Ok(v) = http::HeaderValue::from_str(&format!(
-        "hostlb-allocator/{} ({identity})",
-        env!("CARGO_PKG_VERSION")
-    )) {
-        config.headers.push((http::header::USER_AGENT, v));
-    }
-    config.default_retry = false;
+    hostlb_api::runtime::client::prepare(config, "allocator", identity);
 }
 
 #[derive(Clone, Debug)]
@@ -169,7 +161,7 @@ struct Loop {
     client: Client,
     stores: Stores,
     telemetry: Arc<Telemetry>,
-    recorder: Recorder,
+    events: hostlb_api::runtime::events::Events,
     /// Kinds whose first list completed: services, pools, namespaces, ads.
     synced: [bool; 4],
     leader: bool,
@@ -196,10 +188,6 @@ struct Loop {
     writes_ok: bool,
     /// When the server last took a write or answered a probe.
     last_write: std::time::Instant,
-    /// Events decided during a batch of writes, written together at its end.
-    outbox: Vec<(String, kube::runtime::events::Event, ObjectReference)>,
-    /// Events the server did not take yet, by Service and reason.
-    events: Backlog<(String, &'static str), (kube::runtime::events::Event, ObjectReference)>,
 }
 
 /// With no write this long, the loop asks the server whether it still takes
@@ -270,6 +258,20 @@ pub async fn run(
             instance: Some(cfg.identity.clone()),
         },
     );
+    // Events are written off the loop; each outcome comes back as an input.
+    let (outcomes, mut event_outcomes) = tokio::sync::mpsc::unbounded_channel();
+    let events = hostlb_api::runtime::events::Events::start(
+        recorder,
+        Box::new(|_: &str| None),
+        Arc::new(events::Outcomes {
+            telemetry: telemetry.clone(),
+            tx: outcomes,
+        }),
+        hostlb_api::runtime::events::Settings {
+            in_flight: writes::WRITES_IN_FLIGHT,
+            ..Default::default()
+        },
+    );
     let timing = Timing::new(cfg.lease_duration, cfg.leader_election);
     let guard = cfg.leader_election.then(|| LeaseGuard {
         api: Api::namespaced(client.clone(), &ns),
@@ -289,8 +291,7 @@ pub async fn run(
             advertisements,
         },
         telemetry: telemetry.clone(),
-        recorder,
-        outbox: Vec::new(),
+        events,
         synced: [false; 4],
         leader: *leadership.borrow_and_update(),
         ledger: None,
@@ -305,7 +306,6 @@ pub async fn run(
         failed_at: [std::time::Instant::now(); 4],
         writes_ok: true,
         last_write: std::time::Instant::now(),
-        events: Backlog::new(EVENTS_WAITING, EVENT_MAX_AGE),
     };
     telemetry.set_leader(l.leader);
     let mut resync = tokio::time::interval(cfg.resync);
@@ -369,12 +369,12 @@ pub async fn run(
                 }
             }
             Some(ok) = probed.recv() => l.wrote(ok),
-            _ = retry.tick(), if !l.dirty.is_empty() || l.statuses_dirty || !l.events.is_empty() => {
+            Some(ok) = event_outcomes.recv() => l.wrote(ok),
+            _ = retry.tick(), if !l.dirty.is_empty() || l.statuses_dirty => {
                 let keys = std::mem::take(&mut l.dirty);
                 l.statuses_dirty = false;
                 l.write(keys).await;
                 l.write_advertisements().await;
-                l.retry_events().await;
             }
             _ = shutdown.changed() => {
                 info!("shutting down");

@@ -2,14 +2,11 @@
 //! liveness on `/healthz` (the loop is turning) and readiness on `/readyz`
 //! (every watch completed its first list).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
+use hostlb_api::runtime::admin::{self, Admin, Liveness};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -42,12 +39,7 @@ pub struct Telemetry {
     /// Pools with series, so a deleted pool's series go with it.
     pools: Mutex<std::collections::BTreeSet<String>>,
     ready: AtomicBool,
-    /// Unix seconds of the loop's last turn.
-    beat: AtomicI64,
-}
-
-fn unix_now() -> i64 {
-    jiff::Timestamp::now().as_second()
+    liveness: Liveness,
 }
 
 impl Telemetry {
@@ -65,7 +57,7 @@ impl Telemetry {
             pool_ready: Family::default(),
             pools: Mutex::new(Default::default()),
             ready: AtomicBool::new(false),
-            beat: AtomicI64::new(unix_now()),
+            liveness: Liveness::default(),
         };
         registry.register(
             "allocations",
@@ -140,7 +132,7 @@ impl Telemetry {
     }
 
     pub fn beat(&self) {
-        self.beat.store(unix_now(), Ordering::Relaxed);
+        self.liveness.turned();
     }
 
     pub fn set_pools(&self, reports: &[PoolReport]) {
@@ -180,59 +172,28 @@ impl Telemetry {
     }
 
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry.lock().expect("lock"))
-            .expect("writing to a String cannot fail");
-        out
+        admin::encode(&self.registry.lock().unwrap_or_else(|e| e.into_inner()))
     }
+}
 
-    fn alive(&self) -> bool {
-        unix_now() - self.beat.load(Ordering::Relaxed) < 30
+impl Admin for Telemetry {
+    const LOOP: &'static str = "the control loop";
+    fn metrics(&self) -> String {
+        self.render()
+    }
+    fn liveness(&self) -> &Liveness {
+        &self.liveness
+    }
+    fn not_ready(&self) -> Option<String> {
+        (!self.is_ready()).then(|| {
+            "not ready: waiting for the first list of every watch, a failing watch, or writes the API server refuses".to_string()
+        })
     }
 }
 
 /// `/metrics`, `/healthz`, `/readyz`.
 pub fn router(t: Arc<Telemetry>) -> Router {
-    Router::new()
-        .route(
-            "/metrics",
-            get(|State(t): State<Arc<Telemetry>>| async move {
-                // prometheus_client writes OpenMetrics text (with `# EOF`);
-                // say so, or a scraper parses it as the older format.
-                (
-                    [(
-                        "content-type",
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    t.render(),
-                )
-            }),
-        )
-        .route(
-            "/healthz",
-            get(|State(t): State<Arc<Telemetry>>| async move {
-                if t.alive() {
-                    (StatusCode::OK, "ok").into_response()
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "the control loop is stuck").into_response()
-                }
-            }),
-        )
-        .route(
-            "/readyz",
-            get(|State(t): State<Arc<Telemetry>>| async move {
-                if t.is_ready() {
-                    (StatusCode::OK, "ok").into_response()
-                } else {
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "not ready: waiting for the first list of every watch, a failing watch, or writes the API server refuses",
-                    )
-                        .into_response()
-                }
-            }),
-        )
-        .with_state(t)
+    admin::router(t)
 }
 
 #[cfg(test)]

@@ -49,7 +49,6 @@ impl Loop {
                 self.statuses_dirty = true;
             }
         }
-        self.flush_events().await;
     }
 
     pub(super) async fn write_advertisements(&mut self) {
@@ -84,7 +83,6 @@ impl Loop {
             if !self.lease_holds().await {
                 self.dirty.extend(keys);
                 self.statuses_dirty = true;
-                self.flush_events().await;
                 return;
             }
             let deadline = write_deadline(self.timing);
@@ -156,7 +154,6 @@ impl Loop {
                     }
                 }
             }
-            self.flush_events().await;
         }
         self.write_pools().await;
     }
@@ -188,7 +185,6 @@ impl Loop {
                 }
             }
         }
-        self.flush_events().await;
     }
 }
 

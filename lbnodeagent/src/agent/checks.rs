@@ -7,8 +7,9 @@ use std::sync::atomic::Ordering;
 use tracing::{debug, info, warn};
 
 use super::arp;
-use super::{Agent, PEERS_FILE, notify};
+use super::{Agent, PEERS_FILE};
 use crate::addrs::AddressBackend;
+use hostlb_api::runtime::notify::{NotifyState, notify};
 
 impl<B: AddressBackend + 'static> Agent<B> {
     /// Whether the host answers ARP for its VIPs on networks they do not
@@ -72,7 +73,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 "degraded: waiting for the API server ({}) for a first view of the cluster; not a candidate",
                 self.kube.server()
             );
-            notify(&[sd_notify::NotifyState::Status(&status)]);
+            notify(&[NotifyState::Status(&status)]);
         }
     }
 

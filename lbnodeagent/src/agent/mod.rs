@@ -37,9 +37,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::signal::unix::{SignalKind, signal};
+use hostlb_api::runtime::notify::{NotifyState, notify, watchdog_enabled};
+use hostlb_api::runtime::signals::{Signal, Signals};
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{debug, error, warn};
+use tracing::{error, warn};
 
 pub use self::core::{
     Actions, ConflictKind, Core, HANDOVER_MAX, Input, LEAVE_MAX, Metric, OpKind, OpResult,
@@ -139,9 +140,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         if self.step(Input::Adopted(adopted)).await {
             return self.finish().await;
         }
-        let mut hup = signal(SignalKind::hangup()).map_err(AgentError::Signals)?;
-        let mut term = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
-        let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
+        let mut signals = Signals::new(true).map_err(AgentError::Signals)?;
         let (status_tx, mut status_rx) = mpsc::channel::<oneshot::Sender<StatusDoc>>(8);
         self.telemetry.set_status_channel(status_tx);
         let mut tick = tokio::time::interval(TICK);
@@ -151,8 +150,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // candidate until its first reconcile, not a start that times out
         // and loops. `/readyz` stays 503 until then.
         notify(&[
-            sd_notify::NotifyState::Ready,
-            sd_notify::NotifyState::Status(if self.core.settings().unable.is_some() {
+            NotifyState::Ready,
+            NotifyState::Status(if self.core.settings().unable.is_some() {
                 "degraded: no CAP_NET_ADMIN, so not a candidate; peers serve"
             } else {
                 "starting: waiting for the first reconcile; not a candidate yet"
@@ -160,7 +159,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         ]);
         let wake = tokio::time::sleep(Duration::from_secs(3600));
         tokio::pin!(wake);
-        let watchdog = sd_notify::watchdog_enabled().is_some();
+        let watchdog = watchdog_enabled();
         let mut last_watchdog = Instant::now();
         loop {
             let input = tokio::select! {
@@ -207,12 +206,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     Input::Beats(beats::drain(first, rest))
                 }
                 Some(done) = self.kernel.results.recv() => done,
-                _ = hup.recv() => match self.reload().await {
-                    Some(input) => input,
-                    None => continue,
+                Some(signal) = signals.next() => match signal {
+                    Signal::Reload => match self.reload().await {
+                        Some(input) => input,
+                        None => continue,
+                    },
+                    Signal::Stop => Input::Leave,
                 },
-                _ = term.recv() => Input::Leave,
-                _ = int.recv() => Input::Leave,
                 Some(reply) = status_rx.recv() => {
                     let _ = reply.send(self.status_doc());
                     continue;
@@ -226,7 +226,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             wake.as_mut().reset(next.into());
             if watchdog && last_watchdog.elapsed() >= WATCHDOG_EVERY {
                 last_watchdog = Instant::now();
-                notify(&[sd_notify::NotifyState::Watchdog]);
+                notify(&[NotifyState::Watchdog]);
             }
             self.telemetry.beat();
             if let Some(b) = &self.gossip.beats {
@@ -244,6 +244,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
             input,
             Input::Cluster { .. } | Input::Members(_) | Input::Endpoints { .. } | Input::Links(_)
         );
+        // Beats and claims heard on the wire are most of what wakes an
+        // agent at rest, and change nothing the record shows but isolation
+        // and the last conflict, which `carry_out` checks itself.
+        let shows = !matches!(input, Input::Beats(_) | Input::Claim(_));
         let started = Instant::now();
         let actions = self.core.step(started, input);
         if timed {
@@ -252,12 +256,14 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 .observe(started.elapsed().as_secs_f64());
         }
         let exit = actions.exit;
-        self.carry_out(actions).await;
+        self.carry_out(actions, shows).await;
         exit
     }
 
     /// Does what the core said, without waiting for any of it to finish.
-    async fn carry_out(&mut self, a: Actions) {
+    /// The record is built again only when `shows` (the input could change
+    /// what it says) or isolation or the last conflict changed.
+    async fn carry_out(&mut self, a: Actions, shows: bool) {
         if !a.add.is_empty() || !a.remove.is_empty() || a.read_kernel {
             // The worker lives as long as the agent.
             let _ = self.kernel.batches.send(KernelJob {
@@ -299,7 +305,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                         .collect(),
                 );
             }
-            notify(&[sd_notify::NotifyState::Stopping]);
+            notify(&[NotifyState::Stopping]);
             self.telemetry.leaving.store(true, Ordering::Relaxed);
             self.gossip.membership.set_leaving().await;
         }
@@ -310,7 +316,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             self.report.announcing.send_replace(announcing);
         }
         for event in a.events {
-            self.report.event(&self.telemetry, event);
+            self.report.event(event);
         }
         for m in a.metrics {
             match m {
@@ -332,10 +338,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
         if a.ready {
             self.telemetry.applied.store(true, Ordering::Relaxed);
-            notify(&[sd_notify::NotifyState::Ready]);
+            notify(&[NotifyState::Ready]);
         }
         if let Some(status) = a.status {
-            notify(&[sd_notify::NotifyState::Status(&status)]);
+            notify(&[NotifyState::Status(&status)]);
         }
         self.telemetry.owned_vips.set(self.core.held_count() as i64);
         self.telemetry
@@ -347,16 +353,21 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.telemetry
             .object_errors
             .set(self.core.object_errors().len() as i64);
+        let mut shows = shows;
         if let Some(isolated) = a.isolated {
             self.telemetry.gossip_isolated.set(i64::from(isolated));
+            shows = true;
         }
         self.write_peers();
         if let Some(c) = self.core.last_conflict()
             && self.conflict_seen.as_ref().map(|(s, _)| s) != Some(c)
         {
             self.conflict_seen = Some((c.clone(), jiff::Timestamp::now()));
+            shows = true;
         }
-        self.publisher.set(self.record());
+        if shows {
+            self.publisher.set(self.record());
+        }
     }
 
     /// What the watches say changed, as the core's input: the whole view,
@@ -438,13 +449,5 @@ async fn recv_if<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
-    }
-}
-
-fn notify(state: &[sd_notify::NotifyState]) {
-    if std::env::var_os("NOTIFY_SOCKET").is_some()
-        && let Err(e) = sd_notify::notify(state)
-    {
-        debug!(error = %e, "sd_notify failed");
     }
 }

@@ -84,18 +84,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
             telemetry.clone(),
         );
 
-        let listener = tokio::net::TcpListener::bind(cfg.http_listen)
+        hostlb_api::runtime::admin::serve(cfg.http_listen, telemetry::router(telemetry.clone()))
             .await
             .map_err(|source| AgentError::Http {
                 addr: cfg.http_listen,
                 source,
             })?;
-        let router = telemetry::router(telemetry.clone());
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                error!(error = %e, "HTTP server stopped");
-            }
-        });
         let kernel = kernel_worker(backend.clone());
         let config_hash = config_hash(&cfg);
         Ok(Agent {
@@ -138,26 +132,20 @@ pub async fn check_offline(cfg: &AgentConfig) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// The client, and the API server's URL (for log lines).
+/// The client, and the API server's URL (for log lines). Its User-Agent
+/// names this node.
 pub(super) async fn kube_client(cfg: &AgentConfig) -> Result<(kube::Client, String), AgentError> {
-    let bad = |message: String| AgentError::Kubeconfig {
-        path: cfg.kubeconfig.clone(),
-        message,
-    };
-    let kubeconfig =
-        kube::config::Kubeconfig::read_from(&cfg.kubeconfig).map_err(|e| bad(e.to_string()))?;
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    hostlb_api::runtime::client::client(Some(&cfg.kubeconfig), "lbnodeagent", &cfg.node_name)
         .await
-        .map_err(|e| bad(e.to_string()))?;
-    // The client's own retries of 503s back off for minutes, during which
-    // the watches look healthy; the watchers retry themselves, and report.
-    config.default_retry = false;
-    if let Ok(v) = format!("hostlb-lbnodeagent/{} ({})", crate::VERSION, cfg.node_name).parse() {
-        config.headers.push((http::header::USER_AGENT, v));
-    }
-    let server = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config).map_err(|e| bad(e.to_string()))?;
-    Ok((client, server))
+        .map_err(|e| match e {
+            hostlb_api::runtime::client::ClientError::Kubeconfig { path, message } => {
+                AgentError::Kubeconfig { path, message }
+            }
+            other => AgentError::Kubeconfig {
+                path: cfg.kubeconfig.clone(),
+                message: other.to_string(),
+            },
+        })
 }
 
 /// 12 hex digits of SHA-256: enough to tell two values apart at a glance.

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,6 +16,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use hostlb_api::runtime::admin::{self, Admin, Liveness};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -79,13 +80,8 @@ pub struct Telemetry {
     pub api_writable: AtomicBool,
     pub carrier: AtomicBool,
     pub leaving: AtomicBool,
-    /// Unix seconds of the loop's last turn.
-    beat: AtomicI64,
+    liveness: Liveness,
     status: Mutex<Option<mpsc::Sender<oneshot::Sender<StatusDoc>>>>,
-}
-
-fn unix_now() -> i64 {
-    jiff::Timestamp::now().as_second()
 }
 
 impl Telemetry {
@@ -122,7 +118,7 @@ impl Telemetry {
             api_writable: AtomicBool::new(true),
             carrier: AtomicBool::new(true),
             leaving: AtomicBool::new(false),
-            beat: AtomicI64::new(unix_now()),
+            liveness: Liveness::default(),
             status: Mutex::new(None),
         };
         registry.register(
@@ -253,11 +249,18 @@ impl Telemetry {
     }
 
     pub fn beat(&self) {
-        self.beat.store(unix_now(), Ordering::Relaxed);
+        self.liveness.turned();
     }
 
-    fn alive(&self) -> bool {
-        unix_now() - self.beat.load(Ordering::Relaxed) < 30
+    /// Notes whether the server took the last request, for `/readyz`; a
+    /// change is logged once.
+    pub fn api_answered(&self, ok: bool) {
+        let was = self.api_writable.swap(ok, Ordering::Relaxed);
+        if was && !ok {
+            tracing::warn!("the API server does not take requests; degraded until it does");
+        } else if !was && ok {
+            tracing::info!("the API server takes requests again");
+        }
     }
 
     pub fn warnings(&self) -> Vec<String> {
@@ -297,12 +300,7 @@ impl Telemetry {
     }
 
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(
-            &mut out,
-            &self.registry.lock().unwrap_or_else(|e| e.into_inner()),
-        )
-        .expect("writing to a String cannot fail");
+        let mut out = admin::encode(&self.registry.lock().unwrap_or_else(|e| e.into_inner()));
         // Gossip drops are counted by the transport; rendered from its
         // snapshot so the two never disagree.
         if let Some(c) = &*self.gossip.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -419,51 +417,25 @@ impl Telemetry {
     }
 }
 
-/// `/metrics`, `/healthz`, `/readyz`, `/status`.
+impl Admin for Telemetry {
+    const LOOP: &'static str = "the reconcile loop";
+    fn metrics(&self) -> String {
+        self.render()
+    }
+    fn liveness(&self) -> &Liveness {
+        &self.liveness
+    }
+    fn not_ready(&self) -> Option<String> {
+        Telemetry::not_ready(self).map(str::to_string)
+    }
+    fn warnings(&self) -> Vec<String> {
+        Telemetry::warnings(self)
+    }
+}
+
+/// The shared admin routes, and `/status`.
 pub fn router(t: Arc<Telemetry>) -> Router {
-    Router::new()
-        .route(
-            "/metrics",
-            get(|State(t): State<Arc<Telemetry>>| async move {
-                (
-                    [(
-                        "content-type",
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    t.render(),
-                )
-            }),
-        )
-        .route(
-            "/healthz",
-            get(|State(t): State<Arc<Telemetry>>| async move {
-                if t.alive() {
-                    (StatusCode::OK, "ok").into_response()
-                } else {
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "the reconcile loop is stuck",
-                    )
-                        .into_response()
-                }
-            }),
-        )
-        .route(
-            "/readyz",
-            get(|State(t): State<Arc<Telemetry>>| async move {
-                match t.not_ready() {
-                    None => {
-                        let mut body = "ok".to_string();
-                        for w in t.warnings() {
-                            body.push_str("\nwarning: ");
-                            body.push_str(&w);
-                        }
-                        (StatusCode::OK, body).into_response()
-                    }
-                    Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()).into_response(),
-                }
-            }),
-        )
+    let status = Router::new()
         .route(
             "/status",
             get(|State(t): State<Arc<Telemetry>>| async move {
@@ -481,5 +453,6 @@ pub fn router(t: Arc<Telemetry>) -> Router {
                 }
             }),
         )
-        .with_state(t)
+        .with_state(t.clone());
+    admin::router(t).merge(status)
 }

@@ -1,8 +1,8 @@
 //! Names the commit a binary was built from, so that `--version`, the log
 //! and the NodeAgent record say exactly which build runs: `HOSTLB_COMMIT`
 //! from the environment when set (a build from a source tarball), else
-//! git's HEAD, else `unknown`. kubectl-hostlb shows the same, through
-//! `lbnodeagent::VERSION`.
+//! git's HEAD, else `unknown`. Every binary shows the same, through
+//! `hostlb_api::VERSION`.
 
 use std::path::PathBuf;
 use std::process::Command;
