@@ -11,8 +11,8 @@ use crate::addrs::AddressBackend;
 use crate::gossip::GossipKeys;
 
 impl<B: AddressBackend + 'static> Agent<B> {
-    /// SIGHUP: the new settings for the core, then the links again (the
-    /// virtual interface may have another name).
+    /// SIGHUP: the new settings for the core and the links read again (the
+    /// virtual interface may have another name), as one input.
     pub(super) async fn reload(&mut self) -> Option<Input> {
         let new = match AgentConfig::load(&self.config_path) {
             Ok(new) => new,
@@ -46,7 +46,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.config_hash = config_hash(&self.cfg);
         info!(config = %self.config_path.display(), "config reloaded");
         let wire = self.core.settings().wire;
-        self.step(Input::Settings(settings(&self.cfg, wire))).await;
-        Some(Input::Links(self.read_links().await))
+        Some(Input::Reloaded {
+            settings: settings(&self.cfg, wire),
+            links: self.read_links().await,
+        })
     }
 }

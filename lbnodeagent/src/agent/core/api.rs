@@ -98,8 +98,13 @@ pub enum Input {
     Tick,
     /// SIGTERM or SIGINT: hand everything over and exit.
     Leave,
-    /// A reloaded configuration.
-    Settings(Settings),
+    /// A reloaded configuration, and the links read after it (the virtual
+    /// interface may have another name): one step, so the core never acts
+    /// on the new settings with the old links.
+    Reloaded {
+        settings: Settings,
+        links: Links,
+    },
     /// The agents' records in the API (`NodeAgent` objects), every one.
     Records(Vec<AgentRecord>),
 }

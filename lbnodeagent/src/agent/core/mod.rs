@@ -443,17 +443,7 @@ impl Core {
                     self.apply_view(now, out);
                 }
             }
-            Input::Links(links) => {
-                if links != self.links {
-                    debug!("links or routes changed");
-                    self.on_link = links.on_link().into();
-                    self.links = links;
-                    self.publish_dirty = true;
-                    self.elect_members();
-                    self.watch_due.get_or_insert(now);
-                    self.all_dirty = true;
-                }
-            }
+            Input::Links(links) => self.set_links(now, links),
             Input::Adopted(found) => {
                 if !found.is_empty() {
                     info!(count = found.len(), "found addresses of a previous run");
@@ -521,7 +511,7 @@ impl Core {
                     .collect();
             }
             Input::Leave => self.begin_leave(now, out),
-            Input::Settings(settings) => {
+            Input::Reloaded { settings, links } => {
                 if settings != self.settings {
                     if settings.garp.refresh != self.settings.garp.refresh {
                         self.next_refresh = None;
@@ -532,12 +522,26 @@ impl Core {
                     };
                     self.all_dirty = true;
                 }
+                self.set_links(now, links);
             }
         }
     }
 
     /// Everything that follows from the state: settle, decide, announce,
     /// probe, renew, report, and the next wake-up.
+    /// The host's links and routes as read now.
+    fn set_links(&mut self, now: Instant, links: Links) {
+        if links != self.links {
+            debug!("links or routes changed");
+            self.on_link = links.on_link().into();
+            self.links = links;
+            self.publish_dirty = true;
+            self.elect_members();
+            self.watch_due.get_or_insert(now);
+            self.all_dirty = true;
+        }
+    }
+
     fn advance(&mut self, now: Instant, out: &mut Actions) {
         let (silent, changed) = self.sessions.expire(now);
         if !silent.is_empty() {

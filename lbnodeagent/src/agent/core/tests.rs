@@ -1177,7 +1177,8 @@ fn held_vips_are_announced_again_every_refresh_interval() {
     let mut settings = a.core.settings().clone();
     settings.garp.refresh = Some(Duration::from_secs(1));
     let reloaded = a.now;
-    a.step(Input::Settings(settings));
+    let links = a.core.links().clone();
+    a.step(Input::Reloaded { settings, links });
     let seen = rounds(&mut a, Duration::from_millis(3050));
     assert_eq!(seen.len(), 3, "one round a second: {seen:?}");
     for (i, (at, ips)) in seen.iter().enumerate() {
