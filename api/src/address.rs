@@ -7,6 +7,8 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
+use ipnetwork::IpNetwork;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
     V4,
@@ -98,77 +100,50 @@ fn parse_ip(entry: &str, text: &str) -> Result<IpAddr, AddressError> {
 
 /// An on-link or CIDR prefix such as `10.0.0.0/24`. The address keeps any host
 /// bits it was written with, so `10.0.0.7/24` names both a host and its subnet.
+/// The arithmetic is `ipnetwork`'s; parsing is ours, so an error names the
+/// pool entry and says what is wrong with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Prefix {
-    addr: IpAddr,
-    len: u8,
-}
+pub struct Prefix(IpNetwork);
 
 impl Prefix {
     pub fn new(addr: IpAddr, len: u8) -> Option<Prefix> {
-        (len <= Family::of(addr).bits()).then_some(Prefix { addr, len })
+        IpNetwork::new(addr, len).ok().map(Prefix)
     }
 
     pub fn addr(&self) -> IpAddr {
-        self.addr
+        self.0.ip()
     }
 
     pub fn prefix_len(&self) -> u8 {
-        self.len
+        self.0.prefix()
     }
 
     pub fn family(&self) -> Family {
-        Family::of(self.addr)
-    }
-
-    fn mask(&self) -> u128 {
-        let bits = self.family().bits() as u32;
-        let host = bits - self.len as u32;
-        let all = if bits == 128 {
-            u128::MAX
-        } else {
-            (1u128 << bits) - 1
-        };
-        if host == 128 {
-            0
-        } else {
-            all & !((1u128 << host) - 1)
-        }
+        Family::of(self.addr())
     }
 
     /// The prefix with host bits cleared.
     pub fn network(&self) -> Prefix {
-        Prefix {
-            addr: from_u128(self.family(), to_u128(self.addr) & self.mask()),
-            len: self.len,
-        }
+        Prefix::new(self.0.network(), self.prefix_len()).expect("same length, same family")
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        Family::of(ip) == self.family()
-            && (to_u128(ip) & self.mask()) == (to_u128(self.addr) & self.mask())
+        self.0.contains(ip)
     }
 
     /// Every address the prefix covers, as a range.
     pub fn range(&self) -> AddressRange {
-        let first = to_u128(self.addr) & self.mask();
-        let host_mask = !self.mask()
-            & if self.family() == Family::V4 {
-                u32::MAX as u128
-            } else {
-                u128::MAX
-            };
         AddressRange {
             family: self.family(),
-            first,
-            last: first | host_mask,
+            first: to_u128(self.0.network()),
+            last: to_u128(self.0.broadcast()),
         }
     }
 }
 
 impl fmt::Display for Prefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
+        write!(f, "{}/{}", self.addr(), self.prefix_len())
     }
 }
 
