@@ -1,0 +1,584 @@
+//! The agents of the simulated hosts: started, stopped, stepped, and what
+//! their actions do to the world; gossip views and beats between them; the
+//! API server's records and cluster views as watches deliver them.
+
+use super::*;
+
+impl World {
+    pub(super) fn links(&self, host: usize) -> Links {
+        self.links[host].clone()
+    }
+
+    /// A host's power or port changed: its links with it.
+    pub(super) fn relink(&mut self, host: usize) {
+        self.links[host] = links_of(&self.hosts[host]);
+        let bit = 1 << host;
+        if self.links[host].on_link().is_empty() {
+            self.on_link &= !bit;
+        } else {
+            self.on_link |= bit;
+        }
+    }
+
+    pub(super) fn start_agent(&mut self, host: usize) {
+        let h = &self.hosts[host];
+        if !h.powered || h.agent != Agent::Stopped {
+            return;
+        }
+        let settings = Settings {
+            node: h.name.clone(),
+            ..self.settings.clone()
+        };
+        let core = Core::new(settings, self.links(host), self.now());
+        let adopted = owned_addresses(h);
+        let t = self.t;
+        let h = &mut self.hosts[host];
+        h.published = core.local_state();
+        h.pub_version += 1;
+        h.started_at = t;
+        h.core = Some(core);
+        h.agent = Agent::Running;
+        h.killed = false;
+        h.stopped_at = None;
+        h.stalled_since = None;
+        h.cleanup_since = None;
+        h.generation += 1;
+        h.api_version = 0;
+        h.wake_due = None;
+        h.known = vec![None; self.shape.nodes];
+        h.beat_plan = BeatPlan::default();
+        h.watched.clear();
+        h.deferred.clear();
+        h.view_dirty = true;
+        let generation = h.generation;
+        self.note(format!("{}: agent starts", self.hosts[host].name));
+        self.judge_candidacy(host);
+        self.reachability(host);
+        self.step(host, Input::Adopted(adopted));
+        if self.api_up {
+            let d = self.rng.ms(50, 300);
+            self.after(d, Ev::Api { host, generation });
+        }
+        self.records_changed(host);
+    }
+
+    /// `host`'s record changed (its agent started, or stopped and said
+    /// so): the other agents' watches deliver the records again.
+    pub(super) fn records_changed(&mut self, host: usize) {
+        if !self.api_up {
+            return;
+        }
+        for j in 0..self.hosts.len() {
+            if j == host || self.hosts[j].agent == Agent::Stopped {
+                continue;
+            }
+            let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
+            let generation = self.hosts[j].generation;
+            self.after(
+                d,
+                Ev::Api {
+                    host: j,
+                    generation,
+                },
+            );
+        }
+    }
+
+    /// The agent is gone (killed, exited, host off): peers find out by
+    /// detection, or at once after a graceful leave.
+    pub(super) fn stop_agent(&mut self, host: usize, graceful: bool) {
+        if self.hosts[host].agent == Agent::Stopped {
+            return;
+        }
+        if graceful {
+            for j in 0..self.hosts.len() {
+                if j != host && self.reach[host][j] {
+                    let d = self.rng.ms(LEAVE_MS.0, LEAVE_MS.1);
+                    self.after(
+                        d,
+                        Ev::Left {
+                            observer: j,
+                            subject: host,
+                        },
+                    );
+                }
+            }
+        }
+        let t = self.t;
+        let h = &mut self.hosts[host];
+        h.agent = Agent::Stopped;
+        h.stopped_at = Some(t);
+        h.stalled_since = None;
+        h.core = None;
+        h.wake_due = None;
+        h.watched.clear();
+        h.deferred.clear();
+        self.reachability(host);
+        if graceful {
+            self.records_changed(host);
+        }
+    }
+
+    pub(super) fn step(&mut self, host: usize, input: Input) {
+        if !matches!(input, Input::Beats(_))
+            && self.hosts[host]
+                .beats_at
+                .is_none_or(|at| self.t >= at + BEATS_EVERY)
+            && self.deliver_beats(host, None)
+            && matches!(input, Input::Tick)
+        {
+            // The beats' step was this moment's step: a tick after it, at
+            // the same instant, finds nothing more to do (the shell, too,
+            // steps once for all that woke it).
+            return;
+        }
+        let now = self.now();
+        let span = self.trace.all.then(|| {
+            tracing::info_span!("sim", t = format!("{:.3}", self.t.as_secs_f64()), node = %self.hosts[host].name)
+                .entered()
+        });
+        let Some(core) = self.hosts[host].core.as_mut() else {
+            return;
+        };
+        let actions = core.step(now, input);
+        drop(span);
+        self.carry_out(host, actions);
+    }
+
+    pub(super) fn carry_out(&mut self, host: usize, a: Actions) {
+        let generation = self.hosts[host].generation;
+        if let Some(plan) = a.beat {
+            self.hosts[host].beat_plan = plan;
+        }
+        if !a.add.is_empty() || !a.remove.is_empty() || a.read_kernel {
+            let n = (a.add.len() + a.remove.len()) as u32;
+            let took = self.rng.ms(BATCH_MS.0, BATCH_MS.1) + PER_ADDRESS * n;
+            let h = &mut self.hosts[host];
+            let done = h.kernel_busy.max(self.t) + took;
+            h.kernel_busy = done;
+            self.log(|| {
+                format!(
+                    "{host}: kernel batch +{:?} -{:?}",
+                    ips(&a.add),
+                    ips(&a.remove)
+                )
+            });
+            self.schedule(
+                done,
+                Ev::Kernel {
+                    host,
+                    generation,
+                    add: a.add,
+                    remove: a.remove,
+                    read: a.read_kernel,
+                },
+            );
+        }
+        let on_wire = self.hosts[host].powered && self.hosts[host].port_up;
+        if a.leave {
+            let generation = Some(self.hosts[host].generation);
+            self.leaving_beats(host, generation, Duration::ZERO);
+        }
+        if on_wire {
+            for t in &a.garp {
+                for j in 0..self.hosts.len() {
+                    if j == host || !self.hosts[j].powered || !self.hosts[j].port_up {
+                        continue;
+                    }
+                    if self.rng.chance(self.shape.loss) {
+                        continue;
+                    }
+                    let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
+                    let claim = Claim {
+                        ip: t.ip,
+                        mac: self.hosts[host].mac,
+                    };
+                    let g = self.hosts[j].generation;
+                    self.after(
+                        d,
+                        Ev::Input {
+                            host: j,
+                            generation: g,
+                            input: Box::new(Input::Claim(claim)),
+                        },
+                    );
+                }
+            }
+            for t in &a.probe {
+                for j in 0..self.hosts.len() {
+                    if j != host && self.answers(j, t.ip) {
+                        // The question or its answer lost on the way.
+                        let lost =
+                            self.rng.chance(self.shape.loss) || self.rng.chance(self.shape.loss);
+                        let e = self.exchanges.entry((host, t.ip)).or_default();
+                        if lost {
+                            e.lost = Some(self.t);
+                            continue;
+                        }
+                        e.heard = Some(self.t);
+                        let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
+                        let claim = Claim {
+                            ip: t.ip,
+                            mac: self.hosts[j].mac,
+                        };
+                        self.after(
+                            d,
+                            Ev::Input {
+                                host,
+                                generation,
+                                input: Box::new(Input::Claim(claim)),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(watched) = a.watch {
+            self.hosts[host].watched = watched;
+        }
+        if let Some(local) = a.publish {
+            self.publish(host, local);
+        }
+        if a.ready {
+            self.log(|| format!("{host}: ready"));
+        }
+        // As the shell does: it sleeps until the core's latest word, later
+        // or earlier than the one before (a wake-up that was pushed back
+        // does not come).
+        let at = a.wake.map(|at| at.saturating_duration_since(self.base));
+        let h = &mut self.hosts[host];
+        if at != h.wake_due {
+            h.wake_due = at;
+            if let Some(at) = at {
+                self.schedule(
+                    at,
+                    Ev::Wake {
+                        host,
+                        generation,
+                        at,
+                    },
+                );
+            }
+        }
+        if a.exit {
+            self.note(format!("{}: agent exits", self.hosts[host].name));
+            self.stop_agent(host, true);
+        }
+    }
+
+    pub(super) fn publish(&mut self, host: usize, local: LocalState) {
+        let leaving = local.status == Status::Leaving;
+        let name = self.hosts[host].name.clone();
+        self.log(|| {
+            format!(
+                "{name}: publishes {:?} revision {} vips {:?}",
+                local.status, local.revision, local.vips
+            )
+        });
+        let h = &mut self.hosts[host];
+        let was = std::mem::replace(&mut h.published, local).status;
+        h.pub_version += 1;
+        let (generation, version) = (h.generation, h.pub_version);
+        if was != Status::Alive {
+            self.judge_candidacy(host);
+        }
+        for j in 0..self.hosts.len() {
+            if j == host || !self.reach[host][j] {
+                continue;
+            }
+            let mut d = if leaving {
+                self.rng.ms(LEAVE_MS.0, LEAVE_MS.1)
+            } else {
+                self.rng.ms(SPREAD_MS.0, SPREAD_MS.1)
+            };
+            while self.rng.chance(self.shape.loss) {
+                d += GOSSIP_INTERVAL;
+            }
+            let state = Box::new(self.hosts[host].published.clone());
+            self.after(
+                d,
+                Ev::Gossip {
+                    to: j,
+                    from: host,
+                    generation,
+                    version,
+                    state,
+                },
+            );
+        }
+    }
+
+    /// A node that becomes `alive` stands in its peers' elections: it must
+    /// have reconciled, with a complete view of the cluster, and have heard
+    /// its peers or waited the start's grace for them.
+    pub(super) fn judge_candidacy(&mut self, host: usize) {
+        let h = &self.hosts[host];
+        if h.published.status != Status::Alive {
+            return;
+        }
+        let heard_peers =
+            h.known.iter().flatten().any(|k| k.up) || self.t >= h.started_at + super::super::STARTUP_GRACE;
+        let why = if h.api_version == 0 {
+            "without a view of the cluster"
+        } else if !heard_peers {
+            "before it heard its peers or waited the start's grace"
+        } else {
+            return;
+        };
+        let what = format!(
+            "{} published itself a candidate ({}) {why}: its peers elect a node that cannot serve",
+            h.name,
+            Status::Alive.as_str()
+        );
+        let t = self.t;
+        self.checker.unfit_candidate(t, what);
+    }
+
+    /// Beats are modelled as flowing without a gap while a sender's agent
+    /// runs and gossip reaches the receiver: an agent is handed the beats
+    /// of its senders before it steps (at most every [`BEATS_EVERY`]), and
+    /// the last ones when the path breaks (`only`: that sender). Loss is
+    /// not modelled: five beats lost in a row are about one in three
+    /// million at 5% loss; a silent live owner comes from a frozen agent.
+    /// True when the agent stepped.
+    pub(super) fn deliver_beats(&mut self, host: usize, only: Option<usize>) -> bool {
+        if self.hosts[host].agent != Agent::Running || self.hosts[host].core.is_none() {
+            return false;
+        }
+        let now = self.now();
+        let addr = self.hosts[host].gossip_addr;
+        let mut beats = Vec::new();
+        for j in 0..self.hosts.len() {
+            if j == host || only.is_some_and(|o| o != j) {
+                continue;
+            }
+            if only.is_none() && !self.reach[j][host] {
+                continue;
+            }
+            let plan = &self.hosts[j].beat_plan;
+            let lapse = |l: Option<Lapse>| {
+                l.map(|l| {
+                    (
+                        l.first.saturating_duration_since(now),
+                        l.last.saturating_duration_since(now),
+                    )
+                })
+            };
+            let beat = Beat {
+                node: self.hosts[j].name.clone(),
+                generation: Some(self.hosts[j].generation),
+                lapse: lapse(plan.lapse),
+                leaving: false,
+                watching: plan.sparse.contains(&addr),
+                silent: None,
+            };
+            for r in plan.relays.iter().filter(|r| r.to.contains(&addr)) {
+                beats.push(Beat {
+                    silent: Some(Silent {
+                        node: r.node.clone(),
+                        generation: Some(r.generation),
+                        lapse: lapse(r.lapse),
+                    }),
+                    ..beat.clone()
+                });
+            }
+            if plan.dense.contains(&addr) || plan.sparse.contains(&addr) {
+                beats.push(beat);
+            }
+        }
+        if only.is_none() {
+            self.hosts[host].beats_at = Some(self.t);
+        }
+        if beats.is_empty() {
+            return false;
+        }
+        self.step(host, Input::Beats(beats));
+        true
+    }
+
+    /// Membership views to the agents whose knowledge changed.
+    pub(super) fn deliver_views(&mut self) {
+        for host in 0..self.hosts.len() {
+            let h = &self.hosts[host];
+            if !h.view_dirty || h.agent != Agent::Running {
+                continue;
+            }
+            self.hosts[host].view_dirty = false;
+            let view = self.view_of(host);
+            self.step(host, Input::Members(view));
+        }
+    }
+
+    pub(super) fn view_of(&self, host: usize) -> MembershipView {
+        let info = |i: usize, generation: u64, state: &LocalState| MemberInfo {
+            node: self.hosts[i].name.clone(),
+            generation,
+            gossip_addr: self.hosts[i].gossip_addr,
+            agent_version: String::new(),
+            protocol: crate::model::PROTOCOL,
+            status: state.status,
+            virtual_mode: state.virtual_mode,
+            on_link: state.on_link.clone(),
+            vips: state.vips.clone(),
+            macs: state.macs.clone(),
+            revision: state.revision,
+        };
+        let h = &self.hosts[host];
+        let local = info(host, h.generation, &h.published);
+        let mut nodes = Vec::with_capacity(self.hosts.len());
+        nodes.push(local.clone());
+        let mut live = 1u64 << host;
+        for (j, k) in h.known.iter().enumerate() {
+            if let Some(k) = k
+                && k.up
+                && j != host
+            {
+                nodes.push(info(j, k.generation, &k.state));
+                live |= 1 << j;
+            }
+        }
+        nodes.sort_by(|a, b| a.node.cmp(&b.node));
+        // Nodes not live here, as last heard of here or through a live peer
+        // (gossip carries every node's state, not only live ones').
+        let gone: Vec<MemberInfo> = (0..self.hosts.len())
+            .filter(|&j| live & 1 << j == 0)
+            .filter_map(|j| {
+                let known = h.known[j].as_ref().or_else(|| {
+                    (0..self.hosts.len())
+                        .filter(|&k| h.known[k].as_ref().is_some_and(|x| x.up))
+                        .filter_map(|k| self.hosts[k].known[j].as_ref())
+                        .max_by_key(|x| (x.generation, x.version))
+                })?;
+                Some(info(j, known.generation, &known.state))
+            })
+            .collect();
+        let members: Vec<Member> = nodes
+            .iter()
+            .filter(|n| n.status == Status::Alive)
+            .map(MemberInfo::to_member)
+            .collect();
+        MembershipView {
+            local,
+            members,
+            nodes,
+            unconfirmed: 0,
+            gone,
+        }
+    }
+
+    /// Whether gossip flows between two hosts.
+    pub(super) fn gossips(&self, host: usize) -> bool {
+        let h = &self.hosts[host];
+        h.powered && h.port_up && !h.blocked && h.agent == Agent::Running
+    }
+
+    /// Re-evaluates the pairs of `host` after its state changed.
+    pub(super) fn reachability(&mut self, host: usize) {
+        for j in 0..self.hosts.len() {
+            if j == host {
+                continue;
+            }
+            let now = self.gossips(host) && self.gossips(j);
+            if now == self.reach[host][j] {
+                continue;
+            }
+            if !now {
+                // The last beats before the path broke.
+                self.deliver_beats(j, Some(host));
+                self.deliver_beats(host, Some(j));
+            }
+            self.reach[host][j] = now;
+            self.reach[j][host] = now;
+            for (observer, subject) in [(host, j), (j, host)] {
+                self.epoch[observer][subject] += 1;
+                let epoch = self.epoch[observer][subject];
+                let ev = if now {
+                    let d = self.rng.ms(REJOIN_MS.0, REJOIN_MS.1);
+                    (
+                        d,
+                        Ev::Rejoin {
+                            observer,
+                            subject,
+                            epoch,
+                        },
+                    )
+                } else {
+                    let d = self.rng.ms(DETECT_MS.0, DETECT_MS.1);
+                    (
+                        d,
+                        Ev::Suspect {
+                            observer,
+                            subject,
+                            epoch,
+                        },
+                    )
+                };
+                self.after(ev.0, ev.1);
+            }
+        }
+    }
+
+    /// Every agent's record in the API, as a watch delivers them: each
+    /// host's MAC, fresh unless its agent stopped gracefully (a killed or
+    /// crashed agent's record goes stale only after minutes).
+    pub(super) fn deliver_records(&mut self, host: usize) {
+        if !self.api_up {
+            return;
+        }
+        let records = self
+            .hosts
+            .iter()
+            .map(|h| AgentRecord {
+                node: h.name.clone(),
+                macs: [h.mac].into(),
+                fresh: h.agent != Agent::Stopped || h.killed || !h.powered,
+            })
+            .collect();
+        self.step(host, Input::Records(records));
+    }
+
+    pub(super) fn deliver_cluster(&mut self, host: usize) {
+        if !self.api_up || self.hosts[host].api_version == self.truth.version {
+            return;
+        }
+        let partial = self.hosts[host].api_version + 1 == self.truth.version;
+        let revision = self.truth.version;
+        let input = match (&self.truth.endpoints_only, partial) {
+            (Some(keys), true) => Input::Endpoints {
+                changes: keys
+                    .iter()
+                    .filter_map(|k| {
+                        let s = self.truth.cluster.services.iter().find(|s| s.key == *k)?;
+                        Some((k.clone(), s.endpoints.clone()))
+                    })
+                    .collect(),
+                revision,
+            },
+            _ => Input::Cluster {
+                cluster: self.truth.cluster.clone(),
+                errors: Vec::new(),
+                revision,
+            },
+        };
+        self.hosts[host].api_version = self.truth.version;
+        let name = self.hosts[host].name.clone();
+        let version = self.truth.version;
+        self.log(|| format!("{name}: cluster version {version}"));
+        self.step(host, input);
+    }
+
+    /// The API server has a new version: every watching agent gets it.
+    pub(super) fn truth_changed(&mut self) {
+        if !self.api_up {
+            return;
+        }
+        for host in 0..self.hosts.len() {
+            if self.hosts[host].agent == Agent::Stopped {
+                continue;
+            }
+            let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
+            let generation = self.hosts[host].generation;
+            self.after(d, Ev::Api { host, generation });
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! The seeded schedule of faults: applied, described, and healed at the
+//! end of the fault phase.
+
+use super::*;
+
+impl World {
+    pub(super) fn healthy(&self, host: usize) -> bool {
+        let h = &self.hosts[host];
+        h.powered
+            && h.port_up
+            && !h.blocked
+            && !h.flaky
+            && h.agent == Agent::Running
+            && h.core.as_ref().is_some_and(|c| c.is_ready())
+    }
+
+    pub(super) fn next_fault(&mut self) {
+        let n = self.hosts.len();
+        let unhealthy = (0..n).filter(|&h| !self.healthy(h)).count();
+        // Keep most nodes serving: a third of them at most in trouble.
+        let budget = (n / 3).max(1);
+        let candidates: Vec<usize> = (0..n).filter(|&h| self.healthy(h)).collect();
+        if unhealthy >= budget || candidates.is_empty() {
+            if self.api_up && self.plan.chance(0.2) {
+                self.apply(Fault::ApiDown);
+                let d = self.plan.ms(1000, 15000);
+                self.after(d, Ev::Recover(Fault::ApiUp));
+            }
+            return;
+        }
+        let h = *self.plan.pick(&candidates);
+        let (fault, recovery, lo, hi) = match self.plan.below(12) {
+            0 => (Fault::Crash(h), Fault::Boot(h), 1000, 8000),
+            1 => (Fault::Freeze(h), Fault::Thaw(h), 200, 9000),
+            2 => (Fault::Kill(h), Fault::Start(h), 500, 10000),
+            3 => (Fault::KillCleanup(h), Fault::Start(h), 500, 5000),
+            4 | 5 => (Fault::Term(h), Fault::Start(h), 1000, 5000),
+            6 => (Fault::PortDown(h), Fault::PortUp(h), 300, 6000),
+            7 => (Fault::Partition(h), Fault::Heal(h), 500, 8000),
+            8 => (Fault::Flaky(h), Fault::Steady(h), 1000, 5000),
+            9 if self.api_up => {
+                // An outage, and an agent restarted during it.
+                self.apply(Fault::ApiDown);
+                // Long enough that an agent which cannot serve, but
+                // stands as a candidate, leaves VIPs unowned for far
+                // longer than any bound.
+                let up = self.plan.ms(4000, 20000);
+                self.after(up, Ev::Recover(Fault::ApiUp));
+                (Fault::Kill(h), Fault::Start(h), 200, 1500)
+            }
+            10 => (Fault::Stall(h), Fault::Thaw(h), 50, 200),
+            _ => (Fault::Term(h), Fault::Start(h), 300, 3000),
+        };
+        self.apply(fault);
+        let d = self.plan.ms(lo, hi);
+        self.after(d, Ev::Recover(recovery));
+    }
+
+    pub(super) fn apply(&mut self, f: Fault) {
+        self.note(format!("fault: {}", self.describe(f)));
+        let restart_after_kill = matches!(f, Fault::Start(h) if self.hosts[h].killed);
+        if !f.planned() || restart_after_kill {
+            self.checker.unplanned(self.t);
+        }
+        match f {
+            Fault::Crash(h) => {
+                self.stop_agent(h, false);
+                let host = &mut self.hosts[h];
+                host.powered = false;
+                self.relink(h);
+                let host = &mut self.hosts[h];
+                host.kernel.clear();
+                host.kernel_busy = self.t;
+                self.reachability(h);
+                self.all_owners_rescan();
+            }
+            Fault::Boot(h) => {
+                self.hosts[h].powered = true;
+                self.relink(h);
+                self.reachability(h);
+                let d = self.plan.ms(300, 1000);
+                self.after(d, Ev::Recover(Fault::Start(h)));
+            }
+            Fault::Freeze(h) => {
+                if self.hosts[h].agent == Agent::Running {
+                    self.hosts[h].agent = Agent::Frozen;
+                    self.hosts[h].stopped_at = Some(self.t);
+                    self.reachability(h);
+                }
+            }
+            Fault::Stall(h) => {
+                if self.hosts[h].agent == Agent::Running {
+                    self.hosts[h].agent = Agent::Frozen;
+                    self.hosts[h].stalled_since = Some(self.t);
+                    self.reachability(h);
+                    self.judge(|c, ctx, t| c.stalled(t, ctx));
+                }
+            }
+            Fault::Thaw(h) => {
+                if self.hosts[h].agent == Agent::Frozen {
+                    self.hosts[h].agent = Agent::Running;
+                    self.hosts[h].stopped_at = None;
+                    self.hosts[h].stalled_since = None;
+                    self.hosts[h].view_dirty = true;
+                    self.reachability(h);
+                    let deferred = std::mem::take(&mut self.hosts[h].deferred);
+                    for ev in deferred {
+                        self.schedule(self.t, ev);
+                    }
+                    let generation = self.hosts[h].generation;
+                    self.schedule(
+                        self.t,
+                        Ev::Input {
+                            host: h,
+                            generation,
+                            input: Box::new(Input::Tick),
+                        },
+                    );
+                    if self.api_up {
+                        self.schedule(
+                            self.t,
+                            Ev::Api {
+                                host: h,
+                                generation,
+                            },
+                        );
+                    }
+                }
+            }
+            Fault::Kill(h) => {
+                self.stop_agent(h, false);
+                self.hosts[h].killed = true;
+            }
+            Fault::KillCleanup(h) => {
+                self.stop_agent(h, false);
+                self.hosts[h].killed = true;
+                // systemd starts `cleanup`: it tells the peers this node
+                // left (a leaving beat to each, then gossip), waits for
+                // another node to answer for each VIP, and removes it.
+                // Mostly at once; now and then after the owner's
+                // followers found it silent and its host still answering.
+                let start = if self.plan.chance(0.8) {
+                    self.plan.ms(5, 80)
+                } else {
+                    self.plan.ms(80, 400)
+                };
+                self.hosts[h].cleanup_since = Some(self.t + start);
+                self.leaving_beats(h, None, start);
+                for j in 0..self.hosts.len() {
+                    if j != h && self.gossips(j) && self.hosts[h].powered && self.hosts[h].port_up {
+                        let d = start + self.rng.ms(LEAVE_MS.0, LEAVE_MS.1);
+                        self.after(
+                            d,
+                            Ev::Left {
+                                observer: j,
+                                subject: h,
+                            },
+                        );
+                    }
+                }
+                let until = self.t + start + super::super::HANDOVER_MAX;
+                self.after(start, Ev::CleanupWait { host: h, until });
+            }
+            Fault::Term(h) => {
+                if self.hosts[h].agent == Agent::Running {
+                    self.step(h, Input::Leave);
+                }
+            }
+            Fault::Start(h) => {
+                if self.hosts[h].agent == Agent::Stopped {
+                    self.start_agent(h);
+                } else if self.hosts[h].agent == Agent::Running
+                    && self.hosts[h].core.as_ref().is_some_and(|c| c.is_leaving())
+                {
+                    // Still handing over: start once it has exited.
+                    self.after(Duration::from_millis(500), Ev::Recover(Fault::Start(h)));
+                }
+            }
+            Fault::PortDown(h) | Fault::PortUp(h) => {
+                self.hosts[h].port_up = matches!(f, Fault::PortUp(_));
+                self.relink(h);
+                self.reachability(h);
+                self.all_owners_changed(h);
+                let generation = self.hosts[h].generation;
+                let d = self.rng.ms(0, 5);
+                self.after(
+                    d,
+                    Ev::LinksRead {
+                        host: h,
+                        generation,
+                    },
+                );
+            }
+            Fault::Partition(h) | Fault::Heal(h) => {
+                self.hosts[h].blocked = matches!(f, Fault::Partition(_));
+                self.reachability(h);
+            }
+            Fault::ApiDown => self.api_up = false,
+            Fault::ApiUp => {
+                self.api_up = true;
+                self.truth_changed();
+            }
+            Fault::Flaky(h) | Fault::Steady(h) => {
+                self.hosts[h].flaky = matches!(f, Fault::Flaky(_));
+            }
+        }
+    }
+
+    pub(super) fn all_owners_rescan(&mut self) {
+        let ips: Vec<IpAddr> = self.checker.known_ips();
+        for ip in ips {
+            self.owners_changed(ip);
+        }
+    }
+
+    /// `host`'s leaving beat (its agent's on SIGTERM, or `cleanup`'s,
+    /// which knows no generation), sent `after` from now to every host its
+    /// wire reaches.
+    pub(super) fn leaving_beats(&mut self, host: usize, generation: Option<u64>, after: Duration) {
+        let reaches = |h: &Host| h.powered && h.port_up && !h.blocked;
+        if !reaches(&self.hosts[host]) {
+            return;
+        }
+        let beat = Beat {
+            node: self.hosts[host].name.clone(),
+            generation,
+            lapse: None,
+            leaving: true,
+            watching: false,
+            silent: None,
+        };
+        for j in 0..self.hosts.len() {
+            if j != host && reaches(&self.hosts[j]) {
+                let d = after + self.rng.ms(0, 3);
+                let generation = self.hosts[j].generation;
+                self.after(
+                    d,
+                    Ev::Input {
+                        host: j,
+                        generation,
+                        input: Box::new(Input::Beats(vec![beat.clone()])),
+                    },
+                );
+            }
+        }
+    }
+
+    /// `cleanup` removes each VIP of the host once another node answers
+    /// for it (it sees the claims on the wire), and the rest at `until`.
+    pub(super) fn cleanup_wait(&mut self, host: usize, until: Duration) {
+        if self.hosts[host].agent != Agent::Stopped {
+            return;
+        }
+        let n = self.hosts.len();
+        let answered = |w: &World, ip: IpAddr| (0..n).any(|j| j != host && w.answers(j, ip));
+        let eth0: Vec<IpAddr> = self.hosts[host]
+            .kernel
+            .keys()
+            .filter(|(i, _)| *i == ETH0)
+            .map(|(_, ip)| *ip)
+            .collect();
+        let taken: Vec<IpAddr> = eth0
+            .iter()
+            .copied()
+            .filter(|ip| answered(self, *ip))
+            .collect();
+        let done = self.t >= until || taken.len() == eth0.len();
+        let h = &mut self.hosts[host];
+        let gone: Vec<IpAddr> = if done {
+            h.cleanup_since = None;
+            std::mem::take(&mut h.kernel)
+                .into_keys()
+                .map(|(_, ip)| ip)
+                .collect()
+        } else {
+            h.kernel
+                .retain(|(i, ip), _| !(*i == ETH0 && taken.contains(ip)));
+            taken
+        };
+        if !done {
+            self.after(Duration::from_millis(5), Ev::CleanupWait { host, until });
+        }
+        if !gone.is_empty() {
+            self.checker.stats.kernel_changes += gone.len() as u64;
+            self.note(format!(
+                "{}: cleanup removed {gone:?}",
+                self.hosts[host].name
+            ));
+            for ip in gone {
+                self.owners_changed(ip);
+            }
+        }
+    }
+
+    /// Faults are over: everything heals now; the rest of the run settles.
+    pub(super) fn end_faults(&mut self) {
+        self.faulting = false;
+        self.note("faults over: every host heals".into());
+        for h in 0..self.hosts.len() {
+            if !self.hosts[h].powered {
+                self.apply(Fault::Boot(h));
+            }
+            if self.hosts[h].agent == Agent::Frozen {
+                self.apply(Fault::Thaw(h));
+            }
+            if !self.hosts[h].port_up {
+                self.apply(Fault::PortUp(h));
+            }
+            if self.hosts[h].blocked {
+                self.apply(Fault::Heal(h));
+            }
+            if self.hosts[h].flaky {
+                self.apply(Fault::Steady(h));
+            }
+            if self.hosts[h].agent == Agent::Stopped && self.hosts[h].powered {
+                self.apply(Fault::Start(h));
+            }
+        }
+        if !self.api_up {
+            self.apply(Fault::ApiUp);
+        }
+    }
+
+    pub(super) fn describe(&self, f: Fault) -> String {
+        let name = |h: usize| self.hosts[h].name.clone();
+        match f {
+            Fault::Crash(h) => format!("{} loses power", name(h)),
+            Fault::Boot(h) => format!("{} boots", name(h)),
+            Fault::Freeze(h) => format!("{}'s agent frozen", name(h)),
+            Fault::Thaw(h) => format!("{}'s agent thawed", name(h)),
+            Fault::Stall(h) => format!("{}'s agent stalls", name(h)),
+            Fault::Kill(h) => format!("{}'s agent killed", name(h)),
+            Fault::KillCleanup(h) => format!("{}'s agent killed, cleanup runs", name(h)),
+            Fault::Term(h) => format!("{}'s agent gets SIGTERM", name(h)),
+            Fault::Start(h) => format!("{}'s agent started", name(h)),
+            Fault::PortDown(h) => format!("{}'s switch port down", name(h)),
+            Fault::PortUp(h) => format!("{}'s switch port up", name(h)),
+            Fault::Partition(h) => format!("gossip to and from {} dropped", name(h)),
+            Fault::Heal(h) => format!("gossip to and from {} flows again", name(h)),
+            Fault::ApiDown => "API server down".into(),
+            Fault::ApiUp => "API server back".into(),
+            Fault::Flaky(h) => format!("{}'s kernel refuses operations", name(h)),
+            Fault::Steady(h) => format!("{}'s kernel steady again", name(h)),
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! What the checker is handed: the world as a client would judge it, after
+//! every event and once everything has healed.
+
+use super::*;
+
+impl World {
+    /// Hands the checker what it needs to know about the world now.
+    pub(super) fn judge(&mut self, f: impl FnOnce(&mut check::Checker, &check::Context, Duration)) {
+        // Out of the world while the context borrows the rest of it.
+        let mut checker = std::mem::replace(&mut self.checker, check::Checker::new(Duration::ZERO));
+        let ctx = context(self);
+        f(&mut checker, &ctx, self.t);
+        self.checker = checker;
+    }
+
+    pub(super) fn sweep(&mut self) {
+        self.judge(|checker, ctx, t| checker.sweep(t, ctx));
+    }
+
+    pub(super) fn final_check(&mut self) {
+        let held: Vec<BTreeSet<(u32, IpAddr)>> = self
+            .hosts
+            .iter()
+            .map(|h| h.kernel.keys().copied().collect())
+            .collect();
+        self.judge(|checker, ctx, t| checker.finish(t, ctx, &held));
+    }
+}
+
+/// What the checker needs to know about the hosts now.
+pub(super) fn context(w: &World) -> check::Context<'_> {
+    let hosts = &w.hosts;
+    let ready =
+        |h: &Host| h.agent == Agent::Running && h.core.as_ref().is_some_and(|c| c.is_ready());
+    // The newest view a running agent has: no agent can serve a Service
+    // none of them has heard of (created just before the API server went
+    // away), and one that knows better acts on it (a leaving node that
+    // learns nobody may hold a VIP any more lets it go).
+    let newest = hosts
+        .iter()
+        .filter(|h| h.agent == Agent::Running)
+        .map(|h| h.api_version)
+        .max()
+        .unwrap_or(w.truth.version);
+    check::Context {
+        hosts: hosts
+            .iter()
+            .map(|h| check::HostState {
+                agent_running: h.agent == Agent::Running,
+                stopped_at: h.stopped_at.filter(|_| h.agent != Agent::Running),
+                cleanup_since: h.cleanup_since,
+                stalled_since: h.stalled_since,
+                ready: ready(h),
+                leaving: h.core.as_ref().is_some_and(|c| c.is_leaving()),
+                flaky: h.flaky,
+                faulty: !h.powered
+                    || (h.agent == Agent::Frozen && h.stalled_since.is_none())
+                    || h.killed
+                    || !h.port_up
+                    || h.blocked
+                    || h.flaky,
+                name: &h.name,
+            })
+            .collect(),
+        reach: &w.reach,
+        links: &w.links,
+        on_link: w.on_link,
+        ready: check::mask(hosts.iter().map(ready)),
+        versions: &w.versions,
+        host_versions: hosts.iter().map(|h| h.api_version.max(1)).collect(),
+        newest: newest.max(1),
+        latest: w.truth.version,
+        api_up: w.api_up,
+        exchanges: &w.exchanges,
+    }
+}
+
+/// What the host's kernel holds, all of it the agent's.
+pub(super) fn owned_addresses(h: &Host) -> Vec<OwnedAddress> {
+    h.kernel
+        .iter()
+        .map(|((ifindex, ip), a)| OwnedAddress {
+            interface: if *ifindex == ETH0 { "eth0" } else { "kube-lb0" }.into(),
+            ifindex: *ifindex,
+            ip: *ip,
+            prefix_len: a.prefix_len,
+        })
+        .collect()
+}
