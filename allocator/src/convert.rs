@@ -115,6 +115,9 @@ fn pool(o: &Value, namespace: &str, notes: &mut Vec<String>) -> Value {
             name_of(o)
         ));
     }
+    // MetalLB shares an address between Services of any namespaces whose
+    // keys agree; hostlb keeps a key to its namespace unless told.
+    spec.insert("shareAcrossNamespaces".into(), Value::Bool(true));
     json!({"apiVersion": "hostlb.io/v1", "kind": "IPAddressPool", "metadata": metadata(o, Some(namespace)), "spec": spec})
 }
 
@@ -221,6 +224,22 @@ pub fn convert_str(text: &str, source: &str, namespace: &str) -> Result<Converte
             }
             _ => {}
         }
+    }
+    let pools: Vec<String> = out
+        .iter()
+        .filter(|o| o["kind"] == "IPAddressPool")
+        .map(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    if !pools.is_empty() {
+        notes.push(format!(
+            "IPAddressPool {}: written with shareAcrossNamespaces: true, as MetalLB shares an address between namespaces whose sharing keys agree; set it false on pools whose namespaces belong to tenants that must not share",
+            pools.join(", ")
+        ));
     }
     let mut yaml = String::new();
     for o in &out {
@@ -331,7 +350,15 @@ spec: {type: LoadBalancer}
             json!({"hostlb.io/allow-shared-ip": "dns", "hostlb.io/loadBalancerIPs": "192.168.10.53", "other": "x"})
         );
         assert!(svc["spec"].get("clusterIP").is_none());
-        assert_eq!(c.notes.len(), 3, "{:?}", c.notes);
+        assert_eq!(c.notes.len(), 4, "{:?}", c.notes);
+        assert!(
+            c.notes[3].starts_with(
+                "IPAddressPool production, legacy: written with shareAcrossNamespaces: true"
+            ),
+            "{:?}",
+            c.notes
+        );
+        assert_eq!(pool["spec"]["shareAcrossNamespaces"], true);
         assert!(c.notes[0].contains("priority 0"));
         assert_eq!(
             c.notes[1],

@@ -5,8 +5,7 @@
 use std::net::IpAddr;
 
 use hostlb_api::annotations::{
-    ADDRESS_POOL, ALLOCATED_SHARING, ALLOW_SHARED_IP, IP_ALLOCATED_FROM_POOL, LOAD_BALANCER_IPS,
-    service_annotation,
+    ADDRESS_POOL, ALLOW_SHARED_IP, IP_ALLOCATED_FROM_POOL, LOAD_BALANCER_IPS, service_annotation,
 };
 use hostlb_api::{Family, IPAddressPool};
 use k8s_openapi::api::core::v1::Service;
@@ -147,8 +146,20 @@ pub fn service_request(svc: &Service) -> ServiceRequest {
         ports,
         current,
         current_pool: service_annotation(annotations, IP_ALLOCATED_FROM_POOL).map(str::to_string),
-        granted_terms: annotations.and_then(|a| a.get(ALLOCATED_SHARING)).cloned(),
+        granted_terms: granted_terms(svc),
     }
+}
+
+/// The sharing terms the Service's address was given under, from the
+/// allocator's status condition ([`SHARING_GRANTED`]).
+pub fn granted_terms(svc: &Service) -> Option<String> {
+    svc.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == hostlb_api::annotations::SHARING_GRANTED && c.status == "True")
+        .map(|c| c.message.clone())
 }
 
 /// The addresses in `status.loadBalancer.ingress` (hostnames and entries
@@ -175,6 +186,7 @@ pub fn pool_spec(p: &IPAddressPool) -> PoolSpec {
         addresses: p.addresses_in_force().0.to_vec(),
         auto_assign: p.spec.auto_assign,
         avoid_buggy_ips: p.spec.avoid_buggy_ips,
+        share_across_namespaces: p.spec.share_across_namespaces,
         service_allocation: p.spec.service_allocation.as_ref().map(|a| AllocationSpec {
             priority: a.priority,
             namespaces: a.namespaces.clone(),

@@ -613,7 +613,7 @@ mod tests {
             (vec!["d/a-young".to_string()], vec![ip("10.0.0.1")])
         );
         // With the terms each was given under (the allocator records them
-        // in hostlb.io/allocated-sharing), the edited one is refused, as it
+        // in the hostlb.io/SharingGranted condition), the edited one is refused, as it
         // was live.
         let granted = |mut s: ServiceRequest, from: &ServiceRequest| {
             s.granted_terms = from.sharing_terms();

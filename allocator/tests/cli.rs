@@ -127,7 +127,8 @@ fn plan_shows_a_request_not_applied_next_to_the_kept_address() {
 
 /// Two Services shared 10.0.0.0 under key `k`; then the older changed its
 /// key, and the allocator was down, so both statuses still claim it. The
-/// terms each was given the address under (`hostlb.io/allocated-sharing`)
+/// terms each was given the address under (the `hostlb.io/SharingGranted`
+/// status condition)
 /// show which one changed: `plan`, like a restarted allocator, moves the
 /// edited one, as the live allocator would have, not the younger.
 #[test]
@@ -137,8 +138,8 @@ fn plan_moves_the_service_whose_sharing_terms_changed() {
     let file = dir.join("cluster.yaml");
     let svc = |name: &str, created: &str, key: &str| {
         format!(
-            "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: shop\n  creationTimestamp: \"{created}\"\n  annotations:\n    hostlb.io/ip-allocated-from-pool: p\n    hostlb.io/allow-shared-ip: {key}\n    hostlb.io/allocated-sharing: key=k ports=TCP/{port} traffic=Cluster\n\
-             spec: {{type: LoadBalancer, ports: [{{port: {port}}}]}}\nstatus: {{loadBalancer: {{ingress: [{{ip: 10.0.0.0}}]}}}}\n",
+            "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: shop\n  creationTimestamp: \"{created}\"\n  annotations:\n    hostlb.io/ip-allocated-from-pool: p\n    hostlb.io/allow-shared-ip: {key}\n\
+             spec: {{type: LoadBalancer, ports: [{{port: {port}}}]}}\nstatus: {{loadBalancer: {{ingress: [{{ip: 10.0.0.0}}]}}, conditions: [{{type: hostlb.io/SharingGranted, status: \"True\", reason: Granted, message: \"key=k ports=TCP/{port} traffic=Cluster\", lastTransitionTime: \"2026-01-01T00:00:00Z\"}}]}}\n",
             port = if name == "old" { 80 } else { 443 }
         )
     };

@@ -198,13 +198,8 @@ async fn allocation_sharing_status_and_events_with_the_shipped_rbac() {
     // an edited sharer from an unchanged one.
     let services: Api<Service> = Api::namespaced(bed.admin.clone(), "shop");
     let terms = eventually("the sharing terms recorded", || async {
-        services
-            .get("web-tls")
-            .await
-            .unwrap()
-            .annotations()
-            .get("hostlb.io/allocated-sharing")
-            .cloned()
+        let svc = services.get("web-tls").await.unwrap();
+        hostlb_allocator::inputs::granted_terms(&svc)
     })
     .await;
     assert_eq!(terms, "key=k ports=TCP/443 traffic=Cluster");

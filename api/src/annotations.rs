@@ -13,11 +13,14 @@ pub const LOAD_BALANCER_IPS: &str = "hostlb.io/loadBalancerIPs";
 pub const ALLOW_SHARED_IP: &str = "hostlb.io/allow-shared-ip";
 /// The pool the allocator took the Service's addresses from (allocator).
 pub const IP_ALLOCATED_FROM_POOL: &str = "hostlb.io/ip-allocated-from-pool";
-/// The sharing terms (key, ports, traffic policy) a shared address was
-/// given under (allocator). After a restart two Services may claim one
-/// address on terms that no longer match; the one whose terms still equal
-/// what it was given under keeps it, the edited one is refused.
-pub const ALLOCATED_SHARING: &str = "hostlb.io/allocated-sharing";
+/// The Service status condition whose message holds the sharing terms
+/// (key, ports, traffic policy) a shared address was given under
+/// (allocator). After a restart two Services may claim one address on
+/// terms that no longer match; the one whose terms still equal what it was
+/// given under keeps it, the edited one is refused. A status condition, not
+/// an annotation: whoever may edit a Service may write its annotations,
+/// but only the allocator writes its status.
+pub const SHARING_GRANTED: &str = "hostlb.io/SharingGranted";
 /// `NODE,INTERFACE` of the agent answering for the IPv4 address (agent).
 pub const ANNOUNCING_IPV4: &str = "hostlb.io/announcing-IPv4";
 /// `NODE,INTERFACE` of the agent answering for the IPv6 address (agent).

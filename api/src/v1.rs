@@ -107,6 +107,12 @@ pub struct IPAddressPoolSpec {
     /// other pools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_allocation: Option<ServiceAllocation>,
+    /// Services of different namespaces may share one of this pool's
+    /// addresses when their `hostlb.io/allow-shared-ip` keys and terms
+    /// agree. Off by default: a sharing key is then a namespace's own, so
+    /// a tenant cannot join another tenant's address by copying its key.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub share_across_namespaces: bool,
 }
 
 /// Which Services a pool serves, and in what order pools are tried.

@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use hostlb_api::annotations::{ALLOCATED_SHARING, IP_ALLOCATED_FROM_POOL};
+use hostlb_api::annotations::{IP_ALLOCATED_FROM_POOL, SHARING_GRANTED};
 use hostlb_api::v1::LAST_VALID_KEPT;
 use hostlb_api::v1::conditions::{INVALID, OVERLAPS, READY};
 use hostlb_api::{IPAddressPool, L2Advertisement};
@@ -97,7 +97,7 @@ impl Shown {
         Shown {
             ips: crate::inputs::ingress_ips(svc),
             pool: svc.annotations().get(IP_ALLOCATED_FROM_POOL).cloned(),
-            terms: svc.annotations().get(ALLOCATED_SHARING).cloned(),
+            terms: crate::inputs::granted_terms(svc),
             pending: service_conditions(svc)
                 .iter()
                 .find(|c| c.type_ == ADDRESS_REQUEST && c.status == "False")
@@ -120,20 +120,36 @@ impl Shown {
     }
 }
 
-/// The Service's conditions with ours set to say `pending`; the others
+/// The Service's conditions with ours set to say `pending` and the sharing
+/// `terms` (the condition present only while there are terms); the others
 /// as they are.
-fn with_request_condition(svc: &Service, pending: Option<&String>) -> Vec<Condition> {
+fn with_our_conditions(
+    svc: &Service,
+    before: &Shown,
+    pending: Option<&String>,
+    terms: Option<&String>,
+) -> Vec<Condition> {
     let existing = service_conditions(svc);
-    let ours = match pending {
-        Some(why) => (ADDRESS_REQUEST, false, "NotApplied", why.clone()),
-        None => (ADDRESS_REQUEST, true, "Applied", String::new()),
-    };
+    let mut ours = Vec::new();
+    // A condition is written once something was not applied, and then kept
+    // up to date; Services that never had one do not get one. (`before`
+    // may be newer than the cached `svc`.)
+    let had_request =
+        before.pending.is_some() || existing.iter().any(|c| c.type_ == ADDRESS_REQUEST);
+    match pending {
+        Some(why) => ours.push((ADDRESS_REQUEST, false, "NotApplied", why.clone())),
+        None if had_request => ours.push((ADDRESS_REQUEST, true, "Applied", String::new())),
+        None => {}
+    }
+    if let Some(t) = terms {
+        ours.push((SHARING_GRANTED, true, "Granted", t.clone()));
+    }
     let mut out: Vec<Condition> = existing
         .iter()
-        .filter(|c| c.type_ != ADDRESS_REQUEST)
+        .filter(|c| c.type_ != ADDRESS_REQUEST && c.type_ != SHARING_GRANTED)
         .cloned()
         .collect();
-    out.extend(conditions(existing, &[ours], None));
+    out.extend(conditions(existing, &ours, None));
     out
 }
 
@@ -154,18 +170,9 @@ pub async fn write_service(
     let name = svc.name_any();
     let mut rv = None;
     // The pool goes before the addresses (readers take the addresses from
-    // it); the sharing terms go after them when the addresses move, so a
-    // record never describes addresses the status does not show yet.
-    let moves = before.ips != want.ips;
-    let mut annotations = serde_json::Map::new();
+    // it); the sharing terms go with them, in the same status write.
     if before.pool != want.pool {
-        annotations.insert(IP_ALLOCATED_FROM_POOL.into(), json!(want.pool));
-    }
-    if before.terms != want.terms && !moves {
-        annotations.insert(ALLOCATED_SHARING.into(), json!(want.terms));
-    }
-    if !annotations.is_empty() {
-        let patch = json!({"metadata": {"annotations": annotations}});
+        let patch = json!({"metadata": {"annotations": {IP_ALLOCATED_FROM_POOL: want.pool}}});
         let after = patch_by(client, &api, &name, false, &patch, deadline).await?;
         rv = after.resource_version();
     }
@@ -183,21 +190,14 @@ pub async fn write_service(
         };
         status.insert("loadBalancer".into(), json!({"ingress": ingress}));
     }
-    // A condition is written once something was not applied, and then kept
-    // up to date; Services that never had one do not get one.
-    if before.pending != want.pending {
-        let conds = with_request_condition(svc, want.pending.as_ref());
+    if before.pending != want.pending || before.terms != want.terms {
+        let conds = with_our_conditions(svc, before, want.pending.as_ref(), want.terms.as_ref());
         status.insert("conditions".into(), json!(conds));
     }
     if !status.is_empty() {
         let patch = json!({ "status": status });
         let after = patch_by(client, &api, &name, true, &patch, deadline).await?;
         rv = after.resource_version();
-        if before.terms != want.terms && moves {
-            let patch = json!({"metadata": {"annotations": {ALLOCATED_SHARING: want.terms}}});
-            let after = patch_by(client, &api, &name, false, &patch, deadline).await?;
-            rv = after.resource_version();
-        }
         debug!(service = %format!("{}/{name}", svc.namespace().unwrap_or_default()), addresses = ?want.ips, pending = ?want.pending, "status written");
     }
     Ok((want, rv))

@@ -26,6 +26,7 @@ pub struct PoolSpec {
     pub auto_assign: bool,
     pub avoid_buggy_ips: bool,
     pub service_allocation: Option<AllocationSpec>,
+    pub share_across_namespaces: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -60,6 +61,7 @@ pub struct Pool {
     pub auto_assign: bool,
     pub avoid_buggy_ips: bool,
     pub allocation: Option<Allocation>,
+    pub share_across_namespaces: bool,
     pub state: PoolState,
     /// Addresses the pool can hand out per family (union of its ranges,
     /// less `.0`/`.255` with `avoidBuggyIPs`).
@@ -224,6 +226,7 @@ pub fn compile(specs: &[PoolSpec]) -> Vec<Pool> {
             ranges,
             auto_assign: spec.auto_assign,
             avoid_buggy_ips: spec.avoid_buggy_ips,
+            share_across_namespaces: spec.share_across_namespaces,
             allocation,
             state,
             capacity,

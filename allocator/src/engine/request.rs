@@ -79,7 +79,7 @@ pub struct ServiceRequest {
     pub current: Vec<IpAddr>,
     /// `hostlb.io/ip-allocated-from-pool`.
     pub current_pool: Option<String>,
-    /// `hostlb.io/allocated-sharing`: the [`ServiceRequest::sharing_terms`]
+    /// The `hostlb.io/SharingGranted` status condition: the [`ServiceRequest::sharing_terms`]
     /// its shared address was given under.
     pub granted_terms: Option<String>,
 }

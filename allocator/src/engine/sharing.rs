@@ -24,10 +24,38 @@ impl Allocator {
         if let Some(why) = terms_conflict(&h.sharing, &h.backend, svc) {
             return Err((holder, why));
         }
+        if let Some(why) = self.namespace_conflict(svc, &others) {
+            return Err((holder, why));
+        }
         match port_clash(svc, &others) {
             Some((_, why)) => Err((holder, why)),
             None => Ok(()),
         }
+    }
+
+    /// Why `svc` may not join holders of another namespace, if it may not:
+    /// unless the holders' pool shares across namespaces, a sharing key is
+    /// its namespace's own.
+    fn namespace_conflict(
+        &self,
+        svc: &ServiceRequest,
+        others: &[(&String, &Vec<Port>)],
+    ) -> Option<String> {
+        let (other, _) = others
+            .iter()
+            .find(|(k, _)| namespace_of(k) != svc.namespace)?;
+        let pool = self.allocs.get(*other).map(|a| a.pool.as_str())?;
+        if self
+            .pools
+            .iter()
+            .any(|p| p.name == pool && p.share_across_namespaces)
+        {
+            return None;
+        }
+        Some(format!(
+            "it is held by a Service of namespace {:?}, and pool {pool} does not share addresses across namespaces (spec.shareAcrossNamespaces)",
+            namespace_of(other)
+        ))
     }
 
     /// The Services that must give `ip` up for `svc`, when `svc` is older
@@ -82,6 +110,11 @@ pub(super) fn terms_conflict(
         }
         _ => return None,
     })
+}
+
+/// The namespace of a Service key, `namespace/name`.
+fn namespace_of(key: &str) -> &str {
+    key.split_once('/').map_or("", |(ns, _)| ns)
 }
 
 /// The first of `others` using a port `svc` uses, and the words for it.

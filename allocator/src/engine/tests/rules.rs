@@ -339,6 +339,55 @@ fn sharing_keys_ports_and_traffic_policy() {
     assert_eq!(alloc(&mut a, &svc("next", 12)), Ok(vec!["10.0.0.0".into()]));
 }
 
+/// A sharing key is its namespace's own: a tenant that copies another
+/// tenant's key gets an address of its own, and asking for the other's
+/// address by name is refused, saying why. The victim's later edit is
+/// never a reason for it to lose its address. A pool with
+/// `shareAcrossNamespaces` shares across namespaces, as MetalLB does.
+#[test]
+fn a_sharing_key_does_not_cross_namespaces_unless_the_pool_says_so() {
+    let mut a = with_pools(&[pool("p", 1, &["10.0.0.0/28"])]);
+    let victim = svc("web", 1).ns("shop").share("k").ports(&[("TCP", 443)]);
+    let copycat = svc("spy", 2).ns("evil").share("k").ports(&[("TCP", 80)]);
+    assert_eq!(alloc(&mut a, &victim), Ok(vec!["10.0.0.0".into()]));
+    assert_eq!(
+        alloc(&mut a, &copycat),
+        Ok(vec!["10.0.0.1".into()]),
+        "the same key in another namespace: an address of its own"
+    );
+    let asking = svc("spy2", 3)
+        .ns("evil")
+        .share("k")
+        .ports(&[("TCP", 81)])
+        .request(&["10.0.0.0"]);
+    assert_eq!(
+        alloc(&mut a, &asking),
+        Err("10.0.0.0 is in use by shop/web: it is held by a Service of namespace \"shop\", and pool p does not share addresses across namespaces (spec.shareAcrossNamespaces)".into())
+    );
+    // The victim edits its ports to ones the copycat uses: nothing of the
+    // copycat's is on its address, so it keeps it.
+    let edited = victim
+        .clone()
+        .ports(&[("TCP", 80)])
+        .holding(&["10.0.0.0"], "p");
+    assert_eq!(alloc(&mut a, &edited), Ok(vec!["10.0.0.0".into()]));
+    // Within one namespace the key shares as before.
+    let sibling = svc("api", 4).ns("shop").share("k").ports(&[("TCP", 8443)]);
+    assert_eq!(alloc(&mut a, &sibling), Ok(vec!["10.0.0.0".into()]));
+
+    let mut shared = pool("m", 1, &["10.0.1.0/28"]);
+    shared.share_across_namespaces = true;
+    let mut b = with_pools(&[shared]);
+    let one = svc("one", 1).ns("a").share("k").ports(&[("TCP", 1)]);
+    let two = svc("two", 2).ns("b").share("k").ports(&[("TCP", 2)]);
+    assert_eq!(alloc(&mut b, &one), Ok(vec!["10.0.1.0".into()]));
+    assert_eq!(
+        alloc(&mut b, &two),
+        Ok(vec!["10.0.1.0".into()]),
+        "a pool that shares across namespaces"
+    );
+}
+
 /// A Local Service without a selector has hand-made endpoints nobody here
 /// can compare: it shares with no Service, Cluster or Local, selector or not.
 #[test]
