@@ -179,6 +179,7 @@ users: [{name: u, user: {token: t}}]
 contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 KUBECONFIG
+chmod 0600 "$root/tmp/kubeconfig"
 if out=$(in_root lbnodeagent check --config /tmp/all-keys.toml 2>&1); then
   fail "check passed without the gossip key file: $out"
 fi
@@ -189,6 +190,13 @@ mode_owner /etc/lbnodeagent/gossip.key "600 root:root"
 in_root lbnodeagent keygen --output /etc/lbnodeagent/gossip.key 2>/dev/null &&
   fail "keygen --output replaced an existing key"
 ok "keygen --output writes 0600 and never replaces a key"
+chmod 0644 "$root/tmp/kubeconfig"
+if out=$(in_root lbnodeagent check --config /tmp/all-keys.toml 2>&1); then
+  fail "check passed with a token in a kubeconfig others can read: $out"
+fi
+grep -q "/tmp/kubeconfig .*mode 0644" <<<"$out" || fail "check does not name the readable kubeconfig and its mode: $out"
+ok "check refuses a credential others can read, naming the file and its mode"
+chmod 0600 "$root/tmp/kubeconfig"
 in_root lbnodeagent check --config /tmp/all-keys.toml || fail "the default config, uncommented, does not check"
 grep -Eq '^#?(node_name|kubeconfig|run_dir|namespace|load_balancer_class) = ' packaging/lbnodeagent.toml
 for key in node_name kubeconfig run_dir namespace load_balancer_class listen advertise seeds \

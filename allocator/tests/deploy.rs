@@ -91,6 +91,27 @@ fn manifests_are_what_they_claim() {
             );
         }
     }
+    // The agents' Service policy: v1 for 1.30 and later, the same policy
+    // in v1beta1 for 1.28 and 1.29, and nothing else apart.
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let v1 = docs("agent/policy.yaml");
+    for d in &v1 {
+        let lost = match d["kind"].as_str().unwrap() {
+            "ValidatingAdmissionPolicy" => roundtrip::<ValidatingAdmissionPolicy>(d),
+            "ValidatingAdmissionPolicyBinding" => roundtrip::<ValidatingAdmissionPolicyBinding>(d),
+            other => panic!("agent/policy.yaml: unexpected kind {other}"),
+        };
+        assert!(lost.is_empty(), "agent/policy.yaml: {lost:?}");
+    }
+    let mut beta = docs("agent/policy-v1beta1.yaml");
+    assert_eq!(beta.len(), v1.len());
+    for (b, v) in beta.iter_mut().zip(&v1) {
+        assert_eq!(b["apiVersion"], "admissionregistration.k8s.io/v1beta1");
+        b["apiVersion"] = v["apiVersion"].clone();
+        assert_eq!(b, v, "policy-v1beta1.yaml differs from policy.yaml");
+    }
     // The kustomization lists every manifest that exists.
     let k = std::fs::read_to_string(deploy().join("kustomization.yaml")).unwrap();
     for f in [

@@ -36,19 +36,21 @@ async fn client(path: &std::path::Path) -> Client {
 
 async fn run(n: usize, port: u16) -> (Duration, Duration) {
     let dir = tempfile::tempdir().unwrap();
+    let policy = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/agent/policy-v1beta1.yaml"
+    );
     let server = tokio::task::block_in_place(|| {
         let s = RealServer::start_local(port, port + 10_000, &dir.path().join("k8s"));
         s.install_hostlb("agent/rbac.yaml");
         s.kubectl(&["create", "namespace", "shop"]);
-        s.service_account_kubeconfig(
-            "hostlb-system",
-            "hostlb-agent",
-            &dir.path().join("agent.kubeconfig"),
-        );
-        s
+        s.kubectl(&["apply", "-f", policy]);
+        let kubeconfig = s.node_identity("node-a", &dir.path().join("node-a"));
+        (s, kubeconfig)
     });
+    let (server, kubeconfig) = server;
     let admin = client(&server.admin_kubeconfig()).await;
-    let agent = client(&dir.path().join("agent.kubeconfig")).await;
+    let agent = client(&kubeconfig).await;
     let services: Api<Service> = Api::namespaced(admin.clone(), "shop");
     create_load_balancers(&admin, "shop", n).await;
 

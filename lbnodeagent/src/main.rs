@@ -108,7 +108,10 @@ fn main() -> ExitCode {
         }),
         Command::Check { config } => match AgentConfig::load(&config) {
             Ok(c) => match runtime().block_on(agent::check_offline(&c)) {
-                Ok(()) => {
+                Ok(warnings) => {
+                    for w in warnings {
+                        eprintln!("{}: warning: {w}", config.display());
+                    }
                     println!(
                         "{}: ok (node {}; kubeconfig and gossip key read; not checked: reaching the API server and the peers)",
                         config.display(),
@@ -171,22 +174,20 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Keygen { output } => match agent::keygen() {
-            Ok(key) => match output {
-                None => {
-                    println!("{key}");
-                    ExitCode::SUCCESS
-                }
-                Some(path) => match write_private(&path, &key) {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => {
-                        eprintln!("keygen: {}: {e}", path.display());
-                        ExitCode::FAILURE
-                    }
-                },
-            },
+        Command::Keygen { output: None } => match agent::keygen() {
+            Ok(key) => {
+                println!("{key}");
+                ExitCode::SUCCESS
+            }
             Err(e) => {
                 eprintln!("keygen: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Keygen { output: Some(path) } => match agent::keygen_to(&path) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("keygen: {}: {e}", path.display());
                 ExitCode::FAILURE
             }
         },
@@ -237,20 +238,6 @@ fn main() -> ExitCode {
             }
         }
     }
-}
-
-/// Created with mode 0600 from the start, so the key is never readable by
-/// others even for a moment, and an existing key is never replaced.
-fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    writeln!(file, "{text}")?;
-    file.sync_all()
 }
 
 /// One thread: the agent's work is a few netlink and HTTP requests a second,

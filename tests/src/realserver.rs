@@ -18,6 +18,9 @@ use crate::netns::Netns;
 
 /// Where `run.sh` lives: `HOSTLB_KUBE_APISERVER` (a directory), else
 /// `../shared/kube-apiserver` beside the workspace.
+/// The flags that turn ValidatingAdmissionPolicy on in v1.28.
+pub const POLICY_API: &str = "--feature-gates=ValidatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true";
+
 pub fn script() -> PathBuf {
     match std::env::var_os("HOSTLB_KUBE_APISERVER") {
         Some(dir) => PathBuf::from(dir).join("run.sh"),
@@ -218,9 +221,40 @@ impl RealServer {
             .env("ADDRESS", self.address.to_string())
             .env("API_PORT", self.port.to_string())
             .env("ETCD_PORT", self.etcd_port.to_string())
+            // ValidatingAdmissionPolicy, beta and off by default in v1.28:
+            // deploy/agent/policy-v1beta1.yaml confines the agents with it.
+            .env(
+                "APISERVER_ARGS",
+                std::env::var("APISERVER_ARGS").unwrap_or_else(|_| POLICY_API.to_string()),
+            )
             .stdin(std::process::Stdio::null())
             .output()
             .expect("run.sh runs")
+    }
+
+    /// One node's identity as an operator makes it: the shipped
+    /// `deploy/agent/kubeconfig.sh NODE OUT_DIR`, run as the admin in the
+    /// server's namespace, with the kubeconfig naming `OUT_DIR/token`.
+    /// `deploy/agent/rbac.yaml` must be applied first.
+    pub fn node_identity(&self, node: &str, out: &Path) -> PathBuf {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent/kubeconfig.sh");
+        let o = self
+            .command("bash")
+            .arg(script)
+            .arg(node)
+            .arg(out)
+            .env("KUBECONFIG", self.admin_kubeconfig())
+            .env("TOKEN_FILE", out.join("token"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("kubeconfig.sh runs");
+        assert!(
+            o.status.success(),
+            "kubeconfig.sh {node}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out.join("kubeconfig")
     }
 
     /// The `system:masters` kubeconfig: for the test's own writes only,

@@ -312,7 +312,7 @@ async fn apply_k_deploy_and_explain() {
         for object in [
             "namespace/hostlb-system created",
             "customresourcedefinition.apiextensions.k8s.io/l2advertisements.hostlb.io created",
-            "serviceaccount/hostlb-agent created",
+            "namespace/hostlb-agents created",
             "clusterrole.rbac.authorization.k8s.io/hostlb-agent created",
             "clusterrolebinding.rbac.authorization.k8s.io/hostlb-allocator created",
             "deployment.apps/hostlb-allocator created",

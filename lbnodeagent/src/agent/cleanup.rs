@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::config::{AgentConfig, DEFAULT_RUN_DIR};
-use super::{AgentError, PEERS_FILE};
+use super::{AgentError, GENERATION_FILE, PEERS_FILE};
 use crate::addrs::{
     AddressBackend, Lifetime, MacAddr, NetlinkBackend, NetlinkConfig, OwnedAddress,
 };
@@ -179,7 +179,10 @@ async fn hand_over(
         return Ok((None, 0));
     }
     let transport = cfg.gossip.auth_transport()?;
-    let beats = LeavingBeats::new(&transport, &cfg.node_name, peers.clone());
+    let generation = std::fs::read_to_string(run_dir.join(GENERATION_FILE))
+        .ok()
+        .and_then(|g| g.trim().parse::<u64>().ok());
+    let beats = LeavingBeats::new(&transport, &cfg.node_name, generation, peers.clone());
     let wire = match WireWatch::open(backend, announced).await {
         Ok(w) => Some(w),
         Err(e) => {
@@ -249,13 +252,21 @@ fn known_peers(run_dir: &Path, cfg: &AgentConfig) -> Vec<SocketAddr> {
 /// The leaving beat, to every known peer, from a socket of each family.
 struct LeavingBeats {
     node: String,
+    /// The dead run's generation, when it noted one: peers then never
+    /// take these beats for a newer run of the node.
+    generation: Option<u64>,
     peers: Vec<SocketAddr>,
     v4: Option<Arc<dyn ProbeSend>>,
     v6: Option<Arc<dyn ProbeSend>>,
 }
 
 impl LeavingBeats {
-    fn new(transport: &AuthTransport, node: &str, peers: Vec<SocketAddr>) -> LeavingBeats {
+    fn new(
+        transport: &AuthTransport,
+        node: &str,
+        generation: Option<u64>,
+        peers: Vec<SocketAddr>,
+    ) -> LeavingBeats {
         let open = |family: Family, any: IpAddr| {
             if !peers.iter().any(|p| Family::of(p.ip()) == family) {
                 return None;
@@ -271,15 +282,16 @@ impl LeavingBeats {
             v4: open(Family::V4, Ipv4Addr::UNSPECIFIED.into()),
             v6: open(Family::V6, Ipv6Addr::UNSPECIFIED.into()),
             node: node.to_string(),
+            generation,
             peers,
         }
     }
 
     /// Every round (see `gossip::beats::send_leaving`).
     async fn send_all(&self) {
-        // The dead run's generation is not known here: peers take the
-        // beat for the run gossip shows.
-        send_leaving(&self.node, None, &self.peers, |to, payload| {
+        // Without the dead run's generation, peers take the beat for the
+        // run gossip shows.
+        send_leaving(&self.node, self.generation, &self.peers, |to, payload| {
             let socket = if to.is_ipv4() { &self.v4 } else { &self.v6 };
             if let Some(s) = socket {
                 s.send(to, payload);

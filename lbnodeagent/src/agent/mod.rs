@@ -51,7 +51,9 @@ use crate::gossip::{AuthTransport, Membership, MembershipView};
 pub use config::AgentConfig;
 use kernel::{Kernel, KernelJob};
 use report::ReportHandle;
-pub use start::{check_offline, default_advertise, keygen, run};
+pub use start::{
+    check_offline, credential_files_are_private, default_advertise, keygen, keygen_to, run,
+};
 use status::StatusDoc;
 use telemetry::Telemetry;
 use watches::KubeInputs;
@@ -63,6 +65,10 @@ const TICK: Duration = Duration::from_secs(1);
 const WATCHDOG_EVERY: Duration = Duration::from_millis(500);
 /// The file `cleanup` reads peers from, in the run directory.
 pub const PEERS_FILE: &str = "peers";
+/// The file holding the running agent's gossip generation, in the run
+/// directory: `cleanup`'s leaving beats name that run, so peers never take
+/// them for a newer run of the node.
+pub const GENERATION_FILE: &str = "generation";
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -76,6 +82,12 @@ pub enum AgentError {
     Announce(#[from] crate::announce::Error),
     #[error("kubeconfig {}: {message}", path.display())]
     Kubeconfig { path: PathBuf, message: String },
+    #[error(
+        "{} holds this node's credential and others may read or write it (mode {mode:04o}); \
+         make it the agent's alone: chown lbnodeagent {0} && chmod 600 {0}",
+        path.display()
+    )]
+    SecretMode { path: PathBuf, mode: u32 },
     #[error("cannot serve HTTP on {addr}: {source}")]
     Http {
         addr: SocketAddr,

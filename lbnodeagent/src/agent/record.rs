@@ -52,6 +52,10 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// How long SIGTERM waits for the `Stopped` record to be written.
 const STOP_WRITE: Duration = Duration::from_secs(1);
 
+/// How far ahead of this host's clock a heartbeat may be and still count:
+/// hosts run NTP, and a minute covers a bad day.
+pub const HEARTBEAT_SKEW_SECS: i64 = 60;
+
 /// Caps on the lists a record carries, so that one stays a few kB.
 pub const MAX_NAMES: usize = 256;
 pub const MAX_VIPS: usize = 64;
@@ -159,10 +163,13 @@ fn record_of(r: &NodeAgent, now: jiff::Timestamp) -> Option<AgentRecord> {
     let node = r.metadata.name.clone()?;
     let status = r.status.clone().unwrap_or_default();
     let macs: BTreeSet<MacAddr> = status.macs.iter().filter_map(|m| m.parse().ok()).collect();
+    // A heartbeat from the future (beyond clock skew) is a forged or
+    // broken record, not one fresh forever.
     let fresh = status.state != STOPPED
-        && status
-            .heartbeat_time
-            .is_some_and(|t| now.duration_since(t.0).as_secs() < NODE_AGENT_STALE_SECS);
+        && status.heartbeat_time.is_some_and(|t| {
+            let age = now.duration_since(t.0).as_secs();
+            age > -HEARTBEAT_SKEW_SECS && age < NODE_AGENT_STALE_SECS
+        });
     Some(AgentRecord { node, macs, fresh })
 }
 
@@ -315,7 +322,12 @@ async fn publish(
                 }
                 Err(e) => {
                     if !failing {
-                        warn!(error = %e, node = %node, "cannot write this node's NodeAgent record; retrying with backoff");
+                        let forbidden = matches!(&e, kube::Error::Api(s) if s.code == 403);
+                        if forbidden {
+                            warn!(error = %e, node = %node, "cannot write this node's NodeAgent record: this node's identity may write only the record deploy/agent/kubeconfig.sh made for it, named after its Node; retrying with backoff");
+                        } else {
+                            warn!(error = %e, node = %node, "cannot write this node's NodeAgent record; retrying with backoff");
+                        }
                     }
                     failing = true;
                     tokio::time::sleep(retry).await;
@@ -494,5 +506,14 @@ mod tests {
         );
         let never = record_of(&agent("d", NodeAgentStatus::default()), now).unwrap();
         assert!(!never.fresh && never.macs.is_empty());
+        // A heartbeat from the future: within clock skew it counts, beyond
+        // it the record is not fresh (forged or broken), where it once
+        // stayed fresh forever.
+        let skewed = record_of(&agent("e", status(-(HEARTBEAT_SKEW_SECS - 5), READY)), now);
+        assert!(skewed.unwrap().fresh);
+        let future = record_of(&agent("f", status(-(HEARTBEAT_SKEW_SECS + 1), READY)), now);
+        assert!(!future.unwrap().fresh);
+        let far = record_of(&agent("g", status(-10 * 365 * 86_400, READY)), now);
+        assert!(!far.unwrap().fresh);
     }
 }

@@ -4,10 +4,10 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hostlb_api::Family;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::config::AgentConfig;
 use super::core::links::Links;
@@ -57,18 +57,24 @@ impl<B: AddressBackend + 'static> Agent<B> {
         telemetry.set_detector_counters(membership.detector_counters());
         let views = membership.views();
         let (beats, beats_in) = match membership.take_beats() {
-            Some(link) => (
-                Some(beats::Beats::start(
-                    cfg.node_name.clone(),
-                    link.generation,
-                    link.send,
-                )),
-                Some(link.recv),
-            ),
+            Some(link) => {
+                write_generation(&cfg.run_dir, link.generation);
+                (
+                    Some(beats::Beats::start(
+                        cfg.node_name.clone(),
+                        link.generation,
+                        link.send,
+                    )),
+                    Some(link.recv),
+                )
+            }
             None => (None, None),
         };
 
         let (client, server) = kube_client(&cfg).await?;
+        for w in token_warnings(&cfg.kubeconfig, jiff::Timestamp::now()) {
+            warn!("{w}");
+        }
         let scope = Scope {
             namespace: cfg.namespace.clone(),
             load_balancer_class: cfg.load_balancer_class.clone(),
@@ -126,15 +132,69 @@ impl<B: AddressBackend + 'static> Agent<B> {
 /// credentials (certificates and token files loaded), and that the gossip
 /// key file loads with a safe mode. Both would stop `run` at start; the
 /// unit's `ExecStartPre=` check then fails with the reason instead.
-pub async fn check_offline(cfg: &AgentConfig) -> Result<(), AgentError> {
+///
+/// What may stop the agent later is a warning: a token that expires
+/// within [`TOKEN_WARN`].
+pub async fn check_offline(cfg: &AgentConfig) -> Result<Vec<String>, AgentError> {
     kube_client(cfg).await?;
     crate::gossip::GossipKeys::load(&cfg.gossip.key_file)?;
-    Ok(())
+    Ok(token_warnings(&cfg.kubeconfig, jiff::Timestamp::now()))
+}
+
+/// How long before a token expires `check` and the agent's start warn: a
+/// renewal (deploy/agent/kubeconfig.sh) fits in a fortnight.
+pub const TOKEN_WARN: Duration = Duration::from_secs(14 * 86_400);
+
+/// A warning for each token file the kubeconfig names whose token expires
+/// within [`TOKEN_WARN`] of `now`, or has expired. A token that is no JWT,
+/// or has no expiry, says nothing.
+pub fn token_warnings(kubeconfig: &Path, now: jiff::Timestamp) -> Vec<String> {
+    let Ok(kc) = kube::config::Kubeconfig::read_from(kubeconfig) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for file in kc
+        .auth_infos
+        .iter()
+        .filter_map(|a| a.auth_info.as_ref()?.token_file.clone())
+    {
+        let Some(exp) = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| token_expiry(t.trim()))
+        else {
+            continue;
+        };
+        let left = exp.as_second() - now.as_second();
+        if left <= 0 {
+            out.push(format!(
+                "the token in {file} expired at {exp}; the API server refuses it: renew it with deploy/agent/kubeconfig.sh"
+            ));
+        } else if left < TOKEN_WARN.as_secs() as i64 {
+            out.push(format!(
+                "the token in {file} expires at {exp}, in {} h; renew it with deploy/agent/kubeconfig.sh",
+                left / 3600
+            ));
+        }
+    }
+    out
+}
+
+/// The `exp` claim of a JWT, read without checking its signature (the
+/// server does that): only to warn before it runs out.
+fn token_expiry(token: &str) -> Option<jiff::Timestamp> {
+    use base64::Engine;
+    let claims = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(claims.trim_end_matches('='))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    jiff::Timestamp::from_second(v.get("exp")?.as_i64()?).ok()
 }
 
 /// The client, and the API server's URL (for log lines). Its User-Agent
-/// names this node.
+/// names this node. A credential file others can read is refused first.
 pub(super) async fn kube_client(cfg: &AgentConfig) -> Result<(kube::Client, String), AgentError> {
+    credential_files_are_private(&cfg.kubeconfig)?;
     hostlb_api::runtime::client::client(Some(&cfg.kubeconfig), "lbnodeagent", &cfg.node_name)
         .await
         .map_err(|e| match e {
@@ -146,6 +206,58 @@ pub(super) async fn kube_client(cfg: &AgentConfig) -> Result<(kube::Client, Stri
                 message: other.to_string(),
             },
         })
+}
+
+/// Notes this run's gossip generation for `cleanup` (see
+/// [`super::GENERATION_FILE`]); a failure only costs `cleanup` the
+/// generation, so it is a log line.
+fn write_generation(run_dir: &Path, generation: u64) {
+    let path = run_dir.join(super::GENERATION_FILE);
+    let tmp = run_dir.join(format!("{}.tmp", super::GENERATION_FILE));
+    let written = std::fs::create_dir_all(run_dir)
+        .and_then(|()| std::fs::write(&tmp, format!("{generation}\n")))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        warn!(error = %e, path = %path.display(), "cannot note this run's gossip generation; cleanup's leaving beats will name none");
+    }
+}
+
+/// Group or other may read or write: a credential file with any of these
+/// bits lets another user on the host act as this node.
+const SHARED_MODE_BITS: u32 = 0o066;
+
+/// The kubeconfig, when it holds a secret itself (a token, a password, a
+/// client key), and every token or key file it names, are the agent's
+/// alone; the first that is not is the error, by name.
+pub fn credential_files_are_private(kubeconfig: &Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::PermissionsExt;
+    let bad = |message: String| AgentError::Kubeconfig {
+        path: kubeconfig.to_path_buf(),
+        message,
+    };
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| bad(e.to_string()))?;
+    let mut private = Vec::new();
+    for info in kc.auth_infos.iter().filter_map(|a| a.auth_info.as_ref()) {
+        if info.token.is_some() || info.password.is_some() || info.client_key_data.is_some() {
+            private.push(kubeconfig.to_path_buf());
+        }
+        private.extend(info.token_file.iter().map(PathBuf::from));
+        private.extend(info.client_key.iter().map(PathBuf::from));
+    }
+    for path in private {
+        // A file that cannot be read is the client's error to report.
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        let mode = meta.permissions().mode();
+        if mode & SHARED_MODE_BITS != 0 {
+            return Err(AgentError::SecretMode {
+                path,
+                mode: mode & 0o7777,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// 12 hex digits of SHA-256: enough to tell two values apart at a glance.
@@ -206,6 +318,30 @@ pub(super) fn unable() -> Option<String> {
 }
 
 /// A new gossip key: 32 random bytes from the kernel, as hex.
+/// Writes a new key to `path`, mode 0600 from its first byte and whole or
+/// not at all: written to a file beside it, synced, then linked into place,
+/// which fails rather than replace a key already there.
+pub fn keygen_to(path: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let key = zeroize::Zeroizing::new(keygen()?);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        writeln!(file, "{}", key.as_str())?;
+        file.sync_all()?;
+        std::fs::hard_link(&tmp, path)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    written
+}
+
 pub fn keygen() -> std::io::Result<String> {
     use std::io::Read;
     let mut key = [0u8; 32];
@@ -272,4 +408,121 @@ pub fn default_advertise(listen: SocketAddr, links: &Links) -> Result<SocketAddr
         .find_map(|f| own(*f))
         .map(|ip| SocketAddr::new(ip, listen.port()))
         .ok_or(AgentError::NoAdvertise)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// A token file, or a kubeconfig holding a token itself, that others
+    /// can read is refused by name; the same at 0600 is taken, and a
+    /// kubeconfig without a secret may be world-readable.
+    #[test]
+    fn a_credential_others_can_read_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t").unwrap();
+        let by_file = dir.path().join("by-file.kubeconfig");
+        std::fs::write(
+            &by_file,
+            format!(
+                "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    tokenFile: {}\n",
+                token.display()
+            ),
+        )
+        .unwrap();
+        chmod(&by_file, 0o644);
+        for mode in [0o644, 0o640, 0o604, 0o660] {
+            chmod(&token, mode);
+            let e = credential_files_are_private(&by_file).unwrap_err();
+            assert!(
+                matches!(&e, AgentError::SecretMode { path, mode: m } if *path == token && *m == mode),
+                "{mode:o}: {e}"
+            );
+            assert!(e.to_string().contains("chmod 600"), "{e}");
+        }
+        chmod(&token, 0o600);
+        credential_files_are_private(&by_file).unwrap();
+
+        let inline = dir.path().join("inline.kubeconfig");
+        std::fs::write(
+            &inline,
+            "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    token: secret\n",
+        )
+        .unwrap();
+        chmod(&inline, 0o644);
+        let e = credential_files_are_private(&inline).unwrap_err();
+        assert!(
+            matches!(&e, AgentError::SecretMode { path, .. } if *path == inline),
+            "{e}"
+        );
+        chmod(&inline, 0o600);
+        credential_files_are_private(&inline).unwrap();
+    }
+
+    /// `keygen --output`: mode 0600, one key line, and an existing key is
+    /// never replaced.
+    /// A token file whose JWT expires within the fortnight, or expired,
+    /// is a warning naming the file; a later one, or no JWT, says nothing.
+    #[test]
+    fn a_token_near_its_expiry_is_a_warning() {
+        use base64::Engine;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    tokenFile: {}\n",
+                token.display()
+            ),
+        )
+        .unwrap();
+        let now: jiff::Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
+        let jwt = |exp: i64| {
+            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+            format!(
+                "{}.{}.sig",
+                b64.encode(r#"{"alg":"RS256"}"#),
+                b64.encode(format!(
+                    r#"{{"exp":{exp},"sub":"system:serviceaccount:hostlb-agents:n1"}}"#
+                ))
+            )
+        };
+        let day = 86_400;
+        std::fs::write(&token, jwt(now.as_second() + 90 * day)).unwrap();
+        assert!(token_warnings(&kubeconfig, now).is_empty());
+        std::fs::write(&token, jwt(now.as_second() + 3 * day)).unwrap();
+        let w = token_warnings(&kubeconfig, now);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("in 72 h") && w[0].contains(&token.display().to_string()),
+            "{w:?}"
+        );
+        std::fs::write(&token, jwt(now.as_second() - 1)).unwrap();
+        assert!(token_warnings(&kubeconfig, now)[0].contains("expired"));
+        std::fs::write(&token, "not-a-jwt").unwrap();
+        assert!(token_warnings(&kubeconfig, now).is_empty());
+    }
+
+    #[test]
+    fn keygen_writes_a_private_key_and_never_replaces_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gossip.key");
+        keygen_to(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let first = std::fs::read_to_string(&path).unwrap();
+        crate::gossip::GossipKeys::load(&path).unwrap();
+        let e = keygen_to(&path).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), first);
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file left behind");
+    }
 }

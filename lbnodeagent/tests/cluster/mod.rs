@@ -33,8 +33,6 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     /// The admin's kubeconfig: for the test's own reads and writes.
     pub kubeconfig: PathBuf,
-    /// The agents' kubeconfig (the admin's on the test server).
-    pub agent_kubeconfig: PathBuf,
     pub nodes: Vec<String>,
     /// `announce.address_lifetime` of configs written from now on.
     pub lifetime: String,
@@ -144,11 +142,6 @@ impl Cluster {
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
         )
         .unwrap();
-        let agent_kubeconfig = if real.is_some() {
-            dir.path().join("agent.kubeconfig")
-        } else {
-            kubeconfig.clone()
-        };
         let c = Cluster {
             agents: BTreeMap::new(),
             server,
@@ -157,7 +150,6 @@ impl Cluster {
             lan,
             dir,
             kubeconfig,
-            agent_kubeconfig,
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
             lifetime: "6s".into(),
             ipv6_only,
@@ -167,9 +159,14 @@ impl Cluster {
         c.kubectl(&["apply", "-f", crds.to_str().unwrap()]);
         c.apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: hostlb-system}\n");
         if let Some(r) = &c.real {
-            let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent/rbac.yaml");
-            c.kubectl(&["apply", "-f", rbac.to_str().unwrap()]);
-            r.service_account_kubeconfig("hostlb-system", "hostlb-agent", &c.agent_kubeconfig);
+            let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent");
+            for f in ["rbac.yaml", "policy-v1beta1.yaml"] {
+                c.kubectl(&["apply", "-f", deploy.join(f).to_str().unwrap()]);
+            }
+            // One identity per node, made by the shipped script.
+            for n in nodes {
+                r.node_identity(n, &c.identity_dir(n));
+            }
         }
         for n in nodes {
             let host = c.lan.host(n);
@@ -194,6 +191,22 @@ impl Cluster {
             ]);
         }
         c
+    }
+
+    /// Where `node`'s identity (kubeconfig and token) lives on a real
+    /// server.
+    pub fn identity_dir(&self, node: &str) -> PathBuf {
+        self.dir.path().join("identity").join(node)
+    }
+
+    /// The kubeconfig `node`'s agent runs with: its own identity on a real
+    /// server, the test server's one otherwise.
+    pub fn agent_kubeconfig(&self, node: &str) -> PathBuf {
+        if self.real.is_some() {
+            self.identity_dir(node).join("kubeconfig")
+        } else {
+            self.kubeconfig.clone()
+        }
     }
 
     pub fn host(&self, role: &str) -> &Host {
@@ -228,7 +241,7 @@ garp_count = 2
 garp_interval = "200ms"
 {extra}
 "#,
-            kubeconfig = self.agent_kubeconfig.display(),
+            kubeconfig = self.agent_kubeconfig(node).display(),
             run = self.run_dir(node).display(),
             key = self.dir.path().join("gossip.key").display(),
             lifetime = self.lifetime,

@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use super::api::AgentRecord;
 use super::links::Want;
 use super::sessions::Lapse;
 use crate::election::Election;
@@ -128,9 +129,20 @@ pub struct Yielded {
     pub want: Want,
 }
 
+/// MACs a record may name, at most: a host has a few interfaces that
+/// answer for VIPs. A record naming more is ignored whole, so that one
+/// written by a compromised host cannot claim every MAC on the LAN.
+pub const RECORD_MACS_MAX: usize = 16;
+
 #[derive(Default)]
 pub struct Conflicts {
+    /// From gossip, which only a holder of the key can sign.
     mac_owner: HashMap<MacAddr, String>,
+    /// From the records in the API, as last listed: each names a Node's
+    /// MACs, and a MAC two records name, or that a record names against
+    /// gossip, is nobody's (see [`Conflicts::owner`]).
+    recorded: HashMap<MacAddr, String>,
+    disputed: BTreeSet<MacAddr>,
     /// Who last published each VIP as held: only a VIP somebody held can
     /// have an owner still answering, so only those are asked about before
     /// a takeover (a new Service's address is taken at once).
@@ -158,11 +170,68 @@ impl Conflicts {
         }
     }
 
-    /// Remembers `node`'s MACs from its record in the API, for nodes gossip
-    /// never showed. Never forgets either.
-    pub fn learn_macs(&mut self, node: &str, macs: impl IntoIterator<Item = MacAddr>) {
-        for mac in macs {
-            self.mac_owner.insert(mac, node.to_string());
+    /// The records' MACs, for nodes gossip never showed: evidence, not
+    /// orders. Each call replaces what the last one learnt. A record
+    /// whose name is no Node (`is_node`), or that names more than
+    /// [`RECORD_MACS_MAX`] MACs, is ignored, and a MAC that two records
+    /// name is disputed: a claim from it is a stranger's. What was ignored
+    /// is returned, one line each, for the log.
+    pub fn learn_records(
+        &mut self,
+        records: &[AgentRecord],
+        me: &str,
+        is_node: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
+        let mut ignored = Vec::new();
+        self.recorded.clear();
+        self.disputed.clear();
+        for r in records {
+            if r.node == me {
+                continue;
+            }
+            if !is_node(&r.node) {
+                ignored.push(format!(
+                    "the NodeAgent record {:?} names no Node; ignored",
+                    r.node
+                ));
+                continue;
+            }
+            if r.macs.len() > RECORD_MACS_MAX {
+                ignored.push(format!(
+                    "the NodeAgent record {:?} names {} MACs, more than {RECORD_MACS_MAX}; ignored",
+                    r.node,
+                    r.macs.len()
+                ));
+                continue;
+            }
+            for mac in &r.macs {
+                match self.recorded.get(mac) {
+                    Some(other) if *other != r.node => {
+                        ignored.push(format!(
+                            "MAC {mac} is named by the records of both {other} and {}; treated as a stranger's",
+                            r.node
+                        ));
+                        self.disputed.insert(*mac);
+                    }
+                    _ => {
+                        self.recorded.insert(*mac, r.node.clone());
+                    }
+                }
+            }
+        }
+        ignored
+    }
+
+    /// The node a MAC is known to answer for: gossip's word, or a record's
+    /// that no other record or gossip contradicts.
+    fn owner(&self, mac: &MacAddr) -> Option<&String> {
+        if self.disputed.contains(mac) {
+            return None;
+        }
+        match (self.mac_owner.get(mac), self.recorded.get(mac)) {
+            (Some(g), Some(r)) if g != r => None,
+            (Some(g), _) => Some(g),
+            (None, r) => r,
         }
     }
 
@@ -172,7 +241,7 @@ impl Conflicts {
     }
 
     pub fn owner_of(&self, mac: MacAddr) -> Option<&str> {
-        self.mac_owner.get(&mac).map(String::as_str)
+        self.owner(&mac).map(String::as_str)
     }
 
     /// The verdict on one claim. `held` is where this node holds `claim.ip`
@@ -194,9 +263,9 @@ impl Conflicts {
         if own_macs.contains(&claim.mac) {
             return Verdict::Ignore;
         }
-        let owner = self.mac_owner.get(&claim.mac);
+        let owner = self.owner(&claim.mac).cloned();
         if let Some(y) = self.yielded.get_mut(&claim.ip)
-            && (y.mac == claim.mac || owner == Some(&y.to))
+            && (y.mac == claim.mac || owner.as_ref() == Some(&y.to))
         {
             y.seen = now;
             return Verdict::Ignore;
@@ -204,10 +273,9 @@ impl Conflicts {
         let Some(want) = held else {
             return Verdict::Ignore;
         };
-        match self.mac_owner.get(&claim.mac).filter(|n| n.as_str() != me) {
-            Some(other) if live(other) => Verdict::Ignore,
+        match owner.filter(|n| n.as_str() != me) {
+            Some(other) if live(&other) => Verdict::Ignore,
             Some(other) => {
-                let other = other.clone();
                 // Unknown address (just deleted): keep, nothing to settle.
                 if election.outranks(claim.ip, me, &other).unwrap_or(true) {
                     Verdict::Keep { other }
@@ -265,7 +333,8 @@ impl Conflicts {
         let mac = self
             .mac_owner
             .iter()
-            .find(|(_, n)| n.as_str() == to)
+            .chain(&self.recorded)
+            .find(|(m, n)| n.as_str() == to && self.owner(m) == Some(n))
             .map(|(m, _)| *m);
         if let Some(mac) = mac {
             self.yielded.insert(

@@ -190,6 +190,9 @@ pub struct Core {
     lost_at: BTreeMap<String, Instant>,
     /// Other nodes whose agents' records in the API are fresh.
     running_elsewhere: BTreeSet<String>,
+    /// The agents' records as last listed (evidence, see
+    /// [`Conflicts::learn_records`]).
+    records: Vec<AgentRecord>,
     last_conflict: Option<ConflictSeen>,
     /// Gossip last showed a live peer then (or the agent started).
     peer_seen: Instant,
@@ -250,6 +253,7 @@ impl Core {
             foreign: BTreeSet::new(),
             lost_at: BTreeMap::new(),
             running_elsewhere: BTreeSet::new(),
+            records: Vec::new(),
             last_conflict: None,
             peer_seen: now,
             isolated: false,
@@ -393,6 +397,8 @@ impl Core {
                     }
                 }
                 self.election.set_cluster(&cluster);
+                // Which records name a Node may have changed.
+                self.learn_records(false);
                 self.watch_due.get_or_insert(now);
                 self.cluster_known = true;
                 self.all_dirty = true;
@@ -498,17 +504,8 @@ impl Core {
             }
             Input::Tick => {}
             Input::Records(records) => {
-                let me = self.settings.node.clone();
-                for r in &records {
-                    if r.node != me {
-                        self.conflicts.learn_macs(&r.node, r.macs.iter().copied());
-                    }
-                }
-                self.running_elsewhere = records
-                    .into_iter()
-                    .filter(|r| r.fresh && r.node != me)
-                    .map(|r| r.node)
-                    .collect();
+                self.records = records;
+                self.learn_records(true);
             }
             Input::Leave => self.begin_leave(now, out),
             Input::Reloaded { settings, links } => {
@@ -529,6 +526,28 @@ impl Core {
 
     /// Everything that follows from the state: settle, decide, announce,
     /// probe, renew, report, and the next wake-up.
+    /// The records' MACs and which other agents run, from the records last
+    /// listed and the Nodes known now. What is ignored is logged when the
+    /// records were just listed (`listed`), not again on every cluster view.
+    fn learn_records(&mut self, listed: bool) {
+        let me = &self.settings.node;
+        let election = &self.election;
+        let ignored = self
+            .conflicts
+            .learn_records(&self.records, me, |n| election.is_node(n));
+        if listed {
+            for line in ignored {
+                warn!("{line}");
+            }
+        }
+        self.running_elsewhere = self
+            .records
+            .iter()
+            .filter(|r| r.fresh && r.node != *me && election.is_node(&r.node))
+            .map(|r| r.node.clone())
+            .collect();
+    }
+
     /// The host's links and routes as read now.
     fn set_links(&mut self, now: Instant, links: Links) {
         if links != self.links {

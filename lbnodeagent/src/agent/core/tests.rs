@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use hostlb_api::{AddressRange, LabelSelector, Selector};
 
-use super::conflict::{PRECHECK, PRECHECK_EVERY, PRECHECK_PROBES};
+use super::conflict::{PRECHECK, PRECHECK_EVERY, PRECHECK_PROBES, RECORD_MACS_MAX};
 use super::links::Links;
 use super::*;
 use crate::election::{Advertisement, Labels, NodeInfo, OnLink, Pool, Preference, ServiceInfo};
@@ -1279,6 +1279,78 @@ fn an_agent_whose_gossip_reaches_nobody_acts_as_if_partitioned() {
         Vec::new(),
     )));
     assert_eq!(act.isolated, Some(false));
+}
+
+/// Records are evidence, not orders. `a` holds a VIP alone (gossip reaches
+/// nobody); `b`, which outranks it, answers too. Only `b`'s own record,
+/// uncontested, makes `a` yield to it. A record that names no Node, one
+/// naming more MACs than a host has, and a MAC that two records name
+/// change no owner: the claim is a stranger's, reported, and `a` keeps
+/// answering.
+#[test]
+fn forged_records_change_no_owner() {
+    let v = ip("10.0.1.1");
+    let holder = |records: Vec<AgentRecord>| {
+        let mut a = Node::new("a");
+        a.step(Input::Adopted(Vec::new()));
+        a.step(Input::Cluster {
+            cluster: cluster(&[v]),
+            errors: Vec::new(),
+            revision: 1,
+        });
+        a.step(Input::Members(view("a", Vec::new(), Vec::new())));
+        a.step(Input::Records(records));
+        for _ in 0..100 {
+            a.advance(Duration::from_millis(50));
+            let act = a.step(Input::Tick);
+            if ips(&act.add).contains(&v) {
+                a.done(&act);
+                break;
+            }
+        }
+        assert!(a.core.held().any(|(ip, _)| *ip == v), "a holds v");
+        a.advance(Duration::from_millis(10));
+        let act = a.step(Input::Claim(Claim {
+            ip: v,
+            mac: mac("b"),
+        }));
+        let foreign = act
+            .metrics
+            .contains(&Metric::Conflict(ConflictKind::Foreign));
+        (ips(&act.remove).contains(&v), foreign)
+    };
+    assert_eq!(
+        holder(vec![record("b", true)]),
+        (true, false),
+        "b's own record: a yields to b"
+    );
+    let named = |node: &str, macs: &[MacAddr]| AgentRecord {
+        node: node.into(),
+        macs: macs.iter().copied().collect(),
+        fresh: true,
+    };
+    // "bogus" is no Node: its record names b's MAC for nobody.
+    assert_eq!(
+        holder(vec![named("bogus", &[mac("b")])]),
+        (false, true),
+        "a record that names no Node"
+    );
+    // b's MAC among 17: more than a host has.
+    let many: Vec<MacAddr> = (0..=RECORD_MACS_MAX as u8)
+        .map(|i| MacAddr([2, 0, 0, 0, 1, i]))
+        .chain([mac("b")])
+        .collect();
+    assert_eq!(
+        holder(vec![named("b", &many)]),
+        (false, true),
+        "a record naming too many MACs"
+    );
+    // c's record claims b's MAC as well: nobody's.
+    assert_eq!(
+        holder(vec![record("b", true), named("c", &[mac("b")])]),
+        (false, true),
+        "a MAC two records name"
+    );
 }
 
 /// Every release says why, in its log line and its Withdrawn Event: the

@@ -41,6 +41,13 @@ impl Election {
     }
 
     /// Live members as the engine has them, by name.
+    /// Whether `name` is a Node of the cluster (not only a gossip member).
+    pub fn is_node(&self, name: &str) -> bool {
+        self.slot_of
+            .get(name)
+            .is_some_and(|id| self.c.slots[*id as usize].node.is_some())
+    }
+
     pub fn member(&self, node: &str) -> Option<&Member> {
         let id = *self.slot_of.get(node)?;
         self.c.slots[id as usize].member.as_ref()

@@ -316,8 +316,8 @@ impl World {
         if h.published.status != Status::Alive {
             return;
         }
-        let heard_peers =
-            h.known.iter().flatten().any(|k| k.up) || self.t >= h.started_at + super::super::STARTUP_GRACE;
+        let heard_peers = h.known.iter().flatten().any(|k| k.up)
+            || self.t >= h.started_at + super::super::STARTUP_GRACE;
         let why = if h.api_version == 0 {
             "without a view of the cluster"
         } else if !heard_peers {
