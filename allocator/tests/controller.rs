@@ -151,10 +151,11 @@ async fn pools_and_services_in_statuses_and_events_out() {
     let r = start(&server, "r1", false);
     wait_ips(&server, "a", &["10.0.0.0"]).await;
     let svcs: Api<Service> = Api::namespaced(server.client(), "shop");
-    assert_eq!(
-        svcs.get("a").await.unwrap().annotations()[IP_ALLOCATED_FROM_POOL],
-        "p1"
-    );
+    let a = svcs.get("a").await.unwrap();
+    assert_eq!(a.annotations()[IP_ALLOCATED_FROM_POOL], "p1");
+    // The address reaches the node unchanged: ipMode VIP.
+    let ingress = a.status.unwrap().load_balancer.unwrap().ingress.unwrap();
+    assert_eq!(ingress[0].ip_mode.as_deref(), Some("VIP"));
 
     service(
         &server,

@@ -182,9 +182,14 @@ pub async fn write_service(
             Value::Null
         } else {
             Value::Array(
+                // ipMode VIP: the address is delivered to the node with its
+                // destination unchanged, so kube-proxy may short-circuit
+                // in-cluster traffic to it (GA in Kubernetes 1.32; older
+                // servers drop the field). Written with the addresses only:
+                // a server that drops it must not make every pass write.
                 want.ips
                     .iter()
-                    .map(|ip| json!({"ip": ip.to_string()}))
+                    .map(|ip| json!({"ip": ip.to_string(), "ipMode": "VIP"}))
                     .collect(),
             )
         };
