@@ -85,6 +85,31 @@ fn events_through_a_burst(agent: &Agent, batch: std::path::PathBuf) -> Vec<Kerne
     })
 }
 
+/// Only links that answer ARP have a MAC here: `lo` (which reports
+/// 00:00:00:00:00:00) and a NOARP link have none, so neither is named in an
+/// ARP warning or a record; an Ethernet link keeps its own.
+#[test]
+fn only_links_that_answer_arp_have_a_mac() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    a.ns.ip("link set lo up").unwrap();
+    lan.add_interface("a", "eth1").unwrap();
+    a.ns.ip("link set eth1 arp off").unwrap();
+    let all = agent.with(|b| async move { b.interfaces().await.unwrap() });
+    let mac_of = |name: &str| {
+        all.iter()
+            .find(|i| i.name == name)
+            .unwrap_or_else(|| panic!("{name} listed: {all:?}"))
+            .mac
+    };
+    assert_eq!(mac_of("lo"), None);
+    assert_eq!(mac_of("eth1"), None, "a NOARP link");
+    assert_eq!(mac_of("eth0"), Some(a.mac().parse::<MacAddr>().unwrap()));
+}
+
 #[test]
 fn announce_interface_follows_the_default_route_with_the_lowest_metric() {
     require_root();

@@ -210,13 +210,22 @@ pub(super) fn link_carrier(link: &LinkMessage) -> bool {
 
 pub(super) fn describe_link(link: &LinkMessage, routes: &[Route]) -> Interface {
     let index = link.header.index;
+    // Loopback and NOARP links answer no ARP, whatever address they report
+    // (`lo` reports 00:00:00:00:00:00): no MAC of theirs answers for a VIP,
+    // so none is published, checked for ARP exposure, or put in a record.
+    let f = link.header.flags;
+    let arp = !f.contains(LinkFlags::Loopback) && !f.contains(LinkFlags::Noarp);
     Interface {
         name: link_name(link).unwrap_or_default(),
         index,
-        mac: link.attributes.iter().find_map(|a| match a {
-            LinkAttribute::Address(bytes) => MacAddr::from_slice(bytes),
-            _ => None,
-        }),
+        mac: link
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                LinkAttribute::Address(bytes) => MacAddr::from_slice(bytes),
+                _ => None,
+            })
+            .filter(|m| arp && m.0 != [0; 6]),
         carrier: link_carrier(link),
         prefixes: routes::on_link_prefixes(routes, index),
     }
