@@ -40,6 +40,7 @@ bin=$out/lbnodeagent
 mkdir -p target/packages
 rm -rf "$out/man"
 "$bin" man --dir "$out/man"
+"$out/kubectl-hostlb" man --dir "$out/man"
 gzip -9n "$out"/man/*.1
 
 # The oldest glibc each binary runs on is the newest symbol version it

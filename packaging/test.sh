@@ -150,7 +150,14 @@ grep -qx 'net.ipv4.conf.all.arp_ignore = 1' "$root/usr/share/lbnodeagent/sysctl.
   fail "the ARP drop-in does not set arp_ignore"
 zcat "$root/usr/share/man/man1/lbnodeagent.1.gz" | grep -q '^\.TH lbnodeagent 1' || fail "the man page has no .TH header"
 zcat "$root/usr/share/man/man1/lbnodeagent.1.gz" | grep -q 'cleanup' || fail "the man page does not list the subcommands"
-ok "man page generated from the clap definitions"
+# kubectl-hostlb has its pages too, one per subcommand it names.
+mode_owner /usr/share/man/man1/kubectl-hostlb.1.gz "644 root:root"
+kpages=$(zcat "$root/usr/share/man/man1/kubectl-hostlb.1.gz" | grep -o 'kubectl\\-hostlb\\-[a-z]*(1)' | sed 's/\\-/-/g; s/(1)//')
+(( $(wc -w <<<"$kpages") >= 3 )) || fail "kubectl-hostlb's man page names too few subcommand pages: $kpages"
+for page in $kpages; do
+  mode_owner "/usr/share/man/man1/$page.1.gz" "644 root:root"
+done
+ok "man pages generated from the clap definitions, lbnodeagent's and kubectl-hostlb's"
 
 user=$(in_root getent passwd lbnodeagent) || fail "no lbnodeagent user"
 [[ $user == lbnodeagent:x:*:*:*:/nonexistent:/usr/sbin/nologin ]] || fail "lbnodeagent user is $user"

@@ -52,16 +52,44 @@ enum Command {
     Explain { target: String },
     /// Lint the configuration and the fleet; exits 1 on any error.
     Check,
+    /// Print the man page (roff), generated from these definitions; with
+    /// --dir, write it and one page per subcommand there (what the
+    /// packages install).
+    #[command(hide = true)]
+    Man {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Command::Man { dir } = &args.command {
+        return man(dir.as_deref());
+    }
     match run(args).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// The man pages, from the same definitions as `--help`: no cluster needed.
+fn man(dir: Option<&std::path::Path>) -> ExitCode {
+    use clap::CommandFactory;
+    let written = match dir {
+        Some(dir) => std::fs::create_dir_all(dir)
+            .and_then(|()| clap_mangen::generate_to(Args::command(), dir)),
+        None => clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout()),
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("man: {e}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -109,5 +137,6 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 ExitCode::SUCCESS
             }
         }
+        Command::Man { dir } => man(dir.as_deref()),
     })
 }
