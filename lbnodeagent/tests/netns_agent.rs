@@ -407,19 +407,52 @@ fn a_dual_stack_service_holds_both_families() {
 fn an_off_link_vip_goes_on_the_virtual_interface() {
     let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
     c.pool_and_ad(&["10.99.0.0/24"], "");
-    for n in c.nodes.clone() {
-        // No dummy driver on every kernel: an empty bridge serves.
-        let ns = &c.host(&n).ns;
+    // No dummy driver on this kernel: an empty bridge serves, made here.
+    // node-c has none at first, so its agent cannot make one either.
+    let virtual_link = |c: &Cluster, n: &str| {
+        let ns = &c.host(n).ns;
         ns.ip("link add kube-lb0 type bridge").unwrap();
         ns.ip("link set kube-lb0 up").unwrap();
+    };
+    for n in ["node-a", "node-b"] {
+        virtual_link(&c, n);
     }
     c.start_all();
     c.service("web", &["10.99.0.5"], &["node-a"], "");
     wait_for(
-        "every node to hold the off-link VIP",
+        "node-a and node-b to hold the off-link VIP",
         Duration::from_secs(20),
+        || (c.holders("10.99.0.5").len() == 2).then_some(()),
+    )
+    .unwrap();
+    // node-c would hold it too, but has no virtual interface: not ready,
+    // saying why, where it once said ok.
+    let (code, body) = wait_for(
+        "node-c to say why it is not ready",
+        Duration::from_secs(10),
+        || {
+            let (code, body) = c.http_get("node-c", "/readyz");
+            body.contains("virtual mode is off").then_some((code, body))
+        },
+    )
+    .unwrap();
+    assert_eq!(code, "503", "{body}");
+    let metrics = c.http_get("node-c", "/metrics").1;
+    assert!(
+        metrics.contains("hostlb_agent_routed_vips_unserved 1"),
+        "{metrics}"
+    );
+    // The link appears: within a few seconds it holds the VIP and is ready.
+    virtual_link(&c, "node-c");
+    wait_for(
+        "every node to hold the off-link VIP",
+        Duration::from_secs(10),
         || (c.holders("10.99.0.5").len() == 3).then_some(()),
     )
+    .unwrap();
+    wait_for("node-c ready", Duration::from_secs(10), || {
+        (c.http_get("node-c", "/readyz").0 == "200").then_some(())
+    })
     .unwrap();
     for n in &c.nodes {
         let out = c.host(n).ns.ip("-o addr show dev kube-lb0").unwrap();

@@ -138,6 +138,12 @@ impl Routed {
             .unwrap()
             .wait_established(6, Duration::from_secs(60))
             .unwrap();
+        // Each peer in its own family only: an IPv6 peer activated for
+        // IPv4 too would sit in NoNeg (FRR, hosts' side and router's).
+        for d in &r.daemons {
+            let summary = d.frr_summary();
+            assert!(!summary.contains("NoNeg"), "{summary}");
+        }
         r
     }
 

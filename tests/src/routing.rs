@@ -207,6 +207,30 @@ impl Router {
         out.map(|o| o.matches(needle).count()).unwrap_or(0)
     }
 
+    /// FRR's `show bgp summary` (every address family), for what the JSON
+    /// form does not say, such as a neighbour with `NoNeg` (an address
+    /// family activated that the peer never offered). Empty for BIRD.
+    pub fn frr_summary(&self) -> String {
+        if self.daemon != Daemon::Frr {
+            return String::new();
+        }
+        let d = self.dir.display().to_string();
+        crate::netns::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &self.ns,
+                "vtysh",
+                "--vty_socket",
+                &d,
+                "-c",
+                "show bgp summary",
+            ],
+        )
+        .unwrap_or_default()
+    }
+
     /// Waits until `n` sessions are established.
     pub fn wait_established(&self, n: usize, timeout: Duration) -> Result<()> {
         wait_for(

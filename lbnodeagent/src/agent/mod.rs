@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use hostlb_api::runtime::notify::{NotifyState, notify, watchdog_enabled};
 use hostlb_api::runtime::signals::{Signal, Signals};
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 pub use self::core::{
     Actions, ConflictKind, Core, HANDOVER_MAX, Input, LEAVE_MAX, Metric, OpKind, OpResult,
@@ -378,6 +378,16 @@ impl<B: AddressBackend + 'static> Agent<B> {
             shows = true;
         }
         if shows {
+            let unserved = self.core.routed_unserved();
+            if unserved.len() as i64 != self.telemetry.routed_unserved.get() {
+                if unserved.is_empty() {
+                    info!("no routed VIP waits for this node's virtual mode any more");
+                } else {
+                    warn!(count = unserved.len(), first = %unserved[0],
+                        "routed VIPs that no node serves would be held here, but virtual mode is off; not ready");
+                }
+            }
+            self.telemetry.routed_unserved.set(unserved.len() as i64);
             self.publisher.set(self.record());
         }
     }

@@ -58,6 +58,9 @@ pub struct Telemetry {
     pub ready: Gauge,
     /// VIPs of the cluster no live, eligible, on-link node may announce.
     pub vips_without_candidate: Gauge,
+    /// Routed VIPs this node would hold on its virtual interface, that
+    /// nobody serves, while its virtual mode is off.
+    pub routed_unserved: Gauge,
     /// Conditions that do not stop the node serving but need an operator.
     pub warnings: Mutex<Vec<String>>,
     pub elections: Counter,
@@ -101,6 +104,7 @@ impl Telemetry {
             arp_exposed: Gauge::default(),
             ready: Gauge::default(),
             vips_without_candidate: Gauge::default(),
+            routed_unserved: Gauge::default(),
             warnings: Mutex::new(Vec::new()),
             elections: Counter::default(),
             election_seconds: Histogram::new(buckets),
@@ -155,6 +159,11 @@ impl Telemetry {
             "vips_without_candidate",
             "Addresses of the cluster that no live, eligible, on-link node may announce, by this agent's election: nobody answers for them",
             t.vips_without_candidate.clone(),
+        );
+        registry.register(
+            "routed_vips_unserved",
+            "Routed addresses no node serves that this node would hold on its virtual interface, were its virtual mode on; above 0 the agent is not ready",
+            t.routed_unserved.clone(),
         );
         registry.register(
             "arp_exposed_interfaces",
@@ -284,6 +293,10 @@ impl Telemetry {
             )
         } else if !self.applied.load(Ordering::Relaxed) {
             Some("waiting for the first reconcile (every watch listed, gossip started)")
+        } else if self.routed_unserved.get() > 0 {
+            Some(
+                "not ready: routed VIPs that no node serves would be held here, but virtual mode is off (the virtual interface, announce.virtual_interface, is missing or turned off); create it (docs/routing.md) and the agent takes them within a second",
+            )
         } else if !self.carrier.load(Ordering::Relaxed) {
             Some("the announce interface has no carrier")
         } else if self.gossip_isolated.get() > 0 {

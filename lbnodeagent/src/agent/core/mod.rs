@@ -279,6 +279,13 @@ impl Core {
         &self.settings.node
     }
 
+    /// VIPs this node would hold on its virtual interface, that nobody
+    /// serves, while its virtual mode is off (see
+    /// [`Election::routed_unserved`]).
+    pub fn routed_unserved(&self) -> Vec<IpAddr> {
+        self.election.routed_unserved(&self.settings.node)
+    }
+
     pub fn settings(&self) -> &Settings {
         &self.settings
     }

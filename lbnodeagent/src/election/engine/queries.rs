@@ -124,6 +124,29 @@ impl Election {
                 .is_some_and(|m| m.virtual_mode)
     }
 
+    /// The VIPs `node` would hold on its virtual interface were its virtual
+    /// mode on, that nobody serves now: no node is on-link for them (no
+    /// winner), and `node` is kept out only for being off-link. A VIP that
+    /// another node serves on its LAN is not counted: a node of another
+    /// segment with virtual mode off is as configured, not broken.
+    pub fn routed_unserved(&self, node: &str) -> Vec<IpAddr> {
+        let Some(&id) = self.slot_of.get(node) else {
+            return Vec::new();
+        };
+        let Some(member) = self.c.slots[id as usize].member.as_ref() else {
+            return Vec::new();
+        };
+        if member.virtual_mode {
+            return Vec::new();
+        }
+        (0..self.c.vips.len())
+            .filter(|&v| {
+                self.winners[v].is_none() && self.c.exclusion(v, id) == Some(Reason::NotOnLink)
+            })
+            .map(|v| self.c.vips[v].ip)
+            .collect()
+    }
+
     /// The nodes holding `ip` on their virtual interfaces, by name: the
     /// report's `virtual_nodes`, without ranking the candidates (a sha256
     /// per node), for callers that ask about every VIP.

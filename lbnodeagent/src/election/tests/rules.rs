@@ -86,6 +86,36 @@ fn every_exclusion_reason() {
     assert!(r.virtual_nodes.is_empty());
 }
 
+/// A node with virtual mode off counts the routed VIPs it cannot serve:
+/// those no node is on-link for. A VIP another segment serves on its LAN
+/// is not its concern, and with virtual mode on there is nothing to count.
+#[test]
+fn routed_vips_nobody_serves_are_counted_for_a_node_without_virtual_mode() {
+    let nodes = vec![mk_node("rack1-a", &[]), mk_node("rack2-a", &[])];
+    let c = cluster(
+        nodes,
+        vec![mk_pool("p", &["10.1.0.100-10.1.0.200", "10.99.0.0/24"])],
+        vec![mk_ad("ad", &[])],
+        vec![
+            mk_svc("default/a", &["10.1.0.100"]),
+            mk_svc("default/b", &["10.99.0.5"]),
+        ],
+    );
+    let mut off = member("rack2-a", &["10.2.0.0/24"]);
+    off.virtual_mode = false;
+    let e = Election::new(&c, vec![member("rack1-a", &["10.1.0.0/24"]), off.clone()]);
+    assert_eq!(
+        e.routed_unserved("rack2-a"),
+        vec![ip("10.99.0.5")],
+        "10.1.0.100 is rack1-a's on its LAN; 10.99.0.5 is on nobody's"
+    );
+    assert!(e.routed_unserved("rack1-a").is_empty(), "virtual mode on");
+    assert!(e.routed_unserved("nobody").is_empty());
+    off.virtual_mode = true;
+    let e = Election::new(&c, vec![member("rack1-a", &["10.1.0.0/24"]), off]);
+    assert!(e.routed_unserved("rack2-a").is_empty());
+}
+
 #[test]
 fn off_link_nodes_go_virtual_and_never_win() {
     let nodes = vec![
