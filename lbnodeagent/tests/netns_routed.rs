@@ -292,6 +292,14 @@ fn scenario(hosts: Daemon, router: Daemon) {
         status.contains("holds it on its virtual interface): node-a, node-b, node-c"),
         "{status}"
     );
+    // Every member holds both routed VIPs, though gossip carries none.
+    for n in NODES {
+        let line = status
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{n} ")))
+            .unwrap_or_else(|| panic!("no member line for {n}: {status}"));
+        assert!(line.contains("vips 0    routed 2"), "{line}");
+    }
     let (_, metrics) = r.c.http_get("node-a", "/metrics");
     assert!(metrics.contains("hostlb_agent_virtual_vips 2"), "{metrics}");
     assert!(metrics.contains("hostlb_agent_owned_vips 2"), "{metrics}");

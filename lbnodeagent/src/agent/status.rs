@@ -46,7 +46,14 @@ pub struct MemberDoc {
     pub protocol: u32,
     /// `prefix@interface`, `*` after an announce interface's.
     pub prefixes: Vec<String>,
+    /// The VIPs it answers for on a LAN, as its gossip says.
     pub vips: usize,
+    /// The routed VIPs it holds on its virtual interface, by this node's
+    /// election: gossip carries only the LAN ones (every eligible node
+    /// holds a routed VIP, so nobody contests it). Absent in a dump from
+    /// before the field.
+    #[serde(default)]
+    pub routed: usize,
 }
 
 fn protocol_unsaid() -> u32 {
@@ -157,6 +164,12 @@ pub fn doc(core: &Core, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc
                     })
                     .collect(),
                 vips: n.vips.len(),
+                routed: core
+                    .election()
+                    .duties(&n.node)
+                    .iter()
+                    .filter(|d| matches!(d, crate::election::Duty::Virtual { .. }))
+                    .count(),
             })
             .collect(),
         held: core
@@ -201,12 +214,13 @@ pub fn render(doc: &StatusDoc) -> String {
     for m in &doc.members {
         let _ = writeln!(
             out,
-            "  {:<20} {:<8} {:<22} protocol {:<2} vips {:<4} {}",
+            "  {:<20} {:<8} {:<22} protocol {:<2} vips {:<4} routed {:<4} {}",
             m.node,
             m.status,
             m.gossip,
             m.protocol,
             m.vips,
+            m.routed,
             m.prefixes.join(" ")
         );
     }
