@@ -47,6 +47,12 @@ enum JsonService {
         /// `addresses`.
         #[serde(rename = "notApplied", skip_serializing_if = "Option::is_none")]
         not_applied: Option<String>,
+        /// The sharing terms the allocator records with the addresses (the
+        /// message of the `hostlb.io/SharingGranted` status condition): a
+        /// plan applied with them tells, in the next plan, an edited sharer
+        /// from an unchanged one, as the live allocator does.
+        #[serde(rename = "sharingGranted", skip_serializing_if = "Option::is_none")]
+        sharing_granted: Option<String>,
     },
     Failed {
         service: String,
@@ -108,6 +114,7 @@ pub fn run(opts: &Options) -> Result<Plan, SnapshotError> {
                         addresses: x.ips.iter().map(|i| i.to_string()).collect(),
                         pool: x.pool.clone(),
                         not_applied: x.pending.as_ref().map(ToString::to_string),
+                        sharing_granted: s.sharing_terms().filter(|_| !x.ips.is_empty()),
                     },
                     Err(e) => JsonService::Failed {
                         service: s.key.clone(),

@@ -128,8 +128,7 @@ fn plan_shows_a_request_not_applied_next_to_the_kept_address() {
 /// Two Services shared 10.0.0.0 under key `k`; then the older changed its
 /// key, and the allocator was down, so both statuses still claim it. The
 /// terms each was given the address under (the `hostlb.io/SharingGranted`
-/// status condition)
-/// show which one changed: `plan`, like a restarted allocator, moves the
+/// status condition) show which one changed: `plan`, like a restarted allocator, moves the
 /// edited one, as the live allocator would have, not the younger.
 #[test]
 fn plan_moves_the_service_whose_sharing_terms_changed() {
@@ -166,4 +165,84 @@ fn plan_moves_the_service_whose_sharing_terms_changed() {
     };
     assert_eq!(addresses("young"), serde_json::json!(["10.0.0.0"]), "{out}");
     assert_eq!(addresses("old"), serde_json::json!(["10.0.0.1"]), "{out}");
+}
+
+/// A dump, `plan`, the plan applied (the addresses, the pool and the
+/// sharing terms it lists, written as the allocator writes them), then an
+/// edit and `plan` again: the second plan refuses the edited Service the
+/// shared address, as the live allocator does, because the first plan
+/// listed the terms to record. Without them, the older (edited) one
+/// would keep it.
+#[test]
+fn plan_apply_plan_follows_the_live_allocator_on_an_edited_sharing_key() {
+    let dir = std::env::temp_dir().join(format!("hostlb-plan-apply-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let head = "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\n\
+         apiVersion: hostlb.io/v1\nkind: IPAddressPool\nmetadata: {name: p, namespace: hostlb-system}\nspec: {addresses: [10.0.0.0/30]}\n";
+    // `status`: YAML for the Service's status, or empty.
+    let svc = |name: &str, created: &str, key: &str, port: u16, extra: &str, status: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: shop\n  creationTimestamp: \"{created}\"\n  annotations:\n    hostlb.io/allow-shared-ip: {key}\n{extra}\
+             spec: {{type: LoadBalancer, ports: [{{port: {port}}}]}}\n{status}"
+        )
+    };
+    let plan = |text: &str, n: u32| -> serde_json::Value {
+        let file = dir.join(format!("cluster-{n}.yaml"));
+        std::fs::write(&file, text).unwrap();
+        let (ok, out, err) = allocator(&["plan", "-f", file.to_str().unwrap(), "-o", "json"]);
+        assert!(ok, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let entry = |plan: &serde_json::Value, name: &str| -> serde_json::Value {
+        plan["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["service"] == format!("shop/{name}"))
+            .unwrap_or_else(|| panic!("{name} in {plan}"))
+            .clone()
+    };
+    let services = [
+        ("old", "2026-01-01T00:00:00Z", 80),
+        ("young", "2026-02-01T00:00:00Z", 443),
+    ];
+
+    // Plan 1: a fresh cluster; both share one address under key k.
+    let mut text = head.to_string();
+    for (name, created, port) in services {
+        text += &svc(name, created, "k", port, "", "");
+    }
+    let first = plan(&text, 1);
+    let (old, young) = (entry(&first, "old"), entry(&first, "young"));
+    assert_eq!(old["addresses"], young["addresses"], "{first}");
+    assert_eq!(old["sharingGranted"], "key=k ports=TCP/80 traffic=Cluster");
+
+    // Applied as the allocator writes it; then `old` edits its key.
+    let mut text = head.to_string();
+    for (name, created, port) in services {
+        let e = entry(&first, name);
+        let ip = e["addresses"][0].as_str().unwrap().to_string();
+        let status = format!(
+            "status: {{loadBalancer: {{ingress: [{{ip: {ip}}}]}}, conditions: [{{type: hostlb.io/SharingGranted, status: \"True\", reason: Granted, message: \"{}\", lastTransitionTime: \"2026-03-01T00:00:00Z\"}}]}}\n",
+            e["sharingGranted"].as_str().unwrap()
+        );
+        let pool = format!(
+            "    hostlb.io/ip-allocated-from-pool: {}\n",
+            e["pool"].as_str().unwrap()
+        );
+        let key = if name == "old" { "other" } else { "k" };
+        text += &svc(name, created, key, port, &pool, &status);
+    }
+    let second = plan(&text, 2);
+    let shared = &old["addresses"];
+    assert_eq!(
+        entry(&second, "young")["addresses"],
+        *shared,
+        "the unchanged sharer keeps the address: {second}"
+    );
+    assert_ne!(
+        entry(&second, "old")["addresses"],
+        *shared,
+        "the edited one is refused it, as live: {second}"
+    );
 }
