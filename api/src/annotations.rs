@@ -82,6 +82,11 @@ pub mod reasons {
     pub const WITHDRAWN: &str = "Withdrawn";
     /// An IPAddressPool or L2Advertisement edit that cannot be used.
     pub const INVALID_CONFIG: &str = "InvalidConfig";
+    /// A VIP no hostlb node held yet, not added because a host that is no
+    /// hostlb node answered for it when asked first.
+    pub const ADDRESS_IN_USE: &str = "AddressInUse";
+    /// A VIP held here that a host that is no hostlb node answers for too.
+    pub const ADDRESS_CONFLICT: &str = "AddressConflict";
 }
 
 /// Read a hostlb annotation, falling back to MetalLB's `metallb.io/` and then

@@ -1348,3 +1348,65 @@ fn a_rolling_upgrade_loses_no_reply() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// An address a host on the LAN already uses (configured by hand on the
+/// client) is not taken for a new Service: the agents ask first, the
+/// client answers, no node adds it and an `AddressInUse` Warning names the
+/// client's MAC. Once the client lets the address go, a node takes it.
+/// IPv4 (ARP) and IPv6 (neighbour discovery).
+#[test]
+fn an_address_another_host_uses_is_not_taken_until_it_is_free() {
+    let c = three_nodes();
+    let v6 = "fd00:77::101";
+    let client = c.host("client");
+    client
+        .ns
+        .ip(&format!("addr add {VIP}/24 dev eth0"))
+        .unwrap();
+    client
+        .ns
+        .ip(&format!("addr add {v6}/64 dev eth0 nodad"))
+        .unwrap();
+    c.service("web", &[VIP, v6], &["node-a", "node-b", "node-c"], "");
+    let mac = client.mac().to_ascii_lowercase();
+    let warned = |family: &str, ip: &str| {
+        wait_for(
+            &format!("the AddressInUse Warning for {family}"),
+            Duration::from_secs(20),
+            || {
+                let events = c.kubectl(&[
+                    "get",
+                    "events.events.k8s.io",
+                    "-n",
+                    "default",
+                    "-o",
+                    "jsonpath={range .items[*]}{.reason}|{.note}{\"\\n\"}{end}",
+                ]);
+                events
+                    .lines()
+                    .any(|l| {
+                        l.starts_with("AddressInUse|")
+                            && l.contains(&format!(" {ip}:"))
+                            && l.to_ascii_lowercase().contains(&mac)
+                    })
+                    .then_some(())
+            },
+        )
+        .unwrap()
+    };
+    warned("IPv4", VIP);
+    warned("IPv6", v6);
+    // Asked again with backoff all this while, and never taken.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(c.holders(VIP).is_empty(), "{:?}", c.holders(VIP));
+    assert!(c.holders(v6).is_empty(), "{:?}", c.holders(v6));
+
+    client
+        .ns
+        .ip(&format!("addr del {VIP}/24 dev eth0"))
+        .unwrap();
+    client.ns.ip(&format!("addr del {v6}/64 dev eth0")).unwrap();
+    // The backoff reaches a few seconds by now; taken at the next question.
+    c.wait_single_holder(VIP, Duration::from_secs(40));
+    c.wait_single_holder(v6, Duration::from_secs(40));
+}

@@ -335,7 +335,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 Metric::Op { op, ok } => self.telemetry.op(op.as_str(), ok),
                 Metric::Conflict(kind) => {
                     self.telemetry.conflict(kind.as_str());
-                    if kind == ConflictKind::Foreign {
+                    if matches!(kind, ConflictKind::Foreign | ConflictKind::InUse) {
                         // Perhaps a hostlb node gossip never showed.
                         self.records.ask();
                     }

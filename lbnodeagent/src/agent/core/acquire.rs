@@ -167,6 +167,7 @@ impl Core {
                 let slot = self.slots.get_mut(&ip).expect("present");
                 slot.probing = None;
                 slot.retry = None;
+                slot.in_use = None;
                 self.conflicts.forget(ip);
             }
         }

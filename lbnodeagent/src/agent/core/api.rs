@@ -146,6 +146,9 @@ pub enum ConflictKind {
     /// A MAC no hostlb node publishes: a host configured by hand, a DHCP
     /// lease, or a node gossip never showed.
     Foreign,
+    /// Such a MAC answered when this node asked before its first claim of
+    /// a VIP no hostlb node held: the VIP was not added.
+    InUse,
 }
 
 impl ConflictKind {
@@ -154,6 +157,7 @@ impl ConflictKind {
         match self {
             ConflictKind::Hostlb => "hostlb",
             ConflictKind::Foreign => "foreign",
+            ConflictKind::InUse => "in_use",
         }
     }
 }
@@ -167,6 +171,9 @@ pub enum ConflictOutcome {
     Yielded,
     /// A foreign MAC: reported, and kept.
     Reported,
+    /// A foreign MAC answered before the first claim: not taken, asked
+    /// again later.
+    NotTaken,
 }
 
 impl ConflictOutcome {
@@ -176,6 +183,7 @@ impl ConflictOutcome {
             ConflictOutcome::Kept => "kept",
             ConflictOutcome::Yielded => "yielded",
             ConflictOutcome::Reported => "reported",
+            ConflictOutcome::NotTaken => "not-taken",
         }
     }
 }

@@ -106,6 +106,9 @@ impl Core {
                     ok: true,
                 });
                 slot.retry = None;
+                if let Some(mac) = slot.in_use.take() {
+                    info!(%ip, %mac, "the host that answered for this address no longer does; taken");
+                }
                 slot.expires = expiry(&want, now);
                 let previous = slot.held.replace(want.clone());
                 if previous.is_none() {
@@ -171,7 +174,13 @@ impl Core {
                         "{} won {ip} but {} already holds it, added outside hostlb; it is left alone",
                         self.settings.node, want.vip.interface
                     );
-                    self.event_for(ip, true, "AddressConflict", note, out);
+                    self.event_for(
+                        ip,
+                        true,
+                        hostlb_api::annotations::reasons::ADDRESS_CONFLICT,
+                        note,
+                        out,
+                    );
                 }
             }
             (Op::Add { .. }, Err(e)) => {

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::model::VipAddress;
+use crate::model::{MacAddr, VipAddress};
 
 use super::links::Want;
 
@@ -80,6 +80,9 @@ pub(super) struct Slot {
     pub(super) held_since: Option<Instant>,
     /// When the kernel drops `held` unless it is renewed.
     pub(super) expires: Option<Instant>,
+    /// A host that is no hostlb node answered when this node asked before
+    /// its first claim of the VIP: its MAC, until the VIP is taken.
+    pub(super) in_use: Option<MacAddr>,
 }
 
 impl Slot {

@@ -1281,6 +1281,69 @@ fn an_agent_whose_gossip_reaches_nobody_acts_as_if_partitioned() {
     assert_eq!(act.isolated, Some(false));
 }
 
+/// Before its first claim of a VIP no hostlb node held, a node asks the
+/// LAN; a host that is no hostlb node answers (an address configured by
+/// hand): the VIP is not added, an `AddressInUse` Warning says why, and
+/// it asks again with backoff, taking the VIP once nobody answers.
+#[test]
+fn a_first_claim_a_stranger_answers_is_not_taken_until_it_stops() {
+    let v = ip("10.0.1.1");
+    let stranger = MacAddr([2, 0, 0, 0, 9, 9]);
+    let mut a = Node::new("a");
+    a.step(Input::Adopted(Vec::new()));
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 1,
+    });
+    a.step(Input::Members(view("a", Vec::new(), Vec::new())));
+    // The stranger answers the first three questions, then is gone.
+    let mut answered = 0;
+    let mut last_answer = None;
+    let mut events = Vec::new();
+    let mut added = None;
+    let mut in_use = 0;
+    for _ in 0..2000 {
+        a.advance(Duration::from_millis(10));
+        let mut act = a.step(Input::Tick);
+        if targets(&act.probe).contains(&v) && answered < 3 {
+            answered += 1;
+            a.advance(Duration::from_millis(1));
+            last_answer = Some(a.now);
+            events.extend(act.events.clone());
+            act = a.step(Input::Claim(Claim {
+                ip: v,
+                mac: stranger,
+            }));
+        }
+        in_use += act
+            .metrics
+            .iter()
+            .filter(|m| **m == Metric::Conflict(ConflictKind::InUse))
+            .count();
+        events.extend(act.events.clone());
+        if ips(&act.add).contains(&v) {
+            added = Some(a.now);
+            a.done(&act);
+            break;
+        }
+    }
+    assert_eq!(answered, 3, "asked the LAN, and again after each answer");
+    assert_eq!(in_use, 3, "each answer counted");
+    let warnings: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason == hostlb_api::annotations::reasons::ADDRESS_IN_USE)
+        .collect();
+    assert_eq!(warnings.len(), 1, "said once: {events:?}");
+    assert!(warnings[0].warning && warnings[0].note.contains("02:00:00:00:09:09"));
+    let added = added.expect("taken once the stranger stopped answering");
+    assert!(
+        added >= last_answer.unwrap() + PRECHECK,
+        "taken only after a whole window without an answer"
+    );
+    assert_eq!(a.core.held().count(), 1);
+}
+
 /// Records are evidence, not orders. `a` holds a VIP alone (gossip reaches
 /// nobody); `b`, which outranks it, answers too. Only `b`'s own record,
 /// uncontested, makes `a` yield to it. A record that names no Node, one

@@ -138,6 +138,14 @@ impl Core {
                 }
             }
             Verdict::Foreign { first } => {
+                if probing && self.conflicts.last_holder(claim.ip).is_none() {
+                    // Asked before the first claim of a VIP no hostlb node
+                    // held, and a host that is no hostlb node answers (an
+                    // address configured by hand, a DHCP lease): not taken,
+                    // asked again with backoff until nobody else answers.
+                    self.in_use(claim, out);
+                    return;
+                }
                 if probing {
                     if first {
                         // Reported once the address is held here and it
@@ -160,9 +168,48 @@ impl Core {
                         "{} holds {} but the host with MAC {} answers for it too, and it is no hostlb node",
                         self.settings.node, claim.ip, claim.mac
                     );
-                    self.event_for(claim.ip, true, "AddressConflict", note, out);
+                    self.event_for(
+                        claim.ip,
+                        true,
+                        hostlb_api::annotations::reasons::ADDRESS_CONFLICT,
+                        note,
+                        out,
+                    );
                 }
             }
+        }
+    }
+
+    /// The first claim of `claim.ip` is given up for now: a stranger
+    /// answers for it. Said once per stranger, counted every time.
+    fn in_use(&mut self, claim: Claim, out: &mut Actions) {
+        let slot = self.slots.get_mut(&claim.ip).expect("present");
+        slot.probing = None;
+        let news = slot.in_use != Some(claim.mac);
+        slot.in_use = Some(claim.mac);
+        let delay = self.backoff(claim.ip);
+        self.conflicts.forget_report(claim.ip, claim.mac);
+        out.metrics.push(Metric::Conflict(ConflictKind::InUse));
+        self.last_conflict = Some(ConflictSeen {
+            ip: claim.ip,
+            mac: claim.mac,
+            node: None,
+            outcome: ConflictOutcome::NotTaken,
+        });
+        if news {
+            warn!(ip = %claim.ip, mac = %claim.mac, retry_in = ?delay,
+                "not taking the address: a host that is no hostlb node answers for it; asking again with backoff");
+            let note = format!(
+                "{} did not take {}: the host with MAC {} answers for it and is no hostlb node (an address configured by hand, or a DHCP lease?); asked again with backoff, taken once nobody else answers",
+                self.settings.node, claim.ip, claim.mac
+            );
+            self.event_for(
+                claim.ip,
+                true,
+                hostlb_api::annotations::reasons::ADDRESS_IN_USE,
+                note,
+                out,
+            );
         }
     }
 
