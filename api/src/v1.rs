@@ -489,7 +489,8 @@ pub struct NodeAgentConflict {
     /// The hostlb node whose MAC it is; none for a host configured by hand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// What this node did: `kept`, `yielded` or `reported`.
+    /// What this node did: `kept`, `yielded`, `reported`, or `not-taken`
+    /// (a new VIP another host answered for when asked first).
     pub outcome: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,

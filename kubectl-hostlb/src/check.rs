@@ -253,6 +253,24 @@ fn agents(fleet: &Fleet, out: &mut Vec<Finding>) {
         for o in &st.invalid_objects {
             out.push(error(object.clone(), format!("leaves out {o}")));
         }
+        // A new VIP a stranger answered for, which nobody holds yet.
+        if let Some(c) = &st.last_conflict
+            && c.outcome == "not-taken"
+            && !fleet.agents.iter().any(|a| {
+                fleet.runs(&name_of(&a.metadata))
+                    && a.status
+                        .as_ref()
+                        .is_some_and(|s| s.vips.contains(&c.address))
+            })
+        {
+            out.push(error(
+                object.clone(),
+                format!(
+                    "did not take {}: the host with MAC {} answers for it and is no hostlb node (an address configured by hand, or a DHCP lease?); remove it there, or take the address out of the pool",
+                    c.address, c.mac
+                ),
+            ));
+        }
         if !st.members_hash.is_empty() {
             by_members
                 .entry(format!("{} members ({})", st.members, st.members_hash))

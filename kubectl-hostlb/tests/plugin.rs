@@ -133,9 +133,16 @@ async fn objects(client: Client) {
     let now = jiff::Timestamp::now().to_string();
     let old = (jiff::Timestamp::now() - jiff::SignedDuration::from_secs(600)).to_string();
     let records = [
+        // node-a did not take a new VIP a stranger answers for, which
+        // nobody holds.
         (
             "node-a",
-            record("02:00:00:00:00:0a", "Ready", &now, json!({})),
+            record(
+                "02:00:00:00:00:0a",
+                "Ready",
+                &now,
+                json!({"lastConflict": {"address": "192.168.10.9", "mac": "02:00:00:00:99:99", "outcome": "not-taken"}}),
+            ),
         ),
         (
             "node-b",
@@ -294,6 +301,8 @@ fn check_finds_what_is_wrong_and_exits_non_zero() {
         "has no address",
         "NodeAgent/node-c",
         "not written for three minutes",
+        "NodeAgent/node-a",
+        "did not take 192.168.10.9: the host with MAC 02:00:00:00:99:99 answers for it",
         "the agents disagree on gossip membership",
     ] {
         assert!(out.contains(want), "no {want:?} in:\n{out}");
