@@ -222,6 +222,15 @@ fn agents(fleet: &Fleet, out: &mut Vec<Finding>) {
             ));
         }
     }
+    // New VIPs a stranger answered for, which nobody holds yet.
+    for (address, (node, mac)) in fleet.not_taken() {
+        out.push(error(
+            format!("NodeAgent/{node}"),
+            format!(
+                "did not take {address}: the host with MAC {mac} answers for it and is no hostlb node (an address configured by hand, or a DHCP lease?); remove it there, or take the address out of the pool"
+            ),
+        ));
+    }
     let mut by_members: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for a in &fleet.agents {
         let node = name_of(&a.metadata);
@@ -252,24 +261,6 @@ fn agents(fleet: &Fleet, out: &mut Vec<Finding>) {
         }
         for o in &st.invalid_objects {
             out.push(error(object.clone(), format!("leaves out {o}")));
-        }
-        // A new VIP a stranger answered for, which nobody holds yet.
-        if let Some(c) = &st.last_conflict
-            && c.outcome == "not-taken"
-            && !fleet.agents.iter().any(|a| {
-                fleet.runs(&name_of(&a.metadata))
-                    && a.status
-                        .as_ref()
-                        .is_some_and(|s| s.vips.contains(&c.address))
-            })
-        {
-            out.push(error(
-                object.clone(),
-                format!(
-                    "did not take {}: the host with MAC {} answers for it and is no hostlb node (an address configured by hand, or a DHCP lease?); remove it there, or take the address out of the pool",
-                    c.address, c.mac
-                ),
-            ));
         }
         if !st.members_hash.is_empty() {
             by_members

@@ -100,6 +100,32 @@ impl Fleet {
             .is_some_and(|a| lbnodeagent::agent::record::is_fresh(a, self.now))
     }
 
+    /// New VIPs an agent did not take because a host that is no hostlb
+    /// node answers for them (its record's last conflict, `not-taken`),
+    /// that no running agent holds: address, with the agent and the MAC.
+    pub fn not_taken(&self) -> std::collections::BTreeMap<String, (String, String)> {
+        let held = |address: &str| {
+            self.agents.iter().any(|a| {
+                a.metadata.name.as_deref().is_some_and(|n| self.runs(n))
+                    && a.status
+                        .as_ref()
+                        .is_some_and(|s| s.vips.iter().any(|v| v == address))
+            })
+        };
+        self.agents
+            .iter()
+            .filter_map(|a| {
+                let c = a.status.as_ref()?.last_conflict.as_ref()?;
+                (c.outcome == "not-taken" && !held(&c.address)).then(|| {
+                    (
+                        c.address.clone(),
+                        (a.metadata.name.clone().unwrap_or_default(), c.mac.clone()),
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// The LoadBalancer Services hostlb handles.
     pub fn load_balancers(&self) -> impl Iterator<Item = &Service> {
         self.services.iter().filter(|s| self.scope.handles(s))

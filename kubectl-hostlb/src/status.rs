@@ -145,6 +145,7 @@ pub(crate) fn announcing(svc: &Service, family: Family) -> Option<(String, Strin
 }
 
 pub fn status(fleet: &Fleet, namespace: Option<&str>) -> StatusDoc {
+    let not_taken = fleet.not_taken();
     let mut services: Vec<ServiceRow> = fleet
         .load_balancers()
         .filter(|s| namespace.is_none_or(|n| s.metadata.namespace.as_deref() == Some(n)))
@@ -152,8 +153,17 @@ pub fn status(fleet: &Fleet, namespace: Option<&str>) -> StatusDoc {
             let on = |f| {
                 let local = announcing(s, f).map(|(n, i)| format!("{n} on {i}"));
                 let routed = routed(s, f).map(|v| format!("routed via {v}"));
+                // Nobody announces it because another host answers for it.
+                let stranger = || {
+                    addresses(s)
+                        .iter()
+                        .filter(|a| Family::of(**a) == f)
+                        .find_map(|a| not_taken.get(&a.to_string()))
+                        .map(|(_, mac)| format!("not taken: {mac} (no hostlb node) answers"))
+                };
                 match (local, routed) {
                     (Some(l), Some(r)) => Some(format!("{l}; {r}")),
+                    (None, None) => stranger(),
                     (l, r) => l.or(r),
                 }
             };

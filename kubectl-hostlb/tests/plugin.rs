@@ -127,6 +127,14 @@ async fn objects(client: Client) {
     ))
     .await;
     apply(svc("db", None, json!({}))).await;
+    // Given an address that a host that is no hostlb node answers for:
+    // nobody announces it (node-a's record says why).
+    apply(svc(
+        "zoo",
+        Some("10.77.0.101"),
+        json!({"hostlb.io/ip-allocated-from-pool": "default"}),
+    ))
+    .await;
     for name in ["web", "db"] {
         apply(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": format!("{name}-1"), "namespace": "default", "labels": {"kubernetes.io/service-name": name}}, "addressType": "IPv4", "endpoints": NODES.iter().enumerate().map(|(i, n)| json!({"addresses": [format!("10.244.0.{}", i + 10)], "nodeName": n, "conditions": {"ready": true}})).collect::<Vec<_>>()})).await;
     }
@@ -141,7 +149,7 @@ async fn objects(client: Client) {
                 "02:00:00:00:00:0a",
                 "Ready",
                 &now,
-                json!({"lastConflict": {"address": "192.168.10.9", "mac": "02:00:00:00:99:99", "outcome": "not-taken"}}),
+                json!({"lastConflict": {"address": "10.77.0.101", "mac": "02:00:00:00:99:99", "outcome": "not-taken"}}),
             ),
         ),
         (
@@ -198,6 +206,11 @@ fn status_shows_services_pools_and_the_agents_that_are_not_ready() {
     );
     let db = out.lines().find(|l| l.contains(" db ")).unwrap();
     assert!(db.contains("<pending>"), "{out}");
+    let zoo = out.lines().find(|l| l.contains(" zoo ")).unwrap();
+    assert!(
+        zoo.contains("not taken: 02:00:00:00:99:99 (no hostlb node) answers"),
+        "{out}"
+    );
     assert!(out.contains("POOLS") && out.contains("late"), "{out}");
     assert!(out.contains("AGENTS: 2 of 3 ready; not ready:"), "{out}");
     assert!(
@@ -302,7 +315,7 @@ fn check_finds_what_is_wrong_and_exits_non_zero() {
         "NodeAgent/node-c",
         "not written for three minutes",
         "NodeAgent/node-a",
-        "did not take 192.168.10.9: the host with MAC 02:00:00:00:99:99 answers for it",
+        "did not take 10.77.0.101: the host with MAC 02:00:00:00:99:99 answers for it",
         "the agents disagree on gossip membership",
     ] {
         assert!(out.contains(want), "no {want:?} in:\n{out}");
