@@ -440,7 +440,7 @@ async fn run_sessions(
                 Vec::new()
             }
             got = recv.recv() => match got {
-                Some(first) => drain(first, &mut recv),
+                Some(first) => drain(first, &mut recv, |_, _| true).0,
                 None => return,
             },
         };

@@ -180,6 +180,15 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
         o.two_owners.as_millis()
     );
     assert!(o.lost <= 2, "SIGTERM handover lost replies: {o:?}");
+    // Owner beats, cleanup's and SIGTERM's leaving beats all came from the
+    // addresses their nodes have: none was refused as a forgery.
+    for n in c.nodes.clone().iter().filter(|n| **n != owner) {
+        let (_, metrics) = c.http_get(n, "/metrics");
+        assert!(
+            metrics.contains("hostlb_agent_beats_refused_total 0"),
+            "{n}: {metrics}"
+        );
+    }
 }
 
 /// With no service manager to run `cleanup`, a killed agent's host keeps

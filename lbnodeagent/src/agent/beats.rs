@@ -7,17 +7,19 @@
 //! treat this node as they would a frozen one (its addresses still answer
 //! on the wire, so they stay off until those lapse).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
+use tracing::warn;
 
 use super::core::BeatPlan;
 use super::core::sessions::{BEAT_INTERVAL, Beat, Lapse, RELAY_EVERY, SPARSE_EVERY, Silent};
 use crate::gossip::ProbeSend;
 use crate::gossip::beats::{BeatMessage, Subject, send_leaving};
+use crate::model::MembershipView;
 
 /// A loop that has not turned for this long sends no more beats. The loop
 /// turns at least once a second (links are re-read then).
@@ -204,29 +206,160 @@ async fn send_beats(
 /// Every beat waiting, as one input (the first one awaited by the loop's
 /// `select!`, the rest taken without waiting). Beats that do not decode
 /// are dropped: they passed the signature, so they come from a newer
-/// agent.
+/// agent. So are beats from an address their named node does not have
+/// (`from_its_node`): the gossip key proves a sender is a member, not
+/// which one, so a beat in another node's name from elsewhere is a
+/// forgery. How many were refused comes back too.
 pub fn drain(
     first: (SocketAddr, Vec<u8>),
     recv: &mut mpsc::Receiver<(SocketAddr, Vec<u8>)>,
-) -> Vec<Beat> {
+    from_its_node: impl Fn(&str, IpAddr) -> bool,
+) -> (Vec<Beat>, usize) {
     let mut beats = Vec::new();
+    let mut refused = 0;
     let mut next = Some(first);
-    while let Some((_, payload)) = next {
+    while let Some((source, payload)) = next {
         if let Some(m) = BeatMessage::decode(&payload) {
-            beats.push(Beat {
-                node: m.node,
-                generation: m.generation,
-                lapse: m.lapse,
-                leaving: m.leaving,
-                watching: m.watching,
-                silent: m.silent.map(|s| Silent {
-                    node: s.node,
-                    generation: s.generation,
-                    lapse: s.lapse,
-                }),
-            });
+            if from_its_node(&m.node, source.ip().to_canonical()) {
+                beats.push(Beat {
+                    node: m.node,
+                    generation: m.generation,
+                    lapse: m.lapse,
+                    leaving: m.leaving,
+                    watching: m.watching,
+                    silent: m.silent.map(|s| Silent {
+                        node: s.node,
+                        generation: s.generation,
+                        lapse: s.lapse,
+                    }),
+                });
+            } else {
+                if refused == 0 {
+                    warn!(node = %m.node, from = %source, "a beat in a node's name from an address that node does not have; dropped");
+                }
+                refused += 1;
+            }
         }
         next = recv.try_recv().ok();
     }
-    beats
+    (beats, refused)
+}
+
+/// Whether `source` is an address of `node`, as far as this agent knows:
+/// the gossip address it publishes, or an address of its Node object (a
+/// host sends from its route's source address, which may not be the one
+/// it advertises). A node gossip does not know at all is not refused: its
+/// beat cannot be checked, and the core ignores beats of unknown runs.
+pub fn from_its_node(
+    node: &str,
+    source: IpAddr,
+    view: &MembershipView,
+    node_addresses: impl Fn(&str) -> Vec<IpAddr>,
+) -> bool {
+    let published: Vec<IpAddr> = view
+        .nodes
+        .iter()
+        .chain(&view.gone)
+        .filter(|n| n.node == node)
+        .map(|n| n.gossip_addr.ip().to_canonical())
+        .collect();
+    if published.is_empty() {
+        return true;
+    }
+    published.contains(&source)
+        || node_addresses(node)
+            .iter()
+            .any(|a| a.to_canonical() == source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{MemberInfo, Status};
+
+    fn view(nodes: &[(&str, &str)]) -> MembershipView {
+        let mut v = MembershipView::empty();
+        v.nodes = nodes
+            .iter()
+            .map(|(n, a)| MemberInfo {
+                node: n.to_string(),
+                gossip_addr: a.parse().unwrap(),
+                status: Status::Alive,
+                ..v.local.clone()
+            })
+            .collect();
+        v
+    }
+
+    /// A beat counts from the address its node publishes, or one of its
+    /// Node's; from anywhere else it is a forgery. IPv4 seen through a
+    /// dual-stack socket counts as IPv4.
+    #[test]
+    fn a_beat_counts_only_from_its_nodes_addresses() {
+        let v = view(&[("a", "10.0.0.1:7934"), ("b", "[fd00::2]:7934")]);
+        let none = |_: &str| Vec::new();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(from_its_node("a", ip("10.0.0.1"), &v, none));
+        assert!(from_its_node(
+            "a",
+            ip("::ffff:10.0.0.1").to_canonical(),
+            &v,
+            none
+        ));
+        assert!(
+            !from_its_node("a", ip("10.0.0.66"), &v, none),
+            "a forged beat"
+        );
+        assert!(from_its_node("b", ip("fd00::2"), &v, none));
+        assert!(
+            !from_its_node("b", ip("10.0.0.1"), &v, none),
+            "a's address in b's name"
+        );
+        let node_ips = |n: &str| {
+            if n == "a" {
+                vec![ip("10.1.0.1")]
+            } else {
+                Vec::new()
+            }
+        };
+        assert!(
+            from_its_node("a", ip("10.1.0.1"), &v, node_ips),
+            "its Node's other address"
+        );
+        assert!(
+            from_its_node("c", ip("10.9.9.9"), &v, none),
+            "unknown to gossip"
+        );
+    }
+
+    /// `drain` drops and counts what the check refuses, and keeps the rest
+    /// in order.
+    #[test]
+    fn drain_drops_and_counts_beats_from_elsewhere() {
+        let beat = |node: &str| {
+            let mut p = Vec::new();
+            BeatMessage {
+                node: node.into(),
+                generation: Some(1),
+                lapse: None,
+                leaving: true,
+                watching: false,
+                silent: None,
+            }
+            .encode(&mut p);
+            p
+        };
+        let (tx, mut rx) = mpsc::channel(8);
+        let good: SocketAddr = "10.0.0.1:40000".parse().unwrap();
+        let bad: SocketAddr = "10.0.0.66:40000".parse().unwrap();
+        tx.try_send((bad, beat("a"))).unwrap();
+        tx.try_send((good, beat("a"))).unwrap();
+        let v = view(&[("a", "10.0.0.1:7934")]);
+        let (beats, refused) = drain((good, beat("a")), &mut rx, |n, src| {
+            from_its_node(n, src, &v, |_| Vec::new())
+        });
+        assert_eq!(beats.len(), 2);
+        assert_eq!(refused, 1);
+        assert!(beats.iter().all(|b| b.node == "a" && b.leaving));
+    }
 }

@@ -215,7 +215,16 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 Some(claim) = recv_if(&mut self.wire.claims) => Input::Claim(claim),
                 Some(first) = recv_if(&mut self.gossip.beats_in) => {
                     let rest = self.gossip.beats_in.as_mut().expect("a beat came from it");
-                    Input::Beats(beats::drain(first, rest))
+                    let view = self.gossip.views.borrow();
+                    let kube = &self.kube;
+                    let (beats, refused) = beats::drain(first, rest, |node, source| {
+                        beats::from_its_node(node, source, &view, |n| kube.node_addresses(n))
+                    });
+                    drop(view);
+                    if refused > 0 {
+                        self.telemetry.beats_refused.inc_by(refused as u64);
+                    }
+                    Input::Beats(beats)
                 }
                 Some(done) = self.kernel.results.recv() => done,
                 Some(signal) = signals.next() => match signal {

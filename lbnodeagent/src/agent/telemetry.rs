@@ -69,6 +69,8 @@ pub struct Telemetry {
     pub takeover_seconds: Histogram,
     pub object_errors: Gauge,
     pub events_dropped: Counter,
+    /// Signed beats in a node's name from an address that node does not have.
+    pub beats_refused: Counter,
     pub api_writes: Family<OpLabels, Counter>,
     pub conflicts: Family<KindLabels, Counter>,
     gossip: Mutex<Option<Arc<AuthCounters>>>,
@@ -112,6 +114,7 @@ impl Telemetry {
             takeover_seconds: Histogram::new([0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0]),
             object_errors: Gauge::default(),
             events_dropped: Counter::default(),
+            beats_refused: Counter::default(),
             api_writes: Family::default(),
             conflicts: Family::default(),
             gossip: Mutex::new(None),
@@ -199,6 +202,11 @@ impl Telemetry {
             "object_errors",
             "Kubernetes objects left out because they could not be used",
             t.object_errors.clone(),
+        );
+        registry.register(
+            "beats_refused",
+            "Signed owner or leaving beats in a node's name from an address that node does not have (a forgery by a key holder), dropped",
+            t.beats_refused.clone(),
         );
         registry.register(
             "events_dropped",

@@ -225,6 +225,18 @@ impl KubeInputs {
         )
     }
 
+    /// `node`'s addresses in its Node object (InternalIP, ExternalIP).
+    pub fn node_addresses(&self, node: &str) -> Vec<IpAddr> {
+        self.nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(node))
+            .and_then(|n| n.status.clone())
+            .and_then(|s| s.addresses)
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.address.parse::<IpAddr>().ok())
+            .collect()
+    }
+
     /// Gossip seeds from the Nodes' InternalIPs (SPEC §7), on `port`.
     pub fn seeds(&self, port: u16) -> Vec<SocketAddr> {
         let mut out: Vec<SocketAddr> = self
