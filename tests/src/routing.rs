@@ -184,19 +184,7 @@ impl Router {
                     "protocols",
                 ],
             ),
-            Daemon::Frr => crate::netns::run(
-                "ip",
-                &[
-                    "netns",
-                    "exec",
-                    &self.ns,
-                    "vtysh",
-                    "--vty_socket",
-                    &d,
-                    "-c",
-                    "show bgp summary json",
-                ],
-            ),
+            Daemon::Frr => self.vtysh("show bgp summary json"),
         };
         // BIRD prints a line per session; FRR's JSON has a state per peer
         // (and "connectionsEstablished" counters, not counted).
@@ -214,6 +202,11 @@ impl Router {
         if self.daemon != Daemon::Frr {
             return String::new();
         }
+        self.vtysh("show bgp summary").unwrap_or_default()
+    }
+
+    /// One `vtysh` command against this FRR's sockets.
+    fn vtysh(&self, command: &str) -> Result<String> {
         let d = self.dir.display().to_string();
         crate::netns::run(
             "ip",
@@ -225,10 +218,9 @@ impl Router {
                 "--vty_socket",
                 &d,
                 "-c",
-                "show bgp summary",
+                command,
             ],
         )
-        .unwrap_or_default()
     }
 
     /// Waits until `n` sessions are established.

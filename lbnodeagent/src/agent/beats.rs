@@ -256,17 +256,19 @@ pub fn from_its_node(
     view: &MembershipView,
     node_addresses: impl Fn(&str) -> Vec<IpAddr>,
 ) -> bool {
-    let published: Vec<IpAddr> = view
+    let mut known = false;
+    for n in view
         .nodes
         .iter()
         .chain(&view.gone)
         .filter(|n| n.node == node)
-        .map(|n| n.gossip_addr.ip().to_canonical())
-        .collect();
-    if published.is_empty() {
-        return true;
+    {
+        if n.gossip_addr.ip().to_canonical() == source {
+            return true;
+        }
+        known = true;
     }
-    published.contains(&source)
+    !known
         || node_addresses(node)
             .iter()
             .any(|a| a.to_canonical() == source)

@@ -222,10 +222,6 @@ fn write_generation(run_dir: &Path, generation: u64) {
     }
 }
 
-/// Group or other may read or write: a credential file with any of these
-/// bits lets another user on the host act as this node.
-const SHARED_MODE_BITS: u32 = 0o066;
-
 /// The kubeconfig, when it holds a secret itself (a token, a password, a
 /// client key), and every token or key file it names, are the agent's
 /// alone; the first that is not is the error, by name.
@@ -250,7 +246,7 @@ pub fn credential_files_are_private(kubeconfig: &Path) -> Result<(), AgentError>
             continue;
         };
         let mode = meta.permissions().mode();
-        if mode & SHARED_MODE_BITS != 0 {
+        if mode & crate::gossip::SHARED_MODE_BITS != 0 {
             return Err(AgentError::SecretMode {
                 path,
                 mode: mode & 0o7777,

@@ -40,7 +40,7 @@ pub const MAX_KEYS: usize = 2;
 
 /// Permission bits a key file must not have: read or write for group or
 /// others.
-const SHARED_MODE_BITS: u32 = 0o066;
+pub(crate) const SHARED_MODE_BITS: u32 = 0o066;
 
 /// The gossip keys, kept as raw bytes that are zeroed on drop. An HMAC state
 /// is keyed afresh per datagram: for keys up to the 64-byte block size that
