@@ -1140,6 +1140,36 @@ fn a_leaving_node_lets_go_once_the_winner_answers_on_the_wire() {
     assert_eq!(ips(&act.remove), [v].into(), "c answers: let go");
 }
 
+/// Leaving, with a successor that does not take the VIP, and a peer whose
+/// gossip still shows it held: that word may be stale (the peer handed the
+/// VIP to this node a moment ago and has let go), so this node keeps
+/// answering for its whole wait, then lets go.
+#[test]
+fn a_leaving_node_does_not_let_go_on_a_peers_word_alone() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let peers = |d: &[IpAddr]| {
+        vec![
+            peer("c", Status::Alive, &[], 1),
+            peer("d", Status::Alive, d, 1),
+        ]
+    };
+    let held = a.running(cluster(&[v]), peers(&[]));
+    assert_eq!(held, [v].into(), "b is away: a wins");
+    a.advance(Duration::from_secs(1));
+    a.step(Input::Members(view("a", peers(&[v]), Vec::new())));
+    let act = a.step(Input::Leave);
+    assert!(act.remove.is_empty(), "c, its successor, holds nothing");
+    a.advance(LEAVE_MAX / 2);
+    let act = a.step(Input::Tick);
+    assert!(act.remove.is_empty(), "d's word alone does not let it go");
+    a.advance(LEAVE_MAX / 2);
+    let act = a.step(Input::Tick);
+    assert_eq!(ips(&act.remove), [v].into(), "its wait is over");
+    let act = a.done(&act);
+    assert!(act.exit);
+}
+
 /// `announce.refresh_interval`: off by default; when set, one round for
 /// every held VIP each interval, taking effect on a reload, and none for a
 /// VIP on its way to another node (announcing it would pull its traffic

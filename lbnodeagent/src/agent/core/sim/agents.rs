@@ -41,6 +41,7 @@ impl World {
         h.killed = false;
         h.stopped_at = None;
         h.stalled_since = None;
+        h.termed_at = None;
         h.cleanup_since = None;
         h.generation += 1;
         h.api_version = 0;

@@ -163,6 +163,8 @@ impl World {
             }
             Fault::Term(h) => {
                 if self.hosts[h].agent == Agent::Running {
+                    let t = self.t;
+                    self.hosts[h].termed_at.get_or_insert(t);
                     self.step(h, Input::Leave);
                 }
             }

@@ -51,7 +51,11 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
                 cleanup_since: h.cleanup_since,
                 stalled_since: h.stalled_since,
                 ready: ready(h),
-                leaving: h.core.as_ref().is_some_and(|c| c.is_leaving()),
+                leaving: h
+                    .core
+                    .as_ref()
+                    .is_some_and(|c| c.is_leaving())
+                    .then(|| h.termed_at.expect("only SIGTERM starts a leave")),
                 flaky: h.flaky,
                 faulty: !h.powered
                     || (h.agent == Agent::Frozen && h.stalled_since.is_none())

@@ -169,6 +169,8 @@ struct Host {
     stopped_at: Option<Duration>,
     /// Since when the agent is stalled (frozen for a moment).
     stalled_since: Option<Duration>,
+    /// When its running agent got SIGTERM: its leave's clock starts then.
+    termed_at: Option<Duration>,
     /// When the agent last started.
     started_at: Duration,
     /// Whom the agent beats, as it last said (kept after it stops: its
@@ -398,6 +400,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             killed: false,
             stopped_at: Some(Duration::ZERO),
             stalled_since: None,
+            termed_at: None,
             started_at: Duration::ZERO,
         })
         .collect();

@@ -17,7 +17,9 @@ pub(super) const DETECTION: Duration = Duration::from_millis(650);
 /// time, and a gossip round or two (with loss) for the word to spread.
 pub(super) const HANDOVER_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_secs(1));
 /// Two owners while one of them is leaving (SIGTERM), at most: it waits
-/// for its successors up to [`LEAVE_MAX`].
+/// for its successors up to [`LEAVE_MAX`]. Counted from its SIGTERM: a
+/// pair that began before (two views that differ, say) was within its own
+/// bound until then, and the leave gives the leaving node its whole wait.
 pub(super) const LEAVING_BOUND: Duration = LEAVE_MAX.saturating_add(Duration::from_millis(500));
 /// Two hosts answer while `cleanup` hands a killed agent's address over
 /// (SPEC: two MACs at most 50 ms).

@@ -121,7 +121,8 @@ pub struct HostState<'a> {
     /// Its agent stalls (starved for a moment) since then.
     pub stalled_since: Option<Duration>,
     pub ready: bool,
-    pub leaving: bool,
+    /// Leaving since then (its SIGTERM).
+    pub leaving: Option<Duration>,
     /// Its kernel refuses a share of operations now.
     pub flaky: bool,
     /// Some unplanned fault is on this host now.
@@ -531,11 +532,17 @@ impl Checker {
                 "agent not running",
             );
         }
-        let (bound, kind) = self.bound(owners, ctx);
-        (since.saturating_add(bound), kind)
+        let (bound, kind, from) = self.bound(owners, ctx);
+        (since.max(from.unwrap_or(since)).saturating_add(bound), kind)
     }
 
-    fn bound(&self, owners: &BTreeSet<usize>, ctx: &Context) -> (Duration, &'static str) {
+    /// The bound for two owners now, what allows it, and when its clock
+    /// started if not when the two began to answer.
+    fn bound(
+        &self,
+        owners: &BTreeSet<usize>,
+        ctx: &Context,
+    ) -> (Duration, &'static str, Option<Duration>) {
         let pairs = owners
             .iter()
             .flat_map(|&a| owners.iter().map(move |&b| (a, b)))
@@ -547,13 +554,16 @@ impl Checker {
             // Each side ranks itself first by its own view, and neither can
             // tell the other's: with no gossip and no API server to agree
             // on the objects, nothing settles it before one of them heals.
-            return (Duration::MAX, "partition, views differ");
+            return (Duration::MAX, "partition, views differ", None);
         }
         if pairs.clone().any(|(a, b)| !ctx.reach[a][b]) {
-            return (PARTITION_BOUND, "gossip partition");
+            return (PARTITION_BOUND, "gossip partition", None);
         }
-        if owners.iter().any(|&h| ctx.hosts[h].leaving) {
-            return (LEAVING_BOUND, "leaving node");
+        // A leaving node answers until its successors hold its VIPs, at
+        // most `LEAVE_MAX` from its SIGTERM, whatever bound the pair was
+        // under before: the earliest leave of the two ends it.
+        if let Some(left) = owners.iter().filter_map(|&h| ctx.hosts[h].leaving).min() {
+            return (LEAVING_BOUND, "leaving node", Some(left));
         }
         if pairs
             .clone()
@@ -562,12 +572,12 @@ impl Checker {
             // Each ranks itself first by its own view; the one with the older
             // view lets go once it trusts the other's word, or after a
             // planned move's time.
-            return (HANDOVER_BOUND, "views differ");
+            return (HANDOVER_BOUND, "views differ", None);
         }
         if owners.iter().any(|&h| !ctx.hosts[h].ready) {
-            return (STARTING_BOUND, "starting node");
+            return (STARTING_BOUND, "starting node", None);
         }
-        (HANDOVER_BOUND, "make before break")
+        (HANDOVER_BOUND, "make before break", None)
     }
 
     fn judge(&mut self, ip: IpAddr, t: Duration, ctx: &Context) {
@@ -638,7 +648,11 @@ impl Checker {
             }
             let agree = |h: usize| {
                 let s = &ctx.hosts[h];
-                s.agent_running && s.ready && !s.leaving && !s.flaky && s.stalled_since.is_none()
+                s.agent_running
+                    && s.ready
+                    && s.leaving.is_none()
+                    && !s.flaky
+                    && s.stalled_since.is_none()
             };
             e.agreed = (agree(a)
                 && agree(b)
