@@ -56,6 +56,7 @@ fn cluster(preferences: bool) -> Cluster {
                 name: format!("worker-{i:04}"),
                 labels: labels(&l),
                 network_unavailable: false,
+                addresses: Vec::new(),
             }
         })
         .collect();
@@ -128,6 +129,7 @@ fn cluster(preferences: bool) -> Cluster {
                 allocated_pool: Some("default".into()),
                 local_traffic: local,
                 endpoints,
+                ports: Vec::new(),
             }
         })
         .collect();

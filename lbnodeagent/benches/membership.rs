@@ -344,6 +344,7 @@ fn watches(n: usize, down: &BTreeSet<usize>) -> Watches {
                     any_usable: true,
                     nodes: BTreeSet::new(),
                 },
+                ports: Vec::new(),
             }
         })
         .collect();
@@ -354,6 +355,7 @@ fn watches(n: usize, down: &BTreeSet<usize>) -> Watches {
                 name: name.clone(),
                 labels: Labels::new(),
                 network_unavailable: false,
+                addresses: Vec::new(),
             })
             .collect(),
         pools: vec![Pool {

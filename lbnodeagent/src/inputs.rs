@@ -18,7 +18,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::election::{
-    Advertisement, Cluster, Endpoints, Labels, NodeInfo, Pool, Preference, ServiceInfo,
+    Advertisement, Cluster, Endpoints, Labels, NodeInfo, Pool, Preference, Protocol, ServiceInfo,
+    ServicePort,
 };
 
 pub use hostlb_api::Scope;
@@ -39,10 +40,19 @@ pub fn node_info(node: &Node) -> NodeInfo {
         .into_iter()
         .flatten()
         .any(|c| c.type_ == "NetworkUnavailable" && c.status == "True");
+    let addresses = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
     NodeInfo {
         name: node.metadata.name.clone().unwrap_or_default(),
         labels: labels(&node.metadata),
         network_unavailable,
+        addresses,
     }
 }
 
@@ -211,7 +221,42 @@ pub fn service_info(
         .map(str::to_string),
         local_traffic: local,
         endpoints: endpoints.get(&ns, &name),
+        ports: ports(svc, errors),
     })
+}
+
+/// `spec.ports`, each once; a protocol hostlb cannot filter is reported
+/// and its port left out (so the firewall keeps it closed).
+fn ports(svc: &Service, errors: &mut Vec<ObjectError>) -> Vec<ServicePort> {
+    let mut out: Vec<ServicePort> = Vec::new();
+    let listed = svc.spec.as_ref().and_then(|s| s.ports.as_ref());
+    for (i, p) in listed.into_iter().flatten().enumerate() {
+        let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else {
+            errors.push(ObjectError::new(
+                "Service",
+                &svc.metadata,
+                format!(
+                    "spec.ports[{i}].protocol: {:?} is not TCP, UDP or SCTP; the firewall keeps that port closed",
+                    p.protocol.as_deref().unwrap_or_default()
+                ),
+            ));
+            continue;
+        };
+        let Ok(port) = u16::try_from(p.port) else {
+            errors.push(ObjectError::new(
+                "Service",
+                &svc.metadata,
+                format!("spec.ports[{i}].port: {} is not a port", p.port),
+            ));
+            continue;
+        };
+        let sp = ServicePort { protocol, port };
+        if !out.contains(&sp) {
+            out.push(sp);
+        }
+    }
+    out.sort();
+    out
 }
 
 /// Everything the election needs from the cluster's objects.

@@ -6,6 +6,7 @@ pub mod addrs;
 pub mod agent;
 pub mod announce;
 pub mod election;
+pub mod firewall;
 pub mod gossip;
 pub mod inputs;
 pub mod model;

@@ -186,7 +186,7 @@ impl Routed {
             "import socket\n\
              s = socket.socket(socket.AF_INET6 if ':' in '{vip}' else socket.AF_INET)\n\
              s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-             s.bind(('{vip}', 8080))\n\
+             s.bind(('{vip}', 80))\n\
              s.listen()\n\
              while True:\n    c, _ = s.accept()\n    c.sendall(b'{node}')\n    c.close()\n"
         );
@@ -200,11 +200,11 @@ impl Routed {
         self.listeners.push(child);
     }
 
-    /// What the client behind the router gets from `vip`:8080.
+    /// What the client behind the router gets from `vip`:80 (the Service's port: the firewall drops the rest).
     fn reach(&self, vip: &str) -> String {
         let script = format!(
             "import socket\n\
-             s = socket.create_connection(('{vip}', 8080), timeout=2)\n\
+             s = socket.create_connection(('{vip}', 80), timeout=2)\n\
              print(s.recv(64).decode())\n"
         );
         wait_for(

@@ -131,6 +131,15 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
     if let Some(m) = gossip {
         let _ = m.shutdown().await;
     }
+    // With its addresses gone the table guards nothing; the next run
+    // writes it again from its first view of the cluster.
+    let firewall_on = record_cfg.as_ref().is_none_or(|c| c.firewall);
+    match tokio::task::spawn_blocking(crate::firewall::remove).await {
+        Ok(Ok(())) => info!(table = crate::firewall::TABLE, "firewall removed"),
+        Ok(Err(crate::firewall::FirewallError::Spawn(_))) if !firewall_on => {}
+        Ok(Err(e)) => warn!(error = %e, "cannot remove the firewall"),
+        Err(e) => warn!(error = %e, "cannot remove the firewall"),
+    }
     // Then the record says the agent stopped: readers see a crashed agent
     // at once, not when its heartbeat goes stale minutes later. After the
     // hand-over, which it must not slow (a client loads its CA roots).

@@ -56,6 +56,9 @@ pub struct AgentConfig {
     pub gossip: GossipConfig,
     pub announce: AnnounceSettings,
     pub http_listen: SocketAddr,
+    /// `firewall.enabled`: traffic to a VIP reaches this host only on its
+    /// Services' ports (and ICMP); on by default.
+    pub firewall: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -162,6 +165,14 @@ struct FileConfig {
     announce: AnnounceSection,
     #[serde(default)]
     http: HttpSection,
+    #[serde(default)]
+    firewall: FirewallSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FirewallSection {
+    enabled: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -368,6 +379,7 @@ impl FileConfig {
                 },
             },
             http_listen,
+            firewall: self.firewall.enabled.unwrap_or(true),
         })
     }
 }
@@ -488,6 +500,7 @@ mod tests {
         assert_eq!(c.announce.lifetime, Lifetime::new(Duration::from_secs(15)));
         assert_eq!(c.announce.garp, AnnounceConfig::default());
         assert_eq!(c.http_listen, "127.0.0.1:7472".parse().unwrap());
+        assert!(c.firewall, "on unless turned off");
         assert_eq!(c.run_dir, PathBuf::from("/run/lbnodeagent"));
     }
 
@@ -512,6 +525,8 @@ garp_interval = "250ms"
 refresh_interval = "30s"
 [http]
 listen = "127.0.0.1:9000"
+[firewall]
+enabled = false
 "#,
         )
         .unwrap();
@@ -530,6 +545,7 @@ listen = "127.0.0.1:9000"
         assert_eq!(c.announce.garp.count, 5);
         assert_eq!(c.announce.garp.interval, Duration::from_millis(250));
         assert_eq!(c.announce.garp.refresh, Some(Duration::from_secs(30)));
+        assert!(!c.firewall);
         assert_eq!(c.http_listen.port(), 9000);
     }
 

@@ -21,6 +21,7 @@ mod checks;
 pub mod cleanup;
 pub mod config;
 pub mod core;
+mod firewall;
 mod kernel;
 pub mod record;
 mod reload;
@@ -141,6 +142,8 @@ pub struct Agent<B: AddressBackend + 'static> {
     /// The core has had a whole cluster view (later, changes of
     /// EndpointSlices alone go as endpoints).
     cluster_sent: bool,
+    /// The firewall task's latest plan.
+    firewall: tokio::sync::watch::Sender<Option<core::firewall::FirewallPlan>>,
 }
 
 impl<B: AddressBackend + 'static> Agent<B> {
@@ -308,6 +311,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     async move { announcer.probe(&t).await }
                 }));
             }
+        }
+        if let Some(plan) = a.firewall {
+            self.firewall.send_replace(Some(plan));
         }
         if let (Some(plan), Some(b)) = (a.beat, &self.gossip.beats) {
             b.set_plan(plan);

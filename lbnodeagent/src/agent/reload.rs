@@ -43,6 +43,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.cfg.announce = new.announce;
         self.cfg.gossip.seeds = new.gossip.seeds;
         self.cfg.gossip.key_file = new.gossip.key_file;
+        self.cfg.firewall = new.firewall;
         self.config_hash = config_hash(&self.cfg);
         info!(config = %self.config_path.display(), "config reloaded");
         let wire = self.core.settings().wire;

@@ -98,6 +98,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             })?;
         let kernel = kernel_worker(backend.clone());
         let config_hash = config_hash(&cfg);
+        let firewall = super::firewall::start(telemetry.clone());
         Ok(Agent {
             core,
             cfg,
@@ -123,6 +124,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             kernel,
             ensure_virtual: false,
             cluster_sent: false,
+            firewall,
         })
     }
 }
@@ -296,6 +298,7 @@ pub(super) fn settings(cfg: &AgentConfig, wire: bool) -> Settings {
         gossip_interval: cfg.gossip.interval,
         wire,
         unable: unable(),
+        firewall: cfg.firewall,
     }
 }
 

@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::core::Core;
+use crate::agent::core::firewall::FirewallPlan;
 use crate::election::VipReport;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -27,6 +28,10 @@ pub struct StatusDoc {
     /// operator (an interface exposing VIPs of another network).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What the agent's firewall lets reach the VIPs, in words; `None`
+    /// before the first view of the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firewall: Option<String>,
     pub members: Vec<MemberDoc>,
     pub held: Vec<HeldDoc>,
     pub vips: Vec<VipDoc>,
@@ -140,6 +145,16 @@ pub fn doc(core: &Core, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc
         not_ready: not_ready.map(str::to_string),
         api_healthy,
         warnings: Vec::new(),
+        firewall: core.firewall().map(|plan| match plan {
+            FirewallPlan::On(f) => format!(
+                "on: {} VIPs answer only on their Services' ports ({} address and port pairs) and to ICMP",
+                f.vips.len(),
+                f.open.len()
+            ),
+            FirewallPlan::Off => {
+                "off (firewall.enabled = false): the VIPs reach every port of this host".into()
+            }
+        }),
         isolated_from: core.isolated_from(),
         members: core
             .view()
@@ -200,6 +215,9 @@ pub fn render(doc: &StatusDoc) -> String {
         (None, false) => "not ready".to_string(),
     };
     let _ = writeln!(out, "node {}: {ready}", doc.node);
+    if let Some(f) = &doc.firewall {
+        let _ = writeln!(out, "firewall {f}");
+    }
     for w in &doc.warnings {
         let _ = writeln!(out, "warning: {w}");
     }

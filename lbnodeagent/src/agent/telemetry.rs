@@ -63,6 +63,11 @@ pub struct Telemetry {
     pub routed_unserved: Gauge,
     /// Conditions that do not stop the node serving but need an operator.
     pub warnings: Mutex<Vec<String>>,
+    /// VIPs the firewall closes to all but their Services' ports (0: off).
+    pub firewall_vips: Gauge,
+    pub firewall_failures: Counter,
+    /// Why the last rule set is not in force, while it is not.
+    firewall_error: Mutex<Option<String>>,
     pub elections: Counter,
     pub election_seconds: Histogram,
     pub address_ops: Family<OpLabels, Counter>,
@@ -108,6 +113,9 @@ impl Telemetry {
             vips_without_candidate: Gauge::default(),
             routed_unserved: Gauge::default(),
             warnings: Mutex::new(Vec::new()),
+            firewall_vips: Gauge::default(),
+            firewall_failures: Counter::default(),
+            firewall_error: Mutex::new(None),
             elections: Counter::default(),
             election_seconds: Histogram::new(buckets),
             address_ops: Family::default(),
@@ -177,6 +185,16 @@ impl Telemetry {
             "gossip_isolated",
             "1 while gossip reaches no other agent although the API shows agents running on other nodes (NodeAgent records): the agent acts as if partitioned",
             t.gossip_isolated.clone(),
+        );
+        registry.register(
+            "firewall_vips",
+            "Addresses the agent's firewall (nftables table inet hostlb) closes to all but their Services' ports and ICMP; 0 while it is off",
+            t.firewall_vips.clone(),
+        );
+        registry.register(
+            "firewall_failures",
+            "Rule sets nft refused or could not be run for; the firewall is tried again every 10 s and /readyz shows why",
+            t.firewall_failures.clone(),
         );
         registry.register(
             "elections",
@@ -281,10 +299,38 @@ impl Telemetry {
     }
 
     pub fn warnings(&self) -> Vec<String> {
-        self.warnings
+        let mut w = self
+            .warnings
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .clone();
+        w.extend(
+            self.firewall_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        );
+        w
+    }
+
+    pub fn firewall_applied(&self, vips: usize) {
+        self.firewall_vips.set(vips as i64);
+        *self
+            .firewall_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Counts a failure; `true` when its message is news.
+    pub fn firewall_failed(&self, message: String) -> bool {
+        self.firewall_failures.inc();
+        let mut e = self
+            .firewall_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let news = e.as_deref() != Some(message.as_str());
+        *e = Some(message);
+        news
     }
 
     /// Why the node is not ready, or `None`.

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use hostlb_api::snapshot::ObjectError;
 use hostlb_api::{IPAddressPool, L2Advertisement};
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -292,6 +292,17 @@ fn trim_service(s: &mut Service) {
         type_: spec.type_,
         load_balancer_class: spec.load_balancer_class.filter(|_| balanced),
         external_traffic_policy: spec.external_traffic_policy.filter(|_| balanced),
+        // Port and protocol, for the firewall.
+        ports: spec.ports.filter(|_| balanced).map(|ports| {
+            ports
+                .into_iter()
+                .map(|p| ServicePort {
+                    port: p.port,
+                    protocol: p.protocol,
+                    ..ServicePort::default()
+                })
+                .collect()
+        }),
         ..ServiceSpec::default()
     });
     if !balanced {
@@ -460,7 +471,9 @@ mod tests {
             "spec": {
                 "type": kind, "loadBalancerClass": "hostlb.io/lb",
                 "externalTrafficPolicy": "Local", "clusterIP": "10.96.0.10",
-                "selector": {"app": "web"}, "ports": [{"port": 80}]
+                "selector": {"app": "web"},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080},
+                          {"port": 53, "protocol": "UDP"}]
             },
             "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.100"}]}}
         }))
@@ -487,7 +500,22 @@ mod tests {
             Some("u1"),
             "Events name it"
         );
-        assert_eq!(trimmed.spec.as_ref().unwrap().ports, None);
+        let ports = trimmed.spec.as_ref().unwrap().ports.as_ref().unwrap();
+        assert_eq!(ports.len(), 2);
+        assert!(ports[0].name.is_none() && ports[0].node_port.is_none());
+        assert_eq!(
+            info(&trimmed).unwrap().ports,
+            [
+                crate::election::ServicePort {
+                    protocol: crate::election::Protocol::Tcp,
+                    port: 80
+                },
+                crate::election::ServicePort {
+                    protocol: crate::election::Protocol::Udp,
+                    port: 53
+                }
+            ]
+        );
         assert_eq!(trimmed.metadata.managed_fields, None);
 
         let mut other = service("ClusterIP");

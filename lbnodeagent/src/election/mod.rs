@@ -16,7 +16,7 @@ pub use hash::rank_key;
 pub use report::{Candidate, Excluded, Note, Reason, VipReport};
 pub use view::{
     Advertisement, Cluster, Endpoints, Labels, Member, NodeInfo, OnLink, Pool, Preference,
-    ServiceInfo,
+    Protocol, ServiceInfo, ServicePort,
 };
 
 #[cfg(test)]

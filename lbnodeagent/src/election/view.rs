@@ -28,6 +28,9 @@ pub struct NodeInfo {
     pub labels: Labels,
     /// The Node condition `NetworkUnavailable` is `True`.
     pub network_unavailable: bool,
+    /// `status.addresses` that are IP addresses: never firewalled, even
+    /// when a pool wrongly holds one.
+    pub addresses: Vec<IpAddr>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -78,6 +81,45 @@ pub struct ServiceInfo {
     /// `externalTrafficPolicy: Local`.
     pub local_traffic: bool,
     pub endpoints: Endpoints,
+    /// `spec.ports`: what the agent's firewall lets through to the
+    /// addresses.
+    pub ports: Vec<ServicePort>,
+}
+
+/// A port a Service serves on its addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePort {
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// The transport protocols a Service port can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// As Kubernetes spells it (`spec.ports[].protocol`, `TCP` when unset).
+    pub fn parse(s: Option<&str>) -> Option<Protocol> {
+        match s.unwrap_or("TCP") {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+
+    /// As nftables spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
 }
 
 impl ServiceInfo {

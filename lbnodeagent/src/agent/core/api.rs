@@ -30,6 +30,8 @@ pub struct Settings {
     /// serving. A node that would win and hold nothing is the one outage
     /// a live candidate must never cause.
     pub unable: Option<String>,
+    /// `firewall.enabled`: see [`super::firewall`].
+    pub firewall: bool,
 }
 
 /// `(namespace/name, annotation)` → the value this node writes there
@@ -248,6 +250,8 @@ pub struct Actions {
     /// Read our addresses from the kernel, after the operations asked for
     /// so far, and give them back as [`Input::KernelOwned`].
     pub read_kernel: bool,
+    /// The firewall to put in force, when it changed.
+    pub firewall: Option<super::firewall::FirewallPlan>,
 }
 
 /// Whom this node beats, and what its beats say (see [`sessions`]).

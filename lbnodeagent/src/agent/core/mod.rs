@@ -50,6 +50,7 @@
 mod acquire;
 mod api;
 pub mod conflict;
+pub mod firewall;
 mod kernel;
 pub mod links;
 mod outputs;
@@ -217,6 +218,10 @@ pub struct Core {
     last_status: Option<(usize, usize)>,
     /// [`Actions::wake`] of the last step.
     wake: Option<Instant>,
+    /// The firewall the cluster calls for, and the plan last given out.
+    firewall: Option<firewall::Firewall>,
+    firewall_sent: Option<firewall::FirewallPlan>,
+    firewall_dirty: bool,
 }
 
 impl Core {
@@ -272,6 +277,9 @@ impl Core {
             ready: false,
             last_status: None,
             wake: None,
+            firewall: None,
+            firewall_sent: None,
+            firewall_dirty: false,
         }
     }
 
@@ -366,6 +374,11 @@ impl Core {
         self.beat_plan.as_ref()
     }
 
+    /// The firewall last given out, if any yet.
+    pub fn firewall(&self) -> Option<&firewall::FirewallPlan> {
+        self.firewall_sent.as_ref()
+    }
+
     /// The election as this node has it.
     pub fn election(&self) -> &Election {
         &self.election
@@ -404,6 +417,8 @@ impl Core {
                     }
                 }
                 self.election.set_cluster(&cluster);
+                self.firewall = Some(firewall::Firewall::of(&cluster));
+                self.firewall_dirty = true;
                 // Which records name a Node may have changed.
                 self.learn_records(false);
                 self.watch_due.get_or_insert(now);
@@ -525,6 +540,7 @@ impl Core {
                         ..settings
                     };
                     self.all_dirty = true;
+                    self.firewall_dirty = true;
                 }
                 self.set_links(now, links);
             }
@@ -565,6 +581,25 @@ impl Core {
             self.elect_members();
             self.watch_due.get_or_insert(now);
             self.all_dirty = true;
+        }
+    }
+
+    /// The firewall, when what the cluster and the settings call for is
+    /// not what was last given out. Nothing before a first view of the
+    /// cluster: a table a previous run left stays until then. Nothing from
+    /// a node that cannot hold addresses (nor change the firewall).
+    fn plan_firewall(&mut self, out: &mut Actions) {
+        if !std::mem::take(&mut self.firewall_dirty) || self.settings.unable.is_some() {
+            return;
+        }
+        let plan = match (&self.firewall, self.settings.firewall) {
+            (None, _) => return,
+            (Some(f), true) => firewall::FirewallPlan::On(f.clone()),
+            (Some(_), false) => firewall::FirewallPlan::Off,
+        };
+        if self.firewall_sent.as_ref() != Some(&plan) {
+            self.firewall_sent = Some(plan.clone());
+            out.firewall = Some(plan);
         }
     }
 
@@ -625,6 +660,7 @@ impl Core {
             self.decide(ip, now, out);
         }
         self.renew(now, out);
+        self.plan_firewall(out);
         if !out.add.is_empty() {
             // What the beats say of when this node's addresses lapse.
             self.beat_dirty = true;

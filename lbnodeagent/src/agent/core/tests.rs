@@ -75,7 +75,7 @@ fn cluster(addresses: &[IpAddr]) -> Cluster {
         NodeInfo {
             name: n.into(),
             labels,
-            network_unavailable: false,
+            ..NodeInfo::default()
         }
     };
     let pref = |tier: &str, weight| Preference {
@@ -167,6 +167,7 @@ impl Node {
             gossip_interval: INTERVAL,
             wire: true,
             unable: None,
+            firewall: true,
         };
         Node {
             core: Core::new(settings, links(name, true), t0),
@@ -1168,6 +1169,61 @@ fn a_leaving_node_does_not_let_go_on_a_peers_word_alone() {
     assert_eq!(ips(&act.remove), [v].into(), "its wait is over");
     let act = a.done(&act);
     assert!(act.exit);
+}
+
+/// The firewall follows the cluster: given out with the first view, again
+/// only when a Service's ports change, and taken down when a reload turns
+/// it off.
+#[test]
+fn the_firewall_follows_the_services_ports_and_the_switch() {
+    use crate::election::{Protocol, ServicePort};
+    use firewall::FirewallPlan;
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let with_ports = |ports: &[u16]| {
+        let mut c = cluster(&[v]);
+        c.services[0].ports = ports
+            .iter()
+            .map(|&port| ServicePort {
+                protocol: Protocol::Tcp,
+                port,
+            })
+            .collect();
+        c
+    };
+    a.step(Input::Adopted(Vec::new()));
+    let act = a.step(Input::Tick);
+    assert_eq!(
+        act.firewall, None,
+        "a previous run's table stays until the cluster is known"
+    );
+    let act = a.step(Input::Cluster {
+        cluster: with_ports(&[80]),
+        errors: Vec::new(),
+        revision: 1,
+    });
+    let Some(FirewallPlan::On(f)) = act.firewall else {
+        panic!("on by default: {:?}", act.firewall)
+    };
+    assert_eq!(f.vips, [v].into());
+    assert_eq!(f.open.iter().map(|(_, p)| p.port).collect::<Vec<_>>(), [80]);
+    let act = a.step(Input::Cluster {
+        cluster: with_ports(&[80]),
+        errors: Vec::new(),
+        revision: 2,
+    });
+    assert_eq!(act.firewall, None, "nothing changed");
+    let act = a.step(Input::Cluster {
+        cluster: with_ports(&[80, 443]),
+        errors: Vec::new(),
+        revision: 3,
+    });
+    assert!(matches!(act.firewall, Some(FirewallPlan::On(f)) if f.open.len() == 2));
+    let mut settings = a.core.settings().clone();
+    settings.firewall = false;
+    let links = a.core.links().clone();
+    let act = a.step(Input::Reloaded { settings, links });
+    assert_eq!(act.firewall, Some(FirewallPlan::Off));
 }
 
 /// `announce.refresh_interval`: off by default; when set, one round for

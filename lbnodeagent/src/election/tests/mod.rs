@@ -33,7 +33,7 @@ pub(super) fn mk_node(name: &str, l: &[(&str, &str)]) -> NodeInfo {
     NodeInfo {
         name: name.into(),
         labels,
-        network_unavailable: false,
+        ..NodeInfo::default()
     }
 }
 
@@ -95,6 +95,7 @@ pub(super) fn mk_svc(key: &str, addrs: &[&str]) -> ServiceInfo {
             any_usable: true,
             nodes: Default::default(),
         },
+        ports: Vec::new(),
     }
 }
 

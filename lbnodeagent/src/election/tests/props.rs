@@ -122,6 +122,7 @@ pub(super) fn world(seed: u64) -> World {
                 any_usable: r.chance(0.9),
                 nodes: BTreeSet::new(),
             },
+            ports: Vec::new(),
         };
         if r.chance(0.2) {
             s.allocated_pool = Some(format!("pool-{}", r.below(n_pools as u64 + 1)));

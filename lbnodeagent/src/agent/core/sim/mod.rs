@@ -369,6 +369,8 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         gossip_interval: GOSSIP_INTERVAL,
         wire: true,
         unable: None,
+        // Not modelled: it follows the cluster, never ownership.
+        firewall: false,
     };
     let hosts = names
         .iter()

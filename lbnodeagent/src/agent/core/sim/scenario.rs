@@ -59,6 +59,7 @@ impl Truth {
                     name: n.clone(),
                     labels,
                     network_unavailable: false,
+                    addresses: Vec::new(),
                 }
             })
             .collect();
@@ -145,6 +146,7 @@ impl Truth {
             allocated_pool: Some(pool.into()),
             local_traffic,
             endpoints,
+            ports: Vec::new(),
         });
     }
 
