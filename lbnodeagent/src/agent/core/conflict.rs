@@ -205,6 +205,15 @@ impl Conflicts {
                 continue;
             }
             for mac in &r.macs {
+                if let Some(g) = self.mac_owner.get(mac)
+                    && *g != r.node
+                {
+                    ignored.push(format!(
+                        "the NodeAgent record {:?} names MAC {mac}, which gossip gives {g}; gossip's word stands",
+                        r.node
+                    ));
+                    continue;
+                }
                 match self.recorded.get(mac) {
                     Some(other) if *other != r.node => {
                         ignored.push(format!(
@@ -222,17 +231,21 @@ impl Conflicts {
         ignored
     }
 
-    /// The node a MAC is known to answer for: gossip's word, or a record's
-    /// that no other record or gossip contradicts.
+    /// The node a MAC is known to answer for: gossip's word (signed, and
+    /// published by the node itself), whatever a record says; otherwise a
+    /// record's that no other record contradicts. A record that claims a
+    /// MAC gossip gives another node is only reported: were the MAC then
+    /// nobody's, one host's record could make an honest node's answers a
+    /// stranger's, and two honest owners across a gossip partition would
+    /// never settle.
     fn owner(&self, mac: &MacAddr) -> Option<&String> {
+        if let Some(g) = self.mac_owner.get(mac) {
+            return Some(g);
+        }
         if self.disputed.contains(mac) {
             return None;
         }
-        match (self.mac_owner.get(mac), self.recorded.get(mac)) {
-            (Some(g), Some(r)) if g != r => None,
-            (Some(g), _) => Some(g),
-            (None, r) => r,
-        }
+        self.recorded.get(mac)
     }
 
     /// The node that last published `ip` as held, as far as gossip told.
@@ -533,6 +546,38 @@ mod tests {
         assert_eq!(
             c.holding_off(ip, t0, |_| true, none),
             Hold::Released { checked: false }
+        );
+    }
+
+    /// A record that claims a MAC gossip gives another node changes
+    /// nothing: the MAC stays that node's, so its answers still settle a
+    /// second owner on the wire.
+    #[test]
+    fn gossip_names_a_macs_node_whatever_a_record_says() {
+        let ip: IpAddr = VIP.parse().unwrap();
+        let mut c = Conflicts::default();
+        c.learn([&info("a", MAC_A), &info("b", MAC_B)], "");
+        let forged = AgentRecord {
+            node: "c".into(),
+            macs: [MAC_B].into(),
+            fresh: true,
+        };
+        let ignored = c.learn_records(&[forged], "a", |_| true);
+        assert_eq!(ignored.len(), 1, "reported: {ignored:?}");
+        assert_eq!(c.owner_of(MAC_B), Some("b"));
+        let e = election(&["a", "b"]);
+        let v = c.judge(
+            Claim { ip, mac: MAC_B },
+            "a",
+            &[MAC_A].into(),
+            Some(&want()),
+            &e,
+            |_| false,
+            Instant::now(),
+        );
+        assert!(
+            matches!(v, Verdict::Keep { .. } | Verdict::Yield { .. }),
+            "b's answer is b's, not a stranger's: {v:?}"
         );
     }
 

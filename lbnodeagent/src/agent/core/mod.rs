@@ -419,10 +419,12 @@ impl Core {
                 self.election.set_cluster(&cluster);
                 self.firewall = Some(firewall::Firewall::of(&cluster));
                 self.firewall_dirty = true;
-                // Which records name a Node may have changed.
-                self.learn_records(false);
-                self.watch_due.get_or_insert(now);
+                // Which records name a Node may have changed; what the
+                // records listed before the first view hold is said now.
+                let first = !self.cluster_known;
                 self.cluster_known = true;
+                self.learn_records(first);
+                self.watch_due.get_or_insert(now);
                 self.all_dirty = true;
                 self.report_dirty = true;
                 out.metrics.push(Metric::Elected);
@@ -558,7 +560,9 @@ impl Core {
         let ignored = self
             .conflicts
             .learn_records(&self.records, me, |n| election.is_node(n));
-        if listed {
+        // Before a first view of the cluster no name is known to be a
+        // Node's: nothing to say yet.
+        if listed && self.cluster_known {
             for line in ignored {
                 warn!("{line}");
             }

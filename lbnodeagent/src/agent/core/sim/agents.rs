@@ -526,7 +526,7 @@ impl World {
         if !self.api_up {
             return;
         }
-        let records = self
+        let mut records: Vec<AgentRecord> = self
             .hosts
             .iter()
             .map(|h| AgentRecord {
@@ -535,6 +535,25 @@ impl World {
                 fresh: h.agent != Agent::Stopped || h.killed || !h.powered,
             })
             .collect();
+        if let Some(f) = self.forgery.as_mut()
+            && self.t >= f.from
+        {
+            let (forger, victim) = (f.forger, f.victim);
+            if !std::mem::replace(&mut f.noted, true) {
+                let line = format!(
+                    "forgery: {} claims {}'s MAC in its record, and so does a record named intruder",
+                    self.hosts[forger].name, self.hosts[victim].name
+                );
+                self.note(line);
+            }
+            let stolen = self.hosts[victim].mac;
+            records[forger].macs.extend([stolen, super::FORGED_MAC]);
+            records.push(AgentRecord {
+                node: "intruder".into(),
+                macs: [stolen].into(),
+                fresh: true,
+            });
+        }
         self.step(host, Input::Records(records));
     }
 

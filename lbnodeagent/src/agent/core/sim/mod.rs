@@ -285,7 +285,25 @@ struct World {
     on_link: check::Mask,
     trace: Trace,
     handled: u64,
+    /// A compromised host's forged records, in a quarter of the seeds.
+    forgery: Option<Forgery>,
 }
+
+/// From `from` on, host `forger` writes its own record claiming the MAC
+/// of `victim` too (and one nobody has), and a record named for no Node
+/// claims the victim's MAC as well: evidence, never orders, so no owner
+/// may change for them. Drawn from a generator of its own, so seeds
+/// without one run as they did before it existed.
+#[derive(Clone, Copy, Debug)]
+struct Forgery {
+    forger: usize,
+    victim: usize,
+    from: Duration,
+    noted: bool,
+}
+
+/// A MAC no host has.
+const FORGED_MAC: MacAddr = MacAddr([2, 0x66, 0x66, 0x66, 0x66, 0x66]);
 
 /// An event in the queue, in time order and, at one instant, in the order
 /// it was scheduled (which keeps a seed's run the same on every build).
@@ -407,6 +425,17 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         })
         .collect();
     let n = shape.nodes;
+    let mut side = Rng::new(seed ^ 0x5eed_f0e9_ed00_0001);
+    let forgery = (n >= 2 && side.chance(0.25)).then(|| {
+        let forger = side.below(n);
+        let victim = (forger + 1 + side.below(n - 1)) % n;
+        Forgery {
+            forger,
+            victim,
+            from: side.ms(2000, shape.faults_until.as_millis() as u64),
+            noted: false,
+        }
+    });
     let mut w = World {
         rng,
         plan,
@@ -433,6 +462,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             lines: Default::default(),
         },
         handled: 0,
+        forgery,
     };
     w.links = w.hosts.iter().map(links_of).collect();
     for h in 0..n {
