@@ -38,6 +38,10 @@ pub struct AddressDoc {
     pub agrees: bool,
     /// What would explain a disagreement, most likely first.
     pub why: Vec<String>,
+    /// What the agents' firewall lets reach the address (`80/tcp`, ...;
+    /// ICMP too), from every Service sharing it; `None` when it is a
+    /// Node's own address, which the firewall leaves alone.
+    pub open: Option<Vec<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +75,7 @@ pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc,
         return Err(ExplainError::NotOurs(format!("{namespace}/{name}")));
     }
     let election = fleet.election();
+    let firewall = lbnodeagent::agent::core::firewall::Firewall::of(&fleet.cluster().0);
     let mut members: Vec<String> = lbnodeagent::agent::record::members_of(&fleet.agents, fleet.now)
         .into_iter()
         .map(|m| m.node)
@@ -104,7 +109,16 @@ pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc,
                     "the virtual annotation is written by the first live member by name: it may not have caught up yet, or the members it sees differ from the records'".into(),
                 );
             }
+            let open = firewall.vips.contains(&ip).then(|| {
+                firewall
+                    .open
+                    .iter()
+                    .filter(|(at, _)| *at == ip)
+                    .map(|(_, p)| format!("{}/{}", p.port, p.protocol.as_str()))
+                    .collect()
+            });
             Some(AddressDoc {
+                open,
                 election: VipDoc::from_report(&report),
                 report,
                 announced_by: announced.map(|(n, i)| format!("{n},{i}")),
@@ -232,6 +246,17 @@ pub fn render(doc: &ExplainDoc, output: Output) -> String {
                 }
             }
             (None, true) => out.push_str("  announced by: nobody (agrees: no winner)\n"),
+        }
+        match &a.open {
+            Some(open) if open.is_empty() => out
+                .push_str("  firewall: only ICMP reaches it (no Service sharing it has a port)\n"),
+            Some(open) => out.push_str(&format!(
+                "  firewall: only {} and ICMP reach it on its hosts\n",
+                open.join(", ")
+            )),
+            None => out.push_str(
+                "  firewall: none (it is a Node's own address, which the agents never close)\n",
+            ),
         }
         if a.routed_by.is_some() || !a.report.virtual_nodes.is_empty() {
             out.push_str(&format!(

@@ -257,6 +257,10 @@ fn explain_computes_the_election_and_judges_the_annotation() {
     // Nobody announces it yet: a disagreement, explained.
     assert!(out.contains("announced by: nobody (DISAGREES"), "{out}");
     assert!(out.contains("no node says it announces"), "{out}");
+    assert!(
+        out.contains("firewall: only 80/tcp and ICMP reach it on its hosts"),
+        "{out}"
+    );
     assert!(out.contains("see different gossip members"), "{out}");
     let (_, json, _) = b.run(&["explain", "svc/web", "-o", "json"]);
     let v: Value = serde_json::from_str(&json).unwrap();
