@@ -81,13 +81,15 @@ ok "exposure level $score"
 
 # A fresh Debian 12 root, made once by debootstrap and unpacked anew for
 # every run: minbase with systemd (for systemd-analyze verify and a boot),
-# procps (the unit's /bin/kill), man-db (its Documentation=) and
-# ca-certificates (the agent loads the system's CA roots).
-base=$work/bookworm-minbase-systemd-procps-man-ca.tar.gz
+# procps (the unit's /bin/kill), man-db (its Documentation=),
+# ca-certificates (the agent loads the system's CA roots) and nftables
+# (the agent's firewall runs `nft`): the package's dependencies, which
+# `dpkg -i` does not fetch.
+base=$work/bookworm-minbase-systemd-procps-man-ca-nft.tar.gz
 if [[ ! -f $base ]]; then
   log "debootstrap bookworm (once, cached in $base)"
   rm -rf "$work/rootfs.new"
-  debootstrap --variant=minbase --include=systemd,passwd,procps,man-db,ca-certificates bookworm "$work/rootfs.new" \
+  debootstrap --variant=minbase --include=systemd,passwd,procps,man-db,ca-certificates,nftables bookworm "$work/rootfs.new" \
     http://deb.debian.org/debian
   tar -C "$work/rootfs.new" -czf "$base" .
   rm -rf "$work/rootfs.new"
