@@ -11,7 +11,8 @@
 //!
 //! The table hooks `input` only, so it sees what is delivered to this host
 //! and nothing kube-proxy forwards or rewrites first (its DNAT happens in
-//! `prerouting`, before any address here is the destination).
+//! `prerouting`, before any address here is the destination). What the
+//! host sends itself (over `lo`) is its own business and passes.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -74,6 +75,7 @@ fn render(f: &Firewall, s: &mut String) {
     s.push_str(
         "\tchain input {\n\
          \t\ttype filter hook input priority filter; policy accept;\n\
+         \t\tiifname \"lo\" accept\n\
          \t\tip daddr @vips4 jump vip4\n\
          \t\tip6 daddr @vips6 jump vip6\n\
          \t}\n\
@@ -214,6 +216,10 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("elements = { fd00::1:1 . tcp . 80 }"), "{s}");
+        assert!(
+            s.contains("policy accept;\n\t\tiifname \"lo\" accept\n\t\tip daddr @vips4 jump vip4"),
+            "the host's own traffic passes: {s}"
+        );
         assert_eq!(
             script(&FirewallPlan::Off),
             "table inet hostlb\ndelete table inet hostlb\n"

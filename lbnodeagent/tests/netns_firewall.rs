@@ -51,13 +51,18 @@ fn listen(c: &Cluster, node: &str, port: u16) -> Child {
 /// What the client gets from `ip`:`port`: the name of the node that
 /// answered, or why nothing did.
 fn connect(c: &Cluster, ip: &str, port: u16) -> String {
+    connect_from(c, "client", ip, port)
+}
+
+/// [`connect`] from the host `from`.
+fn connect_from(c: &Cluster, from: &str, ip: &str, port: u16) -> String {
     let script = format!(
         "import socket\n\
          try:\n    s = socket.create_connection(('{ip}', {port}), timeout=1)\n    print(s.recv(64).decode())\n\
          except socket.timeout:\n    print('no answer')\n\
          except OSError as e:\n    print('refused' if e.errno == 111 else e)\n"
     );
-    c.host("client")
+    c.host(from)
         .ns
         .run(&["python3", "-c", &script])
         .unwrap()
@@ -109,6 +114,12 @@ fn a_vip_answers_only_on_its_services_ports_and_to_icmp() {
         );
         assert!(pings(&c, vip), "ICMP echo to {vip} is answered");
     }
+    // What the owner sends itself passes.
+    assert_eq!(
+        connect_from(&c, &owner, VIP4, 22),
+        owner,
+        "from the host itself"
+    );
     // The hosts' own addresses are not the firewall's business.
     for ip in [&owner_ip, &owner_ip6] {
         assert_eq!(
