@@ -11,7 +11,8 @@
 //! Per size: `node-a`'s switch port goes down; when the first and the last
 //! VIP answered from another host (on the wire for the sample, in the
 //! kernel for all). Then, at the largest size: a SIGTERM hand-over (probes
-//! lost), a cold start with every Service already there (how soon after
+//! lost), the preferred node back (its hand-back: how soon it holds them
+//! all and the others none), a cold start with every Service already there (how soon after
 //! readiness every VIP answers), and where an agent's memory goes.
 
 #[path = "../tests/cluster/mod.rs"]
@@ -76,6 +77,14 @@ fn main() {
             println!(
                 "\nSIGTERM of the host holding {n} VIPs: at most {lost} probes lost on any sampled VIP, longest silence {:.0} ms",
                 ms(outage)
+            );
+            eprintln!("{n} VIPs: the preferred node back");
+            let h = many::hand_back(&mut bed);
+            println!(
+                "The preferred node back: it held all {n} VIPs {:.0} ms after its agent started, the others none {:.0} ms after; at most {} probes lost on any sampled VIP",
+                ms(h.held_all),
+                ms(h.released_all),
+                h.lost
             );
         }
     }

@@ -215,7 +215,14 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     Some(records) => Input::Records(records),
                     None => continue,
                 },
-                Some(claim) = recv_if(&mut self.wire.claims) => Input::Claim(claim),
+                Some(first) = recv_if(&mut self.wire.claims) => {
+                    let rest = self.wire.claims.as_mut().expect("a claim came from it");
+                    let mut claims = vec![first];
+                    while let Ok(c) = rest.try_recv() {
+                        claims.push(c);
+                    }
+                    Input::Claims(claims)
+                }
                 Some(first) = recv_if(&mut self.gossip.beats_in) => {
                     let rest = self.gossip.beats_in.as_mut().expect("a beat came from it");
                     let view = self.gossip.views.borrow();
@@ -271,7 +278,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // Beats and claims heard on the wire are most of what wakes an
         // agent at rest, and change nothing the record shows but isolation
         // and the last conflict, which `carry_out` checks itself.
-        let shows = !matches!(input, Input::Beats(_) | Input::Claim(_));
+        let shows = !matches!(input, Input::Beats(_) | Input::Claim(_) | Input::Claims(_));
         let started = Instant::now();
         let actions = self.core.step(started, input);
         if timed {

@@ -22,14 +22,18 @@ pub(super) struct Wire {
     pub(super) watched: Arc<RwLock<BTreeSet<IpAddr>>>,
 }
 
+/// Claims waiting for the loop, at most.
+const CLAIMS_QUEUED: usize = 8192;
+
 /// Opens the claim reader: only claims on the watched addresses reach the
 /// loop, through a bounded channel whose overflow is dropped (the next
-/// probe asks again).
+/// probe asks again). It holds a round of announcements (two frames) for
+/// 4,000 VIPs: a winner taking over a thousand sends them all at once.
 pub(super) fn open_wire(announcer: Option<Arc<Announcer>>) -> Wire {
     let watched: Arc<RwLock<BTreeSet<IpAddr>>> = Arc::default();
     let claims = match crate::announce::Claims::open() {
         Ok(claims) => {
-            let (tx, rx) = mpsc::channel(1024);
+            let (tx, rx) = mpsc::channel(CLAIMS_QUEUED);
             let filter = watched.clone();
             tokio::spawn(async move {
                 loop {

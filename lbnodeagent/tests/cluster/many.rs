@@ -288,6 +288,45 @@ pub fn sigterm(bed: &mut Bed) -> (u64, Duration) {
     (lost, outage)
 }
 
+/// The preferred node back after [`sigterm`]: from its agent's start, when
+/// it held every VIP and when the others held none, and the most probes
+/// a sampled VIP lost (a hand-back is make before break: none).
+pub struct HandBack {
+    pub held_all: Duration,
+    pub released_all: Duration,
+    pub lost: u64,
+}
+
+pub fn hand_back(bed: &mut Bed) -> HandBack {
+    let sweep = bed.sweep();
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    bed.c.start("node-a");
+    let n = bed.ips.len();
+    let mut held_all = None;
+    let released_all = wait_for("the hand-back", Duration::from_secs(120), || {
+        if held_all.is_none() && bed.c.held_count("node-a") >= n {
+            held_all = Some(t0.elapsed());
+        }
+        let others = bed.c.held_count("node-b") + bed.c.held_count("node-c");
+        (held_all.is_some() && others == 0).then(|| t0.elapsed())
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let end = Instant::now();
+    let lost = bed
+        .sample
+        .iter()
+        .map(|ip| judge(&sweep.replies(ip), None, t0, end, EVERY).lost)
+        .max()
+        .unwrap_or(0);
+    HandBack {
+        held_all: held_all.expect("set before the wait ends"),
+        released_all,
+        lost,
+    }
+}
+
 /// A cold start with every Service already there: how long after the
 /// first and the last agent was ready every VIP was in some kernel, and
 /// the sampled ones answered on the wire.

@@ -94,6 +94,10 @@ pub enum Input {
     KernelOwned(Vec<OwnedAddress>),
     /// A host on the wire claims an address.
     Claim(Claim),
+    /// Claims heard together, judged in one step: a winner announces every
+    /// VIP it took at once, and a node handing many over lets them all go
+    /// in one batch, not one kernel operation per claim.
+    Claims(Vec<Claim>),
     /// Results of kernel operations asked for earlier.
     Done(Vec<OpResult>),
     /// A deadline from [`Actions::wake`] passed (or any wake-up).

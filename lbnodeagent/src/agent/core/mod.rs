@@ -507,6 +507,11 @@ impl Core {
             }
             Input::KernelOwned(owned) => self.kernel_owned(owned),
             Input::Claim(claim) => self.on_claim(claim, now, out),
+            Input::Claims(claims) => {
+                for claim in claims {
+                    self.on_claim(claim, now, out);
+                }
+            }
             Input::Done(results) => {
                 let worked = results.iter().any(|r| r.result.is_ok());
                 for r in results {

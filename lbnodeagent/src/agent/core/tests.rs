@@ -388,6 +388,35 @@ fn a_planned_move_keeps_answering_until_the_winner_holds_it() {
     assert_eq!(ips(&act.remove), [v].into(), "b holds it now: let go");
 }
 
+/// The winner's announcements for every VIP it took, heard together, let
+/// them all go in one step: one kernel batch, not one per VIP.
+#[test]
+fn a_hand_back_heard_on_the_wire_lets_every_vip_go_at_once() {
+    let vs = addresses(50);
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&vs), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held.len(), vs.len(), "a wins them all while b is away");
+    a.advance(Duration::from_secs(1));
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+        Vec::new(),
+    )));
+    assert!(act.remove.is_empty(), "b holds none yet");
+    a.advance(Duration::from_millis(100));
+    let act = a.step(Input::Claims(
+        vs.iter().map(|&ip| Claim { ip, mac: mac("b") }).collect(),
+    ));
+    assert_eq!(
+        ips(&act.remove),
+        vs.iter().copied().collect(),
+        "b answers for every one: all let go in one step"
+    );
+}
+
 /// A winner that never shows the address gets [`HANDOVER_MAX`], then the
 /// old owner lets go anyway (the views agree, so the winner knows it).
 #[test]
