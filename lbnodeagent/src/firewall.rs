@@ -118,6 +118,17 @@ fn set<T: std::fmt::Display>(
     s.push_str("\t}\n");
 }
 
+/// The `nft` program on a `PATH`, if any: what `lbnodeagent check` looks
+/// for before the agent needs it.
+pub fn nft_in(path: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::env::split_paths(path)
+        .map(|dir| dir.join("nft"))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 /// Puts `plan` in force.
 pub async fn apply(plan: &FirewallPlan) -> Result<(), FirewallError> {
     let script = script(plan);
@@ -182,6 +193,19 @@ pub fn remove() -> Result<(), FirewallError> {
 mod tests {
     use super::*;
     use crate::election::{Protocol, ServicePort};
+
+    #[test]
+    fn nft_is_found_only_where_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = std::env::join_paths([dir.path()]).unwrap();
+        assert_eq!(nft_in(&path), None);
+        let nft = dir.path().join("nft");
+        std::fs::write(&nft, "#!/bin/sh\n").unwrap();
+        assert_eq!(nft_in(&path), None, "not executable");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&nft, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(nft_in(&path), Some(nft));
+    }
 
     #[test]
     fn the_script_replaces_the_whole_table_in_one_go() {

@@ -135,12 +135,21 @@ impl<B: AddressBackend + 'static> Agent<B> {
 /// key file loads with a safe mode. Both would stop `run` at start; the
 /// unit's `ExecStartPre=` check then fails with the reason instead.
 ///
-/// What may stop the agent later is a warning: a token that expires
-/// within [`TOKEN_WARN`].
+/// What may stop the agent later, or leave it serving with less than it
+/// should, is a warning: a token that expires within [`TOKEN_WARN`], or a
+/// firewall that is on while no `nft` can be found to put it in force.
 pub async fn check_offline(cfg: &AgentConfig) -> Result<Vec<String>, AgentError> {
     kube_client(cfg).await?;
     crate::gossip::GossipKeys::load(&cfg.gossip.key_file)?;
-    Ok(token_warnings(&cfg.kubeconfig, jiff::Timestamp::now()))
+    let mut warnings = token_warnings(&cfg.kubeconfig, jiff::Timestamp::now());
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if cfg.firewall && crate::firewall::nft_in(&path).is_none() {
+        warnings.push(
+            "firewall.enabled is on but no nft is on the PATH: the VIPs would reach every port of this host (install the nftables package)"
+                .into(),
+        );
+    }
+    Ok(warnings)
 }
 
 /// How long before a token expires `check` and the agent's start warn: a
