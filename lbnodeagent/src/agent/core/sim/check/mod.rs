@@ -182,6 +182,17 @@ struct VipState {
     lapsed: Option<(Duration, usize)>,
 }
 
+impl VipState {
+    /// One owner, no pair of owners, no gap and no lapse being watched:
+    /// nothing for a sweep to judge.
+    fn settled(&self) -> bool {
+        self.owners.len() == 1
+            && self.pairs.is_empty()
+            && self.none.is_none()
+            && self.lapsed.is_none()
+    }
+}
+
 /// A set of hosts, one bit each (a run has at most 20).
 pub type Mask = u64;
 
@@ -205,6 +216,8 @@ pub struct Checker {
     oracles: Oracles,
     /// Room for a sweep's addresses, kept from one sweep to the next.
     scratch: Vec<IpAddr>,
+    /// The cluster version whose addresses the last sweep made sure of.
+    swept_version: Option<u64>,
 }
 
 impl Checker {
@@ -220,6 +233,7 @@ impl Checker {
             steady: None,
             oracles: Oracles::new(),
             scratch: Vec::new(),
+            swept_version: None,
         }
     }
 
@@ -491,16 +505,28 @@ impl Checker {
         Some(line)
     }
 
-    /// Every VIP's episodes against their bounds; runs every 50 ms.
+    /// Every VIP's episodes against their bounds; runs every 50 ms. A VIP
+    /// with one owner and nothing pending (most of them, most of the time)
+    /// has nothing to judge and is passed over: [`Checker::judge`] would
+    /// change nothing for it.
     pub fn sweep(&mut self, t: Duration, ctx: &Context) {
-        for s in &ctx.versions[&ctx.newest].services {
-            for ip in &s.addresses {
-                self.vips.entry(*ip).or_default();
+        if self.swept_version != Some(ctx.newest) {
+            self.swept_version = Some(ctx.newest);
+            for s in &ctx.versions[&ctx.newest].services {
+                for ip in &s.addresses {
+                    self.vips.entry(*ip).or_default();
+                }
             }
         }
+        let following = self.follow.is_some();
         let mut ips = std::mem::take(&mut self.scratch);
         ips.clear();
-        ips.extend(self.vips.keys().copied());
+        ips.extend(
+            self.vips
+                .iter()
+                .filter(|(_, v)| following || !v.settled())
+                .map(|(ip, _)| *ip),
+        );
         for ip in &ips {
             self.judge(*ip, t, ctx);
         }
