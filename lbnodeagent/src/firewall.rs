@@ -164,31 +164,6 @@ pub async fn apply(plan: &FirewallPlan) -> Result<(), FirewallError> {
         .unwrap_or(Err(FirewallError::Timeout))
 }
 
-/// Removes the table, for `cleanup`: blocking, no runtime needed.
-pub fn remove() -> Result<(), FirewallError> {
-    use std::io::Write as _;
-    let mut child = std::process::Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(FirewallError::Spawn)?;
-    let mut stdin = child.stdin.take().expect("piped");
-    stdin
-        .write_all(script(&FirewallPlan::Off).as_bytes())
-        .map_err(FirewallError::Spawn)?;
-    drop(stdin);
-    let out = child.wait_with_output().map_err(FirewallError::Spawn)?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(FirewallError::Refused(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,20 +40,24 @@ pub fn node_info(node: &Node) -> NodeInfo {
         .into_iter()
         .flatten()
         .any(|c| c.type_ == "NetworkUnavailable" && c.status == "True");
-    let addresses = node
-        .status
+    NodeInfo {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        labels: labels(&node.metadata),
+        network_unavailable,
+        addresses: node_addresses(node),
+    }
+}
+
+/// The Node's `status.addresses` that are IP addresses (InternalIP,
+/// ExternalIP; not hostnames).
+pub fn node_addresses(node: &Node) -> Vec<IpAddr> {
+    node.status
         .as_ref()
         .and_then(|s| s.addresses.as_ref())
         .into_iter()
         .flatten()
         .filter_map(|a| a.address.parse().ok())
-        .collect();
-    NodeInfo {
-        name: node.metadata.name.clone().unwrap_or_default(),
-        labels: labels(&node.metadata),
-        network_unavailable,
-        addresses,
-    }
+        .collect()
 }
 
 /// A pool's addresses in force ([`IPAddressPool::addresses_in_force`]):

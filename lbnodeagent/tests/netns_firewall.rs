@@ -70,6 +70,26 @@ fn connect_from(c: &Cluster, from: &str, ip: &str, port: u16) -> String {
         .to_string()
 }
 
+/// Waits until `ip`:`port` gets no answer from the client.
+fn wait_closed(c: &Cluster, ip: &str, port: u16, what: &str) {
+    wait_for(
+        &format!("{ip}:{port} to {what}"),
+        Duration::from_secs(5),
+        || (connect(c, ip, port) == "no answer").then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Waits until a node answers the client on `ip`:`port`.
+fn wait_open(c: &Cluster, ip: &str, port: u16, what: &str) {
+    wait_for(
+        &format!("{ip}:{port} to {what}"),
+        Duration::from_secs(5),
+        || NODES.contains(&connect(c, ip, port).as_str()).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 fn pings(c: &Cluster, ip: &str) -> bool {
     c.host("client")
         .ns
@@ -145,10 +165,7 @@ fn a_vip_answers_only_on_its_services_ports_and_to_icmp() {
         "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  type: LoadBalancer\n  ports: [{port: 80, protocol: TCP, name: http}, {port: 22, protocol: TCP, name: ssh}]\n",
     );
     for vip in [VIP4, VIP6] {
-        wait_for(&format!("{vip}:22 to open"), Duration::from_secs(5), || {
-            NODES.contains(&connect(&c, vip, 22).as_str()).then_some(())
-        })
-        .unwrap();
+        wait_open(&c, vip, 22, "open");
     }
     eprintln!(
         "the Service's new port opened {:?} after the edit",
@@ -166,26 +183,17 @@ fn a_vip_answers_only_on_its_services_ports_and_to_icmp() {
         r#"{"spec":{"ports":[{"port":80,"protocol":"TCP"}]}}"#,
     ]);
     let ports = c.kubectl(&["get", "service", "web", "-o", "jsonpath={.spec.ports}"]);
-    wait_for(
-        &format!("{VIP4}:22 to close again"),
-        Duration::from_secs(5),
-        || (connect(&c, VIP4, 22) == "no answer").then_some(()),
-    )
-    .unwrap_or_else(|e| panic!("{e}; the Service's ports: {ports}"));
+    wait_closed(
+        &c,
+        VIP4,
+        22,
+        &format!("close again (the Service's ports: {ports})"),
+    );
     for n in NODES {
         c.write_config(n, "[firewall]\nenabled = false");
         c.signal(n, "HUP");
     }
-    wait_for(
-        &format!("{VIP4}:22 to answer once off"),
-        Duration::from_secs(5),
-        || {
-            NODES
-                .contains(&connect(&c, VIP4, 22).as_str())
-                .then_some(())
-        },
-    )
-    .unwrap();
+    wait_open(&c, VIP4, 22, "answer once off");
     let tables = c.host(&owner).ns.run(&["nft", "list", "tables"]).unwrap();
     assert!(!tables.contains("hostlb"), "{tables}");
 
@@ -194,12 +202,7 @@ fn a_vip_answers_only_on_its_services_ports_and_to_icmp() {
         c.write_config(n, "");
         c.signal(n, "HUP");
     }
-    wait_for(
-        &format!("{VIP4}:22 to close once on"),
-        Duration::from_secs(5),
-        || (connect(&c, VIP4, 22) == "no answer").then_some(()),
-    )
-    .unwrap();
+    wait_closed(&c, VIP4, 22, "close once on");
     c.kill(&owner);
     let config = c.config_path(&owner);
     let (ok, _, err) = c.agent_command(&owner, &["cleanup", "--config", config.to_str().unwrap()]);

@@ -134,10 +134,9 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
     // With its addresses gone the table guards nothing; the next run
     // writes it again from its first view of the cluster.
     let firewall_on = record_cfg.as_ref().is_none_or(|c| c.firewall);
-    match tokio::task::spawn_blocking(crate::firewall::remove).await {
-        Ok(Ok(())) => info!(table = crate::firewall::TABLE, "firewall removed"),
-        Ok(Err(crate::firewall::FirewallError::Spawn(_))) if !firewall_on => {}
-        Ok(Err(e)) => warn!(error = %e, "cannot remove the firewall"),
+    match crate::firewall::apply(&crate::agent::core::firewall::FirewallPlan::Off).await {
+        Ok(()) => info!(table = crate::firewall::TABLE, "firewall removed"),
+        Err(crate::firewall::FirewallError::Spawn(_)) if !firewall_on => {}
         Err(e) => warn!(error = %e, "cannot remove the firewall"),
     }
     // Then the record says the agent stopped: readers see a crashed agent

@@ -229,12 +229,8 @@ impl KubeInputs {
     pub fn node_addresses(&self, node: &str) -> Vec<IpAddr> {
         self.nodes
             .get(&kube::runtime::reflector::ObjectRef::new(node))
-            .and_then(|n| n.status.clone())
-            .and_then(|s| s.addresses)
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a.address.parse::<IpAddr>().ok())
-            .collect()
+            .map(|n| inputs::node_addresses(&n))
+            .unwrap_or_default()
     }
 
     /// Gossip seeds from the Nodes' InternalIPs (SPEC §7), on `port`.
