@@ -141,6 +141,10 @@ fn main() -> ExitCode {
     }
     println!("planned moves watched (make before break): {}", t.planned);
     println!(
+        "  VIPs dark a moment because their successor was named too late for a leaving owner to hear: {}",
+        t.late_successors
+    );
+    println!(
         "owners stalled up to 200 ms with nothing else going on (no spurious takeover): {}",
         t.calm_stalls
     );
@@ -182,6 +186,7 @@ struct Totals {
     no_owner: (Duration, u64),
     two_owners: std::collections::BTreeMap<&'static str, (Duration, u64)>,
     planned: u64,
+    late_successors: u64,
     calm_stalls: u64,
     unheard_takeovers: u64,
     agreed_pairs: u64,
@@ -205,6 +210,7 @@ impl Totals {
             }
         }
         self.planned += o.stats.quiet_moves;
+        self.late_successors += o.stats.late_successors;
         self.calm_stalls += o.stats.calm_stalls;
         self.unheard_takeovers += o.stats.unheard_takeovers;
         self.agreed_pairs += o.stats.agreed_pairs;

@@ -271,7 +271,7 @@ struct World {
     truth: Truth,
     /// Every version of the cluster, for the checker's election over what
     /// the agents know.
-    versions: BTreeMap<u64, crate::election::Cluster>,
+    versions: BTreeMap<u64, check::Version>,
     api_up: bool,
     shape: Shape,
     settings: Settings,
@@ -446,7 +446,13 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         hosts,
         reach: vec![vec![false; n]; n],
         epoch: vec![vec![0; n]; n],
-        versions: BTreeMap::from([(truth.version, truth.cluster.clone())]),
+        versions: BTreeMap::from([(
+            truth.version,
+            check::Version {
+                cluster: truth.cluster.clone(),
+                made: Duration::ZERO,
+            },
+        )]),
         truth,
         api_up: true,
         shape: shape.clone(),
@@ -566,8 +572,13 @@ impl World {
                     self.after(next, Ev::Churn);
                 } else if self.faulting {
                     let what = self.truth.churn(&mut self.plan);
-                    self.versions
-                        .insert(self.truth.version, self.truth.cluster.clone());
+                    self.versions.insert(
+                        self.truth.version,
+                        check::Version {
+                            cluster: self.truth.cluster.clone(),
+                            made: self.t,
+                        },
+                    );
                     self.note(format!("change: {what}"));
                     self.truth_changed();
                     let next = self.plan.ms(300, 3000);

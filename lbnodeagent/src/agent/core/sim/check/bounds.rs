@@ -66,6 +66,18 @@ pub const LAPSE_BOUND: Duration = LAPSE_HOLD
     .saturating_add(LAPSE_PROBE)
     .saturating_add(PRECHECK_SLACK);
 
+/// A change to the cluster reaches every agent, and their word that they
+/// know it (a newer revision) reaches a leaving node, within this: the
+/// slowest watch, the slowest gossip spread and a kernel batch. A leaving
+/// node with no successor keeps its VIP a few gossip rounds for such news
+/// (`LEAVE_GRACE_ROUNDS`); a change that names a successor later than
+/// this before the leaving node lets go may miss it. The VIP is then dark
+/// until the successor's add lands (the no-owner bound), not a broken
+/// make-before-break: there was no one to make before.
+pub(super) const NEWS_LEAD: Duration = Duration::from_millis(
+    super::super::WATCH_MS.1 + super::super::SPREAD_MS.1 + super::super::BATCH_MS.1,
+);
+
 /// After a bound is broken, the run goes on this long to see how long the
 /// broken situation lasts: by how much the bound was missed, which tells a
 /// bound a little too tight from a rule that never settles.

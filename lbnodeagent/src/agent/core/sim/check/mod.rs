@@ -91,6 +91,9 @@ pub struct Stats {
     /// Owners that let a VIP go to another while nothing unplanned was
     /// going on: the planned moves the make-before-break check watched.
     pub quiet_moves: u64,
+    /// Of the VIPs dark for a moment in such a move, those whose successor
+    /// was named too late for the old owner to hear (see [`NEWS_LEAD`]).
+    pub late_successors: u64,
     /// Owners that stalled with nothing else going on: the stalls the
     /// no-spurious-takeover check watched.
     pub calm_stalls: u64,
@@ -138,6 +141,12 @@ pub struct Exchange {
 }
 
 /// The world as the checker needs it.
+/// One version of the cluster objects, and when the API server made it.
+pub struct Version {
+    pub cluster: Cluster,
+    pub made: Duration,
+}
+
 pub struct Context<'a> {
     pub hosts: Vec<HostState<'a>>,
     pub reach: &'a [Vec<bool>],
@@ -147,7 +156,7 @@ pub struct Context<'a> {
     /// The hosts whose agents run and are ready.
     pub ready: Mask,
     /// Every version of the cluster objects.
-    pub versions: &'a BTreeMap<u64, Cluster>,
+    pub versions: &'a BTreeMap<u64, Version>,
     /// The version each host's agent has.
     pub host_versions: Vec<u64>,
     /// The newest version a running agent has.
@@ -423,7 +432,7 @@ impl Checker {
                     on_link: ctx.links[i].on_link().into(),
                 })
                 .collect();
-            Election::new(&ctx.versions[&version], members)
+            Election::new(&ctx.versions[&version].cluster, members)
         })
     }
 
@@ -436,6 +445,26 @@ impl Checker {
     /// has no candidate. Off-link VIPs are nobody's to answer.
     fn has_candidate(&mut self, ip: IpAddr, ctx: &Context) -> bool {
         self.candidate(ip, ctx).is_some()
+    }
+
+    /// `ip` had no candidate by the cluster as it was [`NEWS_LEAD`] ago:
+    /// whoever may serve it now was named too late for a leaving owner to
+    /// hear of it (see [`NEWS_LEAD`]).
+    fn successor_news(&mut self, ip: IpAddr, t: Duration, ctx: &Context) -> bool {
+        let Some(then) = t.checked_sub(NEWS_LEAD) else {
+            return false;
+        };
+        let Some((&version, _)) = ctx.versions.iter().rev().find(|(_, v)| v.made <= then) else {
+            return false;
+        };
+        if version == ctx.newest {
+            return false;
+        }
+        let excused = self.oracle(ctx, version, ctx.ready).winner(ip).is_none();
+        if excused {
+            self.stats.late_successors += 1;
+        }
+        excused
     }
 
     /// The host that should answer for `ip` now, by [`Checker::has_candidate`]'s
@@ -494,7 +523,11 @@ impl Checker {
             if !owners.is_empty() && before.iter().any(|h| !owners.contains(h)) {
                 self.stats.quiet_moves += 1;
             }
-            if !before.is_empty() && owners.is_empty() && self.has_candidate(ip, ctx) {
+            if !before.is_empty()
+                && owners.is_empty()
+                && self.has_candidate(ip, ctx)
+                && !self.successor_news(ip, t, ctx)
+            {
                 self.fail(
                     t,
                     format!("{ip} lost its last owner in a planned move (nothing unplanned for a while): make before break broken"),
@@ -512,7 +545,7 @@ impl Checker {
     pub fn sweep(&mut self, t: Duration, ctx: &Context) {
         if self.swept_version != Some(ctx.newest) {
             self.swept_version = Some(ctx.newest);
-            for s in &ctx.versions[&ctx.newest].services {
+            for s in &ctx.versions[&ctx.newest].cluster.services {
                 for ip in &s.addresses {
                     self.vips.entry(*ip).or_default();
                 }
