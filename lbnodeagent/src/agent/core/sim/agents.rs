@@ -50,6 +50,10 @@ impl World {
         h.beat_plan = BeatPlan::default();
         h.watched.clear();
         h.deferred.clear();
+        // Batches not yet begun die with the process; the one under way
+        // still lands, unless a new run began (see `kernel_done`).
+        h.kernel_queue = None;
+        h.kernel_in_flight = false;
         h.view_dirty = true;
         let generation = h.generation;
         self.note(format!("{}: agent starts", self.hosts[host].name));
@@ -114,6 +118,10 @@ impl World {
         h.wake_due = None;
         h.watched.clear();
         h.deferred.clear();
+        // Batches not yet begun die with the process; the one under way
+        // still lands, unless a new run began (see `kernel_done`).
+        h.kernel_queue = None;
+        h.kernel_in_flight = false;
         self.reachability(host);
         if graceful {
             self.records_changed(host);
@@ -152,11 +160,6 @@ impl World {
             self.hosts[host].beat_plan = plan;
         }
         if !a.add.is_empty() || !a.remove.is_empty() || a.read_kernel {
-            let n = (a.add.len() + a.remove.len()) as u32;
-            let took = self.rng.ms(BATCH_MS.0, BATCH_MS.1) + PER_ADDRESS * n;
-            let h = &mut self.hosts[host];
-            let done = h.kernel_busy.max(self.t) + took;
-            h.kernel_busy = done;
             self.log(|| {
                 format!(
                     "{host}: kernel batch +{:?} -{:?}",
@@ -164,16 +167,14 @@ impl World {
                     ips(&a.remove)
                 )
             });
-            self.schedule(
-                done,
-                Ev::Kernel {
-                    host,
-                    generation,
-                    add: a.add,
-                    remove: a.remove,
-                    read: a.read_kernel,
-                },
-            );
+            let h = &mut self.hosts[host];
+            let q = h.kernel_queue.get_or_insert_with(KernelJob::default);
+            q.add.extend(a.add);
+            q.remove.extend(a.remove);
+            q.read |= a.read_kernel;
+            if !h.kernel_in_flight {
+                self.kernel_start(host);
+            }
         }
         let on_wire = self.hosts[host].powered && self.hosts[host].port_up;
         if a.leave {

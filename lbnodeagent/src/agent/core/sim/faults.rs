@@ -70,7 +70,6 @@ impl World {
                 self.relink(h);
                 let host = &mut self.hosts[h];
                 host.kernel.clear();
-                host.kernel_busy = self.t;
                 self.reachability(h);
                 self.all_owners_rescan();
             }

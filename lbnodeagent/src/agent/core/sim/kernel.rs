@@ -10,6 +10,29 @@ impl World {
         h.powered && h.port_up && h.kernel.contains_key(&(ETH0, ip))
     }
 
+    /// The kernel worker begins the batch queued, if any: everything the
+    /// core asked for since the last began, in one.
+    pub(super) fn kernel_start(&mut self, host: usize) {
+        let Some(job) = self.hosts[host].kernel_queue.take() else {
+            return;
+        };
+        let n = (job.add.len() + job.remove.len()) as u32;
+        let took = self.rng.ms(BATCH_MS.0, BATCH_MS.1) + PER_ADDRESS * n;
+        let h = &mut self.hosts[host];
+        h.kernel_in_flight = true;
+        let generation = h.generation;
+        self.after(
+            took,
+            Ev::Kernel {
+                host,
+                generation,
+                add: job.add,
+                remove: job.remove,
+                read: job.read,
+            },
+        );
+    }
+
     pub(super) fn kernel_done(
         &mut self,
         host: usize,
@@ -91,6 +114,9 @@ impl World {
                 result: Ok(Applied::Done),
             });
         }
+        // The worker takes whatever queued meanwhile, in one batch.
+        self.hosts[host].kernel_in_flight = false;
+        self.kernel_start(host);
         if !touched.is_empty() {
             let name = self.hosts[host].name.clone();
             self.log(|| format!("{name}: kernel now {:?}", touched));
@@ -145,15 +171,16 @@ impl World {
                 }
             });
             let now = self.now();
+            // It knew when, and knows it wins: with views of the cluster
+            // that differ (an API outage), the one that should answer may
+            // name another, and the no-owner bound is the one that holds.
             if let Some(s) = successor
-                && self.hosts[s]
-                    .core
-                    .as_ref()
-                    .and_then(|c| c.lapse_of(&name))
-                    .is_some_and(|l| {
-                        now + super::super::conflict::LAPSE_EARLY >= l.first
-                            && now <= l.last + Duration::from_millis(10)
-                    })
+                && let Some(core) = self.hosts[s].core.as_ref()
+                && core.election().winner(ip) == Some(self.hosts[s].name.as_str())
+                && core.lapse_of(&name).is_some_and(|l| {
+                    now + super::super::conflict::LAPSE_EARLY >= l.first
+                        && now <= l.last + Duration::from_millis(10)
+                })
             {
                 let t = self.t;
                 self.checker.lapsed(ip, s, t);

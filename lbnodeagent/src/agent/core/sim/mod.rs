@@ -122,6 +122,14 @@ enum Agent {
     Stopped,
 }
 
+/// Addresses to add, then to remove, then (`read`) the kernel's read back.
+#[derive(Debug, Default)]
+struct KernelJob {
+    add: Vec<VipAddress>,
+    remove: Vec<VipAddress>,
+    read: bool,
+}
+
 #[derive(Clone, Debug)]
 struct Address {
     prefix_len: u8,
@@ -151,8 +159,12 @@ struct Host {
     /// Bumped at every agent start: events of an earlier run are dropped.
     generation: u64,
     kernel: BTreeMap<(u32, IpAddr), Address>,
-    /// The kernel worker is busy until then.
-    kernel_busy: Duration,
+    /// The kernel worker has a batch under way; what the core asks
+    /// meanwhile waits in `kernel_queue`.
+    kernel_in_flight: bool,
+    /// Batches asked for while one was under way, merged into the next
+    /// one, as the shell's worker does.
+    kernel_queue: Option<KernelJob>,
     /// The cluster version this agent's watches have.
     api_version: u64,
     wake_due: Option<Duration>,
@@ -405,7 +417,8 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             core: None,
             generation: 0,
             kernel: BTreeMap::new(),
-            kernel_busy: Duration::ZERO,
+            kernel_in_flight: false,
+            kernel_queue: None,
             api_version: 0,
             wake_due: None,
             beat_plan: BeatPlan::default(),

@@ -771,14 +771,27 @@ impl Checker {
         }
         let v = self.vips.entry(ip).or_default();
         match lapsed {
-            Some((at, _)) if !unowned && !moved => {
+            // Another fault came since, or another node is to answer, with
+            // bounds of their own.
+            Some((at, _)) if moved || since_unplanned.is_some_and(|u| u > at) => v.lapsed = None,
+            // Answered, but late: between two sweeps.
+            Some((at, h)) if !unowned && t - at > LAPSE_BOUND => {
+                v.lapsed = None;
+                self.fail(
+                    t,
+                    format!(
+                        "{ip} had no owner for {:?} after its dead owner's address lapsed, though {}, which knew when it would, was to answer within {LAPSE_BOUND:?}",
+                        t - at,
+                        ctx.hosts[h].name
+                    ),
+                );
+                return;
+            }
+            Some((at, _)) if !unowned => {
                 v.lapsed = None;
                 self.stats.lapses_followed += 1;
                 self.stats.lapse_longest = self.stats.lapse_longest.max(t - at);
             }
-            // Another fault came since, or another node is to answer, with
-            // bounds of their own.
-            Some((at, _)) if moved || since_unplanned.is_some_and(|u| u > at) => v.lapsed = None,
             Some((at, h)) if t - at > LAPSE_BOUND => {
                 v.lapsed = None;
                 self.fail_open(
