@@ -8,6 +8,7 @@ pub mod announce;
 pub mod election;
 pub mod firewall;
 pub mod gossip;
+pub mod heap;
 pub mod inputs;
 pub mod model;
 pub mod simulate;

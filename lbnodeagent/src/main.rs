@@ -97,15 +97,18 @@ fn main() -> ExitCode {
         hostlb_api::logging::quiet_on_closed_pipe();
     }
     match cli.command {
-        Command::Run { config } => runtime().block_on(async {
-            match agent::run(&config).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!(error = %e, "lbnodeagent stopped");
-                    ExitCode::FAILURE
+        Command::Run { config } => {
+            lbnodeagent::heap::keep_freed();
+            runtime().block_on(async {
+                match agent::run(&config).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        tracing::error!(error = %e, "lbnodeagent stopped");
+                        ExitCode::FAILURE
+                    }
                 }
-            }
-        }),
+            })
+        }
         Command::Check { config } => match AgentConfig::load(&config) {
             Ok(c) => match runtime().block_on(agent::check_offline(&c)) {
                 Ok(warnings) => {

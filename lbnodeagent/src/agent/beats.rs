@@ -104,17 +104,22 @@ async fn send_beats(
     turned: Arc<AtomicU64>,
     base: tokio::time::Instant,
 ) {
-    let mut every = tokio::time::interval(BEAT_INTERVAL);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let relay_every = (RELAY_EVERY.as_millis() / BEAT_INTERVAL.as_millis()).max(1) as u64;
     let mut out = Vec::with_capacity(64);
     let mut stalled = false;
+    // Ticks are counted from here, BEAT_INTERVAL apart; the task sleeps
+    // through those with nothing to send (a node with no watcher beats
+    // only the owners it watches, every SPARSE_EVERY ticks), so an agent
+    // at rest wakes for what goes on the wire and no more.
+    let start = tokio::time::Instant::now();
     let mut tick: u64 = 0;
     loop {
+        let next = next_tick(&plan.borrow(), tick, relay_every);
+        let due = next.map(|k| start + Duration::from_millis(k * BEAT_INTERVAL.as_millis() as u64));
         // A new plan goes out at once to the peers it adds and the owners
         // it finds silent: a relay's first word is the one that counts.
         let changed = tokio::select! {
-            _ = every.tick() => false,
+            () = sleep_until(due) => false,
             r = plan.changed() => {
                 if r.is_err() {
                     return;
@@ -122,6 +127,12 @@ async fn send_beats(
                 true
             }
         };
+        if !changed {
+            // A late wake-up (a busy runtime) skips the ticks it missed,
+            // as an interval that delays would.
+            let now_tick = (start.elapsed().as_millis() / BEAT_INTERVAL.as_millis()) as u64;
+            tick = next.expect("woken by the tick").max(now_tick);
+        }
         let last = turned.load(Ordering::Relaxed);
         if last == NOT_YET {
             continue;
@@ -139,9 +150,6 @@ async fn send_beats(
         }
         stalled = false;
         let plan = plan.borrow_and_update().clone();
-        if !changed {
-            tick += 1;
-        }
         let now = Instant::now();
         let lapse = |l: Option<Lapse>| {
             l.map(|l| {
@@ -200,6 +208,27 @@ async fn send_beats(
                 }
             }
         }
+    }
+}
+
+/// The first tick after `tick` at which `plan` sends anything: every tick
+/// while some peer watches this node, else the next one at which the
+/// owners it watches are told so or a relay is due. `None`: nothing to
+/// send until the plan changes.
+fn next_tick(plan: &BeatPlan, tick: u64, relay_every: u64) -> Option<u64> {
+    if !plan.dense.is_empty() {
+        return Some(tick + 1);
+    }
+    let after = |every: u64| (tick / every + 1) * every;
+    let sparse = (!plan.sparse.is_empty()).then(|| after(SPARSE_EVERY.into()));
+    let relay = (!plan.relays.is_empty()).then(|| after(relay_every));
+    sparse.into_iter().chain(relay).min()
+}
+
+async fn sleep_until(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -363,5 +392,91 @@ mod tests {
         assert_eq!(beats.len(), 2);
         assert_eq!(refused, 1);
         assert!(beats.iter().all(|b| b.node == "a" && b.leaving));
+    }
+
+    fn plan(dense: &[&str], sparse: &[&str], relays: usize) -> BeatPlan {
+        let addrs = |a: &[&str]| a.iter().map(|a| a.parse().unwrap()).collect();
+        BeatPlan {
+            dense: addrs(dense),
+            sparse: addrs(sparse),
+            lapse: None,
+            relays: (0..relays)
+                .map(|_| super::super::core::Relay {
+                    node: "gone".into(),
+                    generation: 1,
+                    lapse: None,
+                    to: vec!["10.0.0.9:7934".parse().unwrap()],
+                })
+                .collect(),
+        }
+    }
+
+    /// Every tick while watched; only at the ticks that tell a watched
+    /// owner or carry a relay otherwise; none with nothing to send.
+    #[test]
+    fn the_sender_wakes_only_for_ticks_that_send() {
+        let relay_every = 2;
+        assert_eq!(
+            next_tick(&plan(&["10.0.0.2:7934"], &[], 0), 7, relay_every),
+            Some(8)
+        );
+        assert_eq!(
+            next_tick(&plan(&[], &["10.0.0.3:7934"], 0), 7, relay_every),
+            Some(10)
+        );
+        assert_eq!(
+            next_tick(&plan(&[], &["10.0.0.3:7934"], 0), 10, relay_every),
+            Some(20)
+        );
+        assert_eq!(
+            next_tick(&plan(&[], &["10.0.0.3:7934"], 1), 7, relay_every),
+            Some(8)
+        );
+        assert_eq!(next_tick(&plan(&[], &[], 0), 7, relay_every), None);
+    }
+
+    struct Count(std::sync::Mutex<Vec<SocketAddr>>);
+    impl ProbeSend for Count {
+        fn send(&self, to: SocketAddr, _: &[u8]) {
+            self.0.lock().unwrap().push(to);
+        }
+    }
+
+    /// Over one second: a watched owner beats its watcher at every tick,
+    /// a watcher tells its owner every tenth, an idle node sends nothing.
+    #[tokio::test(start_paused = true)]
+    async fn beats_go_out_as_the_plan_says() {
+        let sent = Arc::new(Count(Default::default()));
+        let beats = Beats::start("me".into(), 1, sent.clone());
+        let count = |to: &str| {
+            let to: SocketAddr = to.parse().unwrap();
+            sent.0.lock().unwrap().iter().filter(|a| **a == to).count()
+        };
+        let second = async |beats: &Beats| {
+            for _ in 0..40 {
+                tokio::time::advance(BEAT_INTERVAL).await;
+                beats.turned();
+                tokio::task::yield_now().await;
+            }
+        };
+        second(&beats).await;
+        assert!(
+            sent.0.lock().unwrap().is_empty(),
+            "an idle node sends nothing"
+        );
+        beats.set_plan(plan(&["10.0.0.2:7934"], &["10.0.0.3:7934"], 0));
+        second(&beats).await;
+        // The plan's change goes out at once, then one per tick (40) or
+        // one per tenth tick (4).
+        assert!(
+            (40..=41).contains(&count("10.0.0.2:7934")),
+            "{}",
+            count("10.0.0.2:7934")
+        );
+        assert!(
+            (4..=5).contains(&count("10.0.0.3:7934")),
+            "{}",
+            count("10.0.0.3:7934")
+        );
     }
 }
