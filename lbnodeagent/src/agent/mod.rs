@@ -278,7 +278,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // Beats and claims heard on the wire are most of what wakes an
         // agent at rest, and change nothing the record shows but isolation
         // and the last conflict, which `carry_out` checks itself.
-        let shows = !matches!(input, Input::Beats(_) | Input::Claim(_) | Input::Claims(_));
+        let shows = !matches!(input, Input::Beats(_) | Input::Claims(_));
         let started = Instant::now();
         let actions = self.core.step(started, input);
         if timed {

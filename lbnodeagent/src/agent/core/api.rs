@@ -92,9 +92,8 @@ pub enum Input {
     /// lost, or when [`Actions::read_kernel`] asked, after every operation
     /// asked for before.
     KernelOwned(Vec<OwnedAddress>),
-    /// A host on the wire claims an address.
-    Claim(Claim),
-    /// Claims heard together, judged in one step: a winner announces every
+    /// Claims of addresses heard on the wire, judged in one step (one or
+    /// many, as they came in together): a winner announces every
     /// VIP it took at once, and a node handing many over lets them all go
     /// in one batch, not one kernel operation per claim.
     Claims(Vec<Claim>),

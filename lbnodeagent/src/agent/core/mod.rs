@@ -506,7 +506,6 @@ impl Core {
                 }
             }
             Input::KernelOwned(owned) => self.kernel_owned(owned),
-            Input::Claim(claim) => self.on_claim(claim, now, out),
             Input::Claims(claims) => {
                 for claim in claims {
                     self.on_claim(claim, now, out);

@@ -20,6 +20,11 @@ use crate::model::{Applied, Interface, Lifetime, MacAddr, OwnedAddress};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
+/// One claim heard on the wire, alone.
+fn claim(c: Claim) -> Input {
+    Input::Claims(vec![c])
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -330,7 +335,7 @@ fn an_answer_during_the_probe_window_keeps_this_node_off() {
     assert_eq!(act.watch, Some([v].into()), "its claims are let through");
     // b's frozen agent: its kernel still answers.
     a.advance(Duration::from_millis(5));
-    a.step(Input::Claim(Claim {
+    a.step(claim(Claim {
         ip: v,
         mac: mac("b"),
     }));
@@ -748,7 +753,7 @@ fn follow_lapse(a: &mut Node, v: IpAddr, lapse: Instant) -> (Instant, usize) {
                 if a.now + Duration::from_millis(200) > lapse {
                     asked_near_lapse += 1;
                 }
-                a.step(Input::Claim(Claim {
+                a.step(claim(Claim {
                     ip: t.ip,
                     mac: mac("b"),
                 }));
@@ -783,7 +788,7 @@ fn a_silent_owner_is_asked_about_and_followed_at_its_lapse() {
     let act = a.step(Input::Tick);
     assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
     a.advance(Duration::from_millis(2));
-    a.step(Input::Claim(Claim {
+    a.step(claim(Claim {
         ip: v,
         mac: mac("b"),
     }));
@@ -979,7 +984,7 @@ fn the_watcher_relays_a_silent_owner_to_the_others_next_in_line() {
     let act = a.step(relay(None));
     assert_eq!(targets(&act.probe), [to_a].into());
     a.advance(Duration::from_millis(2));
-    a.step(Input::Claim(Claim {
+    a.step(claim(Claim {
         ip: to_a,
         mac: mac("b"),
     }));
@@ -1092,7 +1097,7 @@ fn a_late_answer_of_a_node_that_left_does_not_take_the_vip_away() {
     )));
     assert!(act.remove.is_empty());
     a.advance(Duration::from_millis(2));
-    let act = a.step(Input::Claim(Claim {
+    let act = a.step(claim(Claim {
         ip: v,
         mac: mac("b"),
     }));
@@ -1103,7 +1108,7 @@ fn a_late_answer_of_a_node_that_left_does_not_take_the_vip_away() {
     // Long after, a node gone from gossip that answers is an owner gossip
     // cannot reach: the conflict rule applies as before.
     a.advance(HANDOVER_MAX + Duration::from_millis(100));
-    let act = a.step(Input::Claim(Claim {
+    let act = a.step(claim(Claim {
         ip: v,
         mac: mac("b"),
     }));
@@ -1127,7 +1132,7 @@ fn a_leaving_beat_after_the_owner_went_silent_still_hands_over() {
     a.advance(sessions::BEAT_MISS);
     let act = a.step(Input::Tick);
     assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
-    a.step(Input::Claim(Claim {
+    a.step(claim(Claim {
         ip: v,
         mac: mac("b"),
     }));
@@ -1157,13 +1162,13 @@ fn a_leaving_node_lets_go_once_the_winner_answers_on_the_wire() {
     let act = a.step(Input::Leave);
     assert!(act.remove.is_empty(), "kept until c holds it");
     a.advance(Duration::from_millis(5));
-    let act = a.step(Input::Claim(Claim {
+    let act = a.step(claim(Claim {
         ip: v,
         mac: mac("d"),
     }));
     assert!(act.remove.is_empty(), "d is not the winner");
     a.advance(Duration::from_millis(5));
-    let act = a.step(Input::Claim(Claim {
+    let act = a.step(claim(Claim {
         ip: v,
         mac: mac("c"),
     }));
@@ -1382,7 +1387,7 @@ fn an_agent_whose_gossip_reaches_nobody_acts_as_if_partitioned() {
     // b answers for v too: a second owner gossip never showed, known by
     // its record's MAC, and it outranks a.
     a.advance(Duration::from_millis(10));
-    let act = a.step(Input::Claim(Claim {
+    let act = a.step(claim(Claim {
         ip: v,
         mac: mac("b"),
     }));
@@ -1426,7 +1431,7 @@ fn a_first_claim_a_stranger_answers_is_not_taken_until_it_stops() {
             a.advance(Duration::from_millis(1));
             last_answer = Some(a.now);
             events.extend(act.events.clone());
-            act = a.step(Input::Claim(Claim {
+            act = a.step(claim(Claim {
                 ip: v,
                 mac: stranger,
             }));
@@ -1488,7 +1493,7 @@ fn forged_records_change_no_owner() {
         }
         assert!(a.core.held().any(|(ip, _)| *ip == v), "a holds v");
         a.advance(Duration::from_millis(10));
-        let act = a.step(Input::Claim(Claim {
+        let act = a.step(claim(Claim {
             ip: v,
             mac: mac("b"),
         }));
@@ -1647,7 +1652,7 @@ fn a_silent_owner_is_asked_about_even_when_never_heard_to_hold_the_vip() {
     assert!(act.add.is_empty(), "not taken without asking");
     assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
     a.advance(Duration::from_millis(1));
-    a.step(Input::Claim(Claim {
+    a.step(claim(Claim {
         ip: v,
         mac: mac("b"),
     }));
@@ -1678,7 +1683,7 @@ fn a_pre_check_asks_across_its_window_and_any_answer_keeps_it_off() {
     }
     assert_eq!(asked as u32, PRECHECK_PROBES, "asked across the window");
     // Only the last question was answered.
-    a.step(Input::Claim(Claim {
+    a.step(claim(Claim {
         ip: v,
         mac: mac("b"),
     }));
@@ -1818,7 +1823,7 @@ fn an_orphan_held_by_a_dead_owner_is_taken_at_its_lapse() {
     let act = a.step(Input::Tick);
     assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
     a.advance(Duration::from_millis(2));
-    a.step(Input::Claim(Claim {
+    a.step(claim(Claim {
         ip: v,
         mac: mac("b"),
     }));

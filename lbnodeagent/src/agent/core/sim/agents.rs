@@ -201,7 +201,7 @@ impl World {
                         Ev::Input {
                             host: j,
                             generation: g,
-                            input: Box::new(Input::Claim(claim)),
+                            input: Box::new(Input::Claims(vec![claim])),
                         },
                     );
                 }
@@ -228,7 +228,7 @@ impl World {
                             Ev::Input {
                                 host,
                                 generation,
-                                input: Box::new(Input::Claim(claim)),
+                                input: Box::new(Input::Claims(vec![claim])),
                             },
                         );
                     }

@@ -626,8 +626,10 @@ impl World {
                     })
                     .is_some()
                 {
-                    if let Input::Claim(c) = &*input
-                        && !self.hosts[host].watched.contains(&c.ip)
+                    // A claim of an address the agent does not listen
+                    // for never reaches it (the shell's filter).
+                    if let Input::Claims(cs) = &*input
+                        && cs.iter().all(|c| !self.hosts[host].watched.contains(&c.ip))
                     {
                         return;
                     }
