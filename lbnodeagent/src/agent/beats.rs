@@ -114,6 +114,10 @@ async fn send_beats(
     let start = tokio::time::Instant::now();
     let mut tick: u64 = 0;
     loop {
+        // After a late wake-up (a busy runtime) or a plan change, the ticks
+        // already past are skipped, as an interval that delays would.
+        let elapsed = (start.elapsed().as_millis() / BEAT_INTERVAL.as_millis()) as u64;
+        tick = tick.max(elapsed);
         let next = next_tick(&plan.borrow(), tick, relay_every);
         let due = next.map(|k| start + Duration::from_millis(k * BEAT_INTERVAL.as_millis() as u64));
         // A new plan goes out at once to the peers it adds and the owners
@@ -128,10 +132,7 @@ async fn send_beats(
             }
         };
         if !changed {
-            // A late wake-up (a busy runtime) skips the ticks it missed,
-            // as an interval that delays would.
-            let now_tick = (start.elapsed().as_millis() / BEAT_INTERVAL.as_millis()) as u64;
-            tick = next.expect("woken by the tick").max(now_tick);
+            tick = next.expect("woken by the tick");
         }
         let last = turned.load(Ordering::Relaxed);
         if last == NOT_YET {
