@@ -20,6 +20,18 @@ use crate::model::{Applied, Interface, Lifetime, MacAddr, OwnedAddress};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
+/// Node a's view once b is back beside c, b holding `b_holds`.
+fn b_back(b_holds: &[IpAddr]) -> MembershipView {
+    view(
+        "a",
+        vec![
+            peer("b", Status::Alive, b_holds, 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+        Vec::new(),
+    )
+}
+
 /// One claim heard on the wire, alone.
 fn claim(c: Claim) -> Input {
     Input::Claims(vec![c])
@@ -367,14 +379,7 @@ fn a_planned_move_keeps_answering_until_the_winner_holds_it() {
 
     // b returns: it wins; a hands over and stops announcing, no more.
     a.advance(Duration::from_secs(1));
-    let act = a.step(Input::Members(view(
-        "a",
-        vec![
-            peer("b", Status::Alive, &[], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-        Vec::new(),
-    )));
+    let act = a.step(Input::Members(b_back(&[])));
     assert!(act.remove.is_empty(), "b does not hold it yet");
     assert_eq!(
         act.publish.map(|p| p.vips),
@@ -382,14 +387,7 @@ fn a_planned_move_keeps_answering_until_the_winner_holds_it() {
         "no longer shown as meant to be kept"
     );
     a.advance(Duration::from_millis(100));
-    let act = a.step(Input::Members(view(
-        "a",
-        vec![
-            peer("b", Status::Alive, &[v], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-        Vec::new(),
-    )));
+    let act = a.step(Input::Members(b_back(&[v])));
     assert_eq!(ips(&act.remove), [v].into(), "b holds it now: let go");
 }
 
@@ -402,14 +400,7 @@ fn a_hand_back_heard_on_the_wire_lets_every_vip_go_at_once() {
     let held = a.running(cluster(&vs), vec![peer("c", Status::Alive, &[], 1)]);
     assert_eq!(held.len(), vs.len(), "a wins them all while b is away");
     a.advance(Duration::from_secs(1));
-    let act = a.step(Input::Members(view(
-        "a",
-        vec![
-            peer("b", Status::Alive, &[], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-        Vec::new(),
-    )));
+    let act = a.step(Input::Members(b_back(&[])));
     assert!(act.remove.is_empty(), "b holds none yet");
     a.advance(Duration::from_millis(100));
     let act = a.step(Input::Claims(
@@ -430,14 +421,7 @@ fn a_winner_that_never_shows_the_address_gets_the_hand_over_time() {
     let mut a = Node::new("a");
     a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
     a.advance(Duration::from_secs(1));
-    let members = view(
-        "a",
-        vec![
-            peer("b", Status::Alive, &[], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-        Vec::new(),
-    );
+    let members = b_back(&[]);
     let act = a.step(Input::Members(members));
     assert!(act.remove.is_empty());
     a.advance(HANDOVER_MAX - Duration::from_millis(1));
@@ -1312,14 +1296,7 @@ fn held_vips_are_announced_again_every_refresh_interval() {
 
     // b returns and wins both: a keeps answering until b holds them, but
     // announces them no more.
-    a.step(Input::Members(view(
-        "a",
-        vec![
-            peer("b", Status::Alive, &[], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-        Vec::new(),
-    )));
+    a.step(Input::Members(b_back(&[])));
     assert_eq!(a.core.held_count(), 2, "still answering");
     assert!(
         rounds(&mut a, Duration::from_millis(1500)).is_empty(),

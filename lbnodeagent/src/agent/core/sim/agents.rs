@@ -50,10 +50,6 @@ impl World {
         h.beat_plan = BeatPlan::default();
         h.watched.clear();
         h.deferred.clear();
-        // Batches not yet begun die with the process; the one under way
-        // still lands, unless a new run began (see `kernel_done`).
-        h.kernel_queue = None;
-        h.kernel_in_flight = false;
         h.view_dirty = true;
         let generation = h.generation;
         self.note(format!("{}: agent starts", self.hosts[host].name));

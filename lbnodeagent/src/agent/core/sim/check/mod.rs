@@ -774,41 +774,38 @@ impl Checker {
             // Another fault came since, or another node is to answer, with
             // bounds of their own.
             Some((at, _)) if moved || since_unplanned.is_some_and(|u| u > at) => v.lapsed = None,
-            // Answered, but late: between two sweeps.
-            Some((at, h)) if !unowned && t - at > LAPSE_BOUND => {
+            // Past its bound: answered late (between two sweeps), or not
+            // yet, and then followed to see how long it lasts.
+            Some((at, h)) if t - at > LAPSE_BOUND => {
                 v.lapsed = None;
-                self.fail(
-                    t,
-                    format!(
-                        "{ip} had no owner for {:?} after its dead owner's address lapsed, though {}, which knew when it would, was to answer within {LAPSE_BOUND:?}",
-                        t - at,
-                        ctx.hosts[h].name
-                    ),
-                );
+                let (gap, successor) = (t - at, ctx.hosts[h].name);
+                if unowned {
+                    self.fail_open(
+                        t,
+                        format!(
+                            "{ip} has had no owner for {gap:?} since its dead owner's address lapsed, and {successor}, which knew when it would, does not answer (bound {LAPSE_BOUND:?})"
+                        ),
+                        Follow {
+                            ip,
+                            pair: None,
+                            since: at,
+                            bound: at + LAPSE_BOUND,
+                        },
+                    );
+                } else {
+                    self.fail(
+                        t,
+                        format!(
+                            "{ip} had no owner for {gap:?} after its dead owner's address lapsed, though {successor}, which knew when it would, was to answer within {LAPSE_BOUND:?}"
+                        ),
+                    );
+                }
                 return;
             }
             Some((at, _)) if !unowned => {
                 v.lapsed = None;
                 self.stats.lapses_followed += 1;
                 self.stats.lapse_longest = self.stats.lapse_longest.max(t - at);
-            }
-            Some((at, h)) if t - at > LAPSE_BOUND => {
-                v.lapsed = None;
-                self.fail_open(
-                    t,
-                    format!(
-                        "{ip} has had no owner for {:?} since its dead owner's address lapsed, and {}, which knew when it would, does not answer (bound {LAPSE_BOUND:?})",
-                        t - at,
-                        ctx.hosts[h].name
-                    ),
-                    Follow {
-                        ip,
-                        pair: None,
-                        since: at,
-                        bound: at + LAPSE_BOUND,
-                    },
-                );
-                return;
             }
             _ => {}
         }
