@@ -377,6 +377,7 @@ impl L2Advertisement {
         type_ = "boolean",
         json_path = ".status.gossipIsolated"
     ),
+    printcolumn(name = "Drain", type_ = "boolean", json_path = ".spec.drain"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
     printcolumn(name = "Changed", type_ = "date", json_path = ".status.lastChangeTime"),
     printcolumn(
@@ -391,7 +392,16 @@ impl L2Advertisement {
         priority = "10"
     )
 )]
-pub struct NodeAgentSpec {}
+pub struct NodeAgentSpec {
+    /// Move every VIP off this node, make-before-break, and keep them off
+    /// (`kubectl hostlb drain`, `lbnodeagent drain`): the node still runs
+    /// and answers until each new owner holds, and wins only VIPs that no
+    /// other node can serve. The one field of the record that is an order,
+    /// and only to its own node: an agent's credential writes no other
+    /// record.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub drain: bool,
+}
 
 /// Written by the node's agent on every change (at most one write every few
 /// seconds) and at least once a minute.
@@ -446,6 +456,11 @@ pub struct NodeAgentStatus {
     /// The agent runs virtual mode (off-link VIPs on its virtual interface).
     #[serde(default, skip_serializing_if = "is_false")]
     pub virtual_mode: bool,
+    /// The drain of `spec.drain` is in force: the agent gossips it and
+    /// every member elects by it (an agent of an older protocol in the
+    /// cluster holds it off).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub drained: bool,
     /// The node's interfaces with an on-link prefix or a MAC.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<NodeAgentInterface>,

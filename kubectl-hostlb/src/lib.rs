@@ -10,6 +10,7 @@
 //! membership the agents' `NodeAgent` records publish.
 
 pub mod check;
+pub mod drain;
 pub mod explain;
 pub mod status;
 

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use hostlb_api::Scope;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kubectl_hostlb::{Fleet, Output, check, explain, status};
+use kubectl_hostlb::{Fleet, Output, check, drain, explain, status};
+use lbnodeagent::drain::Outcome;
 
 /// hostlb's fleet from the Kubernetes API: what each Service's addresses
 /// are and who announces them, why an address is where it is, and what is
@@ -52,6 +53,22 @@ enum Command {
     Explain { target: String },
     /// Lint the configuration and the fleet; exits 1 on any error.
     Check,
+    /// Move every VIP off NODE, make-before-break, and keep them off (its
+    /// NodeAgent's spec.drain): the agent keeps answering until each new
+    /// owner holds. Shows each move and ends when only VIPs no other node
+    /// can serve are left (exit 0, naming them and why) or at --timeout
+    /// (exit 1). Not cordon: a drained node runs its agent and its pods.
+    Drain {
+        node: String,
+        /// Give up waiting after this many seconds (the drain stays).
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// Set the drain and return at once.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Let NODE win VIPs again.
+    Undrain { node: String },
     /// Print the man page (roff), generated from these definitions; with
     /// --dir, write it and one page per subcommand there (what the
     /// packages install).
@@ -114,6 +131,30 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         namespace: args.hostlb_namespace.clone(),
         load_balancer_class: args.load_balancer_class.clone(),
     };
+    match &args.command {
+        Command::Drain {
+            node,
+            timeout,
+            no_wait,
+        } => {
+            drain::set(&client, node, true).await?;
+            if *no_wait {
+                println!("{node} drained (not waiting)");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let timeout = std::time::Duration::from_secs(*timeout);
+            return Ok(match drain::follow(&client, &scope, node, timeout).await? {
+                Outcome::Done => ExitCode::SUCCESS,
+                Outcome::TimedOut => ExitCode::from(1),
+            });
+        }
+        Command::Undrain { node } => {
+            drain::set(&client, node, false).await?;
+            println!("{node} undrained: it wins VIPs again");
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => {}
+    }
     let fleet = Fleet::load(&client, &scope).await?;
     Ok(match args.command {
         Command::Status => {
@@ -138,5 +179,6 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Man { dir } => man(dir.as_deref()),
+        Command::Drain { .. } | Command::Undrain { .. } => unreachable!("handled above"),
     })
 }

@@ -57,11 +57,20 @@ pub struct AgentRow {
     pub version: String,
     pub config: String,
     pub heartbeat: String,
+    /// `spec.drain`: its operator drained it.
+    pub drain: bool,
+    /// The drain is in force, as the agent says.
+    pub drained: bool,
 }
 
 impl AgentRow {
     fn ready(&self) -> bool {
         self.state == "Ready"
+    }
+
+    /// Shown without `-o wide`: not ready, or drained.
+    fn notable(&self) -> bool {
+        !self.ready() || self.drain
     }
 }
 
@@ -216,6 +225,8 @@ pub fn status(fleet: &Fleet, namespace: Option<&str>) -> StatusDoc {
                 version: st.version.clone(),
                 config: st.config_hash.clone(),
                 heartbeat: age(fleet.now, st.heartbeat_time.as_ref()),
+                drain: a.spec.drain,
+                drained: st.drained,
             }
         })
         .collect();
@@ -286,13 +297,21 @@ pub fn render(doc: &StatusDoc, output: Output) -> String {
                 .collect(),
         ));
     }
-    let shown: Vec<&AgentRow> = doc.agents.iter().filter(|a| wide || !a.ready()).collect();
+    let shown: Vec<&AgentRow> = doc.agents.iter().filter(|a| wide || a.notable()).collect();
     let ready = doc.agents.iter().filter(|a| a.ready()).count();
+    let drained = doc.agents.iter().filter(|a| a.drain).count();
     out.push_str(&format!(
-        "\nAGENTS: {ready} of {} ready{}\n",
+        "\nAGENTS: {ready} of {} ready{}{}\n",
         doc.agents.len(),
+        if drained > 0 {
+            format!(", {drained} drained")
+        } else {
+            String::new()
+        },
         if wide || shown.is_empty() {
             ""
+        } else if drained > 0 {
+            "; not ready or drained:"
         } else {
             "; not ready:"
         }
@@ -308,13 +327,18 @@ pub fn render(doc: &StatusDoc, output: Output) -> String {
             shown
                 .iter()
                 .map(|a| {
+                    let mut state = a.state.clone();
+                    if a.isolated {
+                        state.push_str(" (isolated)");
+                    }
+                    match (a.drain, a.drained) {
+                        (true, true) => state.push_str(" (drained)"),
+                        (true, false) => state.push_str(" (drain not in force yet)"),
+                        _ => {}
+                    }
                     let mut row = vec![
                         a.node.clone(),
-                        if a.isolated {
-                            format!("{} (isolated)", a.state)
-                        } else {
-                            a.state.clone()
-                        },
+                        state,
                         a.vips.to_string(),
                         a.members.to_string(),
                         a.heartbeat.clone(),

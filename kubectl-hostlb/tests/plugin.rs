@@ -50,6 +50,7 @@ fn record(mac: &str, state: &str, heartbeat: &str, extra: Value) -> Value {
         "heartbeatTime": heartbeat,
         "lastChangeTime": heartbeat,
         "version": "0.1.0",
+        "protocol": 2,
         "configHash": "0123456789ab",
         "state": state,
         "gossipAddress": "10.77.0.12:7934",
@@ -404,4 +405,132 @@ fn a_routed_address_shows_the_nodes_that_hold_it() {
         json!(["node-a", "node-b"]),
         "{json}"
     );
+}
+
+/// `drain node-a` sets the record's `spec.drain` and follows the VIPs by
+/// their announcing annotations: each move told, a VIP whose only
+/// endpoint is on node-a kept with the reason, the end once node-a's agent
+/// says the drain is in force; a VIP that could move but does not fails it
+/// at the timeout; `undrain` clears the field. The agents' part is played
+/// here by writing what they would write.
+#[test]
+fn drain_follows_the_vips_off_the_node_and_undrain_lets_it_win_again() {
+    use std::process::Stdio;
+    let b = bed();
+    let services =
+        |client: Client| Api::<k8s_openapi::api::core::v1::Service>::namespaced(client, "default");
+    let announce = |svc: &'static str, node: &'static str| {
+        move |client: Client| async move {
+            services(client)
+                .patch(
+                    svc,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {"hostlb.io/announcing-IPv4": format!("{node},eth0")}}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    b.api(|client| async move {
+        // "pin": its only endpoint is on node-a.
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "pin", "namespace": "default", "annotations": {"hostlb.io/announcing-IPv4": "node-a,eth0"}}, "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": [{"port": 80, "protocol": "TCP"}]}})).unwrap();
+        services(client.clone()).create(&PostParams::default(), &svc).await.unwrap();
+        services(client.clone())
+            .patch_status("pin", &PatchParams::default(), &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "10.77.0.102"}]}}})))
+            .await
+            .unwrap();
+        let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "pin-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "pin"}}, "addressType": "IPv4", "endpoints": [{"addresses": ["10.244.0.50"], "nodeName": "node-a", "conditions": {"ready": true}}]})).unwrap();
+        Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(client, "default")
+            .create(&PostParams::default(), &slice)
+            .await
+            .unwrap();
+    });
+    b.api(announce("web", "node-a"));
+
+    let drain = Command::new(env!("CARGO_BIN_EXE_kubectl-hostlb"))
+        .arg("--kubeconfig")
+        .arg(&b.kubeconfig)
+        .args(["drain", "node-a", "--timeout", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // node-a's agent hears of it (the record's spec), hands web to node-b
+    // and says the drain is in force; pin stays.
+    let agents = |client: Client| Api::<hostlb_api::v1::NodeAgent>::all(client);
+    let heard = std::time::Instant::now();
+    loop {
+        let spec =
+            b.rt.block_on(async { agents(b.server.client()).get("node-a").await.unwrap().spec });
+        if spec.drain {
+            break;
+        }
+        assert!(
+            heard.elapsed() < std::time::Duration::from_secs(10),
+            "spec.drain never set"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    b.api(announce("web", "node-b"));
+    b.api(|client| async move {
+        agents(client)
+            .patch_status(
+                "node-a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"drained": true}})),
+            )
+            .await
+            .unwrap();
+    });
+    let out = drain.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    eprintln!("{stdout}{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("moved 10.77.0.100 to node-b"), "{stdout}");
+    assert!(
+        stdout.contains("node-a drained: 1 of 2 VIPs moved in"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("stays: 10.77.0.102 (default/pin): no other node can serve it (")
+            && stdout.contains("node-b: no usable endpoint of the Service on the node"),
+        "{stdout}"
+    );
+
+    // Status shows the drained agent.
+    let (_, status, _) = b.run(&["status"]);
+    assert!(status.contains("1 drained"), "{status}");
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("node-a") && l.contains("Ready (drained)")),
+        "{status}"
+    );
+
+    // zoo's address is on node-b and could move (to node-a it cannot: drained;
+    // nobody serves it, it has no endpoints, so it is no stay either): the
+    // drain of node-b times out naming it.
+    b.api(announce("zoo", "node-b"));
+    b.api(announce("web", "node-a"));
+    let (code, out, _) = b.run(&["drain", "node-b", "--timeout", "1"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("node-b not drained after"), "{out}");
+    assert!(
+        out.contains("the drain is not in force: node-b's agent has not said it heard of it yet"),
+        "{out}"
+    );
+
+    let (code, out, err) = b.run(&["undrain", "node-a"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("node-a undrained"), "{out}");
+    let spec =
+        b.rt.block_on(async { agents(b.server.client()).get("node-a").await.unwrap().spec });
+    assert!(!spec.drain);
+    let (code, _, err) = b.run(&["drain", "node-z", "--no-wait"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no NodeAgent record node-z"), "{err}");
 }

@@ -5,6 +5,7 @@
 pub mod addrs;
 pub mod agent;
 pub mod announce;
+pub mod drain;
 pub mod election;
 pub mod firewall;
 pub mod gossip;

@@ -43,6 +43,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Move every VIP off this node, make-before-break, and keep them off
+    /// (its NodeAgent's spec.drain, written with the agent's credential);
+    /// show each move, and end when only VIPs no other node can serve are
+    /// left (exit 0) or at --timeout (exit 1).
+    Drain {
+        #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+        config: PathBuf,
+        /// Give up waiting after this many seconds (the drain stays).
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// Set the drain and return at once.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Let this node win VIPs again.
+    Undrain {
+        #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+        config: PathBuf,
+    },
     /// Print a new gossip key, or write it to a new file with mode 0600.
     Keygen {
         /// Create this file (mode 0600, never overwritten) instead of
@@ -177,6 +196,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Drain {
+            config,
+            timeout,
+            no_wait,
+        } => drain(
+            &config,
+            true,
+            (!no_wait).then(|| std::time::Duration::from_secs(timeout)),
+        ),
+        Command::Undrain { config } => drain(&config, false, None),
         Command::Keygen { output: None } => match agent::keygen() {
             Ok(key) => {
                 println!("{key}");
@@ -251,4 +280,40 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("a Tokio runtime")
+}
+
+/// `drain` and `undrain`: the record written, then, when asked, the drain
+/// followed to its end.
+fn drain(config: &std::path::Path, on: bool, wait: Option<std::time::Duration>) -> ExitCode {
+    let cfg = match AgentConfig::load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    runtime().block_on(async {
+        if let Err(e) = agent::drain::set(&cfg, on).await {
+            eprintln!("{}: {e}", if on { "drain" } else { "undrain" });
+            return ExitCode::FAILURE;
+        }
+        match (on, wait) {
+            (false, _) => {
+                println!("{} undrained: it wins VIPs again", cfg.node_name);
+                ExitCode::SUCCESS
+            }
+            (true, None) => {
+                println!("{} drained (not waiting)", cfg.node_name);
+                ExitCode::SUCCESS
+            }
+            (true, Some(timeout)) => match agent::drain::follow(&cfg, timeout).await {
+                Ok(lbnodeagent::drain::Outcome::Done) => ExitCode::SUCCESS,
+                Ok(lbnodeagent::drain::Outcome::TimedOut) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("drain: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+        }
+    })
 }

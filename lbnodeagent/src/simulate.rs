@@ -92,6 +92,7 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
         .map(|n| Member {
             node: n.to_string(),
             leaving: false,
+            drained: false,
             virtual_mode: true,
             on_link: on_link
                 .get(*n)
@@ -353,7 +354,11 @@ pub fn render_vip(out: &mut String, r: &VipReport) {
         for (i, c) in r.candidates.iter().enumerate() {
             rows.push(vec![
                 (i + 1).to_string(),
-                c.node.clone(),
+                if c.drained {
+                    format!("{} (drained: last resort)", c.node)
+                } else {
+                    c.node.clone()
+                },
                 c.score.to_string(),
                 c.hash_rank.to_string(),
                 format!("{}…", &hex::encode(c.hash)[..16]),

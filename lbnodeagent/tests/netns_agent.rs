@@ -1419,3 +1419,134 @@ fn an_address_another_host_uses_is_not_taken_until_it_is_free() {
     c.wait_single_holder(VIP, Duration::from_secs(40));
     c.wait_single_holder(v6, Duration::from_secs(40));
 }
+
+/// `lbnodeagent drain` on a host moves every VIP it holds to the others
+/// while a client probes each one every 10 ms: no reply lost, never two
+/// MACs for long, the drain says where each went and ends by itself; the
+/// node wins nothing while drained, even across a restart of its agent;
+/// `undrain` gives its VIPs back. One Service whose only endpoint is on
+/// the drained node (`externalTrafficPolicy: Local`) stays there, and the
+/// drain says why. IPv4 and IPv6.
+#[test]
+fn a_drain_moves_every_vip_without_losing_a_reply() {
+    let nodes = ["node-a", "node-b", "node-c"];
+    let mut c = three_nodes();
+    let mut vips: Vec<String> = Vec::new();
+    for i in 0..12 {
+        let (v4, v6) = (
+            format!("10.77.0.{}", 100 + i),
+            format!("fd00:77::{:x}", 0x100 + i),
+        );
+        c.service(&format!("s{i}"), &[&v4, &v6], &nodes, "");
+        vips.extend([v4, v6]);
+    }
+    // Pinned to node-c by its only endpoint.
+    let pinned = "10.77.0.120";
+    c.service(
+        "pinned",
+        &[pinned],
+        &["node-c"],
+        "externalTrafficPolicy: Local",
+    );
+    for v in vips.iter().map(String::as_str).chain([pinned]) {
+        c.wait_single_holder(v, Duration::from_secs(20));
+    }
+    assert_eq!(c.holders(pinned), ["node-c"]);
+    let on_c: Vec<&String> = vips.iter().filter(|v| c.holders(v) == ["node-c"]).collect();
+    assert!(!on_c.is_empty(), "node-c holds some of the VIPs");
+    let client = c.host("client");
+    let (src4, src6) = (client.ipv4.to_string(), client.ipv6.to_string());
+    let probes: Vec<ArpProbe> = on_c
+        .iter()
+        .map(|v| {
+            let src = if v.contains(':') { &src6 } else { &src4 };
+            ArpProbe::start(&client.ns, "eth0", src, v, PROBE_EVERY).unwrap()
+        })
+        .collect();
+    let c_mac = c.host("node-c").mac().to_string();
+    for p in &probes {
+        p.wait_for_mac(&c_mac, Instant::now(), Duration::from_secs(5))
+            .expect("node-c answers for its VIPs");
+    }
+
+    let config = c.config_path("node-c");
+    let config = config.to_str().unwrap();
+    let t0 = Instant::now();
+    let (ok, out, err) =
+        c.agent_command("node-c", &["drain", "--config", config, "--timeout", "30"]);
+    let took = t0.elapsed();
+    eprintln!("{out}{err}");
+    assert!(ok, "drain ends by itself: {out} {err}");
+    for v in &on_c {
+        let to = c.holders(v);
+        assert_eq!(to.len(), 1, "{v}: one holder, not {to:?}");
+        assert_ne!(to[0], "node-c", "{v} left node-c");
+        assert!(
+            out.contains(&format!("moved {v} to {}", to[0])),
+            "the drain says where {v} went: {out}"
+        );
+    }
+    assert!(out.contains(&format!("stays: {pinned}")), "{out}");
+    assert_eq!(c.holders(pinned), ["node-c"], "the last resort keeps it");
+    std::thread::sleep(Duration::from_secs(1));
+    let end = Instant::now();
+    let mut failures = Vec::new();
+    for (v, p) in on_c.iter().zip(&probes) {
+        let o = p.judge(t0, end);
+        if o.lost > 0 || o.two_owners > Duration::from_millis(100) {
+            failures.push(format!("{v}: {o:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    eprintln!(
+        "drained {} VIPs in {} ms, none lost",
+        on_c.len(),
+        took.as_millis()
+    );
+    // The record is written at most every 5 s.
+    wait_for("the record to say drained", Duration::from_secs(10), || {
+        let state = c.kubectl(&[
+            "get",
+            "nodeagent",
+            "node-c",
+            "-o",
+            "jsonpath={.spec.drain}/{.status.drained}",
+        ]);
+        (state == "true/true").then_some(())
+    })
+    .unwrap();
+
+    // A restarted drained agent wins nothing back.
+    c.signal("node-c", "TERM");
+    assert_eq!(c.wait_exit("node-c", Duration::from_secs(20)), Some(0));
+    let (ok, out, err) = c.agent_command("node-c", &["cleanup", "--config", config]);
+    assert!(ok, "cleanup: {out} {err}");
+    c.start("node-c");
+    wait_for(
+        "the restarted agent to be ready",
+        Duration::from_secs(20),
+        || (c.http_get("node-c", "/readyz").0 == "200").then_some(()),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    for v in &on_c {
+        assert_ne!(
+            c.holders(v),
+            ["node-c"],
+            "{v}: a drained node wins nothing back"
+        );
+    }
+
+    let (ok, out, err) = c.agent_command("node-c", &["undrain", "--config", config]);
+    assert!(ok, "undrain: {out} {err}");
+    wait_for(
+        "node-c to take its VIPs back",
+        Duration::from_secs(20),
+        || {
+            on_c.iter()
+                .all(|v| c.holders(v) == ["node-c"])
+                .then_some(())
+        },
+    )
+    .unwrap();
+}

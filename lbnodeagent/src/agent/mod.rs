@@ -21,6 +21,7 @@ mod checks;
 pub mod cleanup;
 pub mod config;
 pub mod core;
+pub mod drain;
 mod firewall;
 mod kernel;
 pub mod record;
@@ -142,6 +143,8 @@ pub struct Agent<B: AddressBackend + 'static> {
     /// The core has had a whole cluster view (later, changes of
     /// EndpointSlices alone go as endpoints).
     cluster_sent: bool,
+    /// This node's drain as the core last had it.
+    drain_sent: Option<bool>,
     /// The firewall task's latest plan.
     firewall: tokio::sync::watch::Sender<Option<core::firewall::FirewallPlan>>,
 }
@@ -414,11 +417,20 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
     }
 
-    /// What the watches say changed, as the core's input: the whole view,
-    /// or only some Services' endpoints. `None` before every watch listed.
+    /// What the watches say changed, as the core's input: this node's
+    /// drain, the whole view, or only some Services' endpoints. `None`
+    /// before every watch listed.
     fn cluster_input(&mut self) -> Option<Input> {
         if !self.kube.synced() {
             return None;
+        }
+        // The drain first, and before the first view: a drained node that
+        // restarts never wins back what it gave up.
+        let drain = self.kube.drain();
+        if self.drain_sent != Some(drain) {
+            self.drain_sent = Some(drain);
+            self.kube.poke();
+            return Some(Input::Drain(drain));
         }
         let changes = self.kube.take_changes();
         if changes.full || !self.cluster_sent {

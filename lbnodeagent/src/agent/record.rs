@@ -202,6 +202,7 @@ pub fn members_of(records: &[NodeAgent], now: jiff::Timestamp) -> Vec<Member> {
             Some(Member {
                 node: r.metadata.name.clone()?,
                 leaving: false,
+                drained: status.drained,
                 virtual_mode: status.virtual_mode,
                 on_link,
             })
@@ -448,6 +449,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             member_names: members,
             members_hash,
             virtual_mode: links.virtual_link.is_some(),
+            drained: self.core.drained(),
             interfaces,
             held_vips: vips.len() as i64,
             vips: vips.iter().take(MAX_VIPS).map(|v| v.to_string()).collect(),

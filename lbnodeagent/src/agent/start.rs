@@ -79,7 +79,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             namespace: cfg.namespace.clone(),
             load_balancer_class: cfg.load_balancer_class.clone(),
         };
-        let kube = KubeInputs::start(&client, &scope, &server);
+        let kube = KubeInputs::start(&client, &scope, &server, &cfg.node_name);
         let mut records = record::Records::new(&client);
         records.ask();
         let publisher = record::Publisher::start(&client, &cfg.node_name);
@@ -124,6 +124,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             kernel,
             ensure_virtual: false,
             cluster_sent: false,
+            drain_sent: None,
             firewall,
         })
     }

@@ -32,6 +32,12 @@ pub struct StatusDoc {
     /// before the first view of the cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firewall: Option<String>,
+    /// Its NodeAgent's `spec.drain` says so.
+    #[serde(default)]
+    pub drain: bool,
+    /// The drain is in force: every member elects by it.
+    #[serde(default)]
+    pub drained: bool,
     pub members: Vec<MemberDoc>,
     pub held: Vec<HeldDoc>,
     pub vips: Vec<VipDoc>,
@@ -93,6 +99,9 @@ pub struct VipDoc {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct CandidateDoc {
     pub node: String,
+    /// Drained: last in order.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drained: bool,
     pub score: u32,
     pub hash_rank: usize,
 }
@@ -117,6 +126,7 @@ impl VipDoc {
                 .iter()
                 .map(|c| CandidateDoc {
                     node: c.node.clone(),
+                    drained: c.drained,
                     score: c.score,
                     hash_rank: c.hash_rank,
                 })
@@ -156,6 +166,8 @@ pub fn doc(core: &Core, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc
             }
         }),
         isolated_from: core.isolated_from(),
+        drain: core.drain_requested(),
+        drained: core.drained(),
         members: core
             .view()
             .nodes
@@ -217,6 +229,21 @@ pub fn render(doc: &StatusDoc) -> String {
     let _ = writeln!(out, "node {}: {ready}", doc.node);
     if let Some(f) = &doc.firewall {
         let _ = writeln!(out, "firewall {f}");
+    }
+    match (doc.drain, doc.drained) {
+        (true, true) => {
+            let _ = writeln!(
+                out,
+                "drained: wins only VIPs no other node can serve (lbnodeagent undrain)"
+            );
+        }
+        (true, false) => {
+            let _ = writeln!(
+                out,
+                "drain asked, not in force: an agent of an older protocol runs (see members)"
+            );
+        }
+        _ => {}
     }
     for w in &doc.warnings {
         let _ = writeln!(out, "warning: {w}");
@@ -343,4 +370,56 @@ pub fn fetch(addr: std::net::SocketAddr) -> Result<StatusDoc, String> {
         ));
     }
     serde_json::from_str(json).map_err(|e| format!("unreadable /status from {addr}: {e}"))
+}
+
+/// What a drain of this node looks like from its own agent (see
+/// [`crate::drain`]): the VIPs it still holds; those its own election
+/// still gives it, which stay; where the others answer now.
+pub fn drain_snapshot(doc: &StatusDoc) -> crate::drain::Snapshot {
+    let me = doc.node.as_str();
+    let by_ip: std::collections::BTreeMap<IpAddr, &VipDoc> =
+        doc.vips.iter().map(|v| (v.ip, v)).collect();
+    let services = |ip: &IpAddr| {
+        by_ip
+            .get(ip)
+            .map(|v| v.services.join(","))
+            .unwrap_or_default()
+    };
+    let held: std::collections::BTreeMap<IpAddr, String> =
+        doc.held.iter().map(|h| (h.ip, services(&h.ip))).collect();
+    let staying = if doc.drained {
+        held.keys()
+            .filter(|ip| {
+                by_ip.get(*ip).is_some_and(|v| {
+                    v.winner.as_deref() == Some(me) || v.virtual_nodes.iter().any(|n| n == me)
+                })
+            })
+            .map(|ip| (*ip, "no node that is not drained can serve it".to_string()))
+            .collect()
+    } else {
+        Default::default()
+    };
+    let now_at = doc
+        .vips
+        .iter()
+        .filter(|v| !held.contains_key(&v.ip))
+        .filter_map(|v| {
+            let at = match (&v.winner, v.virtual_nodes.is_empty()) {
+                (Some(w), _) => w.clone(),
+                (None, false) => format!("routed via {}", v.virtual_nodes.join(",")),
+                (None, true) => return None,
+            };
+            Some((v.ip, at))
+        })
+        .collect();
+    crate::drain::Snapshot {
+        held,
+        staying,
+        now_at,
+        in_force: if doc.drained || !doc.drain {
+            Ok(())
+        } else {
+            Err("an agent of an older protocol runs in the cluster; upgrade it".into())
+        },
+    }
 }

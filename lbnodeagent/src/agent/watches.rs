@@ -1,5 +1,6 @@
 //! The agent's view of the cluster: five watches (Services, EndpointSlices,
-//! Nodes, IPAddressPools, L2Advertisements) into reflector stores, and a
+//! Nodes, IPAddressPools, L2Advertisements) into reflector stores, a sixth
+//! of this node's own NodeAgent record for its `spec.drain`, and a
 //! [`Notify`] the reconcile loop waits on. The watches also note what
 //! changed ([`Changes`]): when only EndpointSlices did, the loop hands the
 //! core just those Services' endpoints instead of a whole new cluster view.
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use hostlb_api::snapshot::ObjectError;
-use hostlb_api::{IPAddressPool, L2Advertisement};
+use hostlb_api::{IPAddressPool, L2Advertisement, NodeAgent};
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
@@ -30,7 +31,7 @@ use tracing::warn;
 use crate::election::{Cluster, Endpoints};
 use crate::inputs::{self, EndpointIndex, Scope};
 
-const WATCHES: usize = 5;
+const WATCHES: usize = 6;
 
 /// Stores of the objects the election reads, kept current by watches.
 pub struct KubeInputs {
@@ -39,6 +40,9 @@ pub struct KubeInputs {
     pub nodes: Store<Node>,
     pub pools: Store<IPAddressPool>,
     pub advertisements: Store<L2Advertisement>,
+    /// This node's own record, for its drain (the agent writes its status
+    /// elsewhere, and reads no other record's spec).
+    own_record: Store<NodeAgent>,
     scope: Scope,
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
@@ -68,6 +72,16 @@ pub struct Changes {
     pub services: BTreeSet<(String, String)>,
 }
 
+/// What a changed object asks of the loop.
+enum Touch {
+    /// A new view of the whole cluster.
+    Whole,
+    /// Only this Service's endpoints (`namespace`, `name`).
+    Endpoints((String, String)),
+    /// No new view: the loop reads what it needs from the store.
+    Store,
+}
+
 /// The Service an EndpointSlice belongs to.
 fn slice_service(slice: &EndpointSlice) -> Option<(String, String)> {
     let name = slice
@@ -78,14 +92,25 @@ fn slice_service(slice: &EndpointSlice) -> Option<(String, String)> {
     Some((slice.metadata.namespace.clone()?, name.clone()))
 }
 
-/// Any other kind: every change needs the whole view.
-fn whole<K>(_: &K) -> Option<(String, String)> {
-    None
+fn slice_touch(slice: &EndpointSlice) -> Touch {
+    slice_service(slice).map_or(Touch::Whole, Touch::Endpoints)
+}
+
+/// Most kinds: every change needs the whole view.
+fn whole<K>(_: &K) -> Touch {
+    Touch::Whole
+}
+
+/// The own record changes with every status the agent writes; only its
+/// spec is read, through [`KubeInputs::drain`].
+fn store_only<K>(_: &K) -> Touch {
+    Touch::Store
 }
 
 impl KubeInputs {
-    /// `server` is the API server's URL, named when a watch fails.
-    pub fn start(client: &Client, scope: &Scope, server: &str) -> KubeInputs {
+    /// `server` is the API server's URL, named when a watch fails; `node`
+    /// names this node's record.
+    pub fn start(client: &Client, scope: &Scope, server: &str, node: &str) -> KubeInputs {
         let shared = Arc::new(Shared {
             changed: Notify::new(),
             synced: AtomicUsize::new(0),
@@ -100,10 +125,13 @@ impl KubeInputs {
         let (nodes, nw) = reflector::store();
         let (pools, pw) = reflector::store();
         let (advertisements, aw) = reflector::store();
+        let (own_record, rw) = reflector::store();
         let ns = &scope.namespace;
+        let all = watcher::Config::default;
         let tasks = vec![
             spawn_watch(
                 Api::<Service>::all(client.clone()),
+                all(),
                 sw,
                 shared.clone(),
                 0,
@@ -112,14 +140,16 @@ impl KubeInputs {
             ),
             spawn_watch(
                 Api::<EndpointSlice>::all(client.clone()),
+                all(),
                 ew,
                 shared.clone(),
                 1,
-                slice_service,
+                slice_touch,
                 trim_slice,
             ),
             spawn_watch(
                 Api::<Node>::all(client.clone()),
+                all(),
                 nw,
                 shared.clone(),
                 2,
@@ -128,6 +158,7 @@ impl KubeInputs {
             ),
             spawn_watch(
                 Api::<IPAddressPool>::namespaced(client.clone(), ns),
+                all(),
                 pw,
                 shared.clone(),
                 3,
@@ -136,10 +167,20 @@ impl KubeInputs {
             ),
             spawn_watch(
                 Api::<L2Advertisement>::namespaced(client.clone(), ns),
+                all(),
                 aw,
                 shared.clone(),
                 4,
                 whole,
+                slim,
+            ),
+            spawn_watch(
+                Api::<NodeAgent>::all(client.clone()),
+                all().fields(&format!("metadata.name={node}")),
+                rw,
+                shared.clone(),
+                5,
+                store_only,
                 slim,
             ),
         ];
@@ -149,6 +190,7 @@ impl KubeInputs {
             nodes,
             pools,
             advertisements,
+            own_record,
             scope: scope.clone(),
             shared,
             tasks,
@@ -180,6 +222,17 @@ impl KubeInputs {
     /// kinds and agents; 0 if it is not a number).
     pub fn revision(&self) -> u64 {
         self.shared.revision.load(Ordering::Relaxed)
+    }
+
+    /// This node's record says `spec.drain` (no record: not drained).
+    pub fn drain(&self) -> bool {
+        self.own_record.state().iter().any(|r| r.spec.drain)
+    }
+
+    /// Wakes [`KubeInputs::changed`] again, for what the loop left to its
+    /// next turn.
+    pub fn poke(&self) {
+        self.shared.changed.notify_one();
     }
 
     /// What changed since the last call.
@@ -344,10 +397,11 @@ fn trim_node(n: &mut Node) {
 
 fn spawn_watch<K>(
     api: Api<K>,
+    config: watcher::Config,
     writer: reflector::store::Writer<K>,
     shared: Arc<Shared>,
     slot: usize,
-    partial: fn(&K) -> Option<(String, String)>,
+    touch: fn(&K) -> Touch,
     trim: fn(&mut K),
 ) -> JoinHandle<()>
 where
@@ -362,7 +416,7 @@ where
     let kind = K::kind(&()).to_string();
     tokio::spawn(async move {
         let mut synced = false;
-        let mut stream = watcher(api, watcher::Config::default())
+        let mut stream = watcher(api, config)
             .backoff(hostlb_api::watch::WatchBackoff::spread())
             .modify(trim)
             .reflect(writer)
@@ -423,11 +477,12 @@ where
                                 shared.changes.lock().unwrap_or_else(|e| e.into_inner());
                             match &e {
                                 watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
-                                    match partial(o) {
-                                        Some(key) => {
+                                    match touch(o) {
+                                        Touch::Endpoints(key) => {
                                             changes.services.insert(key);
                                         }
-                                        None => changes.full = true,
+                                        Touch::Whole => changes.full = true,
+                                        Touch::Store => {}
                                     }
                                 }
                                 _ => changes.full = true,

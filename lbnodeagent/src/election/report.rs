@@ -34,6 +34,10 @@ pub enum Reason {
     /// interfaces the advertisements do not allow (`interfaces`, or not the
     /// announce interface). It neither announces nor goes virtual.
     InterfaceNotAllowed,
+    /// Drained, and other nodes hold the address on their virtual
+    /// interfaces. (A drained node that would announce it on a LAN stays a
+    /// candidate, last in order.)
+    Drained,
 }
 
 impl Reason {
@@ -47,6 +51,7 @@ impl Reason {
             Reason::NoReadyEndpoint => "no-ready-endpoint",
             Reason::NotOnLink => "not-on-link",
             Reason::InterfaceNotAllowed => "interface-not-allowed",
+            Reason::Drained => "drained",
         }
     }
 
@@ -63,6 +68,7 @@ impl Reason {
             Reason::InterfaceNotAllowed => {
                 "the address is on-link only on interfaces its advertisements do not allow"
             }
+            Reason::Drained => "the node is drained and other nodes route the address",
         }
     }
 }
@@ -99,6 +105,8 @@ impl fmt::Display for Note {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Candidate {
     pub node: String,
+    /// Drained: ranked after every candidate that is not.
+    pub drained: bool,
     pub score: u32,
     /// 1-based position among the candidates by hash alone: what the order
     /// would be without preferences.
@@ -122,7 +130,8 @@ pub struct VipReport {
     pub winner: Option<String>,
     /// Where the winner holds the address: interface and on-link prefix.
     pub winner_on: Option<OnLink>,
-    /// In election order: score descending, then hash ascending.
+    /// In election order: drained nodes last, then score descending, then
+    /// hash ascending.
     pub candidates: Vec<Candidate>,
     /// Eligible live nodes with no on-link prefix for the VIP: they hold it on
     /// their virtual interface for routing software to export.

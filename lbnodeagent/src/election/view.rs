@@ -157,6 +157,10 @@ pub struct Member {
     pub node: String,
     /// Shutting down: never a candidate, even before it disappears.
     pub leaving: bool,
+    /// Drained by its operator (`kubectl hostlb drain`): a candidate of
+    /// last resort, winning only a VIP that no other node can serve, so
+    /// that a drain moves everything that can move and strands nothing.
+    pub drained: bool,
     /// The agent holds off-link addresses on its virtual interface.
     pub virtual_mode: bool,
     /// Shared with the gossip view it came from.
@@ -169,6 +173,7 @@ impl Member {
         Member {
             node: node.to_string(),
             leaving: false,
+            drained: false,
             virtual_mode: true,
             on_link: prefixes
                 .into_iter()

@@ -609,6 +609,7 @@ impl ViewBuilder {
                 vips: Default::default(),
                 macs: Default::default(),
                 revision: 0,
+                drained: false,
             });
         MembershipView {
             local,
@@ -687,6 +688,7 @@ mod tests {
                 .into(),
             macs: BTreeSet::from(["02:00:00:00:00:01".parse().unwrap()]).into(),
             revision: 0,
+            drained: false,
         }
     }
 
@@ -764,8 +766,8 @@ mod tests {
         let mut newer = PREVIOUS_RELEASE.to_vec();
         newer.retain(|(k, _)| *k != "onlink.v4" && *k != "status");
         newer.extend([
-            ("protocol", "2"),
-            ("election.rule", "v2"),
+            ("protocol", "3"),
+            ("election.rule", "v3"),
             (
                 "onlink.v4",
                 r#"[{"if":"eth0","prefix":"10.0.0.0/24","announce":true,"weight":3}]"#,
@@ -773,7 +775,7 @@ mod tests {
             ("status", "alive"),
         ]);
         let new = build_view(&chitchat_with("n1", &newer), &Up::default()).local;
-        assert_eq!(new.protocol, 2);
+        assert_eq!(new.protocol, 3);
         assert_eq!(MemberInfo { protocol: 1, ..new }, old);
     }
 

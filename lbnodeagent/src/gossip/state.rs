@@ -11,6 +11,7 @@
 //! | `macs` | MACs of the announce interfaces, space-separated (conflict detection names the host behind a MAC) |
 //! | `vips.0`, `vips.1`, … | held VIPs, space-separated, sorted, each value ≤ [`VIPS_CHUNK_BYTES`] |
 //! | `detector` | `swim`: the node runs the SWIM failure detector (see `detector`); peers without it are judged by chitchat's, so a rolling upgrade keeps every node's view of the others |
+//! | `drained` | `true` while the node's operator has drained it, else `false`: it then wins only VIPs no other node can serve |
 //! | `revision` | the newest resourceVersion the node's watches have seen: two live nodes that both hold a VIP because their views of the cluster differ let the one with the newer view keep it |
 //!
 //! `status` is written last when a node starts. chitchat sends a node's keys
@@ -44,6 +45,7 @@ pub const KEY_VIRTUAL: &str = "virtual";
 pub const KEY_MACS: &str = "macs";
 pub const KEY_DETECTOR: &str = "detector";
 pub const KEY_REVISION: &str = "revision";
+pub const KEY_DRAINED: &str = "drained";
 pub const DETECTOR_SWIM: &str = "swim";
 pub const KEY_VIPS_PREFIX: &str = "vips.";
 /// Bound on one `vips.N` value: small against the 64 KiB datagram, large
@@ -133,6 +135,7 @@ pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(Strin
         (KEY_MACS.to_string(), encode_macs(&local.macs)),
         (KEY_DETECTOR.to_string(), DETECTOR_SWIM.to_string()),
         (KEY_REVISION.to_string(), local.revision.to_string()),
+        (KEY_DRAINED.to_string(), local.drained.to_string()),
     ];
     kvs.extend(
         vip_chunks(&local.vips)
@@ -153,6 +156,11 @@ pub fn publish(node: &mut NodeState, local: &LocalState) {
     node.set(KEY_VIRTUAL, local.virtual_mode.to_string());
     node.set(KEY_MACS, encode_macs(&local.macs));
     node.set(KEY_REVISION, local.revision.to_string());
+    // Before `status`, so that a peer that sees this node alive knows
+    // whether it is drained.
+    // Set, never deleted: a peer hears of a deletion only a gossip round
+    // late.
+    node.set(KEY_DRAINED, local.drained.to_string());
     let chunks = vip_chunks(&local.vips);
     let stale: Vec<String> = node
         .iter_prefix(KEY_VIPS_PREFIX)
@@ -216,6 +224,7 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
             .get(KEY_REVISION)
             .and_then(|r| r.parse().ok())
             .unwrap_or(0),
+        drained: node.get(KEY_DRAINED) == Some("true"),
     })
 }
 

@@ -18,7 +18,11 @@ pub const DEFAULT_PORT: u16 = 7934;
 /// understands, and a rule both must apply alike (the election) switches
 /// only once every member publishes the newer protocol. See docs/agent.md,
 /// "Compatibility".
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
+/// The first protocol whose agents elect a drained node last (the gossip
+/// key `drained`): a drain is in force only once every member speaks it,
+/// so a fleet mid-upgrade elects as the older agents do.
+pub const PROTOCOL_DRAIN: u32 = 2;
 /// The protocol of an agent that does not say: every release before the
 /// `protocol` key spoke protocol 1.
 pub const PROTOCOL_UNSAID: u32 = 1;
@@ -71,6 +75,8 @@ pub struct LocalState {
     /// How new the node's view of the cluster is (see `KEY_REVISION`); 0
     /// before its first view, or from an agent that does not say.
     pub revision: u64,
+    /// The node's operator drained it (its NodeAgent's `spec.drain`).
+    pub drained: bool,
 }
 
 /// One node as seen through gossip.
@@ -92,6 +98,7 @@ pub struct MemberInfo {
     pub vips: Arc<BTreeSet<IpAddr>>,
     pub macs: Arc<BTreeSet<MacAddr>>,
     pub revision: u64,
+    pub drained: bool,
 }
 
 impl MemberInfo {
@@ -100,6 +107,7 @@ impl MemberInfo {
         Member {
             node: self.node.clone(),
             leaving: self.status != Status::Alive,
+            drained: self.drained,
             virtual_mode: self.virtual_mode,
             on_link: self.on_link.clone(),
         }
@@ -148,6 +156,7 @@ impl MembershipView {
                 vips: Default::default(),
                 macs: Default::default(),
                 revision: 0,
+                drained: false,
             },
             members: Vec::new(),
             nodes: Vec::new(),

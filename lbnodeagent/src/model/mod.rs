@@ -9,6 +9,7 @@ mod wire;
 
 pub use addr::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress};
 pub use member::{
-    DEFAULT_PORT, LocalState, MemberInfo, MembershipView, PROTOCOL, PROTOCOL_UNSAID, Status,
+    DEFAULT_PORT, LocalState, MemberInfo, MembershipView, PROTOCOL, PROTOCOL_DRAIN,
+    PROTOCOL_UNSAID, Status,
 };
 pub use wire::{AnnounceConfig, Claim, Target};

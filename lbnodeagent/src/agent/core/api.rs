@@ -112,6 +112,10 @@ pub enum Input {
     },
     /// The agents' records in the API (`NodeAgent` objects), every one.
     Records(Vec<AgentRecord>),
+    /// This node's NodeAgent `spec.drain`, as read at start (before the
+    /// first cluster view, so a drained node never wins anything back on
+    /// a restart) and at every change.
+    Drain(bool),
 }
 
 /// A second host seen answering for a VIP held (or about to be) here.

@@ -439,6 +439,7 @@ mod tests {
             vips: Default::default(),
             macs: BTreeSet::from([mac]).into(),
             revision: 0,
+            drained: false,
         }
     }
 

@@ -149,6 +149,8 @@ pub struct Core {
     revision: u64,
     /// This node's own member as the election last had it.
     own_member: Option<Member>,
+    /// Its operator drained this node (see [`Input::Drain`]).
+    drain: bool,
     /// Services by address, oldest first.
     services_of: BTreeMap<IpAddr, Vec<String>>,
     object_errors: Vec<String>,
@@ -237,6 +239,7 @@ impl Core {
             cluster_known: false,
             revision: 0,
             own_member: None,
+            drain: false,
             services_of: BTreeMap::new(),
             object_errors: Vec::new(),
             on_link: links.on_link().into(),
@@ -534,6 +537,15 @@ impl Core {
             Input::Records(records) => {
                 self.records = records;
                 self.learn_records(true);
+            }
+            Input::Drain(drain) => {
+                if drain != self.drain {
+                    info!(drain, "this node's drain changed");
+                    self.drain = drain;
+                    self.publish_dirty = true;
+                    self.report_dirty = true;
+                    self.elect_members();
+                }
             }
             Input::Leave => self.begin_leave(now, out),
             Input::Reloaded { settings, links } => {

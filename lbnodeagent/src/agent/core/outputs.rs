@@ -50,6 +50,7 @@ impl Core {
                 .into(),
             macs: self.links.macs().into(),
             revision: self.revision,
+            drained: self.drain,
         }
     }
 

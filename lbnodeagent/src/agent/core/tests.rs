@@ -145,6 +145,7 @@ fn peer(node: &str, status: Status, vips: &[IpAddr], revision: u64) -> MemberInf
         vips: vips.iter().copied().collect::<BTreeSet<_>>().into(),
         macs: BTreeSet::from([mac(node)]).into(),
         revision,
+        drained: false,
     }
 }
 
@@ -1859,4 +1860,100 @@ fn orphans_found_while_starting_are_taken_once_running() {
     }
     let added = added.expect("taken with no membership change");
     assert!(added - a.t0 <= INTERVAL * 3 + HANDOVER_MAX + PRECHECK + INTERVAL);
+}
+
+/// A drained node hands every VIP another node can serve over make before
+/// break, in one batch once the successor holds them, and says it is
+/// drained; undrained, it wins them back.
+#[test]
+fn a_drain_hands_everything_over_before_letting_go_and_an_undrain_takes_it_back() {
+    let vs = addresses(20);
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&vs), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held.len(), vs.len(), "a outranks c for all while b is away");
+
+    a.advance(Duration::from_secs(1));
+    let act = a.step(Input::Drain(true));
+    assert!(act.remove.is_empty(), "c holds none yet: a keeps answering");
+    let published = act.publish.expect("the drain is published");
+    assert!(published.drained);
+    assert!(published.vips.is_empty(), "none shown as meant to be kept");
+    assert!(a.core.drained());
+    for v in &vs {
+        assert_eq!(a.core.election.winner(*v), Some("c"));
+    }
+
+    a.advance(Duration::from_millis(100));
+    let c_holds = view("a", vec![peer("c", Status::Alive, &vs, 1)], Vec::new());
+    let act = a.step(Input::Members(c_holds));
+    assert_eq!(
+        ips(&act.remove),
+        vs.iter().copied().collect(),
+        "c holds every one: all let go in one batch"
+    );
+    a.done(&act);
+    assert_eq!(a.core.held().count(), 0);
+
+    a.advance(Duration::from_secs(1));
+    let act = a.step(Input::Drain(false));
+    assert!(
+        !act.publish
+            .as_ref()
+            .expect("the undrain is published")
+            .drained
+    );
+    let act = a.unanswered(act);
+    assert_eq!(
+        ips(&act.add),
+        vs.iter().copied().collect(),
+        "undrained, a wins them back at once"
+    );
+}
+
+/// A drain strands nothing: a VIP no other node can serve stays where it
+/// is, and so does everything while another agent in the cluster speaks a
+/// protocol from before drains, until that agent is upgraded.
+#[test]
+fn a_drain_keeps_what_nobody_else_can_serve_and_waits_for_every_agent_to_know_drains() {
+    let vs = addresses(3);
+    let mut only_a = cluster(&vs);
+    for s in &mut only_a.services {
+        s.local_traffic = true;
+        s.endpoints = crate::election::Endpoints::on(["a"]);
+    }
+    let mut alone = Node::new("a");
+    alone.running(only_a, vec![peer("c", Status::Alive, &[], 1)]);
+    alone.advance(Duration::from_secs(1));
+    let act = alone.step(Input::Drain(true));
+    assert!(act.remove.is_empty());
+    let published = act.publish.expect("the drain is published");
+    assert!(published.drained);
+    assert_eq!(published.vips.len(), vs.len(), "still meant to be kept");
+    assert!(alone.core.drained());
+    assert_eq!(
+        alone.core.held().count(),
+        vs.len(),
+        "the last resort keeps them"
+    );
+
+    let old_c = MemberInfo {
+        protocol: 1,
+        ..peer("c", Status::Alive, &[], 1)
+    };
+    let mut a = Node::new("a");
+    a.running(cluster(&vs), vec![old_c.clone()]);
+    a.advance(Duration::from_secs(1));
+    a.step(Input::Drain(true));
+    assert!(!a.core.drained(), "c would not know: not in force");
+    for v in &vs {
+        assert_eq!(a.core.election.winner(*v), Some("a"));
+    }
+    a.advance(Duration::from_secs(1));
+    let upgraded = view("a", vec![peer("c", Status::Alive, &[], 1)], Vec::new());
+    let act = a.step(Input::Members(upgraded));
+    assert!(a.core.drained(), "every agent speaks drains now");
+    assert!(act.remove.is_empty(), "handed over, make before break");
+    for v in &vs {
+        assert_eq!(a.core.election.winner(*v), Some("c"));
+    }
 }

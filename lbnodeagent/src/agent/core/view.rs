@@ -9,7 +9,7 @@ use std::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::election::Member;
-use crate::model::Status;
+use crate::model::{PROTOCOL_DRAIN, Status};
 
 use super::sessions::{self};
 use super::{
@@ -126,9 +126,10 @@ impl Core {
             view.gone.iter().chain(&view.nodes).filter(news),
             &self.settings.node,
         );
+        let drain_was_in_force = self.drain_in_force();
         self.view = view;
         self.orphan_scan = true;
-        if members_changed {
+        if members_changed || drain_was_in_force != self.drain_in_force() {
             self.elect_members();
         }
         self.report_dirty = true;
@@ -225,6 +226,7 @@ impl Core {
         (self.phase == Phase::Running).then(|| Member {
             node: self.settings.node.clone(),
             leaving: false,
+            drained: self.drain && self.drain_in_force(),
             virtual_mode: self.links.virtual_link.is_some(),
             on_link: Arc::clone(&self.on_link),
         })
@@ -235,13 +237,21 @@ impl Core {
     pub(super) fn elect_members(&mut self) {
         let own = self.own_member();
         let me = self.settings.node.as_str();
-        let moved = self.election.set_members(
-            self.view
-                .members
-                .iter()
-                .filter(|m| m.node != me)
-                .chain(own.as_ref()),
-        );
+        let peers = self.view.members.iter().filter(|m| m.node != me);
+        let moved = if self.drain_in_force() || !self.view.members.iter().any(|m| m.drained) {
+            self.election.set_members(peers.chain(own.as_ref()))
+        } else {
+            // An agent of an older protocol elects drained nodes like any
+            // other: so does this one until every member knows drains.
+            let undrained: Vec<Member> = peers
+                .map(|m| Member {
+                    drained: false,
+                    ..m.clone()
+                })
+                .collect();
+            self.election
+                .set_members(undrained.iter().chain(own.as_ref()))
+        };
         if own != self.own_member {
             // Its interfaces or its candidacy changed: any duty may have.
             self.own_member = own;
@@ -249,6 +259,22 @@ impl Core {
         } else {
             self.mark(moved);
         }
+    }
+
+    /// A drain counts in the election only once every node gossip shows
+    /// speaks [`PROTOCOL_DRAIN`]: until then all elect as the oldest does.
+    pub fn drain_in_force(&self) -> bool {
+        self.view.nodes.iter().all(|n| n.protocol >= PROTOCOL_DRAIN)
+    }
+
+    /// Its operator drained this node, in force or not.
+    pub fn drain_requested(&self) -> bool {
+        self.drain
+    }
+
+    /// This node is drained and the drain is in force.
+    pub fn drained(&self) -> bool {
+        self.drain && self.drain_in_force()
     }
 
     /// Gossip is isolated: the API shows agents running on other nodes (their

@@ -11,25 +11,47 @@ use super::{Compiled, Election, EndpointFilter, NodeId, Slot, Win};
 
 /// Elect VIP `v` from scratch (using the cached hash order when it helps),
 /// with node `skip`, if any, no candidate (the runner-up, when it is the
-/// winner).
+/// winner). Drained nodes are passed over first, and asked only when no
+/// other node is a candidate.
 pub(super) fn elect(
     c: &Compiled,
     orders: &mut HashMap<IpAddr, Order>,
     v: usize,
     skip: Option<NodeId>,
 ) -> Option<Win> {
+    elect_among(c, orders, v, skip, false).or_else(|| {
+        let any_drained = (0..c.slots.len() as NodeId).any(|n| c.drained(n));
+        if any_drained {
+            elect_among(c, orders, v, skip, true)
+        } else {
+            None
+        }
+    })
+}
+
+/// [`elect`] over the nodes that are not drained, or over every node.
+fn elect_among(
+    c: &Compiled,
+    orders: &mut HashMap<IpAddr, Order>,
+    v: usize,
+    skip: Option<NodeId>,
+    with_drained: bool,
+) -> Option<Win> {
     let vip = &c.vips[v];
     let class = &c.classes[vip.class?];
+    let usable = |n: NodeId| {
+        Some(n) != skip && (with_drained || !c.drained(n)) && c.exclusion(v, n).is_none()
+    };
     match &vip.endpoints {
         EndpointFilter::Nowhere => return None,
         EndpointFilter::Only(ids) if ids.len() <= c.direct_hash_max => {
-            return c.best_of(v, class, ids, skip);
+            return c.best_of(v, class, ids, &usable);
         }
         _ => {}
     }
     for tier in &class.tiers {
         if tier.nodes.len() <= c.direct_hash_max {
-            if let Some(w) = c.best_of(v, class, &tier.nodes, skip) {
+            if let Some(w) = c.best_of(v, class, &tier.nodes, &usable) {
                 return Some(w);
             }
             continue;
@@ -49,7 +71,7 @@ pub(super) fn elect(
                 if best.is_some() && s <= best_score {
                     continue;
                 }
-                if Some(n) != skip && c.exclusion(v, n).is_none() {
+                if usable(n) {
                     best = Some(n);
                     best_score = s;
                     if s >= tier.score {

@@ -2,9 +2,8 @@
 
 use std::net::IpAddr;
 
-use super::super::hash::rank_key;
-use super::super::report::{Candidate, Excluded, VipReport};
-use super::{Election, NodeId, Win};
+use super::super::report::{Candidate, Excluded, Reason, VipReport};
+use super::{Election, NodeId};
 
 impl Election {
     /// The full answer for one VIP: every node and why it won or lost.
@@ -36,15 +35,16 @@ impl Election {
         for n in nodes {
             let slot = &self.c.slots[n as usize];
             match self.c.exclusion(v, n) {
-                None => wins.push(Win {
-                    node: n,
-                    score: self.c.classes[vip.class.expect("candidate has a class")].score
-                        [n as usize],
-                    hash: rank_key(&slot.name, &vip.text),
+                None => wins.push(self.c.win(
+                    v,
+                    &self.c.classes[vip.class.expect("candidate has a class")],
+                    n,
+                )),
+                Some(_) if self.holds_virtual(v, n) => virtual_nodes.push(slot.name.clone()),
+                Some(reason) if self.goes_virtual(n, Some(reason)) => excluded.push(Excluded {
+                    node: slot.name.clone(),
+                    reason: Reason::Drained,
                 }),
-                Some(reason) if self.goes_virtual(n, Some(reason)) => {
-                    virtual_nodes.push(slot.name.clone())
-                }
                 Some(reason) => excluded.push(Excluded {
                     node: slot.name.clone(),
                     reason,
@@ -58,6 +58,7 @@ impl Election {
             .iter()
             .map(|w| Candidate {
                 node: self.c.slots[w.node as usize].name.clone(),
+                drained: w.last_resort,
                 score: w.score,
                 hash_rank: 1 + by_hash
                     .iter()

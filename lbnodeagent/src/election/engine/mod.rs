@@ -32,7 +32,6 @@ use std::net::IpAddr;
 use hostlb_api::Selector;
 use hostlb_api::annotations::EXCLUDE_FROM_EXTERNAL_LB;
 
-use super::hash::rank_key;
 use super::report::{Note, Reason};
 use super::view::{Cluster, Endpoints, Labels, Member, OnLink};
 use compile::endpoint_filter;
@@ -134,6 +133,9 @@ struct Compiled {
 #[derive(Clone, Copy)]
 struct Win {
     node: NodeId,
+    /// The node is drained: it ranks after every node that is not,
+    /// whatever its score.
+    last_resort: bool,
     score: u32,
     hash: [u8; 32],
 }
@@ -300,11 +302,7 @@ impl Election {
             } else if self.c.exclusion(v, id).is_none() {
                 let vip = &self.c.vips[v];
                 let class = &self.c.classes[vip.class.expect("a candidate implies a class")];
-                let challenger = Win {
-                    node: id,
-                    score: class.score[id as usize],
-                    hash: rank_key(&self.c.slots[id as usize].name, &vip.text),
-                };
+                let challenger = self.c.win(v, class, id);
                 match old {
                     Some(w) if self.c.order(&w, &challenger) != Ordering::Greater => old,
                     _ => Some(challenger),
@@ -312,8 +310,10 @@ impl Election {
             } else {
                 old
             };
+            // Kept even when the node is the same: a winner that was
+            // drained and no longer is ranks differently from now on.
+            self.winners[v] = new;
             if new.map(|w| w.node) != old.map(|w| w.node) {
-                self.winners[v] = new;
                 moved.push(self.c.vips[v].ip);
             }
         }

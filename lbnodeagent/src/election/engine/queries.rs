@@ -109,8 +109,22 @@ impl Election {
                 on_link,
             });
         }
-        self.goes_virtual(id, self.c.exclusion(v, id))
+        self.holds_virtual(v, id)
             .then_some(Duty::Virtual { ip: vip.ip })
+    }
+
+    /// Whether node `n` holds VIP `v` on its virtual interface: it goes
+    /// virtual for it and is not drained, or it is drained and no node
+    /// that is not drained goes virtual for it (the last resort, as in
+    /// the LAN election).
+    pub(super) fn holds_virtual(&self, v: usize, n: NodeId) -> bool {
+        if !self.goes_virtual(n, self.c.exclusion(v, n)) {
+            return false;
+        }
+        !self.c.drained(n)
+            || !(0..self.c.slots.len() as NodeId).any(|m| {
+                m != n && !self.c.drained(m) && self.goes_virtual(m, self.c.exclusion(v, m))
+            })
     }
 
     /// Whether node `n`, kept out of a VIP's election for `exclusion`,
@@ -155,10 +169,7 @@ impl Election {
             return Vec::new();
         };
         let mut names: Vec<&str> = (0..self.c.slots.len() as NodeId)
-            .filter(|&n| {
-                self.c.slots[n as usize].node.is_some()
-                    && self.goes_virtual(n, self.c.exclusion(v, n))
-            })
+            .filter(|&n| self.c.slots[n as usize].node.is_some() && self.holds_virtual(v, n))
             .map(|n| self.c.slots[n as usize].name.as_str())
             .collect();
         names.sort_unstable();

@@ -85,11 +85,13 @@ impl Compiled {
             })
     }
 
-    /// Election order: score descending, then rank key ascending (then name,
-    /// which only matters if sha256 ever collides).
+    /// Election order: a drained node after every other, then score
+    /// descending, then rank key ascending (then name, which only matters
+    /// if sha256 ever collides).
     pub(super) fn order(&self, a: &Win, b: &Win) -> Ordering {
-        b.score
-            .cmp(&a.score)
+        a.last_resort
+            .cmp(&b.last_resort)
+            .then_with(|| b.score.cmp(&a.score))
             .then_with(|| a.hash.cmp(&b.hash))
             .then_with(|| {
                 self.slots[a.node as usize]
@@ -101,22 +103,32 @@ impl Compiled {
     pub(super) fn win(&self, v: usize, class: &Class, n: NodeId) -> Win {
         Win {
             node: n,
+            last_resort: self.drained(n),
             score: class.score[n as usize],
             hash: rank_key(&self.slots[n as usize].name, &self.vips[v].text),
         }
     }
 
-    /// The best candidate among `nodes`, hashing each candidate.
+    /// Node `n` is a live member drained by its operator.
+    pub(super) fn drained(&self, n: NodeId) -> bool {
+        self.slots[n as usize]
+            .member
+            .as_ref()
+            .is_some_and(|m| m.drained)
+    }
+
+    /// The best candidate among `nodes` for which `usable` says so,
+    /// hashing each.
     pub(super) fn best_of(
         &self,
         v: usize,
         class: &Class,
         nodes: &[NodeId],
-        skip: Option<NodeId>,
+        usable: &dyn Fn(NodeId) -> bool,
     ) -> Option<Win> {
         nodes
             .iter()
-            .filter(|&&n| Some(n) != skip && self.exclusion(v, n).is_none())
+            .filter(|&&n| usable(n))
             .map(|&n| self.win(v, class, n))
             .min_by(|a, b| self.order(a, b))
     }

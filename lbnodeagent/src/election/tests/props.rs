@@ -178,6 +178,7 @@ fn random_member(r: &mut Rng, name: &str, n_pools: usize) -> Member {
     Member {
         node: name.into(),
         leaving: r.chance(0.1),
+        drained: r.chance(0.15),
         virtual_mode: r.chance(0.8),
         on_link: on_link.into(),
     }
@@ -296,6 +297,9 @@ proptest! {
         for ad in &mut w.cluster.advertisements {
             ad.preferences.clear();
         }
+        for m in &mut w.members {
+            m.drained = false;
+        }
         for r in Election::new(&w.cluster, w.members.clone()).report_all() {
             let mut by_hash = r.candidates.clone();
             by_hash.sort_by_key(|c| c.hash);
@@ -326,6 +330,45 @@ proptest! {
         }
         let expect: Vec<IpAddr> = before.iter().filter(|(ip, w)| after[*ip] != **w).map(|(ip, _)| *ip).collect();
         prop_assert_eq!(moved, expect);
+    }
+
+    /// Draining a node moves exactly the VIPs it won that a node that is
+    /// not drained can serve, to the one that would win without it; what
+    /// no such node can serve stays with the drained nodes, in their
+    /// order; undraining it gives back what it had.
+    #[test]
+    fn a_drain_moves_what_can_move_and_undrain_restores(seed in any::<u64>(), pick in any::<u64>()) {
+        let mut w = world(seed);
+        prop_assume!(!w.members.is_empty());
+        let i = (pick % w.members.len() as u64) as usize;
+        w.members[i].drained = false;
+        let node = w.members[i].node.clone();
+        let mut e = Election::new(&w.cluster, w.members.clone());
+        let before = winners(&e);
+        let already: BTreeSet<String> = w.members.iter().filter(|m| m.drained).map(|m| m.node.clone()).collect();
+        let mut drained = w.members[i].clone();
+        drained.drained = true;
+        let moved = e.upsert_member(drained.clone());
+        let after = winners(&e);
+        for (ip, win) in &before {
+            if win.as_deref() == Some(node.as_str()) {
+                let other = e.winner_without(*ip, |n| n == node || already.contains(n));
+                if let Some(o) = other {
+                    prop_assert_eq!(after[ip].as_deref(), Some(o), "{} had another candidate", ip);
+                }
+            } else {
+                prop_assert_eq!(win, &after[ip], "{} moved though {} did not hold it", ip, node);
+            }
+        }
+        let expect: Vec<IpAddr> = before.iter().filter(|(ip, w)| after[*ip] != **w).map(|(ip, _)| *ip).collect();
+        prop_assert_eq!(moved, expect);
+        let mut members = w.members.clone();
+        members[i] = drained;
+        assert_matches_reference(&e, &World { cluster: w.cluster.clone(), members });
+        let mut back = w.members[i].clone();
+        back.drained = false;
+        e.upsert_member(back);
+        prop_assert_eq!(winners(&e), before);
     }
 
     /// Raising one node's weight never makes it lose a VIP it held.

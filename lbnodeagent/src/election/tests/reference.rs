@@ -74,7 +74,7 @@ pub(super) fn elect(c: &Cluster, members: &[Member]) -> BTreeMap<IpAddr, Answer>
             a.node_selectors.is_empty() || a.node_selectors.iter().any(|s| s.matches(&n.labels))
         };
         let text = ip.to_string();
-        let mut cands: Vec<(u32, [u8; 32], String)> = Vec::new();
+        let mut cands: Vec<(bool, u32, [u8; 32], String)> = Vec::new();
         for n in &c.nodes {
             // 3. Eligible.
             let node_ads: Vec<&&Advertisement> = ads.iter().filter(|a| selects(a, n)).collect();
@@ -117,15 +117,15 @@ pub(super) fn elect(c: &Cluster, members: &[Member]) -> BTreeMap<IpAddr, Answer>
                 .filter(|p| p.selector.matches(&n.labels))
                 .map(|p| p.weight)
                 .sum();
-            cands.push((score, rank_key(&n.name, &text), n.name.clone()));
+            cands.push((m.drained, score, rank_key(&n.name, &text), n.name.clone()));
         }
-        // 7. Order.
-        cands.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        // 7. Order: drained nodes last, whatever their score.
+        cands.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
         out.insert(
             ip,
             Answer {
-                winner: cands.first().map(|c| c.2.clone()),
-                order: cands.into_iter().map(|(s, _, n)| (n, s)).collect(),
+                winner: cands.first().map(|c| c.3.clone()),
+                order: cands.into_iter().map(|(_, s, _, n)| (n, s)).collect(),
             },
         );
     }

@@ -223,6 +223,7 @@ fn advertisement_interfaces_choose_where_to_announce() {
     let a = Member {
         node: "a".into(),
         leaving: false,
+        drained: false,
         virtual_mode: true,
         // The VIP's subnet is on the default interface only, which the ad
         // does not allow: `a` sits out. It must not go virtual either, or
@@ -232,6 +233,7 @@ fn advertisement_interfaces_choose_where_to_announce() {
     let b = Member {
         node: "b".into(),
         leaving: false,
+        drained: false,
         virtual_mode: false,
         on_link: vec![
             on("eth0", "10.0.0.0/24", true),
@@ -270,6 +272,7 @@ fn a_prefix_only_on_a_non_announce_interface_excludes_rather_than_goes_virtual()
     let with = |node: &str, on_link: Vec<OnLink>| Member {
         node: node.into(),
         leaving: false,
+        drained: false,
         virtual_mode: true,
         on_link: on_link.into(),
     };

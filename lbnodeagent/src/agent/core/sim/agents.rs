@@ -420,6 +420,7 @@ impl World {
             vips: state.vips.clone(),
             macs: state.macs.clone(),
             revision: state.revision,
+            drained: state.drained,
         };
         let h = &self.hosts[host];
         let local = info(host, h.generation, &h.published);

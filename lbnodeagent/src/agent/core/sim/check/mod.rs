@@ -428,6 +428,7 @@ impl Checker {
                 .map(|(i, h)| Member {
                     node: h.name.to_string(),
                     leaving: false,
+                    drained: false,
                     virtual_mode: true,
                     on_link: ctx.links[i].on_link().into(),
                 })
