@@ -10,7 +10,8 @@
 //!
 //! Per size: `node-a`'s switch port goes down; when the first and the last
 //! VIP answered from another host (on the wire for the sample, in the
-//! kernel for all). Then, at the largest size: a SIGTERM hand-over (probes
+//! kernel for all). Then, at the largest size: a drain and an undrain
+//! (`lbnodeagent drain`: how long, probes lost), a SIGTERM hand-over (probes
 //! lost), the preferred node back (its hand-back: how soon it holds them
 //! all and the others none), a cold start with every Service already there (how soon after
 //! readiness every VIP answers), and where an agent's memory goes.
@@ -72,6 +73,15 @@ fn main() {
             median(kl)
         );
         if n == largest {
+            eprintln!("{n} VIPs: drain");
+            let d = many::drain(&mut bed);
+            println!(
+                "\nlbnodeagent drain of the host holding {n} VIPs: the others held all {:.0} ms after it began, and the command ended, the host holding none, after {:.0} ms; at most {} probes lost on any sampled VIP, longest silence {:.0} ms",
+                ms(d.others_hold_all),
+                ms(d.command),
+                d.lost,
+                ms(d.outage)
+            );
             eprintln!("{n} VIPs: SIGTERM");
             let (lost, outage) = many::sigterm(&mut bed);
             println!(

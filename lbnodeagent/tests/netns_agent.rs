@@ -838,6 +838,9 @@ fn every_vip_of_a_failed_host_moves_at_once() {
         o.kernel_last - o.kernel_first < Duration::from_millis(500),
         "not one batch: {o:?}"
     );
+    let d = many::drain(&mut bed);
+    eprintln!("40 VIPs, drained: {d:?}");
+    assert_eq!(d.lost, 0, "a drain is make before break: {d:?}");
     let (lost, outage) = many::sigterm(&mut bed);
     eprintln!("40 VIPs, SIGTERM: lost {lost}, longest silence {outage:?}");
     assert!(lost <= 2, "lost {lost} probes, silence {outage:?}");

@@ -327,6 +327,74 @@ pub fn hand_back(bed: &mut Bed) -> HandBack {
     }
 }
 
+/// `lbnodeagent drain` on `node-a` while it holds every VIP: when the
+/// others held every VIP, when the command ended (`node-a`'s agent holding
+/// none), and the most probes a sampled VIP lost (a drain is make before break:
+/// none). `lbnodeagent undrain` then gives them back, and the bed is as
+/// before.
+#[derive(Debug)]
+pub struct Drained {
+    pub others_hold_all: Duration,
+    pub command: Duration,
+    pub lost: u64,
+    pub outage: Duration,
+}
+
+pub fn drain(bed: &mut Bed) -> Drained {
+    bed.wait_members(Duration::from_secs(30));
+    let n = bed.ips.len();
+    let sweep = bed.sweep();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut watch = KernelWatch::start(bed, &["node-b", "node-c"]);
+    let config = bed.c.config_path("node-a");
+    let config = config.to_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let (ok, out, err) = bed.c.agent_command(
+        "node-a",
+        &["drain", "--config", &config, "--timeout", "120"],
+    );
+    let command = t0.elapsed();
+    assert!(ok, "drain: {out} {err}");
+    assert!(
+        out.contains(&format!("node-a drained: {n} of {n} VIPs moved")),
+        "{out}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("moved ")).count(),
+        n,
+        "each move told"
+    );
+    let (_, others_hold_all) = watch.all(n, t0, Duration::from_secs(60));
+    assert_eq!(bed.c.held_count("node-a"), 0, "drained: node-a holds none");
+    std::thread::sleep(Duration::from_millis(500));
+    let end = Instant::now();
+    let (mut lost, mut outage) = (0, Duration::ZERO);
+    for ip in &bed.sample {
+        let o = judge(&sweep.replies(ip), None, t0, end, EVERY);
+        lost = lost.max(o.lost);
+        outage = outage.max(o.outage);
+    }
+    let (ok, out, err) = bed
+        .c
+        .agent_command("node-a", &["undrain", "--config", &config]);
+    assert!(ok, "undrain: {out} {err}");
+    wait_for(
+        "node-a to hold every VIP again",
+        Duration::from_secs(60),
+        || {
+            let others = bed.c.held_count("node-b") + bed.c.held_count("node-c");
+            (bed.c.held_count("node-a") >= n && others == 0).then_some(())
+        },
+    )
+    .unwrap();
+    Drained {
+        others_hold_all,
+        command,
+        lost,
+        outage,
+    }
+}
+
 /// A cold start with every Service already there: how long after the
 /// first and the last agent was ready every VIP was in some kernel, and
 /// the sampled ones answered on the wire.
