@@ -91,7 +91,7 @@ ip netns exec "$ns" unshare --mount sh -c "
   exec env -i KUBERNETES_SERVICE_HOST=127.0.0.1 KUBERNETES_SERVICE_PORT=6443 \
     POD_NAME=allocator-0 POD_NAMESPACE=hostlb-system HOSTLB_METRICS_LISTEN=127.0.0.1:7472 \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
-    chroot --userspec=65532:65532 '$rootfs' $args
+    "$(command -v chroot)" --userspec=65532:65532 '$rootfs' $args
 " >"$work/allocator.log" 2>&1 &
 allocator_pid=$!
 

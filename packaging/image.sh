@@ -36,7 +36,7 @@ root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
 install -D -m 0755 "$bin" "$root/allocator"
 # The libraries the dynamic linker loads, at the paths it looks for them.
-ldd "$bin" | awk '/=> \// {print $3} /^\s*\/.*ld-linux/ {print $1}' | while read -r lib; do
+ldd "$bin" | awk '/=> \// {print $3} /^[[:space:]]*\/.*ld-linux/ {print $1}' | while read -r lib; do
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done
