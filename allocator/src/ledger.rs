@@ -90,6 +90,11 @@ impl Ledger {
         self.engine.pools()
     }
 
+    /// The pool that holds `ip`, by name.
+    pub fn pool_holding(&self, ip: std::net::IpAddr) -> Option<&str> {
+        self.engine.pool_holding(ip)
+    }
+
     /// Services holding `ip`.
     pub fn holders_of(&self, ip: std::net::IpAddr) -> Vec<String> {
         self.engine.holders_of(ip)

@@ -851,3 +851,70 @@ async fn a_sharing_edit_refuses_the_edited_service() {
     .await;
     r.stop().await;
 }
+
+/// An agent's record says a host that is no hostlb node answered for a
+/// new VIP (`not-taken`): the pool holding it says so in an
+/// `AddressesInUse` condition, naming the address, the MAC and the node
+/// that asked, and another pool's addresses stay out of it; once an agent
+/// holds it, the condition turns `False`.
+#[tokio::test]
+async fn a_pool_says_which_of_its_addresses_another_host_answers_for() {
+    let server = setup().await;
+    pool(&server, "main", json!({"addresses": ["10.3.0.0/24"]})).await;
+    pool(&server, "other", json!({"addresses": ["10.4.0.0/24"]})).await;
+    let r = start(&server, "r1", false);
+    let agents: Api<hostlb_api::NodeAgent> = Api::all(server.client());
+    let record = |name: &str, address: &str, vips: &[&str]| {
+        serde_json::from_value::<hostlb_api::NodeAgent>(json!({
+            "apiVersion": "hostlb.io/v1", "kind": "NodeAgent", "metadata": {"name": name}, "spec": {},
+        }))
+        .map(|a| (a, json!({"status": {
+            "state": "Ready", "heartbeatTime": jiff::Timestamp::now().to_string(), "vips": vips,
+            "lastConflict": {"address": address, "mac": "02:00:00:00:99:99", "outcome": "not-taken"}}})))
+        .unwrap()
+    };
+    for (name, address) in [("node-a", "10.3.0.7"), ("node-b", "10.4.0.9")] {
+        let (a, status) = record(name, address, &[]);
+        agents.create(&PostParams::default(), &a).await.unwrap();
+        agents
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
+    }
+    let pools: Api<IPAddressPool> = Api::namespaced(server.client(), NS);
+    let in_use = |pool: &'static str, status: &'static str| {
+        let pools = pools.clone();
+        async move {
+            pools
+                .get(pool)
+                .await
+                .unwrap()
+                .status
+                .and_then(|s| {
+                    s.conditions
+                        .into_iter()
+                        .find(|c| c.type_ == "AddressesInUse")
+                })
+                .filter(|c| c.status == status)
+        }
+    };
+    let c = eventually("AddressesInUse on main", || in_use("main", "True")).await;
+    assert_eq!(c.reason, "AnotherHostAnswers");
+    assert!(
+        c.message
+            .starts_with("hosts that are no hostlb nodes answer for 10.3.0.7 (MAC 02:00:00:00:99:99, asked by node-a)"),
+        "{}",
+        c.message
+    );
+    let other = eventually("AddressesInUse on other", || in_use("other", "True")).await;
+    assert!(other.message.contains("10.4.0.9") && !other.message.contains("10.3.0.7"));
+
+    // The stranger left and node-a holds it now.
+    let (_, status) = record("node-a", "10.3.0.7", &["10.3.0.7"]);
+    agents
+        .patch_status("node-a", &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    eventually("AddressesInUse False on main", || in_use("main", "False")).await;
+    r.stop().await;
+}

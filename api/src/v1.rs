@@ -25,6 +25,9 @@ pub mod conditions {
     pub const INVALID: &str = "Invalid";
     /// The pool overlaps an older pool and is not used for allocation.
     pub const OVERLAPS: &str = "Overlaps";
+    /// Hosts that are no hostlb nodes answer for addresses of the pool, so
+    /// the agents do not take them (the agents' records say which).
+    pub const ADDRESSES_IN_USE: &str = "AddressesInUse";
 }
 
 fn default_true() -> bool {
@@ -515,3 +518,54 @@ pub struct NodeAgentConflict {
 pub const NODE_AGENT_HEARTBEAT_SECS: i64 = 60;
 /// A record not written for this long is an agent that does not run.
 pub const NODE_AGENT_STALE_SECS: i64 = 3 * NODE_AGENT_HEARTBEAT_SECS;
+/// How far ahead of the reader's clock a heartbeat may be and still count:
+/// hosts run NTP, and a minute covers a bad day.
+pub const HEARTBEAT_SKEW_SECS: i64 = 60;
+
+impl NodeAgent {
+    /// The record stands for an agent that runs now: not `Stopped`, and
+    /// written within [`NODE_AGENT_STALE_SECS`]. A heartbeat from the
+    /// future (beyond clock skew) is a forged or broken record, not one
+    /// fresh forever.
+    pub fn fresh(&self, now: jiff::Timestamp) -> bool {
+        let Some(status) = &self.status else {
+            return false;
+        };
+        status.state != "Stopped"
+            && status.heartbeat_time.as_ref().is_some_and(|t| {
+                let age = now.duration_since(t.0).as_secs();
+                age > -HEARTBEAT_SKEW_SECS && age < NODE_AGENT_STALE_SECS
+            })
+    }
+}
+
+/// New VIPs an agent did not take because a host that is no hostlb node
+/// answered for them (its record's last conflict, `not-taken`), that no
+/// running agent holds now: address, with the agent that asked and the
+/// MAC that answered. What `kubectl hostlb` reports and the allocator
+/// puts on the pool.
+pub fn addresses_in_use(
+    records: &[NodeAgent],
+    now: jiff::Timestamp,
+) -> std::collections::BTreeMap<String, (String, String)> {
+    let held = |address: &str| {
+        records.iter().any(|a| {
+            a.fresh(now)
+                && a.status
+                    .as_ref()
+                    .is_some_and(|s| s.vips.iter().any(|v| v == address))
+        })
+    };
+    records
+        .iter()
+        .filter_map(|a| {
+            let c = a.status.as_ref()?.last_conflict.as_ref()?;
+            (c.outcome == "not-taken" && !held(&c.address)).then(|| {
+                (
+                    c.address.clone(),
+                    (a.metadata.name.clone().unwrap_or_default(), c.mac.clone()),
+                )
+            })
+        })
+        .collect()
+}

@@ -102,29 +102,10 @@ impl Fleet {
     }
 
     /// New VIPs an agent did not take because a host that is no hostlb
-    /// node answers for them (its record's last conflict, `not-taken`),
-    /// that no running agent holds: address, with the agent and the MAC.
+    /// node answers for them, that no running agent holds (see
+    /// [`hostlb_api::v1::addresses_in_use`]).
     pub fn not_taken(&self) -> std::collections::BTreeMap<String, (String, String)> {
-        let held = |address: &str| {
-            self.agents.iter().any(|a| {
-                a.metadata.name.as_deref().is_some_and(|n| self.runs(n))
-                    && a.status
-                        .as_ref()
-                        .is_some_and(|s| s.vips.iter().any(|v| v == address))
-            })
-        };
-        self.agents
-            .iter()
-            .filter_map(|a| {
-                let c = a.status.as_ref()?.last_conflict.as_ref()?;
-                (c.outcome == "not-taken" && !held(&c.address)).then(|| {
-                    (
-                        c.address.clone(),
-                        (a.metadata.name.clone().unwrap_or_default(), c.mac.clone()),
-                    )
-                })
-            })
-            .collect()
+        hostlb_api::v1::addresses_in_use(&self.agents, self.now)
     }
 
     /// The LoadBalancer Services hostlb handles.

@@ -2,7 +2,10 @@
 //! only writer.
 //!
 //! Data flow: four watches (Services, IPAddressPools, Namespaces,
-//! L2Advertisements) feed reflector stores and one event stream. Nothing is
+//! L2Advertisements) feed reflector stores and one event stream; a fifth,
+//! of the agents' NodeAgent records, only tells the pools which of their
+//! addresses another host answers for (see [`hostlb_api::v1::addresses_in_use`]),
+//! and nothing waits for it. Nothing is
 //! decided until every watch has completed its first list; then, while this
 //! replica holds the Lease, the ledger is rebuilt from every Service's status
 //! (keep first, allocate after) and kept up to date event by event. Each
@@ -22,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use hostlb_api::{IPAddressPool, L2Advertisement};
+use hostlb_api::{IPAddressPool, L2Advertisement, NodeAgent};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -144,6 +147,7 @@ enum Input {
     Pool(watcher::Event<IPAddressPool>),
     Namespace(watcher::Event<Namespace>),
     Advertisement(watcher::Event<L2Advertisement>),
+    Agent(Box<watcher::Event<NodeAgent>>),
     /// A watch (by [`kind_index`]) failed; it retries by itself.
     WatchFailed(usize, String),
 }
@@ -153,6 +157,7 @@ struct Stores {
     pools: Store<IPAddressPool>,
     namespaces: Store<Namespace>,
     advertisements: Store<L2Advertisement>,
+    agents: Store<NodeAgent>,
 }
 
 /// The loop's state.
@@ -179,6 +184,11 @@ struct Loop {
     /// The pools the ledger was last given: our own pool status writes come
     /// back as pool events and must not re-check every Service.
     pools_seen: Vec<crate::engine::PoolSpec>,
+    /// Addresses the agents found another host answering for, as the pools
+    /// were last written with: records change often, this seldom.
+    in_use: std::collections::BTreeMap<String, (String, String)>,
+    /// The NodeAgent watch is failing (logged once; it decides nothing).
+    agents_failing: bool,
     guard: Option<LeaseGuard>,
     timing: Timing,
     /// Watches (by [`kind_index`]) whose last attempt failed, and when.
@@ -206,6 +216,7 @@ pub async fn run(
     let (pools, pw) = reflector::store();
     let (namespaces, nw) = reflector::store();
     let (advertisements, aw) = reflector::store();
+    let (agents, gw) = reflector::store();
     let mut inputs = futures::stream::select_all(vec![
         watch_into(
             Api::<Service>::all(client.clone()),
@@ -230,6 +241,12 @@ pub async fn run(
             aw,
             Input::Advertisement,
             3,
+        ),
+        watch_into(
+            Api::<NodeAgent>::all(client.clone()),
+            gw,
+            |e| Input::Agent(Box::new(e)),
+            watches::AGENTS,
         ),
     ]);
 
@@ -289,6 +306,7 @@ pub async fn run(
             pools,
             namespaces,
             advertisements,
+            agents,
         },
         telemetry: telemetry.clone(),
         events,
@@ -300,6 +318,8 @@ pub async fn run(
         dirty: BTreeSet::new(),
         statuses_dirty: false,
         pools_seen: Vec::new(),
+        in_use: Default::default(),
+        agents_failing: false,
         guard,
         timing,
         failing: [false; 4],
@@ -450,12 +470,23 @@ impl Loop {
     }
 
     async fn handle(&mut self, input: Input) {
+        match &input {
+            Input::Agent(e) => return self.agents_changed(e.as_ref()).await,
+            Input::WatchFailed(watches::AGENTS, error) => {
+                if !std::mem::replace(&mut self.agents_failing, true) {
+                    warn!(error = %error, "cannot watch the NodeAgent records (is deploy/crds/hostlb.io_nodeagents.yaml applied?); pools will not say which addresses another host answers for");
+                }
+                return;
+            }
+            _ => {}
+        }
         let k = kind_index(&input);
         let (done, answer) = match &input {
             Input::Service(e) => (is_init_done(e.as_ref()), is_answer(e.as_ref())),
             Input::Pool(e) => (is_init_done(e), is_answer(e)),
             Input::Namespace(e) => (is_init_done(e), is_answer(e)),
             Input::Advertisement(e) => (is_init_done(e), is_answer(e)),
+            Input::Agent(_) => unreachable!("handled above"),
             Input::WatchFailed(_, error) => {
                 // Logged once per outage, not on every retry.
                 self.failed_at[k] = std::time::Instant::now();
@@ -532,6 +563,29 @@ impl Loop {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// The records changed: the pools are written again when what they
+    /// should say of addresses in use changed.
+    async fn agents_changed(&mut self, e: &watcher::Event<NodeAgent>) {
+        if is_answer(e) && std::mem::take(&mut self.agents_failing) {
+            info!("NodeAgent watch recovered");
+        }
+        if matches!(e, watcher::Event::Init | watcher::Event::InitApply(_)) {
+            return;
+        }
+        let records: Vec<NodeAgent> = self
+            .stores
+            .agents
+            .state()
+            .iter()
+            .map(|a| (**a).clone())
+            .collect();
+        let in_use = hostlb_api::v1::addresses_in_use(&records, jiff::Timestamp::now());
+        if in_use != self.in_use {
+            self.in_use = in_use;
+            self.write_pools().await;
         }
     }
 

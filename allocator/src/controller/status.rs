@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use hostlb_api::annotations::{IP_ALLOCATED_FROM_POOL, SHARING_GRANTED};
 use hostlb_api::v1::LAST_VALID_KEPT;
-use hostlb_api::v1::conditions::{INVALID, OVERLAPS, READY};
+use hostlb_api::v1::conditions::{ADDRESSES_IN_USE, INVALID, OVERLAPS, READY};
 use hostlb_api::{IPAddressPool, L2Advertisement};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -277,6 +277,7 @@ pub async fn write_pool(
     client: &Client,
     pool: &IPAddressPool,
     r: &PoolReport,
+    in_use: &[(String, String, String)],
     deadline: tokio::time::Instant,
 ) -> Result<Option<String>, kube::Error> {
     let existing = pool.status.clone().unwrap_or_default();
@@ -329,11 +330,11 @@ pub async fn write_pool(
         // The recorded addresses are what the pool hands out meanwhile.
         ready.3 = format!("this form is not applied: {m}");
     }
-    let conds = conditions(
-        &existing.conditions,
-        &[ready, invalid, overlaps],
-        pool.metadata.generation,
-    );
+    let mut wanted = vec![ready, invalid, overlaps];
+    if let Some(c) = in_use_condition(&existing.conditions, in_use) {
+        wanted.push(c);
+    }
+    let conds = conditions(&existing.conditions, &wanted, pool.metadata.generation);
     let want = hostlb_api::v1::IPAddressPoolStatus {
         assigned_ipv4: saturate(r.assigned[0]),
         assigned_ipv6: saturate(r.assigned[1]),
@@ -368,6 +369,40 @@ pub async fn write_pool(
     let patch = json!({"status": want});
     patch_by(client, &api, &r.name, true, &patch, deadline).await?;
     Ok(newly)
+}
+
+/// `AddressesInUse`: `True` while agents found hosts that are no hostlb
+/// nodes answering for addresses of the pool (`address`, `node`, `mac`),
+/// naming the first few; `False` once none is left, for a pool that had
+/// some; absent on pools that never had any.
+fn in_use_condition(
+    existing: &[Condition],
+    in_use: &[(String, String, String)],
+) -> Option<(&'static str, bool, &'static str, String)> {
+    const NAMED: usize = 8;
+    if in_use.is_empty() {
+        return existing
+            .iter()
+            .any(|c| c.type_ == ADDRESSES_IN_USE)
+            .then(|| (ADDRESSES_IN_USE, false, "NoneInUse", String::new()));
+    }
+    let mut named: Vec<String> = in_use
+        .iter()
+        .take(NAMED)
+        .map(|(address, node, mac)| format!("{address} (MAC {mac}, asked by {node})"))
+        .collect();
+    if in_use.len() > NAMED {
+        named.push(format!("{} more", in_use.len() - NAMED));
+    }
+    Some((
+        ADDRESSES_IN_USE,
+        true,
+        "AnotherHostAnswers",
+        format!(
+            "hosts that are no hostlb nodes answer for {}; the agents do not take these addresses until they stop (an address configured by hand, or a DHCP lease?)",
+            named.join(", ")
+        ),
+    ))
 }
 
 /// The problem an `Invalid` condition reports that `existing` did not

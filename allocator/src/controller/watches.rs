@@ -39,9 +39,14 @@ pub(super) fn kind_index(i: &Input) -> usize {
         Input::Pool(_) => 1,
         Input::Namespace(_) => 2,
         Input::Advertisement(_) => 3,
+        Input::Agent(_) => AGENTS,
         Input::WatchFailed(k, _) => *k,
     }
 }
+
+/// The NodeAgent watch's index: outside [`KINDS`], since readiness and
+/// the decisions never wait for it.
+pub(super) const AGENTS: usize = 4;
 
 pub(super) const KINDS: [&str; 4] = ["Service", "IPAddressPool", "Namespace", "L2Advertisement"];
 

@@ -163,6 +163,18 @@ impl Loop {
         let reports = ledger.report();
         self.telemetry.set_pools(&reports);
         self.telemetry.set_services(ledger.len());
+        // Addresses another host answers for, by the pool holding them.
+        let mut in_use: std::collections::HashMap<String, Vec<(String, String, String)>> =
+            std::collections::HashMap::new();
+        for (address, (node, mac)) in &self.in_use {
+            if let Some(pool) = address.parse().ok().and_then(|ip| ledger.pool_holding(ip)) {
+                in_use.entry(pool.to_string()).or_default().push((
+                    address.clone(),
+                    node.clone(),
+                    mac.clone(),
+                ));
+            }
+        }
         for p in self.stores.pools.state() {
             if !self.lease_holds().await {
                 self.statuses_dirty = true;
@@ -172,7 +184,13 @@ impl Loop {
                 continue;
             };
             let deadline = write_deadline(self.timing);
-            match bounded(deadline, status::write_pool(&self.client, &p, r, deadline)).await {
+            let in_use = in_use.get(&r.name).map(Vec::as_slice).unwrap_or_default();
+            match bounded(
+                deadline,
+                status::write_pool(&self.client, &p, r, in_use, deadline),
+            )
+            .await
+            {
                 Ok(Some(problem)) => {
                     use kube::Resource;
                     let key = format!("IPAddressPool/{}", p.name_any());

@@ -239,6 +239,12 @@ impl Allocator {
             .insert(svc.key.clone(), (edited, t, k.to_string()));
     }
 
+    /// The pool that holds `ip` (the oldest that contains it), by name.
+    pub fn pool_holding(&self, ip: IpAddr) -> Option<&str> {
+        self.pool_of(&[ip], None)
+            .map(|i| self.pools[i].name.as_str())
+    }
+
     /// The pool addresses `ips` belong to: the one named by the Service's
     /// annotation when it holds them all, else the oldest one that does.
     fn pool_of(&self, ips: &[IpAddr], hint: Option<&str>) -> Option<usize> {

@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hostlb_api::v1::{NODE_AGENT_HEARTBEAT_SECS, NODE_AGENT_STALE_SECS};
+use hostlb_api::v1::NODE_AGENT_HEARTBEAT_SECS;
 use hostlb_api::{NodeAgent, NodeAgentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
@@ -52,9 +52,7 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// How long SIGTERM waits for the `Stopped` record to be written.
 const STOP_WRITE: Duration = Duration::from_secs(1);
 
-/// How far ahead of this host's clock a heartbeat may be and still count:
-/// hosts run NTP, and a minute covers a bad day.
-pub const HEARTBEAT_SKEW_SECS: i64 = 60;
+pub use hostlb_api::v1::HEARTBEAT_SKEW_SECS;
 
 /// Caps on the lists a record carries, so that one stays a few kB.
 pub const MAX_NAMES: usize = 256;
@@ -163,14 +161,11 @@ fn record_of(r: &NodeAgent, now: jiff::Timestamp) -> Option<AgentRecord> {
     let node = r.metadata.name.clone()?;
     let status = r.status.clone().unwrap_or_default();
     let macs: BTreeSet<MacAddr> = status.macs.iter().filter_map(|m| m.parse().ok()).collect();
-    // A heartbeat from the future (beyond clock skew) is a forged or
-    // broken record, not one fresh forever.
-    let fresh = status.state != STOPPED
-        && status.heartbeat_time.is_some_and(|t| {
-            let age = now.duration_since(t.0).as_secs();
-            age > -HEARTBEAT_SKEW_SECS && age < NODE_AGENT_STALE_SECS
-        });
-    Some(AgentRecord { node, macs, fresh })
+    Some(AgentRecord {
+        node,
+        macs,
+        fresh: r.fresh(now),
+    })
 }
 
 /// The election's members as the records tell them, for tools that read
@@ -212,7 +207,7 @@ pub fn members_of(records: &[NodeAgent], now: jiff::Timestamp) -> Vec<Member> {
 
 /// Whether `record` stands for an agent that runs now.
 pub fn is_fresh(record: &NodeAgent, now: jiff::Timestamp) -> bool {
-    record_of(record, now).is_some_and(|a| a.fresh)
+    record.fresh(now)
 }
 
 /// Writes this node's record.
@@ -471,6 +466,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hostlb_api::v1::NODE_AGENT_STALE_SECS;
 
     fn agent(name: &str, status: NodeAgentStatus) -> NodeAgent {
         let mut a = NodeAgent::new(name, Default::default());

@@ -644,3 +644,78 @@ fn outranks_ignores_liveness_and_agrees_from_both_sides() {
     assert_eq!(e.outranks(vip, "c", "b"), Some(false));
     assert_eq!(e.outranks(ip("10.9.9.9"), "a", "b"), None);
 }
+
+/// A drained node leaves a routed VIP to the nodes that route it too, and
+/// keeps routing it while it is the only one; on a LAN it is the last
+/// candidate. `explain` says why it is out.
+#[test]
+fn a_drained_node_routes_a_vip_only_while_no_other_node_does() {
+    let nodes = vec![mk_node("a", &[]), mk_node("b", &[]), mk_node("c", &[])];
+    let c = cluster(
+        nodes,
+        vec![mk_pool("p", &["10.1.0.100-10.1.0.200", "10.99.0.0/24"])],
+        vec![mk_ad("ad", &[])],
+        vec![
+            mk_svc("default/lan", &["10.1.0.100"]),
+            mk_svc("default/routed", &["10.99.0.5"]),
+        ],
+    );
+    let drained = |m: Member| Member { drained: true, ..m };
+    let routed = ip("10.99.0.5");
+    let lan = ip("10.1.0.100");
+    let members = vec![
+        drained(member("a", &["10.1.0.0/24"])),
+        member("b", &["10.1.0.0/24"]),
+        member("c", &["10.2.0.0/24"]),
+    ];
+    let e = Election::new(&c, members);
+    assert_eq!(
+        e.virtual_nodes(routed),
+        vec!["b", "c"],
+        "a leaves it to b and c"
+    );
+    assert_eq!(e.duty("a", routed), None);
+    let r = e.explain(routed).unwrap();
+    assert_eq!(r.virtual_nodes, vec!["b", "c"]);
+    assert_eq!(
+        r.excluded
+            .iter()
+            .map(|x| (x.node.as_str(), x.reason))
+            .collect::<Vec<_>>(),
+        vec![("a", Reason::Drained)]
+    );
+    assert_eq!(e.winner(lan), Some("b"));
+    let r = e.explain(lan).unwrap();
+    assert_eq!(
+        r.candidates
+            .iter()
+            .map(|c| (c.node.as_str(), c.drained))
+            .collect::<Vec<_>>(),
+        vec![("b", false), ("a", true)],
+        "the drained candidate last"
+    );
+
+    // Everyone drained: every node routes it, the LAN one is a's or b's
+    // by the hash as before.
+    let all = vec![
+        drained(member("a", &["10.1.0.0/24"])),
+        drained(member("b", &["10.1.0.0/24"])),
+        drained(member("c", &["10.2.0.0/24"])),
+    ];
+    let e = Election::new(&c, all);
+    assert_eq!(e.virtual_nodes(routed), vec!["a", "b", "c"]);
+    assert!(e.winner(lan).is_some());
+    // Only a can route it (b runs no virtual mode): a keeps it.
+    let e = Election::new(
+        &c,
+        vec![
+            drained(member("a", &["10.1.0.0/24"])),
+            Member {
+                virtual_mode: false,
+                ..member("b", &["10.1.0.0/24"])
+            },
+        ],
+    );
+    assert_eq!(e.virtual_nodes(routed), vec!["a"]);
+    assert_eq!(e.duty("a", routed), Some(Duty::Virtual { ip: routed }));
+}
