@@ -156,6 +156,16 @@ async fn one_hosts_credential_cannot_rewrite_a_service_or_another_nodes_record()
         .patch_status("node-z", &ssa, &Patch::Apply(status("node-z")))
         .await;
     assert_eq!(code(&forged), 403, "node-a made a record for node-z");
+    // A host may drain itself (`lbnodeagent drain`), and no other host.
+    let drain = json!({"spec": {"drain": true}});
+    let own_drain = records
+        .patch("node-a", &PatchParams::default(), &Patch::Merge(&drain))
+        .await;
+    assert_eq!(code(&own_drain), 200);
+    let other_drain = records
+        .patch("node-b", &PatchParams::default(), &Patch::Merge(&drain))
+        .await;
+    assert_eq!(code(&other_drain), 403, "node-a drained node-b");
     // Every record stays readable: the MACs are what agents read.
     assert_eq!(
         records.list(&Default::default()).await.unwrap().items.len(),

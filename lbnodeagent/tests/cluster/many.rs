@@ -343,6 +343,12 @@ pub struct Drained {
 pub fn drain(bed: &mut Bed) -> Drained {
     bed.wait_members(Duration::from_secs(30));
     let n = bed.ips.len();
+    // After a fault, node-a takes its VIPs back first.
+    wait_for("node-a to hold every VIP", Duration::from_secs(60), || {
+        let others = bed.c.held_count("node-b") + bed.c.held_count("node-c");
+        (bed.c.held_count("node-a") >= n && others == 0).then_some(())
+    })
+    .unwrap();
     let sweep = bed.sweep();
     std::thread::sleep(Duration::from_millis(500));
     let mut watch = KernelWatch::start(bed, &["node-b", "node-c"]);

@@ -261,7 +261,9 @@ impl Conflicts {
     /// in local mode, if it does. A claim from a node gossip shows live
     /// (`live`) is a planned move in progress (make before break: both
     /// answer until the old owner sees the new one), which gossip settles;
-    /// only a node this one cannot talk to is a second owner.
+    /// only a node this one cannot talk to is a second owner. Of those,
+    /// one gossip still carries (`heard`: its owner beats stopped, its
+    /// state did not) is ranked with the drains both know.
     #[allow(clippy::too_many_arguments)]
     pub fn judge(
         &mut self,
@@ -271,6 +273,7 @@ impl Conflicts {
         held: Option<&Want>,
         election: &Election,
         live: impl Fn(&str) -> bool,
+        heard: impl Fn(&str) -> bool,
         now: Instant,
     ) -> Verdict {
         if own_macs.contains(&claim.mac) {
@@ -290,7 +293,10 @@ impl Conflicts {
             Some(other) if live(&other) => Verdict::Ignore,
             Some(other) => {
                 // Unknown address (just deleted): keep, nothing to settle.
-                if election.outranks(claim.ip, me, &other).unwrap_or(true) {
+                if election
+                    .outranks(claim.ip, me, &other, heard(&other))
+                    .unwrap_or(true)
+                {
                     Verdict::Keep { other }
                 } else {
                     self.yielded.insert(
@@ -483,6 +489,7 @@ mod tests {
                 Some(&want()),
                 &e,
                 |_| false,
+                |_| false,
                 t0,
             );
             (v, c)
@@ -520,6 +527,7 @@ mod tests {
             &[mine].into(),
             None,
             &e,
+            |_| false,
             |_| false,
             later,
         );
@@ -574,6 +582,7 @@ mod tests {
             Some(&want()),
             &e,
             |_| false,
+            |_| false,
             Instant::now(),
         );
         assert!(
@@ -598,6 +607,7 @@ mod tests {
             Some(&want()),
             &e,
             |_| false,
+            |_| false,
             now,
         );
         assert_eq!(v, Verdict::Foreign { first: true });
@@ -608,6 +618,7 @@ mod tests {
             Some(&want()),
             &e,
             |_| false,
+            |_| false,
             now,
         );
         assert_eq!(v, Verdict::Foreign { first: false });
@@ -615,11 +626,29 @@ mod tests {
         // Our own frames and addresses we do not hold are not conflicts.
         let own = Claim { ip, mac: MAC_A };
         assert_eq!(
-            c.judge(own, "a", &[MAC_A].into(), Some(&want()), &e, |_| false, now),
+            c.judge(
+                own,
+                "a",
+                &[MAC_A].into(),
+                Some(&want()),
+                &e,
+                |_| false,
+                |_| false,
+                now
+            ),
             Verdict::Ignore
         );
         assert_eq!(
-            c.judge(claim, "a", &[MAC_A].into(), None, &e, |_| false, now),
+            c.judge(
+                claim,
+                "a",
+                &[MAC_A].into(),
+                None,
+                &e,
+                |_| false,
+                |_| false,
+                now
+            ),
             Verdict::Ignore
         );
     }
@@ -651,6 +680,7 @@ mod tests {
             Some(&want()),
             &e,
             |n| n == "a",
+            |_| false,
             Instant::now(),
         );
         assert_eq!(v, Verdict::Ignore);
@@ -679,6 +709,7 @@ mod tests {
                 &[MAC_B].into(),
                 None,
                 &election(&["b"]),
+                |_| false,
                 |_| false,
                 at,
             )

@@ -102,7 +102,10 @@ impl Core {
                 .alive_peers()
                 .filter(|n| {
                     n.revision == self.revision
-                        && self.election.outranks(ip, &n.node, &self.settings.node) == Some(true)
+                        && self
+                            .election
+                            .outranks(ip, &n.node, &self.settings.node, true)
+                            == Some(true)
                 })
                 .map(|n| n.node.clone())
                 .find(|n| self.holds(n, ip))
@@ -181,7 +184,7 @@ impl Core {
                 let why = format!("{peer} holds it too, with a newer view of the cluster");
                 Some((peer, why))
             } else if revision == self.revision
-                && self.election.outranks(ip, &peer, me) == Some(true)
+                && self.election.outranks(ip, &peer, me, true) == Some(true)
             {
                 let why = format!("{peer} holds it too and outranks this node");
                 Some((peer, why))

@@ -1957,3 +1957,36 @@ fn a_drain_keeps_what_nobody_else_can_serve_and_waits_for_every_agent_to_know_dr
         assert_eq!(a.core.election.winner(*v), Some("c"));
     }
 }
+
+/// A drained node next in line for a silent owner's VIP (the owner won it
+/// only because of the drain: by preference the drained node comes
+/// first) asks the LAN when the owner's beats stop, and the owner's kernel
+/// still answering keeps it off: gossip still shows the owner, so both
+/// know of the drain and the owner outranks it. Gossip lost, the two rank
+/// by the cluster objects alone, as both sides of a partition must.
+#[test]
+fn a_drained_node_stays_off_a_silent_owner_that_still_answers() {
+    let v = ip("10.0.1.1");
+    let mut c = cluster(&[v]);
+    c.nodes[0].labels.insert("tier".into(), "first".into());
+    c.nodes[1].labels.insert("tier".into(), "second".into());
+    let mut a = Node::new("a");
+    a.step(Input::Drain(true));
+    let held = a.running(c, vec![peer("b", Status::Alive, &[v], 1)]);
+    assert!(held.is_empty(), "drained: b wins");
+    a.advance(Duration::from_millis(200));
+    a.step(Input::Tick);
+    // b's agent is starved: its beats stop, its kernel answers.
+    a.step(beat("b", Some(Duration::from_secs(10))));
+    a.advance(sessions::BEAT_MISS);
+    let act = a.step(Input::Tick);
+    assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
+    a.advance(Duration::from_millis(2));
+    a.step(claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    a.advance(PRECHECK);
+    let act = a.step(Input::Tick);
+    assert!(act.add.is_empty(), "stays off while b answers");
+}

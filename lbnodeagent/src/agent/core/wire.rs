@@ -214,7 +214,7 @@ impl Core {
     }
 
     pub(super) fn judge(&mut self, claim: Claim, held: Option<&Want>, now: Instant) -> Verdict {
-        let (view, lost_at) = (&self.view, &self.lost_at);
+        let (view, lost_at, gossip) = (&self.view, &self.lost_at, &self.gossip_view);
         // Never yielded to: a node gossip shows live (the election settles
         // it), nor one that left gracefully a moment ago, whose answers are
         // the last of its hand-over, heard after it left the view. Yielding
@@ -237,6 +237,7 @@ impl Core {
             held,
             &self.election,
             settled_by_gossip,
+            |n: &str| gossip.node(n).is_some_and(|i| i.status == Status::Alive),
             now,
         )
     }

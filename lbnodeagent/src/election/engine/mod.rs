@@ -60,6 +60,10 @@ struct Slot {
     /// Facts from the Node object; `None` when there is no Node of that name.
     node: Option<NodeFacts>,
     member: Option<Member>,
+    /// The node was drained when last a member: kept after it leaves the
+    /// membership, for [`Election::outranks`] of an owner that gossip still
+    /// shows but whose beats stopped.
+    drained_seen: bool,
 }
 
 struct NodeFacts {
@@ -188,6 +192,7 @@ impl Election {
         };
         for m in members {
             let id = e.slot(&m.node);
+            e.c.slots[id as usize].drained_seen = m.drained;
             e.c.slots[id as usize].member = Some(m);
         }
         e.set_cluster(cluster);
@@ -232,6 +237,7 @@ impl Election {
         if slot.member.as_ref() == Some(&member) {
             return Vec::new();
         }
+        slot.drained_seen = member.drained;
         slot.member = Some(member);
         self.epoch += 1;
         self.reconsider(id)
@@ -329,6 +335,7 @@ impl Election {
             name: name.to_string(),
             node: None,
             member: None,
+            drained_seen: false,
         });
         self.slot_of.insert(name.to_string(), id);
         let slots = &self.c.slots;

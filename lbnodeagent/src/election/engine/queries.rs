@@ -16,11 +16,17 @@ impl Election {
     /// liveness ignored (eligibility, then score, then hash). Two nodes that
     /// both hold a VIP because each thinks the other dead (a partition that
     /// drops gossip but not ARP) ask this and agree, without talking, on
-    /// which keeps it. `None` when the address is unknown.
-    pub fn outranks(&self, ip: IpAddr, node: &str, other: &str) -> Option<bool> {
+    /// which keeps it: from what both sides know alike, the cluster
+    /// objects, and not drains, which one side may have heard of and the
+    /// other not. Between nodes that hear each other's gossip (two live
+    /// holders, or an owner gossip still shows but whose beats stopped),
+    /// `drains` counts each one's drain as last seen, as the election does,
+    /// so an owner that won only because this node is drained outranks it.
+    /// `None` when the address is unknown.
+    pub fn outranks(&self, ip: IpAddr, node: &str, other: &str, drains: bool) -> Option<bool> {
         let v = *self.vip_of.get(&ip)?;
         let vip = &self.c.vips[v];
-        let rank = |name: &str| -> Option<(std::cmp::Reverse<u32>, [u8; 32])> {
+        let rank = |name: &str| -> Option<(bool, std::cmp::Reverse<u32>, [u8; 32])> {
             let id = *self.slot_of.get(name)?;
             let class = &self.c.classes[vip.class?];
             let facts = self.c.slots[id as usize].node.as_ref()?;
@@ -28,6 +34,7 @@ impl Election {
                 return None;
             }
             Some((
+                drains && self.c.slots[id as usize].drained_seen,
                 std::cmp::Reverse(class.score[id as usize]),
                 rank_key(name, &vip.text),
             ))

@@ -43,6 +43,7 @@ impl World {
         h.stalled_since = None;
         h.termed_at = None;
         h.cleanup_since = None;
+        h.drain_heard = None;
         h.generation += 1;
         h.api_version = 0;
         h.wake_due = None;
@@ -556,7 +557,17 @@ impl World {
     }
 
     pub(super) fn deliver_cluster(&mut self, host: usize) {
-        if !self.api_up || self.hosts[host].api_version == self.truth.version {
+        if !self.api_up {
+            return;
+        }
+        // The record's watch, before the first view, as the shell does; a
+        // drain the agent has not heard of yet.
+        let drained = self.hosts[host].drained;
+        if self.hosts[host].drain_heard.unwrap_or(false) != drained {
+            self.hosts[host].drain_heard = Some(drained);
+            self.step(host, Input::Drain(drained));
+        }
+        if self.hosts[host].api_version == self.truth.version {
             return;
         }
         let partial = self.hosts[host].api_version + 1 == self.truth.version;

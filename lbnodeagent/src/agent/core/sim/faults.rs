@@ -29,7 +29,7 @@ impl World {
             return;
         }
         let h = *self.plan.pick(&candidates);
-        let (fault, recovery, lo, hi) = match self.plan.below(12) {
+        let (fault, recovery, lo, hi) = match self.plan.below(13) {
             0 => (Fault::Crash(h), Fault::Boot(h), 1000, 8000),
             1 => (Fault::Freeze(h), Fault::Thaw(h), 200, 9000),
             2 => (Fault::Kill(h), Fault::Start(h), 500, 10000),
@@ -38,6 +38,7 @@ impl World {
             6 => (Fault::PortDown(h), Fault::PortUp(h), 300, 6000),
             7 => (Fault::Partition(h), Fault::Heal(h), 500, 8000),
             8 => (Fault::Flaky(h), Fault::Steady(h), 1000, 5000),
+            12 if !self.hosts[h].drained => (Fault::Drain(h), Fault::Undrain(h), 1000, 8000),
             9 if self.api_up => {
                 // An outage, and an agent restarted during it.
                 self.apply(Fault::ApiDown);
@@ -196,6 +197,21 @@ impl World {
                 self.hosts[h].blocked = matches!(f, Fault::Partition(_));
                 self.reachability(h);
             }
+            Fault::Drain(h) | Fault::Undrain(h) => {
+                self.hosts[h].drained = matches!(f, Fault::Drain(_));
+                // The agent's watch of its own record brings it.
+                if self.hosts[h].agent != Agent::Stopped {
+                    let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
+                    let generation = self.hosts[h].generation;
+                    self.after(
+                        d,
+                        Ev::Api {
+                            host: h,
+                            generation,
+                        },
+                    );
+                }
+            }
             Fault::ApiDown => self.api_up = false,
             Fault::ApiUp => {
                 self.api_up = true;
@@ -313,6 +329,9 @@ impl World {
             if self.hosts[h].flaky {
                 self.apply(Fault::Steady(h));
             }
+            if self.hosts[h].drained {
+                self.apply(Fault::Undrain(h));
+            }
             if self.hosts[h].agent == Agent::Stopped && self.hosts[h].powered {
                 self.apply(Fault::Start(h));
             }
@@ -342,6 +361,8 @@ impl World {
             Fault::ApiUp => "API server back".into(),
             Fault::Flaky(h) => format!("{}'s kernel refuses operations", name(h)),
             Fault::Steady(h) => format!("{}'s kernel steady again", name(h)),
+            Fault::Drain(h) => format!("{} drained", name(h)),
+            Fault::Undrain(h) => format!("{} undrained", name(h)),
         }
     }
 }

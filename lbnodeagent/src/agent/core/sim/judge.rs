@@ -63,6 +63,7 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
                     || !h.port_up
                     || h.blocked
                     || h.flaky,
+                drained: h.drained,
                 name: &h.name,
             })
             .collect(),

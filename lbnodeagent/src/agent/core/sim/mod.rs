@@ -192,6 +192,11 @@ struct Host {
     beats_at: Option<Duration>,
     /// `cleanup` runs, since then.
     cleanup_since: Option<Duration>,
+    /// Its NodeAgent record says `spec.drain` (it outlives the agent).
+    drained: bool,
+    /// The drain as this run of the agent last heard it from its record's
+    /// watch; `None` before the first.
+    drain_heard: Option<bool>,
 }
 
 #[derive(Clone, Debug)]
@@ -424,6 +429,8 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             beat_plan: BeatPlan::default(),
             beats_at: None,
             cleanup_since: None,
+            drained: false,
+            drain_heard: None,
             published: LocalState::default(),
             pub_version: 0,
             known: vec![None; shape.nodes],

@@ -265,13 +265,25 @@ pub enum Fault {
     /// The host's kernel refuses a share of address operations.
     Flaky(usize),
     Steady(usize),
+    /// Its operator drains the node (its NodeAgent's `spec.drain`): its
+    /// VIPs move away make before break; [`Fault::Undrain`] lets it win
+    /// again.
+    Drain(usize),
+    Undrain(usize),
 }
 
 impl Fault {
     /// Planned changes keep their promise of no lost reply; every other
     /// fault may cost one, within bounds.
     pub fn planned(self) -> bool {
-        matches!(self, Fault::Term(_) | Fault::Start(_) | Fault::Stall(_))
+        matches!(
+            self,
+            Fault::Term(_)
+                | Fault::Start(_)
+                | Fault::Stall(_)
+                | Fault::Drain(_)
+                | Fault::Undrain(_)
+        )
     }
 }
 

@@ -130,6 +130,8 @@ pub struct HostState<'a> {
     pub flaky: bool,
     /// Some unplanned fault is on this host now.
     pub faulty: bool,
+    /// Its record says it is drained.
+    pub drained: bool,
 }
 
 /// How a host's questions on the wire about an address went lately: when
@@ -207,7 +209,7 @@ pub type Mask = u64;
 
 /// Elections over ready agents, by cluster version, which agents count
 /// and which have on-link prefixes; rebuilt only when those change.
-type Oracles = BTreeMap<(u64, Mask, Mask), Election>;
+type Oracles = BTreeMap<(u64, Mask, Mask, Mask), Election>;
 
 pub struct Checker {
     lifetime: Duration,
@@ -415,7 +417,8 @@ impl Checker {
     /// The election over cluster `version` among the hosts `counted`
     /// (ready agents, with their links as they are now).
     fn oracle(&mut self, ctx: &Context, version: u64, counted: Mask) -> &Election {
-        let key = (version, counted, ctx.on_link);
+        let drained = mask(ctx.hosts.iter().map(|h| h.drained));
+        let key = (version, counted, ctx.on_link, drained);
         if self.oracles.len() > 64 {
             self.oracles.clear();
         }
@@ -428,7 +431,7 @@ impl Checker {
                 .map(|(i, h)| Member {
                     node: h.name.to_string(),
                     leaving: false,
-                    drained: false,
+                    drained: h.drained,
                     virtual_mode: true,
                     on_link: ctx.links[i].on_link().into(),
                 })
