@@ -54,13 +54,17 @@ impl Core {
             return;
         };
         // While asking the LAN, the VIP is judged as if held here: an owner
-        // that outranks this node makes it stay off.
+        // that outranks this node makes it stay off. A VIP kept past its
+        // hand-over because the winner's view differs is held as much as
+        // any: a second owner gossip cannot reach is settled by rank.
         let held = if slot.probing.is_some() {
             slot.want.clone()
         } else {
-            slot.held
-                .clone()
-                .filter(|h| h.mode == Mode::Local && slot.handover.is_none() && slot.op.is_none())
+            slot.held.clone().filter(|h| {
+                h.mode == Mode::Local
+                    && (slot.handover.is_none() || slot.kept_for_views)
+                    && slot.op.is_none()
+            })
         };
         let probing = slot.probing.is_some();
         let mut verdict = self.judge(claim, held.as_ref(), now);

@@ -63,7 +63,9 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
                     || !h.port_up
                     || h.blocked
                     || h.flaky,
-                drained: h.drained,
+                // As its agent heard of it and gossips it, not as the
+                // record says: during an API outage nobody knows yet.
+                drained: h.agent != Agent::Stopped && h.drain_heard == Some(true),
                 name: &h.name,
             })
             .collect(),

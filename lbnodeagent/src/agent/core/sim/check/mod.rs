@@ -130,7 +130,7 @@ pub struct HostState<'a> {
     pub flaky: bool,
     /// Some unplanned fault is on this host now.
     pub faulty: bool,
-    /// Its record says it is drained.
+    /// Its agent heard its record's drain (and gossips it).
     pub drained: bool,
 }
 
