@@ -254,6 +254,13 @@ impl RealServer {
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         );
+        self.wait_yes(&[
+            "auth".into(),
+            "can-i".into(),
+            "patch".into(),
+            format!("nodeagents.hostlb.io/{node}"),
+            format!("--as=system:serviceaccount:hostlb-agents:{node}"),
+        ]);
         out.join("kubeconfig")
     }
 
@@ -297,6 +304,112 @@ impl RealServer {
             "--all",
             "--timeout=30s",
         ]);
+        let text = std::fs::read_to_string(path(rbac)).expect("the RBAC manifest");
+        self.wait_granted(&text);
+    }
+
+    /// Waits until every rule that `manifest`'s bindings grant is in force
+    /// for their subjects. The server authorizes from caches its informers
+    /// fill a moment after an apply, so a binary started at once may be
+    /// refused what the manifest grants.
+    pub fn wait_granted(&self, manifest: &str) {
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(manifest).expect("a YAML manifest");
+        let key = |d: &serde_json::Value| {
+            let m = &d["metadata"];
+            (
+                d["kind"].as_str().unwrap_or("").to_string(),
+                m["namespace"].as_str().unwrap_or("").to_string(),
+                m["name"].as_str().unwrap_or("").to_string(),
+            )
+        };
+        let roles: std::collections::HashMap<_, _> = docs
+            .iter()
+            .filter(|d| matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")))
+            .map(|d| (key(d), d["rules"].clone()))
+            .collect();
+        for binding in docs.iter().filter(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some("RoleBinding" | "ClusterRoleBinding")
+            )
+        }) {
+            let (_, namespace, _) = key(binding);
+            let role = &binding["roleRef"];
+            let role_ns = if role["kind"] == "Role" {
+                namespace.clone()
+            } else {
+                String::new()
+            };
+            let Some(rules) = roles.get(&(
+                role["kind"].as_str().unwrap_or("").to_string(),
+                role_ns,
+                role["name"].as_str().unwrap_or("").to_string(),
+            )) else {
+                continue;
+            };
+            for subject in binding["subjects"].as_array().into_iter().flatten() {
+                let name = subject["name"].as_str().unwrap_or("");
+                let who: Vec<String> = match subject["kind"].as_str() {
+                    Some("ServiceAccount") => vec![format!(
+                        "--as=system:serviceaccount:{}:{name}",
+                        subject["namespace"].as_str().unwrap_or("")
+                    )],
+                    Some("Group") => vec!["--as=rbac-check".into(), format!("--as-group={name}")],
+                    _ => vec![format!("--as={name}")],
+                };
+                for rule in rules.as_array().into_iter().flatten() {
+                    let group = rule["apiGroups"][0].as_str().unwrap_or("");
+                    let verb = rule["verbs"][0].as_str().unwrap_or("get");
+                    for resource in rule["resources"].as_array().into_iter().flatten() {
+                        let resource = resource.as_str().unwrap_or("");
+                        let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
+                        let mut what = if group.is_empty() {
+                            resource.to_string()
+                        } else {
+                            format!("{resource}.{group}")
+                        };
+                        if let Some(n) = rule["resourceNames"][0].as_str() {
+                            what = format!("{what}/{n}");
+                        }
+                        let mut args = vec!["auth".to_string(), "can-i".into(), verb.into(), what];
+                        if !sub.is_empty() {
+                            args.push(format!("--subresource={sub}"));
+                        }
+                        if !namespace.is_empty() {
+                            args.push(format!("--namespace={namespace}"));
+                        }
+                        args.extend(who.iter().cloned());
+                        self.wait_yes(&args);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks `kubectl auth can-i` until it says yes (60 s at most).
+    fn wait_yes(&self, args: &[String]) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let o = self
+                .command("kubectl")
+                .arg("--kubeconfig")
+                .arg(self.admin_kubeconfig())
+                .args(args)
+                .output()
+                .expect("kubectl runs");
+            if String::from_utf8_lossy(&o.stdout).trim() == "yes" {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not granted 60 s after the apply: kubectl {}: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// A kubeconfig for ServiceAccount `namespace/name`, written to `out`:
