@@ -55,6 +55,7 @@ async fn one_hosts_credential_cannot_rewrite_a_service_or_another_nodes_record()
             "web",
             "--tcp=80:80",
         ]);
+        s.wait_agent_policy("shop", "web");
         let a = s.node_identity("node-a", &dir.path().join("node-a"));
         let b = s.node_identity("node-b", &dir.path().join("node-b"));
         (s, a, b)

@@ -387,6 +387,57 @@ impl RealServer {
         }
     }
 
+    /// Waits until `deploy/agent/policy-v1beta1.yaml` is in force: an
+    /// agent's change to the spec of Service `namespace/service`, tried
+    /// as a dry run, is denied. Like RBAC, the policy is enforced from a
+    /// cache filled a moment after the apply.
+    pub fn wait_agent_policy(&self, namespace: &str, service: &str) {
+        // kubectl patch reads the object first, which an agent may not;
+        // the request goes as the agent would send it.
+        let admin =
+            std::fs::read_to_string(self.dir.join("pki/admin.token")).expect("the admin token");
+        let host = match self.address {
+            IpAddr::V6(a) => format!("[{a}]"),
+            IpAddr::V4(a) => a.to_string(),
+        };
+        let url = format!(
+            "https://{host}:{}/api/v1/namespaces/{namespace}/services/{service}?dryRun=All",
+            self.port
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let o = self
+                .command("curl")
+                .args(["-sS", "-X", "PATCH", "--cacert"])
+                .arg(self.dir.join("pki/ca.crt"))
+                .arg("-H")
+                .arg(format!("Authorization: Bearer {}", admin.trim()))
+                .args([
+                    "-H",
+                    "Impersonate-User: system:serviceaccount:hostlb-agents:policy-check",
+                    "-H",
+                    "Impersonate-Group: system:serviceaccounts:hostlb-agents",
+                    "-H",
+                    "Content-Type: application/merge-patch+json",
+                    "-d",
+                    r#"{"spec":{"externalIPs":["10.0.0.9"]}}"#,
+                ])
+                .arg(&url)
+                .output()
+                .expect("curl runs");
+            let body = String::from_utf8_lossy(&o.stdout);
+            if body.contains("\"code\": 422") || body.contains("\"code\":422") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the agent policy is not in force 60 s after the apply: {body}{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Asks `kubectl auth can-i` until it says yes (60 s at most).
     fn wait_yes(&self, args: &[String]) {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);

@@ -163,6 +163,7 @@ impl Cluster {
             for f in ["rbac.yaml", "policy-v1beta1.yaml"] {
                 c.kubectl(&["apply", "-f", deploy.join(f).to_str().unwrap()]);
             }
+            r.wait_granted(&std::fs::read_to_string(deploy.join("rbac.yaml")).unwrap());
             // One identity per node, made by the shipped script.
             for n in nodes {
                 r.node_identity(n, &c.identity_dir(n));
