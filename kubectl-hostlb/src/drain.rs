@@ -7,45 +7,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use hostlb_api::{Family, NodeAgent, Scope};
-use kube::api::{Patch, PatchParams};
-use kube::{Api, Client};
+use hostlb_api::{Family, Scope};
+use kube::Client;
 use lbnodeagent::drain::{Outcome, Snapshot, why_it_stays};
 use lbnodeagent::election::Election;
 
 use crate::Fleet;
 use crate::status::{addresses, announcing, routed};
-
-#[derive(Debug, thiserror::Error)]
-pub enum DrainError {
-    #[error(
-        "no NodeAgent record {0}: no agent ever ran there, or deploy/agent/kubeconfig.sh was not run for it"
-    )]
-    NoRecord(String),
-    #[error("cannot write NodeAgent {node}: {source}")]
-    Write { node: String, source: kube::Error },
-}
-
-/// Writes `node`'s `spec.drain` (`false` removes it).
-pub async fn set(client: &Client, node: &str, drain: bool) -> Result<(), DrainError> {
-    let value = if drain {
-        serde_json::json!(true)
-    } else {
-        serde_json::Value::Null
-    };
-    let patch = serde_json::json!({"spec": {"drain": value}});
-    match Api::<NodeAgent>::all(client.clone())
-        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Err(DrainError::NoRecord(node.into())),
-        Err(source) => Err(DrainError::Write {
-            node: node.into(),
-            source,
-        }),
-    }
-}
 
 /// The drain of `node` as the API shows it now.
 pub fn snapshot(fleet: &Fleet, node: &str) -> Snapshot {

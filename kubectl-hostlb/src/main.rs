@@ -137,7 +137,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             timeout,
             no_wait,
         } => {
-            drain::set(&client, node, true).await?;
+            lbnodeagent::drain::write(&client, node, true).await?;
             if *no_wait {
                 println!("{node} drained (not waiting)");
                 return Ok(ExitCode::SUCCESS);
@@ -149,7 +149,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             });
         }
         Command::Undrain { node } => {
-            drain::set(&client, node, false).await?;
+            lbnodeagent::drain::write(&client, node, false).await?;
             println!("{node} undrained: it wins VIPs again");
             return Ok(ExitCode::SUCCESS);
         }

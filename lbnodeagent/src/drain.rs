@@ -13,6 +13,44 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+/// Why `spec.drain` could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(
+        "no NodeAgent record {0}: no agent ever ran there, or deploy/agent/kubeconfig.sh was not run for it"
+    )]
+    NoRecord(String),
+    #[error("cannot write NodeAgent {node}: {source}")]
+    Write { node: String, source: kube::Error },
+}
+
+/// Writes `node`'s `spec.drain` (`false` removes it), for both commands:
+/// from the host with the agent's own credential, which may write only
+/// this node's record, and from kubectl with the operator's.
+pub async fn write(client: &kube::Client, node: &str, drain: bool) -> Result<(), WriteError> {
+    let value = if drain {
+        serde_json::json!(true)
+    } else {
+        serde_json::Value::Null
+    };
+    let patch = serde_json::json!({"spec": {"drain": value}});
+    match kube::Api::<hostlb_api::NodeAgent>::all(client.clone())
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(WriteError::NoRecord(node.into())),
+        Err(source) => Err(WriteError::Write {
+            node: node.into(),
+            source,
+        }),
+    }
+}
+
 /// The node's VIPs at one moment.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Snapshot {

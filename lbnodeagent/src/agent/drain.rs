@@ -6,10 +6,6 @@
 
 use std::time::Duration;
 
-use hostlb_api::NodeAgent;
-use kube::Api;
-use kube::api::{Patch, PatchParams};
-
 use super::config::AgentConfig;
 use super::start::kube_client;
 use crate::drain::Outcome;
@@ -18,12 +14,8 @@ use crate::drain::Outcome;
 pub enum DrainError {
     #[error(transparent)]
     Agent(#[from] super::AgentError),
-    #[error(
-        "no NodeAgent record {0}: its agent never ran, or deploy/agent/kubeconfig.sh was not run for this node"
-    )]
-    NoRecord(String),
-    #[error("cannot write NodeAgent {node}: {source}")]
-    Write { node: String, source: kube::Error },
+    #[error(transparent)]
+    Write(#[from] crate::drain::WriteError),
     #[error("cannot read the local agent's status: {0}")]
     Status(String),
 }
@@ -31,30 +23,7 @@ pub enum DrainError {
 /// Writes this node's `spec.drain` (`false` removes it).
 pub async fn set(cfg: &AgentConfig, drain: bool) -> Result<(), DrainError> {
     let (client, _) = kube_client(cfg).await?;
-    let api = Api::<NodeAgent>::all(client);
-    let value = if drain {
-        serde_json::json!(true)
-    } else {
-        serde_json::Value::Null
-    };
-    let patch = serde_json::json!({"spec": {"drain": value}});
-    match api
-        .patch(
-            &cfg.node_name,
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => {
-            Err(DrainError::NoRecord(cfg.node_name.clone()))
-        }
-        Err(source) => Err(DrainError::Write {
-            node: cfg.node_name.clone(),
-            source,
-        }),
-    }
+    Ok(crate::drain::write(&client, &cfg.node_name, drain).await?)
 }
 
 /// Follows the drain through the local agent's `/status` (see

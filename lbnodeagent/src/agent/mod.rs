@@ -143,8 +143,8 @@ pub struct Agent<B: AddressBackend + 'static> {
     /// The core has had a whole cluster view (later, changes of
     /// EndpointSlices alone go as endpoints).
     cluster_sent: bool,
-    /// This node's drain as the core last had it.
-    drain_sent: Option<bool>,
+    /// This node's drain as the core has it (a core starts undrained).
+    drain_sent: bool,
     /// The firewall task's latest plan.
     firewall: tokio::sync::watch::Sender<Option<core::firewall::FirewallPlan>>,
 }
@@ -427,8 +427,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // The drain first, and before the first view: a drained node that
         // restarts never wins back what it gave up.
         let drain = self.kube.drain();
-        if self.drain_sent != Some(drain) {
-            self.drain_sent = Some(drain);
+        if self.drain_sent != drain {
+            self.drain_sent = drain;
             self.kube.poke();
             return Some(Input::Drain(drain));
         }

@@ -124,7 +124,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             kernel,
             ensure_virtual: false,
             cluster_sent: false,
-            drain_sent: None,
+            drain_sent: false,
             firewall,
         })
     }

@@ -71,18 +71,9 @@ impl World {
             return;
         }
         for j in 0..self.hosts.len() {
-            if j == host || self.hosts[j].agent == Agent::Stopped {
-                continue;
+            if j != host {
+                self.watch_brings(j);
             }
-            let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
-            let generation = self.hosts[j].generation;
-            self.after(
-                d,
-                Ev::Api {
-                    host: j,
-                    generation,
-                },
-            );
         }
     }
 
@@ -602,12 +593,18 @@ impl World {
             return;
         }
         for host in 0..self.hosts.len() {
-            if self.hosts[host].agent == Agent::Stopped {
-                continue;
-            }
-            let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
-            let generation = self.hosts[host].generation;
-            self.after(d, Ev::Api { host, generation });
+            self.watch_brings(host);
         }
+    }
+
+    /// A change on the API server reaches `host`'s agent (unless stopped)
+    /// through its watches, a watch's delay later.
+    pub(super) fn watch_brings(&mut self, host: usize) {
+        if self.hosts[host].agent == Agent::Stopped {
+            return;
+        }
+        let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
+        let generation = self.hosts[host].generation;
+        self.after(d, Ev::Api { host, generation });
     }
 }

@@ -200,17 +200,7 @@ impl World {
             Fault::Drain(h) | Fault::Undrain(h) => {
                 self.hosts[h].drained = matches!(f, Fault::Drain(_));
                 // The agent's watch of its own record brings it.
-                if self.hosts[h].agent != Agent::Stopped {
-                    let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
-                    let generation = self.hosts[h].generation;
-                    self.after(
-                        d,
-                        Ev::Api {
-                            host: h,
-                            generation,
-                        },
-                    );
-                }
+                self.watch_brings(h);
             }
             Fault::ApiDown => self.api_up = false,
             Fault::ApiUp => {
