@@ -918,3 +918,48 @@ async fn a_pool_says_which_of_its_addresses_another_host_answers_for() {
     eventually("AddressesInUse False on main", || in_use("main", "False")).await;
     r.stop().await;
 }
+
+/// Writes go in rounds off the loop: a slow server holds up neither the
+/// loop (its heartbeat, `/healthz`) nor what changes meanwhile, which goes
+/// in the next round.
+#[tokio::test]
+async fn slow_writes_do_not_stall_the_loop() {
+    let server = setup().await;
+    pool(&server, "p1", json!({"addresses": ["10.0.0.0/23"]})).await;
+    // Three batches of writes, each slowed to 2 s.
+    for i in 0..150 {
+        service(&server, &format!("s{i:03}"), json!({})).await;
+    }
+    server.set_slow_writes("r1", Duration::from_secs(2));
+    let r = start(&server, "r1", false);
+    let started = tokio::time::Instant::now();
+    let mut silent = 0;
+    let mut late = false;
+    while started.elapsed() < Duration::from_secs(8) {
+        silent = silent.max(r.telemetry.silent_secs());
+        if !late && started.elapsed() > Duration::from_secs(3) {
+            // Mid-round: a Service created now is written in the next one.
+            service(&server, "late", json!({})).await;
+            late = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The heartbeat turns each second; whole seconds are read.
+    assert!(silent <= 2, "the loop was silent for {silent} s");
+    server.set_slow_writes("r1", Duration::ZERO);
+    eventually("every Service to have an address", || async {
+        let api: Api<Service> = Api::namespaced(server.client(), "shop");
+        let all = api.list(&ListParams::default()).await.unwrap();
+        (all.items.len() == 151
+            && all.items.iter().all(|s| {
+                s.status
+                    .as_ref()
+                    .and_then(|s| s.load_balancer.as_ref())
+                    .and_then(|l| l.ingress.as_ref())
+                    .is_some_and(|i| !i.is_empty())
+            }))
+        .then_some(())
+    })
+    .await;
+    r.stop().await;
+}

@@ -2,21 +2,11 @@
 
 use std::time::Duration;
 
-use super::{Loop, Timing};
+use super::Timing;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use tokio::sync::watch;
 use tracing::{info, warn};
-
-impl Loop {
-    /// Writes go out only while the Lease is surely ours.
-    pub(super) async fn lease_holds(&mut self) -> bool {
-        match &mut self.guard {
-            Some(g) => g.holds().await,
-            None => true,
-        }
-    }
-}
 
 /// How long a confirmation that this replica holds the Lease is trusted
 /// before the Lease is read again (someone may have changed its holder).

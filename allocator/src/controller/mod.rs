@@ -179,6 +179,20 @@ struct Loop {
     reported: HashMap<String, String>,
     /// Services whose write failed (API away, conflict): retried soon.
     dirty: BTreeSet<String>,
+    /// Services to write in the next round, and whether the pools' and
+    /// advertisements' statuses go with it.
+    pending: BTreeSet<String>,
+    pools_due: bool,
+    ads_due: bool,
+    /// The round in flight, by the epoch it was made in.
+    round: Option<u64>,
+    /// Bumped when the Lease is lost: a round made before decides nothing.
+    epoch: u64,
+    /// What the round in flight writes to each of its Services.
+    in_flight: HashMap<String, status::Shown>,
+    rounds: tokio::sync::mpsc::UnboundedSender<writes::Done>,
+    /// Set at shutdown: the round in flight starts no further batch.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
     /// A pool or advertisement status write failed: retried soon.
     statuses_dirty: bool,
     /// The pools the ledger was last given: our own pool status writes come
@@ -298,6 +312,8 @@ pub async fn run(
         confirmed: None,
     });
     let mut leadership = leadership;
+    // Writes go in rounds off the loop; each comes back as an input.
+    let (rounds_tx, mut rounds) = tokio::sync::mpsc::unbounded_channel();
     let mut l = Loop {
         cfg: cfg.clone(),
         client,
@@ -316,6 +332,14 @@ pub async fn run(
         written: HashMap::new(),
         reported: HashMap::new(),
         dirty: BTreeSet::new(),
+        pending: BTreeSet::new(),
+        pools_due: false,
+        ads_due: false,
+        round: None,
+        epoch: 0,
+        in_flight: HashMap::new(),
+        rounds: rounds_tx,
+        stopping: Default::default(),
         statuses_dirty: false,
         pools_seen: Vec::new(),
         in_use: Default::default(),
@@ -342,14 +366,14 @@ pub async fn run(
     loop {
         tokio::select! {
             input = inputs.next() => match input {
-                Some(i) => l.handle(i).await,
+                Some(i) => l.handle(i),
                 None => return Err(Error::WatchesEnded),
             },
             changed = leadership.changed() => {
                 if changed.is_err() {
                     // The lease task ended and this replica can never lead
                     // again: stop writing and exit, so it is restarted.
-                    l.set_leader(false).await;
+                    l.set_leader(false);
                     let why = match lease_task {
                         Some(task) => match task.await {
                             Ok(Ok(_)) => "released".to_string(),
@@ -361,12 +385,12 @@ pub async fn run(
                     return Err(Error::LeaseEnded(why));
                 }
                 let now = *leadership.borrow_and_update();
-                l.set_leader(now).await;
+                l.set_leader(now);
             }
             _ = resync.tick() => {
                 if l.ledger.is_some() {
                     info!("periodic resync");
-                    l.activate().await;
+                    l.activate();
                 }
             }
             _ = heartbeat.tick() => {
@@ -390,14 +414,21 @@ pub async fn run(
             }
             Some(ok) = probed.recv() => l.wrote(ok),
             Some(ok) = event_outcomes.recv() => l.wrote(ok),
+            Some(done) = rounds.recv() => l.round_done(done),
             _ = retry.tick(), if !l.dirty.is_empty() || l.statuses_dirty => {
                 let keys = std::mem::take(&mut l.dirty);
                 l.statuses_dirty = false;
-                l.write(keys).await;
-                l.write_advertisements().await;
+                l.ads_due = true;
+                l.write(keys);
             }
             _ = shutdown.changed() => {
                 info!("shutting down");
+                // Writes in flight land before the Lease is released, or
+                // not at all (their deadline): never under the next leader.
+                l.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+                if l.round.is_some() {
+                    let _ = tokio::time::timeout(MAX_WRITE * 2, rounds.recv()).await;
+                }
                 drop(leadership);
                 if let Some(task) = lease_task {
                     // Dropping the receiver releases the Lease for the next replica.
@@ -414,7 +445,7 @@ impl Loop {
         self.synced.iter().all(|s| *s)
     }
 
-    async fn set_leader(&mut self, leader: bool) {
+    fn set_leader(&mut self, leader: bool) {
         if leader == self.leader {
             return;
         }
@@ -423,7 +454,7 @@ impl Loop {
         if leader {
             info!(identity = %self.cfg.identity, "acquired the lease");
             if self.synced() {
-                self.activate().await;
+                self.activate();
             }
         } else {
             info!(identity = %self.cfg.identity, "lost the lease; writes stop");
@@ -431,6 +462,11 @@ impl Loop {
             self.written.clear();
             self.dirty.clear();
             self.statuses_dirty = false;
+            self.epoch += 1;
+            self.pending.clear();
+            self.in_flight.clear();
+            self.pools_due = false;
+            self.ads_due = false;
             if let Some(g) = &mut self.guard {
                 g.confirmed = None;
             }
@@ -469,9 +505,9 @@ impl Loop {
         }
     }
 
-    async fn handle(&mut self, input: Input) {
+    fn handle(&mut self, input: Input) {
         match &input {
-            Input::Agent(e) => return self.agents_changed(e.as_ref()).await,
+            Input::Agent(e) => return self.agents_changed(e.as_ref()),
             Input::WatchFailed(watches::AGENTS, error) => {
                 if !std::mem::replace(&mut self.agents_failing, true) {
                     warn!(error = %error, "cannot watch the NodeAgent records (is deploy/crds/hostlb.io_nodeagents.yaml applied?); pools will not say which addresses another host answers for");
@@ -511,7 +547,7 @@ impl Loop {
             // A first list completing everything, or a re-list (after a 410
             // or a restart of the watch): decide everything from the caches.
             if self.synced() && self.leader && (first || self.ledger.is_some()) {
-                self.activate().await;
+                self.activate();
             }
             return;
         }
@@ -520,8 +556,8 @@ impl Loop {
         }
         match input {
             Input::Service(e) => match *e {
-                watcher::Event::Apply(svc) => self.service_changed(&svc).await,
-                watcher::Event::Delete(svc) => self.service_deleted(&svc).await,
+                watcher::Event::Apply(svc) => self.service_changed(&svc),
+                watcher::Event::Delete(svc) => self.service_deleted(&svc),
                 _ => {}
             },
             Input::Pool(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
@@ -531,12 +567,12 @@ impl Loop {
                     // writes nothing again), or an edit that leaves the
                     // addresses in force as they were (an invalid one, whose
                     // conditions must say so).
-                    self.write_pools().await;
+                    self.write_pools();
                     return;
                 }
                 self.pools_seen = specs.clone();
                 let changed = self.ledger.as_mut().expect("active").set_pools(&specs);
-                self.write(changed).await;
+                self.write(changed);
             }
             Input::Namespace(watcher::Event::Apply(ns)) => {
                 let (name, labels) = inputs::namespace_labels(&ns);
@@ -545,7 +581,7 @@ impl Loop {
                     .as_mut()
                     .expect("active")
                     .set_namespace(&name, labels);
-                self.write(changed).await;
+                self.write(changed);
             }
             Input::Namespace(watcher::Event::Delete(ns)) => {
                 let changed = self
@@ -553,22 +589,16 @@ impl Loop {
                     .as_mut()
                     .expect("active")
                     .remove_namespace(&ns.name_any());
-                self.write(changed).await;
+                self.write(changed);
             }
-            Input::Advertisement(watcher::Event::Apply(ad)) => {
-                if self.lease_holds().await {
-                    self.write_advertisement(&ad).await;
-                } else {
-                    self.statuses_dirty = true;
-                }
-            }
+            Input::Advertisement(watcher::Event::Apply(_)) => self.write_advertisements(),
             _ => {}
         }
     }
 
     /// The records changed: the pools are written again when what they
     /// should say of addresses in use changed.
-    async fn agents_changed(&mut self, e: &watcher::Event<NodeAgent>) {
+    fn agents_changed(&mut self, e: &watcher::Event<NodeAgent>) {
         if is_answer(e) && std::mem::take(&mut self.agents_failing) {
             info!("NodeAgent watch recovered");
         }
@@ -585,7 +615,7 @@ impl Loop {
         let in_use = hostlb_api::v1::addresses_in_use(&records, jiff::Timestamp::now());
         if in_use != self.in_use {
             self.in_use = in_use;
-            self.write_pools().await;
+            self.write_pools();
         }
     }
 
@@ -606,6 +636,9 @@ impl Loop {
     /// What we wrote to the Service, while the cache has not caught up.
     fn overlay(&mut self, svc: &Service) -> Option<status::Shown> {
         let key = inputs::service_key(svc);
+        if let Some(shown) = self.in_flight.get(&key) {
+            return Some(shown.clone());
+        }
         let w = self.written.get(&key)?;
         if w.shown == status::Shown::of(svc) || w.superseded_by(svc) {
             self.written.remove(&key);
@@ -625,15 +658,15 @@ impl Loop {
         r
     }
 
-    async fn service_deleted(&mut self, svc: &Service) {
+    fn service_deleted(&mut self, svc: &Service) {
         let key = inputs::service_key(svc);
         self.written.remove(&key);
         self.reported.remove(&key);
         let changed = self.ledger.as_mut().expect("active").remove(&key);
-        self.write(changed).await;
+        self.write(changed);
     }
 
-    async fn service_changed(&mut self, svc: &Service) {
+    fn service_changed(&mut self, svc: &Service) {
         let key = inputs::service_key(svc);
         let changed = if self.cfg.scope.handles(svc) {
             let r = self.request_for(svc);
@@ -646,11 +679,11 @@ impl Loop {
             }
             c
         };
-        self.write(changed).await;
+        self.write(changed);
     }
 
     /// Rebuild the ledger from the caches and write every difference.
-    async fn activate(&mut self) {
+    fn activate(&mut self) {
         let mut ledger = Ledger::requiring_namespaces();
         let pools = self.pool_specs();
         self.pools_seen = pools.clone();
@@ -682,8 +715,8 @@ impl Loop {
         ledger.rebuild();
         debug!(services = ledger.len(), took = ?started.elapsed(), "rebuilt allocations");
         self.ledger = Some(ledger);
-        self.write(all).await;
-        self.write_advertisements().await;
+        self.write(all);
+        self.write_advertisements();
     }
 }
 

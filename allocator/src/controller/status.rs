@@ -107,7 +107,7 @@ impl Shown {
 
     /// `terms`: the Service's sharing terms now, recorded with the
     /// addresses they are held under.
-    fn of_answer(answer: Option<&Answer>, terms: Option<String>) -> Shown {
+    pub(super) fn of_answer(answer: Option<&Answer>, terms: Option<String>) -> Shown {
         match answer {
             Some(Ok(a)) => Shown {
                 ips: a.ips.clone(),

@@ -135,6 +135,12 @@ impl Telemetry {
         self.liveness.turned();
     }
 
+    /// Whole seconds since the loop last turned (`/healthz` fails at
+    /// [`STUCK_AFTER_SECS`](hostlb_api::runtime::admin::STUCK_AFTER_SECS)).
+    pub fn silent_secs(&self) -> i64 {
+        self.liveness.silent_secs()
+    }
+
     pub fn set_pools(&self, reports: &[PoolReport]) {
         let clamp = |n: u128| i64::try_from(n).unwrap_or(i64::MAX);
         let now: std::collections::BTreeSet<String> =

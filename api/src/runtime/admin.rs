@@ -48,7 +48,12 @@ impl Liveness {
     }
 
     pub fn alive(&self) -> bool {
-        unix_now() - self.0.load(Ordering::Relaxed) < STUCK_AFTER_SECS
+        self.silent_secs() < STUCK_AFTER_SECS
+    }
+
+    /// Whole seconds since the loop last turned.
+    pub fn silent_secs(&self) -> i64 {
+        unix_now() - self.0.load(Ordering::Relaxed)
     }
 }
 
