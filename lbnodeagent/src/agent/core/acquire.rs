@@ -109,7 +109,6 @@ impl Core {
                 let slot = self.slots.get_mut(&ip).expect("present");
                 slot.probing = None;
                 let handed_back = slot.handover.take().is_some();
-                slot.kept_for_views = false;
                 if handed_back {
                     info!(%ip, "kept: this node wins it again");
                 }

@@ -36,7 +36,6 @@ impl Core {
                 s.held_since = None;
                 s.garp = None;
                 s.handover = None;
-                s.kept_for_views = false;
                 self.unsettled.insert(*ip);
                 self.publish_dirty = true;
                 self.report_dirty = true;
@@ -115,7 +114,6 @@ impl Core {
                     slot.held_since = Some(now);
                 }
                 slot.handover = None;
-                slot.kept_for_views = false;
                 if let Some(target) = want.target {
                     out.garp.push(target);
                     slot.garp = (self.settings.garp.count > 1).then(|| Garp {
@@ -203,7 +201,6 @@ impl Core {
                 slot.held_since = None;
                 slot.garp = None;
                 slot.handover = None;
-                slot.kept_for_views = false;
                 slot.retry = None;
                 let adopted = std::mem::take(&mut slot.adopted);
                 self.publish_dirty = true;

@@ -16,7 +16,7 @@ use crate::model::{LocalState, Status};
 use super::conflict::{self, LAPSE_EARLY, lapsing};
 use super::links::Mode;
 use super::sessions::Lapse;
-use super::slot::{Op, expiry, merged, same_place};
+use super::slot::{Op, answering, expiry, merged, same_place};
 use super::{
     Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, ISOLATED_AFTER,
     LEAVE_GRACE_ROUNDS, LEAVE_MAX, Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, WATCH_EVERY,
@@ -41,7 +41,7 @@ impl Core {
                 .slots
                 .iter()
                 .filter(|(_, s)| {
-                    (s.handover.is_none() || s.kept_for_views)
+                    answering(&s.handover)
                         && !matches!(s.op, Some(Op::Remove { stale: false, .. }))
                         && s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
                 })
@@ -252,8 +252,8 @@ impl Core {
                     at(p.next);
                 }
             }
-            if let Some(h) = s.handover {
-                at(h + HANDOVER_MAX);
+            if let Some(h) = &s.handover {
+                at(h.since + HANDOVER_MAX);
             }
             if let Some(c) = s.contested {
                 at(c + HANDOVER_MAX);

@@ -12,6 +12,7 @@ use tracing::{debug, info, warn};
 use crate::election::Reason;
 
 use super::links::{Mode, Want};
+use super::slot::Handover;
 use super::{Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase};
 
 impl Core {
@@ -78,7 +79,9 @@ impl Core {
             return Some(format!("{winner} holds it now"));
         }
         if self.slots.get(&ip).is_some_and(|s| {
-            s.handover.is_some() && s.answered_by.as_deref() == Some(winner.as_str())
+            s.handover
+                .as_ref()
+                .is_some_and(|h| h.answered_by.as_deref() == Some(winner.as_str()))
         }) {
             return Some(format!("{winner} answers for it on the wire"));
         }
@@ -97,7 +100,10 @@ impl Core {
         }
         // Kept for differing views (below), and so is it on a peer with the
         // same view: the one the election ranks first keeps it.
-        if self.slots.get(&ip).is_some_and(|s| s.kept_for_views)
+        if self
+            .slots
+            .get(&ip)
+            .is_some_and(|s| s.handover.as_ref().is_some_and(|h| h.kept_for_views))
             && let Some(p) = self
                 .alive_peers()
                 .filter(|n| {
@@ -116,13 +122,12 @@ impl Core {
         let slot = self.slots.get_mut(&ip).expect("present");
         slot.garp = None;
         slot.contested = None;
-        if slot.handover.is_none() {
+        let handover = slot.handover.get_or_insert_with(|| {
             debug!(%ip, %winner, "handing over: waiting for the winner to hold it");
-            slot.handover = Some(now);
-            slot.answered_by = None;
             self.publish_dirty = true;
-        }
-        let since = slot.handover.expect("just set");
+            Handover::new(now)
+        });
+        let since = handover.since;
         if now.saturating_duration_since(since) >= HANDOVER_MAX {
             if winner_revision != self.revision {
                 // The two views of the cluster differ (watches lag, or the
@@ -133,10 +138,10 @@ impl Core {
                 // views agree or someone with the newer view holds it.
                 debug!(%ip, %winner, winner_revision, revision = self.revision,
                     "the winner's view of the cluster differs; still answering");
-                slot.handover = Some(now);
+                handover.since = now;
                 // Shown as held again: this node answers for it until the
                 // views agree, and another that keeps it too must see so.
-                if !std::mem::replace(&mut slot.kept_for_views, true) {
+                if !std::mem::replace(&mut handover.kept_for_views, true) {
                     self.publish_dirty = true;
                 }
                 return None;

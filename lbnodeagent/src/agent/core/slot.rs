@@ -38,6 +38,37 @@ pub(super) struct Probing {
     pub(super) left: u32,
 }
 
+/// A hand-over under way: what the winner has shown of it, and whether
+/// this node answers on past its time.
+#[derive(Clone, Debug)]
+pub(super) struct Handover {
+    /// Since when (restarted while the views differ).
+    pub(super) since: Instant,
+    /// The hostlb node whose MAC claimed it on the wire meanwhile: the
+    /// winner answering is as good as its gossip saying so.
+    pub(super) answered_by: Option<String>,
+    /// Still answering, past the hand-over time, because the winner has a
+    /// view of the cluster other than this node's (see
+    /// [`Core::may_release`]): published as held again.
+    pub(super) kept_for_views: bool,
+}
+
+impl Handover {
+    pub(super) fn new(since: Instant) -> Handover {
+        Handover {
+            since,
+            answered_by: None,
+            kept_for_views: false,
+        }
+    }
+}
+
+/// Whether a slot answers as held: not handed over, or kept past its
+/// hand-over for differing views.
+pub(super) fn answering(handover: &Option<Handover>) -> bool {
+    handover.as_ref().is_none_or(|h| h.kept_for_views)
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Garp {
     pub(super) left: u32,
@@ -54,11 +85,8 @@ pub(super) struct Slot {
     pub(super) op: Option<Op>,
     /// Asking the LAN before taking it.
     pub(super) probing: Option<Probing>,
-    /// Giving it to a live winner, since then.
-    pub(super) handover: Option<Instant>,
-    /// The hostlb node whose MAC claimed it on the wire during the
-    /// hand-over: the winner answering is as good as its gossip saying so.
-    pub(super) answered_by: Option<String>,
+    /// Giving it to a live winner.
+    pub(super) handover: Option<Handover>,
     /// Held and won here, and a live peer shows it held too, since then:
     /// the two views of the cluster differ (see [`Core::contest`]).
     pub(super) contested: Option<Instant>,
@@ -70,10 +98,6 @@ pub(super) struct Slot {
     /// an announcement: one a second at most, so two nodes that each think
     /// they outrank the other do not trade announcements at wire speed.
     pub(super) kept_at: Option<Instant>,
-    /// Still answering, past the hand-over time, for a VIP whose winner has
-    /// a view of the cluster other than this node's (see
-    /// [`Core::may_release`]): published as held again.
-    pub(super) kept_for_views: bool,
     /// Since when `held` has been this node's: a peer's gossip saying it
     /// holds the VIP counts only if published after that (see
     /// [`Core::holds`]).

@@ -12,7 +12,7 @@ use crate::model::{Lifetime, Status};
 
 use super::conflict::{LAPSE_PROBE, OWNER_PROBE, Verdict, YIELD_PROBE, lapsing};
 use super::links::{Mode, Want};
-use super::slot::{Garp, Op};
+use super::slot::{Garp, Op, answering};
 use super::{
     Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase,
     TAKEOVER_WINDOW,
@@ -44,9 +44,10 @@ impl Core {
         {
             let node = node.to_string();
             let slot = self.slots.get_mut(&claim.ip).expect("present");
-            if slot.answered_by.as_ref() != Some(&node) {
+            let handover = slot.handover.as_mut().expect("handing over");
+            if handover.answered_by.as_ref() != Some(&node) {
                 debug!(ip = %claim.ip, %node, "answered for on the wire while handing over");
-                slot.answered_by = Some(node);
+                handover.answered_by = Some(node);
                 self.unsettled.insert(claim.ip);
             }
         }
@@ -60,11 +61,9 @@ impl Core {
         let held = if slot.probing.is_some() {
             slot.want.clone()
         } else {
-            slot.held.clone().filter(|h| {
-                h.mode == Mode::Local
-                    && (slot.handover.is_none() || slot.kept_for_views)
-                    && slot.op.is_none()
-            })
+            slot.held
+                .clone()
+                .filter(|h| h.mode == Mode::Local && answering(&slot.handover) && slot.op.is_none())
         };
         let probing = slot.probing.is_some();
         let mut verdict = self.judge(claim, held.as_ref(), now);
