@@ -13,7 +13,8 @@
 //! kernel for all). Then, at the largest size: a drain and an undrain
 //! (`lbnodeagent drain`: how long, probes lost), a SIGTERM hand-over (probes
 //! lost), the preferred node back (its hand-back: how soon it holds them
-//! all and the others none), a cold start with every Service already there (how soon after
+//! all and the others none), that node failing during its hand-back (how
+//! soon what the others had let go of comes back, first to last), a cold start with every Service already there (how soon after
 //! readiness every VIP answers), and where an agent's memory goes.
 
 #[path = "../tests/cluster/mod.rs"]
@@ -95,6 +96,17 @@ fn main() {
                 ms(h.held_all),
                 ms(h.released_all),
                 h.lost
+            );
+            eprintln!("{n} VIPs: the preferred node fails during its hand-back");
+            let f = many::fail_during_hand_back(&mut bed);
+            println!(
+                "The preferred node cut off during its hand-back: of the {} VIPs the others had let go of, the first was in another kernel {:.0} ms after the cut and the last {:.0} ms after (last minus first {:.0} ms); the longest silence of the {} sampled among them {:.0} ms",
+                f.stranded,
+                ms(f.kernel_first),
+                ms(f.kernel_last),
+                ms(f.kernel_last - f.kernel_first),
+                f.sampled,
+                ms(f.outage)
             );
         }
     }

@@ -148,9 +148,13 @@ pub struct KernelWatch {
 
 impl KernelWatch {
     pub fn start(bed: &Bed, nodes: &[&str]) -> KernelWatch {
+        KernelWatch::start_for(bed, nodes, bed.ips.iter().cloned().collect())
+    }
+
+    /// [`start`](Self::start) for the VIPs `wanted` only.
+    pub fn start_for(bed: &Bed, nodes: &[&str], wanted: BTreeSet<String>) -> KernelWatch {
         let seen: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
-        let wanted: BTreeSet<String> = bed.ips.iter().cloned().collect();
         let namespaces: Vec<String> = nodes
             .iter()
             .map(|n| bed.c.host(n).ns.name().to_string())
@@ -324,6 +328,114 @@ pub fn hand_back(bed: &mut Bed) -> HandBack {
         held_all: held_all.expect("set before the wait ends"),
         released_all,
         lost,
+    }
+}
+
+/// The preferred node back, and it fails in the middle of its hand-back:
+/// `node-a`'s agent starts while `node-b` and `node-c` hold its VIPs, and
+/// once it holds them all and the others have let go of at least half
+/// but not all, `node-a`'s switch port goes down. The VIPs the others had already
+/// let go of (`stranded`) must come back as any failed host's do, all at
+/// once, though the others are busy letting go of the rest: a takeover
+/// must not queue behind a hand-back. When the first and the last of them
+/// was in another kernel, after the cut; and the longest silence of a
+/// sampled one among them, on the wire. The port then comes back and the
+/// bed ends as [`hand_back`] leaves it.
+#[derive(Debug)]
+pub struct FailedHandBack {
+    pub stranded: usize,
+    pub kernel_first: Duration,
+    pub kernel_last: Duration,
+    pub sampled: usize,
+    pub outage: Duration,
+}
+
+/// Which of the bed's VIPs `node`'s kernel holds.
+fn held_ips(bed: &Bed, node: &str) -> BTreeSet<String> {
+    let wanted: BTreeSet<&str> = bed.ips.iter().map(String::as_str).collect();
+    let out = bed
+        .c
+        .host(node)
+        .ns
+        .ip("-o -4 addr show dev eth0")
+        .unwrap_or_default();
+    out.lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter_map(|a| a.split('/').next())
+        .filter(|ip| wanted.contains(ip))
+        .map(str::to_string)
+        .collect()
+}
+
+pub fn fail_during_hand_back(bed: &mut Bed) -> FailedHandBack {
+    bed.wait_members(Duration::from_secs(30));
+    // node-a away, its VIPs on the others.
+    bed.c.signal("node-a", "TERM");
+    assert_eq!(
+        bed.c.wait_exit("node-a", Duration::from_secs(20)),
+        Some(0),
+        "node-a exits 0 after handing over"
+    );
+    let n = bed.ips.len();
+    wait_for(
+        "node-b and node-c to hold every VIP",
+        Duration::from_secs(60),
+        || (bed.c.held_count("node-b") + bed.c.held_count("node-c") >= n).then_some(()),
+    )
+    .unwrap();
+    let sweep = bed.sweep();
+    std::thread::sleep(Duration::from_millis(500));
+    bed.c.start("node-a");
+    wait_for(
+        "the hand-back to be under way",
+        Duration::from_secs(60),
+        || {
+            let others = bed.c.held_count("node-b") + bed.c.held_count("node-c");
+            (bed.c.held_count("node-a") >= n && others > 0 && others <= n / 2).then_some(())
+        },
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    bed.c.lan.set_port("node-a", false).unwrap();
+    // Read at once: nobody takes node-a's VIPs before its beats have been
+    // missed (150 ms).
+    let kept: BTreeSet<String> = held_ips(bed, "node-b")
+        .into_iter()
+        .chain(held_ips(bed, "node-c"))
+        .collect();
+    let stranded: BTreeSet<String> = bed
+        .ips
+        .iter()
+        .filter(|ip| !kept.contains(*ip))
+        .cloned()
+        .collect();
+    assert!(!stranded.is_empty(), "the others had let go of some");
+    let mut watch = KernelWatch::start_for(bed, &["node-b", "node-c"], stranded.clone());
+    let (kernel_first, kernel_last) = watch.all(stranded.len(), t0, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    let end = Instant::now();
+    let sampled: Vec<&String> = bed
+        .sample
+        .iter()
+        .filter(|ip| stranded.contains(*ip))
+        .collect();
+    let outage = sampled
+        .iter()
+        .map(|ip| judge(&sweep.replies(ip), None, t0, end, EVERY).outage)
+        .max()
+        .unwrap_or_default();
+    bed.c.lan.set_port("node-a", true).unwrap();
+    bed.wait_members(Duration::from_secs(30));
+    bed.wait_held("node-a", Duration::from_secs(60));
+    for node in ["node-b", "node-c"] {
+        bed.wait_released(node, Duration::from_secs(60));
+    }
+    FailedHandBack {
+        stranded: stranded.len(),
+        kernel_first,
+        kernel_last,
+        sampled: sampled.len(),
+        outage,
     }
 }
 
