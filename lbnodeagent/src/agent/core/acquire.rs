@@ -15,6 +15,19 @@ use super::slot::{Op, Probing, Retry, Slot, same_place};
 use super::{Actions, Core, Phase, RETRY_MAX, RETRY_MIN};
 
 impl Core {
+    /// The slot of a VIP being decided. `decide` and what it calls run
+    /// only for VIPs with a slot (an unsettled VIP has one until `decide`
+    /// finds it idle), and nothing they call removes one.
+    pub(super) fn slot(&self, ip: IpAddr) -> &Slot {
+        self.slots.get(&ip).expect("a VIP being decided has a slot")
+    }
+
+    pub(super) fn slot_mut(&mut self, ip: IpAddr) -> &mut Slot {
+        self.slots
+            .get_mut(&ip)
+            .expect("a VIP being decided has a slot")
+    }
+
     /// Re-reads what this node should hold for the given addresses.
     pub(super) fn mark(&mut self, ips: impl IntoIterator<Item = IpAddr>) {
         for ip in ips {
@@ -106,7 +119,7 @@ impl Core {
         let (want, held) = (slot.want.clone(), slot.held.clone());
         match (want, held) {
             (Some(want), Some(held)) if same_place(&want, &held) => {
-                let slot = self.slots.get_mut(&ip).expect("present");
+                let slot = self.slot_mut(ip);
                 slot.probing = None;
                 let handed_back = slot.handover.take().is_some();
                 if handed_back {
@@ -132,7 +145,7 @@ impl Core {
                     warn!(%ip, reason = %why, "another live node holds it too; letting go");
                     // And stays off while it answers, even if gossip loses it.
                     self.conflicts.yield_to(ip, &peer, want.clone(), now);
-                    let slot = self.slots.get_mut(&ip).expect("present");
+                    let slot = self.slot_mut(ip);
                     slot.garp = None;
                     slot.contested = None;
                     slot.op = Some(Op::Remove {
@@ -152,7 +165,7 @@ impl Core {
                     } else {
                         why
                     };
-                    let slot = self.slots.get_mut(&ip).expect("present");
+                    let slot = self.slot_mut(ip);
                     slot.garp = None;
                     slot.op = Some(Op::Remove {
                         vip: held.vip.clone(),
@@ -163,14 +176,14 @@ impl Core {
                 }
             }
             (None, None) => {
-                let slot = self.slots.get_mut(&ip).expect("present");
+                let slot = self.slot_mut(ip);
                 slot.probing = None;
                 slot.retry = None;
                 slot.in_use = None;
                 self.conflicts.forget(ip);
             }
         }
-        let slot = self.slots.get(&ip).expect("present");
+        let slot = self.slot(ip);
         if slot.idle() {
             self.slots.remove(&ip);
             self.unsettled.remove(&ip);
@@ -202,7 +215,7 @@ impl Core {
             .flatten();
         if let Some(peer) = newer_holder {
             self.conflicts.yield_to(ip, &peer, want, now);
-            self.slots.get_mut(&ip).expect("present").probing = None;
+            self.slot_mut(ip).probing = None;
             return;
         }
         let view = &self.view;
@@ -214,7 +227,7 @@ impl Core {
             |n| sessions.lapse(n),
         ) {
             Hold::Off => {
-                self.slots.get_mut(&ip).expect("present").probing = None;
+                self.slot_mut(ip).probing = None;
                 return;
             }
             Hold::Released { checked } => checked,
@@ -224,7 +237,7 @@ impl Core {
             info!(%ip, "the gone owner's address lapsed and nobody answers; taking it");
         }
         if want.mode == Mode::Local && !held_here && !checked && self.needs_precheck(ip) {
-            let slot = self.slots.get_mut(&ip).expect("present");
+            let slot = self.slot_mut(ip);
             match &mut slot.probing {
                 None => {
                     debug!(%ip, "asking the LAN before taking it");
@@ -251,7 +264,7 @@ impl Core {
         if !held_here {
             want.vip.lifetime = self.aligned_lifetime(now);
         }
-        let slot = self.slots.get_mut(&ip).expect("present");
+        let slot = self.slot_mut(ip);
         slot.probing = None;
         out.add.push(want.vip.clone());
         slot.op = Some(Op::Add { want, renew: false });

@@ -119,7 +119,10 @@ impl Core {
             return Some(format!("{p} keeps it too and ranks first"));
         }
         let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
-        let slot = self.slots.get_mut(&ip).expect("present");
+        let slot = self
+            .slots
+            .get_mut(&ip)
+            .expect("a VIP being decided has a slot");
         slot.garp = None;
         slot.contested = None;
         let handover = slot.handover.get_or_insert_with(|| {
@@ -166,7 +169,10 @@ impl Core {
             .filter(|n| n.vips.contains(&ip))
             .map(|n| (n.node.clone(), n.revision))
             .collect();
-        let slot = self.slots.get_mut(&ip).expect("present");
+        let slot = self
+            .slots
+            .get_mut(&ip)
+            .expect("a VIP being decided has a slot");
         if peers.is_empty() {
             slot.contested = None;
             return None;

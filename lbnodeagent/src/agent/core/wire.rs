@@ -43,7 +43,7 @@ impl Core {
             && node != self.settings.node
         {
             let node = node.to_string();
-            let slot = self.slots.get_mut(&claim.ip).expect("present");
+            let slot = self.slot_mut(claim.ip);
             let handover = slot.handover.as_mut().expect("handing over");
             if handover.answered_by.as_ref() != Some(&node) {
                 debug!(ip = %claim.ip, %node, "answered for on the wire while handing over");
@@ -85,7 +85,10 @@ impl Core {
                 if probing {
                     return;
                 }
-                let slot = self.slots.get_mut(&claim.ip).expect("present");
+                let slot = self
+                    .slots
+                    .get_mut(&claim.ip)
+                    .expect("a claim judged here has a slot");
                 if slot.garp.is_some()
                     || slot
                         .kept_at
@@ -120,7 +123,10 @@ impl Core {
                     node: Some(to.clone()),
                     outcome: ConflictOutcome::Yielded,
                 });
-                let slot = self.slots.get_mut(&claim.ip).expect("present");
+                let slot = self
+                    .slots
+                    .get_mut(&claim.ip)
+                    .expect("a claim judged here has a slot");
                 self.unsettled.insert(claim.ip);
                 if probing {
                     warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
@@ -186,7 +192,7 @@ impl Core {
     /// The first claim of `claim.ip` is given up for now: a stranger
     /// answers for it. Said once per stranger, counted every time.
     fn in_use(&mut self, claim: Claim, out: &mut Actions) {
-        let slot = self.slots.get_mut(&claim.ip).expect("present");
+        let slot = self.slot_mut(claim.ip);
         slot.probing = None;
         let news = slot.in_use != Some(claim.mac);
         slot.in_use = Some(claim.mac);
