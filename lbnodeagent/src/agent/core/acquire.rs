@@ -276,14 +276,25 @@ impl Core {
     /// may have crashed, frozen, stalled, or be out of gossip's reach; and
     /// what this node has heard of who held it proves nothing: an owner
     /// that took it a moment ago may not have told yet (its state lost or
-    /// late, or this agent just started).
+    /// late, or this agent just started). While an owner is out of the
+    /// view for silence, every takeover asks, whoever shows the VIP: the
+    /// owner may only have stalled, its kernel answering, and the node it
+    /// took a VIP from a moment ago may still show it here (its newer
+    /// state not heard yet), as if handing it over to this node.
     pub(super) fn needs_precheck(&self, ip: IpAddr) -> bool {
+        // Out for silence, not leaving: a leaving owner hands over.
+        let silenced = self
+            .view
+            .gone
+            .iter()
+            .any(|n| self.sessions.is_suspect(&n.node) && !self.left.contains_key(&n.node));
         self.settings.wire
-            && !self
-                .view
-                .nodes
-                .iter()
-                .any(|n| n.node != self.settings.node && n.vips.contains(&ip))
+            && (silenced
+                || !self
+                    .view
+                    .nodes
+                    .iter()
+                    .any(|n| n.node != self.settings.node && n.vips.contains(&ip)))
     }
 
     /// Schedules the next try at `ip`, doubling the delay each time.

@@ -1640,6 +1640,43 @@ fn a_silent_owner_is_asked_about_even_when_never_heard_to_hold_the_vip() {
     }
 }
 
+/// An owner found silent is asked about even when another live node shows
+/// the VIP held: that node may be the one the owner took it from a moment
+/// ago, still handing it over to the owner, whose newer state has not
+/// reached this node (seed 9600066756: the stalled owner's host answered,
+/// and the VIP was taken without asking). Its host still answers, so it
+/// keeps the VIP.
+#[test]
+fn a_silent_owner_is_asked_about_even_when_another_node_shows_the_vip() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(
+        cluster(&[v]),
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[v], 1),
+        ],
+    );
+    assert!(held.is_empty(), "b wins");
+    a.advance(Duration::from_millis(200));
+    a.step(Input::Tick);
+    assert!(a.core.beats().is_some(), "a watches b");
+    a.step(beat("b", Some(Duration::from_secs(10))));
+    a.advance(sessions::BEAT_MISS);
+    let act = a.step(Input::Tick);
+    assert!(act.add.is_empty(), "not taken without asking");
+    assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
+    a.advance(Duration::from_millis(1));
+    a.step(claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    for _ in 0..10 {
+        a.advance(PRECHECK_EVERY);
+        assert!(a.step(Input::Tick).add.is_empty(), "b's host answers: off");
+    }
+}
+
 /// A pre-check asks [`PRECHECK_PROBES`] times across its window, so one
 /// lost question or answer does not take a live owner's VIP: an answer to
 /// the last question keeps this node off as well as one to the first.
