@@ -154,31 +154,13 @@ impl RealServer {
     /// Waits until RBAC decisions are served from filled caches (a
     /// bootstrap role answers yes), and notes the start-up window.
     fn wait_rbac(&self, from: std::time::SystemTime) {
-        let kc = self.admin_kubeconfig();
-        let kc = kc.to_str().expect("a UTF-8 path");
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let o = self
-                .command("kubectl")
-                .args(["--kubeconfig", kc])
-                .args([
-                    "auth",
-                    "can-i",
-                    "list",
-                    "nodes",
-                    "--as=system:kube-scheduler",
-                ])
-                .output()
-                .expect("kubectl runs");
-            if String::from_utf8_lossy(&o.stdout).trim() == "yes" {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "RBAC not in force 60 s after the server started"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait_yes(&[
+            "auth".into(),
+            "can-i".into(),
+            "list".into(),
+            "nodes".into(),
+            "--as=system:kube-scheduler".into(),
+        ]);
         let to = std::time::SystemTime::now() + Duration::from_secs(1);
         self.starting
             .lock()
@@ -274,9 +256,7 @@ impl RealServer {
     /// Panics when it fails: a test's setup that fails is a broken test.
     pub fn kubectl(&self, args: &[&str]) -> String {
         let out = self
-            .command("kubectl")
-            .arg("--kubeconfig")
-            .arg(self.admin_kubeconfig())
+            .admin_kubectl()
             .args(args)
             .output()
             .expect("kubectl runs");
@@ -286,6 +266,31 @@ impl RealServer {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl` as the admin, in the server's namespace, to be given its
+    /// arguments.
+    fn admin_kubectl(&self) -> std::process::Command {
+        let mut c = self.command("kubectl");
+        c.arg("--kubeconfig").arg(self.admin_kubeconfig());
+        c
+    }
+
+    /// `curl` to the server as the admin (its token, the server's CA), to
+    /// be given the request; and the server's URL.
+    fn admin_curl(&self) -> (std::process::Command, String) {
+        let admin =
+            std::fs::read_to_string(self.dir.join("pki/admin.token")).expect("the admin token");
+        let host = match self.address {
+            IpAddr::V6(a) => format!("[{a}]"),
+            IpAddr::V4(a) => a.to_string(),
+        };
+        let mut c = self.command("curl");
+        c.args(["-sS", "--cacert"])
+            .arg(self.dir.join("pki/ca.crt"))
+            .arg("-H")
+            .arg(format!("Authorization: Bearer {}", admin.trim()));
+        (c, format!("https://{host}:{}", self.port))
     }
 
     /// What an operator applies before running a hostlb binary: the
@@ -394,24 +399,11 @@ impl RealServer {
     pub fn wait_agent_policy(&self, namespace: &str, service: &str) {
         // kubectl patch reads the object first, which an agent may not;
         // the request goes as the agent would send it.
-        let admin =
-            std::fs::read_to_string(self.dir.join("pki/admin.token")).expect("the admin token");
-        let host = match self.address {
-            IpAddr::V6(a) => format!("[{a}]"),
-            IpAddr::V4(a) => a.to_string(),
-        };
-        let url = format!(
-            "https://{host}:{}/api/v1/namespaces/{namespace}/services/{service}?dryRun=All",
-            self.port
-        );
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let o = self
-                .command("curl")
-                .args(["-sS", "-X", "PATCH", "--cacert"])
-                .arg(self.dir.join("pki/ca.crt"))
-                .arg("-H")
-                .arg(format!("Authorization: Bearer {}", admin.trim()))
+            let (mut curl, server) = self.admin_curl();
+            let o = curl
+                .args(["-X", "PATCH"])
                 .args([
                     "-H",
                     "Impersonate-User: system:serviceaccount:hostlb-agents:policy-check",
@@ -422,7 +414,9 @@ impl RealServer {
                     "-d",
                     r#"{"spec":{"externalIPs":["10.0.0.9"]}}"#,
                 ])
-                .arg(&url)
+                .arg(format!(
+                    "{server}/api/v1/namespaces/{namespace}/services/{service}?dryRun=All"
+                ))
                 .output()
                 .expect("curl runs");
             let body = String::from_utf8_lossy(&o.stdout);
@@ -443,9 +437,7 @@ impl RealServer {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let o = self
-                .command("kubectl")
-                .arg("--kubeconfig")
-                .arg(self.admin_kubeconfig())
+                .admin_kubectl()
                 .args(args)
                 .output()
                 .expect("kubectl runs");
@@ -454,7 +446,7 @@ impl RealServer {
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "not granted 60 s after the apply: kubectl {}: {}{}",
+                "not granted within 60 s: kubectl {}: {}{}",
                 args.join(" "),
                 String::from_utf8_lossy(&o.stdout),
                 String::from_utf8_lossy(&o.stderr)
@@ -468,20 +460,9 @@ impl RealServer {
     /// `deploy/agent/kubeconfig.sh` ask for), requested with curl so that
     /// no particular kubectl release is needed.
     pub fn service_account_kubeconfig(&self, namespace: &str, name: &str, out: &Path) {
-        let admin =
-            std::fs::read_to_string(self.dir.join("pki/admin.token")).expect("the admin token");
-        let host = match self.address {
-            IpAddr::V6(a) => format!("[{a}]"),
-            IpAddr::V4(a) => a.to_string(),
-        };
-        let server = format!("https://{host}:{}", self.port);
-        let ca = self.dir.join("pki/ca.crt");
-        let o = self
-            .command("curl")
-            .args(["-sS", "--fail-with-body", "--cacert"])
-            .arg(&ca)
-            .arg("-H")
-            .arg(format!("Authorization: Bearer {}", admin.trim()))
+        let (mut curl, server) = self.admin_curl();
+        let o = curl
+            .arg("--fail-with-body")
             .args(["-H", "Content-Type: application/json", "-X", "POST"])
             .arg(format!(
                 "{server}/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
@@ -504,7 +485,7 @@ impl RealServer {
             .unwrap_or_else(|| panic!("TokenRequest for {namespace}/{name}: {body}"));
         let kubeconfig = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"{server}\", certificate-authority: {ca}}}\nusers:\n- name: system:serviceaccount:{namespace}:{name}\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: \"system:serviceaccount:{namespace}:{name}\"}}\ncurrent-context: test\n",
-            ca = ca.display()
+            ca = self.dir.join("pki/ca.crt").display()
         );
         std::fs::write(out, kubeconfig).expect("kubeconfig written");
     }
