@@ -184,8 +184,8 @@ struct Loop {
     pending: BTreeSet<String>,
     pools_due: bool,
     ads_due: bool,
-    /// The round in flight, by the epoch it was made in.
-    round: Option<u64>,
+    /// A round is in flight.
+    round: bool,
     /// Bumped when the Lease is lost: a round made before decides nothing.
     epoch: u64,
     /// What the round in flight writes to each of its Services.
@@ -335,7 +335,7 @@ pub async fn run(
         pending: BTreeSet::new(),
         pools_due: false,
         ads_due: false,
-        round: None,
+        round: false,
         epoch: 0,
         in_flight: HashMap::new(),
         rounds: rounds_tx,
@@ -426,7 +426,7 @@ pub async fn run(
                 // Writes in flight land before the Lease is released, or
                 // not at all (their deadline): never under the next leader.
                 l.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
-                if l.round.is_some() {
+                if l.round {
                     let _ = tokio::time::timeout(MAX_WRITE * 2, rounds.recv()).await;
                 }
                 drop(leadership);

@@ -65,7 +65,7 @@ impl Loop {
     /// writes never touch one object at once and each starts from what
     /// the last one left).
     pub(super) fn start_round(&mut self) {
-        if self.round.is_some() || self.ledger.is_none() || !self.leader {
+        if self.round || self.ledger.is_none() || !self.leader {
             return;
         }
         if self.pending.is_empty() && !self.pools_due && !self.ads_due {
@@ -124,7 +124,7 @@ impl Loop {
             advertisements,
             stopping: self.stopping.clone(),
         };
-        self.round = Some(self.epoch);
+        self.round = true;
         let client = self.client.clone();
         let timing = self.timing;
         let guard = self.guard.take();
@@ -176,7 +176,7 @@ impl Loop {
     /// what came meanwhile.
     pub(super) fn round_done(&mut self, done: Done) {
         self.guard = done.guard;
-        self.round = None;
+        self.round = false;
         let current = done.epoch == self.epoch && self.ledger.is_some();
         if !current {
             // Written for a lease this replica no longer holds: only
@@ -277,6 +277,29 @@ pub(super) struct Done {
     invalid: Vec<(String, String, ObjectReference)>,
 }
 
+impl Done {
+    /// A pool's or advertisement's status write is back: the problem it
+    /// found is reported, a failure retried.
+    fn status_written<K>(
+        &mut self,
+        what: &str,
+        object: &K,
+        result: Result<Option<String>, kube::Error>,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let key = format!("{}/{}", K::kind(&()), object.name_any());
+        match result {
+            Ok(Some(problem)) => self.invalid.push((key, problem, object.object_ref(&()))),
+            Ok(None) => {}
+            Err(e) => {
+                warn!(object = %key, error = %e, "writing {what} status failed; retrying");
+                self.statuses_failed = true;
+            }
+        }
+    }
+}
+
 impl Round {
     /// Writes go in batches of [`WRITE_BATCH`], [`WRITES_IN_FLIGHT`] at a
     /// time: one after another, a cold start over 2,000 Services waits on
@@ -332,23 +355,12 @@ impl Round {
                 break;
             }
             let deadline = write_deadline(timing);
-            match bounded(
+            let result = bounded(
                 deadline,
                 status::write_pool(&client, &w.pool, &w.report, &w.in_use, deadline),
             )
-            .await
-            {
-                Ok(Some(problem)) => done.invalid.push((
-                    format!("IPAddressPool/{}", w.pool.name_any()),
-                    problem,
-                    w.pool.object_ref(&()),
-                )),
-                Ok(None) => {}
-                Err(e) => {
-                    warn!(pool = %w.report.name, error = %e, "writing pool status failed; retrying");
-                    done.statuses_failed = true;
-                }
-            }
+            .await;
+            done.status_written("pool", &*w.pool, result);
         }
         for ad in &self.advertisements {
             if !holds(&mut guard, &self.stopping).await {
@@ -356,18 +368,9 @@ impl Round {
                 break;
             }
             let deadline = write_deadline(timing);
-            match bounded(deadline, status::write_advertisement(&client, ad, deadline)).await {
-                Ok(Some(problem)) => done.invalid.push((
-                    format!("L2Advertisement/{}", ad.name_any()),
-                    problem,
-                    ad.object_ref(&()),
-                )),
-                Ok(None) => {}
-                Err(e) => {
-                    warn!(advertisement = %ad.name_any(), error = %e, "writing advertisement status failed; retrying");
-                    done.statuses_failed = true;
-                }
-            }
+            let result =
+                bounded(deadline, status::write_advertisement(&client, ad, deadline)).await;
+            done.status_written("advertisement", &**ad, result);
         }
         done.guard = guard;
         done
