@@ -32,7 +32,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
 use super::Agent;
-use super::start::short_hash;
+use super::config::AgentConfig;
 use crate::addrs::AddressBackend;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
@@ -461,6 +461,23 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 }),
         }
     }
+}
+
+/// 12 hex digits of SHA-256: enough to tell two values apart at a glance.
+fn short_hash(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The configuration in force, hashed without what names the node (its
+/// name and its own addresses), so agents configured alike agree.
+pub(super) fn config_hash(cfg: &AgentConfig) -> String {
+    let mut c = cfg.clone();
+    c.node_name.clear();
+    c.gossip.node_name.clear();
+    c.gossip.advertise = None;
+    short_hash(format!("{c:?}").as_bytes())
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use tracing::{error, info, warn};
 use super::Agent;
 use super::config::AgentConfig;
 use super::core::Input;
-use super::start::{config_hash, settings};
+use super::record::config_hash;
+use super::start::settings;
 use crate::addrs::AddressBackend;
 use crate::gossip::GossipKeys;
 

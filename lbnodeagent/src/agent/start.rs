@@ -97,7 +97,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 source,
             })?;
         let kernel = kernel_worker(backend.clone());
-        let config_hash = config_hash(&cfg);
+        let config_hash = record::config_hash(&cfg);
         let firewall = super::firewall::start(telemetry.clone());
         Ok(Agent {
             core,
@@ -266,23 +266,6 @@ pub fn credential_files_are_private(kubeconfig: &Path) -> Result<(), AgentError>
         }
     }
     Ok(())
-}
-
-/// 12 hex digits of SHA-256: enough to tell two values apart at a glance.
-pub(super) fn short_hash(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(bytes);
-    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The configuration in force, hashed without what names the node (its
-/// name and its own addresses), so agents configured alike agree.
-pub(super) fn config_hash(cfg: &AgentConfig) -> String {
-    let mut c = cfg.clone();
-    c.node_name.clear();
-    c.gossip.node_name.clear();
-    c.gossip.advertise = None;
-    short_hash(format!("{c:?}").as_bytes())
 }
 
 /// The address the kernel would use to reach `prefix`: the interface's own
