@@ -116,16 +116,23 @@ impl Core {
         {
             return;
         }
-        let (want, held) = (slot.want.clone(), slot.held.clone());
+        let (want, held) = (slot.want.clone(), slot.held_at().cloned());
         match (want, held) {
             (Some(want), Some(held)) if same_place(&want, &held) => {
                 let slot = self.slot_mut(ip);
                 slot.probing = None;
-                let handed_back = slot.handover.take().is_some();
+                let (handed_back, adopted) = slot
+                    .held
+                    .as_mut()
+                    .map(|h| {
+                        h.at = want.clone();
+                        (h.handover.take().is_some(), std::mem::take(&mut h.adopted))
+                    })
+                    .unwrap_or_default();
                 if handed_back {
                     info!(%ip, "kept: this node wins it again");
                 }
-                if std::mem::take(&mut slot.adopted) {
+                if adopted {
                     info!(%ip, interface = %want.vip.interface, "kept an address of a previous run");
                     // Renewed now, and announced: a peer may have answered
                     // for it while this node was away.
@@ -135,7 +142,6 @@ impl Core {
                     });
                     out.add.push(want.vip.clone());
                 }
-                slot.held = Some(want.clone());
                 if handed_back {
                     self.publish_dirty = true;
                 }
@@ -146,8 +152,10 @@ impl Core {
                     // And stays off while it answers, even if gossip loses it.
                     self.conflicts.yield_to(ip, &peer, want.clone(), now);
                     let slot = self.slot_mut(ip);
-                    slot.garp = None;
-                    slot.contested = None;
+                    if let Some(h) = &mut slot.held {
+                        h.garp = None;
+                        h.contested = None;
+                    }
                     slot.op = Some(Op::Remove {
                         vip: want.vip.clone(),
                         why,
@@ -166,7 +174,9 @@ impl Core {
                         why
                     };
                     let slot = self.slot_mut(ip);
-                    slot.garp = None;
+                    if let Some(h) = &mut slot.held {
+                        h.garp = None;
+                    }
                     slot.op = Some(Op::Remove {
                         vip: held.vip.clone(),
                         why,

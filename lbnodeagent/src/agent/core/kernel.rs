@@ -13,7 +13,7 @@ use crate::model::Target;
 use crate::model::{Applied, OwnedAddress};
 
 use super::links::{Mode, Want};
-use super::slot::{Garp, Op, expiry, same_place};
+use super::slot::{Garp, Held, Op, expiry, same_place};
 use super::{Actions, Core, Metric, OpName, OpResult};
 
 impl Core {
@@ -27,15 +27,11 @@ impl Core {
         let there: BTreeSet<(u32, IpAddr)> = owned.iter().map(|o| (o.ifindex, o.ip)).collect();
         for (ip, s) in &mut self.slots {
             if s.op.is_none()
-                && s.held
-                    .as_ref()
+                && s.held_at()
                     .is_some_and(|h| !there.contains(&(h.vip.ifindex, *ip)))
             {
                 warn!(%ip, "address removed outside the agent; putting it back if still ours");
                 s.held = None;
-                s.held_since = None;
-                s.garp = None;
-                s.handover = None;
                 self.unsettled.insert(*ip);
                 self.publish_dirty = true;
                 self.report_dirty = true;
@@ -52,11 +48,9 @@ impl Core {
             info!(ip = %o.ip, interface = %o.interface,
                 "the kernel holds an address of ours the agent thought gone; deciding it again");
             let want = self.adopted_want(&o);
-            let slot = self.slots.entry(o.ip).or_default();
-            slot.held = Some(want);
             // Not a VIP just handed to this node: a peer's word that it
             // holds it stands at once (see `holds`).
-            slot.held_since = None;
+            self.slots.entry(o.ip).or_default().held = Some(Held::new(want, None));
             self.unsettled.insert(o.ip);
             self.publish_dirty = true;
             self.report_dirty = true;
@@ -78,17 +72,17 @@ impl Core {
                     op: OpName::Renew,
                     ok: true,
                 });
-                if slot.held.as_ref().is_some_and(|h| same_place(h, &want)) {
-                    slot.expires = expiry(&want, now);
-                    slot.held = Some(want);
+                if let Some(h) = &mut slot.held
+                    && same_place(&h.at, &want)
+                {
+                    h.expires = expiry(&want, now);
+                    h.at = want;
                     self.beat_dirty = true;
                 }
             }
             (Op::Add { renew: true, .. }, Ok(Applied::NotOurs)) => {
                 warn!(%ip, "address is no longer ours (added by hand?); leaving it alone");
                 slot.held = None;
-                slot.held_since = None;
-                slot.garp = None;
                 self.publish_dirty = true;
                 self.report_dirty = true;
             }
@@ -108,15 +102,19 @@ impl Core {
                 if let Some(mac) = slot.in_use.take() {
                     info!(%ip, %mac, "the host that answered for this address no longer does; taken");
                 }
-                slot.expires = expiry(&want, now);
-                let previous = slot.held.replace(want.clone());
-                if previous.is_none() {
-                    slot.held_since = Some(now);
-                }
-                slot.handover = None;
+                let (held, previous) = match slot.held.take() {
+                    Some(mut h) => {
+                        let p = std::mem::replace(&mut h.at, want.clone());
+                        (h, Some(p))
+                    }
+                    None => (Held::new(want.clone(), Some(now)), None),
+                };
+                let held = slot.held.insert(held);
+                held.expires = expiry(&want, now);
+                held.handover = None;
                 if let Some(target) = want.target {
                     out.garp.push(target);
-                    slot.garp = (self.settings.garp.count > 1).then(|| Garp {
+                    held.garp = (self.settings.garp.count > 1).then(|| Garp {
                         left: self.settings.garp.count - 1,
                         next: now + self.settings.garp.interval,
                     });
@@ -197,12 +195,9 @@ impl Core {
                 if stale {
                     return;
                 }
+                let adopted = slot.adopted();
                 slot.held = None;
-                slot.held_since = None;
-                slot.garp = None;
-                slot.handover = None;
                 slot.retry = None;
-                let adopted = std::mem::take(&mut slot.adopted);
                 self.publish_dirty = true;
                 self.report_dirty = true;
                 if adopted {

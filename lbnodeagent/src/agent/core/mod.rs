@@ -18,7 +18,9 @@
 //! # One VIP
 //!
 //! Each VIP this node deals with has a [`Slot`]: what the election and the
-//! links want here (`want`), what the kernel holds for us (`held`), and the
+//! links want here (`want`), what the kernel holds for us (`held`, a
+//! [`Held`](slot::Held) that carries what only a held VIP has: its
+//! hand-over, contest, announcements and expiry, gone with it), and the
 //! transient states in between. [`Core::decide`] is the one place a VIP's
 //! next move is chosen:
 //!
@@ -82,7 +84,7 @@ pub use api::{
     Actions, AgentRecord, Announcing, BeatPlan, ConflictKind, ConflictOutcome, ConflictSeen,
     EventRequest, Input, Metric, OpKind, OpName, OpResult, Relay, Settings,
 };
-use slot::{Op, Slot};
+use slot::{Held, Op, Slot};
 
 /// Longest wait, when giving a VIP to a live winner, for its gossip state to
 /// show it holds the address before this node removes it anyway.
@@ -313,14 +315,14 @@ impl Core {
     pub fn held(&self) -> impl Iterator<Item = (&IpAddr, &Want)> {
         self.slots
             .iter()
-            .filter_map(|(ip, s)| s.held.as_ref().map(|h| (ip, h)))
+            .filter_map(|(ip, s)| s.held_at().map(|h| (ip, h)))
     }
 
     /// Held addresses, each with whether it is being handed over.
     pub fn holdings(&self) -> impl Iterator<Item = (IpAddr, &Want, bool)> {
         self.slots
             .iter()
-            .filter_map(|(ip, s)| s.held.as_ref().map(|h| (*ip, h, s.handover.is_some())))
+            .filter_map(|(ip, s)| s.held.as_ref().map(|h| (*ip, &h.at, h.handover.is_some())))
     }
 
     /// The agents the API shows running elsewhere, while gossip reaches
@@ -341,7 +343,7 @@ impl Core {
     pub fn held_virtual_count(&self) -> usize {
         self.slots
             .values()
-            .filter(|s| s.held.as_ref().is_some_and(|h| h.mode == Mode::Virtual))
+            .filter(|s| s.held_at().is_some_and(|h| h.mode == Mode::Virtual))
             .count()
     }
 
@@ -483,10 +485,9 @@ impl Core {
                 }
                 for a in found {
                     let want = self.adopted_want(&a);
-                    let slot = self.slots.entry(a.ip).or_default();
-                    slot.held = Some(want);
-                    slot.held_since = Some(now);
-                    slot.adopted = true;
+                    let mut held = Held::new(want, Some(now));
+                    held.adopted = true;
+                    self.slots.entry(a.ip).or_default().held = Some(held);
                     self.unsettled.insert(a.ip);
                 }
                 self.publish_dirty = true;
@@ -501,7 +502,7 @@ impl Core {
                 // is read again, after the operations already asked for,
                 // and `KernelOwned` says what is there.
                 if self.slots.get(&a.ip).is_some_and(|s| {
-                    s.op.is_none() && s.held.as_ref().is_some_and(|h| h.vip.ifindex == a.ifindex)
+                    s.op.is_none() && s.held_at().is_some_and(|h| h.vip.ifindex == a.ifindex)
                 }) {
                     debug!(ip = %a.ip, interface = %a.interface,
                         "the kernel reports the address removed; reading the kernel again");
@@ -666,7 +667,7 @@ impl Core {
         }
         if let Phase::Leaving { since } = self.phase {
             let local_left = self.slots.values().any(|s| {
-                s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
+                s.held_at().is_some_and(|h| h.mode == Mode::Local)
                     || matches!(s.op, Some(Op::Add { .. }))
             });
             if !local_left || now.saturating_duration_since(since) >= LEAVE_MAX {
@@ -690,7 +691,7 @@ impl Core {
             let left: Vec<VipAddress> = self
                 .slots
                 .values()
-                .filter_map(|s| s.held.as_ref().map(|h| h.vip.clone()))
+                .filter_map(|s| s.held_at().map(|h| h.vip.clone()))
                 .collect();
             if left.is_empty() {
                 info!("left");

@@ -16,7 +16,7 @@ use crate::model::{LocalState, Status};
 use super::conflict::{self, LAPSE_EARLY, lapsing};
 use super::links::Mode;
 use super::sessions::Lapse;
-use super::slot::{Op, answering, expiry, merged, same_place};
+use super::slot::{Op, expiry, merged, same_place};
 use super::{
     Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, ISOLATED_AFTER,
     LEAVE_GRACE_ROUNDS, LEAVE_MAX, Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, WATCH_EVERY,
@@ -41,9 +41,9 @@ impl Core {
                 .slots
                 .iter()
                 .filter(|(_, s)| {
-                    answering(&s.handover)
+                    s.answering()
                         && !matches!(s.op, Some(Op::Remove { stale: false, .. }))
-                        && s.held.as_ref().is_some_and(|h| h.mode == Mode::Local)
+                        && s.held_at().is_some_and(|h| h.mode == Mode::Local)
                 })
                 .map(|(ip, _)| *ip)
                 .collect::<BTreeSet<_>>()
@@ -88,8 +88,9 @@ impl Core {
         let expiries = self
             .slots
             .values()
-            .filter(|s| s.held.as_ref().is_some_and(|h| h.mode == Mode::Local))
-            .filter_map(|s| s.expires)
+            .filter_map(|s| s.held.as_ref())
+            .filter(|h| h.at.mode == Mode::Local)
+            .filter_map(|h| h.expires)
             .chain(self.slots.values().filter_map(|s| match &s.op {
                 Some(Op::Add { want, .. }) if want.mode == Mode::Local => expiry(want, self.now),
                 _ => None,
@@ -196,7 +197,7 @@ impl Core {
         for (ip, svcs) in &self.services_of {
             let family = Family::of(*ip);
             let slot = self.slots.get(ip);
-            let local = match slot.and_then(|s| s.want.as_ref().zip(s.held.as_ref())) {
+            let local = match slot.and_then(|s| s.want.as_ref().zip(s.held_at())) {
                 Some((w, h)) if w.mode == Mode::Local && same_place(w, h) => {
                     Some(Some(format!("{},{}", self.settings.node, w.vip.interface)))
                 }
@@ -252,14 +253,16 @@ impl Core {
                     at(p.next);
                 }
             }
-            if let Some(h) = &s.handover {
-                at(h.since + HANDOVER_MAX);
-            }
-            if let Some(c) = s.contested {
-                at(c + HANDOVER_MAX);
-            }
-            if let Some(g) = s.garp {
-                at(g.next);
+            if let Some(h) = &s.held {
+                if let Some(o) = &h.handover {
+                    at(o.since + HANDOVER_MAX);
+                }
+                if let Some(c) = h.contested {
+                    at(c + HANDOVER_MAX);
+                }
+                if let Some(g) = h.garp {
+                    at(g.next);
+                }
             }
             if let Some(y) = self.conflicts.yield_of(*ip) {
                 let lapse = self.sessions.lapse(&y.to);

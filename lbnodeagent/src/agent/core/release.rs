@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 use crate::election::Reason;
 
 use super::links::{Mode, Want};
-use super::slot::Handover;
+use super::slot::{Handover, Slot};
 use super::{Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase};
 
 impl Core {
@@ -21,7 +21,7 @@ impl Core {
     /// gossip state gets up to [`HANDOVER_MAX`]; meanwhile this node stops
     /// announcing but keeps answering, so no request goes unanswered.
     pub(super) fn may_release(&mut self, ip: IpAddr, held: &Want, now: Instant) -> Option<String> {
-        let adopted = self.slots.get(&ip).is_some_and(|s| s.adopted);
+        let adopted = self.slots.get(&ip).is_some_and(Slot::adopted);
         let link_up = self
             .links
             .by_index(held.vip.ifindex)
@@ -79,8 +79,7 @@ impl Core {
             return Some(format!("{winner} holds it now"));
         }
         if self.slots.get(&ip).is_some_and(|s| {
-            s.handover
-                .as_ref()
+            s.handover()
                 .is_some_and(|h| h.answered_by.as_deref() == Some(winner.as_str()))
         }) {
             return Some(format!("{winner} answers for it on the wire"));
@@ -103,7 +102,7 @@ impl Core {
         if self
             .slots
             .get(&ip)
-            .is_some_and(|s| s.handover.as_ref().is_some_and(|h| h.kept_for_views))
+            .is_some_and(|s| s.handover().is_some_and(|h| h.kept_for_views))
             && let Some(p) = self
                 .alive_peers()
                 .filter(|n| {
@@ -119,13 +118,11 @@ impl Core {
             return Some(format!("{p} keeps it too and ranks first"));
         }
         let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
-        let slot = self
-            .slots
-            .get_mut(&ip)
-            .expect("a VIP being decided has a slot");
-        slot.garp = None;
-        slot.contested = None;
-        let handover = slot.handover.get_or_insert_with(|| {
+        // Only a VIP held here is released or contested.
+        let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
+        held.garp = None;
+        held.contested = None;
+        let handover = held.handover.get_or_insert_with(|| {
             debug!(%ip, %winner, "handing over: waiting for the winner to hold it");
             self.publish_dirty = true;
             Handover::new(now)
@@ -169,15 +166,13 @@ impl Core {
             .filter(|n| n.vips.contains(&ip))
             .map(|n| (n.node.clone(), n.revision))
             .collect();
-        let slot = self
-            .slots
-            .get_mut(&ip)
-            .expect("a VIP being decided has a slot");
+        // Only a VIP held here is released or contested.
+        let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
         if peers.is_empty() {
-            slot.contested = None;
+            held.contested = None;
             return None;
         }
-        let since = *slot.contested.get_or_insert(now);
+        let since = *held.contested.get_or_insert(now);
         // A newer view settles it at once (once its word is fresh enough
         // to trust); equal views only after a planned move had its time.
         if let Some(peer) = peers
@@ -215,7 +210,7 @@ impl Core {
         let fresh_since = self
             .slots
             .get(&ip)
-            .and_then(|s| s.held_since)
+            .and_then(|s| s.held.as_ref()?.since)
             .filter(|since| self.now.saturating_duration_since(*since) < settle);
         self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
             && fresh_since
@@ -320,7 +315,7 @@ impl Core {
                     && self
                         .slots
                         .get(&ip)
-                        .is_some_and(|s| s.held.is_some() && s.handover.is_none());
+                        .is_some_and(|s| s.held.as_ref().is_some_and(|h| h.handover.is_none()));
                 if taken_here || !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
                     found.insert(ip, self.orphans.get(&ip).copied().unwrap_or(now));
                 }

@@ -63,16 +63,61 @@ impl Handover {
     }
 }
 
-/// Whether a slot answers as held: not handed over, or kept past its
-/// hand-over for differing views.
-pub(super) fn answering(handover: &Option<Handover>) -> bool {
-    handover.as_ref().is_none_or(|h| h.kept_for_views)
-}
-
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Garp {
     pub(super) left: u32,
     pub(super) next: Instant,
+}
+
+/// An address the kernel holds for this node, and what goes with holding
+/// it: all of it goes when the address does, so no hand-over, contest or
+/// announcement outlives what it was about.
+#[derive(Clone, Debug)]
+pub(super) struct Held {
+    /// Where, as last confirmed.
+    pub(super) at: Want,
+    /// Since when it has been this node's: a peer's gossip saying it holds
+    /// the VIP counts only if published after that (see [`Core::holds`]).
+    /// `None` for an address found in the kernel, whose peers' word stands
+    /// at once.
+    pub(super) since: Option<Instant>,
+    /// When the kernel drops it unless it is renewed; `None` for one found
+    /// in the kernel and not yet renewed.
+    pub(super) expires: Option<Instant>,
+    /// Left by a previous run and not yet decided by a reconcile.
+    pub(super) adopted: bool,
+    /// Giving it to a live winner.
+    pub(super) handover: Option<Handover>,
+    /// Won here, and a live peer shows it held too, since then: the two
+    /// views of the cluster differ (see [`Core::contest`]).
+    pub(super) contested: Option<Instant>,
+    /// Announcement rounds still to send.
+    pub(super) garp: Option<Garp>,
+    /// When a second owner that this node outranks was last answered with
+    /// an announcement: one a second at most, so two nodes that each think
+    /// they outrank the other do not trade announcements at wire speed.
+    pub(super) kept_at: Option<Instant>,
+}
+
+impl Held {
+    pub(super) fn new(at: Want, since: Option<Instant>) -> Held {
+        Held {
+            at,
+            since,
+            expires: None,
+            adopted: false,
+            handover: None,
+            contested: None,
+            garp: None,
+            kept_at: None,
+        }
+    }
+
+    /// Answers as held: not handed over, or kept past its hand-over for
+    /// differing views.
+    pub(super) fn answering(&self) -> bool {
+        self.handover.as_ref().is_none_or(|h| h.kept_for_views)
+    }
 }
 
 /// One VIP this node deals with. See the module docs.
@@ -80,30 +125,12 @@ pub(super) struct Garp {
 pub(super) struct Slot {
     /// Where the election and the links say this node holds it now.
     pub(super) want: Option<Want>,
-    /// What the kernel holds for us, as last confirmed.
-    pub(super) held: Option<Want>,
+    /// What the kernel holds for us.
+    pub(super) held: Option<Held>,
     pub(super) op: Option<Op>,
     /// Asking the LAN before taking it.
     pub(super) probing: Option<Probing>,
-    /// Giving it to a live winner.
-    pub(super) handover: Option<Handover>,
-    /// Held and won here, and a live peer shows it held too, since then:
-    /// the two views of the cluster differ (see [`Core::contest`]).
-    pub(super) contested: Option<Instant>,
     pub(super) retry: Option<Retry>,
-    pub(super) garp: Option<Garp>,
-    /// Left by a previous run and not yet decided by a reconcile.
-    pub(super) adopted: bool,
-    /// When a second owner that this node outranks was last answered with
-    /// an announcement: one a second at most, so two nodes that each think
-    /// they outrank the other do not trade announcements at wire speed.
-    pub(super) kept_at: Option<Instant>,
-    /// Since when `held` has been this node's: a peer's gossip saying it
-    /// holds the VIP counts only if published after that (see
-    /// [`Core::holds`]).
-    pub(super) held_since: Option<Instant>,
-    /// When the kernel drops `held` unless it is renewed.
-    pub(super) expires: Option<Instant>,
     /// A host that is no hostlb node answered when this node asked before
     /// its first claim of the VIP: its MAC, until the VIP is taken.
     pub(super) in_use: Option<MacAddr>,
@@ -122,15 +149,36 @@ impl Slot {
     pub(super) fn settled(&self) -> bool {
         self.op.is_none()
             && self.probing.is_none()
-            && self.handover.is_none()
-            && self.garp.is_none()
-            && self.contested.is_none()
-            && !self.adopted
             && match (&self.want, &self.held) {
-                (Some(w), Some(h)) => same_place(w, h),
+                (Some(w), Some(h)) => {
+                    same_place(w, &h.at)
+                        && h.handover.is_none()
+                        && h.garp.is_none()
+                        && h.contested.is_none()
+                        && !h.adopted
+                }
                 (None, None) => self.retry.is_none(),
                 _ => false,
             }
+    }
+
+    /// Where the kernel holds it for us.
+    pub(super) fn held_at(&self) -> Option<&Want> {
+        self.held.as_ref().map(|h| &h.at)
+    }
+
+    /// Held and answering as held (see [`Held::answering`]); not held
+    /// answers as nothing is handed over.
+    pub(super) fn answering(&self) -> bool {
+        self.held.as_ref().is_none_or(Held::answering)
+    }
+
+    pub(super) fn handover(&self) -> Option<&Handover> {
+        self.held.as_ref().and_then(|h| h.handover.as_ref())
+    }
+
+    pub(super) fn adopted(&self) -> bool {
+        self.held.as_ref().is_some_and(|h| h.adopted)
     }
 }
 

@@ -139,7 +139,11 @@ impl Core {
         let mut waiting: BTreeSet<IpAddr> = self
             .slots
             .iter()
-            .filter(|(_, s)| s.handover.is_some() || s.adopted || s.contested.is_some())
+            .filter(|(_, s)| {
+                s.held
+                    .as_ref()
+                    .is_some_and(|h| h.handover.is_some() || h.adopted || h.contested.is_some())
+            })
             .map(|(ip, _)| *ip)
             .collect();
         for n in self.alive_peers() {

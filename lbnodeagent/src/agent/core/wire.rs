@@ -12,7 +12,7 @@ use crate::model::{Lifetime, Status};
 
 use super::conflict::{LAPSE_PROBE, OWNER_PROBE, Verdict, YIELD_PROBE, lapsing};
 use super::links::{Mode, Want};
-use super::slot::{Garp, Op, answering};
+use super::slot::{Garp, Op};
 use super::{
     Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase,
     TAKEOVER_WINDOW,
@@ -38,14 +38,17 @@ impl Core {
             self.judge(claim, None, now);
             return;
         };
-        if slot.handover.is_some()
+        if slot.handover().is_some()
             && let Some(node) = self.conflicts.owner_of(claim.mac)
             && node != self.settings.node
         {
             let node = node.to_string();
-            let slot = self.slot_mut(claim.ip);
-            let handover = slot.handover.as_mut().expect("handing over");
-            if handover.answered_by.as_ref() != Some(&node) {
+            if let Some(handover) = self
+                .slots
+                .get_mut(&claim.ip)
+                .and_then(|s| s.held.as_mut()?.handover.as_mut())
+                && handover.answered_by.as_ref() != Some(&node)
+            {
                 debug!(ip = %claim.ip, %node, "answered for on the wire while handing over");
                 handover.answered_by = Some(node);
                 self.unsettled.insert(claim.ip);
@@ -61,9 +64,9 @@ impl Core {
         let held = if slot.probing.is_some() {
             slot.want.clone()
         } else {
-            slot.held
-                .clone()
-                .filter(|h| h.mode == Mode::Local && answering(&slot.handover) && slot.op.is_none())
+            slot.held_at()
+                .filter(|h| h.mode == Mode::Local && slot.answering() && slot.op.is_none())
+                .cloned()
         };
         let probing = slot.probing.is_some();
         let mut verdict = self.judge(claim, held.as_ref(), now);
@@ -85,18 +88,18 @@ impl Core {
                 if probing {
                     return;
                 }
-                let slot = self
-                    .slots
-                    .get_mut(&claim.ip)
-                    .expect("a claim judged here has a slot");
-                if slot.garp.is_some()
-                    || slot
+                // Kept is only ever judged of a VIP held here.
+                let Some(mine) = self.slots.get_mut(&claim.ip).and_then(|s| s.held.as_mut()) else {
+                    return;
+                };
+                if mine.garp.is_some()
+                    || mine
                         .kept_at
                         .is_some_and(|t| now.saturating_duration_since(t) < OWNER_PROBE)
                 {
                     return;
                 }
-                slot.kept_at = Some(now);
+                mine.kept_at = Some(now);
                 warn!(ip = %claim.ip, %other, mac = %claim.mac,
                     "second owner on the wire; this node outranks it and keeps the address");
                 out.metrics.push(Metric::Conflict(ConflictKind::Hostlb));
@@ -108,7 +111,7 @@ impl Core {
                 });
                 if let Some(t) = held.and_then(|h| h.target) {
                     out.garp.push(t);
-                    slot.garp = (self.settings.garp.count > 1).then(|| Garp {
+                    mine.garp = (self.settings.garp.count > 1).then(|| Garp {
                         left: self.settings.garp.count - 1,
                         next: now + self.settings.garp.interval,
                     });
@@ -136,8 +139,9 @@ impl Core {
                 }
                 warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
                     "second owner on the wire; it outranks this node, which lets go while it answers");
-                if let Some(h) = slot.held.clone() {
-                    slot.garp = None;
+                if let Some(h) = &mut slot.held {
+                    h.garp = None;
+                    let h = h.at.clone();
                     slot.op = Some(Op::Remove {
                         vip: h.vip.clone(),
                         why: "another node that outranks this one answers for it".into(),
@@ -267,7 +271,7 @@ impl Core {
                 continue;
             }
             if let Some(h) = &s.held {
-                let mut want = h.clone();
+                let mut want = h.at.clone();
                 want.vip.lifetime = self.settings.lifetime;
                 out.add.push(want.vip.clone());
                 s.op = Some(Op::Add { want, renew: true });
@@ -280,16 +284,19 @@ impl Core {
     /// announcement rounds that are due.
     pub(super) fn probe_wire(&mut self, now: Instant, out: &mut Actions) {
         for s in self.slots.values_mut() {
-            let (Some(g), Some(h)) = (s.garp, &s.held) else {
+            let Some(h) = &mut s.held else {
+                continue;
+            };
+            let Some(g) = h.garp else {
                 continue;
             };
             if g.next > now {
                 continue;
             }
-            if let Some(t) = h.target {
+            if let Some(t) = h.at.target {
                 out.garp.push(t);
             }
-            s.garp = (g.left > 1).then(|| Garp {
+            h.garp = (g.left > 1).then(|| Garp {
                 left: g.left - 1,
                 next: now + self.settings.garp.interval,
             });
@@ -305,15 +312,14 @@ impl Core {
                 out.garp.extend(
                     self.slots
                         .values()
-                        .filter(|s| {
-                            s.garp.is_none()
-                                && s.handover.is_none()
-                                && s.contested.is_none()
-                                // A renewal in flight leaves it held; the
-                                // two timers may well keep step.
-                                && matches!(s.op, None | Some(Op::Add { renew: true, .. }))
-                        })
+                        // A renewal in flight leaves it held; the two
+                        // timers may well keep step.
+                        .filter(|s| matches!(s.op, None | Some(Op::Add { renew: true, .. })))
                         .filter_map(|s| s.held.as_ref())
+                        .filter(|h| {
+                            h.garp.is_none() && h.handover.is_none() && h.contested.is_none()
+                        })
+                        .map(|h| &h.at)
                         .filter(|h| h.mode == Mode::Local)
                         .filter_map(|h| h.target),
                 );
@@ -342,8 +348,10 @@ impl Core {
             out.probe.extend(
                 self.slots
                     .values()
-                    .filter(|s| s.handover.is_none() && s.op.is_none())
+                    .filter(|s| s.op.is_none())
                     .filter_map(|s| s.held.as_ref())
+                    .filter(|h| h.handover.is_none())
+                    .map(|h| &h.at)
                     .filter(|h| h.mode == Mode::Local)
                     .filter_map(|h| h.target),
             );
