@@ -33,7 +33,13 @@ impl Core {
         for ip in ips {
             let want = self.want_of(ip);
             match self.slots.get_mut(&ip) {
-                Some(s) => s.want = want,
+                Some(s) => {
+                    if s.want != want {
+                        // What the annotations say of it may change.
+                        s.want = want;
+                        self.report_dirty = true;
+                    }
+                }
                 None if want.is_some() => {
                     self.slots.insert(
                         ip,
@@ -42,6 +48,7 @@ impl Core {
                             ..Slot::default()
                         },
                     );
+                    self.report_dirty = true;
                 }
                 None => continue,
             }

@@ -129,10 +129,12 @@ impl Core {
         let drain_was_in_force = self.drain_in_force();
         self.view = view;
         self.orphan_scan = true;
+        // A view that only brings a peer's new state changes nothing the
+        // annotations show (see `elect_members`), and views come many
+        // times a second.
         if members_changed || drain_was_in_force != self.drain_in_force() {
             self.elect_members();
         }
-        self.report_dirty = true;
         out.metrics.push(Metric::Elected);
         // Adopted addresses another node now holds, VIPs handed
         // over, and VIPs a peer holds too may be decided now.
@@ -239,6 +241,9 @@ impl Core {
     /// Hands the membership (with this node as it is now) to the election
     /// and marks what it says moved.
     pub(super) fn elect_members(&mut self) {
+        // The annotations follow the election, the first member (who
+        // clears what nobody announces) and this node's own VIPs.
+        self.report_dirty = true;
         let own = self.own_member();
         let me = self.settings.node.as_str();
         let peers = self.view.members.iter().filter(|m| m.node != me);

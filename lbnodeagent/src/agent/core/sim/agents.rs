@@ -346,6 +346,10 @@ impl World {
                 continue;
             }
             let plan = &self.hosts[j].beat_plan;
+            let to_me = plan.dense.contains(&addr) || plan.sparse.contains(&addr);
+            if !to_me && !plan.relays.iter().any(|r| r.to.contains(&addr)) {
+                continue;
+            }
             let lapse = |l: Option<Lapse>| {
                 l.map(|l| {
                     (
@@ -372,7 +376,7 @@ impl World {
                     ..beat.clone()
                 });
             }
-            if plan.dense.contains(&addr) || plan.sparse.contains(&addr) {
+            if to_me {
                 beats.push(beat);
             }
         }
