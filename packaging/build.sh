@@ -30,8 +30,10 @@ for pinned in "cargo-deb $CARGO_DEB_VERSION" "cargo-generate-rpm $CARGO_GENERATE
   fi
 done
 
-log "packaging/zigbuild.sh -p lbnodeagent -p kubectl-hostlb"
-packaging/zigbuild.sh -p lbnodeagent -p kubectl-hostlb
+# The one release build (see zigbuild.sh): the allocator and the
+# simulation come with it, on the same dependencies.
+log "packaging/zigbuild.sh"
+packaging/zigbuild.sh
 out=target/$TARGET/release
 bin=$out/lbnodeagent
 

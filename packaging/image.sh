@@ -28,8 +28,10 @@ bin=target/x86_64-unknown-linux-gnu/release/allocator
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ca-certificates
 }
 if [[ ${IMAGE_NO_BUILD:-} != 1 ]]; then
-  printf '\n== packaging/zigbuild.sh -p hostlb-allocator\n'
-  packaging/zigbuild.sh -p hostlb-allocator
+  # The one release build (see zigbuild.sh): nothing to do after
+  # packaging/build.sh.
+  printf '\n== packaging/zigbuild.sh\n'
+  packaging/zigbuild.sh
 fi
 
 root=$(mktemp -d)

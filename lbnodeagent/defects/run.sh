@@ -35,8 +35,8 @@ for name in "${patches[@]}"; do
   git -C "$scratch/tree" checkout -q -- .
   git -C "$top" diff HEAD -- lbnodeagent api | git -C "$scratch/tree" apply --allow-empty
   git -C "$scratch/tree" apply "$here/$name"
-  (cd "$scratch/tree" && CARGO_TARGET_DIR=$target cargo build -q --release -p lbnodeagent --example sim)
-  out=$("$target/release/examples/sim" --seeds "$seeds" 2>&1 || true)
+  (cd "$scratch/tree" && CARGO_TARGET_DIR=$target cargo build -q --release -p lbnodeagent --features sim --bin sim)
+  out=$("$target/release/sim" --seeds "$seeds" 2>&1 || true)
   line=$(grep -m1 '^seed [0-9]* .* VIOLATION' <<<"$out" || true)
   if [[ -z $line ]]; then
     printf '%-40s %-10s %s\n' "${name%.patch}" 'NOT' "no violation in seeds $seeds"

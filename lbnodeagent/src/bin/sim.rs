@@ -2,9 +2,9 @@
 //! replays one.
 //!
 //! ```sh
-//! cargo run --release -p lbnodeagent --example sim -- --seeds 0..100000
-//! cargo run --release -p lbnodeagent --example sim -- --seed 4242 --trace
-//! cargo run --release -p lbnodeagent --example sim -- --seeds 0..20000 --digests FILE
+//! cargo run --release -p lbnodeagent --features sim --bin sim -- --seeds 0..100000
+//! cargo run --release -p lbnodeagent --features sim --bin sim -- --seed 4242 --trace
+//! cargo run --release -p lbnodeagent --features sim --bin sim -- --seeds 0..20000 --digests FILE
 //! RUST_LOG=lbnodeagent=debug cargo run ... -- --seed 4242 --trace   # the cores' own logs too
 //! ```
 //!
@@ -170,7 +170,7 @@ fn main() -> ExitCode {
             }
             println!("{}", sim::summary(&o));
             println!(
-                "replay: cargo run --release -p lbnodeagent --example sim -- --seed {} --trace",
+                "replay: cargo run --release -p lbnodeagent --features sim --bin sim -- --seed {} --trace",
                 o.seed
             );
             ExitCode::FAILURE
