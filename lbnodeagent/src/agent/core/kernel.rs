@@ -114,10 +114,11 @@ impl Core {
                 held.handover = None;
                 if let Some(target) = want.target {
                     out.garp.push(target);
-                    held.garp = (self.settings.garp.count > 1).then(|| Garp {
-                        left: self.settings.garp.count - 1,
-                        next: now + self.settings.garp.interval,
-                    });
+                    held.garp = Garp::after_round(
+                        self.settings.garp.count,
+                        self.settings.garp.interval,
+                        now,
+                    );
                 }
                 let fresh = previous.is_none();
                 let moved = previous.filter(|p| p.vip.ifindex != want.vip.ifindex);

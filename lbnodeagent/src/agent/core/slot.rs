@@ -69,6 +69,16 @@ pub(super) struct Garp {
     pub(super) next: Instant,
 }
 
+impl Garp {
+    /// The rounds still due after one sent `now`, of `left` due with it.
+    pub(super) fn after_round(left: u32, interval: Duration, now: Instant) -> Option<Garp> {
+        (left > 1).then(|| Garp {
+            left: left - 1,
+            next: now + interval,
+        })
+    }
+}
+
 /// An address the kernel holds for this node, and what goes with holding
 /// it: all of it goes when the address does, so no hand-over, contest or
 /// announcement outlives what it was about.

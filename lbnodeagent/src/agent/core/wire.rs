@@ -111,10 +111,11 @@ impl Core {
                 });
                 if let Some(t) = held.and_then(|h| h.target) {
                     out.garp.push(t);
-                    mine.garp = (self.settings.garp.count > 1).then(|| Garp {
-                        left: self.settings.garp.count - 1,
-                        next: now + self.settings.garp.interval,
-                    });
+                    mine.garp = Garp::after_round(
+                        self.settings.garp.count,
+                        self.settings.garp.interval,
+                        now,
+                    );
                     self.unsettled.insert(claim.ip);
                 }
             }
@@ -296,10 +297,7 @@ impl Core {
             if let Some(t) = h.at.target {
                 out.garp.push(t);
             }
-            h.garp = (g.left > 1).then(|| Garp {
-                left: g.left - 1,
-                next: now + self.settings.garp.interval,
-            });
+            h.garp = Garp::after_round(g.left, self.settings.garp.interval, now);
         }
         if let Some(every) = self.settings.garp.refresh {
             let due = *self.next_refresh.get_or_insert(now + every);
