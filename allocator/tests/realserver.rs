@@ -51,11 +51,16 @@ impl std::io::Write for Capture {
     }
 }
 
-fn assert_nothing_refused(server: &RealServer) {
+/// The log is the process's, shared by the tests that run side by side,
+/// so a neighbour's server restarting (RBAC caches empty a moment) is
+/// left out along with this one's.
+fn assert_nothing_refused() {
     let text = String::from_utf8_lossy(&log().lock().unwrap()).into_owned();
     let refused: Vec<&str> = text
         .lines()
-        .filter(|l| (l.contains("forbidden") || l.contains(" 403")) && !server.while_starting(l))
+        .filter(|l| {
+            (l.contains("forbidden") || l.contains(" 403")) && !RealServer::while_any_starting(l)
+        })
         .collect();
     assert!(
         refused.is_empty(),
@@ -234,7 +239,7 @@ async fn allocation_sharing_status_and_events_with_the_shipped_rbac() {
     })
     .await;
     r.stop().await;
-    assert_nothing_refused(&bed.server);
+    assert_nothing_refused();
 }
 
 /// Two replicas: the Lease names one; it dies without releasing it, and
@@ -296,7 +301,7 @@ async fn lease_takeover_and_a_restart_that_writes_nothing() {
     let after = versions(services.list(&ListParams::default()).await.unwrap().items);
     assert_eq!(before, after, "a restart wrote to Services");
     r.stop().await;
-    assert_nothing_refused(&bed.server);
+    assert_nothing_refused();
 }
 
 /// The API server goes away: `/readyz` says not ready within a few
@@ -349,7 +354,7 @@ async fn readiness_follows_the_api_server_and_catches_up_within_5s() {
     service(&bed, "b", json!({})).await;
     wait_ips(&bed, "b", &["10.0.0.1"]).await;
     r.stop().await;
-    assert_nothing_refused(&bed.server);
+    assert_nothing_refused();
 }
 
 /// The CRD schema refuses what it can of a bad selector or weight at
@@ -536,5 +541,5 @@ async fn the_schema_refuses_bad_selectors_and_the_rest_is_reported() {
     wait_ips(&bed, "b", &["10.0.0.1"]).await;
     assert_eq!(ips(&bed, "a").await, vec!["10.0.0.0".to_string()]);
     r.stop().await;
-    assert_nothing_refused(&bed.server);
+    assert_nothing_refused();
 }
