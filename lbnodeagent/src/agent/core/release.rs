@@ -10,6 +10,7 @@ use std::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::election::Reason;
+use crate::model::Status;
 
 use super::links::{Mode, Want};
 use super::slot::{Handover, Slot};
@@ -37,7 +38,14 @@ impl Core {
                 .members
                 .iter()
                 .any(|m| m.node != self.settings.node && self.holds(&m.node, ip));
-            return taken.then(|| "another node holds it now".into());
+            if taken {
+                return Some("another node holds it now".into());
+            }
+            return self.starting_holder_first(ip).map(|other| {
+                format!(
+                    "{other} kept it from its previous run too, and ranks first by the hash order"
+                )
+            });
         }
         if held.mode == Mode::Virtual || self.phase == Phase::Finishing {
             return Some(self.release_reason(ip));
@@ -198,6 +206,27 @@ impl Core {
                 None
             }
         })
+    }
+
+    /// Another starting node that shows `ip` kept from its previous run and
+    /// comes before this one in the election's tie-break order. Two agents
+    /// restarted while the API server is away both find the address in
+    /// their kernels and neither has a view of the cluster to rank them by
+    /// score; the hash order needs none, both read it alike, and exactly one
+    /// keeps answering until the view returns and the election moves the
+    /// VIP make before break.
+    fn starting_holder_first(&self, ip: IpAddr) -> Option<String> {
+        let me = &self.settings.node;
+        let text = ip.to_string();
+        let mine = (crate::election::rank_key(me, &text), me.as_str());
+        self.view
+            .nodes
+            .iter()
+            .filter(|n| n.node != *me && n.status == Status::Starting && n.vips.contains(&ip))
+            .map(|n| (crate::election::rank_key(&n.node, &text), n.node.as_str()))
+            .filter(|key| *key < mine)
+            .min()
+            .map(|(_, node)| node.to_string())
     }
 
     /// Whether `node`'s gossip shows it holding `ip`. Right after this node

@@ -2008,3 +2008,57 @@ fn a_drained_node_stays_off_a_silent_owner_that_still_answers() {
     let act = a.step(Input::Tick);
     assert!(act.add.is_empty(), "stays off while b answers");
 }
+
+/// Two agents restarted while the API server is away both find a VIP in
+/// their kernels from their previous runs, and neither has a view of the
+/// cluster to rank them by. Each sees the other starting with it; the one
+/// the hash order puts second lets go, the first keeps answering, so a
+/// client meets one MAC until the cluster is known again.
+#[test]
+fn two_starting_holders_of_one_vip_keep_one_without_a_view_of_the_cluster() {
+    let v = ip("10.0.1.16");
+    let text = v.to_string();
+    let (first, second) = {
+        let mut pair = ["a", "b"];
+        pair.sort_by_key(|n| crate::election::rank_key(n, &text));
+        (pair[0], pair[1])
+    };
+    let found = |node: &str| -> Actions {
+        let mut n = Node::new(node);
+        n.step(Input::Adopted(vec![OwnedAddress {
+            interface: "eth0".into(),
+            ifindex: 2,
+            ip: v,
+            prefix_len: 16,
+        }]));
+        let other = if node == first { second } else { first };
+        let mut me = view(
+            node,
+            vec![peer(other, Status::Starting, &[v], 0)],
+            Vec::new(),
+        );
+        me.local.status = Status::Starting;
+        for m in &mut me.nodes {
+            if m.node == node {
+                m.status = Status::Starting;
+                m.vips = BTreeSet::from([v]).into();
+            }
+        }
+        me.members.clear();
+        let mut act = n.step(Input::Members(me));
+        for _ in 0..20 {
+            n.advance(INTERVAL / 2);
+            let more = n.step(Input::Tick);
+            act.remove.extend(more.remove);
+            act.add.extend(more.add);
+        }
+        act
+    };
+    let kept = found(first);
+    assert!(
+        kept.remove.is_empty(),
+        "the first by the hash order keeps it: {kept:?}"
+    );
+    let gone = found(second);
+    assert_eq!(ips(&gone.remove), [v].into(), "the second lets go");
+}
