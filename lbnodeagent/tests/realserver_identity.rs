@@ -96,6 +96,15 @@ async fn one_hosts_credential_cannot_rewrite_a_service_or_another_nodes_record()
         ),
         ("labels", json!({"metadata": {"labels": {"app": "evil"}}})),
         (
+            "owners (the garbage collector would delete it)",
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                "name": "gone", "uid": "00000000-0000-0000-0000-000000000001"}]}}),
+        ),
+        (
+            "finalizers",
+            json!({"metadata": {"finalizers": ["example.com/never"]}}),
+        ),
+        (
             "another annotation",
             json!({"metadata": {"annotations": {"x": "y"}}}),
         ),
