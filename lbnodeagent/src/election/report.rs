@@ -64,7 +64,11 @@ impl Reason {
             Reason::NotLive => "no agent is running on the node",
             Reason::Leaving => "the agent on the node is shutting down",
             Reason::NoReadyEndpoint => "no usable endpoint of the Service on the node",
-            Reason::NotOnLink => "no on-link prefix contains the address",
+            // A node whose virtual mode is on holds such an address on its
+            // virtual interface and is listed there, not excluded.
+            Reason::NotOnLink => {
+                "the address is on none of the node's links, and its agent's virtual mode is off (no kube-lb0 or turned off), so it does not route it"
+            }
             Reason::InterfaceNotAllowed => {
                 "the address is on-link only on interfaces its advertisements do not allow"
             }
