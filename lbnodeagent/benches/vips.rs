@@ -83,6 +83,9 @@ fn main() {
                 d.lost,
                 ms(d.outage)
             );
+            // `many::drain` checked that each move was told and that the
+            // command ended by itself; a drain is make before break.
+            assert_eq!(d.lost, 0, "a drain of {n} VIPs lost probes: {d:?}");
             eprintln!("{n} VIPs: SIGTERM");
             let (lost, outage) = many::sigterm(&mut bed);
             println!(

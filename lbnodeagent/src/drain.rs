@@ -341,6 +341,63 @@ mod tests {
         assert!(p.observe(&empty).1, "nothing left: over either way");
     }
 
+    /// What a drain says of a VIP that stays: each other node with the
+    /// rule that keeps it out, an advertisement's `nodeSelectors` among
+    /// them, and drained peers first.
+    #[test]
+    fn a_vip_that_stays_says_which_rule_keeps_each_other_node_out() {
+        use crate::election::{Candidate, Excluded, Reason, VipReport};
+        let out = |node: &str, reason| Excluded {
+            node: node.into(),
+            reason,
+        };
+        let report = VipReport {
+            ip: ip("10.0.0.3"),
+            services: vec!["shop/web".into()],
+            pool: Some("p".into()),
+            winner: Some("node-c".into()),
+            winner_on: None,
+            candidates: vec![
+                Candidate {
+                    node: "node-c".into(),
+                    drained: true,
+                    score: 0,
+                    hash_rank: 1,
+                    hash: [0; 32],
+                },
+                Candidate {
+                    node: "node-d".into(),
+                    drained: true,
+                    score: 0,
+                    hash_rank: 2,
+                    hash: [1; 32],
+                },
+            ],
+            virtual_nodes: vec![],
+            excluded: vec![
+                out("node-a", Reason::NotEligible),
+                out("node-b", Reason::NotEligible),
+                out("node-e", Reason::NoReadyEndpoint),
+            ],
+            note: None,
+        };
+        assert_eq!(
+            why_it_stays(&report, "node-c"),
+            "no other node can serve it (node-d: drained too; \
+             node-a, node-b: no advertisement for this address selects the node; \
+             node-e: no usable endpoint of the Service on the node)"
+        );
+        let alone = VipReport {
+            candidates: report.candidates[..1].to_vec(),
+            excluded: vec![],
+            ..report
+        };
+        assert_eq!(
+            why_it_stays(&alone, "node-c"),
+            "no other node is a candidate"
+        );
+    }
+
     #[test]
     fn a_timeout_names_what_could_still_move() {
         let t0 = Instant::now();
