@@ -1579,3 +1579,68 @@ fn a_drain_moves_every_vip_without_losing_a_reply() {
     )
     .unwrap();
 }
+
+/// A host with the gossip key (root on any one node) sends leaving beats
+/// in the owner's name, with the owner's run's generation, from its own
+/// address: the peers refuse them, count them, and nobody takes the
+/// owner's VIP; a client keeps hearing the owner alone.
+#[test]
+fn a_beat_forged_from_another_address_is_dropped_and_counted() {
+    use lbnodeagent::gossip::{AuthTransport, DEFAULT_REPLAY_WINDOW, GossipKeys};
+    let c = three_nodes();
+    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
+    let probe = probe(&c);
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    let owner_mac = c.host(&owner).mac().to_string();
+    let (forger, told) = {
+        let mut rest = c.nodes.iter().filter(|n| **n != owner).cloned();
+        (rest.next().unwrap(), rest.next().unwrap())
+    };
+    let generation: u64 =
+        std::fs::read_to_string(c.run_dir(&owner).join(lbnodeagent::agent::GENERATION_FILE))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+    let refused = |c: &Cluster| -> u64 {
+        let metrics = c.http_get(&told, "/metrics").1;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("hostlb_agent_beats_refused_total "))
+            .unwrap_or_else(|| panic!("no refusal counter: {metrics}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let before = refused(&c);
+    let key = c.dir.path().join("gossip.key");
+    let to = vec![std::net::SocketAddr::new(
+        c.host(&told).ipv4.into(),
+        lbnodeagent::gossip::DEFAULT_PORT,
+    )];
+    let name = owner.clone();
+    let t = Instant::now();
+    c.host(&forger)
+        .ns
+        .block_on(move || async move {
+            let transport =
+                AuthTransport::new(GossipKeys::load(&key).unwrap(), DEFAULT_REPLAY_WINDOW);
+            let send = transport.sender("0.0.0.0:0".parse().unwrap()).unwrap();
+            lbnodeagent::gossip::beats::send_leaving(&name, Some(generation), &to, |to, p| {
+                send.send(to, p)
+            })
+            .await;
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        refused(&c) >= before + u64::from(lbnodeagent::gossip::beats::LEAVING_ROUNDS),
+        "every forged beat refused and counted"
+    );
+    assert_eq!(c.holders(VIP), vec![owner.clone()], "nobody took it");
+    assert_eq!(
+        probe.macs_between(t, Instant::now()),
+        vec![owner_mac],
+        "a client hears the owner alone"
+    );
+}
