@@ -163,18 +163,31 @@ fn a_vip_answers_only_on_its_services_ports_and_to_icmp() {
         "{status}"
     );
 
-    // A port the Service adds opens within a moment.
+    // A port the Service adds opens within a second of the edit, in the
+    // owner's table (read every 10 ms), and then to the client.
     let edited = Instant::now();
     c.apply(
         "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  type: LoadBalancer\n  ports: [{port: 80, protocol: TCP, name: http}, {port: 22, protocol: TCP, name: ssh}]\n",
     );
+    let in_table = wait_for(
+        "the owner's table to open port 22",
+        Duration::from_secs(5),
+        || {
+            let set = c
+                .host(&owner)
+                .ns
+                .run(&["nft", "list", "set", "inet", "hostlb", "open4"])
+                .unwrap_or_default();
+            set.contains(&format!("{VIP4} . tcp . 22"))
+                .then(|| edited.elapsed())
+        },
+    )
+    .unwrap();
+    eprintln!("the Service's new port was in the owner's table {in_table:?} after the edit");
+    assert!(in_table < Duration::from_secs(1), "{in_table:?}");
     for vip in [VIP4, VIP6] {
         wait_open(&c, vip, 22, "open");
     }
-    eprintln!(
-        "the Service's new port opened {:?} after the edit",
-        edited.elapsed()
-    );
 
     // Turned off by a reload: every port of the host answers on the VIP.
     c.kubectl(&[
@@ -207,6 +220,29 @@ fn a_vip_answers_only_on_its_services_ports_and_to_icmp() {
         c.signal(n, "HUP");
     }
     wait_closed(&c, VIP4, 22, "close once on");
+    // A restart adopts the table: killed without `cleanup`, the agent
+    // leaves it in place, and started again it replaces it in one
+    // transaction once the cluster is known, never removing it meanwhile.
+    let has_table = |c: &Cluster| {
+        c.host(&owner)
+            .ns
+            .run(&["nft", "list", "tables"])
+            .unwrap()
+            .contains("inet hostlb")
+    };
+    c.kill(&owner);
+    assert!(has_table(&c), "a killed agent's table stays");
+    c.start(&owner);
+    let restarted = Instant::now();
+    while restarted.elapsed() < Duration::from_secs(3) {
+        assert!(has_table(&c), "the table went away during a restart");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for("the restarted owner ready", Duration::from_secs(10), || {
+        (c.http_get(&owner, "/readyz").0 == "200").then_some(())
+    })
+    .unwrap();
+    assert!(has_table(&c));
     c.kill(&owner);
     let config = c.config_path(&owner);
     let (ok, _, err) = c.agent_command(&owner, &["cleanup", "--config", config.to_str().unwrap()]);
