@@ -188,6 +188,11 @@ pub struct Core {
     /// that does not show them held, since when (see [`Core::orphans`]).
     orphans: BTreeMap<IpAddr, Instant>,
     orphan_scan: bool,
+    /// Addresses of a previous run this node let go while starting, to a
+    /// starting node first in the hash order that showed them too, and
+    /// where they were: put back if that node stops showing them before
+    /// this one is running (see [`Core::starting_comebacks`]).
+    starting_yields: BTreeMap<IpAddr, Want>,
     conflicts: Conflicts,
     /// Addresses someone else holds on this host: reported once each.
     foreign: BTreeSet<IpAddr>,
@@ -258,6 +263,7 @@ impl Core {
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             orphans: BTreeMap::new(),
+            starting_yields: BTreeMap::new(),
             orphan_scan: false,
             conflicts: Conflicts::default(),
             foreign: BTreeSet::new(),
@@ -647,6 +653,7 @@ impl Core {
             // while starting (a view newer than the peers') are due now.
             self.orphan_scan = true;
         }
+        self.starting_comebacks(now, out);
         self.note_isolation(now, out);
         if self.orphan_scan {
             self.orphans(now);

@@ -13,7 +13,7 @@ use crate::election::Reason;
 use crate::model::Status;
 
 use super::links::{Mode, Want};
-use super::slot::{Handover, Slot};
+use super::slot::{Handover, Held, Op, Slot};
 use super::{Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase};
 
 impl Core {
@@ -41,11 +41,11 @@ impl Core {
             if taken {
                 return Some("another node holds it now".into());
             }
-            return self.starting_holder_first(ip).map(|other| {
-                format!(
-                    "{other} kept it from its previous run too, and ranks first by the hash order"
-                )
-            });
+            let other = self.starting_holder_first(ip)?;
+            self.starting_yields.insert(ip, held.clone());
+            return Some(format!(
+                "{other} kept it from its previous run too, and ranks first by the hash order"
+            ));
         }
         if held.mode == Mode::Virtual || self.phase == Phase::Finishing {
             return Some(self.release_reason(ip));
@@ -212,9 +212,11 @@ impl Core {
     /// comes before this one in the election's tie-break order. Two agents
     /// restarted while the API server is away both find the address in
     /// their kernels and neither has a view of the cluster to rank them by
-    /// score; the hash order needs none, both read it alike, and exactly one
-    /// keeps answering until the view returns and the election moves the
-    /// VIP make before break.
+    /// score; the hash order needs none and both read it alike, so of two
+    /// that see each other exactly one keeps answering until the view
+    /// returns and the election moves the VIP make before break. The one
+    /// that let go puts the address back should the other stop showing it
+    /// meanwhile ([`Core::starting_comebacks`]).
     fn starting_holder_first(&self, ip: IpAddr) -> Option<String> {
         let me = &self.settings.node;
         let text = ip.to_string();
@@ -227,6 +229,64 @@ impl Core {
             .filter(|key| *key < mine)
             .min()
             .map(|(_, node)| node.to_string())
+    }
+
+    /// Puts back an address let go to a starting node first in the hash
+    /// order (see [`Core::starting_holder_first`]) once no node shows it
+    /// any more while this one is still starting: the word that node held
+    /// it may have been stale (it had just let go itself), or its host
+    /// failed since. Without this, the VIP would be dark until this node
+    /// knows the cluster again, which during an API outage is its whole
+    /// length. Once running, the election decides and these are dropped.
+    pub(super) fn starting_comebacks(&mut self, now: Instant, out: &mut Actions) {
+        if self.phase != Phase::Starting {
+            self.starting_yields.clear();
+            return;
+        }
+        let me = self.settings.node.clone();
+        let ips: Vec<IpAddr> = self.starting_yields.keys().copied().collect();
+        for ip in ips {
+            if self
+                .slots
+                .get(&ip)
+                .is_some_and(|s| s.held.is_some() || s.op.is_some())
+            {
+                continue;
+            }
+            let held_elsewhere = self
+                .view
+                .members
+                .iter()
+                .any(|m| m.node != me && self.holds(&m.node, ip));
+            if held_elsewhere {
+                self.starting_yields.remove(&ip);
+                continue;
+            }
+            if self.starting_holder_first(ip).is_some() {
+                continue;
+            }
+            let want = self.starting_yields.remove(&ip).expect("listed");
+            if !self
+                .links
+                .by_index(want.vip.ifindex)
+                .is_some_and(|l| l.carrier)
+            {
+                continue;
+            }
+            info!(%ip, interface = %want.vip.interface,
+                "the starting node this one let the address go to no longer shows it; putting it back");
+            let slot = self.slots.entry(ip).or_default();
+            let mut held = Held::new(want.clone(), Some(now));
+            held.adopted = true;
+            slot.held = Some(held);
+            slot.op = Some(Op::Add {
+                want: want.clone(),
+                renew: false,
+            });
+            out.add.push(want.vip);
+            self.unsettled.insert(ip);
+            self.publish_dirty = true;
+        }
     }
 
     /// Whether `node`'s gossip shows it holding `ip`. Right after this node

@@ -2013,7 +2013,9 @@ fn a_drained_node_stays_off_a_silent_owner_that_still_answers() {
 /// their kernels from their previous runs, and neither has a view of the
 /// cluster to rank them by. Each sees the other starting with it; the one
 /// the hash order puts second lets go, the first keeps answering, so a
-/// client meets one MAC until the cluster is known again.
+/// client meets one MAC until the cluster is known again. Should the first
+/// stop showing it (its word was stale, or its host failed), the second
+/// puts it back: never none while one of them could answer.
 #[test]
 fn two_starting_holders_of_one_vip_keep_one_without_a_view_of_the_cluster() {
     let v = ip("10.0.1.16");
@@ -2023,29 +2025,25 @@ fn two_starting_holders_of_one_vip_keep_one_without_a_view_of_the_cluster() {
         pair.sort_by_key(|n| crate::election::rank_key(n, &text));
         (pair[0], pair[1])
     };
-    let found = |node: &str| -> Actions {
-        let mut n = Node::new(node);
-        n.step(Input::Adopted(vec![OwnedAddress {
-            interface: "eth0".into(),
-            ifindex: 2,
-            ip: v,
-            prefix_len: 16,
-        }]));
-        let other = if node == first { second } else { first };
-        let mut me = view(
-            node,
-            vec![peer(other, Status::Starting, &[v], 0)],
+    let starting_view = |me: &str, other_shows: &[IpAddr]| {
+        let other = if me == first { second } else { first };
+        let mut view = view(
+            me,
+            vec![peer(other, Status::Starting, other_shows, 0)],
             Vec::new(),
         );
-        me.local.status = Status::Starting;
-        for m in &mut me.nodes {
-            if m.node == node {
+        view.local.status = Status::Starting;
+        for m in &mut view.nodes {
+            if m.node == me {
                 m.status = Status::Starting;
                 m.vips = BTreeSet::from([v]).into();
             }
         }
-        me.members.clear();
-        let mut act = n.step(Input::Members(me));
+        view.members.clear();
+        view
+    };
+    let ticks = |n: &mut Node| {
+        let mut act = Actions::default();
         for _ in 0..20 {
             n.advance(INTERVAL / 2);
             let more = n.step(Input::Tick);
@@ -2054,11 +2052,39 @@ fn two_starting_holders_of_one_vip_keep_one_without_a_view_of_the_cluster() {
         }
         act
     };
-    let kept = found(first);
+    let found = |node: &str| -> (Node, Actions) {
+        let mut n = Node::new(node);
+        n.step(Input::Adopted(vec![OwnedAddress {
+            interface: "eth0".into(),
+            ifindex: 2,
+            ip: v,
+            prefix_len: 16,
+        }]));
+        let mut act = n.step(Input::Members(starting_view(node, &[v])));
+        let more = ticks(&mut n);
+        act.remove.extend(more.remove);
+        act.add.extend(more.add);
+        (n, act)
+    };
+    let (_, kept) = found(first);
     assert!(
         kept.remove.is_empty(),
         "the first by the hash order keeps it: {kept:?}"
     );
-    let gone = found(second);
+    let (mut b, gone) = found(second);
     assert_eq!(ips(&gone.remove), [v].into(), "the second lets go");
+    b.done(&gone);
+    assert!(
+        ticks(&mut b).add.is_empty(),
+        "and stays off while the first shows it"
+    );
+    let mut back = b.step(Input::Members(starting_view(second, &[])));
+    back.add.extend(ticks(&mut b).add);
+    assert_eq!(
+        ips(&back.add),
+        [v].into(),
+        "the first no longer shows it: put back"
+    );
+    b.done(&back);
+    assert!(ticks(&mut b).remove.is_empty(), "and kept");
 }
