@@ -59,7 +59,11 @@ fn median(mut v: Vec<Duration>) -> Duration {
 fn main() {
     require_root();
     require_tools(&["nft"]);
-    let runs = env_list("FIREWALL_RUNS", &[5])[0].max(1);
+    let runs = env_list("FIREWALL_RUNS", &[5])
+        .first()
+        .copied()
+        .unwrap_or(5)
+        .max(1);
     for n in env_list("FIREWALL_SIZES", &[1000, 10_000]) {
         let plan = plan(n);
         let mut render = Vec::new();
@@ -81,14 +85,18 @@ fn main() {
                 .unwrap();
             apply.push(took);
         }
-        let listed = ns
-            .run(&["nft", "list", "set", "inet", "hostlb", "open4"])
-            .unwrap();
-        let pairs = listed.matches(" . tcp . ").count();
-        assert_eq!(
-            pairs, n,
-            "the IPv4 Services' address and port pairs in force"
-        );
+        // Even indices are IPv4, odd ones IPv6, two ports each.
+        for (set, services) in [("open4", n.div_ceil(2)), ("open6", n / 2)] {
+            let listed = ns
+                .run(&["nft", "list", "set", "inet", "hostlb", set])
+                .unwrap();
+            let pairs = listed.matches(" . tcp . ").count();
+            assert_eq!(
+                pairs,
+                2 * services,
+                "the address and port pairs in force in {set}"
+            );
+        }
         println!(
             "{n} Services ({} address and port pairs): the table put in force in {:.0} ms (median of {runs}, nft -f in a fresh namespace), its script written in {:.1} ms",
             2 * n,

@@ -342,8 +342,9 @@ mod tests {
     }
 
     /// What a drain says of a VIP that stays: each other node with the
-    /// rule that keeps it out, an advertisement's `nodeSelectors` among
-    /// them, and drained peers first.
+    /// rule that keeps it out (`NotEligible` is what an advertisement's
+    /// `nodeSelectors` give a node they do not select), drained peers
+    /// first.
     #[test]
     fn a_vip_that_stays_says_which_rule_keeps_each_other_node_out() {
         use crate::election::{Candidate, Excluded, Reason, VipReport};

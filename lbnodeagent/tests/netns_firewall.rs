@@ -164,7 +164,8 @@ fn a_vip_answers_only_on_its_services_ports_and_to_icmp() {
     );
 
     // A port the Service adds opens within a second of the edit, in the
-    // owner's table (read every 10 ms), and then to the client.
+    // owner's table (read as often as `nft` runs, every few tens of ms),
+    // and then to the client.
     let edited = Instant::now();
     c.apply(
         "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  type: LoadBalancer\n  ports: [{port: 80, protocol: TCP, name: http}, {port: 22, protocol: TCP, name: ssh}]\n",
