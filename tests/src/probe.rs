@@ -163,11 +163,21 @@ impl Drop for ArpProbe {
 
 /// A client asking about many IPv4 addresses at once: one broadcast ARP
 /// request for each every interval, and which MAC answered each, when.
-/// For judging a failover of many VIPs by what the wire shows.
+/// For judging a failover of many VIPs by what the wire shows. Like
+/// [`ArpProbe`], the sweeper stamps its rounds and replies itself, so a
+/// request that went unanswered is told from a test process slow to read.
 pub struct ArpSweep {
     child: Child,
-    replies: Arc<Mutex<Vec<(String, Reply)>>>,
+    seen: Arc<Mutex<Swept>>,
     pub interval: Duration,
+}
+
+/// When each round of requests went out, and each reply with the address
+/// it is about.
+#[derive(Default)]
+struct Swept {
+    rounds: Vec<Instant>,
+    replies: Vec<(String, Reply)>,
 }
 
 impl ArpSweep {
@@ -188,10 +198,17 @@ impl ArpSweep {
             SWEEPER,
             &[interface, source, &targets, &secs],
         )?;
-        let replies = Arc::new(Mutex::new(Vec::new()));
-        let sink = replies.clone();
+        let clock = Clock::new();
+        let seen = Arc::new(Mutex::new(Swept::default()));
+        let sink = seen.clone();
         thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                let at = stamp(&line).map_or_else(Instant::now, |t| clock.at(t));
+                let mut seen = sink.lock().unwrap_or_else(|e| e.into_inner());
+                if line.starts_with("sent") {
+                    seen.rounds.push(at);
+                    continue;
+                }
                 let Some(mac) = parse_reply(&line) else {
                     continue;
                 };
@@ -201,40 +218,48 @@ impl ArpSweep {
                 else {
                     continue;
                 };
-                sink.lock().unwrap_or_else(|e| e.into_inner()).push((
-                    ip.to_string(),
-                    Reply {
-                        at: Instant::now(),
-                        mac,
-                    },
-                ));
+                seen.replies.push((ip.to_string(), Reply { at, mac }));
             }
         });
         Ok(ArpSweep {
             child,
-            replies,
+            seen,
             interval,
         })
     }
 
     /// The replies about `ip` so far.
     pub fn replies(&self, ip: &str) -> Vec<Reply> {
-        self.replies
+        self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .replies
             .iter()
             .filter(|(i, _)| i == ip)
             .map(|(_, r)| r.clone())
             .collect()
     }
 
+    /// What a client asking about `ip` saw from `t0` to `end`, counting as
+    /// lost only the requests the sweeper sent that went unanswered.
+    pub fn judge(&self, ip: &str, t0: Instant, end: Instant) -> Outcome {
+        let rounds = self
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rounds
+            .clone();
+        judge(&self.replies(ip), Some(&rounds), t0, end, self.interval)
+    }
+
     /// When each address was first answered by a MAC other than `old`
     /// after `t0`; `None` for one that was not (yet).
     pub fn moved(&self, ips: &[String], old: &str, t0: Instant) -> Vec<Option<Instant>> {
-        let all = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         ips.iter()
             .map(|ip| {
-                all.iter()
+                seen.replies
+                    .iter()
                     .find(|(i, r)| i == ip && r.at >= t0 && r.mac != old)
                     .map(|(_, r)| r.at)
             })
@@ -474,7 +499,8 @@ while True:
 "#;
 
 /// [`PROBER`] for many IPv4 targets: every interval one broadcast request
-/// for each, and one line per answer naming the address it is about.
+/// for each (a `sent` line per round), and one line per answer naming the
+/// address it is about, each stamped when it was sent or read.
 const SWEEPER: &str = r#"
 import select, socket, struct, sys, time
 iface, src, dsts, interval = sys.argv[1], sys.argv[2], sys.argv[3].split(","), float(sys.argv[4])
@@ -493,17 +519,21 @@ due = time.monotonic()
 while True:
     now = time.monotonic()
     if now >= due:
+        sent = time.monotonic()
+        ok = True
         for f in frames:
             try:
                 s.send(f)
             except OSError:
-                pass
+                ok = False
+        if ok:
+            sys.stdout.write("sent @%.6f\n" % sent)
         due = max(due + interval, now)
     ready, _, _ = select.select([s], [], [], max(0.0, due - time.monotonic()))
     while ready:
         p = s.recv(512)
         if len(p) >= 42 and p[20:22] == b"\x00\x02" and p[28:32] in wanted:
-            sys.stdout.write("reply from %s [%s]\n" % (wanted[p[28:32]], p[22:28].hex(":")))
+            sys.stdout.write("reply from %s [%s] @%.6f\n" % (wanted[p[28:32]], p[22:28].hex(":"), time.monotonic()))
         ready, _, _ = select.select([s], [], [], 0)
     sys.stdout.flush()
 "#;

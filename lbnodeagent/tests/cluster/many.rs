@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hostlb_tests::netns::wait_for;
-use hostlb_tests::probe::{ArpSweep, judge};
+use hostlb_tests::probe::ArpSweep;
 
 use super::Cluster;
 
@@ -284,8 +284,12 @@ pub fn sigterm(bed: &mut Bed) -> (u64, Duration) {
     let end = Instant::now();
     let mut lost = 0;
     let mut outage = Duration::ZERO;
+    let mut worst = None;
     for ip in &bed.sample {
-        let o = judge(&sweep.replies(ip), None, t0, end, EVERY);
+        let o = sweep.judge(ip, t0, end);
+        if o.lost > lost {
+            worst = Some(format!("{ip}: {o:?}"));
+        }
         lost = lost.max(o.lost);
         outage = outage.max(o.outage);
     }
@@ -321,7 +325,7 @@ pub fn hand_back(bed: &mut Bed) -> HandBack {
     let lost = bed
         .sample
         .iter()
-        .map(|ip| judge(&sweep.replies(ip), None, t0, end, EVERY).lost)
+        .map(|ip| sweep.judge(ip, t0, end).lost)
         .max()
         .unwrap_or(0);
     HandBack {
@@ -421,7 +425,7 @@ pub fn fail_during_hand_back(bed: &mut Bed) -> FailedHandBack {
         .collect();
     let outage = sampled
         .iter()
-        .map(|ip| judge(&sweep.replies(ip), None, t0, end, EVERY).outage)
+        .map(|ip| sweep.judge(ip, t0, end).outage)
         .max()
         .unwrap_or_default();
     bed.c.lan.set_port("node-a", true).unwrap();
@@ -450,6 +454,8 @@ pub struct Drained {
     pub command: Duration,
     pub lost: u64,
     pub outage: Duration,
+    /// The sampled VIP that lost the most, and what its client saw.
+    pub worst: Option<String>,
 }
 
 pub fn drain(bed: &mut Bed) -> Drained {
@@ -487,8 +493,12 @@ pub fn drain(bed: &mut Bed) -> Drained {
     std::thread::sleep(Duration::from_millis(500));
     let end = Instant::now();
     let (mut lost, mut outage) = (0, Duration::ZERO);
+    let mut worst = None;
     for ip in &bed.sample {
-        let o = judge(&sweep.replies(ip), None, t0, end, EVERY);
+        let o = sweep.judge(ip, t0, end);
+        if o.lost > lost {
+            worst = Some(format!("{ip}: {o:?}"));
+        }
         lost = lost.max(o.lost);
         outage = outage.max(o.outage);
     }
@@ -510,6 +520,7 @@ pub fn drain(bed: &mut Bed) -> Drained {
         command,
         lost,
         outage,
+        worst,
     }
 }
 
