@@ -54,6 +54,9 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
     let mut c = three_nodes();
     let probe = probe(&c);
 
+    // A new Service on a running cluster: how long its first answer takes
+    // is then the agents' doing, not their start-up's.
+    c.wait_ready(Duration::from_secs(20));
     let created = c.service("web", &[VIP], &["node-a"], "");
     let owner = settled(&c, &probe, Duration::from_secs(20));
     let first_reply = probe.since(created).first().map(|r| r.at).unwrap();

@@ -520,6 +520,16 @@ garp_interval = "200ms"
 
     /// GET `path` from the agent's HTTP listener on its host; (status line,
     /// body).
+    /// Waits until every agent says it is ready (`/readyz`).
+    pub fn wait_ready(&self, timeout: Duration) {
+        for n in &self.nodes {
+            wait_for(&format!("{n} to be ready"), timeout, || {
+                (self.http_get(n, "/readyz").0 == "200").then_some(())
+            })
+            .unwrap();
+        }
+    }
+
     pub fn http_get(&self, node: &str, path: &str) -> (String, String) {
         let script = format!(
             "import urllib.request, urllib.error\n\
