@@ -284,12 +284,8 @@ pub fn sigterm(bed: &mut Bed) -> (u64, Duration) {
     let end = Instant::now();
     let mut lost = 0;
     let mut outage = Duration::ZERO;
-    let mut worst = None;
     for ip in &bed.sample {
         let o = sweep.judge(ip, t0, end);
-        if o.lost > lost {
-            worst = Some(format!("{ip}: {o:?}"));
-        }
         lost = lost.max(o.lost);
         outage = outage.max(o.outage);
     }
