@@ -12,6 +12,13 @@ pub fn rank_key(node: &str, ip_text: &str) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// A node's place in a VIP's tie-break order, first smallest: the key,
+/// then the name (two names never share a key in practice, but the order
+/// must be total).
+pub fn order_key<'a>(node: &'a str, ip_text: &str) -> ([u8; 32], &'a str) {
+    (rank_key(node, ip_text), node)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

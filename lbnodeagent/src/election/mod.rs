@@ -12,7 +12,7 @@ mod report;
 pub mod view;
 
 pub use engine::{Duty, Election, elect_all};
-pub use hash::rank_key;
+pub use hash::{order_key, rank_key};
 pub use report::{Candidate, Excluded, Note, Reason, VipReport};
 pub use view::{
     Advertisement, Cluster, Endpoints, Labels, Member, NodeInfo, OnLink, Pool, Preference,

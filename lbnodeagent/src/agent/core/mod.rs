@@ -490,9 +490,7 @@ impl Core {
                     info!(count = found.len(), "found addresses of a previous run");
                 }
                 for a in found {
-                    let want = self.adopted_want(&a);
-                    let mut held = Held::new(want, Some(now));
-                    held.adopted = true;
+                    let held = Held::adopted(self.adopted_want(&a), now);
                     self.slots.entry(a.ip).or_default().held = Some(held);
                     self.unsettled.insert(a.ip);
                 }

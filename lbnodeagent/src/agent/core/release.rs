@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
-use crate::election::Reason;
+use crate::election::{Reason, order_key};
 use crate::model::Status;
 
 use super::links::{Mode, Want};
@@ -33,12 +33,7 @@ impl Core {
         if adopted && self.phase == Phase::Starting {
             // Not decided before the first reconcile, unless another node
             // has taken it over meanwhile.
-            let taken = self
-                .view
-                .members
-                .iter()
-                .any(|m| m.node != self.settings.node && self.holds(&m.node, ip));
-            if taken {
+            if self.a_member_holds(ip) {
                 return Some("another node holds it now".into());
             }
             let other = self.starting_holder_first(ip)?;
@@ -208,6 +203,15 @@ impl Core {
         })
     }
 
+    /// Whether another live member (an elected candidate, not a starting
+    /// node) shows `ip` held.
+    fn a_member_holds(&self, ip: IpAddr) -> bool {
+        self.view
+            .members
+            .iter()
+            .any(|m| m.node != self.settings.node && self.holds(&m.node, ip))
+    }
+
     /// Another starting node that shows `ip` kept from its previous run and
     /// comes before this one in the election's tie-break order. Two agents
     /// restarted while the API server is away both find the address in
@@ -220,12 +224,12 @@ impl Core {
     fn starting_holder_first(&self, ip: IpAddr) -> Option<String> {
         let me = &self.settings.node;
         let text = ip.to_string();
-        let mine = (crate::election::rank_key(me, &text), me.as_str());
+        let mine = order_key(me, &text);
         self.view
             .nodes
             .iter()
             .filter(|n| n.node != *me && n.status == Status::Starting && n.vips.contains(&ip))
-            .map(|n| (crate::election::rank_key(&n.node, &text), n.node.as_str()))
+            .map(|n| order_key(&n.node, &text))
             .filter(|key| *key < mine)
             .min()
             .map(|(_, node)| node.to_string())
@@ -243,7 +247,6 @@ impl Core {
             self.starting_yields.clear();
             return;
         }
-        let me = self.settings.node.clone();
         let ips: Vec<IpAddr> = self.starting_yields.keys().copied().collect();
         for ip in ips {
             if self
@@ -253,12 +256,7 @@ impl Core {
             {
                 continue;
             }
-            let held_elsewhere = self
-                .view
-                .members
-                .iter()
-                .any(|m| m.node != me && self.holds(&m.node, ip));
-            if held_elsewhere {
+            if self.a_member_holds(ip) {
                 self.starting_yields.remove(&ip);
                 continue;
             }
@@ -276,9 +274,7 @@ impl Core {
             info!(%ip, interface = %want.vip.interface,
                 "the starting node this one let the address go to no longer shows it; putting it back");
             let slot = self.slots.entry(ip).or_default();
-            let mut held = Held::new(want.clone(), Some(now));
-            held.adopted = true;
-            slot.held = Some(held);
+            slot.held = Some(Held::adopted(want.clone(), now));
             slot.op = Some(Op::Add {
                 want: want.clone(),
                 renew: false,

@@ -123,6 +123,15 @@ impl Held {
         }
     }
 
+    /// An address a previous run left, found in the kernel: held, but not
+    /// decided before the first reconcile.
+    pub(super) fn adopted(at: Want, now: Instant) -> Held {
+        Held {
+            adopted: true,
+            ..Held::new(at, Some(now))
+        }
+    }
+
     /// Answers as held: not handed over, or kept past its hand-over for
     /// differing views.
     pub(super) fn answering(&self) -> bool {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use super::super::hash::rank_key;
+use super::super::hash::{order_key, rank_key};
 use super::super::report::VipReport;
 use super::super::view::{Cluster, Member};
 use super::{Compiled, Election, EndpointFilter, NodeId, Slot, Win};
@@ -129,10 +129,10 @@ impl Order {
     /// after a prefix that is already not the whole order.
     pub(super) fn insert(&mut self, slots: &[Slot], id: NodeId, ip_text: &str) {
         let name = &slots[id as usize].name;
-        let key = (rank_key(name, ip_text), name.as_str());
+        let key = order_key(name, ip_text);
         let pos = self.ids.partition_point(|&n| {
             let s = &slots[n as usize].name;
-            (rank_key(s, ip_text), s.as_str()) < key
+            order_key(s, ip_text) < key
         });
         if pos < self.ids.len() || self.complete {
             self.ids.insert(pos, id);
