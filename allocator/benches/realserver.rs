@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use hostlb_api::IPAddressPool;
+use hostlb_tests::median;
 use hostlb_tests::realserver::{RealServer, create_load_balancers, kube_config};
 use k8s_openapi::api::core::v1::Service;
 use kube::Client;
@@ -187,11 +188,6 @@ async fn run(
         after.difference(&before).count() as u64,
         caught_up,
     )
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -11,8 +11,9 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use hostlb_tests::median;
 use hostlb_tests::netns::{Netns, require_root, require_tools};
 use lbnodeagent::agent::core::firewall::{Firewall, FirewallPlan};
 use lbnodeagent::election::{Protocol, ServicePort};
@@ -49,11 +50,6 @@ fn plan(n: usize) -> FirewallPlan {
         }
     }
     FirewallPlan::On(f)
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use hostlb_api::annotations::{ANNOUNCING_IPV4, reasons};
+use hostlb_tests::median;
 use hostlb_tests::realserver::{RealServer, create_load_balancers, kube_config};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
@@ -124,11 +125,6 @@ async fn run(n: usize, port: u16) -> (Duration, Duration) {
 }
 
 use kube::ResourceExt;
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {

@@ -8,3 +8,10 @@ pub mod probe;
 pub mod realserver;
 pub mod rng;
 pub mod routing;
+
+/// The median of durations measured over runs (the upper one of an even
+/// count), as the benchmarks report them.
+pub fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
+    v.sort();
+    v[v.len() / 2]
+}

@@ -98,17 +98,7 @@ impl Bed {
 
     /// Every agent reports ready; when each did, in order of the nodes.
     pub fn wait_ready(&self, timeout: Duration) -> Vec<Instant> {
-        self.c
-            .nodes
-            .iter()
-            .map(|n| {
-                wait_for(&format!("{n} to be ready"), timeout, || {
-                    let (code, _) = self.c.http_get(n, "/readyz");
-                    (code == "200").then(Instant::now)
-                })
-                .unwrap()
-            })
-            .collect()
+        self.c.wait_ready(timeout)
     }
 
     /// Waits until every agent sees every other live in gossip: a planned

@@ -520,14 +520,18 @@ garp_interval = "200ms"
 
     /// GET `path` from the agent's HTTP listener on its host; (status line,
     /// body).
-    /// Waits until every agent says it is ready (`/readyz`).
-    pub fn wait_ready(&self, timeout: Duration) {
-        for n in &self.nodes {
-            wait_for(&format!("{n} to be ready"), timeout, || {
-                (self.http_get(n, "/readyz").0 == "200").then_some(())
+    /// Waits until every agent says it is ready (`/readyz`); when each
+    /// did, in order of the nodes.
+    pub fn wait_ready(&self, timeout: Duration) -> Vec<Instant> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                wait_for(&format!("{n} to be ready"), timeout, || {
+                    (self.http_get(n, "/readyz").0 == "200").then(Instant::now)
+                })
+                .unwrap()
             })
-            .unwrap();
-        }
+            .collect()
     }
 
     pub fn http_get(&self, node: &str, path: &str) -> (String, String) {
