@@ -72,6 +72,9 @@ pub struct RealServer {
     /// server was starting: ready, but its RBAC caches not yet filled, so
     /// it refuses (403) what it will allow a moment later.
     starting: std::sync::Mutex<Vec<(String, String)>>,
+    /// The RBAC manifests applied ([`RealServer::wait_granted`]): a
+    /// restarted server is starting until they are in force again.
+    granted: std::sync::Mutex<Vec<String>>,
 }
 
 /// The start-up windows of every server this process ran.
@@ -156,6 +159,7 @@ impl RealServer {
             port,
             etcd_port,
             starting: Default::default(),
+            granted: Default::default(),
         };
         let from = std::time::SystemTime::now();
         let out = s.run_sh(&["start"]);
@@ -170,7 +174,8 @@ impl RealServer {
     }
 
     /// Waits until RBAC decisions are served from filled caches (a
-    /// bootstrap role answers yes), and notes the start-up window.
+    /// bootstrap role answers yes, and so does every grant of the
+    /// manifests applied before a restart), and notes the start-up window.
     fn wait_rbac(&self, from: std::time::SystemTime) {
         self.wait_yes(&[
             "auth".into(),
@@ -179,6 +184,10 @@ impl RealServer {
             "nodes".into(),
             "--as=system:kube-scheduler".into(),
         ]);
+        let applied = self.granted.lock().unwrap().clone();
+        for manifest in &applied {
+            self.wait_in_force(manifest);
+        }
         let to = std::time::SystemTime::now() + Duration::from_secs(1);
         let window = (utc_second(from), utc_second(to));
         self.starting.lock().unwrap().push(window.clone());
@@ -338,6 +347,12 @@ impl RealServer {
     /// fill a moment after an apply, so a binary started at once may be
     /// refused what the manifest grants.
     pub fn wait_granted(&self, manifest: &str) {
+        self.granted.lock().unwrap().push(manifest.to_string());
+        self.wait_in_force(manifest);
+    }
+
+    /// [`RealServer::wait_granted`] without noting the manifest.
+    fn wait_in_force(&self, manifest: &str) {
         let docs: Vec<serde_json::Value> =
             serde_saphyr::from_multiple(manifest).expect("a YAML manifest");
         let key = |d: &serde_json::Value| {
