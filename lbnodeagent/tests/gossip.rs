@@ -599,6 +599,70 @@ async fn a_partitioned_node_is_dropped_and_comes_back() {
     }
 }
 
+/// At rest (nothing published changes) chitchat's rounds come
+/// `REST_ROUNDS` intervals apart, so a node sends a tenth of what a round
+/// per interval costs; news still spreads at the interval's pace, because a
+/// node that learns it gossips at that pace for a while.
+#[tokio::test(start_paused = true)]
+async fn at_rest_rounds_are_sparse_and_news_still_spreads_at_the_interval() {
+    use lbnodeagent::gossip::counting::CountingTransport;
+    const N: u16 = 20;
+    let counting = CountingTransport::new(ChannelTransport::default());
+    let probes = MemProbes::default();
+    let addr = |i: u16| SocketAddr::from(([127, 0, 0, 1], 13_000 + i));
+    let mut nodes = Vec::new();
+    for i in 0..N {
+        let mut config = GossipConfig::for_test(&format!("n{i:02}"), addr(i));
+        config.seeds = vec![addr(0).to_string()];
+        nodes.push(
+            Membership::start(&config, local_state(i as u8), &counting, &probes)
+                .await
+                .unwrap(),
+        );
+    }
+    for node in &nodes {
+        wait_sim(node, Duration::from_secs(30), |v| {
+            v.members.len() == N as usize
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    counting.reset();
+    let secs = 30;
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let per_node = counting
+        .traffic()
+        .values()
+        .map(|t| t.messages_sent)
+        .sum::<u64>() as f64
+        / N as f64
+        / secs as f64;
+    eprintln!("at rest: {per_node:.1} messages per node per second");
+    // A round per interval to three peers is 3 SYNs and 3 ACKs sent and, on
+    // average, 3 SYN-ACKs in reply to others: 90 a second at 100 ms.
+    assert!(
+        per_node < 12.0,
+        "{per_node:.1} chitchat messages per node per second at rest"
+    );
+    // One node's news reaches every other node within a few intervals.
+    let mut state = local_state(7);
+    state.revision = 42;
+    nodes[7].publish(state).await;
+    let mut slowest = Duration::ZERO;
+    for node in &nodes {
+        let took = wait_sim(node, Duration::from_secs(5), |v| {
+            v.nodes.iter().any(|n| n.node == "n07" && n.revision == 42)
+        })
+        .await;
+        slowest = slowest.max(took);
+    }
+    eprintln!("news reached all {N} nodes in {slowest:?}");
+    assert!(
+        slowest <= Duration::from_millis(800),
+        "news took {slowest:?} to reach all {N} nodes"
+    );
+}
+
 // --- pacing ----------------------------------------------------------------
 
 /// With a budget below what the cluster would send, each node sends about
@@ -652,8 +716,17 @@ async fn a_bandwidth_budget_caps_what_each_node_sends() {
             })
         })
         .collect();
+    // News all the time (each node's revision moves twice a second), so
+    // every node gossips at the full pace, which the budget must hold.
     let secs = 30;
-    tokio::time::sleep(Duration::from_secs(secs)).await;
+    for k in 1..=secs * 2 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for (i, node) in nodes.iter().enumerate() {
+            let mut state = local_state(i as u8);
+            state.revision = k;
+            node.publish(state).await;
+        }
+    }
     // What the pacer charges: chitchat's bytes, 28 B of headers per message
     // (this transport has no frame).
     let rates: Vec<f64> = counting

@@ -16,10 +16,16 @@ use super::transport::AuthTransport;
 /// about 1.2 s at 1,000 (measurements in `gossip/mod.rs` and
 /// docs/agent-network.md).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
+/// chitchat's own rounds come this many gossip intervals apart: at rest
+/// nothing is news, and a round only carries heartbeats (which no agent of
+/// this release reads; the failure detector says who is up) and repairs
+/// what a lost message missed.
+pub const REST_ROUNDS: u32 = 10;
 /// chitchat's own failure detector, which judges only peers that run no
 /// SWIM detector (agents of an earlier release, mid-upgrade): silence, in
 /// mean heartbeat intervals, after which such a peer is dead, about 3.7
-/// gossip rounds, one round more than the tightest setting that never
+/// of chitchat's rounds (at rest, [`REST_ROUNDS`] intervals each), one
+/// round more than the tightest setting that never
 /// flapped under CPU load or 10% loss.
 pub const DEFAULT_PHI_THRESHOLD: f64 = 8.0;
 /// How long a dead node's state is kept: long enough to ride out a
@@ -236,17 +242,19 @@ impl GossipConfig {
         }
     }
 
-    /// The failure detector, from these settings. `initial_interval` is the
-    /// gossip interval: chitchat's 5 s default is the prior mean for the
-    /// first samples and would make detection take ~40 s right after a peer
-    /// joins. `max_interval` discards gaps longer than 10 rounds (a paused
-    /// peer) so one long pause does not slow detection afterwards.
+    /// The failure detector, from these settings. `initial_interval` is
+    /// chitchat's round at rest, when heartbeats come: chitchat's 5 s
+    /// default is the prior mean for the first samples and would make
+    /// detection take ~40 s right after a peer joins. `max_interval`
+    /// discards gaps longer than 10 of those rounds (a paused peer) so one
+    /// long pause does not slow detection afterwards.
     pub fn failure_detector(&self) -> FailureDetectorConfig {
+        let rest = self.interval * REST_ROUNDS;
         FailureDetectorConfig {
             phi_threshold: self.phi_threshold,
             sampling_window_size: 1_000,
-            max_interval: self.interval * 10,
-            initial_interval: self.interval,
+            max_interval: rest * 10,
+            initial_interval: rest,
             dead_node_grace_period: self.dead_node_grace_period,
         }
     }
@@ -403,9 +411,9 @@ mod tests {
     }
 
     #[test]
-    fn detector_starts_from_the_gossip_interval() {
+    fn detector_starts_from_the_round_at_rest() {
         let fd = ok().failure_detector();
-        assert_eq!(fd.initial_interval, DEFAULT_INTERVAL);
+        assert_eq!(fd.initial_interval, DEFAULT_INTERVAL * REST_ROUNDS);
         assert_eq!(fd.phi_threshold, DEFAULT_PHI_THRESHOLD);
     }
 }

@@ -5,15 +5,25 @@
 //!
 //! A view is rebuilt when the detector's up set changes, when chitchat's
 //! live set changes (a node joined, was declared dead, or bumped its state
-//! version: chitchat checks this at the end of every gossip round) and,
-//! sooner, whenever a key is set (a key-change listener wakes the builder
-//! the moment a delta is applied), so a `leaving` status takes effect one
-//! message after it arrives rather than one round later. chitchat fires no key-change event for a deleted key:
-//! when a peer's held VIPs shrink by whole `vips.N` chunks (the last chunks
-//! dropped and the others unchanged, or every VIP released), the change
-//! shows up at the end of the next round instead, through the version bump.
-//! Views are only sent when they differ, so heartbeats never wake the
-//! reconcile loop.
+//! version: chitchat checks this at the end of each of its own rounds)
+//! and, sooner, whenever a key is set (a key-change listener wakes the
+//! builder the moment a delta is applied), so a `leaving` status takes
+//! effect one message after it arrives rather than one round later.
+//! chitchat fires no key-change event for a deleted key, so a node that
+//! drops `vips.N` chunks also sets `vipchunks` (see `state`). Views are
+//! only sent when they differ, so heartbeats never wake the reconcile loop.
+//!
+//! # Rounds: sparse at rest, at the interval while there is news
+//!
+//! chitchat's own rounds come [`REST_ROUNDS`] intervals apart (1 s by
+//! default). Whenever any node's state changes here (a key set or deleted,
+//! ours or a peer's, a node come or gone), this node runs rounds of its own
+//! at the gossip interval for `BUSY_ROUNDS`, the first at once: a SYN to
+//! three random live peers, as chitchat's round would send. Each node that
+//! learns the news does the same, so it spreads as fast as with a round per
+//! interval everywhere, while a cluster at rest sends a tenth of it.
+//! Liveness does not ride on these rounds (the detector says who is up),
+//! and a lost message is repaired by the next round, at rest or not.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -31,7 +41,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
 use super::GossipError;
-use super::config::GossipConfig;
+use super::config::{GossipConfig, REST_ROUNDS};
 use super::detector::{Detector, Peer, Up};
 use super::link::ProbeNet;
 use super::pace::{Pace, PacedTransport};
@@ -86,7 +96,7 @@ impl Membership {
         let chitchat_config = ChitchatConfig {
             chitchat_id: id.clone(),
             cluster_id: config.cluster_id.clone(),
-            gossip_interval: config.interval,
+            gossip_interval: config.interval * REST_ROUNDS,
             listen_addr: config.listen,
             seed_nodes: config.seeds.clone(),
             failure_detector_config: config.failure_detector(),
@@ -350,14 +360,37 @@ struct ViewTask {
 
 /// Rounds between two looks for nodes gossip knows and the detector not.
 const ANNOUNCE_ROUNDS: u32 = 2;
+/// Rounds of our own at the gossip interval after anything in the cluster
+/// state changed (a key set or deleted, here or by a peer, a node come or
+/// gone): a node that learns news passes it on at full pace, so it spreads
+/// as fast as if every round were at the interval.
+const BUSY_ROUNDS: u32 = 10;
+/// Peers per round of our own, as chitchat's own rounds pick.
+const ROUND_PEERS: usize = 3;
+
+/// Changes whenever any node's state does (every set or deleted key moves
+/// its node's max version), never for a heartbeat.
+fn news_mark(c: &Chitchat) -> (usize, u64) {
+    let states = c.node_states();
+    (
+        states.len(),
+        states
+            .values()
+            .fold(0u64, |sum, node| sum.wrapping_add(node.max_version())),
+    )
+}
 
 impl ViewTask {
     async fn run(mut self) {
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let rest = self.interval * REST_ROUNDS;
         let mut probe = SeedProbe::default();
         let mut builder = ViewBuilder::default();
         let mut rounds = 0u32;
+        // Busy from the start: joining is news.
+        let mut busy = BUSY_ROUNDS;
+        let mut seen = None;
+        let next = tokio::time::sleep(self.interval);
+        tokio::pin!(next);
         loop {
             tokio::select! {
                 changed = self.watcher.changed() => {
@@ -374,18 +407,41 @@ impl ViewTask {
                         return;
                     }
                 }
-                _ = tick.tick() => {
-                    self.probe_seeds(&mut probe).await;
+                () = &mut next => {
+                    if busy > 0 {
+                        busy -= 1;
+                        self.round().await;
+                    }
+                    let alone = self.probe_seeds(&mut probe).await;
                     rounds += 1;
+                    let mut waiting = false;
                     if rounds >= ANNOUNCE_ROUNDS {
                         rounds = 0;
-                        self.announce_unknown().await;
+                        waiting = self.announce_unknown().await;
                     }
+                    // Alone with seeds to try, or peers the detector has
+                    // not let in yet: keep the pace until they are found.
+                    if alone || waiting {
+                        busy = busy.max(1);
+                    }
+                    let wait = if busy > 0 { self.interval } else { rest };
+                    next.as_mut().reset(tokio::time::Instant::now() + wait);
                     continue;
                 }
             }
             let up = self.up.borrow_and_update().clone();
-            let view = builder.build(&*self.chitchat.lock().await, &up);
+            let (view, news) = {
+                let c = self.chitchat.lock().await;
+                let now = news_mark(&c);
+                let news = seen.replace(now) != Some(now);
+                (builder.build(&c, &up), news)
+            };
+            if news {
+                busy = BUSY_ROUNDS;
+                if next.deadline() > tokio::time::Instant::now() + self.interval {
+                    next.as_mut().reset(tokio::time::Instant::now());
+                }
+            }
             self.views.send_if_modified(|current| {
                 if *current == view {
                     return false;
@@ -401,10 +457,40 @@ impl ViewTask {
         }
     }
 
+    /// One round of our own between chitchat's rounds at rest: a SYN to up
+    /// to [`ROUND_PEERS`] random live peers, as chitchat's own round would
+    /// pick them. Each answers with what we lack and our reply carries what
+    /// it lacks, so news spreads at the configured interval while it is
+    /// news.
+    async fn round(&mut self) {
+        let peers: Vec<SocketAddr> = {
+            let c = self.chitchat.lock().await;
+            let own = c.self_chitchat_id();
+            let up = self.up.borrow();
+            let live: HashSet<&ChitchatId> = c.live_nodes().collect();
+            let candidates: Vec<SocketAddr> = c
+                .node_states()
+                .keys()
+                .filter(|id| *id != own && (live.contains(id) || is_up(&up, id)))
+                .map(|id| id.gossip_advertise_addr)
+                .collect::<HashSet<_>>()
+                .into_iter()
+                .collect();
+            let mut rng = rand::rng();
+            rand::seq::IndexedRandom::sample(candidates.as_slice(), &mut rng, ROUND_PEERS)
+                .copied()
+                .collect()
+        };
+        for peer in peers {
+            // Fails only if the server already stopped.
+            let _ = self.handle.gossip(peer);
+        }
+    }
+
     /// Nodes gossip knows and reports alive whose detector has not been
     /// heard yet are asked to let this node in: that is how the detector
     /// joins, and how it finds a node that restarted.
-    async fn announce_unknown(&mut self) {
+    async fn announce_unknown(&mut self) -> bool {
         let up = self.up.borrow().clone();
         let unknown: Vec<Peer> = {
             let c = self.chitchat.lock().await;
@@ -420,13 +506,16 @@ impl ViewTask {
                 .map(|(id, _)| Peer::new(&*id.node_id, id.generation_id, id.gossip_advertise_addr))
                 .collect()
         };
+        let any = !unknown.is_empty();
         self.detector.announce(unknown);
+        any
     }
 
-    async fn probe_seeds(&mut self, probe: &mut SeedProbe) {
+    /// Whether this node is alone (no live peer) with seeds to try.
+    async fn probe_seeds(&mut self, probe: &mut SeedProbe) -> bool {
         let seeds = self.seeds.borrow().clone();
         if seeds.is_empty() {
-            return;
+            return false;
         }
         let (known, alone) = {
             let c = self.chitchat.lock().await;
@@ -442,6 +531,7 @@ impl ViewTask {
         for seed in probe.pick(&unknown, alone) {
             let _ = self.handle.gossip(seed);
         }
+        alone
     }
 }
 

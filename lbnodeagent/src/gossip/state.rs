@@ -13,15 +13,18 @@
 //! | `detector` | `swim`: the node runs the SWIM failure detector (see `detector`); peers without it are judged by chitchat's, so a rolling upgrade keeps every node's view of the others |
 //! | `drained` | `true` while the node's operator has drained it, else `false`: it then wins only VIPs no other node can serve |
 //! | `revision` | the newest resourceVersion the node's watches have seen: two live nodes that both hold a VIP because their views of the cluster differ let the one with the newer view keep it |
+//! | `vipchunks` | how many `vips.N` keys there are: set after a chunk is deleted, so a peer hears of the deletion through a key change |
 //!
 //! `status` is written last when a node starts. chitchat sends a node's keys
 //! in version order, so a peer that has `status` has everything else: a
 //! member never shows up half-described. VIPs are split over several keys
 //! because chitchat never splits one value, and a value larger than a
 //! datagram would never be sent at all. Chunks no longer needed are deleted,
-//! and chitchat raises no key-change event for a deletion: a peer's view
-//! drops VIPs that went with a deleted chunk only at the end of its next
-//! gossip round (see `membership`). Decoding is lenient: unknown keys
+//! and chitchat raises no key-change event for a deletion, so `vipchunks`
+//! is set after the deletions: a delta carries keys in version order, and
+//! the peer that applies the new count has applied the deletions before it,
+//! and rebuilds its view at once (see `membership`, whose rounds at rest
+//! are too far apart to wait for). Decoding is lenient: unknown keys
 //! and unparsable entries are skipped, so a newer agent can add to the format
 //! without breaking an older one mid-upgrade.
 
@@ -46,6 +49,7 @@ pub const KEY_MACS: &str = "macs";
 pub const KEY_DETECTOR: &str = "detector";
 pub const KEY_REVISION: &str = "revision";
 pub const KEY_DRAINED: &str = "drained";
+pub const KEY_VIP_CHUNKS: &str = "vipchunks";
 pub const DETECTOR_SWIM: &str = "swim";
 pub const KEY_VIPS_PREFIX: &str = "vips.";
 /// Bound on one `vips.N` value: small against the 64 KiB datagram, large
@@ -137,12 +141,15 @@ pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(Strin
         (KEY_REVISION.to_string(), local.revision.to_string()),
         (KEY_DRAINED.to_string(), local.drained.to_string()),
     ];
+    let chunks = vip_chunks(&local.vips);
+    let count = chunks.len();
     kvs.extend(
-        vip_chunks(&local.vips)
+        chunks
             .into_iter()
             .enumerate()
             .map(|(i, chunk)| (vip_key(i), chunk)),
     );
+    kvs.push((KEY_VIP_CHUNKS.to_string(), count.to_string()));
     kvs.push((KEY_STATUS.to_string(), local.status.as_str().to_string()));
     kvs
 }
@@ -162,6 +169,7 @@ pub fn publish(node: &mut NodeState, local: &LocalState) {
     // late.
     node.set(KEY_DRAINED, local.drained.to_string());
     let chunks = vip_chunks(&local.vips);
+    let count = chunks.len();
     let stale: Vec<String> = node
         .iter_prefix(KEY_VIPS_PREFIX)
         .map(|(key, _)| key.to_string())
@@ -177,6 +185,7 @@ pub fn publish(node: &mut NodeState, local: &LocalState) {
     for key in stale {
         node.delete(&key);
     }
+    node.set(KEY_VIP_CHUNKS, count.to_string());
     node.set(KEY_STATUS, local.status.as_str());
 }
 
