@@ -207,8 +207,12 @@ pub struct Core {
     /// Gossip last showed a live peer then (or the agent started).
     peer_seen: Instant,
     isolated: bool,
-    /// When each node's published VIPs last changed in our views.
-    vips_changed: BTreeMap<String, Instant>,
+    /// When each live node's published VIPs came to include each VIP, in
+    /// our views: a peer's word that it holds a VIP counts against this
+    /// node's fresh take only if it came after (see `holds`). Per VIP, not
+    /// per node: a publication about another VIP that arrives late must
+    /// not make an old word look new.
+    vips_gained: BTreeMap<String, BTreeMap<IpAddr, Instant>>,
     next_renew: Option<Instant>,
     next_owner_probe: Instant,
     /// The next refresh round of every held VIP, while
@@ -273,7 +277,7 @@ impl Core {
             last_conflict: None,
             peer_seen: now,
             isolated: false,
-            vips_changed: BTreeMap::new(),
+            vips_gained: BTreeMap::new(),
             next_renew: None,
             next_owner_probe: now + OWNER_PROBE,
             next_refresh: None,

@@ -286,10 +286,12 @@ impl Core {
     }
 
     /// Whether `node`'s gossip shows it holding `ip`. Right after this node
-    /// came to hold `ip`, only in a state published since: an older one may
-    /// be that of the node that just handed the VIP to this one, whose word
-    /// that it let go has not arrived yet. After a few gossip rounds that
-    /// word would have come, and the state stands.
+    /// came to hold `ip`, only if `node`'s state came to show `ip` since: an
+    /// older word may be that of the node that just handed the VIP to this
+    /// one, whose word that it let go has not arrived yet, and a state of
+    /// that node about another VIP, published before and arriving late,
+    /// still carries it. After a few gossip rounds that word would have
+    /// come, and the state stands.
     pub(super) fn holds(&self, node: &str, ip: IpAddr) -> bool {
         let settle = self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE;
         let fresh_since = self
@@ -297,9 +299,9 @@ impl Core {
             .get(&ip)
             .and_then(|s| s.held.as_ref()?.since)
             .filter(|since| self.now.saturating_duration_since(*since) < settle);
+        let gained = self.vips_gained.get(node).and_then(|g| g.get(&ip));
         self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
-            && fresh_since
-                .is_none_or(|since| self.vips_changed.get(node).is_some_and(|t| *t > since))
+            && fresh_since.is_none_or(|since| gained.is_some_and(|t| *t > since))
     }
 
     /// Leaving, and by this node's view nobody else may hold `ip`. A live

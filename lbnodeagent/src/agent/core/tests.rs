@@ -1190,6 +1190,43 @@ fn a_leaving_node_does_not_let_go_on_a_peers_word_alone() {
     assert!(act.exit);
 }
 
+/// A leaving node lets go on its successor's gossip only if that word came
+/// after its own take: a state published before (a peer that handed the
+/// VIP over and whose word that it let go has not arrived), arriving late
+/// with news of another VIP, still shows the VIP and must not count.
+#[test]
+fn a_leaving_node_does_not_let_go_on_a_word_older_than_its_own_take() {
+    let v = ip("10.0.1.1");
+    let other = ip("10.0.9.9");
+    let mut a = Node::new("a");
+    let peers = |extra: &[IpAddr]| {
+        let mut vs = vec![v];
+        vs.extend(extra);
+        vec![
+            peer("c", Status::Alive, &vs, 1),
+            peer("d", Status::Alive, &vs, 1),
+        ]
+    };
+    let held = a.running(cluster(&[v]), peers(&[]));
+    assert_eq!(held, [v].into(), "a wins and takes it from c and d");
+    a.advance(Duration::from_millis(50));
+    // Their states about another VIP, published before they let v go.
+    a.step(Input::Members(view("a", peers(&[other]), Vec::new())));
+    let act = a.step(Input::Leave);
+    assert!(act.remove.is_empty(), "their word on v predates a's take");
+    // The successor lets v go, then takes it back from the leaving a.
+    a.advance(Duration::from_millis(50));
+    let gone = vec![
+        peer("c", Status::Alive, &[other], 1),
+        peer("d", Status::Alive, &[other], 1),
+    ];
+    let act = a.step(Input::Members(view("a", gone, Vec::new())));
+    assert!(act.remove.is_empty(), "nobody holds it yet");
+    a.advance(Duration::from_millis(50));
+    let act = a.step(Input::Members(view("a", peers(&[other]), Vec::new())));
+    assert_eq!(ips(&act.remove), [v].into(), "a word from after the take");
+}
+
 /// The firewall follows the cluster: given out with the first view, again
 /// only when a Service's ports change, and taken down when a reload turns
 /// it off.

@@ -104,14 +104,27 @@ impl Core {
             .chain(self.view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
             .collect();
         for n in &view.nodes {
-            let live_before = before.get(n.node.as_str()).filter(|(_, live)| *live);
-            if live_before.is_none_or(|(b, _)| b.vips != n.vips || b.generation != n.generation) {
-                self.vips_changed.insert(n.node.clone(), now);
+            let live_before = before
+                .get(n.node.as_str())
+                .filter(|(b, live)| *live && b.generation == n.generation);
+            match live_before {
+                Some((b, _)) if b.vips == n.vips => {}
+                Some((b, _)) => {
+                    let gained = self.vips_gained.entry(n.node.clone()).or_default();
+                    gained.retain(|ip, _| n.vips.contains(ip));
+                    for ip in n.vips.difference(&b.vips) {
+                        gained.insert(*ip, now);
+                    }
+                }
+                None => {
+                    let all = n.vips.iter().map(|ip| (*ip, now)).collect();
+                    self.vips_gained.insert(n.node.clone(), all);
+                }
             }
         }
-        if self.vips_changed.len() > view.nodes.len() {
+        if self.vips_gained.len() > view.nodes.len() {
             let live: BTreeSet<&str> = view.nodes.iter().map(|n| n.node.as_str()).collect();
-            self.vips_changed
+            self.vips_gained
                 .retain(|node, _| live.contains(node.as_str()));
         }
         // The live last, so that who holds a VIP now wins over a
