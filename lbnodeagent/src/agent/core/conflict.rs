@@ -59,6 +59,15 @@ pub const LAPSE_LATE: Duration = Duration::from_millis(1500);
 pub const YIELD_PROBE: Duration = Duration::from_millis(250);
 /// How often a held VIP is asked about.
 pub const OWNER_PROBE: Duration = Duration::from_secs(1);
+/// Held VIPs asked about per [`OWNER_PROBE`] while no node is lost (every
+/// node gossip carries is live, or left saying so): the questions then
+/// look only for a host outside hostlb that took the address, and a node
+/// holding a thousand VIPs would otherwise broadcast a thousand ARP or
+/// NDP questions a second to every host on the LAN, at rest. Taken in
+/// turn, so each VIP is still asked about. Once a node is lost (crashed,
+/// or cut off by a partition that may leave a second owner), every held
+/// VIP is asked about each time again.
+pub const OWNER_PROBE_AT_REST: usize = 16;
 /// How long a node about to take a VIP nobody hands over listens first for
 /// an owner that still answers (a crashed agent's address, a frozen one, a
 /// gossip partition). Added to every such takeover.

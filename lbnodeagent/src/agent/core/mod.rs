@@ -215,6 +215,9 @@ pub struct Core {
     vips_gained: BTreeMap<String, BTreeMap<IpAddr, Instant>>,
     next_renew: Option<Instant>,
     next_owner_probe: Instant,
+    /// Where the owner probes at rest go on from (see `probe_wire`): the
+    /// last VIP asked about.
+    owner_probe_after: Option<IpAddr>,
     /// The next refresh round of every held VIP, while
     /// `announce.refresh_interval` is set.
     next_refresh: Option<Instant>,
@@ -280,6 +283,7 @@ impl Core {
             vips_gained: BTreeMap::new(),
             next_renew: None,
             next_owner_probe: now + OWNER_PROBE,
+            owner_probe_after: None,
             next_refresh: None,
             next_yield_probe: now + YIELD_PROBE,
             next_lapse_probe: now,

@@ -331,6 +331,53 @@ fn a_dead_nodes_vips_are_probed_together_and_added_in_one_batch() {
     assert_eq!(act.publish.map(|p| p.vips.len()), Some(1000));
 }
 
+/// At rest a node holding many VIPs asks the LAN about a few of them each
+/// second, in turn, not about all of them: that would be a broadcast per
+/// VIP per second to every host. Once a node is lost without leaving (a
+/// crash, or a partition that may leave a second owner), it asks about all
+/// of them each second again.
+#[test]
+fn held_vips_are_asked_about_in_turn_at_rest_and_all_at_once_when_a_node_is_lost() {
+    use super::conflict::{OWNER_PROBE, OWNER_PROBE_AT_REST};
+    let all = addresses(100);
+    let mut a = Node::new("a");
+    // b leaves, c is a member still starting (no candidate): a holds all.
+    let b = || peer("b", Status::Leaving, &[], 1);
+    let c = || peer("c", Status::Starting, &[], 1);
+    let held = a.running(cluster(&all), vec![b(), c()]);
+    assert_eq!(held.len(), 100);
+    // Rounds a second apart, stepped every quarter second; a VIP whose
+    // renewal is in flight at its turn waits for the next time around.
+    let mut rounds = |a: &mut Node, steps: usize| {
+        let mut asked = BTreeSet::new();
+        let mut most = 0;
+        for _ in 0..steps {
+            a.advance(OWNER_PROBE / 4);
+            let act = a.step(Input::Tick);
+            // Renewals carried out, so none is in flight at the next round.
+            a.done(&act);
+            most = most.max(act.probe.len());
+            asked.extend(targets(&act.probe));
+        }
+        (asked, most)
+    };
+    let cycle = held.len().div_ceil(OWNER_PROBE_AT_REST) * 4;
+    let (asked, most) = rounds(&mut a, cycle * 2);
+    assert_eq!(most, OWNER_PROBE_AT_REST, "a few at a time at rest");
+    assert_eq!(asked, held, "every held VIP asked about in turn");
+
+    // b's state lingers in gossip once it left, and that changes nothing.
+    a.step(Input::Members(view("a", vec![c()], vec![b()])));
+    let (_, most) = rounds(&mut a, 8);
+    assert_eq!(most, OWNER_PROBE_AT_REST);
+
+    // c is lost without a word: all asked about each second.
+    a.step(Input::Members(view("a", Vec::new(), vec![b(), c()])));
+    let (asked, most) = rounds(&mut a, 8);
+    assert!(most >= 90, "{most} asked at once");
+    assert_eq!(asked, held);
+}
+
 /// An owner that still answers and outranks this node keeps the VIP: the
 /// probe's answer keeps this node off, and it stays off while the answer
 /// comes.

@@ -10,9 +10,11 @@ use tracing::{debug, warn};
 use crate::model::Claim;
 use crate::model::{Lifetime, Status};
 
-use super::conflict::{LAPSE_PROBE, OWNER_PROBE, Verdict, YIELD_PROBE, lapsing};
+use super::conflict::{
+    LAPSE_PROBE, OWNER_PROBE, OWNER_PROBE_AT_REST, Verdict, YIELD_PROBE, lapsing,
+};
 use super::links::{Mode, Want};
-use super::slot::{Garp, Op};
+use super::slot::{Garp, Op, Slot};
 use super::{
     Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase,
     TAKEOVER_WINDOW,
@@ -343,16 +345,29 @@ impl Core {
         }
         if now >= self.next_owner_probe {
             self.next_owner_probe = now + OWNER_PROBE;
-            out.probe.extend(
-                self.slots
-                    .values()
-                    .filter(|s| s.op.is_none())
-                    .filter_map(|s| s.held.as_ref())
-                    .filter(|h| h.handover.is_none())
-                    .map(|h| &h.at)
-                    .filter(|h| h.mode == Mode::Local)
-                    .filter_map(|h| h.target),
-            );
+            let asked = |(ip, s): (&IpAddr, &Slot)| {
+                let h = s.held.as_ref().filter(|_| s.op.is_none())?;
+                let at = Some(&h.at).filter(|_| h.handover.is_none())?;
+                let at = Some(at).filter(|at| at.mode == Mode::Local)?;
+                Some((*ip, at.target?))
+            };
+            let lost = self.view.gone.iter().any(|n| n.status != Status::Leaving);
+            let held = self.slots.iter().filter_map(asked);
+            if lost || held.clone().count() <= OWNER_PROBE_AT_REST {
+                out.probe.extend(held.map(|(_, t)| t));
+            } else {
+                // In turn, from after the last one asked, around.
+                let after = self.owner_probe_after;
+                let next = held
+                    .clone()
+                    .filter(|(ip, _)| after.is_none_or(|a| *ip > a))
+                    .chain(held)
+                    .take(OWNER_PROBE_AT_REST);
+                for (ip, target) in next {
+                    self.owner_probe_after = Some(ip);
+                    out.probe.push(target);
+                }
+            }
         }
     }
 
