@@ -348,7 +348,7 @@ fn held_vips_are_asked_about_in_turn_at_rest_and_all_at_once_when_a_node_is_lost
     assert_eq!(held.len(), 100);
     // Rounds a second apart, stepped every quarter second; a VIP whose
     // renewal is in flight at its turn waits for the next time around.
-    let mut rounds = |a: &mut Node, steps: usize| {
+    let rounds = |a: &mut Node, steps: usize| {
         let mut asked = BTreeSet::new();
         let mut most = 0;
         for _ in 0..steps {
