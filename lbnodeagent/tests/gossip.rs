@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use chitchat::transport::ChannelTransport;
 use lbnodeagent::election::OnLink;
+use lbnodeagent::gossip::counting::CountingTransport;
 use lbnodeagent::gossip::frame::{self, Header};
 use lbnodeagent::gossip::{
     AuthCounters, AuthTransport, DEFAULT_INTERVAL, DEFAULT_REPLAY_WINDOW, GossipConfig, GossipKeys,
@@ -599,33 +600,49 @@ async fn a_partitioned_node_is_dropped_and_comes_back() {
     }
 }
 
-/// At rest (nothing published changes) chitchat's rounds come
-/// `REST_ROUNDS` intervals apart, so a node sends a tenth of what a round
-/// per interval costs; news still spreads at the interval's pace, because a
-/// node that learns it gossips at that pace for a while.
-#[tokio::test(start_paused = true)]
-async fn at_rest_rounds_are_sparse_and_news_still_spreads_at_the_interval() {
-    use lbnodeagent::gossip::counting::CountingTransport;
-    const N: u16 = 20;
-    let counting = CountingTransport::new(ChannelTransport::default());
+/// `n` agents in memory on `counting`, seeded by the first, on ports from
+/// `base`, each with the byte budget `budget` (`None`: the default); once
+/// every one sees them all. With the detector's network, kept as long as
+/// they run.
+async fn counted_cluster(
+    n: u16,
+    base: u16,
+    budget: Option<u64>,
+    counting: &CountingTransport<ChannelTransport>,
+) -> (Vec<Membership>, MemProbes) {
     let probes = MemProbes::default();
-    let addr = |i: u16| SocketAddr::from(([127, 0, 0, 1], 13_000 + i));
+    let addr = |i: u16| SocketAddr::from(([127, 0, 0, 1], base + i));
     let mut nodes = Vec::new();
-    for i in 0..N {
+    for i in 0..n {
         let mut config = GossipConfig::for_test(&format!("n{i:02}"), addr(i));
         config.seeds = vec![addr(0).to_string()];
+        if budget.is_some() {
+            config.max_bandwidth = budget;
+        }
         nodes.push(
-            Membership::start(&config, local_state(i as u8), &counting, &probes)
+            Membership::start(&config, local_state(i as u8), counting, &probes)
                 .await
                 .unwrap(),
         );
     }
     for node in &nodes {
         wait_sim(node, Duration::from_secs(30), |v| {
-            v.members.len() == N as usize
+            v.members.len() == n as usize
         })
         .await;
     }
+    (nodes, probes)
+}
+
+/// At rest (nothing published changes) chitchat's rounds come
+/// `REST_ROUNDS` intervals apart, so a node sends a tenth of what a round
+/// per interval costs; news still spreads at the interval's pace, because a
+/// node that learns it gossips at that pace for a while.
+#[tokio::test(start_paused = true)]
+async fn at_rest_rounds_are_sparse_and_news_still_spreads_at_the_interval() {
+    const N: u16 = 20;
+    let counting = CountingTransport::new(ChannelTransport::default());
+    let (nodes, _probes) = counted_cluster(N, 13_000, None, &counting).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     counting.reset();
     let secs = 30;
@@ -670,29 +687,10 @@ async fn at_rest_rounds_are_sparse_and_news_still_spreads_at_the_interval() {
 #[tokio::test(start_paused = true)]
 async fn a_bandwidth_budget_caps_what_each_node_sends() {
     use lbnodeagent::gossip::MIN_MAX_BANDWIDTH;
-    use lbnodeagent::gossip::counting::CountingTransport;
     const N: u16 = 20;
     let budget = MIN_MAX_BANDWIDTH;
     let counting = CountingTransport::new(ChannelTransport::default());
-    let probes = MemProbes::default();
-    let addr = |i: u16| SocketAddr::from(([127, 0, 0, 1], 12_000 + i));
-    let mut nodes = Vec::new();
-    for i in 0..N {
-        let mut config = GossipConfig::for_test(&format!("n{i:02}"), addr(i));
-        config.seeds = vec![addr(0).to_string()];
-        config.max_bandwidth = Some(budget);
-        nodes.push(
-            Membership::start(&config, local_state(i as u8), &counting, &probes)
-                .await
-                .unwrap(),
-        );
-    }
-    for node in &nodes {
-        wait_sim(node, Duration::from_secs(30), |v| {
-            v.members.len() == N as usize
-        })
-        .await;
-    }
+    let (mut nodes, _probes) = counted_cluster(N, 12_000, Some(budget), &counting).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     counting.reset();
     let held_before: u64 = nodes.iter().map(Membership::gossip_held).sum();
