@@ -78,7 +78,7 @@ impl Core {
                 winner = w.to_string();
             }
         }
-        if self.holds(&winner, ip) {
+        if self.holds(&winner, ip) && self.shown_since_leave(&winner, ip) {
             return Some(format!("{winner} holds it now"));
         }
         if self.slots.get(&ip).is_some_and(|s| {
@@ -304,6 +304,23 @@ impl Core {
             && fresh_since.is_none_or(|since| gained.is_some_and(|t| *t > since))
     }
 
+    /// While leaving, a peer's word that it holds `ip` counts only if it
+    /// came after the leave began: its successor takes it on hearing of
+    /// the leave, and any earlier word may be stale however long ago this
+    /// node took the VIP (the peer let it go a moment before, or came back
+    /// into the view with its old state), so letting go on it could leave
+    /// the VIP unanswered. A peer that really held it all along keeps
+    /// answering beside this node until the leave's wait ends.
+    fn shown_since_leave(&self, node: &str, ip: IpAddr) -> bool {
+        let Phase::Leaving { since } = self.phase else {
+            return true;
+        };
+        self.vips_gained
+            .get(node)
+            .and_then(|g| g.get(&ip))
+            .is_some_and(|t| *t > since)
+    }
+
     /// Leaving, and by this node's view nobody else may hold `ip`. A live
     /// peer may know better: a change that makes it eligible (an
     /// advertisement widened a moment ago) can be on its way here. So the
@@ -320,7 +337,10 @@ impl Core {
         if peers.is_empty() {
             return None;
         }
-        if let Some(p) = peers.iter().find(|n| self.holds(&n.node, ip)) {
+        if let Some(p) = peers
+            .iter()
+            .find(|n| self.holds(&n.node, ip) && self.shown_since_leave(&n.node, ip))
+        {
             return Some(Some(format!("{} holds it now", p.node)));
         }
         let newer = peers.iter().any(|n| n.revision > self.revision);

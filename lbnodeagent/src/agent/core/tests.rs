@@ -1274,6 +1274,39 @@ fn a_leaving_node_does_not_let_go_on_a_word_older_than_its_own_take() {
     assert_eq!(ips(&act.remove), [v].into(), "a word from after the take");
 }
 
+/// Leaving, a node lets go on a peer's gossip only if the peer came to
+/// show the VIP after the leave began, however long ago it took the VIP: a
+/// word from before may be stale (the peer lost a contest for it a moment
+/// ago and its letting go has not arrived).
+#[test]
+fn a_leaving_node_lets_go_only_on_a_word_from_after_its_leave() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let peers = |vs: &[IpAddr]| {
+        vec![
+            peer("c", Status::Alive, vs, 1),
+            peer("d", Status::Alive, vs, 1),
+        ]
+    };
+    let held = a.running(cluster(&[v]), peers(&[]));
+    assert_eq!(held, [v].into());
+    a.advance(Duration::from_secs(2));
+    a.step(Input::Members(view("a", peers(&[v]), Vec::new())));
+    a.advance(Duration::from_millis(10));
+    let act = a.step(Input::Leave);
+    assert!(act.remove.is_empty(), "their word predates the leave");
+    a.advance(Duration::from_millis(50));
+    let act = a.step(Input::Members(view("a", peers(&[]), Vec::new())));
+    assert!(act.remove.is_empty(), "nobody holds it yet");
+    a.advance(Duration::from_millis(50));
+    let act = a.step(Input::Members(view("a", peers(&[v]), Vec::new())));
+    assert_eq!(
+        ips(&act.remove),
+        [v].into(),
+        "taken on hearing of the leave"
+    );
+}
+
 /// The firewall follows the cluster: given out with the first view, again
 /// only when a Service's ports change, and taken down when a reload turns
 /// it off.
