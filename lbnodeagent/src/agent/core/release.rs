@@ -78,7 +78,7 @@ impl Core {
                 winner = w.to_string();
             }
         }
-        if self.holds(&winner, ip) && self.shown_since_leave(&winner, ip) {
+        if self.may_leave_it_to(&winner, ip) {
             return Some(format!("{winner} holds it now"));
         }
         if self.slots.get(&ip).is_some_and(|s| {
@@ -299,26 +299,32 @@ impl Core {
             .get(&ip)
             .and_then(|s| s.held.as_ref()?.since)
             .filter(|since| self.now.saturating_duration_since(*since) < settle);
-        let gained = self.vips_gained.get(node).and_then(|g| g.get(&ip));
         self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
-            && fresh_since.is_none_or(|since| gained.is_some_and(|t| *t > since))
+            && fresh_since.is_none_or(|since| self.shown_after(node, ip, since))
     }
 
-    /// While leaving, a peer's word that it holds `ip` counts only if it
-    /// came after the leave began: its successor takes it on hearing of
-    /// the leave, and any earlier word may be stale however long ago this
-    /// node took the VIP (the peer let it go a moment before, or came back
-    /// into the view with its old state), so letting go on it could leave
-    /// the VIP unanswered. A peer that really held it all along keeps
-    /// answering beside this node until the leave's wait ends.
-    fn shown_since_leave(&self, node: &str, ip: IpAddr) -> bool {
-        let Phase::Leaving { since } = self.phase else {
-            return true;
-        };
+    /// Whether `node`'s state, by our views, came to show `ip` after `t`.
+    fn shown_after(&self, node: &str, ip: IpAddr, t: Instant) -> bool {
         self.vips_gained
             .get(node)
             .and_then(|g| g.get(&ip))
-            .is_some_and(|t| *t > since)
+            .is_some_and(|gained| *gained > t)
+    }
+
+    /// Whether this node may let `ip` go on `node`'s gossip that it holds
+    /// it. While leaving, only a word from after the leave began counts:
+    /// its successor takes it on hearing of the leave, and any earlier word
+    /// may be stale however long ago this node took the VIP (the peer let
+    /// it go a moment before, or came back into the view with its old
+    /// state), so letting go on it could leave the VIP unanswered. A peer
+    /// that really held it all along keeps answering beside this node until
+    /// the leave's wait ends.
+    fn may_leave_it_to(&self, node: &str, ip: IpAddr) -> bool {
+        self.holds(node, ip)
+            && match self.phase {
+                Phase::Leaving { since } => self.shown_after(node, ip, since),
+                _ => true,
+            }
     }
 
     /// Leaving, and by this node's view nobody else may hold `ip`. A live
@@ -337,10 +343,7 @@ impl Core {
         if peers.is_empty() {
             return None;
         }
-        if let Some(p) = peers
-            .iter()
-            .find(|n| self.holds(&n.node, ip) && self.shown_since_leave(&n.node, ip))
-        {
+        if let Some(p) = peers.iter().find(|n| self.may_leave_it_to(&n.node, ip)) {
             return Some(Some(format!("{} holds it now", p.node)));
         }
         let newer = peers.iter().any(|n| n.revision > self.revision);

@@ -1237,6 +1237,14 @@ fn a_leaving_node_does_not_let_go_on_a_peers_word_alone() {
     assert!(act.exit);
 }
 
+/// c and d, alive, each showing `vips` held.
+fn c_and_d(vips: &[IpAddr]) -> Vec<MemberInfo> {
+    vec![
+        peer("c", Status::Alive, vips, 1),
+        peer("d", Status::Alive, vips, 1),
+    ]
+}
+
 /// A leaving node lets go on its successor's gossip only if that word came
 /// after its own take: a state published before (a peer that handed the
 /// VIP over and whose word that it let go has not arrived), arriving late
@@ -1246,31 +1254,19 @@ fn a_leaving_node_does_not_let_go_on_a_word_older_than_its_own_take() {
     let v = ip("10.0.1.1");
     let other = ip("10.0.9.9");
     let mut a = Node::new("a");
-    let peers = |extra: &[IpAddr]| {
-        let mut vs = vec![v];
-        vs.extend(extra);
-        vec![
-            peer("c", Status::Alive, &vs, 1),
-            peer("d", Status::Alive, &vs, 1),
-        ]
-    };
-    let held = a.running(cluster(&[v]), peers(&[]));
+    let held = a.running(cluster(&[v]), c_and_d(&[v]));
     assert_eq!(held, [v].into(), "a wins and takes it from c and d");
     a.advance(Duration::from_millis(50));
     // Their states about another VIP, published before they let v go.
-    a.step(Input::Members(view("a", peers(&[other]), Vec::new())));
+    a.step(Input::Members(view("a", c_and_d(&[v, other]), Vec::new())));
     let act = a.step(Input::Leave);
     assert!(act.remove.is_empty(), "their word on v predates a's take");
     // The successor lets v go, then takes it back from the leaving a.
     a.advance(Duration::from_millis(50));
-    let gone = vec![
-        peer("c", Status::Alive, &[other], 1),
-        peer("d", Status::Alive, &[other], 1),
-    ];
-    let act = a.step(Input::Members(view("a", gone, Vec::new())));
+    let act = a.step(Input::Members(view("a", c_and_d(&[other]), Vec::new())));
     assert!(act.remove.is_empty(), "nobody holds it yet");
     a.advance(Duration::from_millis(50));
-    let act = a.step(Input::Members(view("a", peers(&[other]), Vec::new())));
+    let act = a.step(Input::Members(view("a", c_and_d(&[v, other]), Vec::new())));
     assert_eq!(ips(&act.remove), [v].into(), "a word from after the take");
 }
 
@@ -1282,24 +1278,18 @@ fn a_leaving_node_does_not_let_go_on_a_word_older_than_its_own_take() {
 fn a_leaving_node_lets_go_only_on_a_word_from_after_its_leave() {
     let v = ip("10.0.1.1");
     let mut a = Node::new("a");
-    let peers = |vs: &[IpAddr]| {
-        vec![
-            peer("c", Status::Alive, vs, 1),
-            peer("d", Status::Alive, vs, 1),
-        ]
-    };
-    let held = a.running(cluster(&[v]), peers(&[]));
+    let held = a.running(cluster(&[v]), c_and_d(&[]));
     assert_eq!(held, [v].into());
     a.advance(Duration::from_secs(2));
-    a.step(Input::Members(view("a", peers(&[v]), Vec::new())));
+    a.step(Input::Members(view("a", c_and_d(&[v]), Vec::new())));
     a.advance(Duration::from_millis(10));
     let act = a.step(Input::Leave);
     assert!(act.remove.is_empty(), "their word predates the leave");
     a.advance(Duration::from_millis(50));
-    let act = a.step(Input::Members(view("a", peers(&[]), Vec::new())));
+    let act = a.step(Input::Members(view("a", c_and_d(&[]), Vec::new())));
     assert!(act.remove.is_empty(), "nobody holds it yet");
     a.advance(Duration::from_millis(50));
-    let act = a.step(Input::Members(view("a", peers(&[v]), Vec::new())));
+    let act = a.step(Input::Members(view("a", c_and_d(&[v]), Vec::new())));
     assert_eq!(
         ips(&act.remove),
         [v].into(),

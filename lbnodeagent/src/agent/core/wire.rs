@@ -346,10 +346,11 @@ impl Core {
         if now >= self.next_owner_probe {
             self.next_owner_probe = now + OWNER_PROBE;
             let asked = |(ip, s): (&IpAddr, &Slot)| {
-                let h = s.held.as_ref().filter(|_| s.op.is_none())?;
-                let at = Some(&h.at).filter(|_| h.handover.is_none())?;
-                let at = Some(at).filter(|at| at.mode == Mode::Local)?;
-                Some((*ip, at.target?))
+                let h = s.held.as_ref()?;
+                if s.op.is_some() || h.handover.is_some() || h.at.mode != Mode::Local {
+                    return None;
+                }
+                Some((*ip, h.at.target?))
             };
             let lost = self.view.gone.iter().any(|n| n.status != Status::Leaving);
             let held = self.slots.iter().filter_map(asked);
