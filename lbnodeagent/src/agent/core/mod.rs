@@ -149,6 +149,9 @@ pub struct Core {
     cluster_known: bool,
     /// How new that view is: the newest resourceVersion it was built from.
     revision: u64,
+    /// Since when this node has had that view: a peer still behind it a
+    /// hand-over's time later is stuck, not late (see [`Core::orphans`]).
+    revision_at: Instant,
     /// This node's own member as the election last had it.
     own_member: Option<Member>,
     /// Its operator drained this node (see [`Input::Drain`]).
@@ -252,6 +255,7 @@ impl Core {
             election: Election::new(&Cluster::default(), []),
             cluster_known: false,
             revision: 0,
+            revision_at: now,
             own_member: None,
             drain: false,
             services_of: BTreeMap::new(),

@@ -349,6 +349,7 @@ impl Core {
     pub(super) fn set_revision(&mut self, revision: u64) {
         if revision != self.revision {
             self.revision = revision;
+            self.revision_at = self.now;
             self.publish_dirty = true;
             self.orphan_scan = true;
         }

@@ -402,6 +402,13 @@ impl Core {
     /// know take them: the first of them in the election's order (each
     /// computes the same), until the views agree again and the winner
     /// takes over, make before break.
+    ///
+    /// The wait is for the winner to catch up, so it counts from when this
+    /// node came to have its view, not from when it found the orphan: one
+    /// found late (gossip just came back, or the winner only now became the
+    /// winner) whose winner has been behind for a hand-over's time already
+    /// is stuck, for as long as the API server is away from it, and
+    /// waiting again would leave the VIP unanswered for nothing.
     pub(super) fn orphans(&mut self, now: Instant) {
         self.orphan_scan = false;
         let older = self.older_peers();
@@ -427,7 +434,8 @@ impl Core {
                         .get(&ip)
                         .is_some_and(|s| s.held.as_ref().is_some_and(|h| h.handover.is_none()));
                 if taken_here || !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
-                    found.insert(ip, self.orphans.get(&ip).copied().unwrap_or(now));
+                    let since = self.orphans.get(&ip).copied();
+                    found.insert(ip, since.unwrap_or(self.revision_at.min(now)));
                 }
             }
         }

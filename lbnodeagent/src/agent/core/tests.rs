@@ -548,6 +548,53 @@ fn a_vip_whose_winner_cannot_know_it_is_taken_by_the_next_that_does() {
     assert_eq!(ips(&act.add), [v].into(), "a comes after b, before c");
 }
 
+/// The wait for an orphan's winner counts from when this node came to
+/// have its view: a winner that has been behind for a hand-over's time
+/// already is stuck, and a VIP it lets go only then (seed 9900162760: a
+/// thawed agent, its view older than the rest while the API server is
+/// away, removed the address it held) is asked about at once.
+#[test]
+fn an_orphan_whose_winner_has_long_been_behind_is_taken_when_found() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(
+        cluster(&[v]),
+        vec![
+            peer("b", Status::Alive, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    assert!(held.is_empty(), "b wins it and holds it");
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+    });
+    let behind = |b_holds: &[IpAddr]| {
+        Input::Members(view(
+            "a",
+            vec![
+                peer("b", Status::Alive, b_holds, 8),
+                peer("c", Status::Alive, &[], 9),
+            ],
+            Vec::new(),
+        ))
+    };
+    let act = a.step(behind(&[v]));
+    assert!(act.add.is_empty() && act.probe.is_empty(), "b answers for it");
+    a.advance(HANDOVER_MAX);
+    let act = a.step(Input::Tick);
+    assert!(act.add.is_empty() && act.probe.is_empty(), "b answers for it");
+    let act = a.step(behind(&[]));
+    assert_eq!(
+        targets(&act.probe),
+        [v].into(),
+        "asked about at once, not a hand-over's time later"
+    );
+    let act = a.unanswered(act);
+    assert_eq!(ips(&act.add), [v].into(), "a comes after b, before c");
+}
+
 /// A starting agent is no candidate (it publishes `starting`), and after
 /// it settles it takes nothing for three gossip rounds, so peers that
 /// settled with it are seen first.
