@@ -293,12 +293,11 @@ impl Core {
     /// still carries it. After a few gossip rounds that word would have
     /// come, and the state stands.
     pub(super) fn holds(&self, node: &str, ip: IpAddr) -> bool {
-        let settle = self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE;
         let fresh_since = self
             .slots
             .get(&ip)
             .and_then(|s| s.held.as_ref()?.since)
-            .filter(|since| self.now.saturating_duration_since(*since) < settle);
+            .filter(|_| self.taken_lately(ip));
         self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
             && fresh_since.is_none_or(|since| self.shown_after(node, ip, since))
     }
@@ -319,12 +318,34 @@ impl Core {
     /// state), so letting go on it could leave the VIP unanswered. A peer
     /// that really held it all along keeps answering beside this node until
     /// the leave's wait ends.
+    ///
+    /// Nor, right after this node took `ip`, is the word of a peer with an
+    /// older view of the cluster: that peer lets go of a VIP a node with a
+    /// newer view shows held (see [`Core::contest`]), so if the take is
+    /// still on its way to it, each would let go to the other and nobody
+    /// would answer. Once a few gossip rounds passed, its word stands.
     fn may_leave_it_to(&self, node: &str, ip: IpAddr) -> bool {
         self.holds(node, ip)
             && match self.phase {
                 Phase::Leaving { since } => self.shown_after(node, ip, since),
-                _ => true,
+                _ => {
+                    !(self.taken_lately(ip)
+                        && self
+                            .view
+                            .node(node)
+                            .is_some_and(|n| n.revision < self.revision))
+                }
             }
+    }
+
+    /// Whether this node took `ip` less than a few gossip rounds ago: its
+    /// peers may not have heard of it yet.
+    fn taken_lately(&self, ip: IpAddr) -> bool {
+        let settle = self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE;
+        self.slots
+            .get(&ip)
+            .and_then(|s| s.held.as_ref()?.since)
+            .is_some_and(|since| self.now.saturating_duration_since(since) < settle)
     }
 
     /// Leaving, and by this node's view nobody else may hold `ip`. A live

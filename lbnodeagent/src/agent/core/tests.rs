@@ -581,10 +581,16 @@ fn an_orphan_whose_winner_has_long_been_behind_is_taken_when_found() {
         ))
     };
     let act = a.step(behind(&[v]));
-    assert!(act.add.is_empty() && act.probe.is_empty(), "b answers for it");
+    assert!(
+        act.add.is_empty() && act.probe.is_empty(),
+        "b answers for it"
+    );
     a.advance(HANDOVER_MAX);
     let act = a.step(Input::Tick);
-    assert!(act.add.is_empty() && act.probe.is_empty(), "b answers for it");
+    assert!(
+        act.add.is_empty() && act.probe.is_empty(),
+        "b answers for it"
+    );
     let act = a.step(behind(&[]));
     assert_eq!(
         targets(&act.probe),
@@ -593,6 +599,50 @@ fn an_orphan_whose_winner_has_long_been_behind_is_taken_when_found() {
     );
     let act = a.unanswered(act);
     assert_eq!(ips(&act.add), [v].into(), "a comes after b, before c");
+}
+
+/// A node with a newer view of the cluster that has just taken a VIP does
+/// not let it go on the word of an older-viewed winner that holds it: that
+/// winner lets go on seeing the take (a newer view settles a contest at
+/// once), and if both did, nobody would answer (seed 9900261140: a take on
+/// a stale drain, undone 4 ms later, while the winner had not yet heard
+/// of the label that made the take).
+#[test]
+fn a_fresh_take_is_not_given_to_an_older_viewed_winner_that_lets_go_on_it() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, [v].into(), "a comes before c");
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+    });
+    let with_b = |b_holds: &[IpAddr], b_revision: u64| {
+        Input::Members(view(
+            "a",
+            vec![
+                peer("b", Status::Alive, b_holds, b_revision),
+                peer("c", Status::Alive, &[], 9),
+            ],
+            Vec::new(),
+        ))
+    };
+    // b, first for v, comes into the view holding it, with an older view,
+    // a moment after the take.
+    a.advance(Duration::from_millis(5));
+    let act = a.step(with_b(&[v], 8));
+    assert_eq!(a.core.election().winner(v), Some("b"));
+    assert!(act.remove.is_empty(), "b lets go on seeing this take");
+    // It does.
+    let act = a.step(with_b(&[], 8));
+    assert!(act.remove.is_empty(), "still answering: b does not");
+    a.advance(HANDOVER_MAX * 2);
+    let act = a.step(Input::Tick);
+    assert!(act.remove.is_empty(), "kept while b's view is older");
+    // b hears the cluster as it is, and takes v back.
+    let act = a.step(with_b(&[v], 9));
+    assert_eq!(ips(&act.remove), [v].into(), "b holds it now");
 }
 
 /// A starting agent is no candidate (it publishes `starting`), and after
