@@ -760,4 +760,114 @@ mod tests {
             lapse.last + LAPSE_LATE - Duration::from_millis(1)
         ));
     }
+
+    /// A record may name up to [`RECORD_MACS_MAX`] MACs; one more and it
+    /// is ignored.
+    #[test]
+    fn a_record_naming_as_many_macs_as_allowed_is_learnt() {
+        let mut c = Conflicts::default();
+        let mut macs: BTreeSet<MacAddr> = (0..RECORD_MACS_MAX as u8)
+            .map(|i| MacAddr([2, 1, 0, 0, 0, i]))
+            .collect();
+        let first = *macs.first().unwrap();
+        let record = |macs: &BTreeSet<MacAddr>| AgentRecord {
+            node: "c".into(),
+            macs: macs.clone(),
+            fresh: true,
+        };
+        let ignored = c.learn_records(&[record(&macs)], "a", |_| true);
+        assert!(ignored.is_empty(), "{ignored:?}");
+        assert_eq!(c.owner_of(first), Some("c"));
+        macs.insert(MacAddr([2, 1, 0, 0, 1, 0]));
+        let ignored = c.learn_records(&[record(&macs)], "a", |_| true);
+        assert_eq!(ignored.len(), 1, "{ignored:?}");
+        assert_eq!(c.owner_of(first), None);
+    }
+
+    /// A yield to a node is kept by one of that node's MACs, whichever
+    /// node it is.
+    #[test]
+    fn a_yield_is_to_a_mac_of_the_node_yielded_to() {
+        let t0 = Instant::now();
+        let mut c = Conflicts::default();
+        c.learn([&info("a", MAC_A), &info("b", MAC_B)], "");
+        for (n, node) in ["a", "b"].into_iter().enumerate() {
+            let ip = IpAddr::from([10, 0, 0, 100 + n as u8]);
+            c.yield_to(ip, node, want(), t0);
+            let y = c.yield_of(ip).expect("yielded");
+            assert_eq!(y.to, node);
+            assert_eq!(c.owner_of(y.mac), Some(node), "{y:?}");
+        }
+    }
+
+    /// A yield lasts while its winner is heard, from any MAC gossip gives
+    /// it; a stranger's answer does not make it last, and forgetting the
+    /// VIP ends it.
+    #[test]
+    fn a_yield_is_kept_only_by_its_winners_answers() {
+        let ip: IpAddr = VIP.parse().unwrap();
+        let t0 = Instant::now();
+        let judge = |c: &mut Conflicts, mac: MacAddr, at: Instant| {
+            c.judge(
+                Claim { ip, mac },
+                "b",
+                &[MAC_B].into(),
+                None,
+                &election(&["a", "b"]),
+                |_| false,
+                |_| false,
+                at,
+            )
+        };
+        let t1 = t0 + Duration::from_secs(1);
+        let after = t0 + YIELD_HOLD + Duration::from_millis(1);
+        // The winner's other MAC, learnt after the yield.
+        let mut c = Conflicts::default();
+        c.learn([&info("a", MAC_A)], "");
+        c.yield_to(ip, "a", want(), t0);
+        let second = MacAddr([2, 0, 0, 0, 0, 0xa2]);
+        let mut a = info("a", MAC_A);
+        a.macs = BTreeSet::from([MAC_A, second]).into();
+        c.learn([&a], "");
+        assert_eq!(judge(&mut c, second, t1), Verdict::Ignore);
+        assert_eq!(c.holding_off(ip, after, |_| false, none), Hold::Off);
+        // A stranger.
+        let mut c = Conflicts::default();
+        c.learn([&info("a", MAC_A)], "");
+        c.yield_to(ip, "a", want(), t0);
+        judge(&mut c, MacAddr([2, 9, 9, 9, 9, 9]), t1);
+        assert_ne!(c.holding_off(ip, after, |_| false, none), Hold::Off);
+        // Forgotten.
+        let mut c = Conflicts::default();
+        c.learn([&info("a", MAC_A)], "");
+        c.yield_to(ip, "a", want(), t0);
+        c.forget(ip);
+        assert_eq!(c.holding_off(ip, t0, |_| false, none), Hold::Free);
+    }
+
+    /// A stranger's answer is reported once, and again once its report was
+    /// forgotten (the VIP was let go and taken again).
+    #[test]
+    fn a_forgotten_report_is_made_again() {
+        let ip: IpAddr = VIP.parse().unwrap();
+        let mut c = Conflicts::default();
+        c.learn([&info("a", MAC_A)], "");
+        let stranger = MacAddr([2, 9, 9, 9, 9, 9]);
+        let judge = |c: &mut Conflicts| {
+            c.judge(
+                Claim { ip, mac: stranger },
+                "a",
+                &[MAC_A].into(),
+                Some(&want()),
+                &election(&["a"]),
+                |_| false,
+                |_| false,
+                Instant::now(),
+            )
+        };
+        assert_eq!(judge(&mut c), Verdict::Foreign { first: true });
+        assert_eq!(judge(&mut c), Verdict::Foreign { first: false });
+        c.forget_report(ip, stranger);
+        assert_eq!(judge(&mut c), Verdict::Foreign { first: true });
+    }
 }

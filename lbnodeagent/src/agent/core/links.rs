@@ -256,4 +256,26 @@ mod tests {
         assert_eq!(virt.target, None);
         assert_eq!(missing, vec![(ip("10.5.0.1"), "gone0".to_string())]);
     }
+
+    /// A carrier lost on an announce interface of either family is warned
+    /// about; on another link it is not.
+    #[test]
+    fn an_announce_interface_is_that_of_either_family() {
+        let mut l = links();
+        l.announce_v4 = Some(3);
+        assert!(l.is_announce(3), "IPv4's");
+        assert!(l.is_announce(2), "IPv6's");
+        assert!(!l.is_announce(4));
+        assert!(!l.is_announce(5), "the virtual interface");
+    }
+
+    /// The MACs published: those of links with carrier and a prefix, not
+    /// the virtual interface's.
+    #[test]
+    fn the_macs_published_are_those_of_links_that_publish_prefixes() {
+        let mut l = links();
+        l.all.push(iface("eth3", 6, true, &[]));
+        let mac = |i: u8| MacAddr([2, 0, 0, 0, 0, i]);
+        assert_eq!(l.macs(), [mac(2), mac(3)].into());
+    }
 }

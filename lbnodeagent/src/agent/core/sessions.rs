@@ -423,6 +423,9 @@ mod tests {
         s.heard(beat("a"), t0 + WATCHER_TTL / 2);
         let plan = s.plan();
         assert_eq!((plan.dense, plan.sparse), (set(&["a", "w"]), set(&["a"])));
+        assert!(s.take_changed(), "a heard watching");
+        s.expire(t0 + WATCHER_TTL / 2);
+        assert!(!s.take_changed(), "no watcher's time is up yet");
         s.expire(t0 + WATCHER_TTL + WATCHER_TTL / 2);
         let plan = s.plan();
         assert_eq!((plan.dense, plan.sparse), (set(&[]), set(&["a"])));
