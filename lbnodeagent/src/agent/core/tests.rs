@@ -645,6 +645,32 @@ fn a_fresh_take_is_not_given_to_an_older_viewed_winner_that_lets_go_on_it() {
     assert_eq!(ips(&act.remove), [v].into(), "b holds it now");
 }
 
+/// Two live holders, and the other's view of the cluster is newer: this
+/// node, which wins by its own older view, lets go (a newer view settles a
+/// contest), but not on a word that may have been on its way before its
+/// own take was heard: only once a few gossip rounds passed.
+#[test]
+fn a_holder_lets_go_to_a_newer_viewed_holder_once_its_word_stands() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, [v].into(), "a comes before c");
+    let c_holds = Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &[v], 2)],
+        Vec::new(),
+    ));
+    // c's word comes with the take: it may predate it.
+    let act = a.step(c_holds);
+    assert!(act.remove.is_empty(), "not at once");
+    a.advance(INTERVAL);
+    let act = a.step(Input::Tick);
+    assert!(act.remove.is_empty(), "not within the take's first rounds");
+    a.advance(INTERVAL * 4);
+    let act = a.step(Input::Tick);
+    assert_eq!(ips(&act.remove), [v].into(), "c's newer view settles it");
+}
+
 /// A starting agent is no candidate (it publishes `starting`), and after
 /// it settles it takes nothing for three gossip rounds, so peers that
 /// settled with it are seen first.
