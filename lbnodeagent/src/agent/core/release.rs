@@ -293,13 +293,10 @@ impl Core {
     /// still carries it. After a few gossip rounds that word would have
     /// come, and the state stands.
     pub(super) fn holds(&self, node: &str, ip: IpAddr) -> bool {
-        let fresh_since = self
-            .slots
-            .get(&ip)
-            .and_then(|s| s.held.as_ref()?.since)
-            .filter(|_| self.taken_lately(ip));
         self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
-            && fresh_since.is_none_or(|since| self.shown_after(node, ip, since))
+            && self
+                .fresh_take(ip)
+                .is_none_or(|since| self.shown_after(node, ip, since))
     }
 
     /// Whether `node`'s state, by our views, came to show `ip` after `t`.
@@ -329,7 +326,7 @@ impl Core {
             && match self.phase {
                 Phase::Leaving { since } => self.shown_after(node, ip, since),
                 _ => {
-                    !(self.taken_lately(ip)
+                    !(self.fresh_take(ip).is_some()
                         && self
                             .view
                             .node(node)
@@ -338,14 +335,14 @@ impl Core {
             }
     }
 
-    /// Whether this node took `ip` less than a few gossip rounds ago: its
+    /// When this node took `ip`, if less than a few gossip rounds ago: its
     /// peers may not have heard of it yet.
-    fn taken_lately(&self, ip: IpAddr) -> bool {
+    fn fresh_take(&self, ip: IpAddr) -> Option<Instant> {
         let settle = self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE;
         self.slots
             .get(&ip)
             .and_then(|s| s.held.as_ref()?.since)
-            .is_some_and(|since| self.now.saturating_duration_since(since) < settle)
+            .filter(|since| self.now.saturating_duration_since(*since) < settle)
     }
 
     /// Leaving, and by this node's view nobody else may hold `ip`. A live
@@ -456,7 +453,7 @@ impl Core {
                         .is_some_and(|s| s.held.as_ref().is_some_and(|h| h.handover.is_none()));
                 if taken_here || !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
                     let since = self.orphans.get(&ip).copied();
-                    found.insert(ip, since.unwrap_or(self.revision_at.min(now)));
+                    found.insert(ip, since.unwrap_or(self.revision_at));
                 }
             }
         }

@@ -22,11 +22,17 @@ const INTERVAL: Duration = Duration::from_millis(100);
 
 /// Node a's view once b is back beside c, b holding `b_holds`.
 fn b_back(b_holds: &[IpAddr]) -> MembershipView {
+    b_and_c(b_holds, 1, 1)
+}
+
+/// a's view of b, holding `b_holds`, and c, holding nothing, with the
+/// views of the cluster each has.
+fn b_and_c(b_holds: &[IpAddr], b_revision: u64, c_revision: u64) -> MembershipView {
     view(
         "a",
         vec![
-            peer("b", Status::Alive, b_holds, 1),
-            peer("c", Status::Alive, &[], 1),
+            peer("b", Status::Alive, b_holds, b_revision),
+            peer("c", Status::Alive, &[], c_revision),
         ],
         Vec::new(),
     )
@@ -570,16 +576,7 @@ fn an_orphan_whose_winner_has_long_been_behind_is_taken_when_found() {
         errors: Vec::new(),
         revision: 9,
     });
-    let behind = |b_holds: &[IpAddr]| {
-        Input::Members(view(
-            "a",
-            vec![
-                peer("b", Status::Alive, b_holds, 8),
-                peer("c", Status::Alive, &[], 9),
-            ],
-            Vec::new(),
-        ))
-    };
+    let behind = |b_holds: &[IpAddr]| Input::Members(b_and_c(b_holds, 8, 9));
     let act = a.step(behind(&[v]));
     assert!(
         act.add.is_empty() && act.probe.is_empty(),
@@ -618,16 +615,8 @@ fn a_fresh_take_is_not_given_to_an_older_viewed_winner_that_lets_go_on_it() {
         errors: Vec::new(),
         revision: 9,
     });
-    let with_b = |b_holds: &[IpAddr], b_revision: u64| {
-        Input::Members(view(
-            "a",
-            vec![
-                peer("b", Status::Alive, b_holds, b_revision),
-                peer("c", Status::Alive, &[], 9),
-            ],
-            Vec::new(),
-        ))
-    };
+    let with_b =
+        |b_holds: &[IpAddr], b_revision: u64| Input::Members(b_and_c(b_holds, b_revision, 9));
     // b, first for v, comes into the view holding it, with an older view,
     // a moment after the take.
     a.advance(Duration::from_millis(5));
