@@ -660,6 +660,46 @@ fn a_holder_lets_go_to_a_newer_viewed_holder_once_its_word_stands() {
     assert_eq!(ips(&act.remove), [v].into(), "c's newer view settles it");
 }
 
+/// Two live holders of one view, each first by its own membership (the
+/// peer's state here says it has no prefix for the VIP, and it thinks it
+/// has): after a planned move's time the one the election ranks lower,
+/// liveness aside, lets go (here to b, preferred over a), and the other
+/// keeps it for good (a is preferred over c).
+#[test]
+fn holders_of_one_view_settle_by_rank_after_the_handovers_time() {
+    let v = ip("10.0.1.1");
+    for (other, a_lets_go) in [("b", true), ("c", false)] {
+        let mut a = Node::new("a");
+        let unlinked = |vips: &[IpAddr]| {
+            let mut p = peer(other, Status::Alive, vips, 1);
+            p.on_link = Vec::new().into();
+            p
+        };
+        let held = a.running(cluster(&[v]), vec![unlinked(&[])]);
+        assert_eq!(held, [v].into(), "{other} is no candidate here");
+        let act = a.step(Input::Members(view("a", vec![unlinked(&[v])], Vec::new())));
+        assert!(act.remove.is_empty(), "not at once");
+        a.advance(HANDOVER_MAX - Duration::from_millis(1));
+        let act = a.step(Input::Tick);
+        assert!(act.remove.is_empty(), "not before a planned move's time");
+        a.advance(Duration::from_millis(1));
+        let act = a.step(Input::Tick);
+        let let_go = if a_lets_go {
+            [v].into()
+        } else {
+            BTreeSet::new()
+        };
+        assert_eq!(
+            ips(&act.remove),
+            let_go,
+            "{other} holds it too, with the same view"
+        );
+        a.advance(HANDOVER_MAX * 2);
+        let act = a.step(Input::Tick);
+        assert!(act.remove.is_empty(), "nothing more later");
+    }
+}
+
 /// A starting agent is no candidate (it publishes `starting`), and after
 /// it settles it takes nothing for three gossip rounds, so peers that
 /// settled with it are seen first.
