@@ -700,6 +700,304 @@ fn holders_of_one_view_settle_by_rank_after_the_handovers_time() {
     }
 }
 
+/// A live peer whose view of the cluster is newer holds a VIP this node
+/// wins by its own, older view: by the newer view it is where it belongs,
+/// so this node does not take it (it yields to the peer, and asks the LAN
+/// only whether the peer still answers).
+#[test]
+fn a_vip_a_newer_viewed_peer_holds_is_not_taken_on_an_older_view() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.step(Input::Adopted(Vec::new()));
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 1,
+    });
+    // c, which a outranks by a's view, holds it by view 2.
+    let c_holds = view("a", vec![peer("c", Status::Alive, &[v], 2)], Vec::new());
+    a.step(Input::Members(c_holds));
+    for _ in 0..20 {
+        a.advance(INTERVAL);
+        let act = a.step(Input::Tick);
+        assert!(act.add.is_empty(), "not taken: {act:?}");
+    }
+    assert!(a.core.held().next().is_none());
+}
+
+/// A held VIP whose place changes (here its on-link prefix narrows from
+/// /16 to /24 on the same interface) is added again in its new place.
+#[test]
+fn a_held_vip_follows_its_on_link_prefix() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, [v].into());
+    let mut narrower = links("a", true);
+    narrower.all[0].prefixes = vec!["10.0.1.0/24".parse().unwrap()];
+    let act = a.step(Input::Links(narrower));
+    let added: Vec<(IpAddr, u8)> = act.add.iter().map(|x| (x.ip, x.prefix_len)).collect();
+    assert_eq!(added, [(v, 24)], "added again with its new prefix");
+}
+
+/// A node settles three gossip rounds after it first hears a peer, and
+/// not before.
+#[test]
+fn a_node_settles_three_gossip_rounds_after_it_hears_a_peer() {
+    let mut a = Node::new("a");
+    a.step(Input::Adopted(Vec::new()));
+    a.step(Input::Cluster {
+        cluster: cluster(&[ip("10.0.1.1")]),
+        errors: Vec::new(),
+        revision: 1,
+    });
+    a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &[], 1)],
+        Vec::new(),
+    )));
+    a.advance(INTERVAL * 3 - Duration::from_millis(1));
+    a.step(Input::Tick);
+    assert_eq!(a.core.local_state().status, Status::Starting);
+    a.advance(Duration::from_millis(1));
+    let act = a.step(Input::Tick);
+    assert_eq!(act.publish.map(|p| p.status), Some(Status::Alive));
+}
+
+/// Nodes gossip reports alive that the failure detector has not reached
+/// yet (`unconfirmed`) are peers too: a node that hears only of them waits
+/// for them, up to [`UNCONFIRMED_GRACE`], not the lone node's start grace.
+#[test]
+fn a_node_that_hears_only_of_unconfirmed_peers_waits_for_them() {
+    let mut a = Node::new("a");
+    a.step(Input::Adopted(Vec::new()));
+    a.step(Input::Cluster {
+        cluster: cluster(&[ip("10.0.1.1")]),
+        errors: Vec::new(),
+        revision: 1,
+    });
+    let mut unconfirmed = view("a", Vec::new(), Vec::new());
+    unconfirmed.unconfirmed = 2;
+    let heard = a.now;
+    a.step(Input::Members(unconfirmed));
+    a.advance(STARTUP_GRACE * 2);
+    a.step(Input::Tick);
+    assert_eq!(a.core.local_state().status, Status::Starting);
+    a.advance(UNCONFIRMED_GRACE - (a.now - heard));
+    let act = a.step(Input::Tick);
+    assert_eq!(act.publish.map(|p| p.status), Some(Status::Alive));
+}
+
+/// While a member speaks a protocol older than drains, a drained node is
+/// elected like any other, as that member elects it.
+#[test]
+fn drains_count_only_once_every_member_knows_them() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let b_drained = MemberInfo {
+        drained: true,
+        ..peer("b", Status::Alive, &[], 1)
+    };
+    let c_old = MemberInfo {
+        protocol: crate::model::PROTOCOL_DRAIN - 1,
+        ..peer("c", Status::Alive, &[], 1)
+    };
+    let held = a.running(cluster(&[v]), vec![b_drained.clone(), c_old]);
+    assert!(held.is_empty(), "b wins, drained or not: c would elect it");
+    let mut again = Node::new("a");
+    let held = again.running(
+        cluster(&[v]),
+        vec![b_drained, peer("c", Status::Alive, &[], 1)],
+    );
+    assert_eq!(held, [v].into(), "every member knows drains: a wins");
+}
+
+/// The pre-check's questions go [`PRECHECK_EVERY`] apart, however often
+/// the core steps meanwhile.
+#[test]
+fn the_precheck_asks_at_its_pace_not_at_every_step() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.step(Input::Adopted(Vec::new()));
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 1,
+    });
+    a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &[], 1)],
+        Vec::new(),
+    )));
+    a.advance(INTERVAL * 3);
+    a.step(Input::Tick);
+    a.advance(INTERVAL * 3);
+    let start = a.now;
+    let act = a.step(Input::Tick);
+    assert_eq!(targets(&act.probe), [v].into());
+    let mut asked = vec![Duration::ZERO];
+    while a.now < start + PRECHECK - Duration::from_millis(1) {
+        a.advance(Duration::from_millis(1));
+        let act = a.step(Input::Tick);
+        assert!(act.add.is_empty(), "not taken within the window");
+        if targets(&act.probe).contains(&v) {
+            asked.push(a.now - start);
+        }
+    }
+    let paced: Vec<Duration> = (0..PRECHECK_PROBES).map(|i| PRECHECK_EVERY * i).collect();
+    assert_eq!(asked, paced);
+}
+
+/// A VIP taken while others are held lapses with them: its lifetime
+/// outlasts the renewal after the next one, and no more, so one renewal
+/// keeps every address.
+#[test]
+fn a_vip_taken_between_renewals_is_renewed_with_the_others() {
+    let (v1, v2) = (ip("10.0.1.1"), ip("10.0.1.2"));
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&[v1]), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, [v1].into());
+    let every = Duration::from_secs(5);
+    a.advance(Duration::from_secs(2));
+    a.step(Input::Cluster {
+        cluster: cluster(&[v1, v2]),
+        errors: Vec::new(),
+        revision: 2,
+    });
+    let mut lifetime = None;
+    for _ in 0..100 {
+        a.advance(Duration::from_millis(10));
+        let act = a.step(Input::Tick);
+        if let Some(x) = act.add.iter().find(|x| x.ip == v2) {
+            lifetime = x.lifetime.duration();
+            break;
+        }
+        a.done(&act);
+    }
+    let lifetime = lifetime.expect("v2 taken");
+    assert!(
+        lifetime < every * 3 && lifetime > every * 2,
+        "aligned with the renewals, not the whole lifetime: {lifetime:?}"
+    );
+}
+
+/// A leaving node whose successor's view differs keeps a VIP past the
+/// hand-over's time (letting go would leave nobody answering), but not
+/// past the leave's: when that is up, it lets go and exits.
+#[test]
+fn a_leave_lets_go_when_its_time_is_up_even_while_views_differ() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, [v].into());
+    a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &[], 2)],
+        Vec::new(),
+    )));
+    let act = a.step(Input::Leave);
+    assert!(act.remove.is_empty());
+    a.advance(HANDOVER_MAX);
+    let act = a.step(Input::Tick);
+    assert!(act.remove.is_empty(), "c's view differs: still answering");
+    a.advance(LEAVE_MAX - HANDOVER_MAX);
+    let act = a.step(Input::Tick);
+    assert_eq!(ips(&act.remove), [v].into(), "the leave's time is up");
+    assert!(a.done(&act).exit);
+}
+
+/// `node` alive, with no prefix for the VIPs here: no candidate.
+fn unlinked(node: &str) -> MemberInfo {
+    MemberInfo {
+        on_link: Vec::new().into(),
+        ..peer(node, Status::Alive, &[], 1)
+    }
+}
+
+/// [`cluster`] with c preferred as much as b, and an address for which b
+/// comes first by the hash order: b wins it, c is next, then a.
+fn b_then_c_then_a() -> (Cluster, IpAddr) {
+    let v = (1..=50)
+        .map(|i| ip(&format!("10.0.1.{i}")))
+        .find(|v| {
+            let text = v.to_string();
+            crate::election::rank_key("b", &text) < crate::election::rank_key("c", &text)
+        })
+        .expect("some address orders b before c");
+    let mut c = cluster(&[v]);
+    c.nodes[2].labels.insert("tier".into(), "first".into());
+    (c, v)
+}
+
+/// A VIP whose winner's view of the cluster is older than this node's
+/// goes to the first node that has this view (the winner may not know the
+/// VIP yet): here c, which holds it, so this node lets go once c's word
+/// stands, and does not hand it over to b.
+#[test]
+fn a_vip_goes_to_the_first_node_of_this_view_when_its_winner_lags() {
+    let (objects, v) = b_then_c_then_a();
+    let mut a = Node::new("a");
+    let held = a.running(objects.clone(), vec![unlinked("c")]);
+    assert_eq!(held, [v].into(), "c is no candidate yet: a wins");
+    a.step(Input::Cluster {
+        cluster: objects,
+        errors: Vec::new(),
+        revision: 2,
+    });
+    let mut act = a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[v], 2),
+        ],
+        Vec::new(),
+    )));
+    let start = a.now;
+    while act.remove.is_empty() && a.now < start + HANDOVER_MAX {
+        a.advance(INTERVAL);
+        act = a.step(Input::Tick);
+    }
+    assert_eq!(ips(&act.remove), [v].into(), "c holds it, by a's view");
+    assert!(
+        a.now - start < HANDOVER_MAX,
+        "once c's word stands, not after a hand-over to b timed out"
+    );
+}
+
+/// A VIP kept past the hand-over's time because the winner's view differs
+/// goes to a holder of this node's view that ranks before it (c), and not
+/// to one that ranks after it (d, no Node at all).
+#[test]
+fn a_vip_kept_for_differing_views_goes_only_to_a_holder_that_ranks_first() {
+    let (objects, v) = b_then_c_then_a();
+    for (other, lets_go) in [("c", true), ("d", false)] {
+        let mut a = Node::new("a");
+        let held = a.running(objects.clone(), vec![unlinked(other)]);
+        assert_eq!(held, [v].into(), "{other} is no candidate yet: a wins");
+        // b wins by a view of its own, newer, and does not take it.
+        let act = a.step(Input::Members(view(
+            "a",
+            vec![
+                peer("b", Status::Alive, &[], 2),
+                peer(other, Status::Alive, &[v], 1),
+            ],
+            Vec::new(),
+        )));
+        assert!(act.remove.is_empty(), "handed over to b, which lags");
+        a.advance(HANDOVER_MAX);
+        let act = a.step(Input::Tick);
+        assert!(act.remove.is_empty(), "kept: b's view differs");
+        assert!(
+            act.publish.is_some_and(|p| p.vips.contains(&v)),
+            "shown held again, for the other holder to see"
+        );
+        a.advance(INTERVAL);
+        let act = a.step(Input::Tick);
+        let expected = if lets_go { [v].into() } else { BTreeSet::new() };
+        assert_eq!(ips(&act.remove), expected, "{other} holds it too");
+    }
+}
+
 /// A starting agent is no candidate (it publishes `starting`), and after
 /// it settles it takes nothing for three gossip rounds, so peers that
 /// settled with it are seen first.
@@ -1799,7 +2097,9 @@ fn every_release_gives_its_true_reason() {
     let notes = withdrawn(&mut a, &act);
     assert_eq!(notes.len(), 2, "{notes:?}");
     assert!(
-        notes.iter().all(|n| n.contains("eth0 has no carrier")),
+        notes
+            .iter()
+            .all(|n| n.contains("eth0 has no carrier") && !n.contains("shutting down")),
         "{notes:?}"
     );
 
@@ -1814,7 +2114,10 @@ fn every_release_gives_its_true_reason() {
     });
     let notes = withdrawn(&mut a, &act);
     assert_eq!(notes.len(), 1, "{notes:?}");
-    assert!(notes[0].contains("endpoint"), "{notes:?}");
+    assert!(
+        notes[0].contains("endpoint") && !notes[0].contains("shutting down"),
+        "{notes:?}"
+    );
 
     let mut a = running();
     a.step(Input::Leave);
