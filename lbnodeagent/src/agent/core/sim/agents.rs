@@ -66,11 +66,6 @@ impl World {
 
     /// `host`'s record changed (its agent started, or stopped and said
     /// so): the other agents' watches deliver the records again.
-    /// Whether the API server answers `host`'s watches now.
-    pub(super) fn api_reaches(&self, host: usize) -> bool {
-        self.api_up && !self.hosts[host].api_cut
-    }
-
     pub(super) fn records_changed(&mut self, host: usize) {
         if !self.api_up {
             return;
@@ -522,7 +517,7 @@ impl World {
     /// host's MAC, fresh unless its agent stopped gracefully (a killed or
     /// crashed agent's record goes stale only after minutes).
     pub(super) fn deliver_records(&mut self, host: usize) {
-        if !self.api_reaches(host) {
+        if !self.api_up {
             return;
         }
         let mut records: Vec<AgentRecord> = self
@@ -557,7 +552,7 @@ impl World {
     }
 
     pub(super) fn deliver_cluster(&mut self, host: usize) {
-        if !self.api_reaches(host) {
+        if !self.api_up {
             return;
         }
         // The record's watch, before the first view, as the shell does; a
