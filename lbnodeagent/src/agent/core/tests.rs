@@ -245,17 +245,23 @@ impl Node {
         self.step(Input::Done(results))
     }
 
-    /// Starts with the cluster known and peers in view, and runs until it
-    /// is ready, returning what it held then.
-    fn running(&mut self, cluster: Cluster, peers: Vec<MemberInfo>) -> BTreeSet<IpAddr> {
-        let me = self.core.node().to_string();
+    /// A fresh agent that found no address of a previous run hears the
+    /// cluster (view 1) and then `view`: starting, not settled yet.
+    fn hears(&mut self, cluster: Cluster, view: MembershipView) {
         self.step(Input::Adopted(Vec::new()));
         self.step(Input::Cluster {
             cluster,
             errors: Vec::new(),
             revision: 1,
         });
-        self.step(Input::Members(view(&me, peers.clone(), Vec::new())));
+        self.step(Input::Members(view));
+    }
+
+    /// Starts with the cluster known and peers in view, and runs until it
+    /// is ready, returning what it held then.
+    fn running(&mut self, cluster: Cluster, peers: Vec<MemberInfo>) -> BTreeSet<IpAddr> {
+        let me = self.core.node().to_string();
+        self.hears(cluster, view(&me, peers, Vec::new()));
         self.advance(INTERVAL * 3);
         let a = self.step(Input::Tick);
         assert_eq!(
@@ -670,14 +676,13 @@ fn holders_of_one_view_settle_by_rank_after_the_handovers_time() {
     let v = ip("10.0.1.1");
     for (other, a_lets_go) in [("b", true), ("c", false)] {
         let mut a = Node::new("a");
-        let unlinked = |vips: &[IpAddr]| {
-            let mut p = peer(other, Status::Alive, vips, 1);
-            p.on_link = Vec::new().into();
-            p
-        };
-        let held = a.running(cluster(&[v]), vec![unlinked(&[])]);
+        let held = a.running(cluster(&[v]), vec![unlinked(other, &[])]);
         assert_eq!(held, [v].into(), "{other} is no candidate here");
-        let act = a.step(Input::Members(view("a", vec![unlinked(&[v])], Vec::new())));
+        let act = a.step(Input::Members(view(
+            "a",
+            vec![unlinked(other, &[v])],
+            Vec::new(),
+        )));
         assert!(act.remove.is_empty(), "not at once");
         a.advance(HANDOVER_MAX - Duration::from_millis(1));
         let act = a.step(Input::Tick);
@@ -708,15 +713,9 @@ fn holders_of_one_view_settle_by_rank_after_the_handovers_time() {
 fn a_vip_a_newer_viewed_peer_holds_is_not_taken_on_an_older_view() {
     let v = ip("10.0.1.1");
     let mut a = Node::new("a");
-    a.step(Input::Adopted(Vec::new()));
-    a.step(Input::Cluster {
-        cluster: cluster(&[v]),
-        errors: Vec::new(),
-        revision: 1,
-    });
     // c, which a outranks by a's view, holds it by view 2.
     let c_holds = view("a", vec![peer("c", Status::Alive, &[v], 2)], Vec::new());
-    a.step(Input::Members(c_holds));
+    a.hears(cluster(&[v]), c_holds);
     for _ in 0..20 {
         a.advance(INTERVAL);
         let act = a.step(Input::Tick);
@@ -745,17 +744,10 @@ fn a_held_vip_follows_its_on_link_prefix() {
 #[test]
 fn a_node_settles_three_gossip_rounds_after_it_hears_a_peer() {
     let mut a = Node::new("a");
-    a.step(Input::Adopted(Vec::new()));
-    a.step(Input::Cluster {
-        cluster: cluster(&[ip("10.0.1.1")]),
-        errors: Vec::new(),
-        revision: 1,
-    });
-    a.step(Input::Members(view(
-        "a",
-        vec![peer("c", Status::Alive, &[], 1)],
-        Vec::new(),
-    )));
+    a.hears(
+        cluster(&[ip("10.0.1.1")]),
+        view("a", vec![peer("c", Status::Alive, &[], 1)], Vec::new()),
+    );
     a.advance(INTERVAL * 3 - Duration::from_millis(1));
     a.step(Input::Tick);
     assert_eq!(a.core.local_state().status, Status::Starting);
@@ -770,16 +762,10 @@ fn a_node_settles_three_gossip_rounds_after_it_hears_a_peer() {
 #[test]
 fn a_node_that_hears_only_of_unconfirmed_peers_waits_for_them() {
     let mut a = Node::new("a");
-    a.step(Input::Adopted(Vec::new()));
-    a.step(Input::Cluster {
-        cluster: cluster(&[ip("10.0.1.1")]),
-        errors: Vec::new(),
-        revision: 1,
-    });
     let mut unconfirmed = view("a", Vec::new(), Vec::new());
     unconfirmed.unconfirmed = 2;
     let heard = a.now;
-    a.step(Input::Members(unconfirmed));
+    a.hears(cluster(&[ip("10.0.1.1")]), unconfirmed);
     a.advance(STARTUP_GRACE * 2);
     a.step(Input::Tick);
     assert_eq!(a.core.local_state().status, Status::Starting);
@@ -818,17 +804,10 @@ fn drains_count_only_once_every_member_knows_them() {
 fn the_precheck_asks_at_its_pace_not_at_every_step() {
     let v = ip("10.0.1.1");
     let mut a = Node::new("a");
-    a.step(Input::Adopted(Vec::new()));
-    a.step(Input::Cluster {
-        cluster: cluster(&[v]),
-        errors: Vec::new(),
-        revision: 1,
-    });
-    a.step(Input::Members(view(
-        "a",
-        vec![peer("c", Status::Alive, &[], 1)],
-        Vec::new(),
-    )));
+    a.hears(
+        cluster(&[v]),
+        view("a", vec![peer("c", Status::Alive, &[], 1)], Vec::new()),
+    );
     a.advance(INTERVAL * 3);
     a.step(Input::Tick);
     a.advance(INTERVAL * 3);
@@ -906,11 +885,12 @@ fn a_leave_lets_go_when_its_time_is_up_even_while_views_differ() {
     assert!(a.done(&act).exit);
 }
 
-/// `node` alive, with no prefix for the VIPs here: no candidate.
-fn unlinked(node: &str) -> MemberInfo {
+/// `node` alive and showing `vips` held, with no prefix for the VIPs
+/// here: no candidate.
+fn unlinked(node: &str, vips: &[IpAddr]) -> MemberInfo {
     MemberInfo {
         on_link: Vec::new().into(),
-        ..peer(node, Status::Alive, &[], 1)
+        ..peer(node, Status::Alive, vips, 1)
     }
 }
 
@@ -937,7 +917,7 @@ fn b_then_c_then_a() -> (Cluster, IpAddr) {
 fn a_vip_goes_to_the_first_node_of_this_view_when_its_winner_lags() {
     let (objects, v) = b_then_c_then_a();
     let mut a = Node::new("a");
-    let held = a.running(objects.clone(), vec![unlinked("c")]);
+    let held = a.running(objects.clone(), vec![unlinked("c", &[])]);
     assert_eq!(held, [v].into(), "c is no candidate yet: a wins");
     a.step(Input::Cluster {
         cluster: objects,
@@ -972,7 +952,7 @@ fn a_vip_kept_for_differing_views_goes_only_to_a_holder_that_ranks_first() {
     let (objects, v) = b_then_c_then_a();
     for (other, lets_go) in [("c", true), ("d", false)] {
         let mut a = Node::new("a");
-        let held = a.running(objects.clone(), vec![unlinked(other)]);
+        let held = a.running(objects.clone(), vec![unlinked(other, &[])]);
         assert_eq!(held, [v].into(), "{other} is no candidate yet: a wins");
         // b wins by a view of its own, newer, and does not take it.
         let act = a.step(Input::Members(view(
@@ -1879,13 +1859,7 @@ fn record(node: &str, fresh: bool) -> AgentRecord {
 fn an_agent_whose_gossip_reaches_nobody_acts_as_if_partitioned() {
     let v = ip("10.0.1.1");
     let mut a = Node::new("a");
-    a.step(Input::Adopted(Vec::new()));
-    a.step(Input::Cluster {
-        cluster: cluster(&[v]),
-        errors: Vec::new(),
-        revision: 1,
-    });
-    a.step(Input::Members(view("a", Vec::new(), Vec::new())));
+    a.hears(cluster(&[v]), view("a", Vec::new(), Vec::new()));
     let act = a.step(Input::Records(vec![
         record("a", true),
         record("b", true),
@@ -1945,13 +1919,7 @@ fn a_first_claim_a_stranger_answers_is_not_taken_until_it_stops() {
     let v = ip("10.0.1.1");
     let stranger = MacAddr([2, 0, 0, 0, 9, 9]);
     let mut a = Node::new("a");
-    a.step(Input::Adopted(Vec::new()));
-    a.step(Input::Cluster {
-        cluster: cluster(&[v]),
-        errors: Vec::new(),
-        revision: 1,
-    });
-    a.step(Input::Members(view("a", Vec::new(), Vec::new())));
+    a.hears(cluster(&[v]), view("a", Vec::new(), Vec::new()));
     // The stranger answers the first three questions, then is gone.
     let mut answered = 0;
     let mut last_answer = None;
@@ -2010,13 +1978,7 @@ fn forged_records_change_no_owner() {
     let v = ip("10.0.1.1");
     let holder = |records: Vec<AgentRecord>| {
         let mut a = Node::new("a");
-        a.step(Input::Adopted(Vec::new()));
-        a.step(Input::Cluster {
-            cluster: cluster(&[v]),
-            errors: Vec::new(),
-            revision: 1,
-        });
-        a.step(Input::Members(view("a", Vec::new(), Vec::new())));
+        a.hears(cluster(&[v]), view("a", Vec::new(), Vec::new()));
         a.step(Input::Records(records));
         for _ in 0..100 {
             a.advance(Duration::from_millis(50));
