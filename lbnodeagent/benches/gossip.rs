@@ -109,6 +109,7 @@ fn realistic_state(n: u32) -> LocalState {
         .into(),
         revision: 0,
         drained: false,
+        behind: Default::default(),
     }
 }
 

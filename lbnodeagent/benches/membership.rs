@@ -180,6 +180,7 @@ fn node_state(i: usize) -> LocalState {
         .into(),
         revision: 0,
         drained: false,
+        behind: Default::default(),
     }
 }
 

@@ -37,6 +37,7 @@ fn local_state(n: u8) -> LocalState {
         macs: BTreeSet::from([lbnodeagent::addrs::MacAddr([2, 0, 0, 0, 0, n])]).into(),
         revision: 0,
         drained: false,
+        behind: Default::default(),
     }
 }
 

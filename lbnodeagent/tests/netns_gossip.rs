@@ -47,6 +47,7 @@ fn start(rt: &NsRuntime, name: &str, addr: SocketAddr, seed: Option<SocketAddr>,
             macs: Default::default(),
             revision: 0,
             drained: false,
+            behind: Default::default(),
         };
         let m = Membership::start(&config, local, &transport, &transport)
             .await

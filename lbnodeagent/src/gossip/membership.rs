@@ -700,6 +700,7 @@ impl ViewBuilder {
                 macs: Default::default(),
                 revision: 0,
                 drained: false,
+                behind: Default::default(),
             });
         MembershipView {
             local,
@@ -779,6 +780,7 @@ mod tests {
             macs: BTreeSet::from(["02:00:00:00:00:01".parse().unwrap()]).into(),
             revision: 0,
             drained: false,
+            behind: BTreeSet::from(["n7".to_string(), "n8".to_string()]).into(),
         }
     }
 
@@ -830,12 +832,16 @@ mod tests {
         assert_eq!(old.vips, sample().vips);
         assert_eq!(old.macs, sample().macs);
         assert_eq!(old.on_link, sample().on_link);
+        // Without a word of who is behind, a node that came to its view
+        // late waits for an orphan's winner as it did before the key.
+        assert!(old.behind.is_empty());
         // The current release writes the same, plus its protocol.
         let current = build_view(
             &chitchat_for(
                 "n1",
                 &LocalState {
                     revision: 42,
+                    behind: Default::default(),
                     ..sample()
                 },
             ),
@@ -877,6 +883,7 @@ mod tests {
         assert_eq!(view.local.node, "n1");
         assert_eq!(view.local.agent_version, "9.9.9");
         assert_eq!(view.local.vips, local.vips);
+        assert_eq!(view.local.behind, local.behind);
         assert_eq!(view.members.len(), 1);
         let member = &view.members[0];
         assert!(!member.leaving && member.virtual_mode);

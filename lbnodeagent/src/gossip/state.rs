@@ -13,6 +13,7 @@
 //! | `detector` | `swim`: the node runs the SWIM failure detector (see `detector`); peers without it are judged by chitchat's, so a rolling upgrade keeps every node's view of the others |
 //! | `drained` | `true` while the node's operator has drained it, else `false`: it then wins only VIPs no other node can serve |
 //! | `revision` | the newest resourceVersion the node's watches have seen: two live nodes that both hold a VIP because their views of the cluster differ let the one with the newer view keep it |
+//! | `behind` | peers the node has found behind its view of the cluster for a hand-over's time, space-separated: a node that came to the same view later (it restarted) takes their orphaned VIPs without waiting for them again |
 //! | `vipchunks` | how many `vips.N` keys there are: set after a chunk is deleted, so a peer hears of the deletion through a key change |
 //!
 //! `status` is written last when a node starts. chitchat sends a node's keys
@@ -49,6 +50,7 @@ pub const KEY_MACS: &str = "macs";
 pub const KEY_DETECTOR: &str = "detector";
 pub const KEY_REVISION: &str = "revision";
 pub const KEY_DRAINED: &str = "drained";
+pub const KEY_BEHIND: &str = "behind";
 pub const KEY_VIP_CHUNKS: &str = "vipchunks";
 pub const DETECTOR_SWIM: &str = "swim";
 pub const KEY_VIPS_PREFIX: &str = "vips.";
@@ -140,6 +142,7 @@ pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(Strin
         (KEY_DETECTOR.to_string(), DETECTOR_SWIM.to_string()),
         (KEY_REVISION.to_string(), local.revision.to_string()),
         (KEY_DRAINED.to_string(), local.drained.to_string()),
+        (KEY_BEHIND.to_string(), encode_names(&local.behind)),
     ];
     let chunks = vip_chunks(&local.vips);
     let count = chunks.len();
@@ -168,6 +171,7 @@ pub fn publish(node: &mut NodeState, local: &LocalState) {
     // Set, never deleted: a peer hears of a deletion only a gossip round
     // late.
     node.set(KEY_DRAINED, local.drained.to_string());
+    node.set(KEY_BEHIND, encode_names(&local.behind));
     let chunks = vip_chunks(&local.vips);
     let count = chunks.len();
     let stale: Vec<String> = node
@@ -234,7 +238,22 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
             .and_then(|r| r.parse().ok())
             .unwrap_or(0),
         drained: node.get(KEY_DRAINED) == Some("true"),
+        behind: node
+            .get(KEY_BEHIND)
+            .unwrap_or_default()
+            .split_ascii_whitespace()
+            .map(str::to_string)
+            .collect::<BTreeSet<_>>()
+            .into(),
     })
+}
+
+fn encode_names(names: &BTreeSet<String>) -> String {
+    names
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn encode_macs(macs: &BTreeSet<MacAddr>) -> String {

@@ -77,6 +77,9 @@ pub struct LocalState {
     pub revision: u64,
     /// The node's operator drained it (its NodeAgent's `spec.drain`).
     pub drained: bool,
+    /// Peers this node has found behind its view of the cluster for a
+    /// hand-over's time (see `KEY_BEHIND`).
+    pub behind: Arc<BTreeSet<String>>,
 }
 
 /// One node as seen through gossip.
@@ -99,6 +102,7 @@ pub struct MemberInfo {
     pub macs: Arc<BTreeSet<MacAddr>>,
     pub revision: u64,
     pub drained: bool,
+    pub behind: Arc<BTreeSet<String>>,
 }
 
 impl MemberInfo {
@@ -157,6 +161,7 @@ impl MembershipView {
                 macs: Default::default(),
                 revision: 0,
                 drained: false,
+                behind: Default::default(),
             },
             members: Vec::new(),
             nodes: Vec::new(),

@@ -455,6 +455,7 @@ mod tests {
             macs: BTreeSet::from([mac]).into(),
             revision: 0,
             drained: false,
+            behind: Default::default(),
         }
     }
 

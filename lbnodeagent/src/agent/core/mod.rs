@@ -191,6 +191,9 @@ pub struct Core {
     /// that does not show them held, since when (see [`Core::orphans`]).
     orphans: BTreeMap<IpAddr, Instant>,
     orphan_scan: bool,
+    /// The winners of those orphans that have been behind for a hand-over's
+    /// time, as this node publishes them (see [`Core::orphans`]).
+    behind: Arc<BTreeSet<String>>,
     /// Addresses of a previous run this node let go while starting, to a
     /// starting node first in the hash order that showed them too, and
     /// where they were: put back if that node stops showing them before
@@ -276,6 +279,7 @@ impl Core {
             orphans: BTreeMap::new(),
             starting_yields: BTreeMap::new(),
             orphan_scan: false,
+            behind: Default::default(),
             conflicts: Conflicts::default(),
             foreign: BTreeSet::new(),
             lost_at: BTreeMap::new(),
@@ -678,6 +682,7 @@ impl Core {
             .map(|(ip, _)| *ip)
             .collect();
         self.mark(due);
+        self.publish_behind(now);
         if self.all_dirty {
             self.all_dirty = false;
             self.refresh_wants();

@@ -51,6 +51,7 @@ impl Core {
             macs: self.links.macs().into(),
             revision: self.revision,
             drained: self.drain,
+            behind: Arc::clone(&self.behind),
         }
     }
 

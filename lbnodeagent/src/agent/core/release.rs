@@ -3,7 +3,7 @@
 //! (orphans). Every rule here answers one question: may this node stop
 //! answering now without leaving the VIP unanswered?
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Instant;
 
@@ -426,10 +426,17 @@ impl Core {
     /// found late (gossip just came back, or the winner only now became the
     /// winner) whose winner has been behind for a hand-over's time already
     /// is stuck, for as long as the API server is away from it, and
-    /// waiting again would leave the VIP unanswered for nothing.
+    /// waiting again would leave the VIP unanswered for nothing. A node
+    /// that came to its view late (it restarted, and may be the first of
+    /// the fallbacks once ready) cannot tell from its own clock how long
+    /// the winner has been behind; the peers that waited say so in gossip
+    /// (`behind`), and their word counts when their view is no newer than
+    /// this node's and still newer than the winner's.
     pub(super) fn orphans(&mut self, now: Instant) {
         self.orphan_scan = false;
         let older = self.older_peers();
+        let said_behind = self.said_behind(&older);
+        let waited = now.checked_sub(HANDOVER_MAX);
         let mut found = BTreeMap::new();
         if !older.is_empty() && self.phase == Phase::Running {
             for (ip, winner) in self.election.winners() {
@@ -452,14 +459,20 @@ impl Core {
                         .get(&ip)
                         .is_some_and(|s| s.held.as_ref().is_some_and(|h| h.handover.is_none()));
                 if taken_here || !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
-                    let since = self.orphans.get(&ip).copied();
-                    found.insert(ip, since.unwrap_or(self.revision_at));
+                    let mut since = self.orphans.get(&ip).copied().unwrap_or(self.revision_at);
+                    if said_behind.contains(w)
+                        && let Some(waited) = waited
+                    {
+                        since = since.min(waited);
+                    }
+                    found.insert(ip, since);
                 }
             }
         }
         let changed: Vec<IpAddr> = found
-            .keys()
-            .filter(|ip| !self.orphans.contains_key(ip))
+            .iter()
+            .filter(|(ip, since)| self.orphans.get(ip) != Some(since))
+            .map(|(ip, _)| ip)
             .chain(self.orphans.keys().filter(|ip| !found.contains_key(ip)))
             .copied()
             .collect();
@@ -471,6 +484,37 @@ impl Core {
         }
         self.orphans = found;
         self.mark(changed);
+    }
+
+    /// Older peers that a peer whose view is newer than theirs, and no
+    /// newer than this node's, has found behind for a hand-over's time.
+    fn said_behind(&self, older: &BTreeSet<String>) -> BTreeSet<String> {
+        let revision_of = |node: &str| self.view.node(node).map(|n| n.revision);
+        self.alive_peers()
+            .filter(|p| p.revision <= self.revision && !p.behind.is_empty())
+            .flat_map(|p| {
+                p.behind.iter().filter(move |w| {
+                    older.contains(*w) && revision_of(w).is_some_and(|r| r < p.revision)
+                })
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Publishes the winners of the orphans this node has waited a
+    /// hand-over's time for (see [`Core::orphans`]).
+    pub(super) fn publish_behind(&mut self, now: Instant) {
+        let behind: BTreeSet<String> = self
+            .orphans
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= HANDOVER_MAX)
+            .filter_map(|(ip, _)| self.election.winner(*ip))
+            .map(str::to_string)
+            .collect();
+        if *self.behind != behind {
+            self.behind = behind.into();
+            self.publish_dirty = true;
+        }
     }
 
     /// The duty for an orphaned VIP whose grace has passed.

@@ -152,6 +152,7 @@ fn peer(node: &str, status: Status, vips: &[IpAddr], revision: u64) -> MemberInf
         macs: BTreeSet::from([mac(node)]).into(),
         revision,
         drained: false,
+        behind: Default::default(),
     }
 }
 
@@ -602,6 +603,69 @@ fn an_orphan_whose_winner_has_long_been_behind_is_taken_when_found() {
     );
     let act = a.unanswered(act);
     assert_eq!(ips(&act.add), [v].into(), "a comes after b, before c");
+}
+
+/// A node that came to its view late (it restarted) cannot tell from its
+/// own clock how long an orphan's winner has been behind; a peer of the
+/// same view that has waited a hand-over's time for it says so, and the
+/// VIP is asked about at once (seed 9960009898: a new Service's winner cut
+/// from the API server, a restarted node first of the rest, which waited
+/// again and left the VIP unanswered for 3.38 s). The word counts only
+/// from a peer whose view is no newer than this node's and newer than the
+/// winner's.
+#[test]
+fn an_orphan_a_peer_has_waited_for_is_not_waited_for_again() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let c_says = |revision: u64, behind: &[&str]| MemberInfo {
+        behind: behind
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<BTreeSet<_>>()
+            .into(),
+        ..peer("c", Status::Alive, &[], revision)
+    };
+    let with_c = |c: MemberInfo| {
+        Input::Members(view(
+            "a",
+            vec![peer("b", Status::Alive, &[], 8), c],
+            Vec::new(),
+        ))
+    };
+    a.step(Input::Adopted(Vec::new()));
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+    });
+    a.step(with_c(c_says(9, &[])));
+    a.advance(INTERVAL * 3);
+    let act = a.step(Input::Tick);
+    assert_eq!(act.publish.map(|p| p.status), Some(Status::Alive));
+    a.advance(INTERVAL * 3);
+    let act = a.step(Input::Tick);
+    assert_eq!(a.core.election().winner(v), Some("b"));
+    assert!(
+        act.add.is_empty() && act.probe.is_empty(),
+        "b may catch up with the cluster yet"
+    );
+    for (c, why) in [
+        (c_says(10, &["b"]), "c's view is newer than this node's"),
+        (c_says(8, &["b"]), "c's view is no newer than b's"),
+        (c_says(9, &["d"]), "c says nothing of b"),
+    ] {
+        let act = a.step(with_c(c));
+        assert!(act.add.is_empty() && act.probe.is_empty(), "{why}");
+    }
+    let act = a.step(with_c(c_says(9, &["b"])));
+    assert_eq!(targets(&act.probe), [v].into(), "c waited for b already");
+    let act = a.unanswered(act);
+    assert_eq!(ips(&act.add), [v].into(), "a comes after b, before c");
+    let act = a.done(&act);
+    assert!(
+        act.publish.is_some_and(|p| p.behind.contains("b")),
+        "and this node says so in turn"
+    );
 }
 
 /// A node with a newer view of the cluster that has just taken a VIP does

@@ -64,6 +64,11 @@ impl World {
         self.records_changed(host);
     }
 
+    /// Whether the API server answers `host`'s watches now.
+    pub(super) fn api_reaches(&self, host: usize) -> bool {
+        self.api_up && !self.hosts[host].api_cut
+    }
+
     /// `host`'s record changed (its agent started, or stopped and said
     /// so): the other agents' watches deliver the records again.
     pub(super) fn records_changed(&mut self, host: usize) {
@@ -417,6 +422,7 @@ impl World {
             macs: state.macs.clone(),
             revision: state.revision,
             drained: state.drained,
+            behind: state.behind.clone(),
         };
         let h = &self.hosts[host];
         let local = info(host, h.generation, &h.published);
@@ -517,7 +523,7 @@ impl World {
     /// host's MAC, fresh unless its agent stopped gracefully (a killed or
     /// crashed agent's record goes stale only after minutes).
     pub(super) fn deliver_records(&mut self, host: usize) {
-        if !self.api_up {
+        if !self.api_reaches(host) {
             return;
         }
         let mut records: Vec<AgentRecord> = self
@@ -552,7 +558,7 @@ impl World {
     }
 
     pub(super) fn deliver_cluster(&mut self, host: usize) {
-        if !self.api_up {
+        if !self.api_reaches(host) {
             return;
         }
         // The record's watch, before the first view, as the shell does; a

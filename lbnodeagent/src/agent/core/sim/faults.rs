@@ -10,6 +10,7 @@ impl World {
             && h.port_up
             && !h.blocked
             && !h.flaky
+            && !h.api_cut
             && h.agent == Agent::Running
             && h.core.as_ref().is_some_and(|c| c.is_ready())
     }
@@ -50,6 +51,7 @@ impl World {
                 (Fault::Kill(h), Fault::Start(h), 200, 1500)
             }
             10 => (Fault::Stall(h), Fault::Thaw(h), 50, 200),
+            11 => (Fault::ApiCut(h), Fault::ApiMend(h), 1000, 8000),
             _ => (Fault::Term(h), Fault::Start(h), 300, 3000),
         };
         self.apply(fault);
@@ -202,6 +204,13 @@ impl World {
                 // The agent's watch of its own record brings it.
                 self.watch_brings(h);
             }
+            Fault::ApiCut(h) | Fault::ApiMend(h) => {
+                self.hosts[h].api_cut = matches!(f, Fault::ApiCut(_));
+                if !self.hosts[h].api_cut {
+                    // The watches list again: the latest of everything.
+                    self.watch_brings(h);
+                }
+            }
             Fault::ApiDown => self.api_up = false,
             Fault::ApiUp => {
                 self.api_up = true;
@@ -319,6 +328,9 @@ impl World {
             if self.hosts[h].flaky {
                 self.apply(Fault::Steady(h));
             }
+            if self.hosts[h].api_cut {
+                self.apply(Fault::ApiMend(h));
+            }
             if self.hosts[h].drained {
                 self.apply(Fault::Undrain(h));
             }
@@ -347,6 +359,8 @@ impl World {
             Fault::PortUp(h) => format!("{}'s switch port up", name(h)),
             Fault::Partition(h) => format!("gossip to and from {} dropped", name(h)),
             Fault::Heal(h) => format!("gossip to and from {} flows again", name(h)),
+            Fault::ApiCut(h) => format!("{}'s path to the API server cut", name(h)),
+            Fault::ApiMend(h) => format!("{}'s path to the API server mended", name(h)),
             Fault::ApiDown => "API server down".into(),
             Fault::ApiUp => "API server back".into(),
             Fault::Flaky(h) => format!("{}'s kernel refuses operations", name(h)),

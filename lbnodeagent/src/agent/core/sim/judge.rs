@@ -62,6 +62,7 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
                     || h.killed
                     || !h.port_up
                     || h.blocked
+                    || h.api_cut
                     || h.flaky,
                 // As its agent heard of it and gossips it, not as the
                 // record says: during an API outage nobody knows yet.

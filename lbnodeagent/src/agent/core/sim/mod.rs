@@ -4,7 +4,8 @@
 //! them on a simulated clock through a seeded schedule of faults and
 //! changes ([`scenario`]): crashes, frozen and killed agents (with and
 //! without systemd's cleanup), SIGTERM, switch ports going down, gossip-only
-//! partitions, API outages (and agents restarted during one), kernels that
+//! partitions, API outages (and agents restarted during one), one host's
+//! path to the API server cut while the others hear every change, kernels that
 //! refuse operations, Services, endpoints, labels and advertisements
 //! changing. Around the cores it models what the shell and the network
 //! would do:
@@ -154,6 +155,9 @@ struct Host {
     port_up: bool,
     /// Gossip dropped by a firewall; ARP still flows.
     blocked: bool,
+    /// Its path to the API server is cut: its agent's watches hear
+    /// nothing while the others' do.
+    api_cut: bool,
     flaky: bool,
     agent: Agent,
     core: Option<Core>,
@@ -418,6 +422,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             powered: true,
             port_up: true,
             blocked: false,
+            api_cut: false,
             flaky: false,
             agent: Agent::Stopped,
             core: None,

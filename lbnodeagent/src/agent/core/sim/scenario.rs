@@ -262,6 +262,12 @@ pub enum Fault {
     /// The API server stops answering.
     ApiDown,
     ApiUp,
+    /// The host's path to the API server is cut (a firewall, a broken
+    /// route to its load balancer): its agent's watches hear nothing while
+    /// the others go on hearing every change, so views differ between live
+    /// agents that gossip with each other, for as long as it lasts.
+    ApiCut(usize),
+    ApiMend(usize),
     /// The host's kernel refuses a share of address operations.
     Flaky(usize),
     Steady(usize),
