@@ -255,6 +255,59 @@ fn added_address_has_prefix_flags_lifetime_and_our_tag() {
     );
 }
 
+/// An IPv6 add is done only once the kernel answers solicitations for
+/// the address: it joins the address's solicited-node group from a
+/// workqueue after the netlink add returns, and a node that announced the
+/// VIP before then would let the node handing it over go while nobody
+/// answered. Checked right as the adds return, one address and a batch of
+/// 200 (the workqueue takes them one by one), in the backend's own thread.
+#[test]
+fn an_ipv6_add_returns_once_the_kernel_answers_for_the_address() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    let life = Lifetime::new(Duration::from_secs(30));
+    let one = vip_on(&agent, Family::V6, "fd00:77::2:1", life);
+    let batch: Vec<VipAddress> = (0..200)
+        .map(|i| vip_on(&agent, Family::V6, &format!("fd00:77::3:{i:x}"), life))
+        .collect();
+    // The solicited-node group of each, as `/proc/net/igmp6` writes it.
+    let group = |v: &VipAddress| match v.ip {
+        IpAddr::V6(ip) => {
+            let o = ip.octets();
+            format!(
+                "ff0200000000000000000001ff{:02x}{:02x}{:02x}",
+                o[13], o[14], o[15]
+            )
+        }
+        IpAddr::V4(_) => unreachable!(),
+    };
+    let (one_group, groups): (String, Vec<String>) =
+        (group(&one), batch.iter().map(group).collect());
+    let (single, many) = agent.with(move |b| async move {
+        let listened = || std::fs::read_to_string("/proc/thread-self/net/igmp6").unwrap();
+        b.add(&one).await.unwrap();
+        let single = listened();
+        let results = b.add_many(&batch).await;
+        assert!(results.iter().all(|r| matches!(r, Ok(Applied::Done))));
+        (single, listened())
+    });
+    assert!(
+        single.contains(&one_group),
+        "{one_group} not joined yet:\n{single}"
+    );
+    let missing: Vec<&String> = groups
+        .iter()
+        .filter(|g| !many.contains(g.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not joined yet when the batch returned: {missing:?}"
+    );
+}
+
 #[test]
 fn renewal_restores_the_lifetime_and_an_unrenewed_address_expires() {
     require_root();

@@ -3,6 +3,7 @@
 //! touched or made primary.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
@@ -12,7 +13,7 @@ use rtnetlink::packet_route::address::{
 };
 
 use super::ownership::{KernelAddress, Owned, Presence, Tags, longer, restore, shares_subnet};
-use super::{IN_FLIGHT, NetlinkBackend};
+use super::{IN_FLIGHT, NetlinkBackend, listening};
 use crate::addrs::error::errno;
 use crate::addrs::record::Snapshot;
 use crate::addrs::{Applied, Error, IFA_PROTO_HOSTLB, Result, VipAddress};
@@ -149,6 +150,7 @@ impl NetlinkBackend {
         let on_link = self
             .addresses(Some(Family::of(vip.ip)), Some(vip.ifindex))
             .await?;
+        let fresh = !on_link.iter().any(|a| a.ip == vip.ip);
         let stale: std::result::Result<Vec<&KernelAddress>, Option<Snapshot>> = {
             let mut state = self.lock();
             let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = on_link
@@ -245,6 +247,9 @@ impl NetlinkBackend {
                 }
             }
         }
+        if let (true, IpAddr::V6(ip)) = (fresh, vip.ip) {
+            listening::until_listening(&[(vip.ifindex, ip)]).await;
+        }
         if before.is_none() {
             tracing::info!(ip = %vip.ip, prefix_len = vip.prefix_len, interface = %vip.interface,
                 "added address");
@@ -281,6 +286,9 @@ impl NetlinkBackend {
         let mut single = Vec::new();
         // (index, the entry before, becomes the primary of its subnet)
         let mut send: Vec<(usize, Option<Owned>, bool)> = Vec::new();
+        // IPv6 addresses the kernel did not have: waited for until it
+        // listens for their solicitations (see `listening`).
+        let mut fresh6 = BTreeSet::new();
         let snapshot = {
             let mut state = self.lock();
             let entries_before = state.entries();
@@ -312,6 +320,9 @@ impl NetlinkBackend {
                     }
                     let before = state.own(vip);
                     let primary = ours.is_empty() && becomes_primary(vip, &on_link);
+                    if ours.is_empty() && vip.ip.is_ipv6() {
+                        fresh6.insert(i);
+                    }
                     send.push((i, before, primary));
                 }
             }
@@ -397,6 +408,15 @@ impl NetlinkBackend {
             // The adds' errors are the ones to report.
             let _ = self.save(snapshot).await;
         }
+        let added: Vec<(u32, Ipv6Addr)> = fresh6
+            .iter()
+            .filter(|i| matches!(results[**i], Some(Ok(Applied::Done))))
+            .filter_map(|i| match vips[*i].ip {
+                IpAddr::V6(ip) => Some((vips[*i].ifindex, ip)),
+                IpAddr::V4(_) => None,
+            })
+            .collect();
+        listening::until_listening(&added).await;
         if let Some(i) = first_new
             && self.lock().probe_pending
         {

@@ -62,6 +62,7 @@
 mod add;
 mod events;
 mod links;
+mod listening;
 mod ownership;
 mod remove;
 
