@@ -666,6 +666,16 @@ fn an_orphan_a_peer_has_waited_for_is_not_waited_for_again() {
         act.publish.is_some_and(|p| p.behind.contains("b")),
         "and this node says so in turn"
     );
+    // b catches up with the cluster: nobody is behind any more.
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![peer("b", Status::Alive, &[], 9), c_says(9, &["b"])],
+        Vec::new(),
+    )));
+    assert!(
+        act.publish.is_some_and(|p| p.behind.is_empty()),
+        "b is not behind once its view is this node's"
+    );
 }
 
 /// A node with a newer view of the cluster that has just taken a VIP does
