@@ -1711,6 +1711,42 @@ fn a_leaving_node_lets_go_once_the_winner_answers_on_the_wire() {
     assert_eq!(ips(&act.remove), [v].into(), "c answers: let go");
 }
 
+/// A node handing a VIP over to a winner that does not take it yields to
+/// a second owner gossip cannot reach that outranks it and answers on the
+/// wire: the winner stays off for that owner too, and waiting for it kept
+/// two hosts answering (seed 9980244859: a thawed agent handing over to
+/// a winner that yielded to a partitioned holder). One it outranks
+/// changes nothing.
+#[test]
+fn a_vip_being_handed_over_goes_to_an_unreachable_owner_that_outranks_this_node() {
+    let (outranked, v) = b_then_c_then_a();
+    for (c, yields) in [(outranked, true), (cluster(&[v]), false)] {
+        let mut a = Node::new("a");
+        let held = a.running(c, vec![peer("d", Status::Alive, &[], 1)]);
+        assert_eq!(held, [v].into(), "b and c are away: a wins");
+        // b is back and wins; c holds v, cut off from gossip.
+        let act = a.step(Input::Members(view(
+            "a",
+            vec![
+                peer("b", Status::Alive, &[], 1),
+                peer("d", Status::Alive, &[], 1),
+            ],
+            vec![peer("c", Status::Alive, &[v], 1)],
+        )));
+        assert!(act.remove.is_empty(), "kept until b holds it");
+        a.advance(Duration::from_millis(5));
+        let act = a.step(claim(Claim {
+            ip: v,
+            mac: mac("c"),
+        }));
+        if yields {
+            assert_eq!(ips(&act.remove), [v].into(), "c outranks a: a yields");
+        } else {
+            assert!(act.remove.is_empty(), "a outranks c: kept for b");
+        }
+    }
+}
+
 /// Leaving, with a successor that does not take the VIP, and a peer whose
 /// gossip still shows it held: that word may be stale (the peer handed the
 /// VIP to this node a moment ago and has let go), so this node keeps

@@ -62,16 +62,28 @@ impl Core {
         // While asking the LAN, the VIP is judged as if held here: an owner
         // that outranks this node makes it stay off. A VIP kept past its
         // hand-over because the winner's view differs is held as much as
-        // any: a second owner gossip cannot reach is settled by rank.
+        // any: a second owner gossip cannot reach is settled by rank. So
+        // is one being handed over, but only to yield: the winner waited
+        // for may never take it (it stays off for that same owner), and an
+        // owner that outranks this node answers for it meanwhile; this
+        // node lets go to it, and takes it back should it fall silent.
+        let handing_over = slot.handover().is_some()
+            && !slot.answering()
+            && self.conflicts.owner_of(claim.mac).is_some();
         let held = if slot.probing.is_some() {
             slot.want.clone()
         } else {
             slot.held_at()
-                .filter(|h| h.mode == Mode::Local && slot.answering() && slot.op.is_none())
+                .filter(|h| {
+                    h.mode == Mode::Local && (slot.answering() || handing_over) && slot.op.is_none()
+                })
                 .cloned()
         };
         let probing = slot.probing.is_some();
         let mut verdict = self.judge(claim, held.as_ref(), now);
+        if handing_over && !matches!(verdict, Verdict::Yield { .. }) {
+            verdict = Verdict::Ignore;
+        }
         if let Verdict::Keep { other } = &verdict
             && self.phase != Phase::Running
         {
