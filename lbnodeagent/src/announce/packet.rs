@@ -141,16 +141,7 @@ pub fn arp_probe(mac: MacAddr, target: Ipv4Addr) -> Frame {
 /// nodes carrying its MAC; no cache learns from the solicitation.
 pub fn dad_solicitation(mac: MacAddr, target: Ipv6Addr) -> Frame {
     let t = target.octets();
-    let group = Ipv6Addr::new(
-        0xff02,
-        0,
-        0,
-        0,
-        0,
-        1,
-        0xff00 | u16::from(t[13]),
-        u16::from_be_bytes([t[14], t[15]]),
-    );
+    let group = crate::model::solicited_node(target);
     let group_mac = MacAddr([0x33, 0x33, 0xff, t[13], t[14], t[15]]);
     let mut icmp = Vec::with_capacity(24);
     icmp.push(135); // Neighbor Solicitation

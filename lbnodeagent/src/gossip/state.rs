@@ -36,7 +36,6 @@ use chitchat::NodeState;
 use hostlb_api::{Family, Prefix};
 use serde::{Deserialize, Serialize};
 
-use crate::addrs::MacAddr;
 use crate::election::OnLink;
 pub use crate::model::{LocalState, MemberInfo, PROTOCOL, PROTOCOL_UNSAID, Status};
 
@@ -138,11 +137,11 @@ pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(Strin
             encode_on_link(&local.on_link, Family::V6),
         ),
         (KEY_VIRTUAL.to_string(), local.virtual_mode.to_string()),
-        (KEY_MACS.to_string(), encode_macs(&local.macs)),
+        (KEY_MACS.to_string(), spaced(&local.macs)),
         (KEY_DETECTOR.to_string(), DETECTOR_SWIM.to_string()),
         (KEY_REVISION.to_string(), local.revision.to_string()),
         (KEY_DRAINED.to_string(), local.drained.to_string()),
-        (KEY_BEHIND.to_string(), encode_names(&local.behind)),
+        (KEY_BEHIND.to_string(), spaced(&local.behind)),
     ];
     let chunks = vip_chunks(&local.vips);
     let count = chunks.len();
@@ -164,14 +163,14 @@ pub fn publish(node: &mut NodeState, local: &LocalState) {
     node.set(KEY_ONLINK_V4, encode_on_link(&local.on_link, Family::V4));
     node.set(KEY_ONLINK_V6, encode_on_link(&local.on_link, Family::V6));
     node.set(KEY_VIRTUAL, local.virtual_mode.to_string());
-    node.set(KEY_MACS, encode_macs(&local.macs));
+    node.set(KEY_MACS, spaced(&local.macs));
     node.set(KEY_REVISION, local.revision.to_string());
     // Before `status`, so that a peer that sees this node alive knows
     // whether it is drained.
     // Set, never deleted: a peer hears of a deletion only a gossip round
     // late.
     node.set(KEY_DRAINED, local.drained.to_string());
-    node.set(KEY_BEHIND, encode_names(&local.behind));
+    node.set(KEY_BEHIND, spaced(&local.behind));
     let chunks = vip_chunks(&local.vips);
     let count = chunks.len();
     let stale: Vec<String> = node
@@ -248,19 +247,9 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
     })
 }
 
-fn encode_names(names: &BTreeSet<String>) -> String {
-    names
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn encode_macs(macs: &BTreeSet<MacAddr>) -> String {
-    macs.iter()
-        .map(|m| m.to_string())
-        .collect::<Vec<_>>()
-        .join(" ")
+/// A set's items, space-separated (MACs, node names).
+fn spaced<T: std::fmt::Display>(items: &BTreeSet<T>) -> String {
+    items.iter().map(T::to_string).collect::<Vec<_>>().join(" ")
 }
 
 /// Whether the node's liveness comes from the SWIM detector rather than

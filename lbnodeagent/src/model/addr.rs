@@ -1,10 +1,28 @@
 //! Addresses and links, as the kernel has them.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 use std::{fmt, str::FromStr};
 
 use hostlb_api::{Family, Prefix};
+
+/// The solicited-node multicast group of `ip` (RFC 4291 2.7.1):
+/// `ff02::1:ff00:0/104` and the address's low 24 bits. Neighbour
+/// solicitations for `ip` go there, and a host answers them only once it
+/// has joined it.
+pub fn solicited_node(ip: Ipv6Addr) -> Ipv6Addr {
+    let t = ip.octets();
+    Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(t[13]),
+        u16::from_be_bytes([t[14], t[15]]),
+    )
+}
 
 /// An Ethernet address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -183,4 +201,17 @@ pub enum Applied {
     /// The interface holds this IP but the agent did not add it (by hand,
     /// DHCP, another tool); it was left exactly as it was.
     NotOurs,
+}
+
+#[cfg(test)]
+mod solicited_node_tests {
+    use super::*;
+
+    #[test]
+    fn the_solicited_node_group_keeps_the_low_24_bits() {
+        assert_eq!(
+            solicited_node("fd00:77::1:2345:6789".parse().unwrap()),
+            "ff02::1:ff45:6789".parse::<Ipv6Addr>().unwrap()
+        );
+    }
 }

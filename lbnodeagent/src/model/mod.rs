@@ -7,7 +7,7 @@ mod addr;
 mod member;
 mod wire;
 
-pub use addr::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress};
+pub use addr::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress, solicited_node};
 pub use member::{
     DEFAULT_PORT, LocalState, MemberInfo, MembershipView, PROTOCOL, PROTOCOL_DRAIN,
     PROTOCOL_UNSAID, Status,

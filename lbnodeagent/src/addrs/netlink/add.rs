@@ -288,7 +288,7 @@ impl NetlinkBackend {
         let mut send: Vec<(usize, Option<Owned>, bool)> = Vec::new();
         // IPv6 addresses the kernel did not have: waited for until it
         // listens for their solicitations (see `listening`).
-        let mut fresh6 = BTreeSet::new();
+        let mut fresh6: Vec<(usize, u32, Ipv6Addr)> = Vec::new();
         let snapshot = {
             let mut state = self.lock();
             let entries_before = state.entries();
@@ -320,8 +320,8 @@ impl NetlinkBackend {
                     }
                     let before = state.own(vip);
                     let primary = ours.is_empty() && becomes_primary(vip, &on_link);
-                    if ours.is_empty() && vip.ip.is_ipv6() {
-                        fresh6.insert(i);
+                    if let (true, IpAddr::V6(ip)) = (ours.is_empty(), vip.ip) {
+                        fresh6.push((i, vip.ifindex, ip));
                     }
                     send.push((i, before, primary));
                 }
@@ -409,12 +409,9 @@ impl NetlinkBackend {
             let _ = self.save(snapshot).await;
         }
         let added: Vec<(u32, Ipv6Addr)> = fresh6
-            .iter()
-            .filter(|i| matches!(results[**i], Some(Ok(Applied::Done))))
-            .filter_map(|i| match vips[*i].ip {
-                IpAddr::V6(ip) => Some((vips[*i].ifindex, ip)),
-                IpAddr::V4(_) => None,
-            })
+            .into_iter()
+            .filter(|(i, _, _)| matches!(results[*i], Some(Ok(Applied::Done))))
+            .map(|(_, ifindex, ip)| (ifindex, ip))
             .collect();
         listening::until_listening(&added).await;
         if let Some(i) = first_new

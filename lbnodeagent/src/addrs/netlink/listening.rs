@@ -15,22 +15,13 @@ use std::collections::BTreeSet;
 use std::net::Ipv6Addr;
 use std::time::Duration;
 
+use crate::model::solicited_node;
+
 /// How long an add waits for the kernel to listen. Far beyond what a busy
 /// host takes; a link that never listens (IPv6 multicast off) costs this
 /// once per batch of adds, and its addresses are reported added anyway.
 pub(super) const LISTEN_WAIT: Duration = Duration::from_millis(500);
 const POLL: Duration = Duration::from_millis(1);
-
-/// The solicited-node multicast group of `ip` (RFC 4291 2.7.1):
-/// `ff02::1:ff00:0/104` and the address's low 24 bits.
-pub(super) fn solicited_node(ip: Ipv6Addr) -> Ipv6Addr {
-    let o = ip.octets();
-    let mut g = [0u8; 16];
-    g[..2].copy_from_slice(&[0xff, 0x02]);
-    g[11..13].copy_from_slice(&[0x01, 0xff]);
-    g[13..].copy_from_slice(&o[13..]);
-    Ipv6Addr::from(g)
-}
 
 /// The groups `/proc/net/igmp6` lists, by interface index, and the
 /// interfaces that listen to anything at all. Lines are `index name group
@@ -92,14 +83,6 @@ pub(super) async fn until_listening(added: &[(u32, Ipv6Addr)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_solicited_node_group_keeps_the_low_24_bits() {
-        assert_eq!(
-            solicited_node("fd00:77::1:2345:6789".parse().unwrap()),
-            "ff02::1:ff45:6789".parse::<Ipv6Addr>().unwrap()
-        );
-    }
 
     #[test]
     fn igmp6_lines_read_as_groups_by_interface() {

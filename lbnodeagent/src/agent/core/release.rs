@@ -435,10 +435,10 @@ impl Core {
     pub(super) fn orphans(&mut self, now: Instant) {
         self.orphan_scan = false;
         let older = self.older_peers();
-        let said_behind = self.said_behind(&older);
-        let waited = now.checked_sub(HANDOVER_MAX);
         let mut found = BTreeMap::new();
         if !older.is_empty() && self.phase == Phase::Running {
+            let said_behind = self.said_behind(&older);
+            let waited = now.checked_sub(HANDOVER_MAX);
             for (ip, winner) in self.election.winners() {
                 let Some(w) = winner.filter(|w| older.contains(*w)) else {
                     continue;
