@@ -133,7 +133,10 @@ impl Core {
                     .as_mut()
                     .map(|h| {
                         h.at = want.clone();
-                        (h.handover.take().is_some(), std::mem::take(&mut h.adopted))
+                        let handed_back = h.handover.take().map(|given| {
+                            h.taken_back = Some((given, now));
+                        });
+                        (handed_back.is_some(), std::mem::take(&mut h.adopted))
                     })
                     .unwrap_or_default();
                 if handed_back {

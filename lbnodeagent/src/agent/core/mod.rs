@@ -190,6 +190,9 @@ pub struct Core {
     /// VIPs whose winner is a live peer with an older view of the cluster
     /// that does not show them held, since when (see [`Core::orphans`]).
     orphans: BTreeMap<IpAddr, Instant>,
+    /// The older peers the orphans' duties were last read with: who takes
+    /// an orphan is the first of the nodes not among them.
+    orphans_read_without: BTreeSet<String>,
     orphan_scan: bool,
     /// The winners of those orphans that have been behind for a hand-over's
     /// time, as this node publishes them (see [`Core::orphans`]).
@@ -277,6 +280,7 @@ impl Core {
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             orphans: BTreeMap::new(),
+            orphans_read_without: BTreeSet::new(),
             starting_yields: BTreeMap::new(),
             orphan_scan: false,
             behind: Default::default(),

@@ -125,10 +125,22 @@ impl Core {
         let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
         held.garp = None;
         held.contested = None;
+        let settle = self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE;
         let handover = held.handover.get_or_insert_with(|| {
             debug!(%ip, %winner, "handing over: waiting for the winner to hold it");
             self.publish_dirty = true;
-            Handover::new(now)
+            // Taken back as a new view reached this node first, and given
+            // again to the same winner as it reached the others: one hand-
+            // over, not two. Restarting it would let two holders answer
+            // for up to twice a hand-over's time.
+            match held.taken_back.take() {
+                Some((given, at))
+                    if given.to == winner && now.saturating_duration_since(at) < settle =>
+                {
+                    given
+                }
+                _ => Handover::new(now, winner.clone()),
+            }
         });
         let since = handover.since;
         if now.saturating_duration_since(since) >= HANDOVER_MAX {
@@ -469,13 +481,18 @@ impl Core {
                 }
             }
         }
+        // A peer catching up changes who comes first without it: each
+        // orphan's duty is read again then, or a node that took one while
+        // the others were behind would keep it as theirs caught up.
+        let fallbacks_moved = self.orphans_read_without != older;
         let changed: Vec<IpAddr> = found
             .iter()
-            .filter(|(ip, since)| self.orphans.get(ip) != Some(since))
+            .filter(|(ip, since)| fallbacks_moved || self.orphans.get(ip) != Some(since))
             .map(|(ip, _)| ip)
             .chain(self.orphans.keys().filter(|ip| !found.contains_key(ip)))
             .copied()
             .collect();
+        self.orphans_read_without = older;
         if !changed.is_empty() {
             debug!(
                 orphans = found.len(),

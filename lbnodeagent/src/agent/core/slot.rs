@@ -44,6 +44,8 @@ pub(super) struct Probing {
 pub(super) struct Handover {
     /// Since when (restarted while the views differ).
     pub(super) since: Instant,
+    /// To whom.
+    pub(super) to: String,
     /// The hostlb node whose MAC claimed it on the wire meanwhile: the
     /// winner answering is as good as its gossip saying so.
     pub(super) answered_by: Option<String>,
@@ -54,9 +56,10 @@ pub(super) struct Handover {
 }
 
 impl Handover {
-    pub(super) fn new(since: Instant) -> Handover {
+    pub(super) fn new(since: Instant, to: String) -> Handover {
         Handover {
             since,
+            to,
             answered_by: None,
             kept_for_views: false,
         }
@@ -98,6 +101,11 @@ pub(super) struct Held {
     pub(super) adopted: bool,
     /// Giving it to a live winner.
     pub(super) handover: Option<Handover>,
+    /// The last hand-over this node took back because it won the VIP
+    /// again, and when: given again to the same winner while the view
+    /// that did it spreads, it goes on from its start (see
+    /// [`Core::may_release`](super::Core::may_release)).
+    pub(super) taken_back: Option<(Handover, Instant)>,
     /// Won here, and a live peer shows it held too, since then: the two
     /// views of the cluster differ (see [`Core::contest`]).
     pub(super) contested: Option<Instant>,
@@ -117,6 +125,7 @@ impl Held {
             expires: None,
             adopted: false,
             handover: None,
+            taken_back: None,
             contested: None,
             garp: None,
             kept_at: None,
