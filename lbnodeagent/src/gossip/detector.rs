@@ -412,20 +412,35 @@ struct Timers {
     heap: BinaryHeap<std::cmp::Reverse<(Instant, u64)>>,
     timers: HashMap<u64, Timer<Peer>>,
     next: u64,
+    /// foca's periodic gossip, every half period: it sends only while
+    /// there is news to spread, so with none it waits for the next wake-up
+    /// something else makes (at most a period away: the next probe) rather
+    /// than waking the host 20 times a second for nothing.
+    gossip: Option<(Instant, Timer<Peer>)>,
 }
 
 impl Timers {
     fn push(&mut self, at: Instant, timer: Timer<Peer>) {
+        if matches!(timer, Timer::PeriodicGossip(_)) {
+            self.gossip = Some((at, timer));
+            return;
+        }
         self.next += 1;
         self.heap.push(std::cmp::Reverse((at, self.next)));
         self.timers.insert(self.next, timer);
     }
 
-    fn next_due(&self) -> Option<Instant> {
-        self.heap.peek().map(|std::cmp::Reverse((at, _))| *at)
+    /// When to wake next; `news` when foca has updates to gossip.
+    fn next_due(&self, news: bool) -> Option<Instant> {
+        let heap = self.heap.peek().map(|std::cmp::Reverse((at, _))| *at);
+        let gossip = self.gossip.as_ref().filter(|_| news).map(|(at, _)| *at);
+        heap.into_iter().chain(gossip).min()
     }
 
     fn pop_due(&mut self, now: Instant) -> Option<Timer<Peer>> {
+        if self.gossip.as_ref().is_some_and(|(at, _)| *at <= now) {
+            return self.gossip.take().map(|(_, timer)| timer);
+        }
         let std::cmp::Reverse((at, id)) = *self.heap.peek()?;
         if at > now {
             return None;
@@ -459,9 +474,10 @@ struct Task {
 impl Task {
     async fn run(mut self) {
         loop {
+            let news = self.foca.updates_backlog() > 0;
             let due = self
                 .timers
-                .next_due()
+                .next_due(news)
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 // Messages first: after a stall (a busy host), the answers
@@ -628,6 +644,30 @@ mod tests {
         assert!(!first.win_addr_conflict(&renewed));
         let restarted = peer("n1", 6, 0);
         assert!(restarted.win_addr_conflict(&renewed));
+    }
+
+    /// foca's periodic gossip sends nothing without news: it wakes the
+    /// host only when there is some, and otherwise rides on the next
+    /// wake-up for something else.
+    #[test]
+    fn periodic_gossip_wakes_only_for_news() {
+        let t0 = Instant::now();
+        let mut timers = Timers::default();
+        timers.push(t0 + Duration::from_millis(50), Timer::PeriodicGossip(0));
+        timers.push(t0 + Duration::from_millis(100), Timer::ProbeRandomMember(0));
+        assert_eq!(
+            timers.next_due(false),
+            Some(t0 + Duration::from_millis(100))
+        );
+        assert_eq!(timers.next_due(true), Some(t0 + Duration::from_millis(50)));
+        assert!(timers.pop_due(t0 + Duration::from_millis(49)).is_none());
+        let due: Vec<_> =
+            std::iter::from_fn(|| timers.pop_due(t0 + Duration::from_millis(100))).collect();
+        assert!(matches!(
+            due.as_slice(),
+            [Timer::PeriodicGossip(0), Timer::ProbeRandomMember(0)]
+        ));
+        assert_eq!(timers.next_due(true), None);
     }
 
     #[test]
