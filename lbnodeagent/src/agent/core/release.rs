@@ -132,15 +132,17 @@ impl Core {
             // Taken back as a new view reached this node first, and given
             // again to the same winner as it reached the others: one hand-
             // over, not two. Restarting it would let two holders answer
-            // for up to twice a hand-over's time.
-            match held.taken_back.take() {
+            // for up to twice a hand-over's time. Only its start carries
+            // over: what the winner showed before may be stale now.
+            let since = match held.taken_back.take() {
                 Some((given, at))
                     if given.to == winner && now.saturating_duration_since(at) < settle =>
                 {
-                    given
+                    given.since
                 }
-                _ => Handover::new(now, winner.clone()),
-            }
+                _ => now,
+            };
+            Handover::new(since, winner.clone())
         });
         let since = handover.since;
         if now.saturating_duration_since(since) >= HANDOVER_MAX {
