@@ -1506,6 +1506,8 @@ fn a_drain_moves_every_vip_without_losing_a_reply() {
     let config = c.config_path("node-c");
     let config = config.to_str().unwrap();
     let t0 = Instant::now();
+    // The agents' logs count in wall-clock time.
+    let wall0 = std::time::SystemTime::now();
     let (ok, out, err) =
         c.agent_command("node-c", &["drain", "--config", config, "--timeout", "30"]);
     let took = t0.elapsed();
@@ -1531,7 +1533,13 @@ fn a_drain_moves_every_vip_without_losing_a_reply() {
             failures.push(format!("{v}: {o:?}"));
         }
     }
-    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(
+        failures.is_empty(),
+        "{failures:#?}\n(the drain began {:?} after the epoch; each loss is given after that)",
+        wall0
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+    );
     eprintln!(
         "drained {} VIPs in {} ms, none lost",
         on_c.len(),

@@ -50,8 +50,24 @@ impl ArpProbe {
         ip: &str,
         interval: Duration,
     ) -> Result<ArpProbe> {
+        Self::spawn(ns, interface, source, ip, interval, None)
+    }
+
+    /// [`ArpProbe::start`], stalling after every `stall_every`th request
+    /// when given (see [`PROBER`]).
+    fn spawn(
+        ns: &Netns,
+        interface: &str,
+        source: &str,
+        ip: &str,
+        interval: Duration,
+        stall_every: Option<u32>,
+    ) -> Result<ArpProbe> {
         let secs = format!("{:.4}", interval.as_secs_f64());
-        let (child, stdout) = python(ns, "ARP prober", PROBER, &[interface, source, ip, &secs])?;
+        let stall = stall_every.map(|n| n.to_string());
+        let mut args = vec![interface, source, ip, &secs];
+        args.extend(stall.as_deref());
+        let (child, stdout) = python(ns, "ARP prober", PROBER, &args)?;
         let clock = Clock::new();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let sink = seen.clone();
@@ -282,7 +298,8 @@ fn python(
     script: &str,
     args: &[&str],
 ) -> Result<(Child, std::process::ChildStdout)> {
-    let mut argv = vec!["-u", "-c", script];
+    let script = format!("{PRELUDE}{script}");
+    let mut argv = vec!["-u", "-c", &script];
     argv.extend_from_slice(args);
     let mut cmd = ns.command("python3", &argv);
     cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
@@ -344,6 +361,9 @@ pub struct Outcome {
     pub two_owners: Duration,
     /// The MAC answering at the end.
     pub last_mac: Option<String>,
+    /// When each request that got no answer went, after `t0` (with the
+    /// send times known): to place a loss against the agents' logs.
+    pub unanswered: Vec<Duration>,
 }
 
 /// Judges the replies after `t0` up to `end`; `sent`, when known, are the
@@ -386,6 +406,11 @@ pub fn judge(
         lost,
         two_owners,
         last_mac,
+        unanswered: unanswered
+            .unwrap_or_default()
+            .iter()
+            .map(|s| s.saturating_duration_since(t0))
+            .collect(),
     }
 }
 
@@ -434,15 +459,39 @@ pub fn overlap(replies: &[&Reply], t0: Instant, interval: Duration) -> Duration 
     interval * shared
 }
 
+/// What both scripts share: `listen(s)` has the kernel stamp each packet
+/// `s` receives, and `receive(s)` returns one with the monotonic time it
+/// reached the host. An answer is stamped when it arrived, not when the
+/// script read it: a script the scheduler left off the CPU right after a
+/// request read its answer late, after sending the next one, and that
+/// request looked unanswered though the wire had answered it.
+const PRELUDE: &str = r#"
+import select, socket, struct, sys, time
+SO_TIMESTAMPNS = 35
+def listen(s):
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+def receive(s):
+    p, anc, _, _ = s.recvmsg(512, socket.CMSG_SPACE(16))
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+            sec, nsec = struct.unpack("qq", data[:16])
+            return p, sec + nsec / 1e9 - (time.time() - time.monotonic())
+    return p, time.monotonic()
+"#;
+
 /// Sends a request for the target every interval and prints one line per
 /// request, `sent @T`, and per answer, `reply from IP [MAC] @T`, T being
-/// its monotonic clock when it sent or read. IPv4: a broadcast ARP request. IPv6: a
-/// neighbour solicitation to the target's solicited-node group (hop limit
-/// 255, with our link-layer address), answered by a neighbour advertisement
-/// whose target link-layer option names the MAC.
+/// its monotonic clock when it sent, or when the answer reached the host
+/// (see [`PRELUDE`]). IPv4: a broadcast ARP request. IPv6: a neighbour
+/// solicitation to the target's solicited-node group (hop limit 255, with
+/// our link-layer address), answered by a neighbour advertisement whose
+/// target link-layer option names the MAC. An optional fifth argument N
+/// stalls the prober 60 ms after every Nth request, as a busy machine's
+/// scheduler may.
 const PROBER: &str = r#"
-import select, socket, struct, sys, time
 iface, src, dst, interval = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+stall_every = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+sends = 0
 if ":" not in dst:
     s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
     s.bind((iface, 0x0806))
@@ -479,34 +528,42 @@ else:
                 if p[o + 1] == 0:
                     break
                 o += 8 * p[o + 1]
+listen(s)
 due = time.monotonic()
 while True:
     now = time.monotonic()
     if now >= due:
         try:
+            # Stamped before it goes: an answer may arrive before send()
+            # returns, and it must not look older than its request.
+            at = time.monotonic()
             send()
-            sys.stdout.write("sent @%.6f\n" % time.monotonic())
+            sys.stdout.write("sent @%.6f\n" % at)
             sys.stdout.flush()
+            sends += 1
+            if stall_every and sends % stall_every == 0:
+                time.sleep(0.06)
         except OSError:
             pass
         due = max(due + interval, now)
     ready, _, _ = select.select([s], [], [], max(0.0, due - time.monotonic()))
     if ready:
-        m = answer(s.recv(512))
+        p, at = receive(s)
+        m = answer(p)
         if m:
-            sys.stdout.write("reply from %s [%s] @%.6f\n" % (dst, m.hex(":"), time.monotonic()))
+            sys.stdout.write("reply from %s [%s] @%.6f\n" % (dst, m.hex(":"), at))
             sys.stdout.flush()
 "#;
 
 /// [`PROBER`] for many IPv4 targets: every interval one broadcast request
 /// for each (a `sent` line per round), and one line per answer naming the
-/// address it is about, each stamped when it was sent or read.
+/// address it is about, each stamped when it was sent or arrived.
 const SWEEPER: &str = r#"
-import select, socket, struct, sys, time
 iface, src, dsts, interval = sys.argv[1], sys.argv[2], sys.argv[3].split(","), float(sys.argv[4])
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
 s.bind((iface, 0x0806))
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+listen(s)
 mac = s.getsockname()[4]
 src_b = socket.inet_aton(src)
 head = b"\xff" * 6 + mac + b"\x08\x06" + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1) + mac + src_b + b"\x00" * 6
@@ -531,9 +588,9 @@ while True:
         due = max(due + interval, now)
     ready, _, _ = select.select([s], [], [], max(0.0, due - time.monotonic()))
     while ready:
-        p = s.recv(512)
+        p, at = receive(s)
         if len(p) >= 42 and p[20:22] == b"\x00\x02" and p[28:32] in wanted:
-            sys.stdout.write("reply from %s [%s] @%.6f\n" % (wanted[p[28:32]], p[22:28].hex(":"), time.monotonic()))
+            sys.stdout.write("reply from %s [%s] @%.6f\n" % (wanted[p[28:32]], p[22:28].hex(":"), at))
         ready, _, _ = select.select([s], [], [], 0)
     sys.stdout.flush()
 "#;
@@ -564,6 +621,50 @@ mod tests {
             Some("02:aa:bb:cc:dd:ee".into())
         );
         assert_eq!(parse_reply("ARPING 10.77.0.100 from 10.77.0.15 eth0"), None);
+    }
+
+    /// A prober the scheduler leaves off the CPU right after a request
+    /// reads the answer late; stamped when read, the answer looked as late
+    /// as the stall, and a silence the wire never had counted toward an
+    /// outage. Stamped when it reached the host, each answer follows its
+    /// request by the wire's round trip. IPv4 and IPv6.
+    #[test]
+    fn a_stalled_prober_stamps_answers_when_they_arrived() {
+        crate::netns::require_root();
+        let lan = crate::netns::Lan::new(&["a", "client"]).unwrap();
+        let (a, client) = (lan.host("a"), lan.host("client"));
+        let every = Duration::from_millis(10);
+        for (target, source) in [
+            (a.ipv4.to_string(), client.ipv4.to_string()),
+            (a.ipv6.to_string(), client.ipv6.to_string()),
+        ] {
+            let p = ArpProbe::spawn(&client.ns, "eth0", &source, &target, every, Some(5)).unwrap();
+            let t0 = Instant::now();
+            thread::sleep(Duration::from_millis(700));
+            let end = Instant::now();
+            // What the prober read after `end` was stamped before it.
+            thread::sleep(Duration::from_millis(200));
+            let seen = p.seen.lock().unwrap();
+            let sent: Vec<Instant> = seen.sent.iter().copied().filter(|s| *s >= t0).collect();
+            assert!(sent.len() >= 20, "{target}: {} requests", sent.len());
+            let late = seen
+                .replies
+                .iter()
+                .filter(|r| r.at >= t0 && r.at <= end)
+                .filter_map(|r| {
+                    let asked = sent.iter().rev().find(|s| **s <= r.at)?;
+                    Some(r.at.duration_since(*asked))
+                })
+                .max()
+                .unwrap();
+            assert!(
+                late < Duration::from_millis(5),
+                "{target}: an answer stamped {late:?} after its request, 60 ms stalls and all"
+            );
+            drop(seen);
+            let o = p.judge(t0, end);
+            assert_eq!((o.lost, o.outage), (0, Duration::ZERO), "{target}: {o:?}");
+        }
     }
 
     #[test]
@@ -622,6 +723,7 @@ mod tests {
         let replies: Vec<Reply> = [0, 1, 2, 7, 8, 9].map(|i| r(i * 10 + 1)).to_vec();
         let o = judge(&replies, Some(&sent), t0, ms(101), iv);
         assert_eq!(o.lost, 4, "{o:?}");
+        assert_eq!(o.unanswered, [30, 40, 50, 60].map(Duration::from_millis));
         assert_eq!(o.outage, Duration::from_millis(40), "{o:?}");
         // A reply read late (the prober stalled after sending) still
         // answers its request.
