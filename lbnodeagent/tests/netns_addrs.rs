@@ -498,6 +498,13 @@ fn batches_add_renew_and_remove_many_and_leave_others_alone() {
     assert!(address_line(&a.ns, "eth0", &a.ipv4.to_string()).is_some());
     assert!(address_line(&a.ns, "eth0", &a.ipv6.to_string()).is_some());
     assert_eq!(adopt(&agent), BTreeSet::new());
+    // The record catches up after the removal's results came back.
+    wait_for("the record to list nothing", 2 * SECOND, || {
+        let text = std::fs::read_to_string(dir.path().join("addresses.json")).ok()?;
+        let record: serde_json::Value = serde_json::from_str(&text).ok()?;
+        (record["addresses"] == serde_json::json!([])).then_some(())
+    })
+    .unwrap();
 }
 
 #[test]

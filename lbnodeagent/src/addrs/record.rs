@@ -159,6 +159,7 @@ pub(super) struct Snapshot {
 /// stops waiting cannot let the next write start early), and a snapshot
 /// older than one already written is skipped: the newer one holds the state
 /// that followed it.
+#[derive(Clone)]
 pub(super) struct RecordWriter {
     record: Arc<Record>,
     /// `seq` of the last snapshot written.

@@ -165,12 +165,20 @@ impl NetlinkBackend {
             }
             changed.then(|| state.snapshot())
         };
-        if let Some(snapshot) = snapshot
-            && let Err(e) = self.save(snapshot).await
-        {
-            // The addresses are gone; the record still lists them, which
-            // the next write corrects.
-            tracing::warn!(error = %e, "cannot write the address record");
+        if let Some(snapshot) = snapshot {
+            // The addresses are gone from the kernel: the record catches up
+            // without holding the next batch (a release heard meanwhile)
+            // behind a disk's sync, which on a busy disk took 100 ms. Writes
+            // stay in order, a later snapshot superseding this one; until
+            // it is written, or if it cannot be, the record still lists
+            // addresses that are gone, which the next write corrects and a
+            // cleanup finds gone.
+            let record = self.record.clone();
+            tokio::spawn(async move {
+                if let Err(e) = record.save(snapshot).await {
+                    tracing::warn!(error = %e, "cannot write the address record");
+                }
+            });
         }
         for i in single {
             results[i] = Some(self.remove(&vips[i]).await);
