@@ -330,22 +330,19 @@ impl Core {
     /// that really held it all along keeps answering beside this node until
     /// the leave's wait ends.
     ///
-    /// Nor, right after this node took `ip`, is the word of a peer with an
-    /// older view of the cluster: that peer lets go of a VIP a node with a
-    /// newer view shows held (see [`Core::contest`]), so if the take is
-    /// still on its way to it, each would let go to the other and nobody
-    /// would answer. Once a few gossip rounds passed, its word stands.
+    /// Nor, right after this node took `ip`, is any peer's word. A peer
+    /// with an older view of the cluster lets go of a VIP a node with a
+    /// newer view shows held (see [`Core::contest`]); one with the same view
+    /// lets go of a VIP this node won; either way, the word it published
+    /// before the take may reach this node after it, and if this node let
+    /// go on it (its view changed meanwhile: a drain), each would have let
+    /// go to the other and nobody would answer. The winner answering on the
+    /// wire still counts. Once a few gossip rounds passed, its word stands.
     fn may_leave_it_to(&self, node: &str, ip: IpAddr) -> bool {
         self.holds(node, ip)
             && match self.phase {
                 Phase::Leaving { since } => self.shown_after(node, ip, since),
-                _ => {
-                    !(self.fresh_take(ip).is_some()
-                        && self
-                            .view
-                            .node(node)
-                            .is_some_and(|n| n.revision < self.revision))
-                }
+                _ => self.fresh_take(ip).is_none(),
             }
     }
 
