@@ -463,8 +463,8 @@ pub fn overlap(replies: &[&Reply], t0: Instant, interval: Duration) -> Duration 
 /// `s` receives, and `receive(s)` returns one with the monotonic time it
 /// reached the host. An answer is stamped when it arrived, not when the
 /// script read it: a script the scheduler left off the CPU right after a
-/// request read its answer late, after sending the next one, and that
-/// request looked unanswered though the wire had answered it.
+/// request read its answer as late as the stall, and the silence before
+/// it looked longer than the wire's.
 const PRELUDE: &str = r#"
 import select, socket, struct, sys, time
 SO_TIMESTAMPNS = 35

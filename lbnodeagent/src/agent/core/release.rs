@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
@@ -121,11 +121,11 @@ impl Core {
             return Some(format!("{p} keeps it too and ranks first"));
         }
         let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
+        let settle = self.settle_time();
         // Only a VIP held here is released or contested.
         let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
         held.garp = None;
         held.contested = None;
-        let settle = self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE;
         let handover = held.handover.get_or_insert_with(|| {
             debug!(%ip, %winner, "handing over: waiting for the winner to hold it");
             self.publish_dirty = true;
@@ -349,11 +349,17 @@ impl Core {
     /// When this node took `ip`, if less than a few gossip rounds ago: its
     /// peers may not have heard of it yet.
     fn fresh_take(&self, ip: IpAddr) -> Option<Instant> {
-        let settle = self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE;
+        let settle = self.settle_time();
         self.slots
             .get(&ip)
             .and_then(|s| s.held.as_ref()?.since)
             .filter(|since| self.now.saturating_duration_since(*since) < settle)
+    }
+
+    /// The gossip rounds within which a change a peer published has
+    /// reached this node, as time.
+    fn settle_time(&self) -> Duration {
+        self.settings.gossip_interval * GOSSIP_ROUNDS_TO_SETTLE
     }
 
     /// Leaving, and by this node's view nobody else may hold `ip`. A live
@@ -484,6 +490,7 @@ impl Core {
         // orphan's duty is read again then, or a node that took one while
         // the others were behind would keep it as theirs caught up.
         let fallbacks_moved = self.orphans_read_without != older;
+        let orphans_changed = found != self.orphans;
         let changed: Vec<IpAddr> = found
             .iter()
             .filter(|(ip, since)| fallbacks_moved || self.orphans.get(ip) != Some(since))
@@ -492,7 +499,7 @@ impl Core {
             .copied()
             .collect();
         self.orphans_read_without = older;
-        if !changed.is_empty() {
+        if orphans_changed {
             debug!(
                 orphans = found.len(),
                 "VIPs whose winner has an older view of the cluster"

@@ -249,11 +249,16 @@ impl Node {
     /// A fresh agent that found no address of a previous run hears the
     /// cluster (view 1) and then `view`: starting, not settled yet.
     fn hears(&mut self, cluster: Cluster, view: MembershipView) {
+        self.hears_at(cluster, 1, view);
+    }
+
+    /// [`Node::hears`], the cluster at `revision`.
+    fn hears_at(&mut self, cluster: Cluster, revision: u64, view: MembershipView) {
         self.step(Input::Adopted(Vec::new()));
         self.step(Input::Cluster {
             cluster,
             errors: Vec::new(),
-            revision: 1,
+            revision,
         });
         self.step(Input::Members(view));
     }
@@ -684,13 +689,7 @@ fn an_orphan_a_peer_has_waited_for_is_not_waited_for_again() {
 fn c_took_the_orphan_of_b_and_a() -> (Node, IpAddr) {
     let v = ip("10.0.1.1");
     let mut c = Node::new("c");
-    c.step(Input::Adopted(Vec::new()));
-    c.step(Input::Cluster {
-        cluster: cluster(&[v]),
-        errors: Vec::new(),
-        revision: 9,
-    });
-    c.step(Input::Members(a_and_b(8, 8)));
+    c.hears_at(cluster(&[v]), 9, a_and_b(8, 8));
     c.advance(INTERVAL * 3);
     let act = c.step(Input::Tick);
     assert_eq!(act.publish.map(|p| p.status), Some(Status::Alive));
