@@ -78,7 +78,8 @@ enum Touch {
     Whole,
     /// Only this Service's endpoints (`namespace`, `name`).
     Endpoints((String, String)),
-    /// No new view: the loop reads what it needs from the store.
+    /// No new view: the loop reads what it needs from the store. Its
+    /// versions do not date the view either (see the revision below).
     Store,
 }
 
@@ -448,9 +449,18 @@ where
             let Some(ev) = ev else { break };
             match ev {
                 Ok(e) => {
-                    if let watcher::Event::Apply(o)
-                    | watcher::Event::Delete(o)
-                    | watcher::Event::InitApply(o) = &e
+                    let touched = match &e {
+                        watcher::Event::Apply(o)
+                        | watcher::Event::Delete(o)
+                        | watcher::Event::InitApply(o) => Some((o, touch(o))),
+                        _ => None,
+                    };
+                    // Only what every agent watches dates the view: peers
+                    // compare revisions to tell who is behind, and this
+                    // node's own record (its status writes) would make it
+                    // look ahead of them all, and them behind, for good.
+                    if let Some((o, t)) = &touched
+                        && !matches!(t, Touch::Store)
                         && let Some(rv) = o
                             .meta()
                             .resource_version
@@ -475,17 +485,12 @@ where
                         {
                             let mut changes =
                                 shared.changes.lock().unwrap_or_else(|e| e.into_inner());
-                            match &e {
-                                watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
-                                    match touch(o) {
-                                        Touch::Endpoints(key) => {
-                                            changes.services.insert(key);
-                                        }
-                                        Touch::Whole => changes.full = true,
-                                        Touch::Store => {}
-                                    }
+                            match touched {
+                                Some((_, Touch::Endpoints(key))) => {
+                                    changes.services.insert(key);
                                 }
-                                _ => changes.full = true,
+                                Some((_, Touch::Store)) => {}
+                                Some((_, Touch::Whole)) | None => changes.full = true,
                             }
                         }
                         shared.changed.notify_one();
@@ -614,5 +619,76 @@ mod tests {
         let status = lean.status.unwrap();
         assert_eq!(status.addresses, node.status.as_ref().unwrap().addresses);
         assert!(status.images.is_none() && status.capacity.is_none());
+    }
+
+    async fn until(kube: &KubeInputs, what: &str, done: impl Fn(&KubeInputs) -> bool) {
+        let started = std::time::Instant::now();
+        while !done(kube) {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "never {what}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// This node's own record changes with every status it writes, and no
+    /// peer watches it: were its versions counted, this node would look
+    /// ahead of every peer, and they behind, until something all watch
+    /// changed. A Service, which all watch, does count.
+    #[tokio::test]
+    async fn only_what_every_agent_watches_dates_the_view() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::api::{Patch, PatchParams, PostParams};
+        let server = hostlb_tests::apiserver::TestServer::start().await;
+        let client = server.client();
+        let crds = Api::<CustomResourceDefinition>::all(client.clone());
+        for (_, crd) in hostlb_api::crds::all() {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
+        let scope = Scope {
+            namespace: "hostlb-system".into(),
+            load_balancer_class: "hostlb.io/lb".into(),
+        };
+        let kube = KubeInputs::start(&client, &scope, &server.url(), "n1");
+        let services = Api::<Service>::namespaced(client.clone(), "default");
+        let svc = |name: &str| -> Service {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}
+            }))
+            .unwrap()
+        };
+        services
+            .create(&PostParams::default(), &svc("a"))
+            .await
+            .unwrap();
+        until(&kube, "synced", |k| k.synced() && k.revision() > 0).await;
+        until(&kube, "saw the Service", |k| k.services.state().len() == 1).await;
+        let before = kube.revision();
+
+        let records = Api::<NodeAgent>::all(client.clone());
+        let record = |drain: bool| {
+            Patch::Apply(serde_json::json!({
+                "apiVersion": "hostlb.io/v1", "kind": "NodeAgent",
+                "metadata": {"name": "n1"}, "spec": {"drain": drain}
+            }))
+        };
+        let apply = PatchParams::apply("test").force();
+        records.patch("n1", &apply, &record(true)).await.unwrap();
+        until(&kube, "saw its drain", |k| k.drain()).await;
+        records.patch("n1", &apply, &record(false)).await.unwrap();
+        until(&kube, "saw its undrain", |k| !k.drain()).await;
+        assert_eq!(kube.revision(), before, "its own record dated the view");
+
+        services
+            .create(&PostParams::default(), &svc("b"))
+            .await
+            .unwrap();
+        until(&kube, "saw the second Service", |k| {
+            k.services.state().len() == 2
+        })
+        .await;
+        assert!(kube.revision() > before, "a Service did not date the view");
     }
 }
