@@ -79,7 +79,7 @@ enum Touch {
     /// Only this Service's endpoints (`namespace`, `name`).
     Endpoints((String, String)),
     /// No new view: the loop reads what it needs from the store. Its
-    /// versions do not date the view either (see the revision below).
+    /// versions do not date the view either (see `spawn_watch`).
     Store,
 }
 
