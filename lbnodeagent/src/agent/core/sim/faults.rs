@@ -147,7 +147,10 @@ impl World {
                     self.plan.ms(80, 400)
                 };
                 self.hosts[h].cleanup_since = Some(self.t + start);
-                self.leaving_beats(h, None, start);
+                // It names the run it cleans up after from the file that run
+                // wrote, unless the write failed.
+                let generation = self.rng.chance(0.9).then_some(self.hosts[h].generation);
+                self.leaving_beats(h, generation, start);
                 for j in 0..self.hosts.len() {
                     if j != h && self.gossips(j) && self.hosts[h].powered && self.hosts[h].port_up {
                         let d = start + self.rng.ms(LEAVE_MS.0, LEAVE_MS.1);
@@ -171,7 +174,11 @@ impl World {
                 }
             }
             Fault::Start(h) => {
-                if self.hosts[h].agent == Agent::Stopped {
+                if self.hosts[h].agent == Agent::Stopped && self.hosts[h].cleanup_since.is_some() {
+                    // systemd starts the unit again only once its
+                    // ExecStopPost, `cleanup`, has exited.
+                    self.after(Duration::from_millis(100), Ev::Recover(Fault::Start(h)));
+                } else if self.hosts[h].agent == Agent::Stopped {
                     self.start_agent(h);
                 } else if self.hosts[h].agent == Agent::Running
                     && self.hosts[h].core.as_ref().is_some_and(|c| c.is_leaving())
@@ -230,7 +237,7 @@ impl World {
     }
 
     /// `host`'s leaving beat (its agent's on SIGTERM, or `cleanup`'s,
-    /// which knows no generation), sent `after` from now to every host its
+    /// which may know no generation), sent `after` from now to every host its
     /// wire reaches.
     pub(super) fn leaving_beats(&mut self, host: usize, generation: Option<u64>, after: Duration) {
         let reaches = |h: &Host| h.powered && h.port_up && !h.blocked;
