@@ -240,10 +240,13 @@ impl Core {
         }
         let view = &self.view;
         let sessions = &self.sessions;
+        let left_gone = &self.left_gone;
+        // A node whose `cleanup` said it goes is held off for no longer
+        // either: its host answers until another does.
         let checked = match self.conflicts.holding_off(
             ip,
             now,
-            |n| view.node(n).is_some(),
+            |n| view.node(n).is_some() || super::view::left_lately(left_gone, n, now),
             |n| sessions.lapse(n),
         ) {
             Hold::Off => {

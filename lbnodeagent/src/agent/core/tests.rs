@@ -1825,6 +1825,54 @@ fn a_leaving_beat_after_the_owner_went_silent_still_hands_over() {
     assert_eq!(ips(&act.add), [v].into(), "taken at once");
 }
 
+/// `cleanup` of a killed agent tells the peers twice that its node goes:
+/// a leaving beat to each, and the failure detector's leave. When the
+/// leave comes first, gossip has lost the node by the time the beat
+/// arrives, and its host still answers: `cleanup` removes each address
+/// only once another node answers for it. The beat still hands the VIP
+/// over; staying off for that host would leave the VIP dark until
+/// `cleanup` gives up.
+#[test]
+fn a_leaving_beat_after_gossip_lost_the_node_still_hands_over() {
+    let v = ip("10.0.1.1");
+    let (mut a, _) = b_holds(v);
+    a.advance(Duration::from_millis(3));
+    let b = peer("b", Status::Alive, &[v], 1);
+    let act = a.step(Input::Members(view("a", Vec::new(), vec![b])));
+    assert_eq!(targets(&act.probe), [v].into(), "b held it: asked first");
+    a.step(claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    a.advance(PRECHECK);
+    assert!(a.step(Input::Tick).add.is_empty(), "b's host answers: off");
+    a.advance(Duration::from_millis(5));
+    // No live node shows it held, so a asks the LAN as for any such VIP
+    // (b's host answers meanwhile: no request is lost), and b's answer is
+    // no reason to stay off.
+    let act = a.step(leaving("b"));
+    assert_eq!(targets(&act.probe), [v].into(), "asked again at once");
+    a.step(claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    a.advance(PRECHECK);
+    let act = a.step(Input::Tick);
+    assert_eq!(ips(&act.add), [v].into(), "taken after one question");
+    a.done(&act);
+    a.advance(Duration::from_millis(2));
+    let act = a.step(claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    assert!(
+        act.remove.is_empty(),
+        "b's last answers are no reason to let go"
+    );
+    // A node that was never lost is no reason to take anything.
+    assert!(a.step(leaving("x")).add.is_empty());
+}
+
 /// A node leaving on SIGTERM lets a VIP go as soon as its winner answers
 /// for it on the wire (its gratuitous ARP), without waiting for the
 /// winner's gossip to say so; another MAC's claim does not count.

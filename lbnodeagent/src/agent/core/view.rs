@@ -13,9 +13,17 @@ use crate::model::{PROTOCOL_DRAIN, Status};
 
 use super::sessions::{self};
 use super::{
-    Actions, ConflictSeen, Core, ISOLATED_AFTER, Metric, Phase, STARTUP_GRACE, TAKEOVER_WINDOW,
-    UNCONFIRMED_GRACE, WATCH_EVERY,
+    Actions, ConflictSeen, Core, HANDOVER_MAX, ISOLATED_AFTER, Metric, Phase, STARTUP_GRACE,
+    TAKEOVER_WINDOW, UNCONFIRMED_GRACE, WATCH_EVERY,
 };
+
+/// `node`'s leaving beat came after gossip had lost it, within a
+/// hand-over's time (see `Core::left_gone`).
+pub(super) fn left_lately(left_gone: &BTreeMap<String, Instant>, node: &str, now: Instant) -> bool {
+    left_gone
+        .get(node)
+        .is_some_and(|t| now.saturating_duration_since(*t) < HANDOVER_MAX)
+}
 
 impl Core {
     /// Whether a beat's `generation` of `node` is another run than the
@@ -35,7 +43,25 @@ impl Core {
             return false;
         }
         let Some(generation) = self.gossip_view.node(&node).map(|n| n.generation) else {
-            debug!(%node, "leaving beat from a node gossip does not show live");
+            if self.lost_at.contains_key(&node) {
+                // Lost a moment ago: its `cleanup` removes each address
+                // once another node answers for it, so an answer from its
+                // host is no owner to stay off for.
+                info!(%node, "its leaving beat came after gossip lost it; taking its addresses as from a leaving node");
+                let now = self.now;
+                self.left_gone
+                    .retain(|_, t| now.saturating_duration_since(*t) < HANDOVER_MAX);
+                self.left_gone.insert(node.clone(), now);
+                let yielded: Vec<IpAddr> = self
+                    .slots
+                    .keys()
+                    .filter(|ip| self.conflicts.yielded_to(**ip) == Some(node.as_str()))
+                    .copied()
+                    .collect();
+                self.mark(yielded);
+            } else {
+                debug!(%node, "leaving beat from a node gossip does not show live");
+            }
             return false;
         };
         if self.left.get(&node) == Some(&generation) {

@@ -243,9 +243,11 @@ impl Core {
 
     pub(super) fn judge(&mut self, claim: Claim, held: Option<&Want>, now: Instant) -> Verdict {
         let (view, lost_at, gossip) = (&self.view, &self.lost_at, &self.gossip_view);
+        let left_gone = &self.left_gone;
         // Never yielded to: a node gossip shows live (the election settles
         // it), nor one that left gracefully a moment ago, whose answers are
-        // the last of its hand-over, heard after it left the view. Yielding
+        // the last of its hand-over, heard after it left the view (or
+        // before its `cleanup`'s leaving beat, see `left_gone`). Yielding
         // to it would leave the VIP unanswered until its answers stop for
         // `YIELD_HOLD`.
         let settled_by_gossip = |n: &str| {
@@ -257,6 +259,7 @@ impl Core {
                     && lost_at
                         .get(n)
                         .is_some_and(|t| now.saturating_duration_since(*t) < HANDOVER_MAX))
+                || super::view::left_lately(left_gone, n, now)
         };
         self.conflicts.judge(
             claim,
