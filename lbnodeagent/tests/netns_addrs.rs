@@ -1315,3 +1315,65 @@ fn a_carrier_change_among_lost_events_is_reported_before_the_resync() {
         "v0's carrier loss before the resync: {events:?}"
     );
 }
+
+/// Reads of the backend that overlap, on a link with thousands of
+/// addresses while others come and go, all succeed. A netlink socket runs
+/// one dump at a time, and a drain of 1,000 VIPs on a loaded host once
+/// saw reads answered "Device or resource busy" (EBUSY); the backend now
+/// asks again (`retrying`). This bed has not made the kernel turn a read
+/// away; it holds the reads to succeeding under overlap and churn.
+#[test]
+fn reads_that_overlap_on_a_link_with_many_addresses_all_succeed() {
+    require_root();
+    let lan = Lan::new(&["a"]).unwrap();
+    let a = lan.host("a");
+    let dir = tempfile::tempdir().unwrap();
+    let batch = dir.path().join("batch");
+    std::fs::write(&batch, host_addresses("10.88", "eth0", 2000)).unwrap();
+    a.ns.run(&["ip", "-batch", batch.to_str().unwrap()])
+        .unwrap();
+    let agent = Agent::on_host(a, dir.path());
+    // Addresses come and go meanwhile, as in a drain.
+    let churn = dir.path().join("churn");
+    let adds = host_addresses("10.89", "eth0", 500);
+    std::fs::write(
+        &churn,
+        format!("{adds}{}", adds.replace("addr add", "addr del")),
+    )
+    .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churner = {
+        let (ns, churn, stop) = (a.ns.name().to_string(), churn.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let batch = [
+                    "netns",
+                    "exec",
+                    &ns,
+                    "ip",
+                    "-batch",
+                    churn.to_str().unwrap(),
+                ];
+                hostlb_tests::netns::run("ip", &batch).unwrap();
+            }
+        })
+    };
+    let failures = agent.with(|b| async move {
+        let mut failures = Vec::new();
+        for _ in 0..20 {
+            let reads = (0..4).map(|_| {
+                let b = b.clone();
+                async move {
+                    let links = b.interfaces().await.err();
+                    let owned = b.owned().await.err();
+                    links.into_iter().chain(owned).map(|e| e.to_string())
+                }
+            });
+            failures.extend(futures::future::join_all(reads).await.into_iter().flatten());
+        }
+        failures
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churner.join().unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
+}

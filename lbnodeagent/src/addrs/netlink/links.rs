@@ -17,11 +17,7 @@ use crate::addrs::{Error, Interface, MacAddr, OwnedAddress, Result};
 
 impl NetlinkBackend {
     pub(super) async fn links(&self) -> Result<Vec<LinkMessage>> {
-        self.handle
-            .link()
-            .get()
-            .execute()
-            .try_collect()
+        retrying(|| self.handle.link().get().execute().try_collect())
             .await
             .map_err(|e| Error::netlink("listing links", e))
     }
@@ -64,14 +60,16 @@ impl NetlinkBackend {
             RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
             RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
         ] {
-            let mut dump = self.handle.route().get(request).execute();
-            while let Some(msg) = dump
-                .try_next()
-                .await
-                .map_err(|e| Error::netlink("listing routes", e))?
-            {
-                out.extend(Route::parse(&msg));
-            }
+            let msgs: Vec<_> = retrying(|| {
+                self.handle
+                    .route()
+                    .get(request.clone())
+                    .execute()
+                    .try_collect()
+            })
+            .await
+            .map_err(|e| Error::netlink("listing routes", e))?;
+            out.extend(msgs.iter().flat_map(Route::parse));
         }
         Ok(out)
     }
@@ -82,18 +80,18 @@ impl NetlinkBackend {
         family: Option<Family>,
         ifindex: Option<u32>,
     ) -> Result<Vec<KernelAddress>> {
-        let mut request = self.handle.address().get();
-        if let Some(ifindex) = ifindex {
-            request = request.set_link_index_filter(ifindex);
-        }
-        if let Some(family) = family {
-            request.message_mut().header.family = address_family(family);
-        }
-        let msgs: Vec<AddressMessage> = request
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| Error::netlink("listing addresses", e))?;
+        let msgs: Vec<AddressMessage> = retrying(|| {
+            let mut request = self.handle.address().get();
+            if let Some(ifindex) = ifindex {
+                request = request.set_link_index_filter(ifindex);
+            }
+            if let Some(family) = family {
+                request.message_mut().header.family = address_family(family);
+            }
+            request.execute().try_collect()
+        })
+        .await
+        .map_err(|e| Error::netlink("listing addresses", e))?;
         Ok(msgs.iter().filter_map(KernelAddress::parse).collect())
     }
 
@@ -177,16 +175,46 @@ pub(super) async fn read_link_addresses(
     family: Family,
     ifindex: u32,
 ) -> Result<Vec<KernelAddress>> {
-    let mut request = strict.address().get().set_link_index_filter(ifindex);
-    let header = &mut request.message_mut().header;
-    header.family = address_family(family);
-    header.index = ifindex;
-    let msgs: Vec<AddressMessage> = request
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|e| Error::netlink(format!("listing addresses of link {ifindex}"), e))?;
+    let msgs: Vec<AddressMessage> = retrying(|| {
+        let mut request = strict.address().get().set_link_index_filter(ifindex);
+        let header = &mut request.message_mut().header;
+        header.family = address_family(family);
+        header.index = ifindex;
+        request.execute().try_collect()
+    })
+    .await
+    .map_err(|e| Error::netlink(format!("listing addresses of link {ifindex}"), e))?;
     Ok(msgs.iter().filter_map(KernelAddress::parse).collect())
+}
+
+/// Tries a dump this many times while the kernel answers EBUSY.
+const DUMP_TRIES: u32 = 6;
+/// The wait before the first retry, doubled before each next one (62 ms
+/// in all).
+const DUMP_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Runs a dump again while the kernel answers EBUSY: a netlink socket runs
+/// one dump at a time, and a request that comes while another is still
+/// being read out gets that answer. With a thousand addresses on a loaded
+/// host it came dozens of times a minute; each failed read cost a renewal
+/// (until the next one, a third of the lifetime later) or an add, or sent
+/// a removal batch down the one-by-one path.
+pub(super) async fn retrying<T, F, Fut>(mut dump: F) -> std::result::Result<T, rtnetlink::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, rtnetlink::Error>>,
+{
+    let mut delay = DUMP_RETRY_FIRST;
+    for _ in 1..DUMP_TRIES {
+        match dump().await {
+            Err(e) if errno(&e) == Some(libc::EBUSY) => {
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            done => return done,
+        }
+    }
+    dump().await
 }
 
 pub(super) fn address_family(family: Family) -> AddressFamily {
@@ -228,5 +256,61 @@ pub(super) fn describe_link(link: &LinkMessage, routes: &[Route]) -> Interface {
             .filter(|m| arp && m.0 != [0; 6]),
         carrier: link_carrier(link),
         prefixes: routes::on_link_prefixes(routes, index),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::num::NonZeroI32;
+
+    use rtnetlink::packet_core::ErrorMessage;
+
+    use super::*;
+
+    fn failing(errno: i32) -> rtnetlink::Error {
+        let mut m = ErrorMessage::default();
+        m.code = NonZeroI32::new(-errno);
+        rtnetlink::Error::NetlinkError(m)
+    }
+
+    /// A dump the kernel turned away as busy is asked again; any other
+    /// answer, good or bad, is the answer, and the tries are bounded.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_dump_is_asked_again_a_few_times() {
+        let tries = Cell::new(0);
+        let busy_twice = retrying(|| {
+            tries.set(tries.get() + 1);
+            let n = tries.get();
+            async move {
+                if n <= 2 {
+                    Err(failing(libc::EBUSY))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(busy_twice.unwrap(), 3);
+
+        tries.set(0);
+        let other = retrying(|| {
+            tries.set(tries.get() + 1);
+            async { Err::<(), _>(failing(libc::EPERM)) }
+        })
+        .await;
+        assert_eq!(errno(&other.unwrap_err()), Some(libc::EPERM));
+        assert_eq!(tries.get(), 1, "only a busy answer is asked again");
+
+        tries.set(0);
+        let started = tokio::time::Instant::now();
+        let always = retrying(|| {
+            tries.set(tries.get() + 1);
+            async { Err::<(), _>(failing(libc::EBUSY)) }
+        })
+        .await;
+        assert_eq!(errno(&always.unwrap_err()), Some(libc::EBUSY));
+        assert_eq!(tries.get(), DUMP_TRIES);
+        assert_eq!(started.elapsed(), std::time::Duration::from_millis(62));
     }
 }
