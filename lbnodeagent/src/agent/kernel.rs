@@ -99,7 +99,8 @@ impl Kernel {
 }
 
 /// The kernel worker: batches in the order the core asked for them, each
-/// carried out by the backend's batch calls, results back to the loop.
+/// carried out by the backend's batch calls (IPv4 adds, IPv6 adds,
+/// removals), the results of each call back to the loop as it ends.
 pub(super) fn kernel_worker<B: AddressBackend + 'static>(backend: Arc<B>) -> Kernel {
     let (batches, mut rx) = mpsc::unbounded_channel::<KernelJob>();
     let (done, results) = mpsc::unbounded_channel();
@@ -121,8 +122,17 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(backend: Arc<B>) -> Ker
                 remove.extend(job.remove);
                 read |= job.read;
             }
-            let mut out = Vec::with_capacity(add.len() + remove.len());
-            for (kind, vips) in [(OpKind::Add, add), (OpKind::Remove, remove)] {
+            // IPv4 adds go on their own, and their results back at once: an
+            // IPv6 add waits for the kernel to listen for its address
+            // (`addrs/netlink/listening.rs`), which a busy host does late,
+            // and the IPv4 addresses of a mixed batch would wait with it,
+            // unannounced, while their old owner answers too.
+            let (add4, add6): (Vec<_>, Vec<_>) = add.into_iter().partition(|v| v.ip.is_ipv4());
+            for (kind, vips) in [
+                (OpKind::Add, add4),
+                (OpKind::Add, add6),
+                (OpKind::Remove, remove),
+            ] {
                 if vips.is_empty() {
                     continue;
                 }
@@ -130,14 +140,18 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(backend: Arc<B>) -> Ker
                     OpKind::Add => backend.add_many(&vips).await,
                     OpKind::Remove => backend.remove_many(&vips).await,
                 };
-                out.extend(vips.iter().zip(results).map(|(vip, result)| OpResult {
-                    ip: vip.ip,
-                    kind,
-                    result: result.map_err(|e| e.to_string()),
-                }));
-            }
-            if !out.is_empty() && done.send(Input::Done(out)).is_err() {
-                return;
+                let out = vips
+                    .iter()
+                    .zip(results)
+                    .map(|(vip, result)| OpResult {
+                        ip: vip.ip,
+                        kind,
+                        result: result.map_err(|e| e.to_string()),
+                    })
+                    .collect();
+                if done.send(Input::Done(out)).is_err() {
+                    return;
+                }
             }
             if read {
                 match backend.owned().await {
