@@ -208,6 +208,7 @@ where
     for _ in 1..DUMP_TRIES {
         match dump().await {
             Err(e) if errno(&e) == Some(libc::EBUSY) => {
+                tracing::debug!(retry_in = ?delay, "the kernel is busy with another dump of this socket; asking again");
                 tokio::time::sleep(delay).await;
                 delay *= 2;
             }
