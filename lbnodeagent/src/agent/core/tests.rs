@@ -43,6 +43,14 @@ fn claim(c: Claim) -> Input {
     Input::Claims(vec![c])
 }
 
+/// `node`'s host answers for `v` on the wire.
+fn answer(node: &str, v: IpAddr) -> Input {
+    claim(Claim {
+        ip: v,
+        mac: mac(node),
+    })
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -1813,10 +1821,7 @@ fn a_leaving_beat_after_the_owner_went_silent_still_hands_over() {
     a.advance(sessions::BEAT_MISS);
     let act = a.step(Input::Tick);
     assert_eq!(targets(&act.probe), [v].into(), "asked about at the miss");
-    a.step(claim(Claim {
-        ip: v,
-        mac: mac("b"),
-    }));
+    a.step(answer("b", v));
     a.advance(PRECHECK);
     assert!(a.step(Input::Tick).add.is_empty(), "b's host answers: off");
     a.advance(Duration::from_millis(100));
@@ -1840,10 +1845,7 @@ fn a_leaving_beat_after_gossip_lost_the_node_still_hands_over() {
     let b = peer("b", Status::Alive, &[v], 1);
     let act = a.step(Input::Members(view("a", Vec::new(), vec![b])));
     assert_eq!(targets(&act.probe), [v].into(), "b held it: asked first");
-    a.step(claim(Claim {
-        ip: v,
-        mac: mac("b"),
-    }));
+    a.step(answer("b", v));
     a.advance(PRECHECK);
     assert!(a.step(Input::Tick).add.is_empty(), "b's host answers: off");
     a.advance(Duration::from_millis(5));
@@ -1852,19 +1854,13 @@ fn a_leaving_beat_after_gossip_lost_the_node_still_hands_over() {
     // no reason to stay off.
     let act = a.step(leaving("b"));
     assert_eq!(targets(&act.probe), [v].into(), "asked again at once");
-    a.step(claim(Claim {
-        ip: v,
-        mac: mac("b"),
-    }));
+    a.step(answer("b", v));
     a.advance(PRECHECK);
     let act = a.step(Input::Tick);
     assert_eq!(ips(&act.add), [v].into(), "taken after one question");
     a.done(&act);
     a.advance(Duration::from_millis(2));
-    let act = a.step(claim(Claim {
-        ip: v,
-        mac: mac("b"),
-    }));
+    let act = a.step(answer("b", v));
     assert!(
         act.remove.is_empty(),
         "b's last answers are no reason to let go"
