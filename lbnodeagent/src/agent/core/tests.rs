@@ -11,6 +11,7 @@ use hostlb_api::{AddressRange, LabelSelector, Selector};
 use super::conflict::{PRECHECK, PRECHECK_EVERY, PRECHECK_PROBES, RECORD_MACS_MAX};
 use super::links::Links;
 use super::*;
+use crate::election::order_key;
 use crate::election::{Advertisement, Labels, NodeInfo, OnLink, Pool, Preference, ServiceInfo};
 use crate::model::Claim;
 use crate::model::MemberInfo;
@@ -1867,6 +1868,54 @@ fn a_leaving_beat_after_gossip_lost_the_node_still_hands_over() {
     );
     // A node that was never lost is no reason to take anything.
     assert!(a.step(leaving("x")).add.is_empty());
+}
+
+/// Two killed agents' `cleanup`s, their beats after gossip lost both: each
+/// beat counts for its own node, the second not undoing the first.
+#[test]
+fn leaving_beats_of_two_lost_nodes_both_count() {
+    // A VIP that `n` wins, outranking a: its host's answer alone keeps a
+    // off.
+    let outranking = |n: &str| {
+        addresses(50)
+            .into_iter()
+            .find(|v| {
+                let t = v.to_string();
+                ["a", "b", "c"]
+                    .iter()
+                    .all(|o| *o == n || order_key(n, &t) < order_key(o, &t))
+            })
+            .unwrap()
+    };
+    let (v, w) = (outranking("b"), outranking("c"));
+    let mut a = Node::new("a");
+    let b = peer("b", Status::Alive, &[v], 1);
+    let c = peer("c", Status::Alive, &[w], 1);
+    let held = a.running(cluster(&[v, w]), vec![b.clone(), c.clone()]);
+    assert!(held.is_empty(), "b and c hold them");
+    a.advance(Duration::from_millis(3));
+    let mut added = BTreeSet::new();
+    let mut removed = BTreeSet::new();
+    let mut step = |a: &mut Node, input: Input| {
+        let act = a.step(input);
+        added.extend(ips(&act.add));
+        removed.extend(ips(&act.remove));
+        a.done(&act);
+    };
+    step(&mut a, Input::Members(view("a", Vec::new(), vec![b, c])));
+    a.advance(Duration::from_millis(1));
+    step(&mut a, leaving("b"));
+    a.advance(Duration::from_millis(1));
+    step(&mut a, leaving("c"));
+    // Their hosts answer each question until another node does.
+    for _ in 0..4 {
+        step(&mut a, answer("b", v));
+        step(&mut a, answer("c", w));
+        a.advance(PRECHECK_EVERY);
+        step(&mut a, Input::Tick);
+    }
+    assert_eq!(added, [v, w].into(), "both taken");
+    assert!(removed.is_empty(), "and kept");
 }
 
 /// A node leaving on SIGTERM lets a VIP go as soon as its winner answers

@@ -51,14 +51,9 @@ impl Core {
                 let now = self.now;
                 self.left_gone
                     .retain(|_, t| now.saturating_duration_since(*t) < HANDOVER_MAX);
+                // A VIP yielded to it and wanted here is unsettled, so
+                // decided again at this very step: the yield ends there.
                 self.left_gone.insert(node.clone(), now);
-                let yielded: Vec<IpAddr> = self
-                    .slots
-                    .keys()
-                    .filter(|ip| self.conflicts.yielded_to(**ip) == Some(node.as_str()))
-                    .copied()
-                    .collect();
-                self.mark(yielded);
             } else {
                 debug!(%node, "leaving beat from a node gossip does not show live");
             }
