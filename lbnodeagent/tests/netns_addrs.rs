@@ -1341,39 +1341,31 @@ fn reads_that_overlap_on_a_link_with_many_addresses_all_succeed() {
         format!("{adds}{}", adds.replace("addr add", "addr del")),
     )
     .unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let churner = {
-        let (ns, churn, stop) = (a.ns.name().to_string(), churn.clone(), stop.clone());
-        std::thread::spawn(move || {
+    let churn = churn.to_str().unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let failures = std::thread::scope(|scope| {
+        scope.spawn(|| {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let batch = [
-                    "netns",
-                    "exec",
-                    &ns,
-                    "ip",
-                    "-batch",
-                    churn.to_str().unwrap(),
-                ];
-                hostlb_tests::netns::run("ip", &batch).unwrap();
+                a.ns.run(&["ip", "-batch", churn]).unwrap();
             }
-        })
-    };
-    let failures = agent.with(|b| async move {
-        let mut failures = Vec::new();
-        for _ in 0..20 {
-            let reads = (0..4).map(|_| {
-                let b = b.clone();
-                async move {
-                    let links = b.interfaces().await.err();
-                    let owned = b.owned().await.err();
-                    links.into_iter().chain(owned).map(|e| e.to_string())
-                }
-            });
-            failures.extend(futures::future::join_all(reads).await.into_iter().flatten());
-        }
+        });
+        let failures = agent.with(|b| async move {
+            let mut failures = Vec::new();
+            for _ in 0..20 {
+                let reads = (0..4).map(|_| {
+                    let b = b.clone();
+                    async move {
+                        let links = b.interfaces().await.err();
+                        let owned = b.owned().await.err();
+                        links.into_iter().chain(owned).map(|e| e.to_string())
+                    }
+                });
+                failures.extend(futures::future::join_all(reads).await.into_iter().flatten());
+            }
+            failures
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         failures
     });
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    churner.join().unwrap();
     assert!(failures.is_empty(), "{failures:?}");
 }
