@@ -322,9 +322,14 @@ impl Core {
 
     /// Schedules the next try at `ip`, doubling the delay each time.
     pub(super) fn backoff(&mut self, ip: IpAddr) -> Duration {
+        self.backoff_to(ip, RETRY_MAX)
+    }
+
+    /// As [`Core::backoff`], doubling no further than `max`.
+    pub(super) fn backoff_to(&mut self, ip: IpAddr, max: Duration) -> Duration {
         let now_retry = self.slots.get(&ip).and_then(|s| s.retry);
         let delay = now_retry
-            .map(|r| (r.delay * 2).min(RETRY_MAX))
+            .map(|r| (r.delay * 2).min(max))
             .unwrap_or(RETRY_MIN);
         let at = self.now + delay;
         if let Some(s) = self.slots.get_mut(&ip) {

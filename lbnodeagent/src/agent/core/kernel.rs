@@ -7,14 +7,14 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use hostlb_api::annotations::reasons;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::model::Target;
 use crate::model::{Applied, OwnedAddress};
 
 use super::links::{Mode, Want};
 use super::slot::{Garp, Held, Op, expiry, same_place};
-use super::{Actions, Core, Metric, OpName, OpResult};
+use super::{ADD_RETRY_MAX, Actions, Core, Metric, OpName, OpResult};
 
 impl Core {
     /// Our addresses as the kernel has them, read after every operation
@@ -185,8 +185,15 @@ impl Core {
                     op: OpName::Add,
                     ok: false,
                 });
-                let delay = self.backoff(ip);
-                warn!(%ip, error = %e, retry_in = ?delay, "cannot add the address");
+                let first = slot.retry.is_none();
+                let delay = self.backoff_to(ip, ADD_RETRY_MAX);
+                // Once per run of refusals: the retries go on at most
+                // `ADD_RETRY_MAX` apart, and the failures metric counts each.
+                if first {
+                    warn!(%ip, error = %e, retry_in = ?delay, "cannot add the address; trying again until the kernel takes it");
+                } else {
+                    debug!(%ip, error = %e, retry_in = ?delay, "the kernel still refuses the address");
+                }
             }
             (Op::Remove { vip, why, stale }, Ok(_)) => {
                 out.metrics.push(Metric::Op {

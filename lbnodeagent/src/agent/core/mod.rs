@@ -103,6 +103,12 @@ pub const UNCONFIRMED_GRACE: Duration = Duration::from_secs(10);
 /// A failed kernel operation on a VIP is retried after this, doubling.
 pub const RETRY_MIN: Duration = Duration::from_millis(200);
 pub const RETRY_MAX: Duration = Duration::from_secs(30);
+/// A VIP this node won but whose add the kernel refused is dark until the
+/// add lands: its retries double no further than this, so that it answers
+/// this soon after the kernel takes operations again, however long the
+/// kernel refused. A refused add costs one netlink request; nobody
+/// answering costs every client of the VIP.
+pub const ADD_RETRY_MAX: Duration = Duration::from_millis(400);
 /// Gossip rounds within which a change a peer publishes has reached this
 /// node, losses included (see [`Core::holds`]).
 const GOSSIP_ROUNDS_TO_SETTLE: u32 = 5;

@@ -45,7 +45,9 @@ pub(super) const CALM: Duration = Duration::from_secs(3);
 /// No owner while a candidate lives, at most: detection, the probe window,
 /// and a yield to a dead owner whose address just lapsed ([`YIELD_HOLD`]
 /// after it was last heard, asked every [`YIELD_PROBE`]), with a margin
-/// for a refused operation's retry.
+/// for a refused add's retry: while the winner's kernel refuses, it is no
+/// candidate, and once it takes operations again the retry comes within
+/// [`ADD_RETRY_MAX`](crate::agent::core::ADD_RETRY_MAX) and its pre-check (450 ms with the batch).
 pub(super) const NO_OWNER_BOUND: Duration = DETECTION
     .saturating_add(YIELD_HOLD)
     .saturating_add(YIELD_PROBE)

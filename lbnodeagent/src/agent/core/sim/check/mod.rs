@@ -482,8 +482,11 @@ impl Checker {
             .and_then(|winner| ctx.hosts.iter().position(|h| h.name == winner))?;
         let winner = ctx.hosts[w].name;
         if ctx.hosts[w].flaky {
-            // Its kernel refuses operations, and its retries back off: no
-            // bound holds for what it must add (the others rightly wait).
+            // Its kernel refuses operations: nothing it must add answers
+            // meanwhile, and the others rightly wait (no node takes a VIP
+            // from a live winner that only fails to add it). Its next try
+            // comes within `ADD_RETRY_MAX` of the kernel steadying, which
+            // the no-owner bound counts from then.
             return None;
         }
         let known = ctx.host_versions[w];
@@ -495,7 +498,11 @@ impl Checker {
         }
         let newest = ready & mask(ctx.host_versions.iter().map(|v| *v == ctx.newest));
         let fallback = self.oracle(ctx, ctx.newest, newest).winner(ip)?;
-        ctx.hosts.iter().position(|h| h.name == fallback)
+        // A fallback whose kernel refuses is excused as a winner is.
+        ctx.hosts
+            .iter()
+            .position(|h| h.name == fallback)
+            .filter(|f| !ctx.hosts[*f].flaky)
     }
 
     /// A dead owner's address on `ip` lapsed now and `successor`, which
