@@ -523,7 +523,15 @@ pub fn cold_start(bed: &mut Bed) -> ColdStart {
     let sweep = bed.sweep();
     let mut watch = KernelWatch::start(bed, &["node-a", "node-b", "node-c"]);
     let t0 = Instant::now();
-    bed.c.start_all();
+    match std::env::var("HOSTLB_HEAPTRACK") {
+        Ok(out) => {
+            bed.c
+                .start_wrapped("node-a", &[], &["heaptrack", "-o", &out]);
+            bed.c.start("node-b");
+            bed.c.start("node-c");
+        }
+        Err(_) => bed.c.start_all(),
+    }
     let ready = bed.wait_ready(Duration::from_secs(60));
     let (_, last) = watch.all(bed.ips.len(), t0, Duration::from_secs(60));
     let all_in = t0 + last;

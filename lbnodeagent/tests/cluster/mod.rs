@@ -538,7 +538,8 @@ garp_interval = "200ms"
         let script = format!(
             "import urllib.request, urllib.error\n\
              try:\n    r = urllib.request.urlopen('http://127.0.0.1:7472{path}', timeout=5)\n    print(r.status)\n    print(r.read().decode())\n\
-             except urllib.error.HTTPError as e:\n    print(e.code)\n    print(e.read().decode())\n"
+             except urllib.error.HTTPError as e:\n    print(e.code)\n    print(e.read().decode())\n\
+             except urllib.error.URLError as e:\n    print(0)\n    print(e.reason)\n"
         );
         let out = self
             .lan
