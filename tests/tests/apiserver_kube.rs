@@ -1001,6 +1001,103 @@ async fn events_recorder_creates_then_counts_a_series() {
     assert_eq!(e.series.as_ref().unwrap().count, 2);
 }
 
+/// The binaries' own recorder (it keeps no copy of each Event): a repeat
+/// is the next count of the first Event's series, and another reason or
+/// type is an Event of its own.
+#[tokio::test]
+async fn the_binaries_recorder_counts_repeats_as_a_series() {
+    use kube::runtime::events::{Event, EventType};
+    let server = TestServer::start().await;
+    let client = server.client();
+    let svcs: Api<Service> = Api::namespaced(client.clone(), "default");
+    let svc = svcs
+        .create(
+            &PostParams::default(),
+            &Service {
+                metadata: ObjectMeta {
+                    name: Some("web".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let recorder = hostlb_api::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "hostlb-lbnodeagent".into(),
+            instance: Some("node-a".into()),
+        },
+    );
+    let ev = |type_, reason: &str, note: &str| Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.into()),
+        action: "Announce".into(),
+        secondary: None,
+    };
+    let at = svc.object_ref(&());
+    let first = ev(
+        EventType::Normal,
+        "AnnouncingLocal",
+        "node-a answers for 10.0.0.1",
+    );
+    for _ in 0..3 {
+        recorder.publish(&first, &at).await.unwrap();
+    }
+    recorder
+        .publish(
+            &ev(EventType::Normal, "Withdrawn", "node-a no longer answers"),
+            &at,
+        )
+        .await
+        .unwrap();
+    recorder
+        .publish(&ev(EventType::Warning, "AnnouncingLocal", "odd"), &at)
+        .await
+        .unwrap();
+    let events: Api<K8sEvent> = Api::namespaced(client, "default");
+    let mut list = events.list(&ListParams::default()).await.unwrap().items;
+    list.sort_by_key(|e| (e.reason.clone(), e.type_.clone()));
+    let seen: Vec<_> = list
+        .iter()
+        .map(|e| {
+            (
+                e.reason.clone().unwrap(),
+                e.type_.clone().unwrap(),
+                e.series.as_ref().map(|s| s.count),
+                e.note.clone().unwrap(),
+                e.reporting_instance.clone().unwrap(),
+                e.regarding.as_ref().and_then(|r| r.name.clone()).unwrap(),
+            )
+        })
+        .collect();
+    let row = |r: &str, t: &str, c, n: &str| {
+        (
+            r.to_string(),
+            t.to_string(),
+            c,
+            n.to_string(),
+            "node-a".to_string(),
+            "web".to_string(),
+        )
+    };
+    assert_eq!(
+        seen,
+        [
+            row(
+                "AnnouncingLocal",
+                "Normal",
+                Some(3),
+                "node-a answers for 10.0.0.1"
+            ),
+            row("AnnouncingLocal", "Warning", None, "odd"),
+            row("Withdrawn", "Normal", None, "node-a no longer answers"),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn lease_manager_elects_one_leader_and_hands_over() {
     use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};

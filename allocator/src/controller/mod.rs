@@ -25,9 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use hostlb_api::runtime::events::Recorder;
 use hostlb_api::{IPAddressPool, L2Advertisement, NodeAgent};
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};

@@ -25,10 +25,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hostlb_api::runtime::events::Recorder;
 use hostlb_api::runtime::events::{self, Bucket, Events, Note, answered};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
