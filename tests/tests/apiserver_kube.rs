@@ -964,24 +964,28 @@ async fn discovery_sees_builtin_and_custom_groups() {
     assert_eq!(v.major, "1");
 }
 
+/// A bare Service `default/web` for Events to be about.
+async fn create_web(client: &kube::Client) -> Service {
+    let svcs: Api<Service> = Api::namespaced(client.clone(), "default");
+    svcs.create(
+        &PostParams::default(),
+        &Service {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn events_recorder_creates_then_counts_a_series() {
     let server = TestServer::start().await;
     let client = server.client();
-    let svcs: Api<Service> = Api::namespaced(client.clone(), "default");
-    let svc = svcs
-        .create(
-            &PostParams::default(),
-            &Service {
-                metadata: ObjectMeta {
-                    name: Some("web".into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let svc = create_web(&client).await;
     let recorder = kube::runtime::events::Recorder::new(client.clone(), "hostlb-allocator".into());
     let ev = kube::runtime::events::Event {
         type_: kube::runtime::events::EventType::Normal,
@@ -1009,20 +1013,7 @@ async fn the_binaries_recorder_counts_repeats_as_a_series() {
     use kube::runtime::events::{Event, EventType};
     let server = TestServer::start().await;
     let client = server.client();
-    let svcs: Api<Service> = Api::namespaced(client.clone(), "default");
-    let svc = svcs
-        .create(
-            &PostParams::default(),
-            &Service {
-                metadata: ObjectMeta {
-                    name: Some("web".into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let svc = create_web(&client).await;
     let recorder = hostlb_api::runtime::events::Recorder::new(
         client.clone(),
         kube::runtime::events::Reporter {
