@@ -1087,6 +1087,24 @@ async fn the_binaries_recorder_counts_repeats_as_a_series() {
             row("Withdrawn", "Normal", None, "node-a no longer answers"),
         ]
     );
+    // The first Event gone (expired, or deleted by hand): a repeat starts
+    // a new one rather than patching nothing.
+    let name = list[0].metadata.name.clone().unwrap();
+    events.delete(&name, &Default::default()).await.unwrap();
+    recorder.publish(&first, &at).await.unwrap();
+    let again: Vec<_> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("AnnouncingLocal") && e.type_.as_deref() == Some("Normal")
+        })
+        .collect();
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].metadata.name.as_deref(), Some(name.as_str()));
+    assert_eq!(again[0].series, None);
 }
 
 #[tokio::test]

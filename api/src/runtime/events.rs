@@ -167,33 +167,49 @@ impl Recorder {
                     count: s.count + 1,
                     last_observed_time: MicroTime(stamp),
                 }});
-                events
+                match events
                     .patch(&s.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                Series {
-                    count: s.count + 1,
-                    last: now,
-                    ..s
+                    .await
+                {
+                    Ok(_) => Series {
+                        count: s.count + 1,
+                        last: now,
+                        ..s
+                    },
+                    // The first Event is gone (expired, or deleted by
+                    // hand): this one starts a series of its own.
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        self.create(ev, regarding, stamp, now).await?
+                    }
+                    Err(e) => return Err(e),
                 }
             }
-            None => {
-                let event = self.event(ev, regarding, stamp);
-                let namespace = event.metadata.namespace.clone().unwrap_or_default();
-                let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-                events.create(&PostParams::default(), &event).await?;
-                Series {
-                    namespace,
-                    name: event.metadata.name.unwrap_or_default(),
-                    count: 1,
-                    last: now,
-                }
-            }
+            None => self.create(ev, regarding, stamp, now).await?,
         };
         self.series
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, written);
         Ok(())
+    }
+
+    async fn create(
+        &self,
+        ev: &Event,
+        regarding: &ObjectReference,
+        stamp: Timestamp,
+        now: Instant,
+    ) -> Result<Series, kube::Error> {
+        let event = self.event(ev, regarding, stamp);
+        let namespace = event.metadata.namespace.clone().unwrap_or_default();
+        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        events.create(&PostParams::default(), &event).await?;
+        Ok(Series {
+            namespace,
+            name: event.metadata.name.unwrap_or_default(),
+            count: 1,
+            last: now,
+        })
     }
 
     /// The series `key` continues, if it is recent; those that are not
