@@ -332,8 +332,9 @@ impl Core {
             .map(|r| (r.delay * 2).min(max))
             .unwrap_or(RETRY_MIN);
         let at = self.now + delay;
+        let since = now_retry.map_or(self.now, |r| r.since);
         if let Some(s) = self.slots.get_mut(&ip) {
-            s.retry = Some(Retry { at, delay });
+            s.retry = Some(Retry { at, delay, since });
         }
         delay
     }

@@ -14,7 +14,7 @@ use crate::model::{Applied, OwnedAddress};
 
 use super::links::{Mode, Want};
 use super::slot::{Garp, Held, Op, expiry, same_place};
-use super::{ADD_RETRY_MAX, Actions, Core, Metric, OpName, OpResult};
+use super::{ADD_FAST_FOR, ADD_RETRY_MAX, Actions, Core, Metric, OpName, OpResult, RETRY_MAX};
 
 impl Core {
     /// Our addresses as the kernel has them, read after every operation
@@ -185,14 +185,22 @@ impl Core {
                     op: OpName::Add,
                     ok: false,
                 });
-                let first = slot.retry.is_none();
-                let delay = self.backoff_to(ip, ADD_RETRY_MAX);
-                // Once per run of refusals: the retries go on at most
-                // `ADD_RETRY_MAX` apart, and the failures metric counts each.
-                if first {
-                    warn!(%ip, error = %e, retry_in = ?delay, "cannot add the address; trying again until the kernel takes it");
-                } else {
-                    debug!(%ip, error = %e, retry_in = ?delay, "the kernel still refuses the address");
+                let before = slot.retry;
+                let refused_for = before.map(|r| now.saturating_duration_since(r.since));
+                let fast = refused_for.is_none_or(|d| d < ADD_FAST_FOR);
+                let slowing = !fast && before.is_some_and(|r| r.delay <= ADD_RETRY_MAX);
+                let delay = self.backoff_to(ip, if fast { ADD_RETRY_MAX } else { RETRY_MAX });
+                // Warned at the first refusal and when the retries slow
+                // down; the failures metric counts each.
+                match refused_for {
+                    None => warn!(%ip, error = %e, retry_in = ?delay,
+                        "cannot add the address; trying again until the kernel takes it"),
+                    Some(d) if slowing => {
+                        warn!(%ip, error = %e, refused_for = ?d, retry_in = ?delay,
+                            "the kernel still refuses the address; asking less often")
+                    }
+                    Some(_) => debug!(%ip, error = %e, retry_in = ?delay,
+                        "the kernel still refuses the address"),
                 }
             }
             (Op::Remove { vip, why, stale }, Ok(_)) => {

@@ -104,11 +104,17 @@ pub const UNCONFIRMED_GRACE: Duration = Duration::from_secs(10);
 pub const RETRY_MIN: Duration = Duration::from_millis(200);
 pub const RETRY_MAX: Duration = Duration::from_secs(30);
 /// A VIP this node won but whose add the kernel refused is dark until the
-/// add lands: its retries double no further than this, so that it answers
-/// this soon after the kernel takes operations again, however long the
-/// kernel refused. A refused add costs one netlink request; nobody
+/// add lands (or still answers where it was, if it was moving): for
+/// [`ADD_FAST_FOR`] its retries double no further than this, so that it
+/// answers this soon after a brief refusal ends. Each retry costs a
+/// netlink request and the pre-check's questions on the wire; nobody
 /// answering costs every client of the VIP.
 pub const ADD_RETRY_MAX: Duration = Duration::from_millis(400);
+/// How long refused adds are retried at most [`ADD_RETRY_MAX`] apart. A
+/// kernel that refuses longer (a lasting error: permissions, an address
+/// the interface will not take) is asked with the usual backoff, up to
+/// [`RETRY_MAX`], and not with three ARP questions per VIP every 0.4 s.
+pub const ADD_FAST_FOR: Duration = Duration::from_secs(10);
 /// Gossip rounds within which a change a peer publishes has reached this
 /// node, losses included (see [`Core::holds`]).
 const GOSSIP_ROUNDS_TO_SETTLE: u32 = 5;

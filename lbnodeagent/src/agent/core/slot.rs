@@ -26,6 +26,8 @@ pub(super) enum Op {
 pub(super) struct Retry {
     pub(super) at: Instant,
     pub(super) delay: Duration,
+    /// The first failure of this run of failures.
+    pub(super) since: Instant,
 }
 
 /// A pre-check under way: [`PRECHECK_PROBES`] questions on the wire,
