@@ -93,8 +93,8 @@ const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 
 /// Writes Events, a repeat within [`SERIES_TTL`] as a count on the first
 /// (`series`), as kube's `Recorder` does. That one keeps a whole copy of
-/// every Event it wrote for the six minutes: after a failover that moved
-/// 1,000 VIPs, about 3 MB the agent then held for good. This keeps only
+/// every Event it wrote for six minutes: after a cold start that took
+/// 1,000 VIPs, about 3 MB, in a table that never shrinks. This keeps only
 /// what a series patch needs: the Event's name and its count.
 pub struct Recorder {
     client: kube::Client,
@@ -229,7 +229,9 @@ impl Recorder {
             regarding: Some(regarding.clone()),
             note: ev.note.clone(),
             metadata: ObjectMeta {
-                // Cluster-scoped objects' Events go to `default`.
+                // An Event with `eventTime` must live in a namespace; the
+                // API server takes those of cluster-scoped objects in
+                // `default`.
                 namespace: Some(
                     regarding
                         .namespace
