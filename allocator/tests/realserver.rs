@@ -18,7 +18,7 @@ mod support;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -236,6 +236,34 @@ async fn allocation_sharing_status_and_events_with_the_shipped_rbac() {
             .filter(|e| e.reason.as_deref() == Some("IPAllocated"))
             .count();
         (n >= 3).then_some(())
+    })
+    .await;
+    // `a` moves: its second IPAllocated is the next count of the first's
+    // series, which the server takes as the binaries' recorder patches it.
+    services
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"hostlb.io/loadBalancerIPs": "10.0.0.3"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_ips(&bed, "a", &["10.0.0.3"]).await;
+    eventually("a series of two IPAllocated about a", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("IPAllocated")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("a")
+                    && e.series.as_ref().is_some_and(|s| s.count == 2)
+            })
+            .then_some(())
     })
     .await;
     r.stop().await;
