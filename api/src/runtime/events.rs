@@ -10,11 +10,9 @@
 //! a token [`Bucket`], so a failover that moves 1,000 VIPs is written in
 //! seconds while a binary that keeps writing is held to a rate.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
