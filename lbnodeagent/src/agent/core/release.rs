@@ -100,27 +100,34 @@ impl Core {
                 "{p} holds it now, with a newer view of the cluster"
             ));
         }
-        // Kept for differing views (below), and so is it on a peer with the
-        // same view: the one the election ranks first keeps it.
-        if self
+        let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
+        // Kept for differing views (below), or about to be for a winner
+        // whose view is older, and a peer with the same view shows it held:
+        // the one the election ranks first keeps it. Both wait on a winner
+        // that cannot know the VIP until it catches up, so neither waits
+        // for its own hand-over time first: the pair settles as soon as
+        // either one shows it kept. (A winner with a newer view may take
+        // it any moment: that hand-over has its time.)
+        let views_differ = winner_revision != self.revision;
+        let winner_behind = winner_revision < self.revision;
+        let kept = self
             .slots
             .get(&ip)
-            .is_some_and(|s| s.handover().is_some_and(|h| h.kept_for_views))
-            && let Some(p) = self
+            .is_some_and(|s| s.handover().is_some_and(|h| h.kept_for_views));
+        let mut same_view_holder_below = false;
+        if kept || winner_behind {
+            let me = self.settings.node.as_str();
+            for p in self
                 .alive_peers()
-                .filter(|n| {
-                    n.revision == self.revision
-                        && self
-                            .election
-                            .outranks(ip, &n.node, &self.settings.node, true)
-                            == Some(true)
-                })
-                .map(|n| n.node.clone())
-                .find(|n| self.holds(n, ip))
-        {
-            return Some(format!("{p} keeps it too and ranks first"));
+                .filter(|n| n.revision == self.revision && self.holds(&n.node, ip))
+            {
+                match self.election.outranks(ip, &p.node, me, true) {
+                    Some(true) => return Some(format!("{} keeps it too and ranks first", p.node)),
+                    Some(false) => same_view_holder_below = true,
+                    None => {}
+                }
+            }
         }
-        let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
         let settle = self.settle_time();
         // Only a VIP held here is released or contested.
         let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
@@ -145,8 +152,11 @@ impl Core {
             Handover::new(since, winner.clone())
         });
         let since = handover.since;
-        if now.saturating_duration_since(since) >= HANDOVER_MAX {
-            if winner_revision != self.revision {
+        // A peer this node outranks keeps it for the same reason: show it
+        // kept now, so that one lets go rather than both answering on.
+        let keep_now = winner_behind && same_view_holder_below && !handover.kept_for_views;
+        if keep_now || now.saturating_duration_since(since) >= HANDOVER_MAX {
+            if views_differ {
                 // The two views of the cluster differ (watches lag, or the
                 // API server went away before both heard of a change). An
                 // older winner may not know this address yet; a newer one

@@ -1205,6 +1205,70 @@ fn a_vip_kept_for_differing_views_goes_only_to_a_holder_that_ranks_first() {
     }
 }
 
+/// Two holders of one view, neither a candidate any more, both waiting on
+/// the only one (b) whose view is older, so it cannot take the VIP until
+/// it catches up: as soon as one shows it kept, the two settle by rank (by
+/// name here, as neither is eligible), not each after its own hand-over
+/// time. The lower one lets go; the higher one shows it kept at once so
+/// the lower one sees why.
+#[test]
+fn holders_waiting_on_a_lagging_winner_settle_as_soon_as_one_keeps_it() {
+    let v = ip("10.0.1.1");
+    // (this node, the other holder, whether this node lets go)
+    for (me, other, lets_go) in [("c", "a", true), ("a", "c", false)] {
+        let mut n = Node::new(me);
+        let held = n.running(
+            cluster(&[v]),
+            vec![unlinked("b", &[]), unlinked(other, &[])],
+        );
+        assert_eq!(held, [v].into(), "no other candidate: {me} wins");
+        n.advance(INTERVAL);
+        let members = |other_holds: &[IpAddr], other_revision| {
+            Input::Members(view(
+                me,
+                vec![
+                    peer("b", Status::Alive, &[], 1),
+                    peer(other, Status::Alive, other_holds, other_revision),
+                ],
+                Vec::new(),
+            ))
+        };
+        // b is back: it wins, and this node hands it over.
+        let act = n.step(members(&[], 1));
+        assert!(act.remove.is_empty(), "handed over to b");
+        n.advance(INTERVAL);
+        // Then only b, with endpoints, may hold it, and b lags a view
+        // behind; the other holder shows it kept.
+        let mut objects = cluster(&[v]);
+        objects.services[0].local_traffic = true;
+        objects.services[0].endpoints = crate::election::Endpoints::on(["b"]);
+        let act = n.step(Input::Cluster {
+            cluster: objects,
+            errors: Vec::new(),
+            revision: 2,
+        });
+        assert!(act.remove.is_empty(), "still handed over to b");
+        n.advance(INTERVAL);
+        let act = n.step(members(&[v], 2));
+        let start = n.now;
+        let mut act = Some(act);
+        let mut removed = BTreeSet::new();
+        let mut shown = false;
+        while n.now < start + HANDOVER_MAX / 4 {
+            let a = act.take().unwrap_or_else(|| n.step(Input::Tick));
+            removed.extend(ips(&a.remove));
+            shown |= a.publish.is_some_and(|p| p.vips.contains(&v));
+            n.advance(INTERVAL);
+        }
+        if lets_go {
+            assert_eq!(removed, [v].into(), "{other} keeps it and ranks first");
+        } else {
+            assert!(removed.is_empty(), "{me} ranks first: it keeps answering");
+            assert!(shown, "and shows it kept, for {other} to let go");
+        }
+    }
+}
+
 /// A starting agent is no candidate (it publishes `starting`), and after
 /// it settles it takes nothing for three gossip rounds, so peers that
 /// settled with it are seen first.
