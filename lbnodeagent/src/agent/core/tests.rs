@@ -788,6 +788,56 @@ fn a_hand_over_taken_back_while_a_view_spreads_keeps_its_start() {
     );
 }
 
+/// The other side of the rule above: a hand-over taken back is given again
+/// from its start only while the view that took it back spreads. Given
+/// again once that view has had its gossip rounds to spread, it is a new
+/// hand-over with its own time: the winner may have let go meanwhile and
+/// had no time to take it up again.
+#[test]
+fn a_hand_over_taken_back_is_given_afresh_once_the_view_has_spread() {
+    let (mut c, v) = c_took_the_orphan_of_b_and_a();
+    c.advance(INTERVAL);
+    let act = c.step(Input::Members(a_and_b(9, 8)));
+    assert!(act.publish.is_some_and(|p| !p.vips.contains(&v)));
+    let started = c.now;
+    c.advance(HANDOVER_MAX / 2);
+    let act = c.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 10,
+    });
+    assert!(
+        act.publish.is_some_and(|p| p.vips.contains(&v)),
+        "c wins it again"
+    );
+    // The view reaches a only after its rounds to spread.
+    c.advance(c.core.settings().gossip_interval * GOSSIP_ROUNDS_TO_SETTLE + INTERVAL);
+    let act = c.step(Input::Members(a_and_b(10, 8)));
+    assert!(act.publish.is_some_and(|p| !p.vips.contains(&v)));
+    let again = c.now;
+    // Each tick's kernel work (renewals) done, so the VIP is decided on.
+    let tick_at = |c: &mut Node, at: Instant| {
+        c.now = at;
+        let act = c.step(Input::Tick);
+        c.done(&act);
+        ips(&act.remove)
+    };
+    assert!(
+        tick_at(&mut c, started + HANDOVER_MAX).is_empty(),
+        "not on the first hand-over's time"
+    );
+    let last = again + HANDOVER_MAX - Duration::from_millis(1);
+    assert!(
+        tick_at(&mut c, last).is_empty(),
+        "a has this hand-over's whole time"
+    );
+    assert_eq!(
+        tick_at(&mut c, again + HANDOVER_MAX),
+        [v].into(),
+        "and then it is let go"
+    );
+}
+
 /// A node with a newer view of the cluster that has just taken a VIP does
 /// not let it go on the word of an older-viewed winner that holds it: that
 /// winner lets go on seeing the take (a newer view settles a contest at
@@ -1267,6 +1317,73 @@ fn holders_waiting_on_a_lagging_winner_settle_as_soon_as_one_keeps_it() {
             assert!(shown, "and shows it kept, for {other} to let go");
         }
     }
+}
+
+/// A VIP taken is said in an Event on its Service, once: the operator's
+/// one word of where it answers now. An address this node finds from its
+/// previous run and still wins is added again in place (renewed and
+/// announced), neither removed nor said again.
+#[test]
+fn a_taken_vip_is_said_once_and_a_kept_one_stays_in_place() {
+    let v = ip("10.0.1.1");
+    let announced = |act: &Actions| {
+        act.events
+            .iter()
+            .filter(|e| e.reason == hostlb_api::annotations::reasons::ANNOUNCING_LOCAL)
+            .count()
+    };
+    // b wins every VIP (see `cluster`).
+    let run = |b: &mut Node, adopted: Vec<OwnedAddress>| -> (Vec<Actions>, BTreeSet<IpAddr>) {
+        b.step(Input::Adopted(adopted));
+        b.step(Input::Cluster {
+            cluster: cluster(&[v]),
+            errors: Vec::new(),
+            revision: 1,
+        });
+        let mut seen = vec![b.step(Input::Members(view(
+            "b",
+            vec![peer("a", Status::Alive, &[], 1)],
+            Vec::new(),
+        )))];
+        let mut removed = BTreeSet::new();
+        for _ in 0..30 {
+            b.advance(INTERVAL);
+            let act = b.step(Input::Tick);
+            let act = b.unanswered(act);
+            let done = b.done(&act);
+            removed.extend(ips(&act.remove));
+            removed.extend(ips(&done.remove));
+            seen.push(act);
+            seen.push(done);
+        }
+        (seen, removed)
+    };
+    let (seen, removed) = run(&mut Node::new("b"), Vec::new());
+    assert!(removed.is_empty());
+    assert_eq!(
+        seen.iter().map(announced).sum::<usize>(),
+        1,
+        "taken: said once"
+    );
+    let (seen, removed) = run(
+        &mut Node::new("b"),
+        vec![OwnedAddress {
+            interface: "eth0".into(),
+            ifindex: 2,
+            ip: v,
+            prefix_len: 16,
+        }],
+    );
+    assert!(
+        seen.iter().any(|a| ips(&a.add).contains(&v)),
+        "kept: added again in place"
+    );
+    assert!(removed.is_empty(), "and never removed");
+    assert_eq!(
+        seen.iter().map(announced).sum::<usize>(),
+        0,
+        "nor said again"
+    );
 }
 
 /// A starting agent is no candidate (it publishes `starting`), and after
