@@ -670,7 +670,8 @@ impl Core {
     fn advance(&mut self, now: Instant, out: &mut Actions) {
         let (silent, changed) = self.sessions.expire(now);
         if !silent.is_empty() {
-            warn!(owners = ?silent, "owner silent for {} ms; taking over what it holds unless it still answers, and telling the others next in line",
+            let told = self.sessions.plan().relays;
+            warn!(owners = ?silent, ?told, "owner silent for {} ms; taking over what it holds unless it still answers, and telling the others next in line",
                 sessions::BEAT_MISS.as_millis());
         }
         if changed {

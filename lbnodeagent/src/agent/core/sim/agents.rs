@@ -150,7 +150,30 @@ impl World {
     pub(super) fn carry_out(&mut self, host: usize, a: Actions) {
         let generation = self.hosts[host].generation;
         if let Some(plan) = a.beat {
+            let told_before: Vec<SocketAddr> = self.hosts[host]
+                .beat_plan
+                .relays
+                .iter()
+                .flat_map(|r| r.to.iter().copied())
+                .collect();
+            let newly_told: Vec<usize> = plan
+                .relays
+                .iter()
+                .flat_map(|r| r.to.iter())
+                .filter(|addr| !told_before.contains(addr))
+                .filter_map(|addr| self.hosts.iter().position(|h| h.gossip_addr == *addr))
+                .collect();
             self.hosts[host].beat_plan = plan;
+            for to in newly_told {
+                let generation = self.hosts[to].generation;
+                self.after(
+                    RELAY_WIRE,
+                    Ev::Relayed {
+                        host: to,
+                        generation,
+                    },
+                );
+            }
         }
         if !a.add.is_empty() || !a.remove.is_empty() || a.read_kernel {
             self.log(|| {

@@ -105,6 +105,14 @@ impl World {
                     self.step(host, Input::Links(links));
                 }
             }
+            Ev::Relayed { host, generation } => {
+                if self
+                    .for_agent(host, generation, || Ev::Relayed { host, generation })
+                    .is_some()
+                {
+                    self.deliver_beats(host, None);
+                }
+            }
             Ev::Wake {
                 host,
                 generation,

@@ -86,6 +86,8 @@ const PER_ADDRESS: Duration = Duration::from_micros(20);
 /// matters only when they stop, and then the last ones are handed over at
 /// that moment (see [`World::deliver_beats`]).
 const BEATS_EVERY: Duration = Duration::from_millis(100);
+/// How long a relay takes on the wire to the node it tells.
+const RELAY_WIRE: Duration = Duration::from_millis(1);
 /// Share of operations a flaky kernel refuses.
 const FLAKY_FAILS: f64 = 0.3;
 
@@ -226,6 +228,14 @@ enum Ev {
     /// they are then (as the real shell dumps them on a notification), so
     /// a late notification never carries an older state than an earlier one.
     LinksRead {
+        host: usize,
+        generation: u64,
+    },
+    /// A watcher's first relay reaching a node it tells: a datagram wakes
+    /// the agent, which is handed the beats flowing to it then (see
+    /// [`World::deliver_beats`]). Without it, a node with nothing else to
+    /// do would hear of a silent owner only at its next step.
+    Relayed {
         host: usize,
         generation: u64,
     },
