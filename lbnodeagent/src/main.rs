@@ -272,8 +272,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// One thread: the agent's work is a few netlink and HTTP requests a second,
-/// and every extra thread costs memory (its own malloc arena) on every node.
+/// One thread for the loop: the agent's work is a few netlink and HTTP
+/// requests a second, and every extra thread costs memory (its own malloc
+/// arena) on every node. The kernel work has one more of its own
+/// (`agent::kernel::KernelThread`), so that it never waits on the loop.
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(4)

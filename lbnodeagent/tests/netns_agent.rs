@@ -1529,6 +1529,7 @@ fn a_drain_moves_every_vip_without_losing_a_reply() {
     let mut failures = Vec::new();
     for (v, p) in on_c.iter().zip(&probes) {
         let o = p.judge(t0, end);
+        eprintln!("{v}: {o:?}");
         if o.lost > 0 || o.two_owners > Duration::from_millis(100) {
             failures.push(format!("{v}: {o:?}"));
         }

@@ -14,7 +14,7 @@ use hostlb_api::Family;
 use hostlb_tests::netns::{Host, Lan, require_root, require_tools, wait_for};
 use kernel::{Agent, SECOND};
 use lbnodeagent::addrs::{AddressBackend, Applied, Lifetime, VipAddress};
-use lbnodeagent::announce::{AnnounceConfig, Outcome, Target};
+use lbnodeagent::announce::{AnnounceConfig, Claims, Outcome, Target};
 
 fn setup() -> (Lan, tempfile::TempDir) {
     require_root();
@@ -288,4 +288,44 @@ fn a_round_that_fails_while_the_link_is_down_does_not_end_the_announcement() {
             .unwrap_err()
     });
     assert!(err.to_string().contains("10.77.0.100"), "{err}");
+}
+
+/// An answer that has reached the host is read at once, with no task
+/// reading the wire in between: the agent's loop reads what is queued
+/// before it steps a deadline (a pre-check's end), so an owner's answer
+/// that came in time counts even when the reading task had no turn yet.
+/// IPv4 (ARP) and IPv6 (NDP).
+#[test]
+fn an_answer_the_host_received_is_read_without_waiting() {
+    let (lan, dir) = setup();
+    let (a, b) = (lan.host("a"), lan.host("b"));
+    let owner = Agent::on_host(a, &dir.path().join("a"));
+    let asker = Agent::on_host(b, &dir.path().join("b"));
+    let a_mac = a.mac().to_ascii_lowercase();
+    for ip in ["10.77.0.100", "fd00:77::100"] {
+        let ip: IpAddr = ip.parse().unwrap();
+        acquire(&owner, ip);
+        let heard = asker.with_both(move |backend, announcer| async move {
+            let claims = Claims::open().expect("claim sockets");
+            let eth0 = backend
+                .announce_interface(Family::of(ip), None)
+                .await
+                .unwrap();
+            let target = Target::on(&eth0, ip).expect("eth0 has a MAC");
+            announcer.probe(&target).await.unwrap();
+            // No await from here on: only this reads the sockets.
+            std::thread::sleep(Duration::from_millis(200));
+            let mut heard = Vec::new();
+            while let Some(c) = claims.try_next().unwrap() {
+                heard.push(c);
+            }
+            heard
+        });
+        assert!(
+            heard
+                .iter()
+                .any(|c| c.ip == ip && c.mac.to_string() == a_mac),
+            "{ip}: the owner's answer, read without waiting: {heard:?}"
+        );
+    }
 }

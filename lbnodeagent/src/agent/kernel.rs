@@ -75,6 +75,58 @@ impl<B: AddressBackend + 'static> Agent<B> {
 pub(super) struct Kernel {
     pub(super) batches: mpsc::UnboundedSender<KernelJob>,
     pub(super) results: mpsc::UnboundedReceiver<Input>,
+    /// Runs the worker; it ends with the agent.
+    _thread: KernelThread,
+}
+
+/// The thread that talks to the kernel: the netlink connections and the
+/// worker that carries out the core's batches run on it, not on the loop's
+/// thread. On one thread, every await of a batch (a dump, each add or
+/// delete, the wait for IPv6 listening) waited behind whatever step the
+/// loop was in: in a drain on a loaded host, gossip steps of 20-30 ms each
+/// stretched the removal of four handed-over IPv6 addresses to 165 ms,
+/// while the new owner answered too. The loop's own netlink reads (links,
+/// adoption) are served by the same connections, so they never wait on a
+/// socket nobody polls either.
+pub(super) struct KernelThread {
+    handle: tokio::runtime::Handle,
+    /// Dropped with the agent, which ends the thread and its tasks.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl KernelThread {
+    pub(super) fn start() -> std::io::Result<KernelThread> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(2)
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("kernel".into())
+            .spawn(move || {
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+            })?;
+        Ok(KernelThread {
+            handle,
+            _stop: stop,
+        })
+    }
+
+    /// Runs `f` on the thread: whatever it spawns (a netlink connection)
+    /// stays there.
+    pub(super) async fn run<F>(&self, f: F) -> F::Output
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match self.handle.spawn(f).await {
+            Ok(out) => out,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
 }
 
 /// One batch for the kernel worker: addresses to add, then to remove,
@@ -101,10 +153,13 @@ impl Kernel {
 /// The kernel worker: batches in the order the core asked for them, each
 /// carried out by the backend's batch calls (IPv4 adds, IPv6 adds,
 /// removals), the results of each call back to the loop as it ends.
-pub(super) fn kernel_worker<B: AddressBackend + 'static>(backend: Arc<B>) -> Kernel {
+pub(super) fn kernel_worker<B: AddressBackend + 'static>(
+    backend: Arc<B>,
+    thread: KernelThread,
+) -> Kernel {
     let (batches, mut rx) = mpsc::unbounded_channel::<KernelJob>();
     let (done, results) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    thread.handle.spawn(async move {
         while let Some(KernelJob {
             mut add,
             mut remove,
@@ -165,7 +220,11 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(backend: Arc<B>) -> Ker
             }
         }
     });
-    Kernel { batches, results }
+    Kernel {
+        batches,
+        results,
+        _thread: thread,
+    }
 }
 
 /// The links snapshot; errors leave the affected part empty (logged), so a

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use hostlb_api::runtime::notify::{NotifyState, notify, watchdog_enabled};
 use hostlb_api::runtime::signals::{Signal, Signals};
 use tokio::sync::{mpsc, oneshot, watch};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use self::core::{
     Actions, ConflictKind, Core, HANDOVER_MAX, Input, LEAVE_MAX, Metric, OpKind, OpResult,
@@ -97,6 +97,8 @@ pub enum AgentError {
     },
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("cannot start the kernel thread: {0}")]
+    KernelThread(std::io::Error),
     #[error("no free port to gossip from: {0}")]
     NoPort(std::io::Error),
     #[error(
@@ -213,7 +215,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     self.on_tick();
                     Input::Links(self.read_links().await)
                 }
-                () = &mut wake => Input::Tick,
+                () = &mut wake => match self.wire.received() {
+                    // Claims that arrived before the deadline first; the
+                    // wake, still due, fires again after them.
+                    Some(claims) => Input::Claims(claims),
+                    None => Input::Tick,
+                },
                 listed = self.records.listed() => match listed {
                     Some(records) => Input::Records(records),
                     None => continue,
@@ -299,6 +306,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
     /// what it says) or isolation or the last conflict changed.
     async fn carry_out(&mut self, a: Actions, shows: bool) {
         if !a.add.is_empty() || !a.remove.is_empty() || a.read_kernel {
+            debug!(
+                add = a.add.len(),
+                remove = a.remove.len(),
+                read = a.read_kernel,
+                "kernel batch"
+            );
             // The worker lives as long as the agent.
             let _ = self.kernel.batches.send(KernelJob {
                 add: a.add,
@@ -306,21 +319,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 read: a.read_kernel,
             });
         }
+        // Sent before the loop goes on (a raw socket's send does not wait):
+        // a pre-check's deadline is counted from the step that asked, and
+        // a new owner's announcement is what lets the old one go.
         if let Some(announcer) = &self.wire.announcer {
-            if !a.garp.is_empty() {
-                let announcer = announcer.clone();
-                tokio::spawn(send_each(a.garp, move |t| {
-                    let announcer = announcer.clone();
-                    async move { announcer.round(&t).await }
-                }));
-            }
-            if !a.probe.is_empty() {
-                let announcer = announcer.clone();
-                tokio::spawn(send_each(a.probe, move |t| {
-                    let announcer = announcer.clone();
-                    async move { announcer.probe(&t).await }
-                }));
-            }
+            send_each(a.garp, |t| async move { announcer.round(&t).await }).await;
+            send_each(a.probe, |t| async move { announcer.probe(&t).await }).await;
         }
         if let Some(plan) = a.firewall {
             self.firewall.send_replace(Some(plan));

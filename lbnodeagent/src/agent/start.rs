@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 use super::config::AgentConfig;
 use super::core::links::Links;
 use super::core::{Core, Settings};
-use super::kernel::{kernel_worker, note_announce_interface, read_links};
+use super::kernel::{KernelThread, kernel_worker, note_announce_interface, read_links};
 use super::telemetry::Telemetry;
 use super::watches::KubeInputs;
 use super::wire::open_wire;
@@ -27,11 +27,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
     /// Reads the host, joins gossip (as `starting`) and starts the watches;
     /// nothing is added or removed before [`run`](Self::run) has a complete
     /// cluster view and membership has settled.
-    pub async fn start(
+    pub(super) async fn start(
         mut cfg: AgentConfig,
         config_path: PathBuf,
         backend: Arc<B>,
         announcer: Option<Arc<Announcer>>,
+        kernel_thread: KernelThread,
     ) -> Result<Agent<B>, AgentError> {
         info!(node = %cfg.node_name, version = crate::VERSION, "starting");
         let telemetry = Telemetry::new();
@@ -96,7 +97,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 addr: cfg.http_listen,
                 source,
             })?;
-        let kernel = kernel_worker(backend.clone());
+        let kernel = kernel_worker(backend.clone(), kernel_thread);
         let config_hash = record::config_hash(&cfg);
         let firewall = super::firewall::start(telemetry.clone());
         Ok(Agent {
@@ -344,11 +345,13 @@ pub fn keygen() -> std::io::Result<String> {
 /// Starts the agent on a real host and runs it until SIGTERM/SIGINT.
 pub async fn run(config_path: &Path) -> Result<(), AgentError> {
     let cfg = AgentConfig::load(config_path)?;
-    let backend = NetlinkBackend::new(NetlinkConfig {
-        run_dir: cfg.run_dir.clone(),
-        ..NetlinkConfig::default()
-    })
-    .await?;
+    let kernel_thread = KernelThread::start().map_err(AgentError::KernelThread)?;
+    let backend = kernel_thread
+        .run(NetlinkBackend::new(NetlinkConfig {
+            run_dir: cfg.run_dir.clone(),
+            ..NetlinkConfig::default()
+        }))
+        .await?;
     let announcer = match Announcer::new() {
         Ok(a) => Some(Arc::new(a)),
         Err(e) => {
@@ -356,10 +359,16 @@ pub async fn run(config_path: &Path) -> Result<(), AgentError> {
             None
         }
     };
-    Agent::start(cfg, config_path.to_path_buf(), Arc::new(backend), announcer)
-        .await?
-        .run()
-        .await
+    Agent::start(
+        cfg,
+        config_path.to_path_buf(),
+        Arc::new(backend),
+        announcer,
+        kernel_thread,
+    )
+    .await?
+    .run()
+    .await
 }
 
 /// The address peers reach this node on when `gossip.advertise` is not

@@ -1,5 +1,5 @@
 //! The LAN side of the shell: the announcer and the claim reader, and
-//! sending announcements and probes without holding up the loop.
+//! sending announcements and probes.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -17,6 +17,8 @@ use crate::announce::{Announcer, Target};
 pub(super) struct Wire {
     pub(super) announcer: Option<Arc<Announcer>>,
     pub(super) claims: Option<mpsc::Receiver<Claim>>,
+    /// The reader the task reads from, for [`Wire::received`].
+    reader: Option<Arc<crate::announce::Claims>>,
     /// The addresses whose claims reach the loop (a busy LAN carries ARP
     /// for every host on it), shared with the task that reads the wire.
     pub(super) watched: Arc<RwLock<BTreeSet<IpAddr>>>,
@@ -31,8 +33,11 @@ const CLAIMS_QUEUED: usize = 8192;
 /// 4,000 VIPs: a winner taking over a thousand sends them all at once.
 pub(super) fn open_wire(announcer: Option<Arc<Announcer>>) -> Wire {
     let watched: Arc<RwLock<BTreeSet<IpAddr>>> = Arc::default();
+    let mut reader = None;
     let claims = match crate::announce::Claims::open() {
         Ok(claims) => {
+            let claims = Arc::new(claims);
+            reader = Some(claims.clone());
             let (tx, rx) = mpsc::channel(CLAIMS_QUEUED);
             let filter = watched.clone();
             tokio::spawn(async move {
@@ -64,7 +69,37 @@ pub(super) fn open_wire(announcer: Option<Arc<Announcer>>) -> Wire {
     Wire {
         announcer,
         claims,
+        reader,
         watched,
+    }
+}
+
+impl Wire {
+    /// The claims on watched addresses that reached the host and wait for
+    /// the loop, queued or still in the socket (the task that reads it runs
+    /// only when the loop lets it). Read before a deadline is stepped, so
+    /// that what arrived before it counts: a pre-check's answer left
+    /// unread would otherwise be no answer, and a live owner's VIP taken.
+    pub(super) fn received(&mut self) -> Option<Vec<Claim>> {
+        let (queue, reader) = (self.claims.as_mut()?, self.reader.as_ref()?);
+        let mut out = Vec::new();
+        while let Ok(c) = queue.try_recv() {
+            out.push(c);
+        }
+        let watched = self.watched.read().unwrap_or_else(|e| e.into_inner());
+        // Bounded like the queue: a flood still lets the deadline pass.
+        while out.len() < CLAIMS_QUEUED {
+            match reader.try_next() {
+                Ok(Some(c)) if watched.contains(&c.ip) => out.push(c),
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    debug!(error = %e, "reading ARP/ND failed");
+                    break;
+                }
+            }
+        }
+        (!out.is_empty()).then_some(out)
     }
 }
 

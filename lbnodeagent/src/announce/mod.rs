@@ -175,14 +175,28 @@ impl Claims {
     /// The next frame that claims an address.
     pub async fn next(&self) -> io::Result<packet::Claim> {
         loop {
-            let claim = match self.socket.recv().await? {
-                sys::Received::Arp(frame) => packet::arp_claim(&frame),
-                sys::Received::Icmp6(msg) => packet::na_claim(&msg),
-            };
-            if let Some(c) = claim {
+            if let Some(c) = claim_in(self.socket.recv().await?) {
                 return Ok(c);
             }
         }
+    }
+
+    /// The next claim among the frames the host has already received, or
+    /// `None` once none is left; never waits.
+    pub fn try_next(&self) -> io::Result<Option<packet::Claim>> {
+        while let Some(received) = self.socket.try_recv()? {
+            if let Some(c) = claim_in(received) {
+                return Ok(Some(c));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn claim_in(received: sys::Received) -> Option<packet::Claim> {
+    match received {
+        sys::Received::Arp(frame) => packet::arp_claim(&frame),
+        sys::Received::Icmp6(msg) => packet::na_claim(&msg),
     }
 }
 

@@ -101,6 +101,31 @@ impl ClaimSocket {
             }
         }
     }
+
+    /// A frame the host has already received, without waiting for one.
+    pub fn try_recv(&self) -> io::Result<Option<Received>> {
+        let mut buf = [0u8; 1500];
+        if let Some(n) = try_read(&self.arp, &mut buf)? {
+            return Ok(Some(Received::Arp(buf[..n].to_vec())));
+        }
+        if let Some(icmp6) = &self.icmp6
+            && let Some(n) = try_read(icmp6, &mut buf)?
+        {
+            return Ok(Some(Received::Icmp6(buf[..n].to_vec())));
+        }
+        Ok(None)
+    }
+}
+
+/// One read that does not wait: `None` when nothing is queued. (A readiness
+/// left set meanwhile costs the async reader one empty read.)
+fn try_read(fd: &AsyncFd<Socket>, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    use std::io::Read;
+    match fd.get_ref().read(buf) {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 async fn read(fd: &AsyncFd<Socket>, buf: &mut [u8]) -> io::Result<usize> {
