@@ -198,39 +198,30 @@ impl World {
             self.leaving_beats(host, generation, Duration::ZERO);
         }
         if on_wire {
-            // The frames one step sends leave back to back, and the
-            // answers to its questions come straight from the kernels that
-            // hold the addresses: each host hears them as one burst, after
-            // one wire delay, each frame lost on its own. The shell reads
-            // such a burst in one step, so it is one input here.
-            if !a.garp.is_empty() {
-                let mac = self.hosts[host].mac;
+            for t in &a.garp {
                 for j in 0..self.hosts.len() {
                     if j == host || !self.hosts[j].powered || !self.hosts[j].port_up {
                         continue;
                     }
-                    let claims: Vec<Claim> = a
-                        .garp
-                        .iter()
-                        .filter(|_| !self.rng.chance(self.shape.loss))
-                        .map(|t| Claim { ip: t.ip, mac })
-                        .collect();
-                    if claims.is_empty() {
+                    if self.rng.chance(self.shape.loss) {
                         continue;
                     }
                     let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
+                    let claim = Claim {
+                        ip: t.ip,
+                        mac: self.hosts[host].mac,
+                    };
                     let g = self.hosts[j].generation;
                     self.after(
                         d,
                         Ev::Input {
                             host: j,
                             generation: g,
-                            input: Box::new(Input::Claims(claims)),
+                            input: Box::new(Input::Claims(vec![claim])),
                         },
                     );
                 }
             }
-            let mut answers: Vec<(usize, Vec<Claim>)> = Vec::new();
             for t in &a.probe {
                 for j in 0..self.hosts.len() {
                     if j != host && self.answers(j, t.ip) {
@@ -243,27 +234,21 @@ impl World {
                             continue;
                         }
                         e.heard = Some(self.t);
+                        let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
                         let claim = Claim {
                             ip: t.ip,
                             mac: self.hosts[j].mac,
                         };
-                        match answers.iter_mut().find(|(k, _)| *k == j) {
-                            Some((_, claims)) => claims.push(claim),
-                            None => answers.push((j, vec![claim])),
-                        }
+                        self.after(
+                            d,
+                            Ev::Input {
+                                host,
+                                generation,
+                                input: Box::new(Input::Claims(vec![claim])),
+                            },
+                        );
                     }
                 }
-            }
-            for (_, claims) in answers {
-                let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
-                self.after(
-                    d,
-                    Ev::Input {
-                        host,
-                        generation,
-                        input: Box::new(Input::Claims(claims)),
-                    },
-                );
             }
         }
         if let Some(watched) = a.watch {
