@@ -63,35 +63,30 @@ impl Core {
         };
         // A winner with an older view of the cluster may not know the VIP;
         // the nodes that do take it then (see `orphans`): the first of them
-        // is who to hand it to.
+        // is who to hand it to. This node may be the first of those: the
+        // winner then keeps
+        // answering only until a node with the newer view holds it (see
+        // `acquire`), so letting go on its word or its answer would have
+        // each let go to the other, and nobody would answer (seed
+        // 10081302340 of the burst model). It is kept for the views
+        // instead (below) until they agree.
+        let mut first_that_knows = false;
         if self
             .view
             .node(&winner)
             .is_some_and(|n| n.revision < self.revision)
         {
             let older = self.older_peers();
-            if let Some(w) = self
-                .election
-                .winner_without(ip, |n| older.contains(n))
-                .filter(|w| *w != self.settings.node)
-            {
-                winner = w.to_string();
+            match self.election.winner_without(ip, |n| older.contains(n)) {
+                Some(w) if w == self.settings.node => first_that_knows = true,
+                Some(w) => winner = w.to_string(),
+                None => {}
             }
         }
-        // Still a winner with an older view: this node is the first of
-        // those that know the VIP. Such a winner keeps answering only until
-        // a node with the newer view holds it (see `acquire`), so letting go
-        // on its word or its answer would have each let go to the other,
-        // and nobody would answer (seed 10081302340 of the burst model). It
-        // is kept for the views instead (below) until they agree.
-        let to_older = self
-            .view
-            .node(&winner)
-            .is_some_and(|n| n.revision < self.revision);
-        if !to_older && self.may_leave_it_to(&winner, ip) {
+        if !first_that_knows && self.may_leave_it_to(&winner, ip) {
             return Some(format!("{winner} holds it now"));
         }
-        if !to_older
+        if !first_that_knows
             && self.slots.get(&ip).is_some_and(|s| {
                 s.handover()
                     .is_some_and(|h| h.answered_by.as_deref() == Some(winner.as_str()))
