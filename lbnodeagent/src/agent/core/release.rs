@@ -64,11 +64,10 @@ impl Core {
         // A winner with an older view of the cluster may not know the VIP;
         // the nodes that do take it then (see `orphans`): the first of them
         // is who to hand it to. This node may be the first of those: the
-        // winner then keeps
-        // answering only until a node with the newer view holds it (see
-        // `acquire`), so letting go on its word or its answer would have
-        // each let go to the other, and nobody would answer (seed
-        // 10081302340 of the burst model). It is kept for the views
+        // winner then keeps answering only until a node with the newer view
+        // holds it (see `acquire`), so letting go on its word or its answer
+        // would have each let go to the other, and nobody would answer
+        // (seed 10081302340 of the burst model). It is kept for the views
         // instead (below) until they agree.
         let mut first_that_knows = false;
         if self
@@ -83,16 +82,16 @@ impl Core {
                 None => {}
             }
         }
-        if !first_that_knows && self.may_leave_it_to(&winner, ip) {
-            return Some(format!("{winner} holds it now"));
-        }
-        if !first_that_knows
-            && self.slots.get(&ip).is_some_and(|s| {
+        if !first_that_knows {
+            if self.may_leave_it_to(&winner, ip) {
+                return Some(format!("{winner} holds it now"));
+            }
+            if self.slots.get(&ip).is_some_and(|s| {
                 s.handover()
                     .is_some_and(|h| h.answered_by.as_deref() == Some(winner.as_str()))
-            })
-        {
-            return Some(format!("{winner} answers for it on the wire"));
+            }) {
+                return Some(format!("{winner} answers for it on the wire"));
+            }
         }
         // A live peer whose view of the cluster is newer than ours holds it:
         // by the newer view, that is where it belongs. (Not any peer: one
