@@ -89,6 +89,11 @@ use slot::{Held, Op, Slot};
 /// Longest wait, when giving a VIP to a live winner, for its gossip state to
 /// show it holds the address before this node removes it anyway.
 pub const HANDOVER_MAX: Duration = Duration::from_secs(2);
+/// How long a change to the cluster takes to reach every agent's view and
+/// its word of it every peer: a watch (tens of ms) and a few gossip rounds.
+/// An orphan nobody answers for waits this long for its winner to catch up
+/// (see [`Core::orphans`]), not [`HANDOVER_MAX`].
+pub const VIEW_SPREAD: Duration = Duration::from_millis(250);
 /// Longest a SIGTERM waits for the new winners before removing everything.
 pub const LEAVE_MAX: Duration = Duration::from_secs(3);
 /// Gossip rounds a leaving node keeps a VIP nobody else may hold by its
@@ -696,6 +701,7 @@ impl Core {
         if self.orphan_scan {
             self.orphans(now);
         }
+        self.orphans_unanswered(now);
         let due: Vec<IpAddr> = self
             .orphans
             .iter()

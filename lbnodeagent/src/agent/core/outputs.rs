@@ -19,7 +19,8 @@ use super::sessions::Lapse;
 use super::slot::{Op, expiry, merged, same_place};
 use super::{
     Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, ISOLATED_AFTER,
-    LEAVE_GRACE_ROUNDS, LEAVE_MAX, Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, WATCH_EVERY,
+    LEAVE_GRACE_ROUNDS, LEAVE_MAX, Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, VIEW_SPREAD,
+    WATCH_EVERY,
 };
 
 impl Core {
@@ -284,8 +285,11 @@ impl Core {
         {
             at(r);
         }
-        for since in self.orphans.values() {
+        for (ip, since) in &self.orphans {
             at(*since + HANDOVER_MAX);
+            if self.unanswered(*ip) {
+                at(*since + VIEW_SPREAD);
+            }
         }
         if let Some(d) = self.sessions.deadline() {
             at(d);

@@ -14,7 +14,9 @@ use crate::model::Status;
 
 use super::links::{Mode, Want};
 use super::slot::{Handover, Held, Op, Slot};
-use super::{Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase};
+use super::{
+    Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase, VIEW_SPREAD,
+};
 
 impl Core {
     /// Why a held VIP this node no longer wins may go now, or `None` while
@@ -454,6 +456,13 @@ impl Core {
     /// computes the same), until the views agree again and the winner
     /// takes over, make before break.
     ///
+    /// While nobody answers for the VIP (its owner died, or let it go to
+    /// the winner that then fell behind), the wait is [`VIEW_SPREAD`]: a
+    /// winner that is behind longer than a change takes to spread is stuck
+    /// (the API server went away before it heard the change), and every
+    /// moment more is a client's outage. Should it catch up, it takes the
+    /// VIP back, make before break.
+    ///
     /// The wait is for the winner to catch up, so it counts from when this
     /// node came to have its view, not from when it found the orphan: one
     /// found late (gossip just came back, or the winner only now became the
@@ -558,15 +567,49 @@ impl Core {
 
     /// The duty for an orphaned VIP whose grace has passed.
     /// An orphan is this node's once its winner had a hand-over's time to
-    /// catch up with the cluster, or at once while its holder is a silent
-    /// owner whose addresses this node knows will lapse: the yield to it
-    /// keeps this node off until they do, and waiting longer would only
-    /// leave the VIP unanswered after the lapse.
+    /// catch up with the cluster (or the view's spread, while nobody
+    /// answers for it: [`Core::orphans_unanswered`]), or at once while its
+    /// holder is a silent owner whose addresses this node knows will lapse:
+    /// the yield to it keeps this node off until they do, and waiting
+    /// longer would only leave the VIP unanswered after the lapse.
     pub(super) fn orphan_due(&self, ip: IpAddr, since: Instant, now: Instant) -> bool {
         now.saturating_duration_since(since) >= HANDOVER_MAX
             || self.conflicts.yielded_to(ip).is_some_and(|owner| {
                 self.view.node(owner).is_none() && self.sessions.lapse(owner).is_some()
             })
+    }
+
+    /// Marks the orphans nobody has answered for since the view had
+    /// [`VIEW_SPREAD`] to reach their winners as waited for: once this node
+    /// takes one, it answers for it, and the orphan must stay due (and its
+    /// winner be said `behind`) rather than be given back to nobody.
+    pub(super) fn orphans_unanswered(&mut self, now: Instant) {
+        let Some(waited) = now.checked_sub(HANDOVER_MAX) else {
+            return;
+        };
+        let stuck: Vec<IpAddr> = self
+            .orphans
+            .iter()
+            .filter(|(ip, since)| {
+                **since > waited
+                    && now.saturating_duration_since(**since) >= VIEW_SPREAD
+                    && self.unanswered(**ip)
+            })
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in stuck {
+            self.orphans.insert(ip, waited);
+        }
+    }
+
+    /// Whether nobody answers for `ip` that this node knows of: it does
+    /// not hold it, has not yielded it to an owner, and no live peer shows
+    /// it held. (A dead owner's kernel that still answers is found by the
+    /// pre-check before the address is taken.)
+    pub(super) fn unanswered(&self, ip: IpAddr) -> bool {
+        self.slots.get(&ip).is_none_or(|s| s.held.is_none())
+            && self.conflicts.yielded_to(ip).is_none()
+            && !self.alive_peers().any(|p| self.holds(&p.node, ip))
     }
 
     pub(super) fn orphan_duty(&self, ip: IpAddr) -> Option<crate::election::Duty> {
