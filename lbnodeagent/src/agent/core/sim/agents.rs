@@ -198,30 +198,28 @@ impl World {
             self.leaving_beats(host, generation, Duration::ZERO);
         }
         if on_wire {
-            for t in &a.garp {
+            // The frames one step sends leave back to back, and the
+            // answers to its questions come straight from the kernels that
+            // hold the addresses, each frame lost on its own. How the
+            // receiving shell reads them depends on its scheduling
+            // (`deliver_claims`).
+            if !a.garp.is_empty() {
+                let mac = self.hosts[host].mac;
                 for j in 0..self.hosts.len() {
                     if j == host || !self.hosts[j].powered || !self.hosts[j].port_up {
                         continue;
                     }
-                    if self.rng.chance(self.shape.loss) {
-                        continue;
-                    }
-                    let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
-                    let claim = Claim {
-                        ip: t.ip,
-                        mac: self.hosts[host].mac,
-                    };
+                    let claims: Vec<Claim> = a
+                        .garp
+                        .iter()
+                        .filter(|_| !self.rng.chance(self.shape.loss))
+                        .map(|t| Claim { ip: t.ip, mac })
+                        .collect();
                     let g = self.hosts[j].generation;
-                    self.after(
-                        d,
-                        Ev::Input {
-                            host: j,
-                            generation: g,
-                            input: Box::new(Input::Claims(vec![claim])),
-                        },
-                    );
+                    self.deliver_claims(j, g, claims);
                 }
             }
+            let mut answers: Vec<(usize, Vec<Claim>)> = Vec::new();
             for t in &a.probe {
                 for j in 0..self.hosts.len() {
                     if j != host && self.answers(j, t.ip) {
@@ -234,21 +232,19 @@ impl World {
                             continue;
                         }
                         e.heard = Some(self.t);
-                        let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
                         let claim = Claim {
                             ip: t.ip,
                             mac: self.hosts[j].mac,
                         };
-                        self.after(
-                            d,
-                            Ev::Input {
-                                host,
-                                generation,
-                                input: Box::new(Input::Claims(vec![claim])),
-                            },
-                        );
+                        match answers.iter_mut().find(|(k, _)| *k == j) {
+                            Some((_, claims)) => claims.push(claim),
+                            None => answers.push((j, vec![claim])),
+                        }
                     }
                 }
+            }
+            for (_, claims) in answers {
+                self.deliver_claims(host, generation, claims);
             }
         }
         if let Some(watched) = a.watch {
@@ -281,6 +277,35 @@ impl World {
         if a.exit {
             self.note(format!("{}: agent exits", self.hosts[host].name));
             self.stop_agent(host, true);
+        }
+    }
+
+    /// Frames one step sent to `to`, each already past loss. Half the
+    /// time they are one burst that the shell reads in one step, after one
+    /// wire delay (they queued while it was busy); otherwise one input
+    /// each, with delays of their own, as a shell that keeps up reads
+    /// them. A real host does both, and each has found faults the other
+    /// missed.
+    fn deliver_claims(&mut self, to: usize, generation: u64, claims: Vec<Claim>) {
+        if claims.is_empty() {
+            return;
+        }
+        let burst = claims.len() > 1 && self.rng.chance(0.5);
+        let inputs: Vec<Vec<Claim>> = if burst {
+            vec![claims]
+        } else {
+            claims.into_iter().map(|c| vec![c]).collect()
+        };
+        for claims in inputs {
+            let d = self.rng.ms(WIRE_MS.0, WIRE_MS.1);
+            self.after(
+                d,
+                Ev::Input {
+                    host: to,
+                    generation,
+                    input: Box::new(Input::Claims(claims)),
+                },
+            );
         }
     }
 

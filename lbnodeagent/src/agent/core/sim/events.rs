@@ -88,12 +88,18 @@ impl World {
                 {
                     // A claim of an address the agent does not listen
                     // for never reaches it (the shell's filter).
-                    if let Input::Claims(cs) = &*input
-                        && cs.iter().all(|c| !self.hosts[host].watched.contains(&c.ip))
-                    {
-                        return;
-                    }
-                    self.step(host, *input);
+                    let input = match *input {
+                        Input::Claims(mut cs) => {
+                            let watched = &self.hosts[host].watched;
+                            cs.retain(|c| watched.contains(&c.ip));
+                            if cs.is_empty() {
+                                return;
+                            }
+                            Input::Claims(cs)
+                        }
+                        other => other,
+                    };
+                    self.step(host, input);
                 }
             }
             Ev::LinksRead { host, generation } => {
