@@ -216,6 +216,13 @@ pub struct Core {
     /// The older peers the orphans' duties were last read with: who takes
     /// an orphan is the first of the nodes not among them.
     orphans_read_without: BTreeSet<String>,
+    /// Orphans due before [`HANDOVER_MAX`] because nobody answered for
+    /// them once the view had [`VIEW_SPREAD`] to spread (see
+    /// [`Core::orphans_unanswered`]).
+    orphans_spread: BTreeSet<IpAddr>,
+    /// Orphans a hostlb node answered for on the wire when asked: they
+    /// wait [`HANDOVER_MAX`] as any somebody answers for.
+    orphans_heard: BTreeSet<IpAddr>,
     orphan_scan: bool,
     /// The winners of those orphans that have been behind for a hand-over's
     /// time, as this node publishes them (see [`Core::orphans`]).
@@ -305,6 +312,8 @@ impl Core {
             unsettled: BTreeSet::new(),
             orphans: BTreeMap::new(),
             orphans_read_without: BTreeSet::new(),
+            orphans_spread: BTreeSet::new(),
+            orphans_heard: BTreeSet::new(),
             starting_yields: BTreeMap::new(),
             orphan_scan: false,
             behind: Default::default(),

@@ -287,7 +287,7 @@ impl Core {
         }
         for (ip, since) in &self.orphans {
             at(*since + HANDOVER_MAX);
-            if self.unanswered(*ip) {
+            if !self.orphans_spread.contains(ip) && self.unanswered(*ip) {
                 at(*since + VIEW_SPREAD);
             }
         }

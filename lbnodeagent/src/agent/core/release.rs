@@ -524,6 +524,8 @@ impl Core {
             .copied()
             .collect();
         self.orphans_read_without = older;
+        self.orphans_spread.retain(|ip| found.contains_key(ip));
+        self.orphans_heard.retain(|ip| found.contains_key(ip));
         if orphans_changed {
             debug!(
                 orphans = found.len(),
@@ -574,40 +576,52 @@ impl Core {
     /// longer would only leave the VIP unanswered after the lapse.
     pub(super) fn orphan_due(&self, ip: IpAddr, since: Instant, now: Instant) -> bool {
         now.saturating_duration_since(since) >= HANDOVER_MAX
+            || self.orphans_spread.contains(&ip)
             || self.conflicts.yielded_to(ip).is_some_and(|owner| {
                 self.view.node(owner).is_none() && self.sessions.lapse(owner).is_some()
             })
     }
 
-    /// Marks the orphans nobody has answered for since the view had
-    /// [`VIEW_SPREAD`] to reach their winners as waited for: once this node
-    /// takes one, it answers for it, and the orphan must stay due (and its
-    /// winner be said `behind`) rather than be given back to nobody.
+    /// Makes due the orphans nobody has answered for since the view had
+    /// [`VIEW_SPREAD`] to reach their winners. They stay due once this node
+    /// takes one (it answers for it then), until the orphan is gone, or
+    /// until the pre-check hears a hostlb node answer after all: its word
+    /// in gossip had not come yet (a stalled agent's kernel still
+    /// answers), and the orphan waits the hand-over's time after all
+    /// ([`Core::orphan_answered`]).
     pub(super) fn orphans_unanswered(&mut self, now: Instant) {
-        let Some(waited) = now.checked_sub(HANDOVER_MAX) else {
-            return;
-        };
         let stuck: Vec<IpAddr> = self
             .orphans
             .iter()
             .filter(|(ip, since)| {
-                **since > waited
+                !self.orphans_spread.contains(*ip)
                     && now.saturating_duration_since(**since) >= VIEW_SPREAD
                     && self.unanswered(**ip)
             })
             .map(|(ip, _)| *ip)
             .collect();
-        for ip in stuck {
-            self.orphans.insert(ip, waited);
+        self.orphans_spread.extend(stuck);
+    }
+
+    /// An orphan due early because nobody seemed to answer for it is
+    /// answered on the wire by another hostlb node: it waits the whole
+    /// hand-over's time, as one somebody answers for.
+    pub(super) fn orphan_answered(&mut self, ip: IpAddr) -> bool {
+        let early = self.orphans_spread.remove(&ip);
+        if early {
+            self.orphans_heard.insert(ip);
         }
+        early
     }
 
     /// Whether nobody answers for `ip` that this node knows of: it does
-    /// not hold it, has not yielded it to an owner, and no live peer shows
-    /// it held. (A dead owner's kernel that still answers is found by the
-    /// pre-check before the address is taken.)
+    /// not hold it, has not yielded it to an owner, no live peer shows it
+    /// held, and no hostlb node answered this node's questions about it.
+    /// (A dead owner's kernel that still answers is found by the pre-check
+    /// before the address is taken.)
     pub(super) fn unanswered(&self, ip: IpAddr) -> bool {
-        self.slots.get(&ip).is_none_or(|s| s.held.is_none())
+        !self.orphans_heard.contains(&ip)
+            && self.slots.get(&ip).is_none_or(|s| s.held.is_none())
             && self.conflicts.yielded_to(ip).is_none()
             && !self.alive_peers().any(|p| self.holds(&p.node, ip))
     }

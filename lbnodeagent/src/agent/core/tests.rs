@@ -702,6 +702,49 @@ fn a_new_vip_whose_winner_lags_is_taken_once_the_view_has_spread() {
     assert_eq!(targets(&act.probe), [v].into());
 }
 
+/// ...but not when its winner answers on the wire though its gossip does
+/// not show it yet (seed 10090000970: the winner took the new VIP and its
+/// agent stalled before its word spread; the next node asked the LAN, heard
+/// the winner's kernel, took it anyway since gossip showed the winner live,
+/// and the stalled owner lost a VIP). Such an orphan waits the hand-over's
+/// time, as one somebody answers for.
+#[test]
+fn an_orphan_its_winner_answers_for_on_the_wire_waits_for_it() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.running(
+        cluster(&[]),
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+    });
+    a.step(Input::Members(b_and_c(&[], 8, 9)));
+    a.advance(VIEW_SPREAD);
+    let act = a.step(Input::Tick);
+    assert_eq!(targets(&act.probe), [v].into(), "nobody seems to answer");
+    let act = a.step(answer("b", v));
+    assert!(act.add.is_empty() && act.probe.is_empty(), "b answers");
+    a.advance(HANDOVER_MAX - VIEW_SPREAD - Duration::from_millis(1));
+    let act = a.step(Input::Tick);
+    assert!(
+        act.add.is_empty() && act.probe.is_empty(),
+        "b may catch up with the cluster yet"
+    );
+    a.advance(Duration::from_millis(1));
+    let act = a.step(Input::Tick);
+    assert_eq!(
+        targets(&act.probe),
+        [v].into(),
+        "a hand-over's time since the view: taken from b, which is behind"
+    );
+}
+
 /// A node that came to its view late (it restarted) cannot tell from its
 /// own clock how long an orphan's winner has been behind; a peer of the
 /// same view that has waited a hand-over's time for it says so, and the

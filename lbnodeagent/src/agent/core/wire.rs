@@ -80,6 +80,24 @@ impl Core {
                 .cloned()
         };
         let probing = slot.probing.is_some();
+        if probing
+            && self
+                .conflicts
+                .owner_of(claim.mac)
+                .is_some_and(|n| n != self.settings.node)
+            && self.orphan_answered(claim.ip)
+        {
+            // Due early only because nobody seemed to answer for it: a
+            // hostlb node does, and its word in gossip is late (its agent
+            // stalled after it took the VIP). Waited for as any orphan
+            // somebody answers for.
+            warn!(ip = %claim.ip, mac = %claim.mac,
+                "an orphan nobody seemed to answer for is answered on the wire; waiting for its winner after all");
+            self.slot_mut(claim.ip).probing = None;
+            self.mark([claim.ip]);
+            self.unsettled.insert(claim.ip);
+            return;
+        }
         let mut verdict = self.judge(claim, held.as_ref(), now);
         if handing_over && !matches!(verdict, Verdict::Yield { .. }) {
             verdict = Verdict::Ignore;
