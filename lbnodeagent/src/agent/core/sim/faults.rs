@@ -101,6 +101,9 @@ impl World {
             Fault::Thaw(h) => {
                 if self.hosts[h].agent == Agent::Frozen {
                     self.hosts[h].agent = Agent::Running;
+                    if self.hosts[h].stopped_at.is_some() {
+                        self.hosts[h].thawed_at = Some(self.t);
+                    }
                     self.hosts[h].stopped_at = None;
                     self.hosts[h].stalled_since = None;
                     self.hosts[h].view_dirty = true;

@@ -48,6 +48,7 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
             .map(|h| check::HostState {
                 agent_running: h.agent == Agent::Running,
                 stopped_at: h.stopped_at.filter(|_| h.agent != Agent::Running),
+                thawed_at: h.thawed_at,
                 cleanup_since: h.cleanup_since,
                 stalled_since: h.stalled_since,
                 ready: ready(h),

@@ -186,6 +186,8 @@ struct Host {
     killed: bool,
     /// Since when the agent has not been running.
     stopped_at: Option<Duration>,
+    /// When its frozen agent last ran again.
+    thawed_at: Option<Duration>,
     /// Since when the agent is stalled (frozen for a moment).
     stalled_since: Option<Duration>,
     /// When its running agent got SIGTERM: its leave's clock starts then.
@@ -455,6 +457,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             deferred: Vec::new(),
             killed: false,
             stopped_at: Some(Duration::ZERO),
+            thawed_at: None,
             stalled_since: None,
             termed_at: None,
             started_at: Duration::ZERO,

@@ -34,6 +34,16 @@ impl Checker {
             );
         }
         let (bound, kind, from) = self.bound(owners, ctx);
+        // A pair that began while one agent was frozen is under the live
+        // rules from its thaw: a frozen agent can neither let go nor say
+        // it holds the VIP, and its peers' word of the views or the
+        // hand-over reaches it only then.
+        let thawed = owners
+            .iter()
+            .filter_map(|&h| ctx.hosts[h].thawed_at)
+            .filter(|&t| t > since)
+            .max();
+        let from = from.or(thawed);
         (since.max(from.unwrap_or(since)).saturating_add(bound), kind)
     }
 

@@ -119,6 +119,8 @@ pub struct HostState<'a> {
     /// Since when the agent has not been running (frozen, killed, host
     /// off); its addresses lapse a lifetime after.
     pub stopped_at: Option<Duration>,
+    /// When its frozen agent last ran again.
+    pub thawed_at: Option<Duration>,
     /// `cleanup` runs since then: it removes each address once another
     /// host answers for it.
     pub cleanup_since: Option<Duration>,
