@@ -674,21 +674,7 @@ fn an_orphan_nobody_answers_for_waits_only_for_the_view_to_spread() {
 /// the view has had time to spread, when its winner has not caught up.
 #[test]
 fn a_new_vip_whose_winner_lags_is_taken_once_the_view_has_spread() {
-    let v = ip("10.0.1.1");
-    let mut a = Node::new("a");
-    a.running(
-        cluster(&[]),
-        vec![
-            peer("b", Status::Alive, &[], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-    );
-    a.step(Input::Cluster {
-        cluster: cluster(&[v]),
-        errors: Vec::new(),
-        revision: 9,
-    });
-    let act = a.step(Input::Members(b_and_c(&[], 8, 9)));
+    let (mut a, v, act) = a_new_vip_whose_winner_b_lags();
     assert!(act.add.is_empty() && act.probe.is_empty(), "not at once");
     assert!(
         act.wake.is_some_and(|w| w <= a.now + VIEW_SPREAD),
@@ -710,21 +696,7 @@ fn a_new_vip_whose_winner_lags_is_taken_once_the_view_has_spread() {
 /// time, as one somebody answers for.
 #[test]
 fn an_orphan_its_winner_answers_for_on_the_wire_waits_for_it() {
-    let v = ip("10.0.1.1");
-    let mut a = Node::new("a");
-    a.running(
-        cluster(&[]),
-        vec![
-            peer("b", Status::Alive, &[], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-    );
-    a.step(Input::Cluster {
-        cluster: cluster(&[v]),
-        errors: Vec::new(),
-        revision: 9,
-    });
-    a.step(Input::Members(b_and_c(&[], 8, 9)));
+    let (mut a, v, _) = a_new_vip_whose_winner_b_lags();
     a.advance(VIEW_SPREAD);
     let act = a.step(Input::Tick);
     assert_eq!(targets(&act.probe), [v].into(), "nobody seems to answer");
@@ -743,6 +715,28 @@ fn an_orphan_its_winner_answers_for_on_the_wire_waits_for_it() {
         [v].into(),
         "a hand-over's time since the view: taken from b, which is behind"
     );
+}
+
+/// `a`, running, hears of a new Service (revision 9) whose VIP `b` wins,
+/// while `b`'s view is older (8) and `c`'s is `a`'s: what that view's
+/// step did.
+fn a_new_vip_whose_winner_b_lags() -> (Node, IpAddr, Actions) {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.running(
+        cluster(&[]),
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+    });
+    let act = a.step(Input::Members(b_and_c(&[], 8, 9)));
+    (a, v, act)
 }
 
 /// A node that came to its view late (it restarted) cannot tell from its
