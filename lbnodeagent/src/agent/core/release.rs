@@ -136,6 +136,15 @@ impl Core {
                 }
             }
         }
+        // The first node that knows a change, handing over to a winner
+        // whose view is older, while a peer of an older view holds the VIP
+        // too: that peer lets go only of a VIP a newer view shows held (see
+        // `contest`), and this node does not let go to it, so until this
+        // node shows the VIP kept, both answer for a whole hand-over's time.
+        let older_holder = first_that_knows
+            && self
+                .alive_peers()
+                .any(|n| n.revision < self.revision && self.holds(&n.node, ip));
         let settle = self.settle_time();
         // Only a VIP held here is released or contested.
         let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
@@ -160,9 +169,11 @@ impl Core {
             Handover::new(since, winner.clone())
         });
         let since = handover.since;
-        // A peer this node outranks keeps it for the same reason: show it
-        // kept now, so that one lets go rather than both answering on.
-        let keep_now = winner_behind && same_view_holder_below && !handover.kept_for_views;
+        // A peer this node outranks keeps it for the same reason, or one
+        // with an older view holds it: show it kept now, so that one lets
+        // go rather than both answering on.
+        let keep_now =
+            winner_behind && (same_view_holder_below || older_holder) && !handover.kept_for_views;
         if keep_now || now.saturating_duration_since(since) >= HANDOVER_MAX {
             if views_differ {
                 // The two views of the cluster differ (watches lag, or the

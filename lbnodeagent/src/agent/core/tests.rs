@@ -3035,6 +3035,41 @@ fn a_vip_is_not_given_to_a_winner_whose_view_is_older() {
     assert_eq!(ips(&act.remove), [v].into(), "b holds it now");
 }
 
+/// The same pair, seen as it begins: the first node that knows hands
+/// the VIP over to the older-viewed winner without showing it, so that a
+/// winner catching up can take it as a planned move; but once that winner
+/// shows it held by its older view, this node shows it kept at once. The
+/// winner lets go of a VIP a newer view shows held (see `contest`), so
+/// the pair ends within a gossip round, not a hand-over's time (seed
+/// 10090131566: a thawed agent, the first with the newer view, and a
+/// winner cut off from the API server, answered together for 2 s).
+#[test]
+fn the_first_node_that_knows_shows_a_vip_kept_once_an_older_viewed_winner_holds_it() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    assert_eq!(held, [v].into(), "a wins it before c");
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+    });
+    let act = a.step(Input::Members(b_and_c(&[], 8, 9)));
+    assert!(act.remove.is_empty());
+    assert!(
+        act.publish.as_ref().is_some_and(|p| !p.vips.contains(&v)),
+        "handed over to b, not shown held while b may catch up and take it"
+    );
+    a.done(&act);
+    a.advance(INTERVAL);
+    let act = a.step(Input::Members(b_and_c(&[v], 8, 9)));
+    assert!(act.remove.is_empty(), "b's view is older");
+    assert!(
+        act.publish.is_some_and(|p| p.vips.contains(&v)),
+        "shown kept at once, for b to let go"
+    );
+}
+
 /// The owner's agent dies and its host answers until its addresses
 /// lapse; meanwhile a newer view of the cluster makes another node the
 /// winner, one whose view is older (the API server went away before it
