@@ -365,8 +365,9 @@ impl Core {
     /// lets go of a VIP this node won; either way, the word it published
     /// before the take may reach this node after it, and if this node let
     /// go on it (its view changed meanwhile: a drain), each would have let
-    /// go to the other and nobody would answer. The winner answering on the
-    /// wire still counts. Once a few gossip rounds passed, its word stands.
+    /// go to the other and nobody would answer. Nor does the winner's
+    /// answer on the wire (see [`Core::on_claim`]). Once a few gossip
+    /// rounds passed, its word stands.
     fn may_leave_it_to(&self, node: &str, ip: IpAddr) -> bool {
         self.holds(node, ip)
             && match self.phase {
@@ -377,7 +378,7 @@ impl Core {
 
     /// When this node took `ip`, if less than a few gossip rounds ago: its
     /// peers may not have heard of it yet.
-    fn fresh_take(&self, ip: IpAddr) -> Option<Instant> {
+    pub(super) fn fresh_take(&self, ip: IpAddr) -> Option<Instant> {
         let settle = self.settle_time();
         self.slots
             .get(&ip)

@@ -40,7 +40,18 @@ impl Core {
             self.judge(claim, None, now);
             return;
         };
+        // The winner answering is as good as its word that it holds the
+        // VIP, but not right after this node took it: the node it was
+        // taken from answers until it lets go, and it lets go on this
+        // node's word that it holds the VIP, which may reach it after this
+        // node let go in turn (taken on an undrain, handed back on a drain
+        // 100 ms later: each let go to the other, seed 10090236915). Once
+        // a few gossip rounds passed, the winner's word and its answers
+        // count (see `may_leave_it_to`). A leaving node's winner has heard
+        // the leave, and takes the VIP from a leaving node rather than
+        // letting go to it: its answer counts at once.
         if slot.handover().is_some()
+            && (self.phase != Phase::Running || self.fresh_take(claim.ip).is_none())
             && let Some(node) = self.conflicts.owner_of(claim.mac)
             && node != self.settings.node
         {
