@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::conflict::{Hold, PRECHECK, PRECHECK_EVERY, PRECHECK_PROBES};
+use super::conflict::{Hold, PRECHECK, PRECHECK_EVERY, PRECHECK_IN_USE, PRECHECK_PROBES};
 use super::links::{Mode, Want};
 use super::slot::{Op, Probing, Retry, Slot, same_place};
 use super::{Actions, Core, Phase, RETRY_MAX, RETRY_MIN};
@@ -264,8 +264,13 @@ impl Core {
             match &mut slot.probing {
                 None => {
                     debug!(%ip, "asking the LAN before taking it");
+                    let window = if slot.in_use.is_some() {
+                        PRECHECK_IN_USE
+                    } else {
+                        PRECHECK
+                    };
                     slot.probing = Some(Probing {
-                        until: now + PRECHECK,
+                        until: now + window,
                         next: now + PRECHECK_EVERY,
                         left: PRECHECK_PROBES - 1,
                     });

@@ -72,6 +72,14 @@ pub const OWNER_PROBE_AT_REST: usize = 16;
 /// an owner that still answers (a crashed agent's address, a frozen one, a
 /// gossip partition). Added to every such takeover.
 pub const PRECHECK: std::time::Duration = Duration::from_millis(30);
+/// How long a node listens instead before taking an address that a host
+/// outside hostlb answered for at its last question (an address set by
+/// hand, a DHCP lease). No owner is being replaced there, so no client
+/// waits on the window; but an answer read late, on a busy host, must not
+/// let this node take another host's address. Answers to the pre-check
+/// were read 1-24 ms after the question on a loaded test bed, close to
+/// [`PRECHECK`].
+pub const PRECHECK_IN_USE: std::time::Duration = Duration::from_millis(500);
 /// Questions a pre-check asks, [`PRECHECK_EVERY`] apart, the last with
 /// time left for its answer. A live owner is taken only if every question
 /// or its answer is lost: at 5% loss each way one exchange in ten fails,

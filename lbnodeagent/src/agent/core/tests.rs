@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use hostlb_api::{AddressRange, LabelSelector, Selector};
 
-use super::conflict::{PRECHECK, PRECHECK_EVERY, PRECHECK_PROBES, RECORD_MACS_MAX};
+use super::conflict::{
+    PRECHECK, PRECHECK_EVERY, PRECHECK_IN_USE, PRECHECK_PROBES, RECORD_MACS_MAX,
+};
 use super::links::Links;
 use super::*;
 use crate::election::order_key;
@@ -2652,6 +2654,76 @@ fn a_first_claim_a_stranger_answers_is_not_taken_until_it_stops() {
         "taken only after a whole window without an answer"
     );
     assert_eq!(a.core.held().count(), 1);
+}
+
+/// An address a host outside hostlb answered for is asked about again
+/// with a longer window: that host's answer, read late on a busy host, is
+/// still heard, and the address is not taken from it. Once nobody
+/// answers, it is taken after that window.
+#[test]
+fn an_address_in_use_is_listened_for_longer_before_it_is_taken() {
+    let v = ip("10.0.1.1");
+    let stranger = MacAddr([2, 0, 0, 0, 9, 9]);
+    let mut a = Node::new("a");
+    a.hears(cluster(&[v]), view("a", Vec::new(), Vec::new()));
+    // Steps until `a` asks about `v`; the moment it asked.
+    let asked = |a: &mut Node| {
+        for _ in 0..2000 {
+            a.advance(Duration::from_millis(10));
+            let act = a.step(Input::Tick);
+            assert!(act.add.is_empty(), "not taken without asking");
+            if targets(&act.probe).contains(&v) {
+                return a.now;
+            }
+        }
+        panic!("never asked");
+    };
+    asked(&mut a);
+    a.advance(Duration::from_millis(1));
+    a.step(claim(Claim {
+        ip: v,
+        mac: stranger,
+    }));
+    // Asked again after the backoff; the answer comes late, well past
+    // the usual window.
+    let start = asked(&mut a);
+    let late = start + PRECHECK * 4;
+    while a.now + Duration::from_millis(10) < late {
+        a.advance(Duration::from_millis(10));
+        let act = a.step(Input::Tick);
+        assert!(act.add.is_empty(), "still listening");
+    }
+    a.advance(late - a.now);
+    let act = a.step(claim(Claim {
+        ip: v,
+        mac: stranger,
+    }));
+    assert!(act.add.is_empty(), "a late answer still counts");
+    assert_eq!(
+        act.metrics
+            .iter()
+            .filter(|m| **m == Metric::Conflict(ConflictKind::InUse))
+            .count(),
+        1,
+        "and is counted as the address in use"
+    );
+    // Asked again; nobody answers now: taken once the longer window ends.
+    let start = asked(&mut a);
+    let mut added = None;
+    while a.now < start + PRECHECK_IN_USE * 2 {
+        a.advance(Duration::from_millis(10));
+        let act = a.step(Input::Tick);
+        if ips(&act.add).contains(&v) {
+            added = Some(a.now);
+            break;
+        }
+    }
+    let added = added.expect("taken once nobody answers");
+    assert!(
+        added >= start + PRECHECK_IN_USE,
+        "after the longer window, not the usual one: {:?}",
+        added - start
+    );
 }
 
 /// Records are evidence, not orders. `a` holds a VIP alone (gossip reaches
