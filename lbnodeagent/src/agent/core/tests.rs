@@ -719,6 +719,72 @@ fn an_orphan_its_winner_answers_for_on_the_wire_waits_for_it() {
     );
 }
 
+/// The orphan's two waits are deadlines of their own: a shell steps the
+/// core only at the wake it asks for (and on input), so an orphan nobody
+/// answers for is asked about exactly when the view has had time to
+/// spread, and once its winner answers, exactly a hand-over's time after
+/// the view; an orphan a live peer holds asks for no wake at the shorter
+/// wait, which does not apply to it.
+#[test]
+fn an_orphans_waits_wake_the_core_when_they_end() {
+    // Steps `a` at each wake it asks for, up to `until`: when it first
+    // asked the LAN about `v`, if it did.
+    fn asked_by(a: &mut Node, v: IpAddr, mut act: Actions, until: Instant) -> Option<Instant> {
+        while let Some(w) = act.wake.filter(|w| *w <= until) {
+            a.now = w;
+            act = a.step(Input::Tick);
+            if targets(&act.probe).contains(&v) {
+                return Some(a.now);
+            }
+        }
+        None
+    }
+    let (mut a, v, act) = a_new_vip_whose_winner_b_lags();
+    let since = a.now;
+    let asked = asked_by(&mut a, v, act, since + HANDOVER_MAX);
+    assert_eq!(asked, Some(since + VIEW_SPREAD), "nobody answers");
+    let act = a.step(answer("b", v));
+    assert!(act.probe.is_empty(), "b answers");
+    let asked = asked_by(&mut a, v, act, since + HANDOVER_MAX * 2);
+    assert_eq!(asked, Some(since + HANDOVER_MAX), "b answered");
+
+    // c holds it: no wake at the shorter wait.
+    let mut a = Node::new("a");
+    a.running(
+        cluster(&[]),
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+    });
+    let mut act = a.step(Input::Members(b_and_c(&[], 8, 9)));
+    act = a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Alive, &[], 8),
+            peer("c", Status::Alive, &[v], 9),
+        ],
+        Vec::new(),
+    )));
+    let since = a.now;
+    let mut wakes = Vec::new();
+    while let Some(w) = act.wake.filter(|w| *w < since + HANDOVER_MAX) {
+        wakes.push(w - since);
+        a.now = w;
+        act = a.step(Input::Tick);
+        assert!(act.probe.is_empty() && act.add.is_empty(), "c answers");
+    }
+    assert!(
+        !wakes.contains(&VIEW_SPREAD),
+        "no wake for a wait that does not apply: {wakes:?}"
+    );
+}
+
 /// `a`, running, hears of a new Service (revision 9) whose VIP `b` wins,
 /// while `b`'s view is older (8) and `c`'s is `a`'s: what that view's
 /// step did.
