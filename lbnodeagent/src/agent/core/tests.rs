@@ -762,8 +762,8 @@ fn an_orphans_waits_wake_the_core_when_they_end() {
         errors: Vec::new(),
         revision: 9,
     });
-    let mut act = a.step(Input::Members(b_and_c(&[], 8, 9)));
-    act = a.step(Input::Members(view(
+    a.step(Input::Members(b_and_c(&[], 8, 9)));
+    let mut act = a.step(Input::Members(view(
         "a",
         vec![
             peer("b", Status::Alive, &[], 8),
