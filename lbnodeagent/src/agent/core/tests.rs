@@ -3148,14 +3148,9 @@ fn an_orphan_taken_is_kept_while_its_winner_has_an_older_view() {
     assert_eq!(ips(&act.remove), [v].into(), "b holds it now");
 }
 
-/// The same pair reached by a VIP this node held before: a change makes
-/// a node whose view is older the winner, and this node is the first of
-/// those that know the change. The winner, by its older view, answers for
-/// the VIP too, on the wire and in gossip, but lets go once a node with
-/// the newer view holds it; so this node keeps it until the views agree
-/// (seed 10081302340 of the burst model: each let go to the other).
-#[test]
-fn a_vip_is_not_given_to_a_winner_whose_view_is_older() {
+/// `a` holds a VIP it won before c, then hears a newer view of the
+/// cluster (revision 9).
+fn a_holds_with_the_newer_view() -> (Node, IpAddr) {
     let v = ip("10.0.1.1");
     let mut a = Node::new("a");
     let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
@@ -3165,6 +3160,18 @@ fn a_vip_is_not_given_to_a_winner_whose_view_is_older() {
         errors: Vec::new(),
         revision: 9,
     });
+    (a, v)
+}
+
+/// The same pair reached by a VIP this node held before: a change makes
+/// a node whose view is older the winner, and this node is the first of
+/// those that know the change. The winner, by its older view, answers for
+/// the VIP too, on the wire and in gossip, but lets go once a node with
+/// the newer view holds it; so this node keeps it until the views agree
+/// (seed 10081302340 of the burst model: each let go to the other).
+#[test]
+fn a_vip_is_not_given_to_a_winner_whose_view_is_older() {
+    let (mut a, v) = a_holds_with_the_newer_view();
     // b joins with an older view; by the newer one it wins the VIP.
     let act = a.step(Input::Members(b_and_c(&[], 8, 9)));
     assert!(act.remove.is_empty());
@@ -3199,15 +3206,7 @@ fn a_vip_is_not_given_to_a_winner_whose_view_is_older() {
 /// winner cut off from the API server, answered together for 2 s).
 #[test]
 fn the_first_node_that_knows_shows_a_vip_kept_once_an_older_viewed_winner_holds_it() {
-    let v = ip("10.0.1.1");
-    let mut a = Node::new("a");
-    let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
-    assert_eq!(held, [v].into(), "a wins it before c");
-    a.step(Input::Cluster {
-        cluster: cluster(&[v]),
-        errors: Vec::new(),
-        revision: 9,
-    });
+    let (mut a, v) = a_holds_with_the_newer_view();
     let act = a.step(Input::Members(b_and_c(&[], 8, 9)));
     assert!(act.remove.is_empty());
     assert!(
