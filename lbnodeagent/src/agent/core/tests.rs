@@ -749,20 +749,7 @@ fn an_orphans_waits_wake_the_core_when_they_end() {
     assert_eq!(asked, Some(since + HANDOVER_MAX), "b answered");
 
     // c holds it: no wake at the shorter wait.
-    let mut a = Node::new("a");
-    a.running(
-        cluster(&[]),
-        vec![
-            peer("b", Status::Alive, &[], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-    );
-    a.step(Input::Cluster {
-        cluster: cluster(&[v]),
-        errors: Vec::new(),
-        revision: 9,
-    });
-    a.step(Input::Members(b_and_c(&[], 8, 9)));
+    let (mut a, v, _) = a_new_vip_whose_winner_b_lags();
     let mut act = a.step(Input::Members(view(
         "a",
         vec![
