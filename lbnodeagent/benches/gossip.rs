@@ -108,6 +108,7 @@ fn realistic_state(n: u32) -> LocalState {
         .collect::<BTreeSet<_>>()
         .into(),
         revision: 0,
+        digest: None,
         drained: false,
         behind: Default::default(),
     }

@@ -179,6 +179,7 @@ fn node_state(i: usize) -> LocalState {
         .collect::<BTreeSet<_>>()
         .into(),
         revision: 0,
+        digest: None,
         drained: false,
         behind: Default::default(),
     }

@@ -43,6 +43,7 @@ fn local_state(n: u8) -> LocalState {
         vips: BTreeSet::from([IpAddr::from([10, 0, n, 100])]).into(),
         macs: BTreeSet::from([lbnodeagent::addrs::MacAddr([2, 0, 0, 0, 0, n])]).into(),
         revision: 0,
+        digest: None,
         drained: false,
         behind: Default::default(),
     }

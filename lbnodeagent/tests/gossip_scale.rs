@@ -36,6 +36,7 @@ fn local_state(n: u8) -> LocalState {
             .into(),
         macs: BTreeSet::from([lbnodeagent::addrs::MacAddr([2, 0, 0, 0, 0, n])]).into(),
         revision: 0,
+        digest: None,
         drained: false,
         behind: Default::default(),
     }

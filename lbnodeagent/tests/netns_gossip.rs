@@ -46,6 +46,7 @@ fn start(rt: &NsRuntime, name: &str, addr: SocketAddr, seed: Option<SocketAddr>,
             vips: Default::default(),
             macs: Default::default(),
             revision: 0,
+            digest: None,
             drained: false,
             behind: Default::default(),
         };

@@ -448,6 +448,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 cluster,
                 errors,
                 revision: self.kube.revision(),
+                digest: Some(self.kube.digest()),
             })
         } else if changes.services.is_empty() {
             None
@@ -455,6 +456,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             Some(Input::Endpoints {
                 changes: self.kube.endpoints(&changes.services),
                 revision: self.kube.revision(),
+                digest: Some(self.kube.digest()),
             })
         }
     }

@@ -11,7 +11,7 @@
 //! them. [`KubeInputs::api_healthy`] says whether the watches are currently
 //! failing, for `/readyz`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use hostlb_api::snapshot::ObjectError;
 use hostlb_api::{IPAddressPool, L2Advertisement, NodeAgent};
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{
+    Node, NodeCondition, NodeStatus, Service, ServicePort, ServiceSpec,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -58,6 +60,9 @@ struct Shared {
     changes: Mutex<Changes>,
     /// The newest resourceVersion seen in any watch event.
     revision: AtomicU64,
+    /// What the stores hold that dates the view, as the XOR of each
+    /// object's [`fingerprint`] (see [`KubeInputs::digest`]).
+    digest: AtomicU64,
     /// The API server's URL, for the log lines of failing watches.
     server: String,
 }
@@ -119,6 +124,7 @@ impl KubeInputs {
             failed: Default::default(),
             changes: Mutex::new(Changes::default()),
             revision: AtomicU64::new(0),
+            digest: AtomicU64::new(0),
             server: server.to_string(),
         });
         let (services, sw) = reflector::store();
@@ -223,6 +229,14 @@ impl KubeInputs {
     /// kinds and agents; 0 if it is not a number).
     pub fn revision(&self) -> u64 {
         self.shared.revision.load(Ordering::Relaxed)
+    }
+
+    /// What this view of the cluster holds, as a digest: equal on two
+    /// agents whose stores hold the same, whatever their revisions (see
+    /// `MemberInfo::digest`). Agents write annotations on the Services they
+    /// announce, so the revision moves on writes the election never reads.
+    pub fn digest(&self) -> u64 {
+        self.shared.digest.load(Ordering::Relaxed)
     }
 
     /// This node's record says `spec.drain` (no record: not drained).
@@ -386,9 +400,15 @@ fn trim_node(n: &mut Node) {
     if let Some(status) = n.status.take() {
         n.status = Some(NodeStatus {
             addresses: status.addresses,
+            // Without its heartbeat, which moves on every report and
+            // would make each one a new view.
             conditions: status.conditions.map(|c| {
                 c.into_iter()
                     .filter(|c| c.type_ == "NetworkUnavailable")
+                    .map(|c| NodeCondition {
+                        last_heartbeat_time: None,
+                        ..c
+                    })
                     .collect()
             }),
             ..NodeStatus::default()
@@ -410,6 +430,7 @@ where
         + Clone
         + std::fmt::Debug
         + serde::de::DeserializeOwned
+        + serde::Serialize
         + Send
         + Sync
         + 'static,
@@ -417,6 +438,7 @@ where
     let kind = K::kind(&()).to_string();
     tokio::spawn(async move {
         let mut synced = false;
+        let mut prints = Fingerprints::default();
         let mut stream = watcher(api, config)
             .backoff(hostlb_api::watch::WatchBackoff::spread())
             .modify(trim)
@@ -459,6 +481,9 @@ where
                     // compare revisions to tell who is behind, and this
                     // node's own record (its status writes) would make it
                     // look ahead of them all, and them behind, for good.
+                    if !matches!(touched, Some((_, Touch::Store))) {
+                        prints.apply(&e, &kind, &shared.digest);
+                    }
                     if let Some((o, t)) = &touched
                         && !matches!(t, Touch::Store)
                         && let Some(rv) = o
@@ -506,6 +531,78 @@ where
             }
         }
     })
+}
+
+/// What one watch's objects hold, each as a [`fingerprint`]: its part of
+/// the view's digest, kept as objects come and go.
+#[derive(Default)]
+struct Fingerprints {
+    by_object: HashMap<(Option<String>, String), u64>,
+    /// A list under way: the objects it has brought so far.
+    listing: Option<HashMap<(Option<String>, String), u64>>,
+}
+
+impl Fingerprints {
+    /// Takes in one watch event, and XORs what changed into `digest`.
+    fn apply<K>(&mut self, e: &watcher::Event<K>, kind: &str, digest: &AtomicU64)
+    where
+        K: kube::Resource + Clone + serde::Serialize,
+    {
+        let key = |o: &K| {
+            (
+                o.meta().namespace.clone(),
+                o.meta().name.clone().unwrap_or_default(),
+            )
+        };
+        let xor = |m: &HashMap<_, u64>| m.values().fold(0, |a, b| a ^ b);
+        match e {
+            watcher::Event::Init => self.listing = Some(HashMap::new()),
+            watcher::Event::InitApply(o) => {
+                self.listing
+                    .get_or_insert_with(HashMap::new)
+                    .insert(key(o), fingerprint(kind, o));
+            }
+            watcher::Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                digest.fetch_xor(xor(&self.by_object) ^ xor(&listed), Ordering::Relaxed);
+                self.by_object = listed;
+            }
+            watcher::Event::Apply(o) => {
+                let print = fingerprint(kind, o);
+                let old = self.by_object.insert(key(o), print).unwrap_or(0);
+                digest.fetch_xor(old ^ print, Ordering::Relaxed);
+            }
+            watcher::Event::Delete(o) => {
+                let old = self.by_object.remove(&key(o)).unwrap_or(0);
+                digest.fetch_xor(old, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// What the agent keeps of an object, as a hash: without its
+/// resourceVersion, and without the annotations agents write to say who
+/// announces a Service, which the election never reads.
+fn fingerprint<K: kube::Resource + Clone + serde::Serialize>(kind: &str, obj: &K) -> u64 {
+    use sha2::Digest;
+    let mut obj = obj.clone();
+    let meta = obj.meta_mut();
+    meta.resource_version = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        for family in [hostlb_api::Family::V4, hostlb_api::Family::V6] {
+            for routed in [false, true] {
+                a.remove(hostlb_api::annotations::announcing(family, routed));
+            }
+        }
+        if a.is_empty() {
+            meta.annotations = None;
+        }
+    }
+    let mut hash = sha2::Sha256::new();
+    hash.update(kind.as_bytes());
+    hash.update(serde_json::to_vec(&obj).unwrap_or_default());
+    let out = hash.finalize();
+    u64::from_be_bytes(out[..8].try_into().unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -635,7 +732,10 @@ mod tests {
     /// This node's own record changes with every status it writes, and no
     /// peer watches it: were its versions counted, this node would look
     /// ahead of every peer, and they behind, until something all watch
-    /// changed. A Service, which all watch, does count.
+    /// changed. A Service, which all watch, does count. The digest moves
+    /// only with what the election reads: not with the record, nor with
+    /// the annotations agents write on the Services they announce; and
+    /// another agent that lists the same objects later has the same.
     #[tokio::test]
     async fn only_what_every_agent_watches_dates_the_view() {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -666,6 +766,7 @@ mod tests {
         until(&kube, "synced", |k| k.synced() && k.revision() > 0).await;
         until(&kube, "saw the Service", |k| k.services.state().len() == 1).await;
         let before = kube.revision();
+        let digest = kube.digest();
 
         let records = Api::<NodeAgent>::all(client.clone());
         let record = |drain: bool| {
@@ -680,6 +781,20 @@ mod tests {
         records.patch("n1", &apply, &record(false)).await.unwrap();
         until(&kube, "saw its undrain", |k| !k.drain()).await;
         assert_eq!(kube.revision(), before, "its own record dated the view");
+        assert_eq!(kube.digest(), digest, "its own record is in the digest");
+
+        let announced = |node: &str| {
+            Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                hostlb_api::annotations::ANNOUNCING_IPV4: node
+            }}}))
+        };
+        let merge = PatchParams::default();
+        services.patch("a", &merge, &announced("n1")).await.unwrap();
+        until(&kube, "saw the annotation", |k| k.revision() > before).await;
+        assert_eq!(kube.digest(), digest, "an announcing annotation moved it");
+        let later = KubeInputs::start(&client, &scope, &server.url(), "n2");
+        until(&later, "synced", |k| k.synced() && k.revision() > 0).await;
+        assert_eq!(later.digest(), digest, "another agent's digest differs");
 
         services
             .create(&PostParams::default(), &svc("b"))
@@ -690,5 +805,11 @@ mod tests {
         })
         .await;
         assert!(kube.revision() > before, "a Service did not date the view");
+        assert_ne!(kube.digest(), digest, "a Service is not in the digest");
+        until(&later, "saw the second Service", |k| {
+            k.services.state().len() == 2
+        })
+        .await;
+        assert_eq!(later.digest(), kube.digest());
     }
 }

@@ -699,6 +699,7 @@ impl ViewBuilder {
                 vips: Default::default(),
                 macs: Default::default(),
                 revision: 0,
+                digest: None,
                 drained: false,
                 behind: Default::default(),
             });
@@ -779,6 +780,7 @@ mod tests {
                 .into(),
             macs: BTreeSet::from(["02:00:00:00:00:01".parse().unwrap()]).into(),
             revision: 0,
+            digest: None,
             drained: false,
             behind: BTreeSet::from(["n7".to_string(), "n8".to_string()]).into(),
         }
@@ -835,6 +837,8 @@ mod tests {
         // Without a word of who is behind, a node that came to its view
         // late waits for an orphan's winner as it did before the key.
         assert!(old.behind.is_empty());
+        // Nor of what its view holds: its revision alone tells.
+        assert_eq!(old.digest, None);
         // The current release writes the same, plus its protocol.
         let current = build_view(
             &chitchat_for(
@@ -933,7 +937,7 @@ mod tests {
     }
 
     /// A starting node is a node (peers see it, and its MACs and VIPs) but
-    /// no member (no candidate); its revision reads back.
+    /// no member (no candidate); its revision and digest read back.
     #[test]
     fn a_starting_node_is_seen_but_stands_in_no_election() {
         let mut local = sample();
@@ -944,12 +948,15 @@ mod tests {
         assert!(view.members.is_empty());
         assert_eq!(view.node("n1").map(|n| n.status), Some(Status::Starting));
         assert_eq!(view.local.revision, 4711);
+        assert_eq!(view.local.digest, None, "no view yet");
         local.status = Status::Alive;
         local.revision = 4712;
+        local.digest = Some(u64::MAX - 1);
         state::publish(c.self_node_state(), &local);
         let view = build_view(&c, &Up::default());
         assert_eq!(view.members.len(), 1);
         assert_eq!(view.local.revision, 4712);
+        assert_eq!(view.local.digest, Some(u64::MAX - 1));
     }
 
     #[test]

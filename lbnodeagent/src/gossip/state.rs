@@ -13,6 +13,7 @@
 //! | `detector` | `swim`: the node runs the SWIM failure detector (see `detector`); peers without it are judged by chitchat's, so a rolling upgrade keeps every node's view of the others |
 //! | `drained` | `true` while the node's operator has drained it, else `false`: it then wins only VIPs no other node can serve |
 //! | `revision` | the newest resourceVersion the node's watches have seen: two live nodes that both hold a VIP because their views of the cluster differ let the one with the newer view keep it |
+//! | `view` | a digest of what the node's watches hold that the election reads, 16 hex digits: resourceVersions also move on writes that change nothing the election reads (the agents' own annotations), so two nodes whose revisions differ but whose digests agree have the same view |
 //! | `behind` | peers the node has found behind its view of the cluster for a hand-over's time, space-separated: a node that came to the same view later (it restarted) takes their orphaned VIPs without waiting for them again |
 //! | `vipchunks` | how many `vips.N` keys there are: set after a chunk is deleted, so a peer hears of the deletion through a key change |
 //!
@@ -49,6 +50,7 @@ pub const KEY_MACS: &str = "macs";
 pub const KEY_DETECTOR: &str = "detector";
 pub const KEY_REVISION: &str = "revision";
 pub const KEY_DRAINED: &str = "drained";
+pub const KEY_VIEW: &str = "view";
 pub const KEY_BEHIND: &str = "behind";
 pub const KEY_VIP_CHUNKS: &str = "vipchunks";
 pub const DETECTOR_SWIM: &str = "swim";
@@ -140,6 +142,7 @@ pub fn initial_key_values(agent_version: &str, local: &LocalState) -> Vec<(Strin
         (KEY_MACS.to_string(), spaced(&local.macs)),
         (KEY_DETECTOR.to_string(), DETECTOR_SWIM.to_string()),
         (KEY_REVISION.to_string(), local.revision.to_string()),
+        (KEY_VIEW.to_string(), encode_digest(local.digest)),
         (KEY_DRAINED.to_string(), local.drained.to_string()),
         (KEY_BEHIND.to_string(), spaced(&local.behind)),
     ];
@@ -165,6 +168,7 @@ pub fn publish(node: &mut NodeState, local: &LocalState) {
     node.set(KEY_VIRTUAL, local.virtual_mode.to_string());
     node.set(KEY_MACS, spaced(&local.macs));
     node.set(KEY_REVISION, local.revision.to_string());
+    node.set(KEY_VIEW, encode_digest(local.digest));
     // Before `status`, so that a peer that sees this node alive knows
     // whether it is drained.
     // Set, never deleted: a peer hears of a deletion only a gossip round
@@ -236,6 +240,9 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
             .get(KEY_REVISION)
             .and_then(|r| r.parse().ok())
             .unwrap_or(0),
+        digest: node
+            .get(KEY_VIEW)
+            .and_then(|d| u64::from_str_radix(d, 16).ok()),
         drained: node.get(KEY_DRAINED) == Some("true"),
         behind: node
             .get(KEY_BEHIND)
@@ -245,6 +252,11 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
             .collect::<BTreeSet<_>>()
             .into(),
     })
+}
+
+/// A view's digest as published: empty before the first view.
+fn encode_digest(digest: Option<u64>) -> String {
+    digest.map(|d| format!("{d:016x}")).unwrap_or_default()
 }
 
 /// A set's items, space-separated (MACs, node names).

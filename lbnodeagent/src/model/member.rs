@@ -75,6 +75,11 @@ pub struct LocalState {
     /// How new the node's view of the cluster is (see `KEY_REVISION`); 0
     /// before its first view, or from an agent that does not say.
     pub revision: u64,
+    /// What the node's view of the cluster holds, as a digest (see
+    /// `KEY_VIEW`): two views with the same digest are the same view,
+    /// whatever their revisions. `None` before the first view, or from an
+    /// agent that does not say.
+    pub digest: Option<u64>,
     /// The node's operator drained it (its NodeAgent's `spec.drain`).
     pub drained: bool,
     /// Peers this node has found behind its view of the cluster for a
@@ -101,6 +106,7 @@ pub struct MemberInfo {
     pub vips: Arc<BTreeSet<IpAddr>>,
     pub macs: Arc<BTreeSet<MacAddr>>,
     pub revision: u64,
+    pub digest: Option<u64>,
     pub drained: bool,
     pub behind: Arc<BTreeSet<String>>,
 }
@@ -160,6 +166,7 @@ impl MembershipView {
                 vips: Default::default(),
                 macs: Default::default(),
                 revision: 0,
+                digest: None,
                 drained: false,
                 behind: Default::default(),
             },

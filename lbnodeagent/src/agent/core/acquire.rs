@@ -229,7 +229,7 @@ impl Core {
         let newer_holder = (!held_here)
             .then(|| {
                 self.alive_peers()
-                    .find(|n| n.revision > self.revision && n.vips.contains(&ip))
+                    .find(|n| self.revision_of(n) > self.revision && n.vips.contains(&ip))
                     .map(|n| n.node.clone())
             })
             .flatten();

@@ -74,11 +74,14 @@ pub enum Input {
         errors: Vec<String>,
         /// How new the view is (the newest resourceVersion seen).
         revision: u64,
+        /// What the view holds, as a digest (see `MemberInfo::digest`).
+        digest: Option<u64>,
     },
     /// Only the endpoints of these Services (`namespace/name`) changed.
     Endpoints {
         changes: Vec<(String, Endpoints)>,
         revision: u64,
+        digest: Option<u64>,
     },
     Members(MembershipView),
     /// Beats from session peers (see [`sessions`]), as they arrived.

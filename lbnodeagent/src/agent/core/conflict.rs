@@ -462,6 +462,7 @@ mod tests {
             vips: Default::default(),
             macs: BTreeSet::from([mac]).into(),
             revision: 0,
+            digest: None,
             drained: false,
             behind: Default::default(),
         }

@@ -166,6 +166,8 @@ pub struct Core {
     cluster_known: bool,
     /// How new that view is: the newest resourceVersion it was built from.
     revision: u64,
+    /// What that view holds (see [`Core::revision_of`]).
+    digest: Option<u64>,
     /// Since when this node has had that view: a peer still behind it a
     /// hand-over's time later is stuck, not late (see [`Core::orphans`]).
     revision_at: Instant,
@@ -291,6 +293,7 @@ impl Core {
             election: Election::new(&Cluster::default(), []),
             cluster_known: false,
             revision: 0,
+            digest: None,
             revision_at: now,
             own_member: None,
             drain: false,
@@ -463,9 +466,10 @@ impl Core {
                 cluster,
                 errors,
                 revision,
+                digest,
             } => {
                 self.note_object_errors(errors);
-                self.set_revision(revision);
+                self.set_revision(revision, digest);
                 self.services_of.clear();
                 let mut services: Vec<_> = cluster.services.iter().collect();
                 services.sort_by(|a, b| {
@@ -493,8 +497,12 @@ impl Core {
                 self.report_dirty = true;
                 out.metrics.push(Metric::Elected);
             }
-            Input::Endpoints { changes, revision } => {
-                self.set_revision(revision);
+            Input::Endpoints {
+                changes,
+                revision,
+                digest,
+            } => {
+                self.set_revision(revision, digest);
                 for (key, endpoints) in changes {
                     let touched = self.election.set_endpoints(&key, &endpoints);
                     self.mark(touched);

@@ -51,6 +51,7 @@ impl Core {
                 .into(),
             macs: self.links.macs().into(),
             revision: self.revision,
+            digest: self.digest,
             drained: self.drain,
             behind: Arc::clone(&self.behind),
         }
@@ -351,10 +352,16 @@ impl Core {
         }
     }
 
-    pub(super) fn set_revision(&mut self, revision: u64) {
-        if revision != self.revision {
+    pub(super) fn set_revision(&mut self, revision: u64, digest: Option<u64>) {
+        if revision != self.revision || digest != self.digest {
+            // A write that changed nothing the election reads moves the
+            // revision, not the view: a peer behind it was behind before.
+            let same_view = digest.is_some() && digest == self.digest;
+            if !same_view {
+                self.revision_at = self.now;
+            }
             self.revision = revision;
-            self.revision_at = self.now;
+            self.digest = digest;
             self.publish_dirty = true;
             self.orphan_scan = true;
         }

@@ -75,7 +75,7 @@ impl Core {
         if self
             .view
             .node(&winner)
-            .is_some_and(|n| n.revision < self.revision)
+            .is_some_and(|n| self.revision_of(n) < self.revision)
         {
             let older = self.older_peers();
             match self.election.winner_without(ip, |n| older.contains(n)) {
@@ -100,7 +100,7 @@ impl Core {
         // with the same view that shows it may be letting it go right now.)
         if let Some(p) = self
             .alive_peers()
-            .filter(|n| n.revision > self.revision)
+            .filter(|n| self.revision_of(n) > self.revision)
             .map(|n| n.node.clone())
             .find(|n| self.holds(n, ip))
         {
@@ -108,7 +108,7 @@ impl Core {
                 "{p} holds it now, with a newer view of the cluster"
             ));
         }
-        let winner_revision = self.view.node(&winner).map_or(0, |n| n.revision);
+        let winner_revision = self.view.node(&winner).map_or(0, |n| self.revision_of(n));
         // Kept for differing views (below), or about to be for a winner
         // whose view is older, and a peer with the same view shows it held:
         // the one the election ranks first keeps it. Both wait on a winner
@@ -127,7 +127,7 @@ impl Core {
             let me = self.settings.node.as_str();
             for p in self
                 .alive_peers()
-                .filter(|n| n.revision == self.revision && self.holds(&n.node, ip))
+                .filter(|n| self.revision_of(n) == self.revision && self.holds(&n.node, ip))
             {
                 match self.election.outranks(ip, &p.node, me, true) {
                     Some(true) => return Some(format!("{} keeps it too and ranks first", p.node)),
@@ -144,7 +144,7 @@ impl Core {
         let older_holder = first_that_knows
             && self
                 .alive_peers()
-                .any(|n| n.revision < self.revision && self.holds(&n.node, ip));
+                .any(|n| self.revision_of(n) < self.revision && self.holds(&n.node, ip));
         let settle = self.settle_time();
         // Only a VIP held here is released or contested.
         let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
@@ -210,7 +210,7 @@ impl Core {
         let peers: Vec<(String, u64)> = self
             .alive_peers()
             .filter(|n| n.vips.contains(&ip))
-            .map(|n| (n.node.clone(), n.revision))
+            .map(|n| (n.node.clone(), self.revision_of(n)))
             .collect();
         // Only a VIP held here is released or contested.
         let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
@@ -411,7 +411,7 @@ impl Core {
         if let Some(p) = peers.iter().find(|n| self.may_leave_it_to(&n.node, ip)) {
             return Some(Some(format!("{} holds it now", p.node)));
         }
-        let newer = peers.iter().any(|n| n.revision > self.revision);
+        let newer = peers.iter().any(|n| self.revision_of(n) > self.revision);
         let grace = self.settings.gossip_interval * LEAVE_GRACE_ROUNDS;
         (newer || now.saturating_duration_since(since) < grace).then_some(None)
     }
@@ -551,13 +551,14 @@ impl Core {
     /// Older peers that a peer whose view is newer than theirs, and no
     /// newer than this node's, has found behind for a hand-over's time.
     fn said_behind(&self, older: &BTreeSet<String>) -> BTreeSet<String> {
-        let revision_of = |node: &str| self.view.node(node).map(|n| n.revision);
+        let revision_of = |node: &str| self.view.node(node).map(|n| self.revision_of(n));
         self.alive_peers()
-            .filter(|p| p.revision <= self.revision && !p.behind.is_empty())
+            .filter(|p| self.revision_of(p) <= self.revision && !p.behind.is_empty())
             .flat_map(|p| {
-                p.behind.iter().filter(move |w| {
-                    older.contains(*w) && revision_of(w).is_some_and(|r| r < p.revision)
-                })
+                let said = self.revision_of(p);
+                p.behind
+                    .iter()
+                    .filter(move |w| older.contains(*w) && revision_of(w).is_some_and(|r| r < said))
             })
             .cloned()
             .collect()

@@ -162,6 +162,7 @@ fn peer(node: &str, status: Status, vips: &[IpAddr], revision: u64) -> MemberInf
         vips: vips.iter().copied().collect::<BTreeSet<_>>().into(),
         macs: BTreeSet::from([mac(node)]).into(),
         revision,
+        digest: None,
         drained: false,
         behind: Default::default(),
     }
@@ -270,6 +271,7 @@ impl Node {
             cluster,
             errors: Vec::new(),
             revision,
+            digest: None,
         });
         self.step(Input::Members(view));
     }
@@ -520,6 +522,7 @@ fn a_winner_with_an_older_view_is_not_handed_a_vip_it_may_not_know() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 7,
+        digest: None,
     });
     a.advance(Duration::from_secs(1));
     a.step(Input::Members(view(
@@ -556,6 +559,7 @@ fn a_vip_whose_winner_cannot_know_it_is_taken_by_the_next_that_does() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     let act = a.step(Input::Members(view(
         "a",
@@ -598,6 +602,7 @@ fn an_orphan_whose_winner_has_long_been_behind_is_taken_when_found() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     let behind = |b_holds: &[IpAddr]| Input::Members(b_and_c(b_holds, 8, 9));
     let act = a.step(behind(&[v]));
@@ -643,6 +648,7 @@ fn an_orphan_nobody_answers_for_waits_only_for_the_view_to_spread() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     // b wins it by the newer view but is behind; c holds it, then is gone.
     let c_holds = |c_alive: bool| {
@@ -789,6 +795,7 @@ fn a_new_vip_whose_winner_b_lags() -> (Node, IpAddr, Actions) {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     let act = a.step(Input::Members(b_and_c(&[], 8, 9)));
     (a, v, act)
@@ -828,6 +835,7 @@ fn an_orphan_a_peer_has_waited_for_is_not_waited_for_again() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     a.step(with_c(c_says(9, &[])));
     a.advance(INTERVAL * 3);
@@ -942,6 +950,7 @@ fn taken_back_then_given_again(spread: Duration) -> (Node, IpAddr, Instant, Inst
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 10,
+        digest: None,
     });
     assert!(
         act.publish.is_some_and(|p| p.vips.contains(&v)),
@@ -1024,6 +1033,7 @@ fn a_fresh_take_is_not_given_to_an_older_viewed_winner_that_lets_go_on_it() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     let with_b =
         |b_holds: &[IpAddr], b_revision: u64| Input::Members(b_and_c(b_holds, b_revision, 9));
@@ -1072,6 +1082,7 @@ fn a_fresh_take_is_not_given_on_a_word_or_an_answer_from_before_it() {
         cluster: c_first,
         errors: Vec::new(),
         revision: 2,
+        digest: None,
     });
     assert_eq!(a.core.election().winner(v), Some("c"));
     // c's word that it holds v arrives, with the same view, published
@@ -1305,6 +1316,7 @@ fn a_vip_taken_between_renewals_is_renewed_with_the_others() {
         cluster: cluster(&[v1, v2]),
         errors: Vec::new(),
         revision: 2,
+        digest: None,
     });
     let mut lifetime = None;
     for _ in 0..100 {
@@ -1386,6 +1398,7 @@ fn a_vip_goes_to_the_first_node_of_this_view_when_its_winner_lags() {
         cluster: objects,
         errors: Vec::new(),
         revision: 2,
+        digest: None,
     });
     let mut act = a.step(Input::Members(view(
         "a",
@@ -1482,6 +1495,7 @@ fn holders_waiting_on_a_lagging_winner_settle_as_soon_as_one_keeps_it() {
             cluster: objects,
             errors: Vec::new(),
             revision: 2,
+            digest: None,
         });
         assert!(act.remove.is_empty(), "still handed over to b");
         n.advance(INTERVAL);
@@ -1525,6 +1539,7 @@ fn a_taken_vip_is_said_once_and_a_kept_one_stays_in_place() {
             cluster: cluster(&[v]),
             errors: Vec::new(),
             revision: 1,
+            digest: None,
         });
         let mut seen = vec![b.step(Input::Members(view(
             "b",
@@ -1595,6 +1610,7 @@ fn a_starting_agent_stands_only_once_settled_and_takes_only_later() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 1,
+        digest: None,
     });
     assert_eq!(act.publish.map(|p| p.status), Some(Status::Alive));
     assert!(act.add.is_empty(), "not before three gossip rounds");
@@ -1656,6 +1672,7 @@ fn a_refused_add_is_retried_soon_then_less_often() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 1,
+        digest: None,
     });
     a.at(STARTUP_GRACE);
     a.step(Input::Tick);
@@ -1718,12 +1735,14 @@ fn an_endpoints_change_moves_only_its_services_vips() {
     let act = a.step(Input::Endpoints {
         changes: vec![("ns/s1".into(), crate::election::Endpoints::on(["a", "c"]))],
         revision: 2,
+        digest: None,
     });
     // No longer any endpoint on b, and it is not `Local`: b still wins.
     assert!(act.add.is_empty() && act.probe.is_empty());
     let act = a.step(Input::Endpoints {
         changes: vec![("ns/s1".into(), crate::election::Endpoints::default())],
         revision: 3,
+        digest: None,
     });
     assert!(act.add.is_empty() && act.probe.is_empty());
     assert_eq!(a.core.election().winner(vs[1]), None, "no endpoint at all");
@@ -2148,6 +2167,7 @@ fn a_vip_being_removed_is_not_published_held() {
         cluster: cluster(&[]),
         errors: Vec::new(),
         revision: 2,
+        digest: None,
     });
     assert_eq!(ips(&act.remove), [v].into(), "its Service is gone");
     let published = act.publish.expect("the new revision is published");
@@ -2499,6 +2519,7 @@ fn the_firewall_follows_the_services_ports_and_the_switch() {
         cluster: with_ports(&[80]),
         errors: Vec::new(),
         revision: 1,
+        digest: None,
     });
     let Some(FirewallPlan::On(f)) = act.firewall else {
         panic!("on by default: {:?}", act.firewall)
@@ -2509,12 +2530,14 @@ fn the_firewall_follows_the_services_ports_and_the_switch() {
         cluster: with_ports(&[80]),
         errors: Vec::new(),
         revision: 2,
+        digest: None,
     });
     assert_eq!(act.firewall, None, "nothing changed");
     let act = a.step(Input::Cluster {
         cluster: with_ports(&[80, 443]),
         errors: Vec::new(),
         revision: 3,
+        digest: None,
     });
     assert!(matches!(act.firewall, Some(FirewallPlan::On(f)) if f.open.len() == 2));
     let mut settings = a.core.settings().clone();
@@ -2885,6 +2908,7 @@ fn every_release_gives_its_true_reason() {
         cluster: c,
         errors: Vec::new(),
         revision: 2,
+        digest: None,
     });
     let notes = withdrawn(&mut a, &act);
     assert_eq!(notes.len(), 1, "{notes:?}");
@@ -3101,6 +3125,7 @@ fn an_orphan_taken_is_kept_while_its_winner_has_an_older_view() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     let others = |b_vips: &[IpAddr], b_rev| {
         vec![
@@ -3146,8 +3171,50 @@ fn a_holds_with_the_newer_view() -> (Node, IpAddr) {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     (a, v)
+}
+
+/// A winner whose revision is older, but whose view holds the same: only
+/// writes the election never reads (the agents' annotations on the
+/// Services they announce) moved this node's revision past it. Its view is
+/// not older, so its answer on the wire lets the VIP go at once (a drain
+/// under load: the drained node answered beside its successor for 150 ms,
+/// until the successor's watches caught up with those writes).
+#[test]
+fn a_winner_behind_only_by_writes_the_election_never_reads_is_given_the_vip_at_once() {
+    let v = ip("10.0.1.1");
+    // `a` holds v, long since, with the view `0xd1` at revision 9; b,
+    // whose view is `b_view` at revision 8, joins and wins v, and answers
+    // for it on the wire.
+    let hand_over = |b_view: u64| {
+        let mut a = Node::new("a");
+        let held = a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+        assert_eq!(held, [v].into(), "a wins it before c");
+        // Long held: peers' word and answers count (see `fresh_take`).
+        a.advance(INTERVAL * GOSSIP_ROUNDS_TO_SETTLE);
+        a.step(Input::Cluster {
+            cluster: cluster(&[v]),
+            errors: Vec::new(),
+            revision: 9,
+            digest: Some(0xd1),
+        });
+        let mut m = b_and_c(&[], 8, 9);
+        for n in &mut m.nodes {
+            n.digest = Some(if n.node == "b" { b_view } else { 0xd1 });
+        }
+        let act = a.step(Input::Members(m));
+        assert!(act.remove.is_empty(), "b has not shown it held");
+        a.advance(INTERVAL);
+        a.step(answer("b", v)).remove
+    };
+    assert!(hand_over(0xd2).is_empty(), "b's view is older");
+    assert_eq!(
+        ips(&hand_over(0xd1)),
+        [v].into(),
+        "b answers, with the same view"
+    );
 }
 
 /// The same pair reached by a VIP this node held before: a change makes
@@ -3242,6 +3309,7 @@ fn an_orphan_held_by_a_dead_owner_is_taken_at_its_lapse() {
         cluster: newer,
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     a.step(Input::Members(view(
         "a",
@@ -3272,6 +3340,7 @@ fn orphans_found_while_starting_are_taken_once_running() {
         cluster: cluster(&[v]),
         errors: Vec::new(),
         revision: 9,
+        digest: None,
     });
     let peers = vec![
         peer("b", Status::Alive, &[], 7),

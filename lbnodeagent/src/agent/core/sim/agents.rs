@@ -469,6 +469,7 @@ impl World {
             vips: state.vips.clone(),
             macs: state.macs.clone(),
             revision: state.revision,
+            digest: state.digest,
             drained: state.drained,
             behind: state.behind.clone(),
         };
@@ -631,11 +632,13 @@ impl World {
                     })
                     .collect(),
                 revision,
+                digest: Some(revision),
             },
             _ => Input::Cluster {
                 cluster: self.truth.cluster.clone(),
                 errors: Vec::new(),
                 revision,
+                digest: Some(revision),
             },
         };
         self.hosts[host].api_version = self.truth.version;
