@@ -46,6 +46,7 @@ impl World {
         h.drain_heard = None;
         h.generation += 1;
         h.api_version = 0;
+        h.api_content = 0;
         h.wake_due = None;
         h.known = vec![None; self.shape.nodes];
         h.beat_plan = BeatPlan::default();
@@ -252,6 +253,15 @@ impl World {
         }
         if let Some(local) = a.publish {
             self.publish(host, local);
+        }
+        // The shell writes the annotations on the Services: writes every
+        // agent's watches see, which move the revision and not what the
+        // election reads. Each view here has the revision the API server
+        // had when it was delivered; a real shell also builds a view for
+        // each such write, so here revisions that differ for them alone
+        // stay apart longer, until the next change of the cluster.
+        if a.announcing.is_some() && self.api_reaches(host) {
+            self.truth.annotated();
         }
         if a.ready {
             self.log(|| format!("{host}: ready"));
@@ -617,10 +627,10 @@ impl World {
             self.hosts[host].drain_heard = Some(drained);
             self.step(host, Input::Drain(drained));
         }
-        if self.hosts[host].api_version == self.truth.version {
+        if self.hosts[host].api_content == self.truth.content {
             return;
         }
-        let partial = self.hosts[host].api_version + 1 == self.truth.version;
+        let partial = self.hosts[host].api_content + 1 == self.truth.content;
         let revision = self.truth.version;
         let input = match (&self.truth.endpoints_only, partial) {
             (Some(keys), true) => Input::Endpoints {
@@ -632,16 +642,17 @@ impl World {
                     })
                     .collect(),
                 revision,
-                digest: Some(revision),
+                digest: Some(self.truth.content),
             },
             _ => Input::Cluster {
                 cluster: self.truth.cluster.clone(),
                 errors: Vec::new(),
                 revision,
-                digest: Some(revision),
+                digest: Some(self.truth.content),
             },
         };
         self.hosts[host].api_version = self.truth.version;
+        self.hosts[host].api_content = self.truth.content;
         let name = self.hosts[host].name.clone();
         let version = self.truth.version;
         self.log(|| format!("{name}: cluster version {version}"));

@@ -46,7 +46,7 @@ impl World {
                 } else if self.faulting {
                     let what = self.truth.churn(&mut self.plan);
                     self.versions.insert(
-                        self.truth.version,
+                        self.truth.content,
                         check::Version {
                             cluster: self.truth.cluster.clone(),
                             made: self.t,

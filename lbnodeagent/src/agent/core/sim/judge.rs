@@ -39,9 +39,9 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
     let newest = hosts
         .iter()
         .filter(|h| h.agent == Agent::Running)
-        .map(|h| h.api_version)
+        .map(|h| h.api_content)
         .max()
-        .unwrap_or(w.truth.version);
+        .unwrap_or(w.truth.content);
     check::Context {
         hosts: hosts
             .iter()
@@ -76,9 +76,9 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
         on_link: w.on_link,
         ready: check::mask(hosts.iter().map(ready)),
         versions: &w.versions,
-        host_versions: hosts.iter().map(|h| h.api_version.max(1)).collect(),
+        host_versions: hosts.iter().map(|h| h.api_content.max(1)).collect(),
         newest: newest.max(1),
-        latest: w.truth.version,
+        latest: w.truth.content,
         api_up: w.api_up,
         exchanges: &w.exchanges,
     }

@@ -174,6 +174,8 @@ struct Host {
     kernel_queue: Option<KernelJob>,
     /// The cluster version this agent's watches have.
     api_version: u64,
+    /// What the election reads of it (see `Truth::content`).
+    api_content: u64,
     wake_due: Option<Duration>,
     published: LocalState,
     pub_version: u64,
@@ -443,6 +445,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             kernel_in_flight: false,
             kernel_queue: None,
             api_version: 0,
+            api_content: 0,
             wake_due: None,
             beat_plan: BeatPlan::default(),
             beats_at: None,
@@ -486,7 +489,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         reach: vec![vec![false; n]; n],
         epoch: vec![vec![0; n]; n],
         versions: BTreeMap::from([(
-            truth.version,
+            truth.content,
             check::Version {
                 cluster: truth.cluster.clone(),
                 made: Duration::ZERO,

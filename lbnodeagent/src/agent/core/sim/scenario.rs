@@ -25,8 +25,11 @@ pub const LABEL_ZONE: &str = "zone";
 #[derive(Clone, Debug)]
 pub struct Truth {
     pub cluster: Cluster,
-    /// Bumped at every change.
+    /// Bumped at every write: the resourceVersion.
     pub version: u64,
+    /// Bumped at every change of what the election reads: the agents'
+    /// annotations move `version` and not this (the view's digest).
+    pub content: u64,
     /// The Services whose endpoints alone changed at the last change.
     pub endpoints_only: Option<Vec<String>>,
     next_address: u32,
@@ -109,6 +112,7 @@ impl Truth {
                 services: Vec::new(),
             },
             version: 1,
+            content: 1,
             endpoints_only: None,
             next_address: 1,
             next_service: 0,
@@ -166,7 +170,14 @@ impl Truth {
 
     fn bump(&mut self, endpoints_only: Option<Vec<String>>) {
         self.version += 1;
+        self.content += 1;
         self.endpoints_only = endpoints_only;
+    }
+
+    /// An agent wrote its announcing annotations: a write every watch
+    /// sees, with nothing in it the election reads.
+    pub fn annotated(&mut self) {
+        self.version += 1;
     }
 
     /// One change a user or a controller makes: a Service created or
