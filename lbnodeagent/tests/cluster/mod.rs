@@ -42,6 +42,41 @@ pub struct Cluster {
     /// Nodes whose agent binary was replaced ([`Cluster::install`]): the
     /// path they start and run commands from.
     binaries: BTreeMap<String, PathBuf>,
+    /// Last, so the cluster is gone before the next one starts.
+    _alone: Alone,
+}
+
+/// One cluster at a time in a test binary. The tests judge, to tens of
+/// milliseconds, what a client sees while agents move VIPs; two clusters
+/// of debug-built agents on a two-core machine starve each other's loops,
+/// and their windows then grow with the other test, not with the agent.
+/// A test may build a second cluster while it holds one: the thread that
+/// holds the turn keeps it.
+struct Alone(Option<std::sync::MutexGuard<'static, ()>>);
+
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    static HOLDS_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Alone {
+    fn take() -> Alone {
+        if HOLDS_TURN.get() {
+            return Alone(None);
+        }
+        let guard = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        HOLDS_TURN.set(true);
+        Alone(Some(guard))
+    }
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        if self.0.take().is_some() {
+            HOLDS_TURN.set(false);
+        }
+    }
 }
 
 impl Drop for Cluster {
@@ -102,6 +137,7 @@ impl Cluster {
     fn build(nodes: &[&str], real: bool, ipv6_only: bool) -> Cluster {
         require_root();
         require_tools(&["arping", "kubectl", "python3", "ndisc6", "nft"]);
+        let alone = Alone::take();
         let mut roles = vec!["api"];
         roles.extend_from_slice(nodes);
         roles.push("client");
@@ -154,6 +190,7 @@ impl Cluster {
             lifetime: "6s".into(),
             ipv6_only,
             binaries: BTreeMap::new(),
+            _alone: alone,
         };
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
         c.kubectl(&["apply", "-f", crds.to_str().unwrap()]);
