@@ -174,15 +174,26 @@ impl Conflicts {
     /// node's own state (`me`) names no holder: its echo in gossip lags
     /// what it holds, and would hide the last other holder.
     pub fn learn<'a>(&mut self, nodes: impl IntoIterator<Item = &'a MemberInfo>, me: &str) {
+        // Views come many times a second and mostly repeat who holds what:
+        // a name is copied only where it changes.
+        fn set<K: std::hash::Hash + Eq>(map: &mut HashMap<K, String>, key: K, node: &str) {
+            match map.get_mut(&key) {
+                Some(held) if held == node => {}
+                Some(held) => node.clone_into(held),
+                None => {
+                    map.insert(key, node.to_owned());
+                }
+            }
+        }
         for n in nodes {
             for mac in n.macs.iter() {
-                self.mac_owner.insert(*mac, n.node.clone());
+                set(&mut self.mac_owner, *mac, &n.node);
             }
             if n.node == me {
                 continue;
             }
             for ip in n.vips.iter() {
-                self.last_holder.insert(*ip, n.node.clone());
+                set(&mut self.last_holder, *ip, &n.node);
             }
         }
     }

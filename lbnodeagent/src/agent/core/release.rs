@@ -551,14 +551,14 @@ impl Core {
     /// Older peers that a peer whose view is newer than theirs, and no
     /// newer than this node's, has found behind for a hand-over's time.
     fn said_behind(&self, older: &BTreeSet<String>) -> BTreeSet<String> {
-        let revision_of = |node: &str| self.view.node(node).map(|n| self.revision_of(n));
+        let node_revision = |node: &str| self.view.node(node).map(|n| self.revision_of(n));
         self.alive_peers()
             .filter(|p| self.revision_of(p) <= self.revision && !p.behind.is_empty())
             .flat_map(|p| {
                 let said = self.revision_of(p);
-                p.behind
-                    .iter()
-                    .filter(move |w| older.contains(*w) && revision_of(w).is_some_and(|r| r < said))
+                p.behind.iter().filter(move |w| {
+                    older.contains(*w) && node_revision(w).is_some_and(|r| r < said)
+                })
             })
             .cloned()
             .collect()

@@ -131,7 +131,10 @@ impl Core {
             match live_before {
                 Some((b, _)) if b.vips == n.vips => {}
                 Some((b, _)) => {
-                    let gained = self.vips_gained.entry(n.node.clone()).or_default();
+                    let gained = match self.vips_gained.get_mut(&n.node) {
+                        Some(gained) => gained,
+                        None => self.vips_gained.entry(n.node.clone()).or_default(),
+                    };
                     gained.retain(|ip, _| n.vips.contains(ip));
                     for ip in n.vips.difference(&b.vips) {
                         gained.insert(*ip, now);
