@@ -65,6 +65,18 @@ pub struct MemberDoc {
     /// before the field.
     #[serde(default)]
     pub routed: usize,
+    /// The resourceVersion of the newest cluster view it has read.
+    #[serde(default)]
+    pub revision: u64,
+    /// What its view holds of what the election reads, as a digest (16
+    /// hex digits): two members showing the same one elect alike, whatever
+    /// their revisions. Absent from an agent that does not publish it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<String>,
+    /// Its view is older than this node's, which keeps the VIPs it wins by
+    /// the newer view where they are until it catches up.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub behind: bool,
 }
 
 fn protocol_unsaid() -> u32 {
@@ -197,6 +209,9 @@ pub fn doc(core: &Core, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc
                     .iter()
                     .filter(|d| matches!(d, crate::election::Duty::Virtual { .. }))
                     .count(),
+                revision: n.revision,
+                view: n.digest.map(|d| format!("{d:016x}")),
+                behind: core.view_behind(n),
             })
             .collect(),
         held: core
@@ -267,6 +282,18 @@ pub fn render(doc: &StatusDoc) -> String {
             m.vips,
             m.routed,
             m.prefixes.join(" ")
+        );
+        let _ = writeln!(
+            out,
+            "  {:<20} view {} revision {}{}",
+            "",
+            m.view.as_deref().unwrap_or("-"),
+            m.revision,
+            if m.behind {
+                ", older than this node's: the VIPs it wins wait for it"
+            } else {
+                ""
+            }
         );
     }
     let _ = writeln!(out, "\nheld here ({}):", doc.held.len());

@@ -3568,3 +3568,52 @@ fn two_starting_holders_of_one_vip_keep_one_without_a_view_of_the_cluster() {
     b.done(&back);
     assert!(ticks(&mut b).remove.is_empty(), "and kept");
 }
+
+/// `lbnodeagent status` shows each member's view, and which are older
+/// than this node's: the operator's answer to "why does this VIP stay
+/// here?" when the log says it is kept for the views.
+#[test]
+fn the_status_page_shows_whose_view_is_older() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.running(cluster(&[v]), vec![peer("c", Status::Alive, &[], 1)]);
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+        digest: Some(0xd1),
+    });
+    // b read an older cluster; c read the same one as a, at a revision
+    // that only annotations moved.
+    let mut m = b_and_c(&[], 8, 7);
+    for n in &mut m.nodes {
+        n.digest = Some(if n.node == "b" { 0xd2 } else { 0xd1 });
+    }
+    a.step(Input::Members(m));
+    let doc = crate::agent::status::doc(&a.core, None, true);
+    let member = |name: &str| {
+        doc.members
+            .iter()
+            .find(|m| m.node == name)
+            .unwrap_or_else(|| panic!("{name} listed"))
+    };
+    assert!(
+        member("b").behind,
+        "b's view is another, at an older revision"
+    );
+    assert!(!member("c").behind, "c holds the same view");
+    assert!(!member("a").behind, "this node");
+    assert_eq!(member("b").view.as_deref(), Some("00000000000000d2"));
+    assert_eq!(member("c").revision, 7);
+    let page = crate::agent::status::render(&doc);
+    let b_line = page
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("b "))
+        .nth(1)
+        .expect("a view line under b");
+    assert!(
+        b_line.contains("view 00000000000000d2 revision 8, older than this node's"),
+        "{page}"
+    );
+    assert!(!page.contains("revision 7, older"), "{page}");
+}

@@ -410,6 +410,15 @@ impl Core {
         }
     }
 
+    /// A live peer whose view of the cluster this node finds older than
+    /// its own: the VIPs it wins by this node's view stay where they are
+    /// until it catches up (shown by `lbnodeagent status`).
+    pub fn view_behind(&self, peer: &crate::model::MemberInfo) -> bool {
+        peer.node != self.settings.node
+            && peer.status == Status::Alive
+            && self.revision_of(peer) < self.revision
+    }
+
     pub(super) fn older_peers(&self) -> BTreeSet<String> {
         self.alive_peers()
             .filter(|n| self.revision_of(n) < self.revision)
