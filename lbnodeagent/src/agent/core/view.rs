@@ -9,7 +9,7 @@ use std::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::election::Member;
-use crate::model::{PROTOCOL_DRAIN, Status};
+use crate::model::{MemberInfo, MembershipView, PROTOCOL_DRAIN, Status};
 
 use super::sessions::{self};
 use super::{
@@ -116,18 +116,14 @@ impl Core {
         }
         self.lost_at
             .retain(|_, t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW * 3);
-        // The previous view by name, live nodes over gone ones.
-        let before: BTreeMap<&str, (&crate::model::MemberInfo, bool)> = self
-            .view
-            .gone
-            .iter()
-            .map(|n| (n.node.as_str(), (n, false)))
-            .chain(self.view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
-            .collect();
-        for n in &view.nodes {
-            let live_before = before
-                .get(n.node.as_str())
-                .filter(|(b, live)| *live && b.generation == n.generation);
+        let before = ByName::of(&self.view);
+        // Whose published state changed, of the live nodes: what it holds
+        // is learnt again below.
+        let mut news = Vec::with_capacity(view.nodes.len());
+        for (i, n) in view.nodes.iter().enumerate() {
+            let b = before.get(&n.node, i);
+            news.push(b.is_none_or(|(b, _)| b.macs != n.macs || b.vips != n.vips));
+            let live_before = b.filter(|(b, live)| *live && b.generation == n.generation);
             match live_before {
                 Some((b, _)) if b.vips == n.vips => {}
                 Some((b, _)) => {
@@ -154,13 +150,14 @@ impl Core {
         // The live last, so that who holds a VIP now wins over a
         // gone node's last word. Only what changed: a view comes with
         // every gossip update, and most of its nodes are as they were.
-        let news = |n: &&crate::model::MemberInfo| {
+        let gone_news = view.gone.iter().filter(|n| {
             before
-                .get(n.node.as_str())
+                .get(&n.node, usize::MAX)
                 .is_none_or(|(b, _)| b.macs != n.macs || b.vips != n.vips)
-        };
+        });
+        let live_news = view.nodes.iter().zip(&news).filter(|(_, new)| **new);
         self.conflicts.learn(
-            view.gone.iter().chain(&view.nodes).filter(news),
+            gone_news.chain(live_news.map(|(n, _)| n)),
             &self.settings.node,
         );
         let drain_was_in_force = self.drain_in_force();
@@ -424,5 +421,100 @@ impl Core {
             .filter(|n| self.revision_of(n) < self.revision)
             .map(|n| n.node.clone())
             .collect()
+    }
+}
+
+/// The previous view's node of a name, live over gone (and, of a name
+/// listed twice, the later), as a map built from the gone and then the
+/// live nodes would give it. Looked up for every node of every view, many
+/// views a second: gossip lists each kind sorted by name, once each, so a
+/// lookup is a binary search, most often a single comparison at the
+/// node's place in the new view; a view listed otherwise is scanned.
+struct ByName<'a> {
+    live: &'a [MemberInfo],
+    gone: &'a [MemberInfo],
+    sorted: bool,
+}
+
+impl<'a> ByName<'a> {
+    fn of(view: &'a MembershipView) -> ByName<'a> {
+        let sorted = |nodes: &[MemberInfo]| nodes.windows(2).all(|w| w[0].node < w[1].node);
+        ByName {
+            live: &view.nodes,
+            gone: &view.gone,
+            sorted: sorted(&view.nodes) && sorted(&view.gone),
+        }
+    }
+
+    /// `at`: where the node is likely listed among the live ones.
+    fn get(&self, node: &str, at: usize) -> Option<(&'a MemberInfo, bool)> {
+        let find = |nodes: &'a [MemberInfo]| -> Option<&'a MemberInfo> {
+            if self.sorted {
+                let i = nodes.binary_search_by(|n| n.node.as_str().cmp(node)).ok()?;
+                Some(&nodes[i])
+            } else {
+                nodes.iter().rfind(|n| n.node == node)
+            }
+        };
+        if self.sorted
+            && let Some(n) = self.live.get(at).filter(|n| n.node == node)
+        {
+            return Some((n, true));
+        }
+        find(self.live)
+            .map(|n| (n, true))
+            .or_else(|| find(self.gone).map(|n| (n, false)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(node: &str, generation: u64) -> MemberInfo {
+        let mut n = MembershipView::empty().local;
+        n.node = node.into();
+        n.generation = generation;
+        n
+    }
+
+    /// What a map built from the gone and then the live nodes gives: the
+    /// rule `ByName` keeps, sorted or not, at any hint.
+    #[test]
+    fn by_name_finds_what_a_map_of_the_view_would() {
+        let views = [
+            // As gossip lists them: each kind sorted, once each.
+            (
+                vec![info("a", 1), info("c", 1), info("d", 1)],
+                vec![info("b", 1), info("e", 1)],
+            ),
+            // A name both live and gone, and names listed twice.
+            (
+                vec![info("c", 2), info("a", 1), info("c", 3)],
+                vec![info("c", 1), info("b", 1), info("b", 2)],
+            ),
+            (Vec::new(), vec![info("b", 1)]),
+        ];
+        for (nodes, gone) in views {
+            let view = MembershipView {
+                nodes,
+                gone,
+                ..MembershipView::empty()
+            };
+            let map: BTreeMap<&str, (&MemberInfo, bool)> = view
+                .gone
+                .iter()
+                .map(|n| (n.node.as_str(), (n, false)))
+                .chain(view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
+                .collect();
+            let by_name = ByName::of(&view);
+            for name in ["a", "b", "c", "d", "e", "f"] {
+                let want = map.get(name).map(|(n, live)| (n.generation, *live));
+                for at in [0, 1, 2, usize::MAX] {
+                    let got = by_name.get(name, at).map(|(n, live)| (n.generation, live));
+                    assert_eq!(got, want, "{name} at {at} in {:?}", by_name.sorted);
+                }
+            }
+        }
     }
 }
