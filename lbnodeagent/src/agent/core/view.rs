@@ -429,41 +429,50 @@ impl Core {
 /// live nodes would give it. Looked up for every node of every view, many
 /// views a second: gossip lists each kind sorted by name, once each, so a
 /// lookup is a binary search, most often a single comparison at the
-/// node's place in the new view; a view listed otherwise is scanned.
-struct ByName<'a> {
-    live: &'a [MemberInfo],
-    gone: &'a [MemberInfo],
-    sorted: bool,
+/// node's place in the new view. Only a view listed otherwise (the silent
+/// owners moved among the gone) has the map built.
+enum ByName<'a> {
+    Sorted {
+        live: &'a [MemberInfo],
+        gone: &'a [MemberInfo],
+    },
+    Map(BTreeMap<&'a str, (&'a MemberInfo, bool)>),
 }
 
 impl<'a> ByName<'a> {
     fn of(view: &'a MembershipView) -> ByName<'a> {
         let sorted = |nodes: &[MemberInfo]| nodes.windows(2).all(|w| w[0].node < w[1].node);
-        ByName {
-            live: &view.nodes,
-            gone: &view.gone,
-            sorted: sorted(&view.nodes) && sorted(&view.gone),
+        if sorted(&view.nodes) && sorted(&view.gone) {
+            return ByName::Sorted {
+                live: &view.nodes,
+                gone: &view.gone,
+            };
         }
+        ByName::Map(
+            view.gone
+                .iter()
+                .map(|n| (n.node.as_str(), (n, false)))
+                .chain(view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
+                .collect(),
+        )
     }
 
     /// `at`: where the node is likely listed among the live ones.
     fn get(&self, node: &str, at: usize) -> Option<(&'a MemberInfo, bool)> {
-        let find = |nodes: &'a [MemberInfo]| -> Option<&'a MemberInfo> {
-            if self.sorted {
-                let i = nodes.binary_search_by(|n| n.node.as_str().cmp(node)).ok()?;
-                Some(&nodes[i])
-            } else {
-                nodes.iter().rfind(|n| n.node == node)
-            }
+        let (live, gone) = match self {
+            ByName::Map(map) => return map.get(node).copied(),
+            ByName::Sorted { live, gone } => (*live, *gone),
         };
-        if self.sorted
-            && let Some(n) = self.live.get(at).filter(|n| n.node == node)
-        {
+        if let Some(n) = live.get(at).filter(|n| n.node == node) {
             return Some((n, true));
         }
-        find(self.live)
+        let find = |nodes: &'a [MemberInfo]| {
+            let i = nodes.binary_search_by(|n| n.node.as_str().cmp(node)).ok()?;
+            Some(&nodes[i])
+        };
+        find(live)
             .map(|n| (n, true))
-            .or_else(|| find(self.gone).map(|n| (n, false)))
+            .or_else(|| find(gone).map(|n| (n, false)))
     }
 }
 
@@ -512,7 +521,7 @@ mod tests {
                 let want = map.get(name).map(|(n, live)| (n.generation, *live));
                 for at in [0, 1, 2, usize::MAX] {
                     let got = by_name.get(name, at).map(|(n, live)| (n.generation, live));
-                    assert_eq!(got, want, "{name} at {at} in {:?}", by_name.sorted);
+                    assert_eq!(got, want, "{name} at {at}");
                 }
             }
         }
