@@ -193,9 +193,9 @@ pub struct Core {
     /// then: acted on as leaving (as if gossip said so already) until
     /// gossip shows another generation or loses them.
     left: BTreeMap<String, u64>,
-    /// Nodes gossip had lost when their leaving beat came, and when it
-    /// came: `cleanup` of a killed agent sends the beat and the failure
-    /// detector's leave, and the leave can come first. Their host's
+    /// Nodes gossip had lost when their leaving beat came, or lost after
+    /// it came, and when: `cleanup` of a killed agent sends the beat and
+    /// the failure detector's leave, and the leave can come first. Their host's
     /// answers are the last of a hand-over for a hand-over's time, as a
     /// graceful leaver's are (see [`Core::judge`]).
     left_gone: BTreeMap<String, Instant>,

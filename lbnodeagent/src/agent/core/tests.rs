@@ -3617,3 +3617,50 @@ fn the_status_page_shows_whose_view_is_older() {
     );
     assert!(!page.contains("revision 7, older"), "{page}");
 }
+
+/// The same late answer when only the leaving beat said b goes: gossip
+/// lost b before b's `leaving` status reached this node, so the view
+/// shows it gone as it last was, alive. Its leaving beat still makes its
+/// answers the last of its hand-over (seed 10090839114: the successor let
+/// go to them and nobody answered).
+#[test]
+fn a_late_answer_after_only_the_leaving_beat_does_not_take_the_vip_away() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let b = |status| peer("b", status, &[v], 1);
+    let held = a.running(cluster(&[v]), vec![b(Status::Alive)]);
+    assert!(held.is_empty(), "b wins");
+    let act = a.step(leaving("b"));
+    assert_eq!(
+        ips(&act.add),
+        [v].into(),
+        "taken at once from a leaving node"
+    );
+    a.done(&act);
+    a.advance(Duration::from_millis(4));
+    let act = a.step(Input::Members(view(
+        "a",
+        Vec::new(),
+        vec![b(Status::Alive)],
+    )));
+    assert!(act.remove.is_empty());
+    a.advance(Duration::from_millis(2));
+    let act = a.step(claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    assert!(
+        act.remove.is_empty(),
+        "b's last answer is no reason to let go"
+    );
+    a.advance(HANDOVER_MAX + Duration::from_millis(100));
+    let act = a.step(claim(Claim {
+        ip: v,
+        mac: mac("b"),
+    }));
+    assert_eq!(
+        ips(&act.remove),
+        [v].into(),
+        "b still answers after its hand-over time: an owner gossip cannot reach, and it outranks a"
+    );
+}

@@ -72,6 +72,25 @@ impl Core {
     /// leaving beat came as leaving.
     pub(super) fn apply_view(&mut self, now: Instant, out: &mut Actions) {
         let gossip = &self.gossip_view;
+        // A node whose leaving beat came and that gossip has since lost
+        // left gracefully: its host's answers heard a moment later are
+        // the last of its hand-over (it let go once this node answered),
+        // not a second owner to let go to (seed 10090839114: the VIP
+        // went unanswered).
+        let gone_after_leaving: Vec<String> = self
+            .left
+            .keys()
+            .filter(|n| gossip.node(n).is_none())
+            .cloned()
+            .collect();
+        if !gone_after_leaving.is_empty() {
+            self.left_gone
+                .retain(|_, t| now.saturating_duration_since(*t) < HANDOVER_MAX);
+            for n in gone_after_leaving {
+                self.left_gone.insert(n, now);
+            }
+        }
+        let gossip = &self.gossip_view;
         self.left
             .retain(|n, g| gossip.node(n).is_some_and(|i| i.generation == *g));
         let view = if self.left.is_empty() && !self.sessions.any_suspect() {
