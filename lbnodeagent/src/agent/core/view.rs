@@ -36,6 +36,14 @@ impl Core {
         })
     }
 
+    /// `node` left gracefully and gossip no longer shows it: its host's
+    /// answers for a hand-over's time are the last of its hand-over.
+    fn note_left_gone(&mut self, node: String, now: Instant) {
+        self.left_gone
+            .retain(|_, t| now.saturating_duration_since(*t) < HANDOVER_MAX);
+        self.left_gone.insert(node, now);
+    }
+
     /// `node`'s leaving beat says it goes: its addresses answer until
     /// others do. True when that is news.
     pub(super) fn left_by_beat(&mut self, node: String) -> bool {
@@ -48,12 +56,9 @@ impl Core {
                 // once another node answers for it, so an answer from its
                 // host is no owner to stay off for.
                 info!(%node, "its leaving beat came after gossip lost it; taking its addresses as from a leaving node");
-                let now = self.now;
-                self.left_gone
-                    .retain(|_, t| now.saturating_duration_since(*t) < HANDOVER_MAX);
                 // A VIP yielded to it and wanted here is unsettled, so
                 // decided again at this very step: the yield ends there.
-                self.left_gone.insert(node.clone(), now);
+                self.note_left_gone(node.clone(), self.now);
             } else {
                 debug!(%node, "leaving beat from a node gossip does not show live");
             }
@@ -83,12 +88,8 @@ impl Core {
             .filter(|n| gossip.node(n).is_none())
             .cloned()
             .collect();
-        if !gone_after_leaving.is_empty() {
-            self.left_gone
-                .retain(|_, t| now.saturating_duration_since(*t) < HANDOVER_MAX);
-            for n in gone_after_leaving {
-                self.left_gone.insert(n, now);
-            }
+        for n in gone_after_leaving {
+            self.note_left_gone(n, now);
         }
         let gossip = &self.gossip_view;
         self.left
