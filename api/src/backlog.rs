@@ -66,13 +66,21 @@ impl<K: PartialEq, V> Backlog<K, V> {
     /// stamp), and how many expired on the way.
     pub fn pop(&mut self, now: Instant) -> (Option<(K, V, Instant)>, usize) {
         let mut expired = 0;
+        let mut next = None;
         while let Some(front) = self.waiting.pop_front() {
             if now.saturating_duration_since(front.2) < self.max_age {
-                return (Some(front), expired);
+                next = Some(front);
+                break;
             }
             expired += 1;
         }
-        (None, expired)
+        if self.waiting.is_empty() {
+            // A burst (a node taking a thousand VIPs queues an Event for
+            // each) grows the queue far beyond what it holds at rest, and a
+            // deque never shrinks by itself: a megabyte kept for nothing.
+            self.waiting.shrink_to_fit();
+        }
+        (next, expired)
     }
 
     pub fn len(&self) -> usize {
@@ -100,6 +108,20 @@ mod tests {
         assert_eq!(b.len(), 2);
         let (first, _) = b.pop(t0);
         assert_eq!(first, Some(("web", "new", t0)));
+    }
+
+    #[test]
+    fn a_drained_backlog_gives_its_memory_back() {
+        let t0 = Instant::now();
+        let mut b = Backlog::new(4096, HOUR);
+        for k in 0..1000 {
+            b.push(k, [0u8; 64], t0);
+        }
+        assert!(b.waiting.capacity() >= 1000);
+        while b.pop(t0).0.is_some() {}
+        assert_eq!(b.waiting.capacity(), 0);
+        b.push(1, [0u8; 64], t0);
+        assert_eq!(b.pop(t0).0.map(|w| w.0), Some(1));
     }
 
     #[test]
