@@ -110,6 +110,36 @@ fn only_links_that_answer_arp_have_a_mac() {
     assert_eq!(mac_of("eth0"), Some(a.mac().parse::<MacAddr>().unwrap()));
 }
 
+/// The one read the agent makes every second says what the three calls it
+/// stands for say, errors included.
+fn one_read_matches_the_calls(agent: &Agent, configured: Option<&'static str>) {
+    type Said = Result<String, String>;
+    let said = |r: Result<String, Error>| -> Said { r.map_err(|e| e.to_string()) };
+    let (one, calls): ([Said; 3], [Said; 3]) = agent.with(move |b| async move {
+        let (all, [v4, v6]) = b.links_and_announce(configured).await;
+        let one = [
+            said(all.map(|a| format!("{a:?}"))),
+            said(v4.map(|i| format!("{i:?}"))),
+            said(v6.map(|i| format!("{i:?}"))),
+        ];
+        let calls = [
+            said(b.interfaces().await.map(|a| format!("{a:?}"))),
+            said(
+                b.announce_interface(Family::V4, configured)
+                    .await
+                    .map(|i| format!("{i:?}")),
+            ),
+            said(
+                b.announce_interface(Family::V6, configured)
+                    .await
+                    .map(|i| format!("{i:?}")),
+            ),
+        ];
+        (one, calls)
+    });
+    assert_eq!(one, calls, "configured {configured:?}");
+}
+
 #[test]
 fn announce_interface_follows_the_default_route_with_the_lowest_metric() {
     require_root();
@@ -129,6 +159,7 @@ fn announce_interface_follows_the_default_route_with_the_lowest_metric() {
     );
     let v6 = agent.with(|b| async move { b.announce_interface(Family::V6, None).await.unwrap() });
     assert_eq!(v6, eth0);
+    one_read_matches_the_calls(&agent, None);
 
     // A second uplink whose default route has a lower metric takes over IPv4.
     lan.add_interface("a", "eth1").unwrap();
@@ -143,6 +174,7 @@ fn announce_interface_follows_the_default_route_with_the_lowest_metric() {
     assert_eq!(v4.prefixes, vec![prefix("10.78.0.0/24")]);
     let v6 = agent.with(|b| async move { b.announce_interface(Family::V6, None).await.unwrap() });
     assert_eq!(v6.name, "eth0");
+    one_read_matches_the_calls(&agent, None);
 
     // A configured interface wins over routes; a wrong name says what to fix.
     let configured = agent.with(|b| async move {
@@ -154,6 +186,14 @@ fn announce_interface_follows_the_default_route_with_the_lowest_metric() {
     let err = agent.with(|b| async move { b.interface("eth9").await.unwrap_err() });
     assert!(matches!(err, Error::NoSuchInterface { .. }), "{err}");
     assert!(err.to_string().contains("announce.interface"), "{err}");
+    one_read_matches_the_calls(&agent, Some("eth0"));
+    one_read_matches_the_calls(&agent, Some("eth9"));
+    // An alternative name, which the kernel resolves and a dump does not list.
+    a.ns.ip("link property add dev eth1 altname uplink1")
+        .unwrap();
+    let alt = agent.with(|b| async move { b.interface("uplink1").await.unwrap() });
+    assert_eq!(alt.name, "eth1");
+    one_read_matches_the_calls(&agent, Some("uplink1"));
 
     a.ns.ip("-6 route del default").unwrap();
     let err =
@@ -162,6 +202,7 @@ fn announce_interface_follows_the_default_route_with_the_lowest_metric() {
         matches!(err, Error::NoDefaultRoute { family: Family::V6 }),
         "{err}"
     );
+    one_read_matches_the_calls(&agent, None);
 }
 
 #[test]

@@ -218,6 +218,22 @@ pub trait AddressBackend: Send + Sync {
     /// stay out) from one that has it nowhere (and goes virtual).
     fn interfaces(&self) -> impl Future<Output = Result<Vec<Interface>>> + Send;
 
+    /// [`interfaces`](Self::interfaces), and the announce interface of IPv4
+    /// and of IPv6 as [`announce_interface`](Self::announce_interface) gives
+    /// them. The agent reads these every second, so a backend that can
+    /// answers all three from one read of the links and routes.
+    fn links_and_announce(
+        &self,
+        configured: Option<&str>,
+    ) -> impl Future<Output = (Result<Vec<Interface>>, [Result<Interface>; 2])> + Send {
+        async move {
+            let all = self.interfaces().await;
+            let v4 = self.announce_interface(Family::V4, configured).await;
+            let v6 = self.announce_interface(Family::V6, configured).await;
+            (all, [v4, v6])
+        }
+    }
+
     /// The virtual interface for off-link VIPs: a `dummy` link created on
     /// demand, or an existing link of that name where the kernel has no dummy
     /// driver.

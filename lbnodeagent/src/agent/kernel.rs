@@ -234,17 +234,18 @@ pub(super) async fn read_links<B: AddressBackend>(
     cfg: &AgentConfig,
     ensure_virtual: bool,
 ) -> Links {
-    let all = match backend.interfaces().await {
+    let configured = cfg.announce.interface.as_deref();
+    let (all, found) = backend.links_and_announce(configured).await;
+    let all = match all {
         Ok(a) => a,
         Err(e) => {
             warn!(error = %e, "cannot read links");
             Vec::new()
         }
     };
-    let configured = cfg.announce.interface.as_deref();
     let mut announce = [None, None];
-    for (slot, family) in announce.iter_mut().zip([Family::V4, Family::V6]) {
-        *slot = match backend.announce_interface(family, configured).await {
+    for ((slot, family), found) in announce.iter_mut().zip([Family::V4, Family::V6]).zip(found) {
+        *slot = match found {
             Ok(i) => Some(i.index),
             Err(e) => {
                 debug!(%family, error = %e, "no announce interface");

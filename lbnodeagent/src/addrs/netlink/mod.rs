@@ -237,6 +237,44 @@ impl AddressBackend for NetlinkBackend {
         Ok(links.iter().map(|l| describe_link(l, &routes)).collect())
     }
 
+    /// Three netlink dumps (IPv4 and IPv6 routes, links) where the three
+    /// calls it stands for make nine, each a round trip to the kernel
+    /// worker's thread: most of an idle agent's netlink traffic.
+    async fn links_and_announce(
+        &self,
+        configured: Option<&str>,
+    ) -> (Result<Vec<Interface>>, [Result<Interface>; 2]) {
+        let read = async { Ok::<_, Error>((self.routes().await?, self.links().await?)) }.await;
+        let (routes, links) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                // Each part as its own call would have it.
+                let v4 = self.announce_interface(Family::V4, configured).await;
+                let v6 = self.announce_interface(Family::V6, configured).await;
+                return (Err(e), [v4, v6]);
+            }
+        };
+        let all: Vec<Interface> = links.iter().map(|l| describe_link(l, &routes)).collect();
+        let announce = match configured.filter(|n| !n.is_empty()) {
+            // The same interface for both families.
+            Some(name) => match all.iter().find(|i| i.name == name) {
+                Some(i) => [Ok(i.clone()), Ok(i.clone())],
+                // Perhaps one of a link's alternative names, which the
+                // kernel resolves and a dump does not list.
+                None => [self.interface(name).await, self.interface(name).await],
+            },
+            None => [Family::V4, Family::V6].map(|family| {
+                let index = routes::default_interface(&routes, family)
+                    .ok_or(Error::NoDefaultRoute { family })?;
+                all.iter()
+                    .find(|i| i.index == index)
+                    .cloned()
+                    .ok_or(Error::InterfaceGone { index })
+            }),
+        };
+        (Ok(all), announce)
+    }
+
     async fn ensure_virtual_interface(&self, name: &str) -> Result<Interface> {
         let created = self
             .handle
