@@ -1,18 +1,20 @@
-//! What an agent costs at rest: three real agents in network namespaces,
-//! the test API server, one pool and `IDLE_VIPS` Services (default 1, each
-//! with one IPv4 VIP), nothing happening. Per agent, over `IDLE_SECS`
-//! (default 60) after a settling pause: CPU as a share of one core,
-//! datagrams its host sent, wake-ups (context switches of all its
-//! threads), and resident memory at the end.
+//! What an agent costs at rest: `IDLE_NODES` real agents (default 3) in
+//! network namespaces, the test API server, one pool and `IDLE_VIPS`
+//! Services (default 1, each with one IPv4 VIP), nothing happening. Per
+//! agent, over `IDLE_SECS` (default 60) after a settling pause: CPU as a
+//! share of one core, datagrams its host sent, wake-ups (context switches
+//! of all its threads), and resident memory at the end.
 //!
 //! ```sh
 //! cargo bench -p lbnodeagent --bench idle                    # 3 runs (root)
 //! IDLE_RUNS=1 IDLE_SECS=20 IDLE_VIPS=1000 cargo bench -p lbnodeagent --bench idle
+//! IDLE_NODES=100 IDLE_VIPS=1000 IDLE_RUNS=1 cargo bench -p lbnodeagent --bench idle
 //! IDLE_HEAPTRACK=/tmp/ht IDLE_RUNS=1 ... # node-a under heaptrack, its file /tmp/ht.*
 //! ```
 //!
-//! With more than one VIP, `node-a` is preferred and holds them all (the
-//! memory row of docs/targets.md is the node holding 1,000). The agents log
+//! With more than one VIP and at most three nodes, `node-a` is preferred
+//! and holds them all (the memory row of docs/targets.md is the node
+//! holding 1,000); with more nodes the election spreads them. The agents log
 //! at the shipped level (`info`) and renew addresses as shipped (15 s
 //! lifetimes). Their process ids are printed when the
 //! window opens, so `perf record -p` or `strace -c -f -p` can be pointed at
@@ -25,7 +27,15 @@ use std::time::{Duration, Instant};
 
 use cluster::{Cluster, median};
 
-const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+/// `node-a`, `node-b`, ...: `node-a` is the preferred one.
+fn node_names(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| match u8::try_from(i) {
+            Ok(i) if i < 26 => format!("node-{}", char::from(b'a' + i)),
+            _ => format!("node-{i}"),
+        })
+        .collect()
+}
 
 fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
@@ -37,6 +47,7 @@ fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
 /// What one agent had used so far.
 #[derive(Clone, Copy)]
 struct Used {
+    at: Instant,
     cpu: Duration,
     sent: u64,
     wakeups: u64,
@@ -79,6 +90,7 @@ fn udp_sent(c: &Cluster, node: &str) -> u64 {
 fn used(c: &Cluster, node: &str) -> Used {
     let pid = c.pid(node);
     Used {
+        at: Instant::now(),
         cpu: c.cpu_time(node),
         sent: udp_sent(c, node),
         wakeups: wakeups(pid),
@@ -92,11 +104,14 @@ struct Row {
     rss_mib: f64,
 }
 
-fn measure(vips: usize, secs: u64) -> Vec<Row> {
-    let mut c = Cluster::new(&NODES);
+fn measure(nodes: &[&str], vips: usize, secs: u64) -> Vec<Row> {
+    let mut c = Cluster::new(nodes);
     // The shipped lifetime: renewals are part of the cost at rest.
     c.lifetime = "15s".into();
-    if vips == 1 {
+    // With many VIPs on a small cluster, `node-a` holds them all (the
+    // memory row); on a large one the election spreads them.
+    let preferred = vips > 1 && nodes.len() <= 3;
+    if !preferred {
         c.pool_and_ad(&["10.79.0.0/16"], "");
     } else {
         c.pool_and_ad(
@@ -105,14 +120,14 @@ fn measure(vips: usize, secs: u64) -> Vec<Row> {
         );
         c.kubectl(&["label", "node", "node-a", "tier=edge"]);
     }
-    for node in NODES {
+    for &node in nodes {
         c.host(node)
             .ns
             .ip("route add 10.79.0.0/16 dev eth0")
             .unwrap();
     }
     let shipped = [("RUST_LOG", "info,kube_client::client::builder=off")];
-    for node in NODES {
+    for &node in nodes {
         match std::env::var("IDLE_HEAPTRACK") {
             Ok(out) if node == "node-a" => {
                 c.start_wrapped(node, &shipped, &["heaptrack", "-o", &out]);
@@ -127,11 +142,11 @@ fn measure(vips: usize, secs: u64) -> Vec<Row> {
         c.bulk_services(vips, std::net::Ipv4Addr::new(10, 79, 0, 1), "node-a");
     }
     let deadline = Instant::now() + Duration::from_secs(120);
-    let holder = if vips == 1 { None } else { Some("node-a") };
+    let holder = preferred.then_some("node-a");
     loop {
         let held = match holder {
             Some(n) => c.held_count(n),
-            None => NODES.iter().map(|n| c.held_count(n)).sum::<usize>(),
+            None => nodes.iter().map(|n| c.held_count(n)).sum::<usize>(),
         };
         if held >= vips {
             break;
@@ -141,12 +156,14 @@ fn measure(vips: usize, secs: u64) -> Vec<Row> {
     }
     // Settle: the start's gossip, records and first reports are done.
     std::thread::sleep(Duration::from_secs(5));
-    let pids: Vec<String> = NODES.iter().map(|n| format!("{n}={}", c.pid(n))).collect();
+    let pids: Vec<String> = nodes
+        .iter()
+        .take(3)
+        .map(|n| format!("{n}={}", c.pid(n)))
+        .collect();
     eprintln!("window open for {secs} s: {}", pids.join(" "));
-    let t0 = Instant::now();
-    let before: Vec<Used> = NODES.iter().map(|n| used(&c, n)).collect();
+    let before: Vec<Used> = nodes.iter().map(|n| used(&c, n)).collect();
     std::thread::sleep(Duration::from_secs(secs));
-    let span = t0.elapsed().as_secs_f64();
     if std::env::var_os("IDLE_HEAPTRACK").is_none() {
         let parts: Vec<String> = cluster::many::memory(&c, "node-a")
             .into_iter()
@@ -154,11 +171,13 @@ fn measure(vips: usize, secs: u64) -> Vec<Row> {
             .collect();
         eprintln!("  node-a memory, MiB: {}", parts.join(", "));
     }
-    NODES
+    nodes
         .iter()
         .zip(before)
         .map(|(n, b)| {
             let a = used(&c, n);
+            // Each node's own window: reading a hundred nodes takes a while.
+            let span = (a.at - b.at).as_secs_f64();
             Row {
                 cpu_pct: (a.cpu - b.cpu).as_secs_f64() / span * 100.0,
                 sent_per_s: (a.sent - b.sent) as f64 / span,
@@ -174,11 +193,20 @@ fn main() {
     let runs: usize = env("IDLE_RUNS", 3);
     let secs: u64 = env("IDLE_SECS", 60);
     let vips: usize = env("IDLE_VIPS", 1);
+    let names = node_names(env("IDLE_NODES", 3));
+    let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
     let mut all = Vec::new();
     for run in 0..runs {
-        eprintln!("at rest, {vips} VIPs: run {}/{runs}", run + 1);
-        let rows = measure(vips, secs);
-        for (n, r) in NODES.iter().zip(&rows) {
+        eprintln!(
+            "at rest, {} members, {vips} VIPs: run {}/{runs}",
+            nodes.len(),
+            run + 1
+        );
+        let rows = measure(&nodes, vips, secs);
+        // Every node of a small cluster; of a large one, the holder and
+        // two others (the table has them all).
+        let shown = if nodes.len() <= 5 { nodes.len() } else { 3 };
+        for (n, r) in nodes.iter().zip(&rows).take(shown) {
             eprintln!(
                 "  {n}: cpu {:.2}%, sent {:.0}/s, wake-ups {:.0}/s, rss {:.1} MiB",
                 r.cpu_pct, r.sent_per_s, r.wakeups_per_s, r.rss_mib
@@ -195,7 +223,7 @@ fn main() {
     println!("|---|---|---|---|---|---|");
     println!(
         "| {} | {vips} | {:.2} / {:.2} / {:.2} | {:.0} | {:.0} | {:.1} / {:.1} |",
-        NODES.len(),
+        nodes.len(),
         lo(|r| r.cpu_pct),
         col(|r| r.cpu_pct),
         hi(|r| r.cpu_pct),
