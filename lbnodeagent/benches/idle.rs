@@ -146,14 +146,7 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> Vec<Row> {
                 _ => c.start_with_env(node, &shipped),
             }
         }
-        for &node in batch {
-            hostlb_tests::netns::wait_for(
-                &format!("{node} to be ready"),
-                Duration::from_secs(120),
-                || (c.http_get(node, "/readyz").0 == "200").then_some(()),
-            )
-            .unwrap();
-        }
+        c.wait_ready_of(batch, Duration::from_secs(60));
     }
     if vips == 1 {
         c.service("web", &["10.79.0.1"], &["node-a"], "");

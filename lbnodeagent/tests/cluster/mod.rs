@@ -560,7 +560,13 @@ garp_interval = "200ms"
     /// Waits until every agent says it is ready (`/readyz`); when each
     /// did, in order of the nodes.
     pub fn wait_ready(&self, timeout: Duration) -> Vec<Instant> {
-        self.nodes
+        let nodes: Vec<&str> = self.nodes.iter().map(String::as_str).collect();
+        self.wait_ready_of(&nodes, timeout)
+    }
+
+    /// [`wait_ready`](Self::wait_ready) for some of the nodes.
+    pub fn wait_ready_of(&self, nodes: &[&str], timeout: Duration) -> Vec<Instant> {
+        nodes
             .iter()
             .map(|n| {
                 wait_for(&format!("{n} to be ready"), timeout, || {
