@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use cluster::{Cluster, PROBE_EVERY, until_only};
 use hostlb_tests::netns::wait_for;
-use hostlb_tests::probe::ArpProbe;
+use hostlb_tests::probe::{ArpProbe, ArpSweep, SlowOwner};
+use lbnodeagent::election::order_key;
 
 const VIP: &str = "10.77.0.100";
 
@@ -1452,6 +1453,98 @@ fn an_address_another_host_uses_is_not_taken_until_it_is_free() {
     // The backoff reaches a few seconds by now; taken at the next question.
     c.wait_single_holder(VIP, Duration::from_secs(40));
     c.wait_single_holder(v6, Duration::from_secs(40));
+}
+
+/// An agent starved of CPU (stopped 40 ms in every 50, its timers always
+/// late, a peer's beats waiting each time it wakes) asks about 100
+/// addresses a slow host answers for (15 ms after each question, inside
+/// the pre-check's window) and takes none of them: a late wake asks every
+/// question, and concludes only once the wire is read, not at the beat
+/// that happened to be stepped first. Judged by which MACs a third host
+/// hears answer for those addresses, and by the agent host's kernel.
+#[test]
+fn a_starved_agent_takes_no_address_a_slow_host_answers_for() {
+    const N: u32 = 100;
+    let first = std::net::Ipv4Addr::new(10, 77, 0, 130);
+    let in_use: Vec<String> = (0..N)
+        .map(|i| std::net::Ipv4Addr::from(u32::from(first) + i).to_string())
+        .collect();
+    // A VIP node-b wins and holds throughout: its beats go to node-a, its
+    // watcher, all the while.
+    let beating = (100..=120)
+        .map(|i| format!("10.77.0.{i}"))
+        .find(|ip| order_key("node-b", ip) < order_key("node-a", ip))
+        .unwrap();
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    // The addresses in use are node-a's alone to ask about.
+    c.kubectl(&["label", "node", "node-a", "starved=yes"]);
+    c.pool_and_ad(
+        &[&format!("{first}-{}", in_use[N as usize - 1])],
+        "ipAddressPools: [pool], nodeSelectors: [{matchLabels: {starved: \"yes\"}}]",
+    );
+    c.apply(
+        "apiVersion: hostlb.io/v1\nkind: IPAddressPool\nmetadata: {name: peer, namespace: hostlb-system}\nspec:\n  addresses: [10.77.0.100-10.77.0.120]\n",
+    );
+    c.apply(
+        "apiVersion: hostlb.io/v1\nkind: L2Advertisement\nmetadata: {name: peer, namespace: hostlb-system}\nspec: {ipAddressPools: [peer]}\n",
+    );
+    let client = c.host("client");
+    let owner_mac = client.mac().to_ascii_lowercase();
+    let _owner = SlowOwner::start(&client.ns, "eth0", &in_use, Duration::from_millis(15)).unwrap();
+    let observer = c.host("node-c");
+    let sweep = ArpSweep::start(
+        &observer.ns,
+        "eth0",
+        &observer.ipv4.to_string(),
+        &in_use,
+        Duration::from_millis(50),
+    )
+    .unwrap();
+    c.service("peer", &[&beating], &["node-a", "node-b"], "");
+    c.bulk_services(N as usize, first, "node-a");
+    c.start("node-b");
+    c.wait_ready_of(&["node-b"], Duration::from_secs(30));
+    c.wait_single_holder(&beating, Duration::from_secs(10));
+    c.start("node-a");
+    let pid = c.pid("node-a") as libc::pid_t;
+    let t0 = Instant::now();
+    let mut held_max = 0;
+    while t0.elapsed() < Duration::from_secs(15) {
+        // SAFETY: signals to the agent's own process, which this test
+        // started and has not reaped.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_millis(40));
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        std::thread::sleep(Duration::from_millis(10));
+        held_max = held_max.max(c.held_count("node-a"));
+    }
+    let end = Instant::now();
+    let mut foreign = Vec::new();
+    for ip in &in_use {
+        let replies = sweep.replies(ip);
+        assert!(!replies.is_empty(), "nobody answered for {ip}");
+        foreign.extend(
+            replies
+                .iter()
+                .filter(|r| r.at >= t0 && r.at <= end && r.mac != owner_mac)
+                .map(|r| format!("{ip} from {}", r.mac)),
+        );
+    }
+    assert!(
+        foreign.is_empty(),
+        "{} answers by another host, first {:?}",
+        foreign.len(),
+        &foreign[..foreign.len().min(5)]
+    );
+    assert_eq!(held_max, 0, "node-a's kernel held an address in use");
+    // node-a asked about them, and heard the answers.
+    let log = std::fs::read_to_string(c.log_path("node-a")).unwrap();
+    let answered = log
+        .lines()
+        .filter(|l| l.contains("a host that is no hostlb node answers for it"))
+        .count();
+    assert!(answered > 0, "node-a never heard an answer");
+    assert_eq!(c.holders(&beating), ["node-b"]);
 }
 
 /// `lbnodeagent drain` on a host moves every VIP it holds to the others

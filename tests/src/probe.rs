@@ -290,6 +290,54 @@ impl Drop for ArpSweep {
     }
 }
 
+/// A host that answers ARP requests for addresses it holds only after a
+/// delay, as a loaded host can (its network softirqs pushed to a kernel
+/// thread that waits for the CPU like any other). The addresses are held
+/// by the script, not the kernel. Stops on drop.
+pub struct SlowOwner {
+    child: Child,
+}
+
+impl SlowOwner {
+    /// Answers for `ips` (IPv4) on `interface` of `ns`, each answer sent
+    /// `delay` after its request arrived; returns once it listens.
+    pub fn start(
+        ns: &Netns,
+        interface: &str,
+        ips: &[String],
+        delay: Duration,
+    ) -> Result<SlowOwner> {
+        let secs = format!("{:.4}", delay.as_secs_f64());
+        let (child, stdout) = python(
+            ns,
+            "slow ARP owner",
+            SLOW_OWNER,
+            &[interface, &ips.join(","), &secs],
+        )?;
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .map_err(|source| NetnsError::Spawn {
+                command: "python3 (slow ARP owner)".into(),
+                source,
+            })?;
+        if line.trim() != "ready" {
+            return Err(NetnsError::Spawn {
+                command: "python3 (slow ARP owner)".into(),
+                source: std::io::Error::other(format!("did not start: {line:?}")),
+            });
+        }
+        Ok(SlowOwner { child })
+    }
+}
+
+impl Drop for SlowOwner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Runs the Python `script` with `args` inside `ns`; the child and its
 /// output.
 fn python(
@@ -593,6 +641,35 @@ while True:
             sys.stdout.write("reply from %s [%s] @%.6f\n" % (wanted[p[28:32]], p[22:28].hex(":"), at))
         ready, _, _ = select.select([s], [], [], 0)
     sys.stdout.flush()
+"#;
+
+/// [`SlowOwner`]: a reply to every ARP request (a probe's, from 0.0.0.0,
+/// too) for one of its addresses, sent `delay` after the request arrived.
+const SLOW_OWNER: &str = r#"
+import heapq
+iface, ips, delay = sys.argv[1], sys.argv[2].split(","), float(sys.argv[3])
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
+s.bind((iface, 0x0806))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+listen(s)
+mac = s.getsockname()[4]
+owned = {socket.inet_aton(i) for i in ips}
+due = []
+sys.stdout.write("ready\n")
+sys.stdout.flush()
+while True:
+    wait = max(0.0, due[0][0] - time.monotonic()) if due else None
+    ready, _, _ = select.select([s], [], [], wait)
+    while ready:
+        p, at = receive(s)
+        if len(p) >= 42 and p[6:12] != mac and p[20:22] == b"\x00\x01" and p[38:42] in owned:
+            asker, asker_ip, ip = p[22:28], p[28:32], p[38:42]
+            f = asker + mac + b"\x08\x06" + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 2) + mac + ip + asker + asker_ip
+            heapq.heappush(due, (at + delay, f + b"\x00" * (60 - len(f))))
+        ready, _, _ = select.select([s], [], [], 0)
+    now = time.monotonic()
+    while due and due[0][0] <= now:
+        s.send(heapq.heappop(due)[1])
 "#;
 
 /// `reply from 10.77.0.100 [02:aa:bb:cc:dd:ee]` (also arping's form,

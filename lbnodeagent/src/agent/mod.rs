@@ -319,6 +319,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 read: a.read_kernel,
             });
         }
+        // Listened for before anything is sent: an answer can be back
+        // before the send returns, and a send may yield to the task that
+        // reads the wire (tokio's budget), which drops what is not watched.
+        if let Some(watched) = a.watch {
+            *self.wire.watched.write().unwrap_or_else(|e| e.into_inner()) = watched;
+        }
         // Sent before the loop goes on (a raw socket's send does not wait):
         // a pre-check's deadline is counted from the step that asked, and
         // a new owner's announcement is what lets the old one go.
@@ -331,9 +337,6 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
         if let (Some(plan), Some(b)) = (a.beat, &self.gossip.beats) {
             b.set_plan(plan);
-        }
-        if let Some(watched) = a.watch {
-            *self.wire.watched.write().unwrap_or_else(|e| e.into_inner()) = watched;
         }
         if a.leave {
             if let Some(b) = &self.gossip.beats {

@@ -2,7 +2,8 @@
 //! socket and the `sockaddr_ll` that names the interface a frame leaves by.
 //! socket2 opens the socket safely but has no constructor for link-layer
 //! addresses, and Tokio's registration of a raw descriptor is unsafe since
-//! it cannot check who owns the descriptor; those two steps are all.
+//! it cannot check who owns the descriptor; those two steps, and one socket
+//! option socket2 does not name (`SO_RCVBUFFORCE`), are all.
 
 use std::io;
 use std::mem::size_of;
@@ -70,6 +71,7 @@ impl ClaimSocket {
             Some(Protocol::from(i32::from(super::packet::ETH_P_ARP.to_be()))),
         )?;
         arp.set_nonblocking(true)?;
+        room_for_bursts(&arp);
         // SAFETY: as in `PacketSocket::open`, the `Socket` owns the
         // descriptor for the life of the `AsyncFd`.
         let arp = unsafe { AsyncFd::register_with_interest(arp, Interest::READABLE) }?;
@@ -77,6 +79,7 @@ impl ClaimSocket {
         let icmp6 = match Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6)) {
             Ok(s) => {
                 s.set_nonblocking(true)?;
+                room_for_bursts(&s);
                 // SAFETY: as above.
                 Some(unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }?)
             }
@@ -114,6 +117,34 @@ impl ClaimSocket {
             return Ok(Some(Received::Icmp6(buf[..n].to_vec())));
         }
         Ok(None)
+    }
+}
+
+/// What a claim socket may queue while the loop is busy. The default
+/// (`net.core.rmem_default`, about 200 KiB) holds some 200 frames: one
+/// node taking a thousand VIPs sends 2,000, and a pre-check's answer that
+/// arrives among them would be dropped, a live owner's VIP taken. This
+/// holds a few thousand. Memory is spent only on frames queued.
+const CLAIM_BUFFER: usize = 4 << 20;
+
+/// Asks for [`CLAIM_BUFFER`], past `net.core.rmem_max` where the agent may
+/// (`SO_RCVBUFFORCE` needs CAP_NET_ADMIN, which a candidate has), up to it
+/// otherwise. Not fatal: the default still works on a quiet LAN.
+fn room_for_bursts(s: &Socket) {
+    use std::os::fd::AsRawFd;
+    let size = CLAIM_BUFFER as libc::c_int;
+    // SAFETY: a valid descriptor and an `int` option of the right length.
+    let forced = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&raw const size).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    } == 0;
+    if !forced && let Err(e) = s.set_recv_buffer_size(CLAIM_BUFFER) {
+        tracing::debug!(error = %e, "cannot enlarge a claim socket's buffer");
     }
 }
 
@@ -176,6 +207,21 @@ mod tests {
         assert_eq!(&bytes[4..8], &7i32.to_ne_bytes());
         assert_eq!(bytes[11], 6);
         assert_eq!(&bytes[12..18], &[0xff; 6]);
+    }
+
+    /// A claim socket queues a burst of announcements while the loop is
+    /// busy. Needs root (a packet socket, and `SO_RCVBUFFORCE` past
+    /// `net.core.rmem_max`); fails without it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn claim_sockets_hold_a_burst() {
+        let s = ClaimSocket::open().expect("a packet socket: run as root");
+        // The kernel reports twice what was asked (its bookkeeping).
+        let arp = s.arp.get_ref().recv_buffer_size().unwrap();
+        assert!(arp >= CLAIM_BUFFER, "ARP socket buffer {arp}");
+        if let Some(icmp6) = &s.icmp6 {
+            let nd = icmp6.get_ref().recv_buffer_size().unwrap();
+            assert!(nd >= CLAIM_BUFFER, "ICMPv6 socket buffer {nd}");
+        }
     }
 
     /// The raw bytes of a socket address.

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::conflict::{Hold, PRECHECK, PRECHECK_EVERY, PRECHECK_IN_USE, PRECHECK_PROBES};
+use super::conflict::{
+    Hold, PRECHECK, PRECHECK_ANSWER, PRECHECK_EVERY, PRECHECK_IN_USE, PRECHECK_PROBES,
+};
 use super::links::{Mode, Want};
 use super::slot::{Op, Probing, Retry, Slot, same_place};
 use super::{Actions, Core, Phase, RETRY_MAX, RETRY_MIN};
@@ -260,6 +262,7 @@ impl Core {
             info!(%ip, "the gone owner's address lapsed and nobody answers; taking it");
         }
         if want.mode == Mode::Local && !held_here && !checked && self.needs_precheck(ip) {
+            let wire_read = self.wire_read;
             let slot = self.slot_mut(ip);
             match &mut slot.probing {
                 None => {
@@ -277,10 +280,16 @@ impl Core {
                     out.probe.extend(want.target);
                     return;
                 }
-                Some(p) if now < p.until => {
+                // A host late on its timers asks every question still,
+                // the last with its time for an answer, and concludes only
+                // once the wire was read after that: a late wake must not
+                // turn one question, or an unread answer, into "nobody
+                // answers".
+                Some(p) if now < p.until || p.left > 0 || wire_read < p.until => {
                     if p.left > 0 && now >= p.next {
                         p.left -= 1;
                         p.next = now + PRECHECK_EVERY;
+                        p.until = p.until.max(now + PRECHECK_ANSWER);
                         out.probe.extend(want.target);
                     }
                     return;

@@ -88,6 +88,14 @@ pub const PRECHECK_IN_USE: std::time::Duration = Duration::from_millis(500);
 /// does not take them all.
 pub const PRECHECK_PROBES: u32 = 3;
 pub const PRECHECK_EVERY: Duration = Duration::from_millis(10);
+/// The time the last question has for its answer: the rest of
+/// [`PRECHECK`]. A host that asks late, its timers behind, still waits this
+/// long after its last question.
+pub const PRECHECK_ANSWER: Duration = Duration::from_millis(10);
+const _: () = assert!(
+    PRECHECK.as_millis()
+        == PRECHECK_EVERY.as_millis() * (PRECHECK_PROBES as u128 - 1) + PRECHECK_ANSWER.as_millis()
+);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {

@@ -161,6 +161,13 @@ pub struct Core {
     /// became a candidate, so peers that became candidates at the same
     /// moment are seen by then (see [`Core::settle`]).
     acquire_from: Instant,
+    /// The last step that followed a full read of the wire (a
+    /// [`Input::Tick`]: the shell reads every claim that arrived before a
+    /// deadline first). A pre-check concludes that nobody answered only
+    /// at such a step: on a busy host another input (beats, a kernel
+    /// result) can be stepped after the deadline while the answer still
+    /// waits in the socket.
+    wire_read: Instant,
     election: Election,
     /// The election has had a cluster view.
     cluster_known: bool,
@@ -290,6 +297,7 @@ impl Core {
             started: now,
             first_peer: None,
             acquire_from: now,
+            wire_read: now,
             election: Election::new(&Cluster::default(), []),
             cluster_known: false,
             revision: 0,
@@ -599,7 +607,7 @@ impl Core {
                     }
                 }
             }
-            Input::Tick => {}
+            Input::Tick => self.wire_read = now,
             Input::Records(records) => {
                 self.records = records;
                 self.learn_records(true);

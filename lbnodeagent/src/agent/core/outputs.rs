@@ -235,6 +235,7 @@ impl Core {
         // (a VIP whose retry is due while a yield holds it off). Waking
         // for it again now would spin.
         let mut wake: Option<Instant> = None;
+        let mut read_wire = false;
         let mut at = |t: Instant| {
             if t > now {
                 wake = Some(wake.map_or(t, |w| w.min(t)));
@@ -255,6 +256,9 @@ impl Core {
                 if p.left > 0 {
                     at(p.next);
                 }
+                // Past its window, but concluded only at a wake (see
+                // `wire_read`): one is due at once.
+                read_wire |= p.until <= now && self.wire_read < p.until;
             }
             if let Some(h) = &s.held {
                 if let Some(o) = &h.handover {
@@ -331,7 +335,7 @@ impl Core {
             Phase::Running if now < self.acquire_from => at(self.acquire_from),
             _ => {}
         }
-        wake
+        if read_wire { Some(now) } else { wake }
     }
 
     pub(super) fn event_for(

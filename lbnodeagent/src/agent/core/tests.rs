@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use hostlb_api::{AddressRange, LabelSelector, Selector};
 
 use super::conflict::{
-    PRECHECK, PRECHECK_EVERY, PRECHECK_IN_USE, PRECHECK_PROBES, RECORD_MACS_MAX,
+    PRECHECK, PRECHECK_ANSWER, PRECHECK_EVERY, PRECHECK_IN_USE, PRECHECK_PROBES, RECORD_MACS_MAX,
 };
 use super::links::Links;
 use super::*;
@@ -214,9 +214,14 @@ impl Node {
     }
 
     fn step(&mut self, input: Input) -> Actions {
+        let tick = matches!(input, Input::Tick);
         let a = self.core.step(self.now, input);
         if let Some(w) = a.wake {
-            assert!(w > self.now, "a wake-up that is not ahead would spin");
+            // At once only to read the wire, which a wake does.
+            assert!(
+                w > self.now || (w == self.now && !tick),
+                "a wake-up that is not ahead would spin"
+            );
         }
         a
     }
@@ -238,8 +243,19 @@ impl Node {
             return a;
         }
         assert!(a.add.is_empty(), "not taken before the LAN is asked");
-        self.advance(PRECHECK);
+        self.asks_on();
         self.step(Input::Tick)
+    }
+
+    /// Wakes when the pre-check asks again, with no answer, and advances to
+    /// the end of its window: the next wake concludes it.
+    fn asks_on(&mut self) -> &mut Node {
+        for _ in 1..PRECHECK_PROBES {
+            self.advance(PRECHECK_EVERY);
+            let a = self.step(Input::Tick);
+            assert!(a.add.is_empty(), "not taken before the LAN is asked");
+        }
+        self.advance(PRECHECK_ANSWER)
     }
 
     /// Every kernel operation of `a` succeeded.
@@ -575,7 +591,7 @@ fn a_vip_whose_winner_cannot_know_it_is_taken_by_the_next_that_does() {
     let act = if act.probe.is_empty() {
         act
     } else {
-        a.advance(PRECHECK);
+        a.asks_on();
         a.step(Input::Tick)
     };
     assert_eq!(ips(&act.add), [v].into(), "a comes after b, before c");
@@ -1301,6 +1317,113 @@ fn the_precheck_asks_at_its_pace_not_at_every_step() {
     assert_eq!(asked, paced);
 }
 
+/// A host late on its timers (starved, stalled) wakes past the window
+/// with one question asked: it asks the others, and waits for the last
+/// one's answer, before it takes the VIP. One question, whose answer sat
+/// unread or was lost, must not take a live owner's address.
+#[test]
+fn a_late_precheck_asks_every_question_and_waits_for_the_last_answer() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.hears(
+        cluster(&[v]),
+        view("a", vec![peer("c", Status::Alive, &[], 1)], Vec::new()),
+    );
+    a.advance(INTERVAL * 3);
+    a.step(Input::Tick);
+    a.advance(INTERVAL * 3);
+    let act = a.step(Input::Tick);
+    assert_eq!(targets(&act.probe), [v].into());
+    let mut asked = 1;
+    let mut last = a.now;
+    // Every wake 50 ms late: past the whole window each time.
+    let added = loop {
+        a.advance(Duration::from_millis(50));
+        let act = a.step(Input::Tick);
+        if !act.add.is_empty() {
+            assert_eq!(ips(&act.add), [v].into());
+            break a.now;
+        }
+        if targets(&act.probe).contains(&v) {
+            asked += 1;
+            last = a.now;
+        }
+        assert!(asked <= PRECHECK_PROBES, "asked {asked} times");
+    };
+    assert_eq!(asked, PRECHECK_PROBES, "every question asked before");
+    assert!(added >= last + PRECHECK_ANSWER);
+
+    // Late once, then on time: a wake just short of the last answer's
+    // time takes nothing yet.
+    let w = ip("10.0.1.2");
+    let mut b = Node::new("a");
+    b.hears(
+        cluster(&[w]),
+        view("a", vec![peer("c", Status::Alive, &[], 1)], Vec::new()),
+    );
+    b.advance(INTERVAL * 3);
+    b.step(Input::Tick);
+    b.advance(INTERVAL * 3);
+    b.step(Input::Tick);
+    b.advance(Duration::from_millis(45));
+    assert_eq!(targets(&b.step(Input::Tick).probe), [w].into());
+    b.advance(PRECHECK_EVERY);
+    assert_eq!(targets(&b.step(Input::Tick).probe), [w].into());
+    b.advance(PRECHECK_ANSWER - Duration::from_millis(1));
+    let act = b.step(Input::Tick);
+    assert!(act.add.is_empty(), "the last answer has its time");
+    b.advance(Duration::from_millis(1));
+    assert_eq!(ips(&b.step(Input::Tick).add), [w].into());
+}
+
+/// Past its window, a pre-check concludes "nobody answers" only at a wake
+/// (the shell reads the wire before it steps one), never at another input
+/// stepped first on a busy host: the answer may still wait in the socket.
+#[test]
+fn a_precheck_concludes_only_after_the_wire_is_read() {
+    let v = ip("10.0.1.1");
+    let setup = || {
+        let mut a = Node::new("a");
+        a.hears(
+            cluster(&[v]),
+            view("a", vec![peer("c", Status::Alive, &[], 1)], Vec::new()),
+        );
+        a.advance(INTERVAL * 3);
+        a.step(Input::Tick);
+        a.advance(INTERVAL * 3);
+        assert_eq!(targets(&a.step(Input::Tick).probe), [v].into());
+        for _ in 1..PRECHECK_PROBES {
+            a.advance(PRECHECK_EVERY);
+            assert_eq!(targets(&a.step(Input::Tick).probe), [v].into());
+        }
+        a.advance(PRECHECK_ANSWER + Duration::from_millis(5));
+        a
+    };
+
+    let mut a = setup();
+    let act = a.step(beat("c", None));
+    assert!(act.add.is_empty(), "a beat stepped first decides nothing");
+    assert!(
+        act.wake.is_some_and(|w| w <= a.now),
+        "a wake is due at once"
+    );
+    let act = a.step(Input::Tick);
+    assert_eq!(
+        ips(&act.add),
+        [v].into(),
+        "the wake, the wire read, takes it"
+    );
+
+    // The answer that waited is read first: the owner keeps its VIP.
+    let mut a = setup();
+    assert!(a.step(beat("c", None)).add.is_empty());
+    assert!(a.step(answer("b", v)).add.is_empty());
+    for _ in 0..10 {
+        a.advance(Duration::from_millis(10));
+        assert!(a.step(Input::Tick).add.is_empty(), "b's host answers");
+    }
+}
+
 /// A VIP taken while others are held lapses with them: its lifetime
 /// outlasts the renewal after the next one, and no more, so one renewal
 /// keeps every address.
@@ -1945,7 +2068,7 @@ fn a_restarted_owners_beats_do_not_vouch_for_its_old_run() {
     a.advance(sessions::BEAT_MISS);
     let act = a.step(Input::Tick);
     assert_eq!(targets(&act.probe), [v].into(), "b silent: asked about");
-    a.advance(PRECHECK);
+    a.asks_on();
     let act = a.step(Input::Tick);
     assert_eq!(ips(&act.add), [v].into(), "nobody answers: taken");
     a.done(&act);
@@ -2064,7 +2187,7 @@ fn the_watcher_relays_a_silent_owner_to_the_others_next_in_line() {
     };
     let act = a.step(relay(None));
     assert_eq!(targets(&act.probe), [to_a].into(), "asked about at once");
-    a.advance(PRECHECK);
+    a.asks_on();
     let act = a.step(relay(None));
     let act = if act.add.is_empty() {
         a.step(Input::Tick)
@@ -2272,9 +2395,9 @@ fn a_leaving_beat_after_gossip_lost_the_node_still_hands_over() {
     let act = a.step(leaving("b"));
     assert_eq!(targets(&act.probe), [v].into(), "asked again at once");
     a.step(answer("b", v));
-    a.advance(PRECHECK);
+    a.asks_on();
     let act = a.step(Input::Tick);
-    assert_eq!(ips(&act.add), [v].into(), "taken after one question");
+    assert_eq!(ips(&act.add), [v].into(), "taken after its questions");
     a.done(&act);
     a.advance(Duration::from_millis(2));
     let act = a.step(answer("b", v));
@@ -3138,7 +3261,7 @@ fn an_orphan_taken_is_kept_while_its_winner_has_an_older_view() {
     a.step(Input::Members(view("a", others(&[], 7), Vec::new())));
     a.advance(HANDOVER_MAX);
     a.step(Input::Tick);
-    a.advance(PRECHECK);
+    a.asks_on();
     let act = a.step(Input::Tick);
     assert_eq!(ips(&act.add), [v].into(), "taken as the fallback");
     a.done(&act);
