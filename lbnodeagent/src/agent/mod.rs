@@ -323,7 +323,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // before the send returns, and a send may yield to the task that
         // reads the wire (tokio's budget), which drops what is not watched.
         if let Some(watched) = a.watch {
-            *self.wire.watched.write().unwrap_or_else(|e| e.into_inner()) = watched;
+            self.wire.watch(watched);
         }
         // Sent before the loop goes on (a raw socket's send does not wait):
         // a pre-check's deadline is counted from the step that asked, and

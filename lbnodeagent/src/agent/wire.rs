@@ -75,6 +75,18 @@ pub(super) fn open_wire(announcer: Option<Arc<Announcer>>) -> Wire {
 }
 
 impl Wire {
+    /// The addresses whose claims reach the loop from now on: the kernel's
+    /// filter first, then the reader's.
+    pub(super) fn watch(&mut self, watched: BTreeSet<IpAddr>) {
+        if let Some(reader) = &self.reader
+            && let Err(e) = reader.watch(&watched)
+        {
+            // The reader's own filter still holds: more wake-ups, no loss.
+            debug!(error = %e, "cannot set the kernel's ARP filter");
+        }
+        *self.watched.write().unwrap_or_else(|e| e.into_inner()) = watched;
+    }
+
     /// The claims on watched addresses that reached the host and wait for
     /// the loop, queued or still in the socket (the task that reads it runs
     /// only when the loop lets it). Read before a deadline is stepped, so

@@ -172,6 +172,12 @@ impl Claims {
         })
     }
 
+    /// Lets the kernel drop ARP that claims none of `watched` (see
+    /// `ClaimSocket::watch`).
+    pub fn watch(&self, watched: &std::collections::BTreeSet<std::net::IpAddr>) -> io::Result<()> {
+        self.socket.watch(watched)
+    }
+
     /// The next frame that claims an address.
     pub async fn next(&self) -> io::Result<packet::Claim> {
         loop {

@@ -2,13 +2,14 @@
 //! socket and the `sockaddr_ll` that names the interface a frame leaves by.
 //! socket2 opens the socket safely but has no constructor for link-layer
 //! addresses, and Tokio's registration of a raw descriptor is unsafe since
-//! it cannot check who owns the descriptor; those two steps, and one socket
-//! option socket2 does not name (`SO_RCVBUFFORCE`), are all.
+//! it cannot check who owns the descriptor; those two steps, and two socket
+//! options socket2 does not name (`SO_RCVBUFFORCE`, `ICMP6_FILTER`), are
+//! all.
 
 use std::io;
 use std::mem::size_of;
 
-use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, Socket, Type};
+use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, SockFilter, Socket, Type};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
@@ -80,12 +81,40 @@ impl ClaimSocket {
             Ok(s) => {
                 s.set_nonblocking(true)?;
                 room_for_bursts(&s);
+                advertisements_only(&s)?;
                 // SAFETY: as above.
                 Some(unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }?)
             }
             Err(_) => None,
         };
         Ok(ClaimSocket { arp, icmp6 })
+    }
+
+    /// Lets through the kernel only ARP frames that claim one of `watched`
+    /// (their sender address is one): a LAN's other ARP (every client
+    /// asking for a VIP, a prober every 10 ms) no longer wakes the agent
+    /// to be dropped here. Past [`FILTERED_MAX`] addresses, every frame
+    /// passes and the caller's own filter does the work.
+    pub fn watch(&self, watched: &std::collections::BTreeSet<std::net::IpAddr>) -> io::Result<()> {
+        let v4: Vec<u32> = watched
+            .iter()
+            .filter_map(|ip| match ip {
+                std::net::IpAddr::V4(v4) => Some(u32::from(*v4)),
+                std::net::IpAddr::V6(_) => None,
+            })
+            .collect();
+        let arp = self.arp.get_ref();
+        match arp_filter(&v4) {
+            Some(program) => arp.attach_filter(&program),
+            None => arp.detach_filter().or_else(|e| {
+                // Nothing attached yet.
+                if e.raw_os_error() == Some(libc::ENOENT) {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }),
+        }
     }
 
     pub async fn recv(&self) -> io::Result<Received> {
@@ -147,6 +176,60 @@ fn room_for_bursts(s: &Socket) {
         tracing::debug!(error = %e, "cannot enlarge a claim socket's buffer");
     }
 }
+
+/// Watched IPv4 addresses a kernel filter holds: two instructions each
+/// within the kernel's 4,096.
+pub(super) const FILTERED_MAX: usize = 2_000;
+
+/// A classic BPF program over an Ethernet ARP frame that accepts it when
+/// its sender protocol address (bytes 28..32) is one of `v4`, or `None`
+/// past [`FILTERED_MAX`]. An empty list accepts nothing.
+fn arp_filter(v4: &[u32]) -> Option<Vec<SockFilter>> {
+    if v4.len() > FILTERED_MAX {
+        return None;
+    }
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let mut p = Vec::with_capacity(v4.len() * 2 + 2);
+    p.push(SockFilter::new(LD_W_ABS, 0, 0, 28));
+    for ip in v4 {
+        // Equal: the next instruction, accept; else skip it.
+        p.push(SockFilter::new(JEQ_K, 0, 1, *ip));
+        p.push(SockFilter::new(RET_K, 0, 0, u32::MAX));
+    }
+    p.push(SockFilter::new(RET_K, 0, 0, 0));
+    Some(p)
+}
+
+/// Only Neighbor Advertisements reach the raw ICMPv6 socket: solicitations
+/// (every client resolving a VIP), router advertisements and echoes claim
+/// nothing.
+fn advertisements_only(s: &Socket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // `struct icmp6_filter`: a set bit blocks that type.
+    let mut filter = [u32::MAX; 8];
+    filter[136 / 32] &= !(1 << (136 % 32));
+    // SAFETY: a valid descriptor and a `struct icmp6_filter` (8 × u32).
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_ICMPV6,
+            ICMP6_FILTER,
+            filter.as_ptr().cast(),
+            size_of_val(&filter) as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `ICMP6_FILTER` of `<netinet/icmp6.h>` (linux/icmpv6.h), which the libc
+/// crate does not name.
+const ICMP6_FILTER: libc::c_int = 1;
 
 /// One read that does not wait: `None` when nothing is queued. (A readiness
 /// left set meanwhile costs the async reader one empty read.)
@@ -222,6 +305,140 @@ mod tests {
             let nd = icmp6.get_ref().recv_buffer_size().unwrap();
             assert!(nd >= CLAIM_BUFFER, "ICMPv6 socket buffer {nd}");
         }
+    }
+
+    /// Runs `f` on a thread of its own in a new network namespace with
+    /// `lo` up. Needs root; fails without it.
+    fn in_new_netns<F: FnOnce() + Send + 'static>(f: F) {
+        std::thread::spawn(move || {
+            // SAFETY: unshare affects this thread only, which ends after f.
+            let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "unshare(CLONE_NEWNET): run as root");
+            let ip = |args: &str| {
+                let ok = std::process::Command::new("ip")
+                    .args(args.split(' '))
+                    .status()
+                    .expect("ip (iproute2)")
+                    .success();
+                assert!(ok, "ip {args}");
+            };
+            ip("link set lo up");
+            ip("link add v0 type veth peer name v1");
+            ip("link set v0 up");
+            ip("link set v1 up");
+            f();
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn drain(s: &ClaimSocket) -> Vec<Received> {
+        let mut out = Vec::new();
+        while let Some(r) = s.try_recv().unwrap() {
+            out.push(r);
+        }
+        out
+    }
+
+    /// Once told what it watches, the ARP socket receives only frames whose
+    /// sender address is watched: a LAN's other ARP stays in the kernel.
+    /// Needs root.
+    #[test]
+    fn the_kernel_drops_arp_that_claims_nothing_watched() {
+        in_new_netns(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let claims = ClaimSocket::open().unwrap();
+                let out = PacketSocket::open().unwrap();
+                let v0 = ifindex("v0");
+                let mac = crate::addrs::MacAddr([2, 0, 0, 0, 0, 1]);
+                let x: std::net::Ipv4Addr = "10.7.0.1".parse().unwrap();
+                let y: std::net::Ipv4Addr = "10.7.0.2".parse().unwrap();
+                let send = |ip| {
+                    let frame = gratuitous_arp(ArpOp::Request, mac, ip);
+                    let out = &out;
+                    async move { out.send(v0, &frame).await.unwrap() }
+                };
+                let senders = |got: Vec<Received>| -> Vec<[u8; 4]> {
+                    got.into_iter()
+                        .filter_map(|r| match r {
+                            Received::Arp(f) => Some(f[28..32].try_into().unwrap()),
+                            Received::Icmp6(_) => None,
+                        })
+                        .collect()
+                };
+                // Before any watch, everything passes.
+                send(y).await;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                assert!(senders(drain(&claims)).contains(&y.octets()));
+                claims.watch(&[std::net::IpAddr::V4(x)].into()).unwrap();
+                send(x).await;
+                send(y).await;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                let got = senders(drain(&claims));
+                assert!(got.contains(&x.octets()), "{got:?}");
+                assert!(!got.contains(&y.octets()), "{got:?}");
+                // Nothing watched: nothing passes.
+                claims.watch(&Default::default()).unwrap();
+                send(x).await;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                assert_eq!(senders(drain(&claims)), Vec::<[u8; 4]>::new());
+            });
+        });
+    }
+
+    /// Of ICMPv6, only Neighbor Advertisements reach the claim socket: an
+    /// echo and its reply do not. Needs root.
+    #[test]
+    fn only_advertisements_reach_the_icmpv6_socket() {
+        in_new_netns(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let claims = ClaimSocket::open().unwrap();
+                assert!(claims.icmp6.is_some(), "IPv6 in the test namespace");
+                let tx = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6)).unwrap();
+                let to = SockAddr::from("[::1]:0".parse::<std::net::SocketAddr>().unwrap());
+                // Echo request (128); the kernel answers with 129. Then an
+                // advertisement (136) for ::1. The kernel fills checksums.
+                tx.send_to(&[128, 0, 0, 0, 0, 1, 0, 1], &to).unwrap();
+                let mut na = vec![136, 0, 0, 0, 0x20, 0, 0, 0];
+                na.extend_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+                tx.send_to(&na, &to).unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                let types: Vec<u8> = drain(&claims)
+                    .into_iter()
+                    .filter_map(|r| match r {
+                        Received::Icmp6(m) => Some(m[0]),
+                        Received::Arp(_) => None,
+                    })
+                    .collect();
+                assert_eq!(types, [136]);
+            });
+        });
+    }
+
+    /// The filter for every count it takes, and none past it.
+    #[test]
+    fn the_arp_filter_fits_the_kernel() {
+        assert_eq!(arp_filter(&[]).unwrap().len(), 2);
+        let max: Vec<u32> = (0..FILTERED_MAX as u32).collect();
+        assert!(arp_filter(&max).unwrap().len() <= 4_096);
+        let over: Vec<u32> = (0..=FILTERED_MAX as u32).collect();
+        assert!(arp_filter(&over).is_none());
+    }
+
+    fn ifindex(name: &str) -> u32 {
+        let name = std::ffi::CString::new(name).unwrap();
+        // SAFETY: a valid NUL-terminated name.
+        let i = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        assert_ne!(i, 0, "no interface {name:?}");
+        i
     }
 
     /// The raw bytes of a socket address.
