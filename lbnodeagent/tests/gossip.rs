@@ -23,11 +23,16 @@ const KEY_A: [u8; 32] = [0xa1; 32];
 const KEY_B: [u8; 32] = [0xb2; 32];
 const KEY_X: [u8; 32] = [0x99; 32];
 
-/// A free loopback UDP port: bound and released, so a peer's address is
-/// known before it starts (its seeds and advertise address need it).
+/// A loopback address no other peer of this binary has, known before the
+/// peer starts (its seeds and advertise address need it). Off 127.0.0.1:
+/// a port found free there and bound later could meanwhile be taken by
+/// another peer's ephemeral loopback sockets (tests run in parallel).
 fn free_addr() -> SocketAddr {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    socket.local_addr().unwrap()
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let host = u8::try_from(n % 250 + 1).expect("below 251");
+    let port = 20_000 + u16::try_from(n / 250).expect("fewer than 16 million peers");
+    SocketAddr::from(([127, 0, 3, host], port))
 }
 
 fn local_state(n: u8) -> LocalState {

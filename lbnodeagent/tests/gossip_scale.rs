@@ -14,9 +14,12 @@ use lbnodeagent::gossip::{
 
 const KEY: [u8; 32] = [0xa1; 32];
 
-fn free_addr() -> SocketAddr {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    socket.local_addr().unwrap()
+/// Agent `i`'s gossip address: one loopback address each, off 127.0.0.1.
+/// A port found free on 127.0.0.1 and bound later could meanwhile be taken
+/// by another agent's ephemeral loopback sockets.
+fn agent_addr(i: usize) -> SocketAddr {
+    let i = u8::try_from(i + 1).expect("at most 254 agents");
+    SocketAddr::from(([127, 0, 2, i], 17_934))
 }
 
 /// What an agent publishes: one prefix, one MAC, ten VIPs.
@@ -83,15 +86,11 @@ fn raise_open_files_limit() {
 async fn fifty_agents_converge_and_the_largest_messages_go_through() {
     raise_open_files_limit();
     const N: usize = 50;
-    let seeds: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
+    let seeds: Vec<SocketAddr> = (0..3).map(agent_addr).collect();
     let mut agents = Vec::new();
     let mut states = Vec::new();
     for i in 0..N {
-        let addr = if i < seeds.len() {
-            seeds[i]
-        } else {
-            free_addr()
-        };
+        let addr = agent_addr(i);
         let mut config = GossipConfig::for_test(&format!("node-{i:02}"), addr);
         config.max_bandwidth = None;
         config.seeds = seeds
