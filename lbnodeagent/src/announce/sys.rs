@@ -307,9 +307,14 @@ mod tests {
         }
     }
 
-    /// Runs `f` on a thread of its own in a new network namespace with
-    /// `lo` up. Needs root; fails without it.
-    fn in_new_netns<F: FnOnce() + Send + 'static>(f: F) {
+    /// Runs `f`'s future on a thread of its own, in a Tokio runtime, in a
+    /// new network namespace with `lo` up and a veth pair `v0`-`v1`. Needs
+    /// root; fails without it.
+    fn in_new_netns<F, Fut>(f: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()>,
+    {
         std::thread::spawn(move || {
             // SAFETY: unshare affects this thread only, which ends after f.
             let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
@@ -326,7 +331,11 @@ mod tests {
             ip("link add v0 type veth peer name v1");
             ip("link set v0 up");
             ip("link set v1 up");
-            f();
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(f());
         })
         .join()
         .unwrap();
@@ -345,48 +354,42 @@ mod tests {
     /// Needs root.
     #[test]
     fn the_kernel_drops_arp_that_claims_nothing_watched() {
-        in_new_netns(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let claims = ClaimSocket::open().unwrap();
-                let out = PacketSocket::open().unwrap();
-                let v0 = ifindex("v0");
-                let mac = crate::addrs::MacAddr([2, 0, 0, 0, 0, 1]);
-                let x: std::net::Ipv4Addr = "10.7.0.1".parse().unwrap();
-                let y: std::net::Ipv4Addr = "10.7.0.2".parse().unwrap();
-                let send = |ip| {
-                    let frame = gratuitous_arp(ArpOp::Request, mac, ip);
-                    let out = &out;
-                    async move { out.send(v0, &frame).await.unwrap() }
-                };
-                let senders = |got: Vec<Received>| -> Vec<[u8; 4]> {
-                    got.into_iter()
-                        .filter_map(|r| match r {
-                            Received::Arp(f) => Some(f[28..32].try_into().unwrap()),
-                            Received::Icmp6(_) => None,
-                        })
-                        .collect()
-                };
-                // Before any watch, everything passes.
-                send(y).await;
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                assert!(senders(drain(&claims)).contains(&y.octets()));
-                claims.watch(&[std::net::IpAddr::V4(x)].into()).unwrap();
-                send(x).await;
-                send(y).await;
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                let got = senders(drain(&claims));
-                assert!(got.contains(&x.octets()), "{got:?}");
-                assert!(!got.contains(&y.octets()), "{got:?}");
-                // Nothing watched: nothing passes.
-                claims.watch(&Default::default()).unwrap();
-                send(x).await;
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                assert_eq!(senders(drain(&claims)), Vec::<[u8; 4]>::new());
-            });
+        in_new_netns(|| async {
+            let claims = ClaimSocket::open().unwrap();
+            let out = PacketSocket::open().unwrap();
+            let v0 = ifindex("v0");
+            let mac = crate::addrs::MacAddr([2, 0, 0, 0, 0, 1]);
+            let x: std::net::Ipv4Addr = "10.7.0.1".parse().unwrap();
+            let y: std::net::Ipv4Addr = "10.7.0.2".parse().unwrap();
+            let send = |ip| {
+                let frame = gratuitous_arp(ArpOp::Request, mac, ip);
+                let out = &out;
+                async move { out.send(v0, &frame).await.unwrap() }
+            };
+            let senders = |got: Vec<Received>| -> Vec<[u8; 4]> {
+                got.into_iter()
+                    .filter_map(|r| match r {
+                        Received::Arp(f) => Some(f[28..32].try_into().unwrap()),
+                        Received::Icmp6(_) => None,
+                    })
+                    .collect()
+            };
+            // Before any watch, everything passes.
+            send(y).await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert!(senders(drain(&claims)).contains(&y.octets()));
+            claims.watch(&[std::net::IpAddr::V4(x)].into()).unwrap();
+            send(x).await;
+            send(y).await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let got = senders(drain(&claims));
+            assert!(got.contains(&x.octets()), "{got:?}");
+            assert!(!got.contains(&y.octets()), "{got:?}");
+            // Nothing watched: nothing passes.
+            claims.watch(&Default::default()).unwrap();
+            send(x).await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert_eq!(senders(drain(&claims)), Vec::<[u8; 4]>::new());
         });
     }
 
@@ -394,32 +397,26 @@ mod tests {
     /// echo and its reply do not. Needs root.
     #[test]
     fn only_advertisements_reach_the_icmpv6_socket() {
-        in_new_netns(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let claims = ClaimSocket::open().unwrap();
-                assert!(claims.icmp6.is_some(), "IPv6 in the test namespace");
-                let tx = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6)).unwrap();
-                let to = SockAddr::from("[::1]:0".parse::<std::net::SocketAddr>().unwrap());
-                // Echo request (128); the kernel answers with 129. Then an
-                // advertisement (136) for ::1. The kernel fills checksums.
-                tx.send_to(&[128, 0, 0, 0, 0, 1, 0, 1], &to).unwrap();
-                let mut na = vec![136, 0, 0, 0, 0x20, 0, 0, 0];
-                na.extend_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
-                tx.send_to(&na, &to).unwrap();
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                let types: Vec<u8> = drain(&claims)
-                    .into_iter()
-                    .filter_map(|r| match r {
-                        Received::Icmp6(m) => Some(m[0]),
-                        Received::Arp(_) => None,
-                    })
-                    .collect();
-                assert_eq!(types, [136]);
-            });
+        in_new_netns(|| async {
+            let claims = ClaimSocket::open().unwrap();
+            assert!(claims.icmp6.is_some(), "IPv6 in the test namespace");
+            let tx = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6)).unwrap();
+            let to = SockAddr::from("[::1]:0".parse::<std::net::SocketAddr>().unwrap());
+            // Echo request (128); the kernel answers with 129. Then an
+            // advertisement (136) for ::1. The kernel fills checksums.
+            tx.send_to(&[128, 0, 0, 0, 0, 1, 0, 1], &to).unwrap();
+            let mut na = vec![136, 0, 0, 0, 0x20, 0, 0, 0];
+            na.extend_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+            tx.send_to(&na, &to).unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let types: Vec<u8> = drain(&claims)
+                .into_iter()
+                .filter_map(|r| match r {
+                    Received::Icmp6(m) => Some(m[0]),
+                    Received::Arp(_) => None,
+                })
+                .collect();
+            assert_eq!(types, [136]);
         });
     }
 

@@ -1288,11 +1288,9 @@ fn drains_count_only_once_every_member_knows_them() {
     assert_eq!(held, [v].into(), "every member knows drains: a wins");
 }
 
-/// The pre-check's questions go [`PRECHECK_EVERY`] apart, however often
-/// the core steps meanwhile.
-#[test]
-fn the_precheck_asks_at_its_pace_not_at_every_step() {
-    let v = ip("10.0.1.1");
+/// Node a, with one peer (c) that holds nothing, just past its start: the
+/// step that asks the LAN about `v` is next.
+fn about_to_ask(v: IpAddr) -> Node {
     let mut a = Node::new("a");
     a.hears(
         cluster(&[v]),
@@ -1301,6 +1299,15 @@ fn the_precheck_asks_at_its_pace_not_at_every_step() {
     a.advance(INTERVAL * 3);
     a.step(Input::Tick);
     a.advance(INTERVAL * 3);
+    a
+}
+
+/// The pre-check's questions go [`PRECHECK_EVERY`] apart, however often
+/// the core steps meanwhile.
+#[test]
+fn the_precheck_asks_at_its_pace_not_at_every_step() {
+    let v = ip("10.0.1.1");
+    let mut a = about_to_ask(v);
     let start = a.now;
     let act = a.step(Input::Tick);
     assert_eq!(targets(&act.probe), [v].into());
@@ -1324,14 +1331,7 @@ fn the_precheck_asks_at_its_pace_not_at_every_step() {
 #[test]
 fn a_late_precheck_asks_every_question_and_waits_for_the_last_answer() {
     let v = ip("10.0.1.1");
-    let mut a = Node::new("a");
-    a.hears(
-        cluster(&[v]),
-        view("a", vec![peer("c", Status::Alive, &[], 1)], Vec::new()),
-    );
-    a.advance(INTERVAL * 3);
-    a.step(Input::Tick);
-    a.advance(INTERVAL * 3);
+    let mut a = about_to_ask(v);
     let act = a.step(Input::Tick);
     assert_eq!(targets(&act.probe), [v].into());
     let mut asked = 1;
@@ -1356,14 +1356,7 @@ fn a_late_precheck_asks_every_question_and_waits_for_the_last_answer() {
     // Late once, then on time: a wake just short of the last answer's
     // time takes nothing yet.
     let w = ip("10.0.1.2");
-    let mut b = Node::new("a");
-    b.hears(
-        cluster(&[w]),
-        view("a", vec![peer("c", Status::Alive, &[], 1)], Vec::new()),
-    );
-    b.advance(INTERVAL * 3);
-    b.step(Input::Tick);
-    b.advance(INTERVAL * 3);
+    let mut b = about_to_ask(w);
     b.step(Input::Tick);
     b.advance(Duration::from_millis(45));
     assert_eq!(targets(&b.step(Input::Tick).probe), [w].into());
@@ -1383,14 +1376,7 @@ fn a_late_precheck_asks_every_question_and_waits_for_the_last_answer() {
 fn a_precheck_concludes_only_after_the_wire_is_read() {
     let v = ip("10.0.1.1");
     let setup = || {
-        let mut a = Node::new("a");
-        a.hears(
-            cluster(&[v]),
-            view("a", vec![peer("c", Status::Alive, &[], 1)], Vec::new()),
-        );
-        a.advance(INTERVAL * 3);
-        a.step(Input::Tick);
-        a.advance(INTERVAL * 3);
+        let mut a = about_to_ask(v);
         assert_eq!(targets(&a.step(Input::Tick).probe), [v].into());
         for _ in 1..PRECHECK_PROBES {
             a.advance(PRECHECK_EVERY);
