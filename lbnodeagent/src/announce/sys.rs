@@ -160,18 +160,8 @@ const CLAIM_BUFFER: usize = 4 << 20;
 /// (`SO_RCVBUFFORCE` needs CAP_NET_ADMIN, which a candidate has), up to it
 /// otherwise. Not fatal: the default still works on a quiet LAN.
 fn room_for_bursts(s: &Socket) {
-    use std::os::fd::AsRawFd;
     let size = CLAIM_BUFFER as libc::c_int;
-    // SAFETY: a valid descriptor and an `int` option of the right length.
-    let forced = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&raw const size).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    } == 0;
+    let forced = set_option(s, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &size).is_ok();
     if !forced && let Err(e) = s.set_recv_buffer_size(CLAIM_BUFFER) {
         tracing::debug!(error = %e, "cannot enlarge a claim socket's buffer");
     }
@@ -206,18 +196,30 @@ fn arp_filter(v4: &[u32]) -> Option<Vec<SockFilter>> {
 /// (every client resolving a VIP), router advertisements and echoes claim
 /// nothing.
 fn advertisements_only(s: &Socket) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
     // `struct icmp6_filter`: a set bit blocks that type.
     let mut filter = [u32::MAX; 8];
     filter[136 / 32] &= !(1 << (136 % 32));
-    // SAFETY: a valid descriptor and a `struct icmp6_filter` (8 × u32).
+    set_option(s, libc::IPPROTO_ICMPV6, ICMP6_FILTER, &filter)
+}
+
+/// `setsockopt` for an option socket2 does not name, whose value is the
+/// plain-data `value` (an `int`, a C struct of integers).
+fn set_option<T: Copy>(
+    s: &Socket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor, and a pointer to `value` with its exact
+    // length, which the kernel only reads.
     let r = unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
-            libc::IPPROTO_ICMPV6,
-            ICMP6_FILTER,
-            filter.as_ptr().cast(),
-            size_of_val(&filter) as libc::socklen_t,
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
         )
     };
     if r == 0 {
