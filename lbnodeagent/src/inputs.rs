@@ -127,6 +127,55 @@ pub fn advertisement(ad: &L2Advertisement, errors: &mut Vec<ObjectError>) -> Opt
     })
 }
 
+/// What the agent keeps of an EndpointSlice: the Service it belongs to and
+/// where its usable endpoints run. The agent's watch holds these rather
+/// than the objects (a slice is kilobytes as an object and tens of bytes
+/// here, and there is one or more per Service), so the rule of which
+/// endpoints count is written here once, for the watch and for files.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SliceEndpoints {
+    pub namespace: String,
+    pub service: String,
+    pub endpoints: Endpoints,
+}
+
+impl SliceEndpoints {
+    /// `None` for a slice that names no Service: nothing reads it.
+    pub fn of(slice: &EndpointSlice) -> Option<SliceEndpoints> {
+        let service = slice
+            .metadata
+            .labels
+            .as_ref()?
+            .get("kubernetes.io/service-name")?
+            .clone();
+        let mut endpoints = Endpoints::default();
+        for ep in &slice.endpoints {
+            // Usable: ready unset or true, or serving (terminating pods
+            // that still serve keep the address up).
+            let c = ep.conditions.as_ref();
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(false);
+            if !(ready || serving) {
+                continue;
+            }
+            endpoints.any_usable = true;
+            if let Some(node) = &ep.node_name {
+                endpoints.nodes.insert(node.clone());
+            }
+        }
+        Some(SliceEndpoints {
+            namespace: slice.metadata.namespace.clone().unwrap_or_default(),
+            service,
+            endpoints,
+        })
+    }
+
+    /// Those of `slices` that name a Service.
+    pub fn of_all(slices: &[EndpointSlice]) -> Vec<SliceEndpoints> {
+        slices.iter().filter_map(SliceEndpoints::of).collect()
+    }
+}
+
 /// Where each Service has usable endpoints, from its EndpointSlices.
 #[derive(Default)]
 pub struct EndpointIndex {
@@ -135,33 +184,14 @@ pub struct EndpointIndex {
 }
 
 impl EndpointIndex {
-    pub fn build<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> Self {
+    pub fn build<'a>(slices: impl IntoIterator<Item = &'a SliceEndpoints>) -> Self {
         let mut by_service: BTreeMap<(String, String), Endpoints> = BTreeMap::new();
         for slice in slices {
-            let Some(svc) = slice
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("kubernetes.io/service-name"))
-            else {
-                continue;
-            };
-            let ns = slice.metadata.namespace.clone().unwrap_or_default();
-            let entry = by_service.entry((ns, svc.clone())).or_default();
-            for ep in &slice.endpoints {
-                // Usable: ready unset or true, or serving (terminating pods
-                // that still serve keep the address up).
-                let c = ep.conditions.as_ref();
-                let ready = c.and_then(|c| c.ready).unwrap_or(true);
-                let serving = c.and_then(|c| c.serving).unwrap_or(false);
-                if !(ready || serving) {
-                    continue;
-                }
-                entry.any_usable = true;
-                if let Some(node) = &ep.node_name {
-                    entry.nodes.insert(node.clone());
-                }
-            }
+            let entry = by_service
+                .entry((slice.namespace.clone(), slice.service.clone()))
+                .or_default();
+            entry.any_usable |= slice.endpoints.any_usable;
+            entry.nodes.extend(slice.endpoints.nodes.iter().cloned());
         }
         EndpointIndex { by_service }
     }
@@ -271,7 +301,7 @@ pub fn cluster<'a>(
     pools: impl IntoIterator<Item = &'a IPAddressPool>,
     advertisements: impl IntoIterator<Item = &'a L2Advertisement>,
     services: impl IntoIterator<Item = &'a Service>,
-    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    slices: impl IntoIterator<Item = &'a SliceEndpoints>,
 ) -> (Cluster, Vec<ObjectError>) {
     let mut errors = Vec::new();
     let in_scope = |meta: &ObjectMeta, kind: &str, errors: &mut Vec<ObjectError>| {
@@ -336,7 +366,7 @@ mod tests {
             &s.pools,
             &s.advertisements,
             &s.services,
-            &s.endpoint_slices,
+            &SliceEndpoints::of_all(&s.endpoint_slices),
         )
     }
 

@@ -65,7 +65,7 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
         &snap.pools,
         &snap.advertisements,
         &snap.services,
-        &snap.endpoint_slices,
+        &inputs::SliceEndpoints::of_all(&snap.endpoint_slices),
     );
     let mut errors = snap.errors.clone();
     errors.extend(conversion_errors);

@@ -1,5 +1,6 @@
 //! The agent's view of the cluster: five watches (Services, EndpointSlices,
-//! Nodes, IPAddressPools, L2Advertisements) into reflector stores, a sixth
+//! Nodes, IPAddressPools, L2Advertisements) into reflector stores (the
+//! EndpointSlices as compact [`SliceEndpoints`] records), a sixth
 //! of this node's own NodeAgent record for its `spec.drain`, and a
 //! [`Notify`] the reconcile loop waits on. The watches also note what
 //! changed ([`Changes`]): when only EndpointSlices did, the loop hands the
@@ -14,7 +15,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use futures::StreamExt;
 use hostlb_api::snapshot::ObjectError;
@@ -31,14 +32,16 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use crate::election::{Cluster, Endpoints};
-use crate::inputs::{self, EndpointIndex, Scope};
+use crate::inputs::{self, EndpointIndex, Scope, SliceEndpoints};
 
 const WATCHES: usize = 6;
 
 /// Stores of the objects the election reads, kept current by watches.
 pub struct KubeInputs {
     pub services: Store<Service>,
-    pub slices: Store<EndpointSlice>,
+    /// What the election reads of each EndpointSlice: at 1,000 Services
+    /// the objects, trimmed, were about 2 MiB of the agent's heap.
+    slices: Records<SliceEndpoints>,
     pub nodes: Store<Node>,
     pub pools: Store<IPAddressPool>,
     pub advertisements: Store<L2Advertisement>,
@@ -128,7 +131,7 @@ impl KubeInputs {
             server: server.to_string(),
         });
         let (services, sw) = reflector::store();
-        let (slices, ew) = reflector::store();
+        let slices = Records::default();
         let (nodes, nw) = reflector::store();
         let (pools, pw) = reflector::store();
         let (advertisements, aw) = reflector::store();
@@ -139,7 +142,7 @@ impl KubeInputs {
             spawn_watch(
                 Api::<Service>::all(client.clone()),
                 all(),
-                sw,
+                store(sw),
                 shared.clone(),
                 0,
                 whole,
@@ -148,7 +151,7 @@ impl KubeInputs {
             spawn_watch(
                 Api::<EndpointSlice>::all(client.clone()),
                 all(),
-                ew,
+                slices.sink(SliceEndpoints::of),
                 shared.clone(),
                 1,
                 slice_touch,
@@ -157,7 +160,7 @@ impl KubeInputs {
             spawn_watch(
                 Api::<Node>::all(client.clone()),
                 all(),
-                nw,
+                store(nw),
                 shared.clone(),
                 2,
                 whole,
@@ -166,7 +169,7 @@ impl KubeInputs {
             spawn_watch(
                 Api::<IPAddressPool>::namespaced(client.clone(), ns),
                 all(),
-                pw,
+                store(pw),
                 shared.clone(),
                 3,
                 whole,
@@ -175,7 +178,7 @@ impl KubeInputs {
             spawn_watch(
                 Api::<L2Advertisement>::namespaced(client.clone(), ns),
                 all(),
-                aw,
+                store(aw),
                 shared.clone(),
                 4,
                 whole,
@@ -184,7 +187,7 @@ impl KubeInputs {
             spawn_watch(
                 Api::<NodeAgent>::all(client.clone()),
                 all().fields(&format!("metadata.name={node}")),
-                rw,
+                store(rw),
                 shared.clone(),
                 5,
                 store_only,
@@ -263,12 +266,11 @@ impl KubeInputs {
 
     /// The usable endpoints of these Services, from the EndpointSlice store.
     pub fn endpoints(&self, services: &BTreeSet<(String, String)>) -> Vec<(String, Endpoints)> {
-        let slices = self.slices.state();
+        let slices = self.slices.read();
         let index = EndpointIndex::build(
             slices
-                .iter()
-                .map(|s| s.as_ref())
-                .filter(|s| slice_service(s).is_some_and(|k| services.contains(&k))),
+                .values()
+                .filter(|s| services.contains(&(s.namespace.clone(), s.service.clone()))),
         );
         services
             .iter()
@@ -282,14 +284,14 @@ impl KubeInputs {
         let pools = self.pools.state();
         let ads = self.advertisements.state();
         let services = self.services.state();
-        let slices = self.slices.state();
+        let slices = self.slices.read();
         inputs::cluster(
             &self.scope,
             nodes.iter().map(|n| n.as_ref()),
             pools.iter().map(|p| p.as_ref()),
             ads.iter().map(|a| a.as_ref()),
             services.iter().map(|s| s.as_ref()),
-            slices.iter().map(|s| s.as_ref()),
+            slices.values(),
         )
     }
 
@@ -377,7 +379,9 @@ fn trim_service(s: &mut Service) {
 }
 
 /// Of an EndpointSlice the agent reads which node each endpoint is on and
-/// whether it is usable (`inputs::EndpointIndex`), nothing else.
+/// whether it is usable (`inputs::SliceEndpoints`), nothing else. The
+/// trimmed object is what the view's digest holds, and what the record is
+/// made from.
 fn trim_slice(e: &mut EndpointSlice) {
     slim(e);
     e.ports = None;
@@ -416,10 +420,103 @@ fn trim_node(n: &mut Node) {
     }
 }
 
+/// A reflector store's side of [`spawn_watch`].
+fn store<K>(mut writer: reflector::store::Writer<K>) -> impl FnMut(&watcher::Event<K>) + Send
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    move |e| writer.apply_watcher_event(e)
+}
+
+/// Records of one kind of object by namespace and name, which a watch keeps
+/// as a reflector store keeps the objects: a relist replaces them once it
+/// is complete, and an API outage leaves the last known ones.
+struct Records<T>(Arc<RwLock<Listed<T>>>);
+
+impl<T> Default for Records<T> {
+    fn default() -> Self {
+        Records(Arc::new(RwLock::new(Listed::default())))
+    }
+}
+
+impl<T: Send + Sync + 'static> Records<T> {
+    /// The watch's side: each object as `record` makes it (`None`: none
+    /// kept).
+    fn sink<K: kube::Resource>(
+        &self,
+        record: fn(&K) -> Option<T>,
+    ) -> impl FnMut(&watcher::Event<K>) + Send + use<T, K> {
+        let records = self.0.clone();
+        move |e| {
+            records
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .apply(e, record)
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Listed<T>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An object's namespace and name.
+type ObjectKey = (Option<String>, String);
+
+/// One watch's objects by key, each as a value of its own (a record, a
+/// fingerprint).
+struct Listed<T> {
+    now: HashMap<ObjectKey, T>,
+    /// A list under way: what it has brought so far.
+    listing: Option<HashMap<ObjectKey, T>>,
+}
+
+impl<T> Default for Listed<T> {
+    fn default() -> Self {
+        Listed {
+            now: HashMap::new(),
+            listing: None,
+        }
+    }
+}
+
+impl<T> Listed<T> {
+    /// Takes in one watch event, each object as `value` makes it.
+    fn apply<K: kube::Resource>(&mut self, e: &watcher::Event<K>, value: impl Fn(&K) -> Option<T>) {
+        let key = |o: &K| {
+            (
+                o.meta().namespace.clone(),
+                o.meta().name.clone().unwrap_or_default(),
+            )
+        };
+        let put = |map: &mut HashMap<ObjectKey, T>, o: &K| match value(o) {
+            Some(v) => map.insert(key(o), v),
+            None => map.remove(&key(o)),
+        };
+        match e {
+            watcher::Event::Init => self.listing = Some(HashMap::new()),
+            watcher::Event::InitApply(o) => {
+                put(self.listing.get_or_insert_with(HashMap::new), o);
+            }
+            watcher::Event::InitDone => self.now = self.listing.take().unwrap_or_default(),
+            watcher::Event::Apply(o) => {
+                put(&mut self.now, o);
+            }
+            watcher::Event::Delete(o) => {
+                self.now.remove(&key(o));
+            }
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &T> {
+        self.now.values()
+    }
+}
+
 fn spawn_watch<K>(
     api: Api<K>,
     config: watcher::Config,
-    writer: reflector::store::Writer<K>,
+    mut sink: impl FnMut(&watcher::Event<K>) + Send + 'static,
     shared: Arc<Shared>,
     slot: usize,
     touch: fn(&K) -> Touch,
@@ -442,7 +539,6 @@ where
         let mut stream = watcher(api, config)
             .backoff(hostlb_api::watch::WatchBackoff::spread())
             .modify(trim)
-            .reflect(writer)
             .boxed();
         // A watch that reconnects from its last resourceVersion sees
         // nothing until something changes, so silence is the sign it
@@ -471,6 +567,7 @@ where
             let Some(ev) = ev else { break };
             match ev {
                 Ok(e) => {
+                    sink(&e);
                     let touched = match &e {
                         watcher::Event::Apply(o)
                         | watcher::Event::Delete(o)
@@ -534,12 +631,11 @@ where
 }
 
 /// What one watch's objects hold, each as a [`fingerprint`]: its part of
-/// the view's digest, kept as objects come and go.
+/// the view's digest (the XOR of them all), kept as objects come and go.
 #[derive(Default)]
 struct Fingerprints {
-    by_object: HashMap<(Option<String>, String), u64>,
-    /// A list under way: the objects it has brought so far.
-    listing: Option<HashMap<(Option<String>, String), u64>>,
+    listed: Listed<u64>,
+    part: u64,
 }
 
 impl Fingerprints {
@@ -548,35 +644,10 @@ impl Fingerprints {
     where
         K: kube::Resource + Clone + serde::Serialize,
     {
-        let key = |o: &K| {
-            (
-                o.meta().namespace.clone(),
-                o.meta().name.clone().unwrap_or_default(),
-            )
-        };
-        let xor = |m: &HashMap<_, u64>| m.values().fold(0, |a, b| a ^ b);
-        match e {
-            watcher::Event::Init => self.listing = Some(HashMap::new()),
-            watcher::Event::InitApply(o) => {
-                self.listing
-                    .get_or_insert_with(HashMap::new)
-                    .insert(key(o), fingerprint(kind, o));
-            }
-            watcher::Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
-                digest.fetch_xor(xor(&self.by_object) ^ xor(&listed), Ordering::Relaxed);
-                self.by_object = listed;
-            }
-            watcher::Event::Apply(o) => {
-                let print = fingerprint(kind, o);
-                let old = self.by_object.insert(key(o), print).unwrap_or(0);
-                digest.fetch_xor(old ^ print, Ordering::Relaxed);
-            }
-            watcher::Event::Delete(o) => {
-                let old = self.by_object.remove(&key(o)).unwrap_or(0);
-                digest.fetch_xor(old, Ordering::Relaxed);
-            }
-        }
+        self.listed.apply(e, |o| Some(fingerprint(kind, o)));
+        let part = self.listed.values().fold(0, |a, b| a ^ b);
+        digest.fetch_xor(self.part ^ part, Ordering::Relaxed);
+        self.part = part;
     }
 }
 
@@ -690,10 +761,7 @@ mod tests {
         .unwrap();
         let mut small = slice.clone();
         trim_slice(&mut small);
-        assert_eq!(
-            EndpointIndex::build([&small]).get("shop", "web"),
-            EndpointIndex::build([&slice]).get("shop", "web")
-        );
+        assert_eq!(SliceEndpoints::of(&small), SliceEndpoints::of(&slice));
         assert!(small.endpoints.iter().all(|e| e.addresses.is_empty()));
 
         let node: Node = serde_json::from_value(serde_json::json!({
@@ -716,6 +784,69 @@ mod tests {
         let status = lean.status.unwrap();
         assert_eq!(status.addresses, node.status.as_ref().unwrap().addresses);
         assert!(status.images.is_none() && status.capacity.is_none());
+    }
+
+    fn slice(name: &str, service: Option<&str>, nodes: &[&str]) -> EndpointSlice {
+        let labels = service.map(|s| serde_json::json!({"kubernetes.io/service-name": s}));
+        let endpoints: Vec<_> = nodes
+            .iter()
+            .map(|n| serde_json::json!({"addresses": ["10.244.0.5"], "nodeName": n}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop", "labels": labels},
+            "addressType": "IPv4",
+            "endpoints": endpoints
+        }))
+        .unwrap()
+    }
+
+    /// The records follow the watch as a reflector store does: a relist
+    /// replaces them only once complete (until then the last known ones
+    /// stand, as through an outage), an object gone from it goes, and a
+    /// slice that stops naming a Service leaves no record behind.
+    #[test]
+    fn records_follow_the_watch_through_relists() {
+        let records: Records<SliceEndpoints> = Records::default();
+        let mut sink = records.sink(SliceEndpoints::of);
+        let nodes = |r: &Records<SliceEndpoints>| -> Vec<String> {
+            let index = EndpointIndex::build(r.read().values());
+            let services = [index.get("shop", "web"), index.get("shop", "api")];
+            services.into_iter().flat_map(|e| e.nodes).collect()
+        };
+        sink(&watcher::Event::Init);
+        sink(&watcher::Event::InitApply(slice(
+            "web-1",
+            Some("web"),
+            &["n1"],
+        )));
+        sink(&watcher::Event::InitApply(slice(
+            "web-2",
+            Some("web"),
+            &["n2"],
+        )));
+        assert!(nodes(&records).is_empty(), "a list counts once complete");
+        sink(&watcher::Event::InitDone);
+        assert_eq!(nodes(&records), ["n1", "n2"]);
+        sink(&watcher::Event::Apply(slice("web-2", Some("web"), &["n3"])));
+        sink(&watcher::Event::Apply(slice("api-1", Some("api"), &["n4"])));
+        assert_eq!(nodes(&records), ["n1", "n3", "n4"]);
+        sink(&watcher::Event::Apply(slice("api-1", None, &["n4"])));
+        assert_eq!(nodes(&records), ["n1", "n3"]);
+        sink(&watcher::Event::Init);
+        sink(&watcher::Event::InitApply(slice(
+            "web-2",
+            Some("web"),
+            &["n3"],
+        )));
+        assert_eq!(nodes(&records), ["n1", "n3"], "the last known stand");
+        sink(&watcher::Event::InitDone);
+        assert_eq!(nodes(&records), ["n3"]);
+        sink(&watcher::Event::Delete(slice(
+            "web-2",
+            Some("web"),
+            &["n3"],
+        )));
+        assert!(nodes(&records).is_empty());
     }
 
     async fn until(kube: &KubeInputs, what: &str, done: impl Fn(&KubeInputs) -> bool) {
