@@ -34,7 +34,7 @@ struct Seen {
 
 /// A running probe; stops (kills the prober) on drop.
 pub struct ArpProbe {
-    child: Child,
+    child: Script,
     seen: Arc<Mutex<Seen>>,
     pub interval: Duration,
     pub started: Instant,
@@ -107,7 +107,7 @@ impl ArpProbe {
             {
                 return Ok(());
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Ok(Some(status)) = self.child.0.try_wait() {
                 return Err(NetnsError::Failed {
                     command: format!("python3 (ARP prober for {ip})"),
                     status: status.to_string(),
@@ -170,20 +170,14 @@ impl ArpProbe {
     }
 }
 
-impl Drop for ArpProbe {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A client asking about many IPv4 addresses at once: one broadcast ARP
 /// request for each every interval, and which MAC answered each, when.
 /// For judging a failover of many VIPs by what the wire shows. Like
 /// [`ArpProbe`], the sweeper stamps its rounds and replies itself, so a
 /// request that went unanswered is told from a test process slow to read.
 pub struct ArpSweep {
-    child: Child,
+    /// Kept for its drop.
+    _child: Script,
     seen: Arc<Mutex<Swept>>,
     pub interval: Duration,
 }
@@ -238,7 +232,7 @@ impl ArpSweep {
             }
         });
         Ok(ArpSweep {
-            child,
+            _child: child,
             seen,
             interval,
         })
@@ -283,19 +277,13 @@ impl ArpSweep {
     }
 }
 
-impl Drop for ArpSweep {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A host that answers ARP requests for addresses it holds only after a
 /// delay, as a loaded host can (its network softirqs pushed to a kernel
 /// thread that waits for the CPU like any other). The addresses are held
 /// by the script, not the kernel. Stops on drop.
 pub struct SlowOwner {
-    child: Child,
+    /// Kept for its drop.
+    _child: Script,
 }
 
 impl SlowOwner {
@@ -327,14 +315,18 @@ impl SlowOwner {
                 source: std::io::Error::other(format!("did not start: {line:?}")),
             });
         }
-        Ok(SlowOwner { child })
+        Ok(SlowOwner { _child: child })
     }
 }
 
-impl Drop for SlowOwner {
+/// A running script, killed when dropped: each of the tools above stops
+/// with its owner.
+struct Script(Child);
+
+impl Drop for Script {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -345,7 +337,7 @@ fn python(
     what: &str,
     script: &str,
     args: &[&str],
-) -> Result<(Child, std::process::ChildStdout)> {
+) -> Result<(Script, std::process::ChildStdout)> {
     let script = format!("{PRELUDE}{script}");
     let mut argv = vec!["-u", "-c", &script];
     argv.extend_from_slice(args);
@@ -356,7 +348,7 @@ fn python(
         source,
     })?;
     let stdout = child.stdout.take().expect("piped");
-    Ok((child, stdout))
+    Ok((Script(child), stdout))
 }
 
 /// Maps the prober's `time.monotonic()` readings to `Instant`s: both are
