@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chitchat::transport::ChannelTransport;
+use hostlb_tests::unique_loopback;
 use lbnodeagent::election::OnLink;
 use lbnodeagent::gossip::counting::CountingTransport;
 use lbnodeagent::gossip::frame::{self, Header};
@@ -22,18 +23,6 @@ use tokio::time::Instant;
 const KEY_A: [u8; 32] = [0xa1; 32];
 const KEY_B: [u8; 32] = [0xb2; 32];
 const KEY_X: [u8; 32] = [0x99; 32];
-
-/// A loopback address no other peer of this binary has, known before the
-/// peer starts (its seeds and advertise address need it). Off 127.0.0.1:
-/// a port found free there and bound later could meanwhile be taken by
-/// another peer's ephemeral loopback sockets (tests run in parallel).
-fn free_addr() -> SocketAddr {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let host = u8::try_from(n % 250 + 1).expect("below 251");
-    let port = 20_000 + u16::try_from(n / 250).expect("fewer than 16 million peers");
-    SocketAddr::from(([127, 0, 3, host], port))
-}
 
 fn local_state(n: u8) -> LocalState {
     LocalState {
@@ -83,10 +72,10 @@ async fn start(name: &str, addr: SocketAddr, seeds: &[SocketAddr], keys: &[[u8; 
 }
 
 async fn cluster(names: &[&str], keys: &[[u8; 32]]) -> Vec<Agent> {
-    let first = free_addr();
+    let first = unique_loopback();
     let mut agents = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let addr = if i == 0 { first } else { free_addr() };
+        let addr = if i == 0 { first } else { unique_loopback() };
         let seeds = if i == 0 { vec![] } else { vec![first] };
         agents.push(start(name, addr, &seeds, keys).await);
     }
@@ -241,7 +230,7 @@ async fn garbage_and_forgeries_are_dropped_and_counted() {
     // genuine frame to tamper with.
     let spy = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let spy_addr = spy.local_addr().unwrap();
-    let a_addr = free_addr();
+    let a_addr = unique_loopback();
     let a = start("a", a_addr, &[], &[KEY_A]).await;
     a.membership.set_seeds([spy_addr]);
     let mut buf = vec![0u8; 65_536];
@@ -251,8 +240,8 @@ async fn garbage_and_forgeries_are_dropped_and_counted() {
         .unwrap();
     let genuine = buf[..len].to_vec();
     a.membership.set_seeds([]);
-    let b = start("b", free_addr(), &[a_addr], &[KEY_A]).await;
-    let c = start("c", free_addr(), &[a_addr], &[KEY_A]).await;
+    let b = start("b", unique_loopback(), &[a_addr], &[KEY_A]).await;
+    let c = start("c", unique_loopback(), &[a_addr], &[KEY_A]).await;
     let agents = [a, b, c];
     for agent in &agents {
         wait_members(agent, &["a", "b", "c"], Duration::from_secs(5)).await;
@@ -366,7 +355,7 @@ async fn garbage_and_forgeries_are_dropped_and_counted() {
 async fn a_captured_syn_replayed_to_another_node_draws_no_answer() {
     // A spy that a lone agent probes as a run-time seed captures its SYN.
     let spy = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let a = start("a", free_addr(), &[], &[KEY_A]).await;
+    let a = start("a", unique_loopback(), &[], &[KEY_A]).await;
     a.membership.set_seeds([spy.local_addr().unwrap()]);
     let mut buf = vec![0u8; 65_536];
     let (len, _) = tokio::time::timeout(Duration::from_secs(3), spy.recv_from(&mut buf))
@@ -378,7 +367,7 @@ async fn a_captured_syn_replayed_to_another_node_draws_no_answer() {
     // A node that never heard from a: the SYN would be new to it. Replayed
     // from the victim's address, it would make the node send the victim its
     // whole state.
-    let d = start("d", free_addr(), &[], &[KEY_A]).await;
+    let d = start("d", unique_loopback(), &[], &[KEY_A]).await;
     let victim = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     victim.send_to(&syn, d.addr).await.unwrap();
     let answered =
@@ -418,22 +407,22 @@ async fn a_captured_syn_replayed_to_another_node_draws_no_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_rotation_interoperates_and_a_foreign_key_stays_out() {
-    let a_addr = free_addr();
+    let a_addr = unique_loopback();
     let a = start("a", a_addr, &[], &[KEY_A]).await;
-    let rotating = start("r", free_addr(), &[a_addr], &[KEY_B, KEY_A]).await;
-    let a2 = start("a2", free_addr(), &[a_addr], &[KEY_A]).await;
+    let rotating = start("r", unique_loopback(), &[a_addr], &[KEY_B, KEY_A]).await;
+    let a2 = start("a2", unique_loopback(), &[a_addr], &[KEY_A]).await;
     for agent in [&a, &rotating, &a2] {
         wait_members(agent, &["a", "a2", "r"], Duration::from_secs(5)).await;
     }
     // [B] alone: seeded at a, never let in.
-    let foreign = start("b", free_addr(), &[a_addr], &[KEY_B]).await;
+    let foreign = start("b", unique_loopback(), &[a_addr], &[KEY_B]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(members(&a.membership.view()), ["a", "a2", "r"]);
     assert_eq!(members(&foreign.membership.view()), ["b"]);
     assert!(a.counters.snapshot().dropped_bad_mac > 0);
     assert_eq!(foreign.counters.snapshot().messages_accepted, 0);
     // The rotating node would accept [B]; finishing the rotation works.
-    let b2 = start("b2", free_addr(), &[rotating.addr], &[KEY_B]).await;
+    let b2 = start("b2", unique_loopback(), &[rotating.addr], &[KEY_B]).await;
     wait_view(&rotating, Duration::from_secs(5), "b2 joined", |v| {
         v.member("b2").is_some()
     })
@@ -443,7 +432,7 @@ async fn key_rotation_interoperates_and_a_foreign_key_stays_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_larger_than_a_datagram_is_fragmented_and_arrives() {
-    let a_addr = free_addr();
+    let a_addr = unique_loopback();
     let mut config = GossipConfig::for_test("a", a_addr);
     config.seeds = vec![];
     // Split above 40 kB (instead of the UDP limit) so chitchat's ordinary
@@ -474,7 +463,7 @@ async fn state_larger_than_a_datagram_is_fragmented_and_arrives() {
     let a_membership = Membership::start(&config, big.clone(), &transport, &transport)
         .await
         .unwrap();
-    let b = start("b", free_addr(), &[a_addr], &[KEY_A]).await;
+    let b = start("b", unique_loopback(), &[a_addr], &[KEY_A]).await;
     wait_view(&b, Duration::from_secs(10), "all of a's VIPs", |v| {
         v.node("a").is_some_and(|a| a.vips.len() == big.vips.len())
     })
@@ -488,8 +477,8 @@ async fn state_larger_than_a_datagram_is_fragmented_and_arrives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_time_seeds_join_a_node_started_without_any() {
-    let a = start("a", free_addr(), &[], &[KEY_A]).await;
-    let b = start("b", free_addr(), &[], &[KEY_A]).await;
+    let a = start("a", unique_loopback(), &[], &[KEY_A]).await;
+    let b = start("b", unique_loopback(), &[], &[KEY_A]).await;
     tokio::time::sleep(DEFAULT_INTERVAL * 3).await;
     assert_eq!(members(&b.membership.view()), ["b"]);
     // The caller hands over Node InternalIPs; our own address among them is
@@ -507,7 +496,7 @@ async fn a_restarted_agent_replaces_its_old_generation() {
     let old_generation = old.membership.chitchat_id().generation_id;
     drop(old.membership);
     // Restarted on another port (the old one may still be closing).
-    let new = start("b", free_addr(), &[agents[0].addr], &[KEY_A]).await;
+    let new = start("b", unique_loopback(), &[agents[0].addr], &[KEY_A]).await;
     let new_generation = new.membership.chitchat_id().generation_id;
     assert!(new_generation > old_generation);
     let a = &agents[0];

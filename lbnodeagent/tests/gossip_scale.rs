@@ -14,14 +14,6 @@ use lbnodeagent::gossip::{
 
 const KEY: [u8; 32] = [0xa1; 32];
 
-/// Agent `i`'s gossip address: one loopback address each, off 127.0.0.1.
-/// A port found free on 127.0.0.1 and bound later could meanwhile be taken
-/// by another agent's ephemeral loopback sockets.
-fn agent_addr(i: usize) -> SocketAddr {
-    let i = u8::try_from(i + 1).expect("at most 254 agents");
-    SocketAddr::from(([127, 0, 2, i], 17_934))
-}
-
 /// What an agent publishes: one prefix, one MAC, ten VIPs.
 fn local_state(n: u8) -> LocalState {
     LocalState {
@@ -86,11 +78,11 @@ fn raise_open_files_limit() {
 async fn fifty_agents_converge_and_the_largest_messages_go_through() {
     raise_open_files_limit();
     const N: usize = 50;
-    let seeds: Vec<SocketAddr> = (0..3).map(agent_addr).collect();
+    let addrs: Vec<SocketAddr> = (0..N).map(|_| hostlb_tests::unique_loopback()).collect();
+    let seeds = &addrs[..3];
     let mut agents = Vec::new();
     let mut states = Vec::new();
-    for i in 0..N {
-        let addr = agent_addr(i);
+    for (i, &addr) in addrs.iter().enumerate() {
         let mut config = GossipConfig::for_test(&format!("node-{i:02}"), addr);
         config.max_bandwidth = None;
         config.seeds = seeds
