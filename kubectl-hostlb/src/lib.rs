@@ -77,7 +77,7 @@ impl Fleet {
             &self.pools,
             &self.advertisements,
             &self.services,
-            &self.slices,
+            &lbnodeagent::inputs::SliceEndpoints::of_all(&self.slices),
         )
     }
 
