@@ -2658,6 +2658,24 @@ fn the_firewall_follows_the_services_ports_and_the_switch() {
     assert_eq!(act.firewall, Some(FirewallPlan::Off));
 }
 
+/// A reload takes what the config may change; the node stays the one the
+/// agent started as, which its records, gossip and elections name.
+#[test]
+fn a_reload_keeps_the_node_it_started_as() {
+    let mut a = Node::new("a");
+    a.running(
+        cluster(&addresses(1)),
+        vec![peer("c", Status::Alive, &[], 1)],
+    );
+    let mut settings = a.core.settings().clone();
+    settings.node = "b".into();
+    settings.firewall = false;
+    let links = a.core.links().clone();
+    a.step(Input::Reloaded { settings, links });
+    assert_eq!(a.core.settings().node, "a");
+    assert!(!a.core.settings().firewall, "the rest is reloaded");
+}
+
 /// `announce.refresh_interval`: off by default; when set, one round for
 /// every held VIP each interval, taking effect on a reload, and none for a
 /// VIP on its way to another node (announcing it would pull its traffic
