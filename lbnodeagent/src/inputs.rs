@@ -129,9 +129,10 @@ pub fn advertisement(ad: &L2Advertisement, errors: &mut Vec<ObjectError>) -> Opt
 
 /// What the agent keeps of an EndpointSlice: the Service it belongs to and
 /// where its usable endpoints run. The agent's watch holds these rather
-/// than the objects (a slice is kilobytes as an object and tens of bytes
-/// here, and there is one or more per Service), so the rule of which
-/// endpoints count is written here once, for the watch and for files.
+/// than the objects (a slice's object grows with its endpoints, each a
+/// struct of a dozen optional fields; its record only with the nodes they
+/// run on), so the rule of which endpoints count is written here once, for
+/// the watch and for files.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SliceEndpoints {
     pub namespace: String,
