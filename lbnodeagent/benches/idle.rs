@@ -10,7 +10,15 @@
 //! IDLE_RUNS=1 IDLE_SECS=20 IDLE_VIPS=1000 cargo bench -p lbnodeagent --bench idle
 //! IDLE_NODES=10 IDLE_RUNS=1 cargo bench -p lbnodeagent --bench idle
 //! IDLE_HEAPTRACK=/tmp/ht IDLE_RUNS=1 ... # node-a under heaptrack, its file /tmp/ht.*
+//! IDLE_CALLGRIND=/tmp/cg IDLE_RUNS=1 ... # node-a and node-b under callgrind
+//! HOSTLB_AGENT_BINARY=target/x86_64-unknown-linux-gnu/release/lbnodeagent ... # the packaged build
 //! ```
+//!
+//! Under callgrind (`IDLE_CALLGRIND=DIR`) the two agents' profiles are
+//! dumped into DIR at the window's end: the functions a holder and a
+//! bystander run from start to rest, which `lbnodeagent/link/hot.py` turns
+//! into the release binary's hot-code layout. The figures of such a run say
+//! nothing about the agent itself.
 //!
 //! Each agent here shares two cores with all the others, which no fleet of
 //! hosts does: on a 2-core machine the in-process test API server stops
@@ -139,9 +147,23 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> Vec<Row> {
     // which no fleet of hosts with their own cores sees.
     for batch in nodes.chunks(10) {
         for &node in batch {
-            match std::env::var("IDLE_HEAPTRACK") {
-                Ok(out) if node == "node-a" => {
+            let callgrind = std::env::var("IDLE_CALLGRIND")
+                .ok()
+                .filter(|_| node == "node-a" || node == "node-b");
+            match (std::env::var("IDLE_HEAPTRACK"), callgrind) {
+                (Ok(out), _) if node == "node-a" => {
                     c.start_wrapped(node, &shipped, &["heaptrack", "-o", &out]);
+                }
+                (_, Some(dir)) => {
+                    let out = format!("--callgrind-out-file={dir}/{node}.%p");
+                    let wrapper = [
+                        "valgrind",
+                        "--tool=callgrind",
+                        "--demangle=no",
+                        "--dump-instr=no",
+                        &out,
+                    ];
+                    c.start_wrapped(node, &shipped, &wrapper);
                 }
                 _ => c.start_with_env(node, &shipped),
             }
@@ -176,6 +198,17 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> Vec<Row> {
     eprintln!("window open for {secs} s: {}", pids.join(" "));
     let before: Vec<Used> = nodes.iter().map(|n| used(&c, n)).collect();
     std::thread::sleep(Duration::from_secs(secs));
+    if std::env::var_os("IDLE_CALLGRIND").is_some() {
+        // Dumped while it runs: the cluster's end kills the agents.
+        for node in ["node-a", "node-b"] {
+            let pid = c.pid(node).to_string();
+            let dumped = std::process::Command::new("callgrind_control")
+                .args(["-d", &pid])
+                .status()
+                .expect("callgrind_control (valgrind) is installed");
+            assert!(dumped.success(), "callgrind_control -d {pid} failed");
+        }
+    }
     if std::env::var_os("IDLE_HEAPTRACK").is_none() {
         let parts: Vec<String> = cluster::many::memory(&c, "node-a")
             .into_iter()

@@ -343,12 +343,15 @@ garp_interval = "200ms"
         self.binaries.insert(node.to_string(), to);
     }
 
-    /// The agent binary `node` runs.
+    /// The agent binary `node` runs: unless a test swapped it, the one
+    /// `HOSTLB_AGENT_BINARY` names (a packaged build, say), else this
+    /// build's.
     pub fn binary(&self, node: &str) -> PathBuf {
-        self.binaries
-            .get(node)
-            .cloned()
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_lbnodeagent")))
+        self.binaries.get(node).cloned().unwrap_or_else(|| {
+            std::env::var_os("HOSTLB_AGENT_BINARY")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_lbnodeagent")))
+        })
     }
 
     pub fn start_all(&mut self) {
