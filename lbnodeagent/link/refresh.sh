@@ -9,8 +9,8 @@
 #   2. This build (the benches' binary), so the benches measure the same
 #      layout.
 # The list is the union. Needs root (the bench's network namespaces),
-# valgrind and about 20 minutes. Run it when the agent's code has moved
-# on: packaging/test.sh prints how much of the shipped agent's code the
+# valgrind and about 9 minutes (some 20 with nothing built). Run it when
+# the agent's code has moved on: packaging/test.sh prints how much of the shipped agent's code the
 # list gathered, and the idle bench the resident pages of its binary.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
