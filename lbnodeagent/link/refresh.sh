@@ -10,8 +10,9 @@
 #      layout.
 # The list is the union. Needs root (the bench's network namespaces),
 # valgrind and about 9 minutes (some 20 with nothing built). Run it when
-# the agent's code has moved on: packaging/test.sh prints how much of the shipped agent's code the
-# list gathered, and the idle bench the resident pages of its binary.
+# the agent's code has moved on: packaging/test.sh prints how much of the
+# shipped agent's code the list gathered, and the idle bench the resident
+# pages of its binary.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 command -v callgrind_control >/dev/null || { echo "refresh.sh needs valgrind" >&2; exit 1; }
