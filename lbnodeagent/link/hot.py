@@ -65,10 +65,10 @@ def ran(profile: str) -> list[str]:
                 # by zig) but names the object of its code `???`.
                 if os.path.basename(current_object) in ("lbnodeagent", "???"):
                     found.append(name)
-            elif line.startswith(("cob=", "cfi=", "cfl=")):
-                # Named here once, used by id later.
-                if line.startswith("cob="):
-                    _compressed(line[4:], objects)
+            # A callee's object or name may be spelled out only here, and
+            # used by id later.
+            elif line.startswith("cob="):
+                _compressed(line[4:], objects)
             elif line.startswith("cfn="):
                 _compressed(line[4:], names)
     return found
