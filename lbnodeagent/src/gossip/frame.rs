@@ -215,6 +215,41 @@ pub fn open_one<'a>(keys: &GossipKeys, datagram: &'a [u8]) -> Result<(Header, &'
     Ok((header, &signed[HEADER_LEN..]))
 }
 
+/// A datagram whose tag verified under one of the keys: what the wire
+/// reader queues for chitchat's socket, so that nothing unauthenticated
+/// is kept (see `transport`). Only [`Verified::open`] makes one.
+#[derive(Debug)]
+pub struct Verified {
+    header: Header,
+    datagram: Vec<u8>,
+    payload_end: usize,
+}
+
+impl Verified {
+    /// Checks `datagram` as [`open_one`] does and keeps a copy.
+    pub fn open(keys: &GossipKeys, datagram: &[u8]) -> Result<Verified, Reject> {
+        let (header, payload) = open_one(keys, datagram)?;
+        Ok(Verified {
+            header,
+            datagram: datagram.to_vec(),
+            payload_end: HEADER_LEN + payload.len(),
+        })
+    }
+
+    pub fn payload(&self) -> &[u8] {
+        &self.datagram[HEADER_LEN..self.payload_end]
+    }
+
+    /// Bytes kept, for the reader's bound on what it queues.
+    pub fn len(&self) -> usize {
+        self.datagram.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.datagram.is_empty()
+    }
+}
+
 /// Whether an unfragmented frame's payload starts with `prefix`, without
 /// verifying anything: only to route a datagram to the verifier that will
 /// (a forged answer just fails verification there).
@@ -385,6 +420,28 @@ impl Inbound {
         for_us: impl FnOnce(SocketAddr) -> bool,
     ) -> Result<Accepted<'a>, Reject> {
         let (header, payload) = open_one(keys, datagram)?;
+        self.accept_opened(header, payload, now_ms, for_us)
+    }
+
+    /// [`Inbound::accept`] of a datagram whose tag [`open_one`] already
+    /// checked (the wire reader checks it before it queues anything, see
+    /// `transport`): destination, freshness, replay, reassembly.
+    pub fn accept_verified<'a>(
+        &mut self,
+        datagram: &'a Verified,
+        now_ms: u64,
+        for_us: impl FnOnce(SocketAddr) -> bool,
+    ) -> Result<Accepted<'a>, Reject> {
+        self.accept_opened(datagram.header, datagram.payload(), now_ms, for_us)
+    }
+
+    fn accept_opened<'a>(
+        &mut self,
+        header: Header,
+        payload: &'a [u8],
+        now_ms: u64,
+        for_us: impl FnOnce(SocketAddr) -> bool,
+    ) -> Result<Accepted<'a>, Reject> {
         if !for_us(header.destination) {
             return Err(Reject::Misdirected {
                 to: header.destination,

@@ -83,12 +83,12 @@ use tracing::{debug, warn};
 
 use super::codec_junk::CodecJunk;
 use super::counters::AuthCounters;
-use super::frame::{Inbound, MAX_DATAGRAM, Outbound, Reject, canonical};
+use super::frame::{Inbound, MAX_DATAGRAM, Outbound, Reject, Verified, canonical};
 use super::keys::GossipKeys;
 use super::link::{ProbeLink, ProbeNet, ProbeSend};
 pub use ports::bind_udp;
 use ports::{Destinations, PORT_IDLE, Port, on_wire};
-use verify::{Verifier, Warnings, read_keys, read_wire};
+use verify::{Backlog, Verifier, Warnings, read_keys, read_wire};
 
 /// Loopback port sockets kept open before idle ones are closed. A node
 /// exchanges with about six random peers per gossip round, so even in a
@@ -241,9 +241,11 @@ impl AuthTransport {
         let local = wire.local_addr()?;
         let (probe_inbox, recv) = mpsc::channel(INBOX);
         let (to_chitchat, from_wire) = mpsc::channel(INBOX);
+        let backlog = Arc::new(Backlog::default());
         let reader = tokio::spawn(read_wire(
             wire.clone(),
             to_chitchat,
+            backlog.clone(),
             self.verifier(local),
             probe_inbox,
         ));
@@ -275,6 +277,7 @@ impl AuthTransport {
             wire,
             local,
             from_wire,
+            backlog,
             reader,
             codec,
             codec_addr,
@@ -412,8 +415,10 @@ struct Closing {
 pub struct AuthSocket {
     wire: Arc<tokio::net::UdpSocket>,
     local: SocketAddr,
-    /// Datagrams for chitchat from the wire reader (see [`read_wire`]).
-    from_wire: mpsc::Receiver<io::Result<(Vec<u8>, SocketAddr)>>,
+    /// Datagrams for chitchat from the wire reader, their tags checked
+    /// (see [`read_wire`]), and the bytes they hold.
+    from_wire: mpsc::Receiver<io::Result<(Verified, SocketAddr)>>,
+    backlog: Arc<Backlog>,
     reader: tokio::task::JoinHandle<()>,
     codec: CodecSocket,
     codec_addr: SocketAddr,
@@ -566,8 +571,9 @@ impl AuthSocket {
     /// Verifies one wire datagram and, once a whole message is there, hands
     /// it to the codec through the sender's port. Synchronous on purpose:
     /// see the module doc on cancel-safety.
-    fn accept_wire(&mut self, datagram: &[u8], from: SocketAddr) {
-        let Some(message) = self.verifier.open(datagram, from) else {
+    fn accept_wire(&mut self, datagram: &Verified, from: SocketAddr) {
+        self.backlog.give_back(datagram.len());
+        let Some(message) = self.verifier.open_verified(datagram, from) else {
             return;
         };
         if message.len() > MAX_DATAGRAM {
@@ -1110,5 +1116,98 @@ mod tests {
         b.release_closed_ports();
         assert_eq!(b.closing_ports(), 0);
         assert!(std::net::UdpSocket::bind(port1).is_ok());
+    }
+
+    /// Sends `n` datagrams of `len` bytes from a plain socket and waits
+    /// until `t`'s reader has seen them all (or the kernel dropped the
+    /// rest: the count stops moving).
+    async fn flood(
+        t: &AuthTransport,
+        to: SocketAddr,
+        datagram: impl Fn(usize) -> Vec<u8>,
+        n: usize,
+    ) {
+        let sender = tokio::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        for i in 0..n {
+            sender.send_to(&datagram(i), to).await.unwrap();
+            if i % 8 == 0 {
+                // Lets the reader keep up, so most reach it.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let mut seen = u64::MAX;
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = t.counters().snapshot().frames_received;
+            if now == seen {
+                return;
+            }
+            seen = now;
+        }
+    }
+
+    /// Junk the size of the largest datagram, flooded at a socket whose
+    /// chitchat side reads nothing: not one byte of it is queued, and each
+    /// is counted as what it is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unauthenticated_datagrams_are_never_queued() {
+        let t = transport(5);
+        let b = open(&t).await;
+        let to = b.local_addr().unwrap();
+        let forged = |i: usize| {
+            // Our magic and a plausible header, a wrong tag.
+            let mut d = vec![i as u8; 60_000];
+            d[..4].copy_from_slice(&crate::gossip::frame::MAGIC);
+            d[4] = 0;
+            d[5] = 1;
+            d[6] = 1;
+            d
+        };
+        flood(&t, to, forged, 300).await;
+        let stats = t.counters().snapshot();
+        assert!(stats.frames_received >= 100, "{stats:?}");
+        assert_eq!(stats.dropped_bad_mac, stats.frames_received, "{stats:?}");
+        assert_eq!(b.backlog.held(), 0, "nothing unauthenticated is kept");
+        assert_eq!(stats.dropped_backlog, 0);
+    }
+
+    /// A key holder's flood of valid datagrams is queued only up to the
+    /// byte bound; the rest is dropped and counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_is_queued_is_bounded_in_bytes() {
+        let t = transport(6);
+        let b = open(&t).await;
+        let to = b.local_addr().unwrap();
+        let keys = GossipKeys::from_keys(&[[6; 32]]).unwrap();
+        let signed = |i: usize| {
+            let header = Header {
+                fragment: 0,
+                fragments: 1,
+                tags: 1,
+                sender: 7,
+                seq: i as u64 + 1,
+                timestamp_ms: t.clock.now_ms(),
+                destination: to,
+            };
+            let mut out = Vec::new();
+            seal_one(&keys, &header, &vec![0u8; 60_000], &mut out);
+            out
+        };
+        flood(&t, to, signed, 400).await;
+        let stats = t.counters().snapshot();
+        let held = b.backlog.held();
+        assert!(held <= Backlog::MAX_BYTES, "{held}");
+        assert!(
+            held > Backlog::MAX_BYTES - 70_000,
+            "filled to the bound: {held} ({stats:?})"
+        );
+        assert!(stats.dropped_backlog > 0, "{stats:?}");
+        assert_eq!(
+            b.from_wire.len() as u64 * 60_081,
+            held,
+            "the bound counts what the queue holds"
+        );
     }
 }

@@ -12,19 +12,25 @@ use tracing::{debug, warn};
 use super::ports::Destinations;
 use super::{RECV_BUF, WallClock, is_transient};
 use crate::gossip::counters::AuthCounters;
-use crate::gossip::frame::{Accepted, Inbound, Reject, canonical, payload_starts_with};
+use crate::gossip::frame::{Accepted, Inbound, Reject, Verified, canonical, payload_starts_with};
 use crate::gossip::keys::GossipKeys;
 use crate::gossip::link::PROBE_MARK;
 
 /// Reads the gossip socket on its own task, so the failure detector's
 /// probes are answered however busy chitchat's loop is (a large delta, a
 /// slow round): its messages are verified and handed to the detector here,
-/// everything else is queued for chitchat's socket, which verifies it.
+/// everything else is queued for chitchat's socket once its tag verifies
+/// (replay, destination and reassembly are checked there, in order).
 /// Telling the two apart peeks at the unverified payload; a forged answer
 /// only sends a datagram to the verifier that rejects it.
+///
+/// Nothing unauthenticated is queued, and what is queued is bounded in
+/// bytes as well as in datagrams ([`Backlog`]): anyone who reaches the
+/// port could otherwise fill the queue with 64 KB of junk per entry.
 pub(super) async fn read_wire(
     wire: Arc<tokio::net::UdpSocket>,
-    to_chitchat: mpsc::Sender<io::Result<(Vec<u8>, SocketAddr)>>,
+    to_chitchat: mpsc::Sender<io::Result<(Verified, SocketAddr)>>,
+    backlog: Arc<Backlog>,
     mut probes: Verifier,
     probe_inbox: mpsc::Sender<(SocketAddr, Vec<u8>)>,
 ) {
@@ -48,8 +54,24 @@ pub(super) async fn read_wire(
                             Err(_) => AuthCounters::add(&probes.counters.dropped_backlog, 1),
                         }
                     }
-                } else if to_chitchat.try_send(Ok((datagram.to_vec(), from))).is_err() {
-                    AuthCounters::add(&counters.dropped_backlog, 1);
+                } else {
+                    let verified = Verified::open(&read_keys(&probes.keys), datagram);
+                    match verified {
+                        Err(reason) => {
+                            probes.counters.reject(reason);
+                            probes.warnings.reject(reason, from);
+                            debug!(%from, len, ?reason, "gossip datagram dropped");
+                        }
+                        Ok(v) => {
+                            let bytes = v.len();
+                            if !backlog.take(bytes) {
+                                AuthCounters::add(&counters.dropped_backlog, 1);
+                            } else if to_chitchat.try_send(Ok((v, from))).is_err() {
+                                backlog.give_back(bytes);
+                                AuthCounters::add(&counters.dropped_backlog, 1);
+                            }
+                        }
+                    }
                 }
             }
             Err(error) if is_transient(&error) => {
@@ -60,6 +82,38 @@ pub(super) async fn read_wire(
                 return;
             }
         }
+    }
+}
+
+/// Bytes of verified datagrams queued for chitchat's socket, bounded by
+/// [`Backlog::MAX_BYTES`]. The reader takes, the socket gives back when it
+/// has read one.
+#[derive(Debug, Default)]
+pub(super) struct Backlog(AtomicU64);
+
+impl Backlog {
+    /// 8 MiB: 128 datagrams of the largest size chitchat sends, far more
+    /// than its loop leaves waiting (it reads one between any two of its
+    /// own steps), while a flood of signed datagrams from a key holder
+    /// costs at most that.
+    pub(super) const MAX_BYTES: u64 = 8 << 20;
+
+    /// Counts `bytes` in, unless that would pass the bound.
+    pub(super) fn take(&self, bytes: usize) -> bool {
+        let bytes = bytes as u64;
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + bytes <= Self::MAX_BYTES).then_some(held + bytes)
+            })
+            .is_ok()
+    }
+
+    pub(super) fn give_back(&self, bytes: usize) {
+        self.0.fetch_sub(bytes as u64, Ordering::AcqRel);
+    }
+
+    pub(super) fn held(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
     }
 }
 
@@ -86,6 +140,29 @@ impl Verifier {
             .accept(&read_keys(&self.keys), datagram, now, |to| {
                 destinations.accepts(to)
             });
+        self.outcome(accepted, datagram.len(), from)
+    }
+
+    /// [`Verifier::open`] of a datagram whose tag the wire reader checked.
+    pub(super) fn open_verified(
+        &mut self,
+        datagram: &Verified,
+        from: SocketAddr,
+    ) -> Option<Vec<u8>> {
+        let now = self.clock.now_ms();
+        let destinations = &mut self.destinations;
+        let accepted = self
+            .inbound
+            .accept_verified(datagram, now, |to| destinations.accepts(to));
+        self.outcome(accepted, datagram.len(), from)
+    }
+
+    fn outcome(
+        &mut self,
+        accepted: Result<Accepted<'_>, Reject>,
+        len: usize,
+        from: SocketAddr,
+    ) -> Option<Vec<u8>> {
         match accepted {
             Ok(Accepted::Whole(payload)) => Some(payload.to_vec()),
             Ok(Accepted::Reassembled(payload)) => Some(payload),
@@ -93,7 +170,7 @@ impl Verifier {
             Err(reason) => {
                 self.counters.reject(reason);
                 self.warnings.reject(reason, from);
-                debug!(%from, len = datagram.len(), ?reason, "gossip datagram dropped");
+                debug!(%from, len, ?reason, "gossip datagram dropped");
                 None
             }
         }
