@@ -3,6 +3,7 @@
 //! network namespaces for real-kernel tests.
 
 pub mod apiserver;
+pub mod flood;
 pub mod netns;
 pub mod probe;
 pub mod realserver;

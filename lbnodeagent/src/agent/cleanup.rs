@@ -349,9 +349,17 @@ impl WireWatch {
             })
             .collect();
         let (tx, rx) = mpsc::channel(1024);
+        // As in the agent (`wire::admit`): a claim counts only from the
+        // interface its address is on, and an advertisement only from the
+        // link; anything else would let a pod on this host, or a host
+        // beyond a router, have the VIP removed before a successor holds.
+        let on: BTreeMap<IpAddr, u32> = announced.iter().map(|a| (a.ip, a.ifindex)).collect();
         let reader = tokio::spawn(async move {
-            while let Ok(c) = claims.next().await {
-                if tx.send(c).await.is_err() {
+            while let Ok(heard) = claims.next().await {
+                if !heard.on_link || on.get(&heard.claim.ip) != Some(&heard.ifindex) {
+                    continue;
+                }
+                if tx.send(heard.claim).await.is_err() {
                     return;
                 }
             }

@@ -44,6 +44,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             cfg.gossip.advertise = Some(default_advertise(cfg.gossip.listen, &links)?);
         }
         let wire = open_wire(announcer);
+        telemetry.set_claims_refused(wire.refused.clone());
         let core_settings = settings(&cfg, wire.announcer.is_some() && wire.claims.is_some());
         if let Some(why) = &core_settings.unable {
             error!("{why}");

@@ -80,6 +80,7 @@ pub struct Telemetry {
     pub conflicts: Family<KindLabels, Counter>,
     gossip: Mutex<Option<Arc<AuthCounters>>>,
     gossip_held: Mutex<Option<Arc<AtomicU64>>>,
+    claims_refused: Mutex<Option<Arc<super::wire::Refused>>>,
     detector: Mutex<Option<Arc<DetectorCounters>>>,
     /// First reconcile applied.
     pub applied: AtomicBool,
@@ -127,6 +128,7 @@ impl Telemetry {
             conflicts: Family::default(),
             gossip: Mutex::new(None),
             gossip_held: Mutex::new(None),
+            claims_refused: Mutex::new(None),
             detector: Mutex::new(None),
             applied: AtomicBool::new(false),
             api_healthy: AtomicBool::new(true),
@@ -273,6 +275,13 @@ impl Telemetry {
 
     pub fn set_gossip_held(&self, held: Arc<AtomicU64>) {
         *self.gossip_held.lock().unwrap_or_else(|e| e.into_inner()) = Some(held);
+    }
+
+    pub fn set_claims_refused(&self, refused: Arc<super::wire::Refused>) {
+        *self
+            .claims_refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(refused);
     }
 
     pub fn set_detector_counters(&self, c: Arc<DetectorCounters>) {
@@ -465,6 +474,29 @@ impl Telemetry {
                 s.largest_sent
             ));
             out.push_str("# EOF\n");
+        }
+        // What the wire said of watched VIPs that did not count as a claim:
+        // counted, never logged one by one (a flood is a counter).
+        if let Some(r) = &*self
+            .claims_refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            let mut body = out.trim_end_matches("# EOF\n").to_string();
+            body.push_str(
+                "# HELP hostlb_agent_claims_refused Claims on a watched VIP that did not count: an advertisement sent from off the link (off_link), or heard on another interface than the VIP's (other_interface).\n\
+                 # TYPE hostlb_agent_claims_refused counter\n",
+            );
+            for (reason, n) in [
+                ("off_link", r.off_link.load(Ordering::Relaxed)),
+                ("other_interface", r.other_interface.load(Ordering::Relaxed)),
+            ] {
+                body.push_str(&format!(
+                    "hostlb_agent_claims_refused_total{{reason=\"{reason}\"}} {n}\n"
+                ));
+            }
+            body.push_str("# EOF\n");
+            out = body;
         }
         out
     }

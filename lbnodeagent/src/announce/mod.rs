@@ -159,9 +159,22 @@ impl Announcer {
 /// Every claim on the wire: a host answering an ARP probe, sending
 /// gratuitous ARP or ARP from an address, or advertising an IPv6 address
 /// with its MAC. The caller keeps the ones for its own VIPs that name a MAC
-/// not its own; that is how a second owner is seen.
+/// not its own, heard on the interface the VIP is announced on; that is
+/// how a second owner is seen.
 pub struct Claims {
     socket: sys::ClaimSocket,
+}
+
+/// A claim on the wire, and what the kernel would make of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heard {
+    pub claim: packet::Claim,
+    /// The index of the interface it arrived on.
+    pub ifindex: u32,
+    /// Sent on the link: any ARP frame; a Neighbor Advertisement only with
+    /// hop limit 255 (RFC 4861 7.1.2: any other was routed from off the
+    /// link, or forged, and a receiver drops it, as the kernel does).
+    pub on_link: bool,
 }
 
 impl Claims {
@@ -178,31 +191,45 @@ impl Claims {
         self.socket.watch(watched)
     }
 
-    /// The next frame that claims an address.
-    pub async fn next(&self) -> io::Result<packet::Claim> {
+    /// The next frame that says something of an address.
+    pub async fn next(&self) -> io::Result<Heard> {
         loop {
-            if let Some(c) = claim_in(self.socket.recv().await?) {
-                return Ok(c);
+            if let Some(received) = self.socket.recv().await?
+                && let Some(h) = heard_in(received)
+            {
+                return Ok(h);
             }
         }
     }
 
-    /// The next claim among the frames the host has already received, or
-    /// `None` once none is left; never waits.
-    pub fn try_next(&self) -> io::Result<Option<packet::Claim>> {
+    /// The next of the frames the host has already received that says
+    /// something of an address, or `None` once none is left; never waits.
+    pub fn try_next(&self) -> io::Result<Option<Heard>> {
         while let Some(received) = self.socket.try_recv()? {
-            if let Some(c) = claim_in(received) {
-                return Ok(Some(c));
+            if let Some(h) = heard_in(received) {
+                return Ok(Some(h));
             }
         }
         Ok(None)
     }
 }
 
-fn claim_in(received: sys::Received) -> Option<packet::Claim> {
+fn heard_in(received: sys::Received) -> Option<Heard> {
     match received {
-        sys::Received::Arp(frame) => packet::arp_claim(&frame),
-        sys::Received::Icmp6(msg) => packet::na_claim(&msg),
+        sys::Received::Arp { frame, ifindex } => Some(Heard {
+            claim: packet::arp_claim(&frame)?,
+            ifindex,
+            on_link: true,
+        }),
+        sys::Received::Icmp6 {
+            message,
+            ifindex,
+            hop_limit,
+        } => Some(Heard {
+            claim: packet::na_claim(&message)?,
+            ifindex,
+            on_link: hop_limit == Some(255),
+        }),
     }
 }
 

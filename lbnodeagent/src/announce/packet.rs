@@ -190,11 +190,17 @@ pub fn arp_claim(frame: &[u8]) -> Option<Claim> {
 /// A Neighbor Advertisement (the ICMPv6 message, as a raw ICMPv6 socket
 /// receives it) claims its target for the MAC in its Target Link-Layer
 /// Address option; without that option it names no MAC and claims nothing.
+/// One that RFC 4861 7.1.2 has a receiver drop (a code other than 0, a
+/// multicast target) claims nothing either; its hop limit is the caller's
+/// to check, the IPv6 header being the socket's.
 pub fn na_claim(icmp: &[u8]) -> Option<Claim> {
     if icmp.len() < 24 || icmp[0] != 136 || icmp[1] != 0 {
         return None;
     }
     let target = Ipv6Addr::from(<[u8; 16]>::try_from(&icmp[8..24]).ok()?);
+    if target.is_multicast() {
+        return None;
+    }
     let mut o = 24;
     while o + 8 <= icmp.len() {
         let len = usize::from(icmp[o + 1]) * 8;

@@ -58,10 +58,20 @@ pub(super) struct ClaimSocket {
     icmp6: Option<AsyncFd<Socket>>,
 }
 
-/// What one read returned.
+/// What one read returned, with where it came from: a claim counts only
+/// from the interface its address is announced on, and an advertisement
+/// only with the hop limit that proves it was sent on the link (RFC 4861
+/// 7.1.2), as the kernel itself takes them.
 pub(super) enum Received {
-    Arp(Vec<u8>),
-    Icmp6(Vec<u8>),
+    /// An ARP frame, and the index of the interface it arrived on.
+    Arp { frame: Vec<u8>, ifindex: u32 },
+    /// An ICMPv6 message, the interface it arrived on, and the hop limit
+    /// of its IPv6 header (`None` when the kernel did not say).
+    Icmp6 {
+        message: Vec<u8>,
+        ifindex: u32,
+        hop_limit: Option<u8>,
+    },
 }
 
 impl ClaimSocket {
@@ -82,6 +92,10 @@ impl ClaimSocket {
                 s.set_nonblocking(true)?;
                 room_for_bursts(&s);
                 advertisements_only(&s)?;
+                // Each message then comes with its interface and hop limit.
+                let on: libc::c_int = 1;
+                set_option(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &on)?;
+                set_option(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, &on)?;
                 // SAFETY: as above.
                 Some(unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }?)
             }
@@ -117,36 +131,150 @@ impl ClaimSocket {
         }
     }
 
-    pub async fn recv(&self) -> io::Result<Received> {
+    /// The next frame or message; `None` for an ARP frame this host sent
+    /// itself (a packet socket sees those too).
+    pub async fn recv(&self) -> io::Result<Option<Received>> {
         let mut buf = [0u8; 1500];
         match &self.icmp6 {
             None => {
-                let n = read(&self.arp, &mut buf).await?;
-                Ok(Received::Arp(buf[..n].to_vec()))
+                let got = self
+                    .arp
+                    .async_io(Interest::READABLE, |s| recv_link(s, &mut buf))
+                    .await?;
+                Ok(arp_received(&buf, got))
             }
             Some(icmp6) => {
                 let mut buf6 = [0u8; 1500];
                 tokio::select! {
-                    n = read(&self.arp, &mut buf) => Ok(Received::Arp(buf[..n?].to_vec())),
-                    n = read(icmp6, &mut buf6) => Ok(Received::Icmp6(buf6[..n?].to_vec())),
+                    got = self.arp.async_io(Interest::READABLE, |s| recv_link(s, &mut buf)) => {
+                        Ok(arp_received(&buf, got?))
+                    }
+                    got = icmp6.async_io(Interest::READABLE, |s| recv_icmp6(s, &mut buf6)) => {
+                        Ok(Some(icmp6_received(&buf6, got?)))
+                    }
                 }
             }
         }
     }
 
-    /// A frame the host has already received, without waiting for one.
+    /// A frame the host has already received, without waiting for one:
+    /// `Ok(None)` once none is left.
     pub fn try_recv(&self) -> io::Result<Option<Received>> {
         let mut buf = [0u8; 1500];
-        if let Some(n) = try_read(&self.arp, &mut buf)? {
-            return Ok(Some(Received::Arp(buf[..n].to_vec())));
+        while let Some(got) = would_block(recv_link(self.arp.get_ref(), &mut buf))? {
+            if let Some(r) = arp_received(&buf, got) {
+                return Ok(Some(r));
+            }
         }
         if let Some(icmp6) = &self.icmp6
-            && let Some(n) = try_read(icmp6, &mut buf)?
+            && let Some(got) = would_block(recv_icmp6(icmp6.get_ref(), &mut buf))?
         {
-            return Ok(Some(Received::Icmp6(buf[..n].to_vec())));
+            return Ok(Some(icmp6_received(&buf, got)));
         }
         Ok(None)
     }
+}
+
+/// `PACKET_OUTGOING` of `<linux/if_packet.h>`: a frame this host sent.
+const PACKET_OUTGOING: u8 = 4;
+
+fn arp_received(buf: &[u8], (n, ifindex, pkttype): (usize, u32, u8)) -> Option<Received> {
+    (pkttype != PACKET_OUTGOING).then(|| Received::Arp {
+        frame: buf[..n].to_vec(),
+        ifindex,
+    })
+}
+
+fn icmp6_received(buf: &[u8], (n, ifindex, hop_limit): (usize, u32, Option<u8>)) -> Received {
+    Received::Icmp6 {
+        message: buf[..n].to_vec(),
+        ifindex,
+        hop_limit,
+    }
+}
+
+/// `Ok(None)` for a read that would have waited.
+fn would_block<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// One `recvfrom` on a packet socket: the bytes, the index of the
+/// interface the frame came by and its packet type (`sll_pkttype`).
+fn recv_link(s: &Socket, buf: &mut [u8]) -> io::Result<(usize, u32, u8)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all-zero is a valid `sockaddr_ll`.
+    let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: `buf` and `from` are valid for writes of the lengths given,
+    // and the kernel writes at most that much.
+    let n = unsafe {
+        libc::recvfrom(
+            s.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            0,
+            (&raw mut from).cast(),
+            &mut len,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((n as usize, from.sll_ifindex as u32, from.sll_pkttype))
+}
+
+/// One `recvmsg` on the raw ICMPv6 socket: the message, the index of the
+/// interface it arrived on (`IPV6_PKTINFO`; 0 when absent) and its hop
+/// limit (`IPV6_HOPLIMIT`).
+fn recv_icmp6(s: &Socket, buf: &mut [u8]) -> io::Result<(usize, u32, Option<u8>)> {
+    use std::os::fd::AsRawFd;
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // Room for both options, aligned as `cmsghdr` needs.
+    let mut control = [0u64; 16];
+    // SAFETY: all-zero is a valid `msghdr` (no name, no buffers).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control) as _;
+    // SAFETY: `msg` points at `iov` (over `buf`) and `control`, both live
+    // and writable for the lengths given.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &raw mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (mut ifindex, mut hop_limit) = (0, None);
+    // SAFETY: the kernel filled `msg_controllen` bytes of `control` with
+    // well-formed `cmsghdr`s; the CMSG macros walk them within that
+    // length, and each option's data is read unaligned at its own size.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IPV6 {
+                let data = libc::CMSG_DATA(c);
+                match (*c).cmsg_type {
+                    libc::IPV6_HOPLIMIT => {
+                        let h = data.cast::<libc::c_int>().read_unaligned();
+                        hop_limit = u8::try_from(h).ok();
+                    }
+                    libc::IPV6_PKTINFO => {
+                        let info = data.cast::<libc::in6_pktinfo>().read_unaligned();
+                        ifindex = info.ipi6_ifindex as u32;
+                    }
+                    _ => {}
+                }
+            }
+            c = libc::CMSG_NXTHDR(&raw const msg, c);
+        }
+    }
+    Ok((n as usize, ifindex, hop_limit))
 }
 
 /// What a claim socket may queue while the loop is busy. The default
@@ -232,22 +360,6 @@ fn set_option<T: Copy>(
 /// `ICMP6_FILTER` of `<netinet/icmp6.h>` (linux/icmpv6.h), which the libc
 /// crate does not name.
 const ICMP6_FILTER: libc::c_int = 1;
-
-/// One read that does not wait: `None` when nothing is queued. (A readiness
-/// left set meanwhile costs the async reader one empty read.)
-fn try_read(fd: &AsyncFd<Socket>, buf: &mut [u8]) -> io::Result<Option<usize>> {
-    use std::io::Read;
-    match fd.get_ref().read(buf) {
-        Ok(n) => Ok(Some(n)),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-async fn read(fd: &AsyncFd<Socket>, buf: &mut [u8]) -> io::Result<usize> {
-    use std::io::Read;
-    fd.async_io(Interest::READABLE, |s| (&*s).read(buf)).await
-}
 
 /// `sockaddr_ll` for `frame` leaving by interface `ifindex`.
 fn link_layer_address(ifindex: u32, frame: &Frame) -> io::Result<SockAddr> {
@@ -371,8 +483,8 @@ mod tests {
             let senders = |got: Vec<Received>| -> Vec<[u8; 4]> {
                 got.into_iter()
                     .filter_map(|r| match r {
-                        Received::Arp(f) => Some(f[28..32].try_into().unwrap()),
-                        Received::Icmp6(_) => None,
+                        Received::Arp { frame, .. } => Some(frame[28..32].try_into().unwrap()),
+                        Received::Icmp6 { .. } => None,
                     })
                     .collect()
             };
@@ -414,8 +526,8 @@ mod tests {
             let types: Vec<u8> = drain(&claims)
                 .into_iter()
                 .filter_map(|r| match r {
-                    Received::Icmp6(m) => Some(m[0]),
-                    Received::Arp(_) => None,
+                    Received::Icmp6 { message, .. } => Some(message[0]),
+                    Received::Arp { .. } => None,
                 })
                 .collect();
             assert_eq!(types, [136]);

@@ -236,8 +236,9 @@ pub struct Actions {
     pub probe: Vec<Target>,
     /// This node's gossip state, when it changed.
     pub publish: Option<LocalState>,
-    /// The addresses whose claims on the wire matter, when that changed.
-    pub watch: Option<BTreeSet<IpAddr>>,
+    /// The addresses whose claims on the wire matter, each with the index
+    /// of the only interface a claim on it counts from, when that changed.
+    pub watch: Option<BTreeMap<IpAddr, u32>>,
     /// The annotations this node is responsible for, when they changed.
     pub announcing: Option<Announcing>,
     pub events: Vec<EventRequest>,

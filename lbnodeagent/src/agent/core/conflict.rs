@@ -29,7 +29,7 @@
 //! Pure: the core ([`super::Core`]) feeds claims, gossip and the clock in,
 //! and acts on the verdicts.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -102,12 +102,18 @@ pub enum Verdict {
     /// Not about a VIP this node holds or yielded, or our own frame.
     Ignore,
     /// Another hostlb node answers too, and this one outranks it: keep the
-    /// VIP and announce again, so clients come back here.
-    Keep { other: String },
+    /// VIP and announce again, so clients come back here. Or (`gone`) the
+    /// other outranks this one but its agent is known gone (out of gossip,
+    /// its record stale or missing, no word of its addresses still
+    /// lapsing): no answer of its host can be its own, so this node keeps
+    /// the address all the same. A claim in a dead node's name, forged by
+    /// anyone who knows its MAC, must not leave a VIP dark.
+    Keep { other: String, gone: bool },
     /// Another hostlb node answers too and outranks this one: remove it.
     Yield { to: String },
     /// A MAC no hostlb node published answers; `first` the first time for
-    /// this address and MAC (report it then).
+    /// this address and MAC among the last [`REPORTED_PER_VIP`] (report
+    /// it then, as [`Conflicts::say`] allows).
     Foreign { first: bool },
 }
 
@@ -159,6 +165,32 @@ pub struct Yielded {
 /// written by a compromised host cannot claim every MAC on the LAN.
 pub const RECORD_MACS_MAX: usize = 16;
 
+/// Strangers' MACs remembered per VIP, the most recent: a flood of
+/// forged MACs costs this much per VIP, and a real stranger answering now
+/// and then stays known (not reported again) while fewer than this many
+/// others interleave.
+pub const REPORTED_PER_VIP: usize = 4;
+/// VIPs with strangers remembered, at most; past it the one heard of
+/// longest ago is forgotten. Claims reach the core only for addresses it
+/// holds or asks about, so this bounds a flood that cycles through them.
+pub const REPORTED_VIPS: usize = 4_096;
+/// Least time between two lines (and Events) about strangers answering
+/// for one VIP: what a flood of forged answers costs the log.
+pub const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// What is remembered of strangers answering for one VIP.
+#[derive(Clone, Debug, Default)]
+struct Reports {
+    /// Their MACs, newest last, at most [`REPORTED_PER_VIP`].
+    macs: VecDeque<MacAddr>,
+    /// When a line was last said of this VIP.
+    said: Option<Instant>,
+    /// Reports not said since, for the next line.
+    left_out: u64,
+    /// Last heard of, for forgetting the oldest VIP.
+    touched: Option<Instant>,
+}
+
 #[derive(Default)]
 pub struct Conflicts {
     /// From gossip, which only a holder of the key can sign.
@@ -173,7 +205,7 @@ pub struct Conflicts {
     /// a takeover (a new Service's address is taken at once).
     last_holder: HashMap<IpAddr, String>,
     yielded: BTreeMap<IpAddr, Yielded>,
-    reported: BTreeSet<(IpAddr, MacAddr)>,
+    reported: HashMap<IpAddr, Reports>,
 }
 
 impl Conflicts {
@@ -300,6 +332,9 @@ impl Conflicts {
     /// only a node this one cannot talk to is a second owner. Of those,
     /// one gossip still carries (`heard`: its owner beats stopped, its
     /// state did not) is ranked with the drains both know.
+    ///
+    /// `gone`: the node's agent is known gone (see [`Verdict::Keep`]);
+    /// never yielded to.
     #[allow(clippy::too_many_arguments)]
     pub fn judge(
         &mut self,
@@ -310,14 +345,18 @@ impl Conflicts {
         election: &Election,
         live: impl Fn(&str) -> bool,
         heard: impl Fn(&str) -> bool,
+        gone: impl Fn(&str) -> bool,
         now: Instant,
     ) -> Verdict {
         if own_macs.contains(&claim.mac) {
             return Verdict::Ignore;
         }
         let owner = self.owner(&claim.mac).cloned();
+        // A yield lasts while its winner answers; not once its agent is
+        // known gone, whose host cannot be answering for itself.
         if let Some(y) = self.yielded.get_mut(&claim.ip)
             && (y.mac == claim.mac || owner.as_ref() == Some(&y.to))
+            && !gone(&y.to)
         {
             y.seen = now;
             return Verdict::Ignore;
@@ -333,7 +372,9 @@ impl Conflicts {
                     .outranks(claim.ip, me, &other, heard(&other))
                     .unwrap_or(true)
                 {
-                    Verdict::Keep { other }
+                    Verdict::Keep { other, gone: false }
+                } else if gone(&other) {
+                    Verdict::Keep { other, gone: true }
                 } else {
                     self.yielded.insert(
                         claim.ip,
@@ -348,9 +389,60 @@ impl Conflicts {
                 }
             }
             None => Verdict::Foreign {
-                first: self.reported.insert((claim.ip, claim.mac)),
+                first: self.remember_stranger(claim, now),
             },
         }
+    }
+
+    /// Notes a stranger's MAC answering for `claim.ip`; true if it is not
+    /// among the last few noted for it. Bounded per VIP and in all.
+    fn remember_stranger(&mut self, claim: Claim, now: Instant) -> bool {
+        if !self.reported.contains_key(&claim.ip) && self.reported.len() >= REPORTED_VIPS {
+            let oldest = self
+                .reported
+                .iter()
+                .min_by_key(|(_, r)| r.touched)
+                .map(|(ip, _)| *ip);
+            if let Some(ip) = oldest {
+                self.reported.remove(&ip);
+            }
+        }
+        let r = self.reported.entry(claim.ip).or_default();
+        r.touched = Some(now);
+        if let Some(at) = r.macs.iter().position(|m| *m == claim.mac) {
+            // Heard again: the newest now.
+            r.macs.remove(at);
+            r.macs.push_back(claim.mac);
+            return false;
+        }
+        if r.macs.len() >= REPORTED_PER_VIP {
+            r.macs.pop_front();
+        }
+        r.macs.push_back(claim.mac);
+        true
+    }
+
+    /// Whether a line (and an Event) about strangers answering for `ip`
+    /// may be said now: at most one per [`REPORT_EVERY`] per VIP. `Some`
+    /// with how many were left out since the last one said; `None` when
+    /// this one is left out (and counted for the next).
+    pub fn say(&mut self, ip: IpAddr, now: Instant) -> Option<u64> {
+        let r = self.reported.entry(ip).or_default();
+        r.touched = Some(now);
+        if r.said
+            .is_some_and(|t| now.saturating_duration_since(t) < REPORT_EVERY)
+        {
+            r.left_out += 1;
+            return None;
+        }
+        r.said = Some(now);
+        Some(std::mem::take(&mut r.left_out))
+    }
+
+    /// Strangers' MACs remembered, in all (for tests of the bound).
+    #[cfg(test)]
+    pub fn strangers_remembered(&self) -> usize {
+        self.reported.values().map(|r| r.macs.len()).sum()
     }
 
     /// Whether `ip` must stay off here now: yielded, and its winner heard
@@ -406,7 +498,9 @@ impl Conflicts {
 
     /// Lets the next claim of `mac` on `ip` be reported as the first.
     pub fn forget_report(&mut self, ip: IpAddr, mac: MacAddr) {
-        self.reported.remove(&(ip, mac));
+        if let Some(r) = self.reported.get_mut(&ip) {
+            r.macs.retain(|m| *m != mac);
+        }
     }
 
     /// Forgets the yield of an address this node no longer wants.
@@ -528,6 +622,7 @@ mod tests {
                 &e,
                 |_| false,
                 |_| false,
+                |_| false,
                 t0,
             );
             (v, c)
@@ -535,11 +630,11 @@ mod tests {
         let (va, _) = judge("a", MAC_A, MAC_B);
         let (vb, _) = judge("b", MAC_B, MAC_A);
         let loser = match (&va, &vb) {
-            (Verdict::Keep { other }, Verdict::Yield { to }) => {
+            (Verdict::Keep { other, .. }, Verdict::Yield { to }) => {
                 assert_eq!((other.as_str(), to.as_str()), ("b", "a"));
                 "b"
             }
-            (Verdict::Yield { to }, Verdict::Keep { other }) => {
+            (Verdict::Yield { to }, Verdict::Keep { other, .. }) => {
                 assert_eq!((to.as_str(), other.as_str()), ("b", "a"));
                 "a"
             }
@@ -565,6 +660,7 @@ mod tests {
             &[mine].into(),
             None,
             &e,
+            |_| false,
             |_| false,
             |_| false,
             later,
@@ -621,6 +717,7 @@ mod tests {
             &e,
             |_| false,
             |_| false,
+            |_| false,
             Instant::now(),
         );
         assert!(
@@ -646,6 +743,7 @@ mod tests {
             &e,
             |_| false,
             |_| false,
+            |_| false,
             now,
         );
         assert_eq!(v, Verdict::Foreign { first: true });
@@ -655,6 +753,7 @@ mod tests {
             &[MAC_A].into(),
             Some(&want()),
             &e,
+            |_| false,
             |_| false,
             |_| false,
             now,
@@ -672,6 +771,7 @@ mod tests {
                 &e,
                 |_| false,
                 |_| false,
+                |_| false,
                 now
             ),
             Verdict::Ignore
@@ -683,6 +783,7 @@ mod tests {
                 &[MAC_A].into(),
                 None,
                 &e,
+                |_| false,
                 |_| false,
                 |_| false,
                 now
@@ -719,6 +820,7 @@ mod tests {
             &e,
             |n| n == "a",
             |_| false,
+            |_| false,
             Instant::now(),
         );
         assert_eq!(v, Verdict::Ignore);
@@ -747,6 +849,7 @@ mod tests {
                 &[MAC_B].into(),
                 None,
                 &election(&["b"]),
+                |_| false,
                 |_| false,
                 |_| false,
                 at,
@@ -845,6 +948,7 @@ mod tests {
                 &election(&["a", "b"]),
                 |_| false,
                 |_| false,
+                |_| false,
                 at,
             )
         };
@@ -889,6 +993,7 @@ mod tests {
                 &[MAC_A].into(),
                 Some(&want()),
                 &election(&["a"]),
+                |_| false,
                 |_| false,
                 |_| false,
                 Instant::now(),

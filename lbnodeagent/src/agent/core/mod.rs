@@ -276,7 +276,7 @@ pub struct Core {
     report_dirty: bool,
     publish_dirty: bool,
     published: Option<LocalState>,
-    watched: BTreeSet<IpAddr>,
+    watched: BTreeMap<IpAddr, u32>,
     announced: Option<Announcing>,
     ready: bool,
     last_status: Option<(usize, usize)>,
@@ -347,7 +347,7 @@ impl Core {
             report_dirty: true,
             publish_dirty: true,
             published: None,
-            watched: BTreeSet::new(),
+            watched: BTreeMap::new(),
             announced: None,
             ready: false,
             last_status: None,
@@ -403,6 +403,12 @@ impl Core {
         } else {
             Vec::new()
         }
+    }
+
+    /// The interface a claim on `ip` counts from, while claims on it are
+    /// watched.
+    pub fn watched_interface(&self, ip: IpAddr) -> Option<u32> {
+        self.watched.get(&ip).copied()
     }
 
     pub fn held_count(&self) -> usize {

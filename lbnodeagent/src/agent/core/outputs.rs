@@ -2,7 +2,7 @@
 //! annotations and Events, metrics, when to wake it next, and the
 //! `/status` document.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
@@ -138,17 +138,23 @@ impl Core {
         }
         // Compared in place (every step comes here), built only when it
         // changed.
+        // Each with the interface it is (or would be) announced on: a
+        // claim heard on any other (a pod's veth, a second network) is no
+        // claim on this VIP, as the kernel itself would not take it as one.
         let watched = || {
             merged(
-                self.slots
-                    .iter()
-                    .filter(|(_, s)| s.held.is_some() || s.probing.is_some())
-                    .map(|(ip, _)| *ip),
-                self.conflicts.yielded().map(|(ip, _)| *ip),
+                self.slots.iter().filter_map(|(ip, s)| {
+                    let at = s.held_at().or(s.probing.and(s.want.as_ref()))?;
+                    Some((*ip, at.vip.ifindex))
+                }),
+                self.conflicts
+                    .yielded()
+                    .map(|(ip, y)| (*ip, y.want.vip.ifindex)),
+                |(ip, _)| *ip,
             )
         };
-        if !watched().eq(self.watched.iter().copied()) {
-            let watched: BTreeSet<IpAddr> = watched().collect();
+        if !watched().eq(self.watched.iter().map(|(ip, i)| (*ip, *i))) {
+            let watched: BTreeMap<IpAddr, u32> = watched().collect();
             self.watched = watched.clone();
             out.watch = Some(watched);
         }

@@ -222,14 +222,17 @@ pub(super) fn expiry(want: &Want, now: Instant) -> Option<Instant> {
 }
 
 /// Two ascending iterators as one, each item once.
-pub(super) fn merged<T: Ord + Copy>(
+/// Two sequences sorted by the key of their items, merged in that order;
+/// of two items with the same key, `a`'s is kept.
+pub(super) fn merged<T: Copy, K: Ord>(
     a: impl Iterator<Item = T>,
     b: impl Iterator<Item = T>,
+    key: impl Fn(&T) -> K,
 ) -> impl Iterator<Item = T> {
     let (mut a, mut b) = (a.peekable(), b.peekable());
     std::iter::from_fn(move || match (a.peek(), b.peek()) {
-        (Some(x), Some(y)) if x < y => a.next(),
-        (Some(x), Some(y)) if y < x => b.next(),
+        (Some(x), Some(y)) if key(x) < key(y) => a.next(),
+        (Some(x), Some(y)) if key(y) < key(x) => b.next(),
         (Some(_), Some(_)) => {
             b.next();
             a.next()

@@ -10,6 +10,7 @@ use hostlb_api::{AddressRange, LabelSelector, Selector};
 
 use super::conflict::{
     PRECHECK, PRECHECK_ANSWER, PRECHECK_EVERY, PRECHECK_IN_USE, PRECHECK_PROBES, RECORD_MACS_MAX,
+    REPORTED_PER_VIP,
 };
 use super::links::Links;
 use super::*;
@@ -439,7 +440,16 @@ fn an_answer_during_the_probe_window_keeps_this_node_off() {
         vec![peer("b", Status::Alive, &[v], 1)],
     )));
     assert_eq!(targets(&act.probe), [v].into());
-    assert_eq!(act.watch, Some([v].into()), "its claims are let through");
+    assert_eq!(
+        act.watch.map(|w| w.into_keys().collect::<Vec<_>>()),
+        Some(vec![v]),
+        "its claims are let through"
+    );
+    assert_eq!(
+        act.probe[0].ifindex,
+        a.core.watched_interface(v).unwrap(),
+        "from the interface it is asked about on"
+    );
     // b's frozen agent: its kernel still answers.
     a.advance(Duration::from_millis(5));
     a.step(claim(Claim {
@@ -2995,6 +3005,70 @@ fn forged_records_change_no_owner() {
         (false, true),
         "a MAC two records name"
     );
+    // b outranks a, but its agent is gone: out of gossip, its record
+    // stale, no beat said its addresses still lapse. An answer in its
+    // name is somebody else's (its MAC is no secret), and leaving the VIP
+    // for it would leave it dark for as long as the answers come.
+    assert_eq!(
+        holder(vec![record("b", false)]),
+        (false, false),
+        "b's agent is gone: a keeps the VIP"
+    );
+}
+
+/// A flood of answers for a held VIP, each from a new MAC (forged, from
+/// the VIP's own LAN: what a host there can always send), keeps the VIP
+/// here, is counted one by one, and costs bounded memory and one line and
+/// Event a minute.
+#[test]
+fn a_flood_of_strangers_costs_bounded_memory_and_log() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    a.hears(cluster(&[v]), view("a", Vec::new(), Vec::new()));
+    a.step(Input::Records(vec![record("b", true)]));
+    for _ in 0..100 {
+        a.advance(Duration::from_millis(50));
+        let act = a.step(Input::Tick);
+        if ips(&act.add).contains(&v) {
+            a.done(&act);
+            break;
+        }
+    }
+    assert!(a.core.held().any(|(ip, _)| *ip == v), "a holds v");
+    let (mut counted, mut events) = (0, 0);
+    // 20,000 answers over two minutes and a half, 100 every 750 ms.
+    for batch in 0..200u32 {
+        a.advance(Duration::from_millis(750));
+        let claims = (0..100u32)
+            .map(|i| {
+                let n = (batch * 100 + i).to_be_bytes();
+                Claim {
+                    ip: v,
+                    mac: MacAddr([0x06, 0x66, n[0], n[1], n[2], n[3]]),
+                }
+            })
+            .collect();
+        let act = a.step(Input::Claims(claims));
+        assert!(!ips(&act.remove).contains(&v), "the VIP stays");
+        a.done(&act);
+        counted += act
+            .metrics
+            .iter()
+            .filter(|m| **m == Metric::Conflict(ConflictKind::Foreign))
+            .count();
+        events += act.events.len();
+        assert!(
+            a.core.conflicts.strangers_remembered() <= REPORTED_PER_VIP,
+            "{}",
+            a.core.conflicts.strangers_remembered()
+        );
+    }
+    assert_eq!(counted, 20_000, "every answer is counted");
+    assert!(
+        (1..=3).contains(&events),
+        "one Event a minute at most: {events}"
+    );
+    assert!(a.core.held().any(|(ip, _)| *ip == v), "a still holds v");
 }
 
 /// Every release says why, in its log line and its Withdrawn Event: the

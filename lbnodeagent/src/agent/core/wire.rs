@@ -115,7 +115,7 @@ impl Core {
         if handing_over && !matches!(verdict, Verdict::Yield { .. }) {
             verdict = Verdict::Ignore;
         }
-        if let Verdict::Keep { other } = &verdict
+        if let Verdict::Keep { other, .. } = &verdict
             && self.phase != Phase::Running
         {
             // Not a candidate (still starting, without a view of the
@@ -129,7 +129,7 @@ impl Core {
         }
         match verdict {
             Verdict::Ignore => {}
-            Verdict::Keep { other } => {
+            Verdict::Keep { other, gone } => {
                 if probing {
                     return;
                 }
@@ -145,8 +145,15 @@ impl Core {
                     return;
                 }
                 mine.kept_at = Some(now);
-                warn!(ip = %claim.ip, %other, mac = %claim.mac,
-                    "second owner on the wire; this node outranks it and keeps the address");
+                match self.conflicts.say(claim.ip, now) {
+                    Some(left_out) if gone => {
+                        warn!(ip = %claim.ip, node = %other, mac = %claim.mac, left_out,
+                        "an answer in the name of a node whose agent is gone (out of gossip, its record stale); not its own, so this node keeps the address (one line a minute per address; left_out counts the answers since the last)")
+                    }
+                    Some(left_out) => warn!(ip = %claim.ip, %other, mac = %claim.mac, left_out,
+                        "second owner on the wire; this node outranks it and keeps the address (one line a minute per address; left_out counts the answers since the last)"),
+                    None => {}
+                }
                 out.metrics.push(Metric::Conflict(ConflictKind::Hostlb));
                 self.last_conflict = Some(ConflictSeen {
                     ip: claim.ip,
@@ -220,11 +227,16 @@ impl Core {
                     node: None,
                     outcome: ConflictOutcome::Reported,
                 });
-                if first {
-                    warn!(ip = %claim.ip, mac = %claim.mac,
-                        "another host answers for this address and it is no hostlb node; not fighting over it");
+                if first && let Some(left_out) = self.conflicts.say(claim.ip, now) {
+                    warn!(ip = %claim.ip, mac = %claim.mac, left_out,
+                        "another host answers for this address and it is no hostlb node; not fighting over it (one line a minute per address; left_out counts the answers from other MACs since the last)");
+                    let also = if left_out > 0 {
+                        format!(" ({left_out} answers from other MACs since the last such Event)")
+                    } else {
+                        String::new()
+                    };
                     let note = format!(
-                        "{} holds {} but the host with MAC {} answers for it too, and it is no hostlb node",
+                        "{} holds {} but the host with MAC {} answers for it too, and it is no hostlb node{also}",
                         self.settings.node, claim.ip, claim.mac
                     );
                     self.event_for(
@@ -242,10 +254,13 @@ impl Core {
     /// The first claim of `claim.ip` is given up for now: a stranger
     /// answers for it. Said once per stranger, counted every time.
     fn in_use(&mut self, claim: Claim, out: &mut Actions) {
+        let now = self.now;
         let slot = self.slot_mut(claim.ip);
         slot.probing = None;
         let news = slot.in_use != Some(claim.mac);
         slot.in_use = Some(claim.mac);
+        // News is said at most once a minute per address.
+        let news = news && self.conflicts.say(claim.ip, now).is_some();
         let delay = self.backoff(claim.ip);
         self.conflicts.forget_report(claim.ip, claim.mac);
         out.metrics.push(Metric::Conflict(ConflictKind::InUse));
@@ -292,6 +307,18 @@ impl Core {
                         .is_some_and(|t| now.saturating_duration_since(*t) < HANDOVER_MAX))
                 || super::view::left_lately(left_gone, n, now)
         };
+        // Known gone: out of gossip, no word of its addresses still
+        // lapsing, and the API shows no agent of it running (listed
+        // records, none fresh of it). Across a gossip partition its record
+        // stays fresh, and its answers are its own; a dead host's MAC in a
+        // claim is somebody else's.
+        let (sessions, records) = (&self.sessions, &self.records);
+        let gone = |n: &str| {
+            !settled_by_gossip(n)
+                && !lapsing(sessions.lapse(n), now)
+                && !records.is_empty()
+                && !records.iter().any(|r| r.node == n && r.fresh)
+        };
         self.conflicts.judge(
             claim,
             &self.settings.node,
@@ -300,6 +327,7 @@ impl Core {
             &self.election,
             settled_by_gossip,
             |n: &str| gossip.node(n).is_some_and(|i| i.status == Status::Alive),
+            gone,
             now,
         )
     }

@@ -112,6 +112,7 @@ impl Backlog {
         self.0.fetch_sub(bytes as u64, Ordering::AcqRel);
     }
 
+    #[cfg(test)]
     pub(super) fn held(&self) -> u64 {
         self.0.load(Ordering::Acquire)
     }

@@ -249,7 +249,7 @@ impl World {
             }
         }
         if let Some(watched) = a.watch {
-            self.hosts[host].watched = watched;
+            self.hosts[host].watched = watched.into_keys().collect();
         }
         if let Some(local) = a.publish {
             self.publish(host, local);

@@ -1,0 +1,165 @@
+//! What the wire can do to a VIP, tried as an attacker would, against real
+//! agents on a bridged LAN (the test API server, a client probing with
+//! ARP). Needs root, python3 and kubectl; fails (never skips) without them.
+
+mod cluster;
+
+use std::time::{Duration, Instant};
+
+use cluster::{Cluster, PROBE_EVERY};
+use hostlb_tests::flood::Flood;
+use hostlb_tests::probe::ArpProbe;
+
+const VIP4: &str = "10.77.0.100";
+const VIP6: &str = "fd00:77::100";
+const NEW4: &str = "10.77.0.101";
+const NEW6: &str = "fd00:77::101";
+
+/// Lines an agent may log about strangers' claims during the flood: one a
+/// minute per address (`REPORT_EVERY`), for the two addresses it may hold
+/// of each kind, and slack for a line at each end of the minute.
+const LOG_LINES_MAX: usize = 8;
+/// What an agent's anonymous resident memory may grow by during the flood:
+/// the forged claims keep nothing (a few MACs per address at most), so
+/// this is the allocator's own noise on a debug build, with a margin; the
+/// unbounded record of every MAC heard grew it by 2.6 MB over 50,000
+/// advertisements.
+const RSS_GROWTH_MAX_KIB: u64 = 1_024;
+
+fn stranger_lines(c: &Cluster, node: &str) -> usize {
+    std::fs::read_to_string(c.log_path(node))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.contains("is no hostlb node")
+                || l.contains("not taking the address")
+                || l.contains("second owner on the wire")
+        })
+        .count()
+}
+
+fn refused(c: &Cluster, node: &str, reason: &str) -> u64 {
+    let metrics = c.http_get(node, "/metrics").1;
+    let key = format!("hostlb_agent_claims_refused_total{{reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .unwrap_or_else(|| panic!("no {key}in {metrics}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// 50,000 unsolicited advertisements for the IPv6 VIPs over 10 s, hop
+/// limit 64 as a packet routed from anywhere arrives with, each naming a
+/// new MAC; and at the same time, on every host, gratuitous ARP for the
+/// IPv4 VIPs from a pod's veth (a second interface of the host), 10,000
+/// each. Nothing changes owner, a Service created meanwhile is taken on
+/// both families, and each agent's log and memory stay within bounds. The
+/// figures are printed (`--nocapture`).
+#[test]
+fn forged_claims_from_off_the_link_or_another_interface_change_nothing() {
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    c.pool_and_ad(
+        &["10.77.0.100-10.77.0.120", "fd00:77::100-fd00:77::120"],
+        "",
+    );
+    c.start_all();
+    let all = ["node-a", "node-b", "node-c"];
+    c.service("web", &[VIP4, VIP6], &all, "");
+    let client = c.host("client");
+    let probe = ArpProbe::start(
+        &client.ns,
+        "eth0",
+        &client.ipv4.to_string(),
+        VIP4,
+        PROBE_EVERY,
+    )
+    .unwrap();
+    let probe6 = ArpProbe::start(
+        &client.ns,
+        "eth0",
+        &client.ipv6.to_string(),
+        VIP6,
+        PROBE_EVERY,
+    )
+    .unwrap();
+    let owner4 = c.wait_single_holder(VIP4, Duration::from_secs(20));
+    let owner6 = c.wait_single_holder(VIP6, Duration::from_secs(20));
+    c.wait_ready(Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(2));
+    let rss_before: Vec<u64> = all
+        .iter()
+        .map(|n| c.proc_status_kib(n, "RssAnon:"))
+        .collect();
+    let lines_before: Vec<usize> = all.iter().map(|n| stranger_lines(&c, n)).collect();
+
+    // A pod's veth on every host: its far end sends, the host's end hears.
+    for n in all {
+        let ns = &c.host(n).ns;
+        ns.ip("link add podveth type veth peer name podside")
+            .unwrap();
+        ns.ip("link set podveth up").unwrap();
+        ns.ip("link set podside up").unwrap();
+    }
+    let t0 = Instant::now();
+    let over = Duration::from_secs(10);
+    let na = Flood::start(&client.ns, "eth0", &[VIP6, NEW6], 64, 50_000, over).unwrap();
+    let arps: Vec<Flood> = all
+        .iter()
+        .map(|n| Flood::start(&c.host(n).ns, "podside", &[VIP4, NEW4], 255, 10_000, over).unwrap())
+        .collect();
+    // Meanwhile a new Service, whose addresses the flood claims too.
+    std::thread::sleep(Duration::from_secs(2));
+    c.service("fresh", &[NEW4, NEW6], &all, "");
+    let new4 = c.wait_single_holder(NEW4, Duration::from_secs(6));
+    let new6 = c.wait_single_holder(NEW6, Duration::from_secs(6));
+    let sent_na = na.wait().unwrap();
+    let sent_arp: u64 = arps.into_iter().map(|f| f.wait().unwrap()).sum();
+    let flooded = t0.elapsed();
+    std::thread::sleep(Duration::from_secs(1));
+
+    let rss_after: Vec<u64> = all
+        .iter()
+        .map(|n| c.proc_status_kib(n, "RssAnon:"))
+        .collect();
+    let lines_after: Vec<usize> = all.iter().map(|n| stranger_lines(&c, n)).collect();
+    println!(
+        "flood: {sent_na} advertisements (hop limit 64) and {sent_arp} ARP replies from pod veths in {flooded:?}; \
+         new VIPs taken by {new4} and {new6}"
+    );
+    for (i, n) in all.iter().enumerate() {
+        println!(
+            "{n}: RssAnon {} -> {} KiB, stranger log lines {} -> {}, refused off_link {} other_interface {}",
+            rss_before[i],
+            rss_after[i],
+            lines_before[i],
+            lines_after[i],
+            refused(&c, n, "off_link"),
+            refused(&c, n, "other_interface"),
+        );
+    }
+    assert_eq!(c.holders(VIP4), vec![owner4.clone()], "no owner change");
+    assert_eq!(c.holders(VIP6), vec![owner6.clone()], "no owner change");
+    let mac4 = c.host(&owner4).mac().to_string();
+    let mac6 = c.host(&owner6).mac().to_string();
+    assert_eq!(probe.macs_between(t0, Instant::now()), vec![mac4]);
+    assert_eq!(probe6.macs_between(t0, Instant::now()), vec![mac6]);
+    for (i, n) in all.iter().enumerate() {
+        assert!(
+            rss_after[i] <= rss_before[i] + RSS_GROWTH_MAX_KIB,
+            "{n}: RssAnon grew from {} to {} KiB",
+            rss_before[i],
+            rss_after[i]
+        );
+        assert!(
+            lines_after[i] - lines_before[i] <= LOG_LINES_MAX,
+            "{n}: {} lines about strangers",
+            lines_after[i] - lines_before[i]
+        );
+    }
+    // The advertisements reached the owners of the IPv6 VIPs, the ARP
+    // their hosts' veths; each was counted, not acted on.
+    assert!(refused(&c, &owner6, "off_link") > 1_000);
+    assert!(refused(&c, &owner4, "other_interface") > 1_000);
+}
