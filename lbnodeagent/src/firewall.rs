@@ -9,10 +9,14 @@
 //! or bind the C libraries; the binary needs no more capability than the
 //! agent has (CAP_NET_ADMIN, inherited as an ambient capability).
 //!
-//! The table hooks `input` only, so it sees what is delivered to this host
-//! and nothing kube-proxy forwards or rewrites first (its DNAT happens in
-//! `prerouting`, before any address here is the destination). What the
-//! host sends itself (over `lo`) is its own business and passes.
+//! The table hooks `prerouting` just before NAT (`dstnat - 10`, after
+//! conntrack), so it judges a packet by the VIP it was sent to: kube-proxy
+//! (iptables mode, NodePorts on every local address) and CNI portmap
+//! (hostPorts) rewrite the destination in `prerouting` at `dstnat`, and a
+//! guard in `input` would see their traffic only with its new destination,
+//! so `VIP:NODEPORT` reached a NodePort backend. The Service's own ports
+//! are open, so what kube-proxy does for them goes on. What the host sends
+//! itself (over `lo`) is its own business and passes.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -26,7 +30,7 @@ use crate::agent::core::firewall::{Firewall, FirewallPlan};
 /// The table's family and name, as `nft` spells them.
 pub const TABLE: &str = "inet hostlb";
 /// An `nft` run that takes longer is stopped and counted as failed.
-const NFT_TIMEOUT: Duration = Duration::from_secs(20);
+pub const NFT_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FirewallError {
@@ -73,8 +77,8 @@ fn render(f: &Firewall, s: &mut String) {
         open(true),
     );
     s.push_str(
-        "\tchain input {\n\
-         \t\ttype filter hook input priority filter; policy accept;\n\
+        "\tchain prerouting {\n\
+         \t\ttype filter hook prerouting priority dstnat - 10; policy accept;\n\
          \t\tiifname \"lo\" accept\n\
          \t\tip daddr @vips4 jump vip4\n\
          \t\tip6 daddr @vips6 jump vip6\n\

@@ -116,7 +116,8 @@ fn one_read_matches_the_calls(agent: &Agent, configured: Option<&'static str>) {
     type Said = Result<String, String>;
     let said = |r: Result<String, Error>| -> Said { r.map_err(|e| e.to_string()) };
     let (one, calls): ([Said; 3], [Said; 3]) = agent.with(move |b| async move {
-        let (all, [v4, v6]) = b.links_and_announce(configured).await;
+        let read = b.links_and_announce(configured).await;
+        let (all, [v4, v6]) = (read.all, read.announce);
         let one = [
             said(all.map(|a| format!("{a:?}"))),
             said(v4.map(|i| format!("{i:?}"))),

@@ -257,3 +257,192 @@ fn a_vip_answers_only_on_its_services_ports_and_to_icmp() {
     let refused = c.refusals();
     assert!(refused.is_empty(), "{refused:#?}");
 }
+
+/// What kube-proxy (iptables mode, NodePorts on every local address) and
+/// CNI portmap (hostPorts) do: DNAT in `prerouting` at `dstnat` priority,
+/// for any local destination. Here it sends NodePort 30080 and hostPort
+/// 30443 to a listener of the host's on port 8080.
+fn nodeport_dnat(c: &Cluster, node: &str) {
+    let rules = "table inet kubeproxy {\n\
+                 \tchain prerouting {\n\
+                 \t\ttype nat hook prerouting priority dstnat; policy accept;\n\
+                 \t\tfib daddr type local tcp dport { 30080, 30443 } redirect to :8080\n\
+                 \t}\n\
+                 }\n";
+    let ns = &c.host(node).ns;
+    let mut child = ns
+        .command("nft", &["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(rules.as_bytes())
+        .unwrap();
+    assert!(
+        child.wait().unwrap().success(),
+        "nft refused the DNAT rules"
+    );
+}
+
+/// A VIP is closed to what reaches it through DNAT as well: a NodePort
+/// and a hostPort on the holder do not answer on the VIP (they do on the
+/// host's own address, which is theirs), the Service's port does. And a
+/// VIP written into another Node's `status.addresses` (what a host's
+/// kubelet credentials can do to its own Node) stays closed on the
+/// holder: only a host's own addresses, as its kernel has them, are left
+/// open. On the real API server, IPv4 and IPv6.
+#[test]
+fn dnat_to_a_vip_and_another_nodes_addresses_stay_guarded() {
+    require_tools(&["nft", "python3"]);
+    let Some(mut c) = Cluster::real(&NODES) else {
+        return;
+    };
+    c.pool_and_ad(
+        &["10.77.0.100-10.77.0.120", "fd00:77::100-fd00:77::120"],
+        "",
+    );
+    c.start_all();
+    c.service("web", &[VIP4, VIP6], &NODES, "");
+    let owner = c.wait_single_holder(VIP4, Duration::from_secs(20));
+    let owner6 = c.wait_single_holder(VIP6, Duration::from_secs(20));
+    let mut listeners = Listeners(Vec::new());
+    for n in NODES {
+        listeners.0.push(listen(&c, n, 80));
+        listeners.0.push(listen(&c, n, 8080));
+        listeners.0.push(listen(&c, n, 22));
+        nodeport_dnat(&c, n);
+    }
+    for (vip, holder) in [(VIP4, &owner), (VIP6, &owner6)] {
+        wait_open(&c, vip, 80, "answer on the Service's port");
+        for port in [30080, 30443] {
+            assert_eq!(
+                connect(&c, vip, port),
+                "no answer",
+                "{vip}:{port} is DNATed to a listener of {holder}'s: dropped"
+            );
+        }
+        let own = if vip == VIP4 {
+            c.host(holder).ipv4.to_string()
+        } else {
+            c.host(holder).ipv6.to_string()
+        };
+        assert_eq!(
+            connect(&c, &own, 30080),
+            *holder,
+            "the NodePort answers on the host's own address"
+        );
+    }
+
+    // The other node writes the VIP into its Node object's addresses.
+    let other = NODES.iter().find(|n| **n != owner).unwrap();
+    c.kubectl(&[
+        "patch",
+        "node",
+        other,
+        "--subresource=status",
+        "--type=json",
+        "-p",
+        &format!(r#"[{{"op":"add","path":"/status/addresses/-","value":{{"type":"ExternalIP","address":"{VIP4}"}}}}]"#),
+    ]);
+    let addresses = c.kubectl(&["get", "node", other, "-o", "jsonpath={.status.addresses}"]);
+    assert!(addresses.contains(VIP4), "{addresses}");
+    // Seen by the agents (a watch, a few ms) and given to nft (tens of
+    // ms): a second is plenty for the port to open if it were to.
+    std::thread::sleep(Duration::from_secs(2));
+    let set = c
+        .host(&owner)
+        .ns
+        .run(&["nft", "list", "set", "inet", "hostlb", "vips4"])
+        .unwrap();
+    assert!(set.contains(VIP4), "{set}");
+    assert_eq!(
+        connect(&c, VIP4, 22),
+        "no answer",
+        "{VIP4}:22 stays closed on {owner}"
+    );
+    drop(listeners);
+    let refused = c.refusals();
+    assert!(refused.is_empty(), "{refused:#?}");
+}
+
+/// No VIP is added before a firewall that closes it is in force: with
+/// `nft` taking a second to write each table (a wrapper first on the
+/// agents' `PATH`), the address appears only after the table holding it.
+/// With no `nft` at all, the agent does not start, saying why.
+#[test]
+fn no_vip_is_added_before_the_firewall_closes_it() {
+    require_tools(&["nft"]);
+    let mut c = Cluster::new(&NODES);
+    c.pool_and_ad(&["10.77.0.100-10.77.0.120"], "");
+    let slow = c.dir.path().join("slow-nft");
+    std::fs::create_dir_all(&slow).unwrap();
+    let real_nft = hostlb_tests::netns::run("sh", &["-c", "command -v nft"]).unwrap();
+    std::fs::write(
+        slow.join("nft"),
+        format!("#!/bin/sh\nsleep 1\nexec {} \"$@\"\n", real_nft.trim()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        slow.join("nft"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        slow.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for n in NODES {
+        c.start_with_env(n, &[("PATH", &path)]);
+    }
+    c.wait_ready(Duration::from_secs(30));
+    let in_table = |n: &str| {
+        c.host(n)
+            .ns
+            .run(&["nft", "list", "set", "inet", "hostlb", "vips4"])
+            .is_ok_and(|s| s.contains(VIP4))
+    };
+    c.service("web", &[VIP4], &NODES, "");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let holder = loop {
+        let holders = c.holders(VIP4);
+        if let Some(h) = holders.first() {
+            break h.clone();
+        }
+        assert!(Instant::now() < deadline, "nobody took {VIP4}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(
+        in_table(&holder),
+        "{VIP4} was added on {holder} before its table was in force"
+    );
+
+    // Without nft: refused at the start, by `check` and by `run`.
+    c.kill(&holder);
+    let empty = c.dir.path().join("no-nft");
+    std::fs::create_dir_all(&empty).unwrap();
+    let config = c.config_path(&holder);
+    let path = format!("PATH={}", empty.display());
+    let out = c
+        .host(&holder)
+        .ns
+        .command(
+            "env",
+            &[
+                &path,
+                c.binary(&holder).to_str().unwrap(),
+                "run",
+                "--config",
+                config.to_str().unwrap(),
+            ],
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("no nft is on the PATH"), "{err}");
+}

@@ -21,6 +21,7 @@ mod record;
 mod routes;
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -199,6 +200,17 @@ impl Drop for AbortOnDrop {
 /// backend no longer counts as its own (ownership is recorded before an
 /// address is added and dropped only after the kernel confirmed its
 /// deletion); call it again to settle it.
+/// One read of the links ([`AddressBackend::links_and_announce`]).
+#[derive(Debug)]
+pub struct LinksRead {
+    pub all: Result<Vec<Interface>>,
+    /// The announce interface of IPv4, then of IPv6.
+    pub announce: [Result<Interface>; 2],
+    /// The host's local unicast addresses (its own and the VIPs it holds),
+    /// from the kernel's local routes, sorted; empty where unknown.
+    pub local: Vec<IpAddr>,
+}
+
 pub trait AddressBackend: Send + Sync {
     /// The interface to announce `family` VIPs on: `configured` if set, else
     /// the output interface of the main table's default route with the lowest
@@ -225,12 +237,16 @@ pub trait AddressBackend: Send + Sync {
     fn links_and_announce(
         &self,
         configured: Option<&str>,
-    ) -> impl Future<Output = (Result<Vec<Interface>>, [Result<Interface>; 2])> + Send {
+    ) -> impl Future<Output = LinksRead> + Send {
         async move {
             let all = self.interfaces().await;
             let v4 = self.announce_interface(Family::V4, configured).await;
             let v6 = self.announce_interface(Family::V6, configured).await;
-            (all, [v4, v6])
+            LinksRead {
+                all,
+                announce: [v4, v6],
+                local: Vec::new(),
+            }
         }
     }
 

@@ -100,6 +100,30 @@ impl Route {
     }
 }
 
+/// The host's local unicast addresses: the kernel keeps a `local` route of
+/// full length for each address of the host (its own and the VIPs it
+/// holds) in the `local` table. Loopback, link-local and multicast ones
+/// are left out (no VIP is one); sorted, without duplicates.
+pub(super) fn local_addresses(routes: &[Route]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = routes
+        .iter()
+        .filter(|r| {
+            r.kind == RouteType::Local
+                && r.destination.prefix_len() == r.destination.family().bits()
+        })
+        .map(|r| r.destination.addr())
+        .filter(|ip| match ip {
+            IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local() && !v4.is_multicast(),
+            IpAddr::V6(v6) => {
+                !v6.is_loopback() && !v6.is_unicast_link_local() && !v6.is_multicast()
+            }
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
     match a {
         RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
@@ -278,6 +302,34 @@ mod tests {
         let routes = parse_all(&[other_table, unreachable]);
         assert_eq!(default_interface(&routes, Family::V4), None);
         assert_eq!(default_interface(&routes, Family::V6), None);
+    }
+
+    /// The host's addresses, from the `local` table: full-length `local`
+    /// routes, not the loopback, link-local or a range like 127.0.0.0/8.
+    #[test]
+    fn local_addresses_are_the_local_tables_host_routes() {
+        let local = |dst: &str, oif: u32| {
+            let mut m = msg(dst, vec![RouteAttribute::Oif(oif)]);
+            m.header.table = 255;
+            m.header.kind = RouteType::Local;
+            m
+        };
+        let mut broadcast = msg("10.0.0.255/32", vec![RouteAttribute::Oif(2)]);
+        broadcast.header.table = 255;
+        broadcast.header.kind = RouteType::Broadcast;
+        let routes = parse_all(&[
+            local("10.0.0.7/32", 2),
+            local("fd00:1::7/128", 2),
+            local("10.0.0.7/32", 2),
+            local("127.0.0.0/8", 1),
+            local("127.0.0.1/32", 1),
+            local("::1/128", 1),
+            local("fe80::1/128", 2),
+            broadcast,
+            msg("10.0.0.0/24", vec![RouteAttribute::Oif(2)]),
+        ]);
+        let want: Vec<IpAddr> = vec!["10.0.0.7".parse().unwrap(), "fd00:1::7".parse().unwrap()];
+        assert_eq!(local_addresses(&routes), want);
     }
 
     #[test]

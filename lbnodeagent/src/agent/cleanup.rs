@@ -132,12 +132,28 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
         let _ = m.shutdown().await;
     }
     // With its addresses gone the table guards nothing; the next run
-    // writes it again from its first view of the cluster.
+    // writes it again from its first view of the cluster. While any is
+    // left (a removal failed), it stays: it guards them until they lapse.
     let firewall_on = record_cfg.as_ref().is_none_or(|c| c.firewall);
-    match crate::firewall::apply(&crate::agent::core::firewall::FirewallPlan::Off).await {
-        Ok(()) => info!(table = crate::firewall::TABLE, "firewall removed"),
-        Err(crate::firewall::FirewallError::Spawn(_)) if !firewall_on => {}
-        Err(e) => warn!(error = %e, "cannot remove the firewall"),
+    let left = match backend.owned().await {
+        Ok(left) => left.len(),
+        Err(e) => {
+            warn!(error = %e, "cannot read what is left of this node's addresses");
+            out.failed.max(1)
+        }
+    };
+    if left > 0 {
+        warn!(
+            left,
+            table = crate::firewall::TABLE,
+            "addresses of this node are left in the kernel; the firewall stays in force for them"
+        );
+    } else {
+        match crate::firewall::apply(&crate::agent::core::firewall::FirewallPlan::Off).await {
+            Ok(()) => info!(table = crate::firewall::TABLE, "firewall removed"),
+            Err(crate::firewall::FirewallError::Spawn(_)) if !firewall_on => {}
+            Err(e) => warn!(error = %e, "cannot remove the firewall"),
+        }
     }
     // Then the record says the agent stopped: readers see a crashed agent
     // at once, not when its heartbeat goes stale minutes later. After the

@@ -150,12 +150,17 @@ impl Kernel {
     }
 }
 
+/// Longest an add waits for a firewall that closes its VIP: as long as one
+/// `nft` run may take (`firewall::NFT_TIMEOUT`).
+const GUARD_WAIT: std::time::Duration = crate::firewall::NFT_TIMEOUT;
+
 /// The kernel worker: batches in the order the core asked for them, each
 /// carried out by the backend's batch calls (IPv4 adds, IPv6 adds,
 /// removals), the results of each call back to the loop as it ends.
 pub(super) fn kernel_worker<B: AddressBackend + 'static>(
     backend: Arc<B>,
     thread: KernelThread,
+    mut guard: tokio::sync::watch::Receiver<super::firewall::Guard>,
 ) -> Kernel {
     let (batches, mut rx) = mpsc::unbounded_channel::<KernelJob>();
     let (done, results) = mpsc::unbounded_channel();
@@ -191,7 +196,24 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(
                 if vips.is_empty() {
                     continue;
                 }
+                // No VIP is added before a firewall that closes it is in
+                // force (see `firewall::Guard`); one that cannot be is
+                // refused, and the core tries it again later.
+                let (vips, refused) = if kind == OpKind::Add {
+                    let ips: Vec<_> = vips.iter().map(|v| v.ip).collect();
+                    let verdicts = super::firewall::covered(&mut guard, &ips, GUARD_WAIT).await;
+                    let (ok, refused): (Vec<_>, Vec<_>) =
+                        vips.into_iter().zip(verdicts).partition(|(_, c)| c.is_ok());
+                    if let Some((first, why)) = refused.first() {
+                        warn!(count = refused.len(), first = %first.ip, reason = ?why,
+                            "VIPs not added: no firewall closing them is in force; the core tries again");
+                    }
+                    (ok.into_iter().map(|(v, _)| v).collect(), refused)
+                } else {
+                    (vips, Vec::new())
+                };
                 let results = match kind {
+                    OpKind::Add if vips.is_empty() => Vec::new(),
                     OpKind::Add => backend.add_many(&vips).await,
                     OpKind::Remove => backend.remove_many(&vips).await,
                 };
@@ -203,6 +225,11 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(
                         kind,
                         result: result.map_err(|e| e.to_string()),
                     })
+                    .chain(refused.into_iter().map(|(vip, why)| OpResult {
+                        ip: vip.ip,
+                        kind,
+                        result: Err(why.err().unwrap_or_default()),
+                    }))
                     .collect();
                 if done.send(Input::Done(out)).is_err() {
                     return;
@@ -235,7 +262,8 @@ pub(super) async fn read_links<B: AddressBackend>(
     ensure_virtual: bool,
 ) -> Links {
     let configured = cfg.announce.interface.as_deref();
-    let (all, found) = backend.links_and_announce(configured).await;
+    let read = backend.links_and_announce(configured).await;
+    let (all, found, local) = (read.all, read.announce, read.local);
     let all = match all {
         Ok(a) => a,
         Err(e) => {
@@ -266,6 +294,7 @@ pub(super) async fn read_links<B: AddressBackend>(
     };
     Links {
         all,
+        local,
         announce_v4: announce[0],
         announce_v6: announce[1],
         virtual_link: virtual_link.map(|v: Interface| Interface {

@@ -105,6 +105,10 @@ pub enum AgentError {
         "gossip.advertise is not set and no address could be found on the announce interface; set it in the config"
     )]
     NoAdvertise,
+    #[error(
+        "firewall.enabled is on but no nft is on the PATH: the agent adds no VIP before its firewall is in force (install the nftables package, or set firewall.enabled = false)"
+    )]
+    NoNft,
 }
 
 /// Gossip, and what the shell remembers of it.
@@ -148,7 +152,7 @@ pub struct Agent<B: AddressBackend + 'static> {
     /// This node's drain as the core has it (a core starts undrained).
     drain_sent: bool,
     /// The firewall task's latest plan.
-    firewall: tokio::sync::watch::Sender<Option<core::firewall::FirewallPlan>>,
+    firewall: firewall::Firewall,
 }
 
 impl<B: AddressBackend + 'static> Agent<B> {

@@ -35,6 +35,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         kernel_thread: KernelThread,
     ) -> Result<Agent<B>, AgentError> {
         info!(node = %cfg.node_name, version = crate::VERSION, "starting");
+        nft_for(&cfg)?;
         let telemetry = Telemetry::new();
         let links = read_links(&*backend, &cfg, true).await;
         note_announce_interface(&telemetry, &cfg, &links);
@@ -98,9 +99,9 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 addr: cfg.http_listen,
                 source,
             })?;
-        let kernel = kernel_worker(backend.clone(), kernel_thread);
+        let firewall = super::firewall::start(telemetry.clone(), cfg.firewall);
+        let kernel = kernel_worker(backend.clone(), kernel_thread, firewall.guard());
         let config_hash = record::config_hash(&cfg);
-        let firewall = super::firewall::start(telemetry.clone());
         Ok(Agent {
             core,
             cfg,
@@ -138,21 +139,26 @@ impl<B: AddressBackend + 'static> Agent<B> {
 /// key file loads with a safe mode. Both would stop `run` at start; the
 /// unit's `ExecStartPre=` check then fails with the reason instead.
 ///
-/// What may stop the agent later, or leave it serving with less than it
-/// should, is a warning: a token that expires within [`TOKEN_WARN`], or a
-/// firewall that is on while no `nft` can be found to put it in force.
+/// What may stop the agent later is a warning: a token that expires
+/// within [`TOKEN_WARN`]. A firewall that is on while no `nft` can be
+/// found to put it in force is an error, here and when the agent starts:
+/// the agent adds no VIP before its firewall is in force, so it would win
+/// VIPs and never answer for them.
 pub async fn check_offline(cfg: &AgentConfig) -> Result<Vec<String>, AgentError> {
     kube_client(cfg).await?;
     crate::gossip::GossipKeys::load(&cfg.gossip.key_file)?;
-    let mut warnings = token_warnings(&cfg.kubeconfig, jiff::Timestamp::now());
+    nft_for(cfg)?;
+    Ok(token_warnings(&cfg.kubeconfig, jiff::Timestamp::now()))
+}
+
+/// [`AgentError::NoNft`] when the firewall is on and no `nft` is on the
+/// `PATH`.
+fn nft_for(cfg: &AgentConfig) -> Result<(), AgentError> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     if cfg.firewall && crate::firewall::nft_in(&path).is_none() {
-        warnings.push(
-            "firewall.enabled is on but no nft is on the PATH: the VIPs would reach every port of this host (install the nftables package)"
-                .into(),
-        );
+        return Err(AgentError::NoNft);
     }
-    Ok(warnings)
+    Ok(())
 }
 
 /// How long before a token expires `check` and the agent's start warn: a

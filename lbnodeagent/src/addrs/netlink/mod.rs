@@ -83,7 +83,7 @@ use super::record::{Loaded, Record, RecordWriter, Snapshot};
 use super::routes::{self};
 use super::{
     AbortOnDrop, AddressBackend, Applied, DEFAULT_ADDRESS_LIFETIME, EVENT_QUEUE, Error, Events,
-    Interface, Lifetime, OwnedAddress, Result, VipAddress, event_channel,
+    Interface, Lifetime, LinksRead, OwnedAddress, Result, VipAddress, event_channel,
 };
 use events::Translator;
 use links::describe_link;
@@ -240,10 +240,7 @@ impl AddressBackend for NetlinkBackend {
     /// Three netlink dumps (IPv4 and IPv6 routes, links) where the three
     /// calls it stands for make nine, each a round trip to the kernel
     /// worker's thread: most of an idle agent's netlink traffic.
-    async fn links_and_announce(
-        &self,
-        configured: Option<&str>,
-    ) -> (Result<Vec<Interface>>, [Result<Interface>; 2]) {
+    async fn links_and_announce(&self, configured: Option<&str>) -> LinksRead {
         let read = async { Ok::<_, Error>((self.routes().await?, self.links().await?)) }.await;
         let (routes, links) = match read {
             Ok(read) => read,
@@ -251,7 +248,11 @@ impl AddressBackend for NetlinkBackend {
                 // Each part as its own call would have it.
                 let v4 = self.announce_interface(Family::V4, configured).await;
                 let v6 = self.announce_interface(Family::V6, configured).await;
-                return (Err(e), [v4, v6]);
+                return LinksRead {
+                    all: Err(e),
+                    announce: [v4, v6],
+                    local: Vec::new(),
+                };
             }
         };
         let all: Vec<Interface> = links.iter().map(|l| describe_link(l, &routes)).collect();
@@ -272,7 +273,11 @@ impl AddressBackend for NetlinkBackend {
                     .ok_or(Error::InterfaceGone { index })
             }),
         };
-        (Ok(all), announce)
+        LinksRead {
+            all: Ok(all),
+            announce,
+            local: routes::local_addresses(&routes),
+        }
     }
 
     async fn ensure_virtual_interface(&self, name: &str) -> Result<Interface> {

@@ -23,23 +23,37 @@ pub struct Firewall {
 }
 
 impl Firewall {
-    /// From the cluster's Services. An address that is also a Node's own
-    /// (a pool that wrongly holds one) is left out: closing it would cut
-    /// that host off from its operators.
+    /// From the cluster's Services: every address, and the ports of every
+    /// Service that shares it.
     pub fn of(cluster: &Cluster) -> Firewall {
-        let nodes: BTreeSet<IpAddr> = cluster
-            .nodes
-            .iter()
-            .flat_map(|n| n.addresses.iter().copied())
-            .collect();
         let mut f = Firewall::default();
         for s in &cluster.services {
-            for ip in s.addresses.iter().filter(|ip| !nodes.contains(ip)) {
+            for ip in &s.addresses {
                 f.vips.insert(*ip);
                 f.open.extend(s.ports.iter().map(|p| (*ip, *p)));
             }
         }
         f
+    }
+
+    /// The same without `own`, this host's own addresses (a pool that
+    /// wrongly holds one must not cut the host off from its operators).
+    /// Only this host's: another Node's address in a pool is a VIP here
+    /// like any other, so a host's credentials that write a VIP into its
+    /// own Node object open nothing on the others.
+    pub fn without(&self, own: &BTreeSet<IpAddr>) -> Firewall {
+        if !own.iter().any(|ip| self.vips.contains(ip)) {
+            return self.clone();
+        }
+        Firewall {
+            vips: self.vips.difference(own).copied().collect(),
+            open: self
+                .open
+                .iter()
+                .filter(|(ip, _)| !own.contains(ip))
+                .copied()
+                .collect(),
+        }
     }
 }
 
@@ -101,11 +115,18 @@ mod tests {
             ],
             ..Cluster::default()
         };
-        let f = Firewall::of(&cluster);
+        let own = BTreeSet::from([ip("10.0.0.99")]);
+        let f = Firewall::of(&cluster).without(&own);
         assert_eq!(
             f.vips,
-            [v, w, ip("10.0.1.2")].into(),
-            "a Node's own address is never closed"
+            [v, w, ip("10.0.1.2"), ip("10.0.0.11")].into(),
+            "another Node's address in a pool is closed like any VIP"
+        );
+        let here = Firewall::of(&cluster).without(&BTreeSet::from([ip("10.0.0.11")]));
+        assert!(
+            !here.vips.contains(&ip("10.0.0.11"))
+                && !here.open.iter().any(|(a, _)| *a == ip("10.0.0.11")),
+            "this host's own address is never closed: {here:?}"
         );
         assert_eq!(
             f.open,
@@ -115,6 +136,7 @@ mod tests {
                 (v, port(Protocol::Udp, 53)),
                 (w, port(Protocol::Tcp, 80)),
                 (w, port(Protocol::Tcp, 443)),
+                (ip("10.0.0.11"), port(Protocol::Tcp, 22)),
             ]
             .into()
         );

@@ -51,6 +51,7 @@ impl Core {
             // Not a VIP just handed to this node: a peer's word that it
             // holds it stands at once (see `holds`).
             self.slots.entry(o.ip).or_default().held = Some(Held::new(want, None));
+            self.ever_held.insert(o.ip);
             self.unsettled.insert(o.ip);
             self.publish_dirty = true;
             self.report_dirty = true;
@@ -110,6 +111,7 @@ impl Core {
                     None => (Held::new(want.clone(), Some(now)), None),
                 };
                 let held = slot.held.insert(held);
+                self.ever_held.insert(ip);
                 held.expires = expiry(&want, now);
                 held.handover = None;
                 if let Some(target) = want.target {

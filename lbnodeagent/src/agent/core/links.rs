@@ -46,6 +46,10 @@ pub struct Links {
     pub announce_v6: Option<u32>,
     /// The virtual interface, when virtual mode is on and it exists.
     pub virtual_link: Option<Interface>,
+    /// The host's local unicast addresses as the kernel has them (its own
+    /// and the VIPs held here), sorted: the firewall leaves the host's own
+    /// alone (see `Core::plan_firewall`).
+    pub local: Vec<IpAddr>,
 }
 
 impl Links {
@@ -203,6 +207,7 @@ mod tests {
             announce_v4: Some(2),
             announce_v6: Some(2),
             virtual_link: Some(iface("kube-lb0", 5, true, &[])),
+            local: Vec::new(),
         }
     }
 

@@ -277,6 +277,11 @@ pub struct Core {
     publish_dirty: bool,
     published: Option<LocalState>,
     watched: BTreeMap<IpAddr, u32>,
+    /// Every address of the cluster's this run held: never taken for the
+    /// host's own by the firewall (see [`Core::plan_firewall`]), also for
+    /// the moment after its removal when the links read still shows it.
+    /// Pruned to the cluster's addresses.
+    ever_held: BTreeSet<IpAddr>,
     announced: Option<Announcing>,
     ready: bool,
     last_status: Option<(usize, usize)>,
@@ -348,6 +353,7 @@ impl Core {
             publish_dirty: true,
             published: None,
             watched: BTreeMap::new(),
+            ever_held: BTreeSet::new(),
             announced: None,
             ready: false,
             last_status: None,
@@ -501,6 +507,8 @@ impl Core {
                 self.election.set_cluster(&cluster);
                 self.firewall = Some(firewall::Firewall::of(&cluster));
                 self.firewall_dirty = true;
+                let services_of = &self.services_of;
+                self.ever_held.retain(|ip| services_of.contains_key(ip));
                 // Which records name a Node may have changed; what the
                 // records listed before the first view hold is said now.
                 let first = !self.cluster_known;
@@ -567,6 +575,7 @@ impl Core {
                 for a in found {
                     let held = Held::adopted(self.adopted_want(&a), now);
                     self.slots.entry(a.ip).or_default().held = Some(held);
+                    self.ever_held.insert(a.ip);
                     self.unsettled.insert(a.ip);
                 }
                 self.publish_dirty = true;
@@ -675,6 +684,7 @@ impl Core {
     fn set_links(&mut self, now: Instant, links: Links) {
         if links != self.links {
             debug!("links or routes changed");
+            self.firewall_dirty |= links.local != self.links.local;
             self.on_link = links.on_link().into();
             self.links = links;
             self.publish_dirty = true;
@@ -692,9 +702,27 @@ impl Core {
         if !std::mem::take(&mut self.firewall_dirty) || self.settings.unable.is_some() {
             return;
         }
+        // The host's own addresses, as its kernel shows them, are left
+        // open: a pool that wrongly holds one must not lock operators out
+        // of the host. Own: local and never held by this run, nor on its
+        // way here; a VIP just let go still shows as local until the next
+        // links read.
+        let own: BTreeSet<IpAddr> = self
+            .links
+            .local
+            .iter()
+            .filter(|ip| {
+                !self.ever_held.contains(ip)
+                    && self
+                        .slots
+                        .get(ip)
+                        .is_none_or(|s| s.held.is_none() && s.op.is_none())
+            })
+            .copied()
+            .collect();
         let plan = match (&self.firewall, self.settings.firewall) {
             (None, _) => return,
-            (Some(f), true) => firewall::FirewallPlan::On(f.clone()),
+            (Some(f), true) => firewall::FirewallPlan::On(f.without(&own)),
             (Some(_), false) => firewall::FirewallPlan::Off,
         };
         if self.firewall_sent.as_ref() != Some(&plan) {

@@ -318,6 +318,7 @@ impl Core {
                 "the starting node this one let the address go to no longer shows it; putting it back");
             let slot = self.slots.entry(ip).or_default();
             slot.held = Some(Held::adopted(want.clone(), now));
+            self.ever_held.insert(ip);
             slot.op = Some(Op::Add {
                 want: want.clone(),
                 renew: false,

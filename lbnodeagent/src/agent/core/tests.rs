@@ -76,6 +76,7 @@ fn links(node: &str, carrier: bool) -> Links {
         announce_v4: Some(2),
         announce_v6: Some(2),
         virtual_link: None,
+        local: Vec::new(),
     }
 }
 
@@ -2666,6 +2667,48 @@ fn the_firewall_follows_the_services_ports_and_the_switch() {
     let links = a.core.links().clone();
     let act = a.step(Input::Reloaded { settings, links });
     assert_eq!(act.firewall, Some(FirewallPlan::Off));
+}
+
+/// The firewall leaves out only this host's own addresses, as its kernel
+/// shows them: one a pool wrongly holds stays open here (operators reach
+/// the host), while a VIP this node holds, or held a moment ago (its
+/// address still listed until the next links read), stays closed and
+/// costs no rule change. Another Node's address is closed like any VIP.
+#[test]
+fn the_firewall_leaves_out_only_the_hosts_own_addresses() {
+    use firewall::FirewallPlan;
+    let (v, own) = (ip("10.0.1.1"), ip("10.0.1.2"));
+    let mut a = Node::new("a");
+    let plan = |act: &Actions| match &act.firewall {
+        Some(FirewallPlan::On(f)) => Some(f.vips.clone()),
+        _ => None,
+    };
+    // A previous run's address of v, found at start.
+    let found = OwnedAddress {
+        interface: "eth0".into(),
+        ifindex: 2,
+        ip: v,
+        prefix_len: 16,
+    };
+    a.step(Input::Adopted(vec![found]));
+    let mut links = a.core.links().clone();
+    links.local = vec![v, own];
+    a.step(Input::Links(links.clone()));
+    let act = a.step(Input::Cluster {
+        cluster: cluster(&[v, own]),
+        errors: Vec::new(),
+        revision: 1,
+        digest: None,
+    });
+    assert_eq!(
+        plan(&act),
+        Some([v].into()),
+        "the host's own address is left open, the VIP held here closed"
+    );
+    // The operator takes the address back off the host: closed again.
+    links.local = vec![v];
+    let act = a.step(Input::Links(links.clone()));
+    assert_eq!(plan(&act), Some([v, own].into()));
 }
 
 /// A reload takes what the config may change; the node stays the one the

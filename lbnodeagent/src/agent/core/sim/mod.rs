@@ -599,6 +599,7 @@ fn links_of(h: &Host) -> Links {
         announce_v4: Some(ETH0),
         announce_v6: Some(ETH0),
         virtual_link: Some(virtual_link),
+        local: Vec::new(),
     }
 }
 
