@@ -38,6 +38,16 @@ pub const ANNOUNCING_VIRTUAL_IPV6: &str = "hostlb.io/announcing-virtual-IPv6";
 /// short value.
 pub const VIRTUAL_NODES_LISTED: usize = 32;
 
+/// The longest value an agent writes to `announcing-IPv4`/`-IPv6`: the
+/// longest node name (a DNS subdomain, 253), a comma, the longest
+/// interface name (15). The Service policy (`deploy/agent/policy.yaml`)
+/// refuses longer ones.
+pub const ANNOUNCING_MAX: usize = 253 + 1 + 15;
+/// The longest value of a virtual announcing annotation:
+/// [`VIRTUAL_NODES_LISTED`] of the longest node names and the count of the
+/// rest, with room to spare; the policy refuses longer ones.
+pub const ANNOUNCING_VIRTUAL_MAX: usize = 8_200;
+
 /// The announcing annotation of `family`: the one node answering on its
 /// LAN, or (`routed`) the nodes holding it for routing software.
 pub fn announcing(family: crate::Family, routed: bool) -> &'static str {
@@ -119,6 +129,25 @@ mod tests {
         assert!(v.starts_with("n000,n001,"), "{v}");
         assert!(v.ends_with(",n031,+68 more"), "{v}");
         assert_eq!(v.split(',').count(), VIRTUAL_NODES_LISTED + 1);
+    }
+
+    /// What an agent writes fits the caps, and the caps are the policy's:
+    /// the longest names, and a million of them in a virtual value.
+    #[test]
+    fn the_longest_values_fit_the_policys_caps() {
+        let node = "n".repeat(253);
+        let local = format!("{node},{}", "i".repeat(15));
+        assert_eq!(local.len(), ANNOUNCING_MAX);
+        let many: Vec<String> = (0..1_000_000)
+            .map(|i| format!("{node:.246}{i:07}"))
+            .collect();
+        assert!(virtual_value(&many).len() <= ANNOUNCING_VIRTUAL_MAX);
+        for policy in ["policy.yaml", "policy-v1beta1.yaml"] {
+            let path = format!("{}/../deploy/agent/{policy}", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let cap = format!("? {ANNOUNCING_VIRTUAL_MAX} : {ANNOUNCING_MAX})");
+            assert!(text.contains(&cap), "{policy} caps at {cap}");
+        }
     }
 
     #[test]

@@ -322,6 +322,39 @@ pub fn render(findings: &[Finding], output: Output) -> String {
 }
 
 /// Whether `check` found something wrong (its exit status).
+/// The identity `check` tries the Service policy as: any name in the
+/// agents' namespace is an agent to the policy and to RBAC's grant.
+pub const PROBE_IDENTITY: &str = "system:serviceaccount:hostlb-agents:hostlb-check";
+/// Its groups, as the API server gives a ServiceAccount's token.
+pub const PROBE_GROUPS: [&str; 3] = [
+    "system:serviceaccounts",
+    "system:serviceaccounts:hostlb-agents",
+    "system:authenticated",
+];
+
+/// What the dry run as an agent (see `lbnodeagent::agent::admission`) says
+/// for the fleet: an error when the policy is not in force, a warning when
+/// it cannot be told.
+pub fn policy(answer: &lbnodeagent::agent::admission::Policy) -> Option<Finding> {
+    use lbnodeagent::agent::admission::Policy;
+    let object = "ValidatingAdmissionPolicy/hostlb-agent-services".to_string();
+    match answer {
+        Policy::InForce => None,
+        Policy::NotInForce => Some(error(
+            object,
+            "not in force: an agent's credential can rewrite any Service (a dry-run patch of a Service's labels as an agent was accepted); apply deploy/agent/policy.yaml (policy-v1beta1.yaml on Kubernetes 1.28 and 1.29, with the ValidatingAdmissionPolicy feature gate and API on)".into(),
+        )),
+        Policy::NoPatchRight(why) => Some(warning(
+            object,
+            format!("agents may not patch Services, so they cannot write their announcing annotations (deploy/agent/rbac.yaml): {why}"),
+        )),
+        Policy::Unknown(why) => Some(warning(
+            object,
+            format!("could not tell whether it is in force: {why} (check needs the right to impersonate {PROBE_IDENTITY})"),
+        )),
+    }
+}
+
 pub fn failed(findings: &[Finding]) -> bool {
     findings.iter().any(|f| f.severity == Severity::Error)
 }

@@ -111,6 +111,36 @@ fn man(dir: Option<&std::path::Path>) -> ExitCode {
     }
 }
 
+/// Whether the Service policy is in force, tried as an agent would: a
+/// dry-run patch of a Service's labels, impersonating an agent's identity
+/// ([`check::PROBE_IDENTITY`]).
+async fn policy_as_an_agent(
+    config: &kube::Config,
+    fleet: &Fleet,
+) -> lbnodeagent::agent::admission::Policy {
+    use lbnodeagent::agent::admission::{Policy, dry_run, judge};
+    let Some(svc) = fleet.services.first() else {
+        return Policy::Unknown("there is no Service to try it on".into());
+    };
+    let mut config = config.clone();
+    config.auth_info.impersonate = Some(check::PROBE_IDENTITY.into());
+    config.auth_info.impersonate_groups =
+        Some(check::PROBE_GROUPS.iter().map(|g| g.to_string()).collect());
+    let client = match kube::Client::try_from(config) {
+        Ok(c) => c,
+        Err(e) => return Policy::Unknown(e.to_string()),
+    };
+    let ns = svc.metadata.namespace.clone().unwrap_or_default();
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    match dry_run(&client, &ns, &name).await {
+        // Refused the impersonation itself: no answer about the policy.
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("impersonate") => {
+            Policy::Unknown(s.message)
+        }
+        answer => judge(&answer),
+    }
+}
+
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = if args.kubeconfig.is_none() && args.context.is_none() {
         kube::Config::infer().await?
@@ -126,6 +156,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
     };
     let default_namespace = config.default_namespace.clone();
+    let probe_config = config.clone();
     let client = kube::Client::try_from(config)?;
     let scope = Scope {
         namespace: args.hostlb_namespace.clone(),
@@ -170,7 +201,11 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             ExitCode::SUCCESS
         }
         Command::Check => {
-            let findings = check::check(&fleet);
+            let mut findings = check::check(&fleet);
+            findings.extend(check::policy(
+                &policy_as_an_agent(&probe_config, &fleet).await,
+            ));
+            findings.sort();
             print!("{}", check::render(&findings, args.output));
             if check::failed(&findings) {
                 ExitCode::from(1)

@@ -163,3 +163,43 @@ fn forged_claims_from_off_the_link_or_another_interface_change_nothing() {
     assert!(refused(&c, &owner6, "off_link") > 1_000);
     assert!(refused(&c, &owner4, "other_interface") > 1_000);
 }
+
+/// On a cluster without the Service policy (forgotten, or not enforced by
+/// the server), the agents' credentials could rewrite any Service: each
+/// agent finds out by a dry run under its own identity and says so, in
+/// `/readyz` and as `Degraded` in its record. On the real API server.
+#[test]
+fn an_agent_says_when_the_service_policy_is_not_in_force() {
+    let Some(mut c) = Cluster::real_without_policy(&["node-a", "node-b"]) else {
+        return;
+    };
+    c.pool_and_ad(&["10.77.0.100-10.77.0.120"], "");
+    c.start_all();
+    c.service("web", &[VIP4], &["node-a", "node-b"], "");
+    for n in ["node-a", "node-b"] {
+        hostlb_tests::netns::wait_for(
+            &format!("{n} to say the policy is not in force"),
+            Duration::from_secs(30),
+            || {
+                let (code, body) = c.http_get(n, "/readyz");
+                (code != "200" && body.contains("the Service policy is not in force")).then_some(())
+            },
+        )
+        .unwrap();
+        hostlb_tests::netns::wait_for(
+            &format!("{n}'s record Degraded"),
+            Duration::from_secs(30),
+            || {
+                (c.kubectl(&["get", "nodeagent", n, "-o", "jsonpath={.status.state}"])
+                    == "Degraded")
+                    .then_some(())
+            },
+        )
+        .unwrap();
+    }
+    let labels = c.kubectl(&["get", "service", "web", "-o", "jsonpath={.metadata.labels}"]);
+    assert!(
+        !labels.contains("policy-probe"),
+        "a dry run writes nothing: {labels}"
+    );
+}

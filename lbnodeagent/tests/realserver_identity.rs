@@ -82,6 +82,31 @@ async fn one_hosts_credential_cannot_rewrite_a_service_or_another_nodes_record()
         patch(json!({"metadata": {"annotations": {"hostlb.io/announcing-IPv4": null}}})).await,
         200
     );
+    // A value as long as the longest node name and interface name make
+    // is taken; a longer one, which names no node, is not (every watch of
+    // Services carries it, to every agent and client).
+    use hostlb_api::annotations::{ANNOUNCING_MAX, ANNOUNCING_VIRTUAL_MAX};
+    for (key, max) in [
+        ("hostlb.io/announcing-IPv6", ANNOUNCING_MAX),
+        ("hostlb.io/announcing-virtual-IPv4", ANNOUNCING_VIRTUAL_MAX),
+    ] {
+        let value = |n: usize| "n".repeat(n);
+        assert_eq!(
+            patch(json!({"metadata": {"annotations": {key: value(max)}}})).await,
+            200,
+            "{key} of {max} characters"
+        );
+        assert_eq!(
+            patch(json!({"metadata": {"annotations": {key: value(max + 1)}}})).await,
+            422,
+            "{key} of {} characters",
+            max + 1
+        );
+        assert_eq!(
+            patch(json!({"metadata": {"annotations": {key: null}}})).await,
+            200
+        );
+    }
     // The CVE-2020-8554 pattern and its neighbours: refused by the policy
     // (422), whatever the patch touches besides.
     for (what, v) in [

@@ -183,7 +183,7 @@ impl Events {
 
 /// Stops a background task with its owner, so a dropped backend or event
 /// stream leaves no netlink socket behind.
-struct AbortOnDrop(JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

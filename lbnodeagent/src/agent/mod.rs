@@ -15,6 +15,7 @@
 //!
 //! The path of one VIP, from a Service to the kernel, is in `docs/agent.md`.
 
+pub mod admission;
 pub mod arp;
 pub mod beats;
 mod checks;
@@ -137,6 +138,8 @@ pub struct Agent<B: AddressBackend + 'static> {
     /// Every agent's record in the API, and this one's writer.
     records: record::Records,
     publisher: record::Publisher,
+    /// Checks that the Service policy is in force (see `admission`).
+    _admission: crate::addrs::AbortOnDrop,
     /// A hash of the configuration in force, for the record.
     config_hash: String,
     /// The core's last conflict, and when it was seen.

@@ -86,6 +86,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
         let mut records = record::Records::new(&client);
         records.ask();
         let publisher = record::Publisher::start(&client, &cfg.node_name);
+        let admission =
+            super::admission::start(client.clone(), kube.services.clone(), telemetry.clone());
         let report = report::start(
             client,
             &cfg.node_name,
@@ -129,6 +131,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             cluster_sent: false,
             drain_sent: false,
             firewall,
+            _admission: crate::addrs::AbortOnDrop(admission),
         })
     }
 }

@@ -91,6 +91,9 @@ pub struct Telemetry {
     pub api_writable: AtomicBool,
     pub carrier: AtomicBool,
     pub leaving: AtomicBool,
+    /// The Service policy is not in force for this agent's credential
+    /// (see `admission`).
+    pub policy_open: AtomicBool,
     liveness: Liveness,
     status: Mutex<Option<mpsc::Sender<oneshot::Sender<StatusDoc>>>>,
 }
@@ -135,6 +138,7 @@ impl Telemetry {
             api_writable: AtomicBool::new(true),
             carrier: AtomicBool::new(true),
             leaving: AtomicBool::new(false),
+            policy_open: AtomicBool::new(false),
             liveness: Liveness::default(),
             status: Mutex::new(None),
         };
@@ -370,6 +374,10 @@ impl Telemetry {
             Some("degraded: the API server is unreachable; electing from the last known objects")
         } else if !self.api_writable.load(Ordering::Relaxed) {
             Some("degraded: the API server refuses writes; annotations and Events wait")
+        } else if self.policy_open.load(Ordering::Relaxed) {
+            Some(
+                "degraded: the Service policy is not in force: this agent's credential can rewrite any Service; apply deploy/agent/policy.yaml (policy-v1beta1.yaml on Kubernetes 1.28 and 1.29, with the ValidatingAdmissionPolicy feature gate and API on)",
+            )
         } else {
             None
         }

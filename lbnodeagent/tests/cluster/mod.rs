@@ -131,10 +131,25 @@ impl Cluster {
             eprintln!("NOT RUN: {why}");
             return None;
         }
-        Some(Self::build(nodes, true, false))
+        Some(Self::build_with(nodes, true, false, true))
+    }
+
+    /// [`real`](Self::real) without the Service policy
+    /// (`deploy/agent/policy-v1beta1.yaml`): a cluster whose operator
+    /// forgot it, or whose server does not enforce it.
+    pub fn real_without_policy(nodes: &[&str]) -> Option<Cluster> {
+        if let Err(why) = RealServer::available() {
+            eprintln!("NOT RUN: {why}");
+            return None;
+        }
+        Some(Self::build_with(nodes, true, false, false))
     }
 
     fn build(nodes: &[&str], real: bool, ipv6_only: bool) -> Cluster {
+        Self::build_with(nodes, real, ipv6_only, true)
+    }
+
+    fn build_with(nodes: &[&str], real: bool, ipv6_only: bool, policy: bool) -> Cluster {
         require_root();
         require_tools(&["arping", "kubectl", "python3", "ndisc6", "nft"]);
         let alone = Alone::take();
@@ -198,6 +213,9 @@ impl Cluster {
         if let Some(r) = &c.real {
             let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent");
             for f in ["rbac.yaml", "policy-v1beta1.yaml"] {
+                if f.starts_with("policy") && !policy {
+                    continue;
+                }
                 c.kubectl(&["apply", "-f", deploy.join(f).to_str().unwrap()]);
             }
             r.wait_granted(&std::fs::read_to_string(deploy.join("rbac.yaml")).unwrap());

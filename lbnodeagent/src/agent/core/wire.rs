@@ -307,15 +307,18 @@ impl Core {
                         .is_some_and(|t| now.saturating_duration_since(*t) < HANDOVER_MAX))
                 || super::view::left_lately(left_gone, n, now)
         };
-        // Known gone: out of gossip, no word of its addresses still
-        // lapsing, and the API shows no agent of it running (listed
-        // records, none fresh of it). Across a gossip partition its record
-        // stays fresh, and its answers are its own; a dead host's MAC in a
-        // claim is somebody else's.
+        // Known gone: out of gossip, its addresses lapsed by its last word
+        // (before that, a killed agent's host answers for itself), and the
+        // API shows no agent of it running (listed records, none fresh of
+        // it). Across a gossip partition its record stays fresh, and its
+        // answers are its own; a dead host's MAC in a claim is somebody
+        // else's.
         let (sessions, records) = (&self.sessions, &self.records);
         let gone = |n: &str| {
             !settled_by_gossip(n)
-                && !lapsing(sessions.lapse(n), now)
+                && sessions
+                    .lapse(n)
+                    .is_none_or(|l| now >= l.last + super::conflict::LAPSE_LATE)
                 && !records.is_empty()
                 && !records.iter().any(|r| r.node == n && r.fresh)
         };
