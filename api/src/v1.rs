@@ -438,6 +438,12 @@ pub struct NodeAgentStatus {
     /// Where the agent gossips (`ip:port`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub gossip_address: String,
+    /// The node's own public key (`ed25519:` and base64), made by its
+    /// agent: peers count the node's beats and gossip state only under it.
+    /// Only this node's credential may write this record, so no other host
+    /// can speak for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
     /// The MAC addresses of the node's interfaces: a VIP answered from one
     /// of them is this node's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

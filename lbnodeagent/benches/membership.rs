@@ -55,7 +55,7 @@ use chitchat::{
     ChitchatEnvelope, ChitchatId, ChitchatMessage, Deserializable, ProtocolVersion, Serializable,
 };
 use hostlb_api::{AddressRange, Prefix};
-use lbnodeagent::agent::beats::{Beats, drain};
+use lbnodeagent::agent::beats::{BeatCheck, Beats, Prover, drain};
 use lbnodeagent::agent::core::sessions::{self, BEAT_INTERVAL, Sessions};
 use lbnodeagent::agent::core::{BeatPlan, Relay};
 use lbnodeagent::election::{
@@ -70,6 +70,8 @@ use lbnodeagent::gossip::{
     AuthTransport, DEFAULT_INTERVAL, DEFAULT_REPLAY_WINDOW, GossipConfig, GossipKeys, LocalState,
     MemProbes, Membership, Status,
 };
+use lbnodeagent::gossip::{MemberInfo, MembershipView};
+use lbnodeagent::identity::{Identities, Known, NodeKey};
 use tokio::time::Instant;
 
 struct Counting;
@@ -415,6 +417,43 @@ impl ProbeSend for CountingSend {
 
 /// One agent's owner sessions: the core's `Sessions` turned every beat
 /// interval (as the agent's loop at least is), the agent's beat sender.
+/// Every agent's identity, as the agents read them from the records: each
+/// node's key (seeded by its index), the identities all of them know, and
+/// a view that says which node gossips from which address (what the beat
+/// sender looks its pair keys up by).
+struct Proofs {
+    keys: Vec<Arc<NodeKey>>,
+    identities: Arc<Identities>,
+    view: tokio::sync::watch::Receiver<MembershipView>,
+}
+
+impl Proofs {
+    fn new(n: usize) -> Proofs {
+        let keys: Vec<Arc<NodeKey>> = (0..n)
+            .map(|i| {
+                let mut seed = [0u8; 32];
+                seed[..8].copy_from_slice(&(i as u64 + 1).to_be_bytes());
+                Arc::new(NodeKey::from_seed(seed))
+            })
+            .collect();
+        let identities = Identities::new();
+        let mut view = MembershipView::empty();
+        for (i, k) in keys.iter().enumerate() {
+            identities.set(&node_name(i), Known::Key(k.public()));
+            view.nodes.push(MemberInfo {
+                node: node_name(i),
+                gossip_addr: node_addr(i),
+                ..view.local.clone()
+            });
+        }
+        Proofs {
+            keys,
+            identities,
+            view: tokio::sync::watch::channel(view).1,
+        }
+    }
+}
+
 async fn run_sessions(
     me: usize,
     n: usize,
@@ -422,13 +461,26 @@ async fn run_sessions(
     mut watch: tokio::sync::watch::Receiver<BTreeMap<String, BTreeSet<String>>>,
     sent: Arc<Sent>,
     suspicions: Suspicions,
+    proofs: Arc<Proofs>,
 ) {
     let name = node_name(me);
     let send = Arc::new(CountingSend {
         inner: link.send,
         sent,
     });
-    let beats = Beats::start(name.clone(), link.generation, send);
+    let key = proofs.keys[me].clone();
+    let beats = Beats::start(
+        name.clone(),
+        link.generation,
+        send,
+        Prover {
+            key: key.clone(),
+            identities: proofs.identities.clone(),
+            views: proofs.view.clone(),
+            counter: Arc::default(),
+        },
+    );
+    let mut check = BeatCheck::new(key, proofs.identities.clone(), Duration::from_secs(30));
     let mut sessions = Sessions::default();
     sessions.watch(watch.borrow_and_update().clone(), |_| true);
     let mut recv = link.recv;
@@ -445,7 +497,7 @@ async fn run_sessions(
                 Vec::new()
             }
             got = recv.recv() => match got {
-                Some(first) => drain(first, &mut recv, |_, _| true).0,
+                Some(first) => drain(first, &mut recv, &mut check, |_, _| true).0,
                 None => return,
             },
         };
@@ -624,13 +676,22 @@ fn measure(n: usize, settings: &Settings) -> Figures {
         let Watches { watch, mut next } = watches(n, &down);
         let mut watch_tx = Vec::new();
         let suspicions: Suspicions = Default::default();
+        let proofs = Arc::new(Proofs::new(n));
         let sent: Vec<Arc<Sent>> = (0..n).map(|_| Arc::default()).collect();
         let mut session_tasks: HashMap<usize, tokio::task::JoinHandle<()>> = HashMap::new();
         for (i, node) in &nodes {
             let link = node.take_beats().expect("the detector's beat link");
             let (tx, rx) = tokio::sync::watch::channel(watch[*i].clone());
             watch_tx.push(tx);
-            let task = run_sessions(*i, n, link, rx, sent[*i].clone(), suspicions.clone());
+            let task = run_sessions(
+                *i,
+                n,
+                link,
+                rx,
+                sent[*i].clone(),
+                suspicions.clone(),
+                proofs.clone(),
+            );
             session_tasks.insert(*i, tokio::spawn(task));
         }
         tokio::time::sleep(warmup).await;

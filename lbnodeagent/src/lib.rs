@@ -10,6 +10,7 @@ pub mod election;
 pub mod firewall;
 pub mod gossip;
 pub mod heap;
+pub mod identity;
 pub mod inputs;
 pub mod model;
 pub mod simulate;

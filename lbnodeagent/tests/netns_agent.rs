@@ -1713,14 +1713,13 @@ fn a_beat_forged_from_another_address_is_dropped_and_counted() {
         let metrics = c.http_get(&told, "/metrics").1;
         metrics
             .lines()
-            .find_map(|l| l.strip_prefix("hostlb_agent_beats_refused_total "))
-            .unwrap_or_else(|| panic!("no refusal counter: {metrics}"))
-            .trim()
-            .parse()
-            .unwrap()
+            .find_map(|l| l.strip_prefix("hostlb_agent_beats_refused_total{reason=\"unproved\"} "))
+            .map_or(0, |n| n.trim().parse().unwrap())
     };
     let before = refused(&c);
     let key = c.dir.path().join("gossip.key");
+    // The forger's own identity key: what root on its host has.
+    let own = lbnodeagent::identity::NodeKey::load_existing(&c.run_dir(&forger)).unwrap();
     let to = vec![std::net::SocketAddr::new(
         c.host(&told).ipv4.into(),
         lbnodeagent::gossip::DEFAULT_PORT,
@@ -1733,16 +1732,26 @@ fn a_beat_forged_from_another_address_is_dropped_and_counted() {
             let transport =
                 AuthTransport::new(GossipKeys::load(&key).unwrap(), DEFAULT_REPLAY_WINDOW);
             let send = transport.sender("0.0.0.0:0".parse().unwrap()).unwrap();
-            lbnodeagent::gossip::beats::send_leaving(&name, Some(generation), &to, |to, p| {
-                send.send(to, p)
-            })
+            lbnodeagent::gossip::beats::send_leaving(
+                &name,
+                Some(generation),
+                Some(&own),
+                &to,
+                |to, p| send.send(to, p),
+            )
             .await;
         })
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
     assert!(
         refused(&c) >= before + u64::from(lbnodeagent::gossip::beats::LEAVING_ROUNDS),
-        "every forged beat refused and counted"
+        "every forged beat refused and counted: {}",
+        c.http_get(&told, "/metrics")
+            .1
+            .lines()
+            .filter(|l| l.contains("refused"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     assert_eq!(c.holders(VIP), vec![owner.clone()], "nobody took it");
     assert_eq!(

@@ -7,18 +7,19 @@
 //! treat this node as they would a frozen one (its addresses still answer
 //! on the wire, so they stay off until those lapse).
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
-use tracing::warn;
 
 use super::core::BeatPlan;
 use super::core::sessions::{BEAT_INTERVAL, Beat, Lapse, RELAY_EVERY, SPARSE_EVERY, Silent};
 use crate::gossip::ProbeSend;
-use crate::gossip::beats::{BeatMessage, Subject, send_leaving};
+use crate::gossip::beats::{BeatMessage, Counter, Proof, Subject, send_leaving};
+use crate::identity::{Identities, Known, NodeKey, PairKey, PublicId};
 use crate::model::MembershipView;
 
 /// A loop that has not turned for this long sends no more beats. The loop
@@ -28,11 +29,74 @@ pub const LOOP_STALL: Duration = Duration::from_millis(1_500);
 /// `turned` before the loop's first turn: nothing is sent yet.
 const NOT_YET: u64 = u64::MAX;
 
+/// Who proves the beats this node sends (see `gossip::beats`): its key,
+/// the peers' identities, and where each peer gossips from.
+#[derive(Clone)]
+pub struct Prover {
+    pub key: Arc<NodeKey>,
+    pub identities: Arc<Identities>,
+    /// Which node gossips from which address.
+    pub views: watch::Receiver<MembershipView>,
+    /// The run's counter, shared with the leaving beats.
+    pub counter: Arc<Counter>,
+}
+
+impl Prover {
+    /// The key this node shares with the node gossiping from `peer`.
+    fn pair_for(
+        &self,
+        cache: &mut HashMap<SocketAddr, (PublicId, PairKey)>,
+        peer: SocketAddr,
+    ) -> Option<PairKey> {
+        let view = self.views.borrow();
+        let node = view
+            .nodes
+            .iter()
+            .chain(&view.gone)
+            .find(|n| n.gossip_addr == peer)?
+            .node
+            .clone();
+        drop(view);
+        let Some(Known::Key(public)) = self.identities.of(&node) else {
+            return None;
+        };
+        if let Some((p, k)) = cache.get(&peer)
+            && *p == public
+        {
+            return Some(k.clone());
+        }
+        let k = self.key.pair_key(&public)?;
+        cache.insert(peer, (public, k.clone()));
+        Some(k)
+    }
+
+    /// Appends the proof for `peer` to the beat in `out` (its length
+    /// before any proof: `body`): the pair tag, or the signature where no
+    /// pair key can be had yet (the peer's identity unknown here).
+    fn prove(
+        &self,
+        cache: &mut HashMap<SocketAddr, (PublicId, PairKey)>,
+        out: &mut Vec<u8>,
+        body: usize,
+        peer: SocketAddr,
+    ) {
+        out.truncate(body);
+        let counter = self.counter.next();
+        match self.pair_for(cache, peer) {
+            Some(k) => Proof::pair(out, counter, &k),
+            None => Proof::sign(out, counter, &self.key),
+        }
+    }
+}
+
 /// The loop's side: the plan to follow, and proof of life.
 pub struct Beats {
     node: String,
     generation: u64,
     send: Arc<dyn ProbeSend>,
+    prover: Prover,
+    /// Set by [`Beats::leave`]: every beat from then on says so.
+    leaving: Arc<AtomicBool>,
     plan: watch::Sender<BeatPlan>,
     turned: Arc<AtomicU64>,
     /// The runtime's clock (paused in tests and benchmarks, as the loop's
@@ -48,14 +112,19 @@ impl Drop for Beats {
 }
 
 impl Beats {
-    pub fn start(node: String, generation: u64, send: Arc<dyn ProbeSend>) -> Beats {
+    pub fn start(node: String, generation: u64, send: Arc<dyn ProbeSend>, prover: Prover) -> Beats {
         let (plan, plan_rx) = watch::channel(BeatPlan::default());
         let turned = Arc::new(AtomicU64::new(NOT_YET));
+        let leaving = Arc::new(AtomicBool::new(false));
         let base = tokio::time::Instant::now();
         let task = tokio::spawn(send_beats(
-            node.clone(),
-            generation,
-            send.clone(),
+            Sender {
+                node: node.clone(),
+                generation,
+                send: send.clone(),
+                prover: prover.clone(),
+                leaving: leaving.clone(),
+            },
             plan_rx,
             turned.clone(),
             base,
@@ -64,6 +133,8 @@ impl Beats {
             node,
             generation,
             send,
+            prover,
+            leaving,
             plan,
             turned,
             base,
@@ -78,11 +149,15 @@ impl Beats {
     /// Tells `peers` at once that this node leaves (see
     /// `gossip::beats`): they take its VIPs without waiting for gossip.
     pub fn leave(&self, peers: Vec<SocketAddr>) {
+        // Every beat from now on says so: a beat of this run that did not
+        // would end the leave on its peers (an alive word after it).
+        self.leaving.store(true, Ordering::Relaxed);
         let node = self.node.clone();
         let generation = Some(self.generation);
         let send = self.send.clone();
+        let key = self.prover.key.clone();
         tokio::spawn(async move {
-            send_leaving(&node, generation, &peers, |to, payload| {
+            send_leaving(&node, generation, Some(&key), &peers, |to, payload| {
                 send.send(to, payload)
             })
             .await;
@@ -96,14 +171,29 @@ impl Beats {
     }
 }
 
-async fn send_beats(
+/// What the beat task sends with.
+struct Sender {
     node: String,
     generation: u64,
     send: Arc<dyn ProbeSend>,
+    prover: Prover,
+    leaving: Arc<AtomicBool>,
+}
+
+async fn send_beats(
+    sender: Sender,
     mut plan: watch::Receiver<BeatPlan>,
     turned: Arc<AtomicU64>,
     base: tokio::time::Instant,
 ) {
+    let Sender {
+        node,
+        generation,
+        send,
+        prover,
+        leaving,
+    } = sender;
+    let mut pairs = HashMap::new();
     let relay_every = (RELAY_EVERY.as_millis() / BEAT_INTERVAL.as_millis()).max(1) as u64;
     let mut out = Vec::with_capacity(64);
     let mut stalled = false;
@@ -177,7 +267,7 @@ async fn send_beats(
                 continue;
             }
             BeatMessage {
-                leaving: false,
+                leaving: leaving.load(Ordering::Relaxed),
                 watching,
                 node: node.clone(),
                 generation: Some(generation),
@@ -185,14 +275,16 @@ async fn send_beats(
                 silent: None,
             }
             .encode(&mut out);
+            let body = out.len();
             for peer in to {
+                prover.prove(&mut pairs, &mut out, body, *peer);
                 send.send(*peer, &out);
             }
         }
         if changed || tick.is_multiple_of(relay_every) {
             for r in &plan.relays {
                 BeatMessage {
-                    leaving: false,
+                    leaving: leaving.load(Ordering::Relaxed),
                     watching: false,
                     node: node.clone(),
                     generation: Some(generation),
@@ -204,7 +296,9 @@ async fn send_beats(
                     }),
                 }
                 .encode(&mut out);
+                let body = out.len();
                 for peer in &r.to {
+                    prover.prove(&mut pairs, &mut out, body, *peer);
                     send.send(*peer, &out);
                 }
             }
@@ -233,25 +327,150 @@ async fn sleep_until(due: Option<tokio::time::Instant>) {
     }
 }
 
+/// Why a beat was not believed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Its node's identity is not known yet (its record not read): it
+    /// waits for the records, which are listed again.
+    Unknown,
+    /// No proof, or one that is not its node's: a key holder speaking in
+    /// another node's name.
+    Unproved,
+    /// A proof older than the last one from that run, or stamped outside
+    /// the replay window: a beat played back.
+    Replayed,
+    /// From an agent without an identity (an earlier release), and from an
+    /// address its node does not have.
+    Address,
+}
+
+impl Refused {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::Unknown => "unknown",
+            Refused::Unproved => "unproved",
+            Refused::Replayed => "replayed",
+            Refused::Address => "address",
+        }
+    }
+}
+
+/// Runs remembered for replays, at most: past it, the least recent go.
+const RUNS_KEPT: usize = 4096;
+
+/// Checks beats against their senders' identities (see `gossip::beats`):
+/// what is believed of a node's beats is what that node proved.
+pub struct BeatCheck {
+    key: Arc<NodeKey>,
+    identities: Arc<Identities>,
+    pairs: HashMap<String, (PublicId, PairKey)>,
+    /// The last counter believed of each run (node, generation).
+    last: HashMap<(String, u64), u64>,
+    /// How far a proof's counter may be from this node's clock, in µs.
+    window_us: u64,
+}
+
+impl BeatCheck {
+    pub fn new(key: Arc<NodeKey>, identities: Arc<Identities>, window: Duration) -> BeatCheck {
+        BeatCheck {
+            key,
+            identities,
+            pairs: HashMap::new(),
+            last: HashMap::new(),
+            window_us: window.as_micros() as u64,
+        }
+    }
+
+    /// Whether `m`, with `proof`, from `source`, is believed, at `now_us`
+    /// (the wall clock in µs). `Ok(false)`: the same proof again (a
+    /// leaving beat's later rounds), nothing new.
+    pub fn admit(
+        &mut self,
+        m: &BeatMessage,
+        proof: Option<&Proof>,
+        source: IpAddr,
+        now_us: u64,
+        from_its_node: impl Fn(&str, IpAddr) -> bool,
+    ) -> Result<bool, Refused> {
+        let public = match self.identities.of(&m.node) {
+            None => return Err(Refused::Unknown),
+            Some(Known::NoIdentity) => {
+                return if from_its_node(&m.node, source) {
+                    Ok(true)
+                } else {
+                    Err(Refused::Address)
+                };
+            }
+            Some(Known::Key(public)) => public,
+        };
+        let proof = proof.ok_or(Refused::Unproved)?;
+        let (key, pairs) = (&self.key, &mut self.pairs);
+        let pair = || {
+            if let Some((p, k)) = pairs.get(&m.node)
+                && *p == public
+            {
+                return Some(k.clone());
+            }
+            let k = key.pair_key(&public)?;
+            pairs.insert(m.node.clone(), (public, k.clone()));
+            Some(k)
+        };
+        if !proof.verifies(&public, pair) {
+            // Perhaps a new key the records will tell.
+            self.identities.want();
+            return Err(Refused::Unproved);
+        }
+        if proof.counter.abs_diff(now_us) > self.window_us {
+            return Err(Refused::Replayed);
+        }
+        let run = (m.node.clone(), m.generation.unwrap_or(0));
+        if let Some(last) = self.last.get(&run) {
+            if proof.counter == *last {
+                return Ok(false);
+            }
+            if proof.counter < *last {
+                return Err(Refused::Replayed);
+            }
+        } else if self.last.len() >= RUNS_KEPT
+            && let Some(oldest) = self
+                .last
+                .iter()
+                .min_by_key(|(_, c)| **c)
+                .map(|(r, _)| r.clone())
+        {
+            self.last.remove(&oldest);
+        }
+        self.last.insert(run, proof.counter);
+        Ok(true)
+    }
+}
+
 /// Every beat waiting, as one input (the first one awaited by the loop's
 /// `select!`, the rest taken without waiting). Beats that do not decode
 /// are dropped: they passed the signature, so they come from a newer
-/// agent. So are beats from an address their named node does not have
-/// (`from_its_node`): the gossip key proves a sender is a member, not
-/// which one, so a beat in another node's name from elsewhere is a
-/// forgery. How many were refused comes back too.
+/// agent. So are beats their node did not prove ([`BeatCheck`]): the
+/// gossip key proves a sender is a member, not which one. The refusals
+/// come back too, by why.
 pub fn drain(
     first: (SocketAddr, Vec<u8>),
     recv: &mut mpsc::Receiver<(SocketAddr, Vec<u8>)>,
+    check: &mut BeatCheck,
     from_its_node: impl Fn(&str, IpAddr) -> bool,
-) -> (Vec<Beat>, usize) {
+) -> (Vec<Beat>, Vec<(Refused, String)>) {
     let mut beats = Vec::new();
-    let mut refused = 0;
+    let mut refused = Vec::new();
+    let now_us = crate::gossip::beats::counter_now();
     let mut next = Some(first);
     while let Some((source, payload)) = next {
-        if let Some(m) = BeatMessage::decode(&payload) {
-            if from_its_node(&m.node, source.ip().to_canonical()) {
-                beats.push(Beat {
+        if let Some((m, proof)) = BeatMessage::decode_proved(&payload) {
+            match check.admit(
+                &m,
+                proof.as_ref(),
+                source.ip().to_canonical(),
+                now_us,
+                &from_its_node,
+            ) {
+                Ok(true) => beats.push(Beat {
                     node: m.node,
                     generation: m.generation,
                     lapse: m.lapse,
@@ -262,12 +481,9 @@ pub fn drain(
                         generation: s.generation,
                         lapse: s.lapse,
                     }),
-                });
-            } else {
-                if refused == 0 {
-                    warn!(node = %m.node, from = %source, "a beat in a node's name from an address that node does not have; dropped");
-                }
-                refused += 1;
+                }),
+                Ok(false) => {}
+                Err(why) => refused.push((why, m.node)),
             }
         }
         next = recv.try_recv().ok();
@@ -364,35 +580,101 @@ mod tests {
         );
     }
 
-    /// `drain` drops and counts what the check refuses, and keeps the rest
-    /// in order.
+    /// A beat of node `node`, proved by `key` (`None`: no proof) with
+    /// `counter`, `pair` with this node's key when given, signed if not.
+    fn proved(
+        node: &str,
+        leaving: bool,
+        key: Option<&NodeKey>,
+        pair: Option<&PublicId>,
+        counter: u64,
+    ) -> Vec<u8> {
+        let mut p = Vec::new();
+        BeatMessage {
+            node: node.into(),
+            generation: Some(1),
+            lapse: None,
+            leaving,
+            watching: false,
+            silent: None,
+        }
+        .encode(&mut p);
+        match (key, pair) {
+            (Some(k), Some(me)) => Proof::pair(&mut p, counter, &k.pair_key(me).unwrap()),
+            (Some(k), None) => Proof::sign(&mut p, counter, k),
+            (None, _) => {}
+        }
+        p
+    }
+
+    /// What a node believes of beats: those its sender proved, by pair
+    /// tag or signature, each once and in order; not those a key holder
+    /// sends in another node's name (with its own key, or none), nor one
+    /// played back; a node whose identity is not known yet waits; an agent
+    /// without an identity (an earlier release) is believed from its own
+    /// addresses only.
     #[test]
-    fn drain_drops_and_counts_beats_from_elsewhere() {
-        let beat = |node: &str| {
-            let mut p = Vec::new();
-            BeatMessage {
-                node: node.into(),
-                generation: Some(1),
-                lapse: None,
-                leaving: true,
-                watching: false,
-                silent: None,
-            }
-            .encode(&mut p);
-            p
-        };
-        let (tx, mut rx) = mpsc::channel(8);
+    fn drain_believes_only_what_each_node_proved() {
+        let (me, a, forger) = (
+            Arc::new(NodeKey::from_seed([9; 32])),
+            NodeKey::from_seed([1; 32]),
+            NodeKey::from_seed([2; 32]),
+        );
+        let ids = Identities::new();
+        ids.set("a", Known::Key(a.public()));
+        ids.set("old", Known::NoIdentity);
+        let mut check = BeatCheck::new(me.clone(), ids.clone(), Duration::from_secs(30));
+        let now = crate::gossip::beats::counter_now();
         let good: SocketAddr = "10.0.0.1:40000".parse().unwrap();
         let bad: SocketAddr = "10.0.0.66:40000".parse().unwrap();
-        tx.try_send((bad, beat("a"))).unwrap();
-        tx.try_send((good, beat("a"))).unwrap();
-        let v = view(&[("a", "10.0.0.1:7934")]);
-        let (beats, refused) = drain((good, beat("a")), &mut rx, |n, src| {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mine = me.public();
+        for b in [
+            (bad, proved("a", false, Some(&a), Some(&mine), now + 2)),
+            (good, proved("a", true, Some(&forger), None, now + 3)),
+            (good, proved("a", true, Some(&forger), Some(&mine), now + 4)),
+            (good, proved("a", true, None, None, now + 5)),
+            (good, proved("a", false, Some(&a), Some(&mine), now + 1)),
+            (good, proved("a", true, Some(&a), None, now + 6)),
+            (good, proved("a", true, Some(&a), None, now + 6)),
+            (
+                good,
+                proved("a", false, Some(&a), Some(&mine), now - 60_000_000),
+            ),
+            (
+                good,
+                proved("stranger", false, Some(&forger), None, now + 7),
+            ),
+            (good, proved("old", false, None, None, now)),
+            (bad, proved("old", false, None, None, now)),
+        ] {
+            tx.try_send(b).unwrap();
+        }
+        let first = (good, proved("a", false, Some(&a), Some(&mine), now));
+        let v = view(&[("a", "10.0.0.1:7934"), ("old", "10.0.0.1:7934")]);
+        let (beats, refused) = drain(first, &mut rx, &mut check, |n, src| {
             from_its_node(n, src, &v, |_| Vec::new())
         });
-        assert_eq!(beats.len(), 2);
-        assert_eq!(refused, 1);
-        assert!(beats.iter().all(|b| b.node == "a" && b.leaving));
+        let kept: Vec<(&str, bool)> = beats.iter().map(|b| (b.node.as_str(), b.leaving)).collect();
+        assert_eq!(
+            kept,
+            [("a", false), ("a", false), ("a", true), ("old", false)],
+            "a's own, from any address, in order; its leaving beat once; the old agent's from its address"
+        );
+        let why: Vec<Refused> = refused.iter().map(|(w, _)| *w).collect();
+        assert_eq!(
+            why,
+            [
+                Refused::Unproved,
+                Refused::Unproved,
+                Refused::Unproved,
+                Refused::Replayed,
+                Refused::Replayed,
+                Refused::Unknown,
+                Refused::Address
+            ]
+        );
+        assert!(ids.take_wanted(), "the records are asked for again");
     }
 
     fn plan(dense: &[&str], sparse: &[&str], relays: usize) -> BeatPlan {
@@ -448,7 +730,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn beats_go_out_as_the_plan_says() {
         let sent = Arc::new(Count(Default::default()));
-        let beats = Beats::start("me".into(), 1, sent.clone());
+        let (_, views) = watch::channel(MembershipView::empty());
+        let beats = Beats::start(
+            "me".into(),
+            1,
+            sent.clone(),
+            Prover {
+                key: Arc::new(NodeKey::from_seed([9; 32])),
+                identities: Identities::new(),
+                views,
+                counter: Arc::default(),
+            },
+        );
         let count = |to: &str| {
             let to: SocketAddr = to.parse().unwrap();
             sent.0.lock().unwrap().iter().filter(|a| **a == to).count()

@@ -206,7 +206,16 @@ async fn hand_over(
     let generation = std::fs::read_to_string(run_dir.join(GENERATION_FILE))
         .ok()
         .and_then(|g| g.trim().parse::<u64>().ok());
-    let beats = LeavingBeats::new(&transport, &cfg.node_name, generation, peers.clone());
+    // The node's own key: peers that know its identity believe nothing
+    // in its name without it.
+    let key = crate::identity::NodeKey::load_existing(run_dir).map(Arc::new);
+    let beats = LeavingBeats::new(
+        &transport,
+        &cfg.node_name,
+        generation,
+        key.clone(),
+        peers.clone(),
+    );
     let wire = match WireWatch::open(backend, announced).await {
         Ok(w) => Some(w),
         Err(e) => {
@@ -227,7 +236,7 @@ async fn hand_over(
     let held: Vec<IpAddr> = announced.iter().map(|a| a.ip).collect();
     let slow = async {
         tokio::time::sleep(BEATS_FIRST).await;
-        tell_peers(cfg, transport, &held, peers).await
+        tell_peers(cfg, transport, key, &held, peers).await
     };
     tokio::select! {
         biased;
@@ -280,6 +289,7 @@ struct LeavingBeats {
     /// take these beats for a newer run of the node.
     generation: Option<u64>,
     peers: Vec<SocketAddr>,
+    key: Option<Arc<crate::identity::NodeKey>>,
     v4: Option<Arc<dyn ProbeSend>>,
     v6: Option<Arc<dyn ProbeSend>>,
 }
@@ -289,6 +299,7 @@ impl LeavingBeats {
         transport: &AuthTransport,
         node: &str,
         generation: Option<u64>,
+        key: Option<Arc<crate::identity::NodeKey>>,
         peers: Vec<SocketAddr>,
     ) -> LeavingBeats {
         let open = |family: Family, any: IpAddr| {
@@ -307,6 +318,7 @@ impl LeavingBeats {
             v6: open(Family::V6, Ipv6Addr::UNSPECIFIED.into()),
             node: node.to_string(),
             generation,
+            key,
             peers,
         }
     }
@@ -315,12 +327,18 @@ impl LeavingBeats {
     async fn send_all(&self) {
         // Without the dead run's generation, peers take the beat for the
         // run gossip shows.
-        send_leaving(&self.node, self.generation, &self.peers, |to, payload| {
-            let socket = if to.is_ipv4() { &self.v4 } else { &self.v6 };
-            if let Some(s) = socket {
-                s.send(to, payload);
-            }
-        })
+        send_leaving(
+            &self.node,
+            self.generation,
+            self.key.as_deref(),
+            &self.peers,
+            |to, payload| {
+                let socket = if to.is_ipv4() { &self.v4 } else { &self.v6 };
+                if let Some(s) = socket {
+                    s.send(to, payload);
+                }
+            },
+        )
         .await;
     }
 
@@ -457,6 +475,7 @@ impl WireWatch {
 async fn tell_peers(
     mut cfg: AgentConfig,
     transport: AuthTransport,
+    key: Option<Arc<crate::identity::NodeKey>>,
     held: &[IpAddr],
     peers: Vec<SocketAddr>,
 ) -> Result<(Option<Membership>, usize), AgentError> {
@@ -486,6 +505,9 @@ async fn tell_peers(
         ..LocalState::default()
     };
     let membership = Membership::start(&cfg.gossip, local, &transport, &transport).await?;
+    if let Some(key) = key {
+        membership.sign_with(key).await;
+    }
     let mut views = membership.views();
     let others = |v: &crate::gossip::MembershipView| -> Vec<crate::gossip::MemberInfo> {
         v.nodes

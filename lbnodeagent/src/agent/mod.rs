@@ -110,6 +110,8 @@ pub enum AgentError {
         "firewall.enabled is on but no nft is on the PATH: the agent adds no VIP before its firewall is in force (install the nftables package, or set firewall.enabled = false)"
     )]
     NoNft,
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
 }
 
 /// Gossip, and what the shell remembers of it.
@@ -129,6 +131,15 @@ struct Gossip {
 pub struct Agent<B: AddressBackend + 'static> {
     core: Core,
     cfg: AgentConfig,
+    /// This node's own key (see `identity`): its record publishes the
+    /// public part, its beats and gossip state are made under it.
+    identity: Arc<crate::identity::NodeKey>,
+    /// Every node's identity as the records say, for what verifies.
+    identities: Arc<crate::identity::Identities>,
+    /// Believes a beat only of its node's proof (see `beats`).
+    beat_check: beats::BeatCheck,
+    /// Beats refused in a node's name, logged at most once a minute.
+    beats_warned: Option<std::time::Instant>,
     config_path: PathBuf,
     backend: Arc<B>,
     wire: Wire,
@@ -204,8 +215,19 @@ impl<B: AddressBackend + 'static> Agent<B> {
                             "the membership task ended".into(),
                         )));
                     }
-                    let view = self.gossip.views.borrow_and_update().clone();
+                    let mut view = self.gossip.views.borrow_and_update().clone();
+                    // Peers met whose identity is not read yet: their state
+                    // waits (see `gossip::signed`); they count as members
+                    // not yet confirmed, so this node does not settle alone.
+                    view.unconfirmed += self.identities.pending();
                     Input::Members(view)
+                }
+                () = self.identities.wanted() => {
+                    if self.identities.take_wanted() && !self.records.ask_keys() {
+                        self.identities.want();
+                        // Again at the next tick, once the gap has passed.
+                    }
+                    continue;
                 }
                 ev = events.recv() => match ev {
                     Some(ev) => match self.kernel_event(ev).await {
@@ -244,13 +266,11 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     let rest = self.gossip.beats_in.as_mut().expect("a beat came from it");
                     let view = self.gossip.views.borrow();
                     let kube = &self.kube;
-                    let (beats, refused) = beats::drain(first, rest, |node, source| {
+                    let (beats, refused) = beats::drain(first, rest, &mut self.beat_check, |node, source| {
                         beats::from_its_node(node, source, &view, |n| kube.node_addresses(n))
                     });
                     drop(view);
-                    if refused > 0 {
-                        self.telemetry.beats_refused.inc_by(refused as u64);
-                    }
+                    self.beats_refused(&refused);
                     Input::Beats(beats)
                 }
                 Some(done) = self.kernel.results.recv() => done,
@@ -471,6 +491,31 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
     }
 
+    /// Counts the beats refused, and says so at most once a minute: one
+    /// line per batch, with the first node and why. Beats of a node whose
+    /// identity is not known yet are only counted: that is every peer's
+    /// first beat after a restart, until the records are read.
+    fn beats_refused(&mut self, refused: &[(beats::Refused, String)]) {
+        if refused.is_empty() {
+            return;
+        }
+        for (why, _) in refused {
+            self.telemetry.beat_refused(why.as_str());
+        }
+        let forged = refused
+            .iter()
+            .find(|(why, _)| *why != beats::Refused::Unknown);
+        if let Some((why, node)) = forged
+            && self
+                .beats_warned
+                .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60))
+        {
+            self.beats_warned = Some(std::time::Instant::now());
+            warn!(%node, reason = why.as_str(), count = refused.len(),
+                "beats in a node's name that it did not prove; dropped (logged once a minute, counted in hostlb_agent_beats_refused_total)");
+        }
+    }
+
     fn on_tick(&mut self) {
         // Nodes' InternalIPs of either family, as far as the socket reaches.
         let mut seeds = self.kube.seeds(self.cfg.gossip.listen.port());
@@ -487,6 +532,11 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.telemetry
             .vips_without_candidate
             .set(self.core.vips_without_candidate() as i64);
+        // A node whose identity is not known yet spoke (its state or a
+        // beat arrived): its record is listed soon.
+        if self.identities.take_wanted() && !self.records.ask_keys() {
+            self.identities.want();
+        }
         // While gossip shows no peer, who runs elsewhere and their MACs
         // come from the records alone.
         if self.core.gossip_alone() {

@@ -37,12 +37,14 @@ use crate::addrs::AddressBackend;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::core::AgentRecord;
 use super::report::FIELD_MANAGER;
 use crate::addrs::MacAddr;
 use crate::election::{Member, OnLink};
+use crate::identity::{Identities, Known};
+use std::sync::Arc;
 
 /// Least time between two writes of a changed record.
 pub const MIN_GAP: Duration = Duration::from_secs(5);
@@ -82,16 +84,73 @@ pub struct Records {
     gap: Duration,
     in_flight: bool,
     failing: bool,
+    /// Every node's identity, learnt from each list (this node's own is
+    /// its key, whatever its record said before it was written).
+    identities: Option<(Arc<Identities>, String, Known)>,
+    /// Lists for identities ([`Records::ask_keys`]): the last, and the
+    /// least time to the next, doubling while wants keep coming.
+    last_keys: Option<std::time::Instant>,
+    keys_gap: Duration,
 }
+
+/// The least time between two lists for identities, at first and at most:
+/// agents that start together write their records a moment after each
+/// other's first list; a thousand of them then list a few times each.
+pub const KEYS_GAP_MIN: Duration = Duration::from_millis(250);
+pub const KEYS_GAP_MAX: Duration = Duration::from_secs(4);
 
 /// Least time between two lists of the records, at first, and at most.
 pub const LIST_GAP_MIN: Duration = Duration::from_secs(2);
 pub const LIST_GAP_MAX: Duration = Duration::from_secs(60);
 
 impl Records {
+    /// Teaches `identities` what each list says, keeping `me`'s own.
+    pub fn with_identities(
+        mut self,
+        identities: Arc<Identities>,
+        me: &str,
+        mine: Known,
+    ) -> Records {
+        self.identities = Some((identities, me.to_string(), mine));
+        self
+    }
+
+    /// Lists the records within [`LIST_GAP_MIN`] of the last list, without
+    /// growing the gap of [`Records::ask`]: a node's identity is wanted (its
+    /// state or beats arrived, and nothing can be merged or believed of it
+    /// until its record is read). False when it must wait; ask again.
+    pub fn ask_keys(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        if self.in_flight {
+            return true;
+        }
+        // A want long after the last starts afresh.
+        if self
+            .last_keys
+            .is_some_and(|t| now.saturating_duration_since(t) > KEYS_GAP_MAX * 4)
+        {
+            self.keys_gap = KEYS_GAP_MIN;
+        }
+        if self.last_keys.is_some_and(|t| now < t + self.keys_gap) {
+            return false;
+        }
+        if self.last_keys.is_some() {
+            self.keys_gap = (self.keys_gap * 2).min(KEYS_GAP_MAX);
+        }
+        self.last_keys = Some(now);
+        let gap = self.gap;
+        self.last_asked = None;
+        self.ask();
+        self.gap = gap;
+        true
+    }
+
     pub fn new(client: &Client) -> Records {
         let (tx, rx) = mpsc::channel(1);
         Records {
+            identities: None,
+            last_keys: None,
+            keys_gap: KEYS_GAP_MIN,
             api: Api::<NodeAgent>::all(client.clone()),
             tx,
             rx,
@@ -141,6 +200,16 @@ impl Records {
                     info!("NodeAgent records read again");
                 }
                 let now = jiff::Timestamp::now();
+                if let Some((identities, me, mine)) = &self.identities {
+                    let bad = identities.learn(items.iter().filter_map(|r| {
+                        let node = r.metadata.name.as_deref()?;
+                        Some((node, crate::identity::RecordSays::of(r.status.as_ref())))
+                    }));
+                    identities.set(me, *mine);
+                    for (node, why) in bad {
+                        warn!(%node, reason = %why, "the NodeAgent record names an identity that is no key; nothing in that node's name counts until it names one");
+                    }
+                }
                 let mut out: Vec<AgentRecord> =
                     items.iter().filter_map(|r| record_of(r, now)).collect();
                 out.sort_by(|a, b| a.node.cmp(&b.node));
@@ -365,19 +434,33 @@ async fn write_status(
     mut status: NodeAgentStatus,
 ) -> Result<(), kube::Error> {
     status.heartbeat_time = Some(Time(jiff::Timestamp::now()));
+    let identity = status.identity.clone();
     let patch = json!({
         "apiVersion": "hostlb.io/v1",
         "kind": "NodeAgent",
         "metadata": {"name": node},
         "status": status,
     });
-    api.patch_status(
-        node,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(patch),
-    )
-    .await
-    .map(drop)
+    let written = api
+        .patch_status(
+            node,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await?;
+    // A NodeAgent CRD older than the agent drops the field it does not
+    // know: peers would then take this node for an agent without an
+    // identity, and believe anyone in its name.
+    let kept = written.status.and_then(|s| s.identity);
+    if identity.is_some() && kept != identity {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            error!(
+                "the API server dropped this node's identity from its NodeAgent record: the NodeAgent CRD is older than this agent; apply deploy/crds (peers cannot tell this node's beats and gossip from a forger's until then)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The record as it should read now; the [`Publisher`] writes it when it
@@ -438,6 +521,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 .advertise
                 .map(|a| a.to_string())
                 .unwrap_or_default(),
+            identity: Some(self.identity.public().to_string()),
             macs: links.macs().iter().map(|m| m.to_string()).collect(),
             gossip_isolated: self.core.isolated(),
             members: count,

@@ -52,10 +52,21 @@ impl<B: AddressBackend + 'static> Agent<B> {
             telemetry.cannot_serve.set(1);
         }
         let core = Core::new(core_settings, links, Instant::now());
-        let transport = cfg.gossip.auth_transport()?;
+        let identity = Arc::new(crate::identity::NodeKey::load_or_create(&cfg.run_dir)?);
+        let identities = crate::identity::Identities::new();
+        identities.set(
+            &cfg.node_name,
+            crate::identity::Known::Key(identity.public()),
+        );
+        info!(identity = %identity.public(), "this node's identity");
+        let transport = cfg
+            .gossip
+            .auth_transport()?
+            .with_identities(identities.clone());
         telemetry.set_gossip_counters(transport.counters());
         let membership =
             Membership::start(&cfg.gossip, core.local_state(), &transport, &transport).await?;
+        membership.sign_with(identity.clone()).await;
         telemetry.set_gossip_held(membership.gossip_held_counter());
         telemetry.set_detector_counters(membership.detector_counters());
         let views = membership.views();
@@ -67,6 +78,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
                         cfg.node_name.clone(),
                         link.generation,
                         link.send,
+                        beats::Prover {
+                            key: identity.clone(),
+                            identities: identities.clone(),
+                            views: views.clone(),
+                            counter: Arc::default(),
+                        },
                     )),
                     Some(link.recv),
                 )
@@ -83,7 +100,11 @@ impl<B: AddressBackend + 'static> Agent<B> {
             load_balancer_class: cfg.load_balancer_class.clone(),
         };
         let kube = KubeInputs::start(&client, &scope, &server, &cfg.node_name);
-        let mut records = record::Records::new(&client);
+        let mut records = record::Records::new(&client).with_identities(
+            identities.clone(),
+            &cfg.node_name,
+            crate::identity::Known::Key(identity.public()),
+        );
         records.ask();
         let publisher = record::Publisher::start(&client, &cfg.node_name);
         let admission =
@@ -104,9 +125,18 @@ impl<B: AddressBackend + 'static> Agent<B> {
         let firewall = super::firewall::start(telemetry.clone(), cfg.firewall);
         let kernel = kernel_worker(backend.clone(), kernel_thread, firewall.guard());
         let config_hash = record::config_hash(&cfg);
+        let beat_check = beats::BeatCheck::new(
+            identity.clone(),
+            identities.clone(),
+            cfg.gossip.replay_window,
+        );
         Ok(Agent {
             core,
             cfg,
+            beat_check,
+            beats_warned: None,
+            identity,
+            identities,
             config_path,
             backend,
             wire,

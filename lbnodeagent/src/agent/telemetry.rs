@@ -34,6 +34,11 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
     pub op: &'static str,
     pub result: &'static str,
@@ -74,8 +79,8 @@ pub struct Telemetry {
     pub takeover_seconds: Histogram,
     pub object_errors: Gauge,
     pub events_dropped: Counter,
-    /// Signed beats in a node's name from an address that node does not have.
-    pub beats_refused: Counter,
+    /// Beats in a node's name that it did not prove, by why.
+    pub beats_refused: Family<ReasonLabels, Counter>,
     pub api_writes: Family<OpLabels, Counter>,
     pub conflicts: Family<KindLabels, Counter>,
     gossip: Mutex<Option<Arc<AuthCounters>>>,
@@ -126,7 +131,7 @@ impl Telemetry {
             takeover_seconds: Histogram::new([0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0]),
             object_errors: Gauge::default(),
             events_dropped: Counter::default(),
-            beats_refused: Counter::default(),
+            beats_refused: Family::default(),
             api_writes: Family::default(),
             conflicts: Family::default(),
             gossip: Mutex::new(None),
@@ -229,7 +234,7 @@ impl Telemetry {
         );
         registry.register(
             "beats_refused",
-            "Signed owner or leaving beats in a node's name from an address that node does not have (a forgery by a key holder), dropped",
+            "Owner, relay or leaving beats in a node's name that the node did not prove, dropped, by reason: unproved (no proof, or not its key's: a forgery by a key holder), replayed, unknown (its identity not yet read from the records), address (an agent without an identity, from an address its node does not have)",
             t.beats_refused.clone(),
         );
         registry.register(
@@ -257,6 +262,12 @@ impl Telemetry {
                 op,
                 result: if ok { "ok" } else { "error" },
             })
+            .inc();
+    }
+
+    pub fn beat_refused(&self, reason: &'static str) {
+        self.beats_refused
+            .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 

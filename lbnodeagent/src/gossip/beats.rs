@@ -23,13 +23,29 @@
 //! A *relay* ([`SILENT`]) is followed by the silent owner's name, lapse
 //! and generation, in the same encoding. A format-1 agent reads it as an
 //! ordinary beat of the sender, which is true.
+//!
+//! From format 3 a beat ends with its sender's proof that it is its own
+//! ([`Proof`]): a kind byte, a counter (the sender's clock in microseconds,
+//! growing through its run) and either an HMAC under the key only sender
+//! and receiver share (owner beats and relays, many a second; see
+//! `identity`) or the sender's Ed25519 signature (a leaving beat, sent to
+//! every peer, by `cleanup` too). The shared gossip key proves only
+//! membership; the proof is what lets a receiver believe a beat in a
+//! node's name is that node's, and the counter that it is not an old one
+//! played back. A format-2 agent reads a format-3 beat as its own, the
+//! proof unread.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::link::BEAT_MARK;
 
-const FORMAT: u8 = 2;
+const FORMAT: u8 = 3;
+/// Proof kinds (see [`Proof`]).
+const PROOF_PAIR: u8 = 1;
+const PROOF_SIGNED: u8 = 2;
+/// What a leaving beat's signature covers starts with this.
+const SIGNED_DOMAIN: &[u8] = b"hostlb beat v1\0";
 /// Flag: the sender's agent is gone and its addresses are about to be
 /// removed (see the module docs).
 pub const LEAVING: u8 = 1;
@@ -47,29 +63,118 @@ pub const NO_LAPSE: u32 = u32::MAX;
 pub const LEAVING_ROUNDS: u32 = 8;
 pub const LEAVING_EVERY: Duration = Duration::from_millis(5);
 
-/// Sends `node`'s leaving beat to every peer, [`LEAVING_ROUNDS`] times.
+/// Sends `node`'s leaving beat to every peer, [`LEAVING_ROUNDS`] times,
+/// signed with the node's key (`key`; `None` only for an agent that has
+/// none, which peers that know its identity refuse).
 pub async fn send_leaving(
     node: &str,
     generation: Option<u64>,
+    key: Option<&crate::identity::NodeKey>,
     peers: &[SocketAddr],
     send: impl Fn(SocketAddr, &[u8]),
 ) {
     let mut payload = Vec::new();
-    BeatMessage {
+    let message = BeatMessage {
         node: node.to_string(),
         generation,
         lapse: None,
         leaving: true,
         watching: false,
         silent: None,
+    };
+    message.encode(&mut payload);
+    if let Some(key) = key {
+        Proof::sign(&mut payload, counter_now(), key);
     }
-    .encode(&mut payload);
     for round in 0..LEAVING_ROUNDS {
         if round > 0 {
             tokio::time::sleep(LEAVING_EVERY).await;
         }
         for p in peers {
             send(*p, &payload);
+        }
+    }
+}
+
+/// The counter of a beat sent now: the wall clock in microseconds. A
+/// run's beats come from one process whose counter only grows
+/// ([`Counter`]); `cleanup`, later, speaks for a dead run with a larger one.
+pub fn counter_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A sender's counter: [`counter_now`], but always past the last one.
+#[derive(Debug, Default)]
+pub struct Counter(std::sync::atomic::AtomicU64);
+
+impl Counter {
+    pub fn next(&self) -> u64 {
+        let now = counter_now();
+        let prev = self
+            .0
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |last| Some(now.max(last + 1)),
+            )
+            .unwrap_or(0);
+        now.max(prev + 1)
+    }
+}
+
+/// A beat's proof that it is its sender's (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Proof {
+    pub counter: u64,
+    pub kind: ProofKind,
+    /// The bytes the tag or signature covers: the beat and the proof's
+    /// kind and counter.
+    pub covered: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProofKind {
+    /// An HMAC under the key sender and receiver share.
+    Pair([u8; crate::identity::TAG_LEN]),
+    /// The sender's Ed25519 signature.
+    Signed([u8; 64]),
+}
+
+impl Proof {
+    /// Appends a pair proof to the beat in `out`.
+    pub fn pair(out: &mut Vec<u8>, counter: u64, key: &crate::identity::PairKey) {
+        out.push(PROOF_PAIR);
+        out.extend_from_slice(&counter.to_be_bytes());
+        let tag = key.tag(out);
+        out.extend_from_slice(&tag);
+    }
+
+    /// Appends a signed proof to the beat in `out`.
+    pub fn sign(out: &mut Vec<u8>, counter: u64, key: &crate::identity::NodeKey) {
+        out.push(PROOF_SIGNED);
+        out.extend_from_slice(&counter.to_be_bytes());
+        let mut signed = SIGNED_DOMAIN.to_vec();
+        signed.extend_from_slice(out);
+        out.extend_from_slice(&key.sign(&signed));
+    }
+
+    /// Whether the proof is `from`'s: its signature, or its tag under the
+    /// key this node shares with it (`pair`, derived on demand).
+    pub fn verifies(
+        &self,
+        from: &crate::identity::PublicId,
+        pair: impl FnOnce() -> Option<crate::identity::PairKey>,
+    ) -> bool {
+        match &self.kind {
+            ProofKind::Pair(tag) => pair().is_some_and(|k| k.verifies(&self.covered, tag)),
+            ProofKind::Signed(sig) => {
+                let mut signed = SIGNED_DOMAIN.to_vec();
+                signed.extend_from_slice(&self.covered);
+                from.verifies(&signed, sig)
+            }
         }
     }
 }
@@ -124,6 +229,35 @@ impl BeatMessage {
     /// messages are read up to what this format knows, so a later format
     /// may append fields.
     pub fn decode(payload: &[u8]) -> Option<BeatMessage> {
+        Self::decode_proved(payload).map(|(m, _)| m)
+    }
+
+    /// [`BeatMessage::decode`], and the beat's proof when it carries one
+    /// (format 3 and later).
+    pub fn decode_proved(payload: &[u8]) -> Option<(BeatMessage, Option<Proof>)> {
+        let (message, format, rest) = Self::decode_body(payload)?;
+        let proof = (format >= 3).then(|| {
+            let at = payload.len() - rest.len();
+            let mut r = Reader(rest);
+            let kind = r.byte()?;
+            let counter = u64::from_be_bytes(r.take(8)?.try_into().ok()?);
+            let covered = payload[..at + 9].to_vec();
+            let kind = match kind {
+                PROOF_PAIR => ProofKind::Pair(r.take(crate::identity::TAG_LEN)?.try_into().ok()?),
+                PROOF_SIGNED => ProofKind::Signed(r.take(64)?.try_into().ok()?),
+                _ => return None,
+            };
+            Some(Proof {
+                counter,
+                kind,
+                covered,
+            })
+        });
+        Some((message, proof.flatten()))
+    }
+
+    /// The beat, its format and what follows it.
+    fn decode_body(payload: &[u8]) -> Option<(BeatMessage, u8, &[u8])> {
         let mut r = Reader(payload.strip_prefix(&BEAT_MARK)?);
         let format = r.byte()?;
         if format == 0 {
@@ -145,14 +279,18 @@ impl BeatMessage {
         } else {
             None
         };
-        Some(BeatMessage {
-            node,
-            generation,
-            lapse,
-            leaving: flags & LEAVING != 0,
-            watching: flags & WATCHING != 0,
-            silent,
-        })
+        Some((
+            BeatMessage {
+                node,
+                generation,
+                lapse,
+                leaving: flags & LEAVING != 0,
+                watching: flags & WATCHING != 0,
+                silent,
+            },
+            format,
+            r.0,
+        ))
     }
 }
 
@@ -231,6 +369,11 @@ mod tests {
                 };
                 m.encode(&mut out);
                 assert_eq!(out.len(), 4 + 1 + 1 + 6 + 8 + 1 + 8);
+                assert_eq!(
+                    BeatMessage::decode_proved(&out),
+                    Some((m.clone(), None)),
+                    "no proof yet"
+                );
                 assert_eq!(BeatMessage::decode(&out), Some(m.clone()));
                 m.silent = Some(Subject {
                     node: "node-bb".into(),
@@ -312,5 +455,67 @@ mod tests {
         bad[6] = 0xff;
         assert_eq!(BeatMessage::decode(&bad), None, "not UTF-8");
         assert_eq!(BeatMessage::decode(b"HLS\x01junk"), None);
+    }
+
+    /// A beat proves its sender by a tag under the pair key (the receiver
+    /// shares it) or by the sender's signature (anyone with its record
+    /// checks it); another node's key, or a changed byte, does not.
+    #[test]
+    fn a_proof_verifies_only_for_its_sender_and_its_bytes() {
+        use crate::identity::NodeKey;
+        let (a, b, c) = (
+            NodeKey::from_seed([1; 32]),
+            NodeKey::from_seed([2; 32]),
+            NodeKey::from_seed([3; 32]),
+        );
+        let m = BeatMessage {
+            node: "a".into(),
+            generation: Some(7),
+            lapse: None,
+            leaving: false,
+            watching: true,
+            silent: None,
+        };
+        let mut out = Vec::new();
+        m.encode(&mut out);
+        Proof::pair(&mut out, 42, &a.pair_key(&b.public()).unwrap());
+        let (got, proof) = BeatMessage::decode_proved(&out).unwrap();
+        assert_eq!(got, m);
+        let proof = proof.unwrap();
+        assert_eq!(proof.counter, 42);
+        assert!(proof.verifies(&a.public(), || b.pair_key(&a.public())));
+        assert!(
+            !proof.verifies(&c.public(), || b.pair_key(&c.public())),
+            "c in a's name"
+        );
+        let mut changed = out.clone();
+        changed[6] ^= 1;
+        let forged = BeatMessage::decode_proved(&changed).and_then(|(_, p)| p);
+        assert!(forged.is_none_or(|p| !p.verifies(&a.public(), || b.pair_key(&a.public()))));
+
+        let mut leaving = Vec::new();
+        BeatMessage {
+            leaving: true,
+            ..m.clone()
+        }
+        .encode(&mut leaving);
+        Proof::sign(&mut leaving, 43, &a);
+        let (_, proof) = BeatMessage::decode_proved(&leaving).unwrap();
+        let proof = proof.unwrap();
+        assert!(proof.verifies(&a.public(), || None));
+        assert!(!proof.verifies(&c.public(), || None));
+        // A format-2 reader takes it as the beat it is.
+        assert_eq!(BeatMessage::decode(&leaving).map(|m| m.leaving), Some(true));
+    }
+
+    #[test]
+    fn a_counter_only_grows() {
+        let c = Counter::default();
+        let mut last = 0;
+        for _ in 0..1000 {
+            let n = c.next();
+            assert!(n > last);
+            last = n;
+        }
     }
 }

@@ -41,6 +41,26 @@ pub struct AuthCounters {
     /// Datagrams dropped because their reader (chitchat or the failure
     /// detector) fell behind by thousands.
     pub dropped_backlog: AtomicU64,
+    /// Nodes' parts of received deltas not merged, by why (see `signed`):
+    /// their node's identity not known yet, cut at their last manifest,
+    /// or refused (not signed by their node).
+    pub state_unknown: AtomicU64,
+    pub state_cut: AtomicU64,
+    pub state_refused: AtomicU64,
+}
+
+impl AuthCounters {
+    /// Counts one node's part of a delta that was not merged whole.
+    pub fn state_refused(&self, outcome: &super::signed::Outcome) {
+        use super::signed::Outcome;
+        let counter = match outcome {
+            Outcome::Kept => return,
+            Outcome::Cut => &self.state_cut,
+            Outcome::Unknown => &self.state_unknown,
+            Outcome::Refused(_) => &self.state_refused,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A point-in-time copy of [`AuthCounters`].

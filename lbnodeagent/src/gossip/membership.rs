@@ -62,6 +62,9 @@ const SEED_ROUNDS_CONNECTED: u32 = 10;
 /// telling anyone: peers find out through their failure detectors, exactly
 /// as after a crash. Use [`Membership::leave`] to go gracefully.
 pub struct Membership {
+    /// This node's key: when set, every change of its own state is signed
+    /// (see `signed`), so peers that check merge it.
+    signer: std::sync::OnceLock<Arc<crate::identity::NodeKey>>,
     handle: Arc<ChitchatHandle>,
     chitchat: Arc<Mutex<Chitchat>>,
     id: ChitchatId,
@@ -160,6 +163,7 @@ impl Membership {
         );
         info!(node = %config.node_name, generation, %advertise, listen = %config.listen, "gossip started");
         Ok(Membership {
+            signer: std::sync::OnceLock::new(),
             handle,
             chitchat,
             id,
@@ -174,6 +178,17 @@ impl Membership {
             task,
             _listener: listener,
         })
+    }
+
+    /// Signs this node's state with `key` from now on (see `signed`), the
+    /// state already published first. Peers that check identities merge
+    /// none of it until then.
+    pub async fn sign_with(&self, key: Arc<crate::identity::NodeKey>) {
+        let mut c = self.chitchat.lock().await;
+        super::signed::sign_state(c.self_node_state(), &key);
+        let _ = self.signer.set(key);
+        drop(c);
+        self.refresh.notify_one();
     }
 
     /// The owner sessions' link on the gossip socket, once.
@@ -228,6 +243,9 @@ impl Membership {
             local.status = Status::Leaving;
         }
         state::publish(chitchat.self_node_state(), &local);
+        if let Some(key) = self.signer.get() {
+            super::signed::sign_state(chitchat.self_node_state(), key);
+        }
         drop(chitchat);
         self.refresh.notify_one();
     }
@@ -257,6 +275,9 @@ impl Membership {
             self.pace.unpace();
             c.self_node_state()
                 .set(state::KEY_STATUS, Status::Leaving.as_str());
+            if let Some(key) = self.signer.get() {
+                super::signed::sign_state(c.self_node_state(), key);
+            }
             let own = c.self_chitchat_id().clone();
             c.live_nodes()
                 .filter(|id| **id != own)
@@ -899,7 +920,7 @@ mod tests {
     }
 
     #[test]
-    fn republishing_rewrites_only_changes_and_drops_stale_vip_chunks() {
+    fn republishing_rewrites_only_changes_and_empties_stale_vip_chunks() {
         let mut local = sample();
         local.vips = (0..1_000u32)
             .map(|i| IpAddr::from([10, 1, (i >> 8) as u8, i as u8]))
@@ -926,8 +947,16 @@ mod tests {
         assert_eq!(
             c.self_node_state()
                 .iter_prefix(state::KEY_VIPS_PREFIX)
+                .filter(|(_, v)| !v.value.is_empty())
                 .count(),
-            1
+            1,
+            "the chunks no longer needed are emptied (never deleted: see `signed`)"
+        );
+        assert!(
+            c.self_node_state()
+                .key_values_including_deleted()
+                .all(|(_, v)| matches!(v.status, chitchat::DeletionStatus::Set)),
+            "no tombstone"
         );
         let view = build_view(&c, &Up::default());
         assert_eq!(view.local.vips, local.vips);

@@ -180,6 +180,7 @@ mod keys;
 mod link;
 mod membership;
 mod pace;
+pub mod signed;
 mod state;
 mod transport;
 

@@ -189,8 +189,10 @@ pub fn publish(node: &mut NodeState, local: &LocalState) {
     for (i, chunk) in chunks.into_iter().enumerate() {
         node.set(vip_key(i), chunk);
     }
+    // Emptied, never deleted: a deletion is a tombstone, which no node's
+    // signed manifest vouches for (see `signed`).
     for key in stale {
-        node.delete(&key);
+        node.set(&key, "");
     }
     node.set(KEY_VIP_CHUNKS, count.to_string());
     node.set(KEY_STATUS, local.status.as_str());

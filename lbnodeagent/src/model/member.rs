@@ -18,11 +18,17 @@ pub const DEFAULT_PORT: u16 = 7934;
 /// understands, and a rule both must apply alike (the election) switches
 /// only once every member publishes the newer protocol. See docs/agent.md,
 /// "Compatibility".
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 /// The first protocol whose agents elect a drained node last (the gossip
 /// key `drained`): a drain is in force only once every member speaks it,
 /// so a fleet mid-upgrade elects as the older agents do.
 pub const PROTOCOL_DRAIN: u32 = 2;
+/// The first protocol whose agents have an identity of their own (see
+/// `identity`): each publishes its key in its record and proves its beats
+/// and gossip state with it. A record of this protocol or later without a
+/// key is no older agent's (a NodeAgent CRD older than the agent dropped
+/// the field): nothing in that node's name is believed until it shows.
+pub const PROTOCOL_IDENTITY: u32 = 3;
 /// The protocol of an agent that does not say: every release before the
 /// `protocol` key spoke protocol 1.
 pub const PROTOCOL_UNSAID: u32 = 1;

@@ -10,6 +10,6 @@ mod wire;
 pub use addr::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress, solicited_node};
 pub use member::{
     DEFAULT_PORT, LocalState, MemberInfo, MembershipView, PROTOCOL, PROTOCOL_DRAIN,
-    PROTOCOL_UNSAID, Status,
+    PROTOCOL_IDENTITY, PROTOCOL_UNSAID, Status,
 };
 pub use wire::{AnnounceConfig, Claim, Target};

@@ -558,9 +558,21 @@ impl Core {
                         debug!(node = %b.node, "a beat of a run gossip does not show yet");
                     } else if b.leaving {
                         changed |= self.left_by_beat(b.node);
-                    } else if self.sessions.heard(b, now) {
-                        info!("a silent owner is heard again");
-                        changed = true;
+                    } else {
+                        // Heard alive under its own key (the shell
+                        // believes a beat only of its node's proof, and
+                        // every beat of a leaving run says it leaves): a
+                        // leaving mark on this run was not its own.
+                        if b.generation.is_some() && self.left.get(&b.node) == b.generation.as_ref()
+                        {
+                            warn!(node = %b.node, "a node marked as leaving beats as alive under its own key; the mark was not its own, and ends");
+                            self.left.remove(&b.node);
+                            changed = true;
+                        }
+                        if self.sessions.heard(b, now) {
+                            info!("a silent owner is heard again");
+                            changed = true;
+                        }
                     }
                 }
                 if changed {

@@ -160,6 +160,9 @@ pub struct AuthTransport {
     /// The failure detector's links on opened sockets, by listen address,
     /// until [`ProbeNet::attach`] takes them.
     probes: PendingProbes,
+    /// Every node's identity: when set, gossip state in a node's name is
+    /// handed to chitchat only where that node signed it (see `signed`).
+    identities: Option<Arc<crate::identity::Identities>>,
 }
 
 #[derive(Clone, Default)]
@@ -189,7 +192,19 @@ impl AuthTransport {
             clock,
             counters: Arc::default(),
             probes: PendingProbes::default(),
+            identities: None,
         }
+    }
+
+    /// Checks each node's part of every delta received against that
+    /// node's identity before chitchat merges it (see `signed`): what a
+    /// key holder forges in another node's name is dropped.
+    pub fn with_identities(
+        mut self,
+        identities: Arc<crate::identity::Identities>,
+    ) -> AuthTransport {
+        self.identities = Some(identities);
+        self
     }
 
     /// Splits messages above `bytes` (at least about 32 kB) in two. For
@@ -288,6 +303,8 @@ impl AuthTransport {
             closing: VecDeque::new(),
             max_ports: MAX_PORTS,
             verifier: self.verifier(local),
+            identities: self.identities.clone(),
+            state_warned: None,
             keys: self.keys.clone(),
             outbound: Outbound::new(sender_id(local)).with_max_datagram(self.max_datagram),
             clock: self.clock.clone(),
@@ -434,6 +451,9 @@ pub struct AuthSocket {
     max_ports: usize,
     /// Verifies chitchat's datagrams.
     verifier: Verifier,
+    identities: Option<Arc<crate::identity::Identities>>,
+    /// State refused in a node's name, logged at most once a minute.
+    state_warned: Option<tokio::time::Instant>,
     keys: Arc<RwLock<GossipKeys>>,
     outbound: Outbound,
     clock: WallClock,
@@ -568,6 +588,35 @@ impl AuthSocket {
         Ok(sent)
     }
 
+    /// Drops from a message each node's part that its node did not sign
+    /// (see `signed`), before chitchat sees it; `None` when nothing of it
+    /// is left to read.
+    fn check_state(&mut self, message: Vec<u8>, from: SocketAddr) -> Option<Vec<u8>> {
+        let Some(identities) = &self.identities else {
+            return Some(message);
+        };
+        let counters = &self.counters;
+        let warned = &mut self.state_warned;
+        let filtered = super::signed::filter_message(&message, identities, |id, o| {
+            counters.state_refused(&o);
+            let bad = matches!(o, super::signed::Outcome::Refused(_));
+            if bad && Warnings::due(warned) {
+                warn!(node = %id.node_id, generation = id.generation_id, %from, outcome = ?o,
+                    "gossip state in a node's name that the node did not sign; dropped (a key holder forging it, or a key the records have not told yet); logged once a minute, counted in hostlb_agent_gossip_state_refused_total");
+            } else {
+                debug!(node = %id.node_id, %from, outcome = ?o, "gossip state held back");
+            }
+        });
+        match filtered {
+            super::signed::Filtered::Unchanged => Some(message),
+            super::signed::Filtered::Replaced(m) => Some(m),
+            super::signed::Filtered::Unreadable => {
+                self.counters.reject(Reject::Malformed);
+                None
+            }
+        }
+    }
+
     /// Verifies one wire datagram and, once a whole message is there, hands
     /// it to the codec through the sender's port. Synchronous on purpose:
     /// see the module doc on cancel-safety.
@@ -575,6 +624,10 @@ impl AuthSocket {
         self.backlog.give_back(datagram.len());
         let Some(message) = self.verifier.open_verified(datagram, from) else {
             return;
+        };
+        let message = match self.check_state(message, from) {
+            Some(m) => m,
+            None => return,
         };
         if message.len() > MAX_DATAGRAM {
             // Cannot travel over loopback either; chitchat never emits one.

@@ -421,11 +421,13 @@ impl World {
                     )
                 })
             };
+            // A leaving run's every beat says so, as the shell's do.
+            let leaving = self.hosts[j].core.as_ref().is_some_and(|c| c.is_leaving());
             let beat = Beat {
                 node: self.hosts[j].name.clone(),
                 generation: Some(self.hosts[j].generation),
                 lapse: lapse(plan.lapse),
-                leaving: false,
+                leaving,
                 watching: plan.sparse.contains(&addr),
                 silent: None,
             };
