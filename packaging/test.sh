@@ -414,7 +414,7 @@ TimeoutStartSec=90
 ExecStart=/bin/sh -c '\
   exec >/probe.out 2>&1; \
   systemctl start lbnodeagent.service; echo start=$$?; \
-  systemctl show lbnodeagent.service -p ActiveState -p StatusText -p CPUWeight; \
+  systemctl show lbnodeagent.service -p ActiveState -p StatusText -p CPUWeight -p MemoryMax -p TasksMax; \
   pid=$$(systemctl show -p MainPID --value lbnodeagent.service); \
   systemctl reload lbnodeagent.service; echo reload=$$?; sleep 1; \
   [ "$$(systemctl show -p MainPID --value lbnodeagent.service)" = "$$pid" ] && echo same_pid=yes; \
@@ -459,7 +459,7 @@ UNIT
   kill $apiserver 2>/dev/null || true
   [[ -f $root/probe.out ]] || fail "the second boot wrote no probe output (see $work/boot2.log)"
   cat "$root/probe.out"
-  for line in start=0 ActiveState=active CPUWeight=1000 reload=0 same_pid=yes bad_reload_same_pid=yes restart_warnings=0 \
+  for line in start=0 ActiveState=active CPUWeight=1000 MemoryMax=268435456 TasksMax=32 reload=0 same_pid=yes bad_reload_same_pid=yes restart_warnings=0 \
     upgrade=0 "upgraded_to=$(dpkg-deb -f "$upgrade" Version)" upgrade_restarted=yes upgrade_ActiveState=active \
     upgrade_config_kept=yes \
     stop=0 Result=success ExecMainStatus=0; do

@@ -203,3 +203,162 @@ fn an_agent_says_when_the_service_policy_is_not_in_force() {
         "a dry run writes nothing: {labels}"
     );
 }
+
+/// What root on one host can do with the gossip key it holds, in the
+/// owner's name: leaving beats sent from the owner's own address (added
+/// to the forger's loopback), and gossip state in the
+/// owner's name, both as a newer run that leaves and as the owner's own
+/// run with versions far above the owner's (to hide its real state). The
+/// peers believe none of it: the owner signed none. Nobody takes the VIP,
+/// a client hears the owner alone throughout, and the peers count what
+/// they refused.
+#[test]
+fn a_key_holder_cannot_speak_for_another_node() {
+    use lbnodeagent::gossip::{
+        AuthTransport, DEFAULT_REPLAY_WINDOW, GossipConfig, GossipKeys, LocalState, Membership,
+        Status,
+    };
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    c.pool_and_ad(&["10.77.0.100-10.77.0.120"], "");
+    c.start_all();
+    let all = ["node-a", "node-b", "node-c"];
+    c.service("web", &[VIP4], &all, "");
+    let client = c.host("client");
+    let probe = ArpProbe::start(
+        &client.ns,
+        "eth0",
+        &client.ipv4.to_string(),
+        VIP4,
+        PROBE_EVERY,
+    )
+    .unwrap();
+    let owner = c.wait_single_holder(VIP4, Duration::from_secs(20));
+    c.wait_ready(Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(1));
+    let owner_mac = c.host(&owner).mac().to_string();
+    let owner_ip: std::net::IpAddr = c.host(&owner).ipv4.into();
+    let others: Vec<String> = all
+        .iter()
+        .filter(|n| **n != owner)
+        .map(|n| n.to_string())
+        .collect();
+    let forger = others[0].clone();
+    let generation: u64 =
+        std::fs::read_to_string(c.run_dir(&owner).join(lbnodeagent::agent::GENERATION_FILE))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+    let peers: Vec<std::net::SocketAddr> = others
+        .iter()
+        .map(|n| {
+            std::net::SocketAddr::new(c.host(n).ipv4.into(), lbnodeagent::gossip::DEFAULT_PORT)
+        })
+        .collect();
+    let key = c.dir.path().join("gossip.key");
+    let own_key = lbnodeagent::identity::NodeKey::load_existing(&c.run_dir(&forger)).unwrap();
+    let forger_ip: std::net::IpAddr = c.host(&forger).ipv4.into();
+    // The owner's address on the forger's loopback, not answered for on
+    // its LAN (root on a host can send from any address it likes).
+    {
+        let ns = &c.host(&forger).ns;
+        ns.sysctl("net.ipv4.conf.all.arp_ignore", "1").unwrap();
+        ns.sysctl("net.ipv4.conf.all.arp_announce", "2").unwrap();
+        ns.ip(&format!("addr add {owner_ip}/32 dev lo")).unwrap();
+    }
+    let t0 = Instant::now();
+    let name = owner.clone();
+    c.host(&forger)
+        .ns
+        .block_on(move || async move {
+            let keys = || GossipKeys::load(&key).unwrap();
+            // Leaving beats from the owner's address, unproved and proved
+            // with the forger's own key.
+            let transport = AuthTransport::new(keys(), DEFAULT_REPLAY_WINDOW);
+            let send = transport
+                .sender(std::net::SocketAddr::new(owner_ip, 0))
+                .unwrap();
+            for key in [None, Some(&own_key)] {
+                lbnodeagent::gossip::beats::send_leaving(
+                    &name,
+                    Some(generation),
+                    key,
+                    lbnodeagent::gossip::beats::counter_now,
+                    &peers,
+                    |to, p| send.send(to, p),
+                )
+                .await;
+            }
+            let sent = transport.counters().snapshot();
+            assert!(
+                sent.frames_sent > 0 && sent.send_failed == 0,
+                "the spoofed beats went out: {sent:?}"
+            );
+            // Gossip state in the owner's name: its run, versions pushed
+            // far past its own, leaving; and a newer run that leaves.
+            let mut forged = Vec::new();
+            for (i, g) in [generation, generation + (1 << 20)].into_iter().enumerate() {
+                let mut config = GossipConfig::for_test(
+                    &name,
+                    std::net::SocketAddr::new(forger_ip, 17_934 + i as u16),
+                );
+                config.cluster_id = lbnodeagent::gossip::DEFAULT_CLUSTER_ID.into();
+                config.advertise = Some(std::net::SocketAddr::new(
+                    owner_ip,
+                    lbnodeagent::gossip::DEFAULT_PORT,
+                ));
+                config.seeds = peers.iter().map(|p| p.to_string()).collect();
+                config.generation = Some(g);
+                let transport = AuthTransport::new(keys(), DEFAULT_REPLAY_WINDOW)
+                    .with_destinations([config.listen]);
+                let leaving = LocalState {
+                    status: Status::Leaving,
+                    ..LocalState::default()
+                };
+                let m = Membership::start(&config, leaving.clone(), &transport, &transport)
+                    .await
+                    .unwrap();
+                for revision in 0..500 {
+                    m.publish(LocalState {
+                        revision,
+                        ..leaving.clone()
+                    })
+                    .await;
+                }
+                forged.push((m, transport));
+            }
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            drop(forged);
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(c.holders(VIP4), vec![owner.clone()], "nobody took it");
+    assert_eq!(
+        probe.macs_between(t0, Instant::now()),
+        vec![owner_mac],
+        "a client hears the owner alone"
+    );
+    let told = &others[1];
+    let metrics = c.http_get(told, "/metrics").1;
+    let counter = |key: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    let beats = counter("hostlb_agent_beats_refused_total{reason=\"unproved\"} ");
+    let state = counter("hostlb_agent_gossip_state_refused_total{reason=\"refused\"} ");
+    println!("{told}: forged beats refused {beats}, forged state refused {state}");
+    assert!(
+        beats >= 2 * u64::from(lbnodeagent::gossip::beats::LEAVING_ROUNDS) - 1,
+        "every forged leaving beat refused: {beats}"
+    );
+    assert!(state > 0, "forged state refused: {metrics}");
+    for n in &others {
+        let log = std::fs::read_to_string(c.log_path(n)).unwrap();
+        assert!(
+            !log.contains("its leaving beat says it goes"),
+            "{n} took a forged leaving beat for the owner's"
+        );
+    }
+}

@@ -156,10 +156,16 @@ impl Beats {
         let generation = Some(self.generation);
         let send = self.send.clone();
         let key = self.prover.key.clone();
+        let counter = self.prover.counter.clone();
         tokio::spawn(async move {
-            send_leaving(&node, generation, Some(&key), &peers, |to, payload| {
-                send.send(to, payload)
-            })
+            send_leaving(
+                &node,
+                generation,
+                Some(&key),
+                || counter.next(),
+                &peers,
+                |to, payload| send.send(to, payload),
+            )
             .await;
         });
     }

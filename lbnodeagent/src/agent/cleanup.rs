@@ -327,10 +327,14 @@ impl LeavingBeats {
     async fn send_all(&self) {
         // Without the dead run's generation, peers take the beat for the
         // run gossip shows.
+        // The dead run's own counter is gone with it: the clock is past
+        // the last count it used, and grows from round to round.
+        let counter = crate::gossip::beats::Counter::default();
         send_leaving(
             &self.node,
             self.generation,
             self.key.as_deref(),
+            || counter.next(),
             &self.peers,
             |to, payload| {
                 let socket = if to.is_ipv4() { &self.v4 } else { &self.v6 };

@@ -227,7 +227,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
                         self.identities.want();
                         // Again at the next tick, once the gap has passed.
                     }
-                    continue;
+                    // A peer met whose state waits for its key counts as a
+                    // member not yet confirmed from now, not from the next
+                    // view (there is none while its state waits).
+                    let mut view = self.gossip.views.borrow().clone();
+                    view.unconfirmed += self.identities.pending();
+                    Input::Members(view)
                 }
                 ev = events.recv() => match ev {
                     Some(ev) => match self.kernel_event(ev).await {

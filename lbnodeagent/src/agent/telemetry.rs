@@ -422,6 +422,19 @@ impl Telemetry {
                     "hostlb_agent_gossip_frames_dropped_total{{reason=\"{reason}\"}} {n}\n"
                 ));
             }
+            out.push_str(
+                "# HELP hostlb_agent_gossip_state_refused Nodes' parts of received gossip not merged (see docs/agent.md, \"Security model\"): not signed by their node (refused), their node's identity not read yet (unknown), or cut at their last manifest (cut).\n\
+                 # TYPE hostlb_agent_gossip_state_refused counter\n",
+            );
+            for (reason, n) in [
+                ("refused", c.state_refused.load(Ordering::Relaxed)),
+                ("unknown", c.state_unknown.load(Ordering::Relaxed)),
+                ("cut", c.state_cut.load(Ordering::Relaxed)),
+            ] {
+                out.push_str(&format!(
+                    "hostlb_agent_gossip_state_refused_total{{reason=\"{reason}\"}} {n}\n"
+                ));
+            }
             let held = self
                 .gossip_held
                 .lock()

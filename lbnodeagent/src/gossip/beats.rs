@@ -65,11 +65,14 @@ pub const LEAVING_EVERY: Duration = Duration::from_millis(5);
 
 /// Sends `node`'s leaving beat to every peer, [`LEAVING_ROUNDS`] times,
 /// signed with the node's key (`key`; `None` only for an agent that has
-/// none, which peers that know its identity refuse).
+/// none, which peers that know its identity refuse), each round under a
+/// new count from `counter` (the run's own, so that its other beats, sent
+/// meanwhile, never make a later round look played back).
 pub async fn send_leaving(
     node: &str,
     generation: Option<u64>,
     key: Option<&crate::identity::NodeKey>,
+    counter: impl Fn() -> u64,
     peers: &[SocketAddr],
     send: impl Fn(SocketAddr, &[u8]),
 ) {
@@ -83,12 +86,14 @@ pub async fn send_leaving(
         silent: None,
     };
     message.encode(&mut payload);
-    if let Some(key) = key {
-        Proof::sign(&mut payload, counter_now(), key);
-    }
+    let body = payload.len();
     for round in 0..LEAVING_ROUNDS {
         if round > 0 {
             tokio::time::sleep(LEAVING_EVERY).await;
+        }
+        if let Some(key) = key {
+            payload.truncate(body);
+            Proof::sign(&mut payload, counter(), key);
         }
         for p in peers {
             send(*p, &payload);

@@ -15,18 +15,20 @@
 //! | `revision` | the newest resourceVersion the node's watches have seen: two live nodes that both hold a VIP because their views of the cluster differ let the one with the newer view keep it |
 //! | `view` | a digest of what the node's watches hold that the election reads, 16 hex digits: resourceVersions also move on writes that change nothing the election reads (the agents' own annotations), so two nodes whose revisions differ but whose digests agree have the same view |
 //! | `behind` | peers the node has found behind its view of the cluster for a hand-over's time, space-separated: a node that came to the same view later (it restarted) takes their orphaned VIPs without waiting for them again |
-//! | `vipchunks` | how many `vips.N` keys there are: set after a chunk is deleted, so a peer hears of the deletion through a key change |
+//! | `vipchunks` | how many `vips.N` keys are in use: set after a chunk is emptied, so a peer hears of it through a key change |
+//! | `manifest` | every other key with its version and a hash of its value, signed with the node's own key, set last after every change (see `signed`) |
 //!
 //! `status` is written last when a node starts. chitchat sends a node's keys
 //! in version order, so a peer that has `status` has everything else: a
 //! member never shows up half-described. VIPs are split over several keys
 //! because chitchat never splits one value, and a value larger than a
-//! datagram would never be sent at all. Chunks no longer needed are deleted,
-//! and chitchat raises no key-change event for a deletion, so `vipchunks`
-//! is set after the deletions: a delta carries keys in version order, and
-//! the peer that applies the new count has applied the deletions before it,
-//! and rebuilds its view at once (see `membership`, whose rounds at rest
-//! are too far apart to wait for). Decoding is lenient: unknown keys
+//! datagram would never be sent at all. Chunks no longer needed are
+//! emptied, never deleted (a tombstone is nothing a node's signed manifest
+//! can vouch for; see `signed`), and `vipchunks` is set after them: a
+//! delta carries keys in version order, and the peer that applies the new
+//! count has applied the emptied chunks before it, and rebuilds its view at
+//! once (see `membership`, whose rounds at rest are too far apart to wait
+//! for). Decoding is lenient: unknown keys
 //! and unparsable entries are skipped, so a newer agent can add to the format
 //! without breaking an older one mid-upgrade.
 

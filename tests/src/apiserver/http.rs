@@ -329,6 +329,11 @@ async fn route(
         force: flag(q, "force"),
         strict: q.get("fieldValidation").is_some_and(|v| v == "Strict"),
         status: target.status,
+        agent: req
+            .headers()
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ua| ua.starts_with("hostlb-lbnodeagent/")),
     };
     let method = req.method().clone();
     let headers = req.headers().clone();

@@ -67,6 +67,59 @@ pub struct WriteOpts {
     pub strict: bool,
     /// The request is to the `/status` subresource.
     pub status: bool,
+    /// The writer is a node agent (its User-Agent says `hostlb-lbnodeagent/`):
+    /// its writes to Services are confined as `deploy/agent/policy.yaml`
+    /// confines them on a real server (see [`agent_policy`]).
+    pub agent: bool,
+}
+
+/// What `deploy/agent/policy.yaml` (a ValidatingAdmissionPolicy) refuses
+/// a node agent on a real server, as this server's stand-in for it: any
+/// change of a Service but its `hostlb.io/announcing-*` annotations, and
+/// an announcing value longer than an agent writes. The message is the
+/// policy's own. `None` when the write may go.
+fn agent_policy(old: &Value, new: &Value) -> Option<String> {
+    let meta = |v: &Value, k: &str| v.get("metadata").and_then(|m| m.get(k)).cloned();
+    for (what, field) in [
+        ("spec", None),
+        ("labels", Some("labels")),
+        ("owners", Some("ownerReferences")),
+        ("finalizers", Some("finalizers")),
+    ] {
+        let (a, b) = match field {
+            None => (old.get("spec").cloned(), new.get("spec").cloned()),
+            Some(f) => (meta(old, f), meta(new, f)),
+        };
+        if a != b {
+            return Some(format!(
+                "a node agent may change only the hostlb.io/announcing-* annotations of a Service, not its {what}"
+            ));
+        }
+    }
+    let annotations = |v: &Value| -> serde_json::Map<String, Value> {
+        meta(v, "annotations")
+            .and_then(|a| a.as_object().cloned())
+            .unwrap_or_default()
+    };
+    let (a, b) = (annotations(old), annotations(new));
+    let ours = |k: &str| k.starts_with("hostlb.io/announcing-");
+    let others_changed = a.iter().any(|(k, v)| !ours(k) && b.get(k) != Some(v))
+        || b.iter().any(|(k, v)| !ours(k) && a.get(k) != Some(v));
+    if others_changed {
+        return Some(
+            "a node agent may change only the hostlb.io/announcing-* annotations of a Service"
+                .into(),
+        );
+    }
+    let too_long = b.iter().any(|(k, v)| {
+        let cap = if k.starts_with("hostlb.io/announcing-virtual-") {
+            8200
+        } else {
+            269
+        };
+        ours(k) && v.as_str().is_some_and(|v| v.chars().count() > cap)
+    });
+    too_long.then(|| "a hostlb.io/announcing-* annotation names one node and its interface (at most 269 characters; a virtual one at most 32 nodes, 8200)".into())
 }
 
 /// An EndpointSlice's ports as the real server stores them: `name` ""
@@ -601,6 +654,17 @@ impl Store {
         mut new: Value,
         opts: &WriteOpts,
     ) -> Result<Value, ApiError> {
+        if opts.agent
+            && !opts.status
+            && def.group.is_empty()
+            && def.plural == "services"
+            && let Some(why) = agent_policy(&old, &new)
+        {
+            return Err(ApiError::unprocessable(format!(
+                "services {:?} is forbidden: ValidatingAdmissionPolicy 'hostlb-agent-services' with binding 'hostlb-agent-services' denied request: {why}",
+                meta_str(&old, "name").unwrap_or_default()
+            )));
+        }
         let status = opts.status;
         let name = meta_str(&old, "name").unwrap_or_default().to_string();
         new["apiVersion"] = Value::String(def.api_version());
