@@ -147,3 +147,82 @@ for i in range(count):
             time.sleep(ahead)
 print("sent %d" % sent, flush=True)
 "#;
+
+/// Datagrams of `size` bytes to `to` from `ns`, `count` of them over
+/// `over`: what anyone who reaches a UDP port can send. Each starts with
+/// `prefix` (a protocol's magic, so a receiver must look further) and is
+/// random after it. Returns once it sends; [`Flood::wait`] gives the count.
+pub fn udp(
+    ns: &Netns,
+    to: std::net::SocketAddr,
+    prefix: &[u8],
+    size: usize,
+    count: u64,
+    over: Duration,
+) -> Result<Flood> {
+    let what = format!("python3 (flood of {count} datagrams to {to})");
+    let argv = [
+        "-u",
+        "-c",
+        UDP_FLOOD,
+        &to.ip().to_string(),
+        &to.port().to_string(),
+        &prefix
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>(),
+        &size.to_string(),
+        &count.to_string(),
+        &format!("{:.3}", over.as_secs_f64()),
+    ];
+    let mut child = ns
+        .command("python3", &argv)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|source| NetnsError::Spawn {
+            command: what.clone(),
+            source,
+        })?;
+    let mut line = String::new();
+    let stdout = child.stdout.as_mut().expect("piped");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|source| NetnsError::Spawn {
+            command: what.clone(),
+            source,
+        })?;
+    if line.trim() != "sending" {
+        let _ = child.kill();
+        return Err(NetnsError::Spawn {
+            command: what,
+            source: std::io::Error::other(format!("did not start: {line:?}")),
+        });
+    }
+    Ok(Flood {
+        child: Some(child),
+        what,
+    })
+}
+
+const UDP_FLOOD: &str = r#"
+import os, socket, sys, time
+host, port, prefix, size, count, secs = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+family = socket.AF_INET6 if ":" in host else socket.AF_INET
+s = socket.socket(family, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+payloads = [prefix + os.urandom(size - len(prefix)) for _ in range(16)]
+print("sending", flush=True)
+start, sent = time.monotonic(), 0
+for i in range(count):
+    try:
+        s.sendto(payloads[i % len(payloads)], (host, port))
+        sent += 1
+    except OSError:
+        pass
+    if i % 20 == 0:
+        ahead = start + secs * (i + 1) / count - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+print("sent %d" % sent, flush=True)
+"#;

@@ -198,7 +198,9 @@ pub(crate) use keys::SHARED_MODE_BITS;
 pub use keys::{GossipKeys, MAX_KEYS, MIN_KEY_LEN};
 pub use link::{BEAT_INBOX, BEAT_MARK, BeatLink, PROBE_MARK, ProbeLink, ProbeNet, ProbeSend};
 pub use membership::{Membership, MembershipView, ViewBuilder, build_view};
-pub use state::{KEY_STATUS, LocalState, MemberInfo, PROTOCOL, PROTOCOL_UNSAID, Status};
+pub use state::{
+    KEY_STATUS, LocalState, MemberInfo, PROTOCOL, PROTOCOL_UNSAID, Status, initial_key_values,
+};
 pub use transport::{AuthSocket, AuthTransport, MAX_PORTS, PORT_GRACE, WallClock, bind_udp};
 
 #[derive(Debug, thiserror::Error)]
