@@ -557,21 +557,22 @@ mod tests {
             ("new", RecordSays::NotWritten),
         ]);
         assert_eq!(bad.len(), 2);
-        assert_eq!(
-            ids.of("pruned"),
-            None,
-            "a record that should name a key and does not"
-        );
-        assert_eq!(
-            ids.of("new"),
-            None,
-            "a record its agent has not written yet"
-        );
         assert_eq!(ids.of("a"), Some(Known::Key(key(1).public())));
         assert_eq!(ids.of("old"), Some(Known::NoIdentity));
+        assert!(!ids.take_wanted(), "nothing wanted of known nodes");
+        assert_eq!(ids.pending(), 0);
+        for (node, what) in [
+            ("x", "a record whose key does not parse"),
+            ("pruned", "a record that should name a key and does not"),
+            ("new", "a record its agent has not written yet"),
+        ] {
+            assert_eq!(ids.of(node), None, "{what}");
+            assert!(ids.take_wanted(), "{what}: the records are wanted");
+        }
         assert!(!ids.take_wanted());
-        assert_eq!(ids.of("x"), None, "a record whose key does not parse");
-        assert!(ids.take_wanted());
-        assert!(!ids.take_wanted());
+        assert_eq!(ids.pending(), 3, "met and not known: unconfirmed members");
+        let a = key(1).public().to_string();
+        ids.learn([("new", RecordSays::Key(a.as_str()))]);
+        assert_eq!(ids.pending(), 2, "known now");
     }
 }

@@ -39,6 +39,7 @@ fn the_rules_and_dashboard_name_only_metrics_the_agent_exports() {
     let t = Telemetry::new();
     // Families appear once a label set has a value.
     t.conflict("hostlb");
+    t.beat_refused("unproved");
     t.op("add", true);
     t.takeover_seconds
         .observe(Duration::from_millis(150).as_secs_f64());

@@ -12,7 +12,10 @@
 //! the VIP and stays off while it still hears the other answer (probing
 //! every [`YIELD_PROBE`]); once the answers stop for [`YIELD_HOLD`] it may
 //! take it again. A claim from a MAC no hostlb node published (a host
-//! configured by hand) is reported, once, and not fought over.
+//! configured by hand) is reported (a bounded record of the last few MACs
+//! per VIP, a line a minute at most) and not fought over. Nor is a claim
+//! in the name of a node whose agent is known gone: no answer of its host
+//! can be its own.
 //!
 //! When the outranking owner's agent is gone (killed or frozen, its host
 //! still up), its addresses answer until they lapse. Its last beat (see
