@@ -627,15 +627,22 @@ impl ViewBuilder {
     /// another port, and when it exits the killed agent's generation (still
     /// up in the detector until its probes time out) must not come back.
     pub fn build(&mut self, c: &Chitchat, up: &Up) -> MembershipView {
-        let view = self.build_inner(c, up);
+        let chitchat_live: HashSet<&ChitchatId> = c.live_nodes().collect();
+        let view = self.build_inner(c, up, &chitchat_live);
         let known: HashSet<&ChitchatId> = c.node_states().keys().collect();
         self.decoded.retain(|id, _| known.contains(id));
         view
     }
 
-    fn build_inner(&mut self, c: &Chitchat, up: &Up) -> MembershipView {
+    /// `chitchat_live` is chitchat's own liveness, apart so that a test can
+    /// set it: chitchat counts a heartbeat from any digest, signed or not.
+    fn build_inner(
+        &mut self,
+        c: &Chitchat,
+        up: &Up,
+        chitchat_live: &HashSet<&ChitchatId>,
+    ) -> MembershipView {
         let own = c.self_chitchat_id();
-        let chitchat_live: HashSet<&ChitchatId> = c.live_nodes().collect();
         let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
         let mut newest_gone: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
         let mut unconfirmed: HashSet<&str> = HashSet::new();
@@ -652,6 +659,13 @@ impl ViewBuilder {
                 .is_some_and(|g| id.generation_id < *g)
                 && id != own
             {
+                continue;
+            }
+            // A state without its status is nobody's word yet (the status
+            // is the last key a node writes): chitchat makes an empty one
+            // for any generation a digest names, unsigned, and one that
+            // stood for a node's newest would hide its real one.
+            if id != own && node.get(state::KEY_STATUS).is_none() {
                 continue;
             }
             if id.node_id == own.node_id && id != own {
@@ -1012,6 +1026,70 @@ mod tests {
                 .vips
                 .is_empty()
         );
+    }
+
+    /// A digest that names a newer generation of a node makes chitchat
+    /// hold an empty state for it until its keys arrive, and a forger may
+    /// name one that never sends any: that empty state is nobody, and the
+    /// node's real generation stays its word.
+    #[test]
+    fn an_empty_newer_generation_hides_no_node() {
+        let mut c = chitchat_for("n1", &sample());
+        let addr: SocketAddr = "127.0.0.2:7000".parse().unwrap();
+        let real = ChitchatId::new("n2", 1, addr);
+        let values = |kvs: &[(&str, &str)]| {
+            kvs.iter()
+                .enumerate()
+                .map(|(i, (k, v))| {
+                    (
+                        k.to_string(),
+                        chitchat::VersionedValue {
+                            value: v.to_string(),
+                            version: i as u64 + 1,
+                            status: chitchat::DeletionStatus::Set,
+                        },
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let kvs = values(PREVIOUS_RELEASE);
+        c.reset_node_state_if_update(&real, kvs.clone().into_iter(), kvs.len() as u64, 0);
+        let up: Up = [
+            ("n1".to_string(), 1),
+            ("n2".to_string(), 1),
+            ("n2".to_string(), 9),
+        ]
+        .into_iter()
+        .collect();
+        let before = build_view(&c, &up);
+        assert!(before.members.iter().any(|m| m.node == "n2"));
+
+        let empty = ChitchatId::new("n2", 9, addr);
+        c.reset_node_state_if_update(&empty, std::iter::empty(), 1, 0);
+        assert!(
+            c.node_state(&empty).is_some(),
+            "chitchat holds the empty state"
+        );
+        // The digest's heartbeat makes it live to chitchat, and a state
+        // without a `detector` key is judged by chitchat's liveness.
+        let live: HashSet<&ChitchatId> = [&real, &empty].into_iter().collect();
+        let after = ViewBuilder::default().build_inner(&c, &up, &live);
+        assert_eq!(
+            after.members.iter().find(|m| m.node == "n2"),
+            before.members.iter().find(|m| m.node == "n2"),
+            "n2 is still its real generation"
+        );
+
+        // Once the newer generation's state is whole (its status is the
+        // last key a node writes), it is the node.
+        let mut leaving = PREVIOUS_RELEASE.to_vec();
+        leaving.retain(|(k, _)| *k != "status");
+        leaving.push(("status", "leaving"));
+        let newer = values(&leaving);
+        c.reset_node_state_if_update(&empty, newer.into_iter(), leaving.len() as u64, 0);
+        let live: HashSet<&ChitchatId> = [&real, &empty].into_iter().collect();
+        let view = ViewBuilder::default().build_inner(&c, &up, &live);
+        assert!(view.members.iter().all(|m| m.node != "n2"), "n2 is leaving");
     }
 
     #[test]
