@@ -252,3 +252,70 @@ fn an_agent_restarted_during_an_api_outage_takes_nothing_it_cannot_serve() {
     );
     assert_nothing_refused(&c);
 }
+
+/// The network between the nodes and the API server cut, packets dropped
+/// rather than refused (a partition, a firewall, a load balancer in front
+/// of the server gone). The agents' watches share one HTTP/2 connection,
+/// which sees no error: what changed during the cut reaches it only when
+/// TCP retransmits, which after a cut of 40 s is tens of seconds after the
+/// heal. The agents notice the server's return (the writer's probe) and
+/// list everything again: a Service's endpoints moved off its holder
+/// during the cut move the VIP within seconds of the heal.
+#[test]
+fn what_changed_while_the_api_was_cut_off_arrives_at_its_return() {
+    let Some(c) = three_nodes() else { return };
+    let probe = probe(&c);
+    c.service(
+        "web",
+        &[VIP],
+        &["node-a", "node-b", "node-c"],
+        "externalTrafficPolicy: Local",
+    );
+    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
+    until_only(
+        &probe,
+        c.host("node-a").mac(),
+        Instant::now(),
+        Duration::from_secs(5),
+    );
+    c.wait_ready(Duration::from_secs(30));
+    // Dropped on the API host's wire, both ways; the test's own kubectl
+    // stays on its loopback.
+    let api = &c.host("api").ns;
+    api.run(&[
+        "nft",
+        "add table inet cut; add chain inet cut in { type filter hook input priority -300; }; add chain inet cut out { type filter hook output priority -300; }; add rule inet cut in iifname eth0 tcp dport 6443 drop; add rule inet cut out oifname eth0 tcp sport 6443 drop",
+    ])
+    .unwrap();
+    let cut = Instant::now();
+    // Early in the cut, so that the server's retransmissions have backed
+    // off far by its end.
+    std::thread::sleep(Duration::from_secs(2));
+    c.endpoints("web", &["node-b", "node-c"]);
+    std::thread::sleep(Duration::from_secs(40).saturating_sub(cut.elapsed()));
+    assert_eq!(
+        c.holders(VIP),
+        vec!["node-a".to_string()],
+        "nothing moved during the cut"
+    );
+    api.run(&["nft", "delete table inet cut"]).unwrap();
+    let healed = Instant::now();
+    let moved = wait_for("the VIP to leave node-a", Duration::from_secs(90), || {
+        let h = c.holders(VIP);
+        (h.len() == 1 && h[0] != "node-a").then(|| healed.elapsed())
+    })
+    .unwrap();
+    eprintln!(
+        "endpoints moved during a 40 s cut: the VIP moved {} ms after the heal",
+        moved.as_millis()
+    );
+    // The writer asks every second while the server does not answer, and
+    // a list of a handful of objects takes milliseconds: a few seconds,
+    // where waiting for TCP took tens.
+    assert!(
+        moved <= Duration::from_secs(5),
+        "the VIP moved {} ms after the heal",
+        moved.as_millis()
+    );
+    assert_nothing_refused(&c);
+}

@@ -66,6 +66,16 @@ impl<B: AddressBackend + 'static> Agent<B> {
     /// `/readyz` follows the watches as soon as one fails or recovers;
     /// systemd's STATUS says what a node without a first view waits for.
     pub(super) fn api_health(&mut self) {
+        // The server takes requests again after it did not: every watch
+        // lists anew, since one the network cut (rather than the server
+        // refused) has no error to show and would hear of what changed
+        // meanwhile only when TCP retransmits (see `KubeInputs::restart`).
+        let answered = self.telemetry.api_writable.load(Ordering::Relaxed);
+        if answered && !self.api_answered {
+            info!(server = %self.kube.server(), "the API server is back: listing every watched kind again");
+            self.kube.restart();
+        }
+        self.api_answered = answered;
         let healthy = self.kube.api_healthy();
         let was = self.telemetry.api_healthy.swap(healthy, Ordering::Relaxed);
         if was != healthy && !self.telemetry.applied.load(Ordering::Relaxed) && !healthy {

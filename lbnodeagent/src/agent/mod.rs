@@ -140,6 +140,9 @@ pub struct Agent<B: AddressBackend + 'static> {
     beat_check: beats::BeatCheck,
     /// Beats refused in a node's name, logged at most once a minute.
     beats_warned: Option<std::time::Instant>,
+    /// Whether the API server took the writer's last request, as the loop
+    /// last saw it: its return restarts the watches (`checks::api_health`).
+    api_answered: bool,
     config_path: PathBuf,
     backend: Arc<B>,
     wire: Wire,

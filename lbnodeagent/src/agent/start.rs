@@ -135,6 +135,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             cfg,
             beat_check,
             beats_warned: None,
+            api_answered: true,
             identity,
             identities,
             config_path,

@@ -68,6 +68,13 @@ struct Shared {
     digest: AtomicU64,
     /// The API server's URL, for the log lines of failing watches.
     server: String,
+    /// Bumped to make every watch start again (see
+    /// [`KubeInputs::restart`]).
+    restarts: tokio::sync::watch::Sender<u64>,
+    /// Watches restarted that have not completed their list yet: until
+    /// they all have, the loop builds no view (one kind listed anew beside
+    /// another still old is no view the cluster ever had).
+    relisting: AtomicUsize,
 }
 
 /// What changed since the loop last looked.
@@ -129,6 +136,8 @@ impl KubeInputs {
             revision: AtomicU64::new(0),
             digest: AtomicU64::new(0),
             server: server.to_string(),
+            restarts: tokio::sync::watch::Sender::new(0),
+            relisting: AtomicUsize::new(0),
         });
         let (services, sw) = reflector::store();
         let slices = Records::default();
@@ -212,9 +221,22 @@ impl KubeInputs {
         self.shared.changed.notified().await
     }
 
-    /// Every watch has listed once: the stores are a complete picture.
+    /// Every watch has listed once, and every restarted one again: the
+    /// stores are a complete picture.
     pub fn synced(&self) -> bool {
         self.shared.synced.load(Ordering::Relaxed) >= WATCHES
+            && self.shared.relisting.load(Ordering::Relaxed) == 0
+    }
+
+    /// Starts every watch again, from a new list. For the API server's
+    /// return after it was unreachable: a watch whose connection the
+    /// network cut (packets dropped, not refused) sees no error, and hears
+    /// what changed meanwhile only when TCP retransmits, which after a cut
+    /// of a minute is most of a minute later. The stores keep their objects
+    /// until each list completes, and the view waits for all of them.
+    pub fn restart(&self) {
+        self.shared.relisting.store(WATCHES, Ordering::Relaxed);
+        self.shared.restarts.send_modify(|n| *n += 1);
     }
 
     /// The API server's URL.
@@ -554,13 +576,19 @@ where
         + 'static,
 {
     let kind = K::kind(&()).to_string();
+    let mut restarts = shared.restarts.subscribe();
     tokio::spawn(async move {
         let mut synced = false;
+        // Restarted, and not yet listed again.
+        let mut relisting = false;
         let mut prints = Fingerprints::default();
-        let mut stream = watcher(api, config)
-            .backoff(hostlb_api::watch::WatchBackoff::spread())
-            .modify(trim)
-            .boxed();
+        let start = move || {
+            watcher(api.clone(), config.clone())
+                .backoff(hostlb_api::watch::WatchBackoff::spread())
+                .modify(trim)
+                .boxed()
+        };
+        let mut stream = start();
         // A watch that reconnects from its last resourceVersion sees
         // nothing until something changes, so silence is the sign it
         // recovered: a failing watch retries within `WatchBackoff::MAX`,
@@ -569,21 +597,34 @@ where
         // caught by the writer's probe instead.)
         let quiet = hostlb_api::watch::WatchBackoff::MAX + std::time::Duration::from_millis(250);
         loop {
-            let ev = if shared.failed[slot].load(Ordering::Relaxed) {
-                match tokio::time::timeout(quiet, stream.next()).await {
-                    Ok(ev) => ev,
-                    Err(_) => {
-                        if shared.failed[slot].swap(false, Ordering::Relaxed) {
-                            shared.failing.fetch_sub(1, Ordering::Relaxed);
-                            tracing::info!(%kind, server = %shared.server,
-                                "watch recovered (no error since it reconnected)");
-                            shared.changed.notify_one();
-                        }
-                        continue;
-                    }
+            let next = async {
+                if shared.failed[slot].load(Ordering::Relaxed) {
+                    tokio::time::timeout(quiet, stream.next()).await
+                } else {
+                    Ok(stream.next().await)
                 }
-            } else {
-                stream.next().await
+            };
+            let ev = tokio::select! {
+                ev = next => ev,
+                changed = restarts.changed() => {
+                    if changed.is_ok() {
+                        stream = start();
+                        relisting = true;
+                    }
+                    continue;
+                }
+            };
+            let ev = match ev {
+                Ok(ev) => ev,
+                Err(_) => {
+                    if shared.failed[slot].swap(false, Ordering::Relaxed) {
+                        shared.failing.fetch_sub(1, Ordering::Relaxed);
+                        tracing::info!(%kind, server = %shared.server,
+                            "watch recovered (no error since it reconnected)");
+                        shared.changed.notify_one();
+                    }
+                    continue;
+                }
             };
             let Some(ev) = ev else { break };
             match ev {
@@ -623,6 +664,13 @@ where
                     if matches!(e, watcher::Event::InitDone) && !synced {
                         synced = true;
                         shared.synced.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if matches!(e, watcher::Event::InitDone) && std::mem::take(&mut relisting) {
+                        let _ = shared.relisting.fetch_update(
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                            |n| n.checked_sub(1),
+                        );
                     }
                     if !matches!(e, watcher::Event::Init | watcher::Event::InitApply(_)) {
                         {
