@@ -3,12 +3,14 @@
 //! network namespaces for real-kernel tests.
 
 pub mod apiserver;
+pub mod campaign;
 pub mod flood;
 pub mod netns;
 pub mod probe;
 pub mod realserver;
 pub mod rng;
 pub mod routing;
+pub mod switch;
 
 /// The median of durations measured over runs (the upper one of an even
 /// count), as the benchmarks report them.

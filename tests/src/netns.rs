@@ -312,7 +312,7 @@ impl Drop for Netns {
     }
 }
 
-fn enter(name: &str) -> Result<()> {
+pub(crate) fn enter(name: &str) -> Result<()> {
     let path = format!("/run/netns/{name}");
     let f = std::fs::File::open(&path).map_err(|e| NetnsError::Enter {
         name: name.to_string(),
@@ -538,7 +538,10 @@ impl Host {
 /// host has `eth0` with 10.77.0.(11+i)/24 and fd00:77::(11+i)/64 and default
 /// routes via .1 and ::1.
 pub struct Lan {
-    // Field order is drop order: hosts first, then the switch.
+    // Field order is drop order: the userspace switch, the hosts, then
+    // the switch's namespace.
+    /// On a LAN made by [`Lan::switched`], the switch that can be broken.
+    pub wire: Option<crate::switch::Switch>,
     pub hosts: Vec<Host>,
     pub switch: Netns,
 }
@@ -551,16 +554,53 @@ impl Lan {
         switch.ip("link add br0 type bridge mcast_snooping 0")?;
         switch.ip("link set br0 up")?;
         let mut lan = Lan {
+            wire: None,
             hosts: Vec::new(),
             switch,
         };
         for (i, role) in roles.iter().enumerate() {
-            lan.plug(role, i)?;
+            lan.plug(role, i, true)?;
         }
         Ok(lan)
     }
 
-    fn plug(&mut self, role: &str, i: usize) -> Result<()> {
+    /// [`Lan::new`] with the userspace [`Switch`](crate::switch::Switch)
+    /// (faults drawn from `seed`) in place of the bridge. Its ports and the
+    /// hosts' `eth0` have their offloads off (needs `ethtool`): a packet
+    /// socket reads what the veth carries, and a host's segmentation or
+    /// checksum left to the "hardware" would reach the switch undone.
+    /// [`Lan::add_interface`] and [`Lan::add_network`] need the bridge.
+    pub fn switched(roles: &[&str], seed: u64) -> Result<Lan> {
+        let switch = Netns::new("switch")?;
+        let mut lan = Lan {
+            wire: None,
+            hosts: Vec::new(),
+            switch,
+        };
+        for (i, role) in roles.iter().enumerate() {
+            lan.plug(role, i, false)?;
+        }
+        let offloads = [
+            "tx", "off", "rx", "off", "sg", "off", "tso", "off", "gso", "off", "gro", "off",
+        ];
+        let mut ports = Vec::new();
+        for h in &lan.hosts {
+            for (ns, ifname) in [(&h.ns, "eth0"), (&lan.switch, h.port.as_str())] {
+                let mut argv = vec!["ethtool", "-K", ifname];
+                argv.extend(offloads);
+                ns.run(&argv)?;
+            }
+            ports.push((h.role.clone(), h.port.clone()));
+        }
+        lan.wire = Some(crate::switch::Switch::start(
+            lan.switch.name(),
+            &ports,
+            seed,
+        )?);
+        Ok(lan)
+    }
+
+    fn plug(&mut self, role: &str, i: usize, bridged: bool) -> Result<()> {
         let ns = Netns::new(role)?;
         let port = format!("p{i}");
         let n = 11 + i as u8;
@@ -570,7 +610,11 @@ impl Lan {
             "link add {port} type veth peer name eth0 netns {}",
             ns.name()
         ))?;
-        self.switch.ip(&format!("link set {port} master br0 up"))?;
+        if bridged {
+            self.switch.ip(&format!("link set {port} master br0 up"))?;
+        } else {
+            self.switch.ip(&format!("link set {port} up"))?;
+        }
         ns.ip("link set eth0 up")?;
         ns.ip(&format!("addr add {ipv4}/24 dev eth0"))?;
         ns.ip(&format!("-6 addr add {ipv6}/64 dev eth0 nodad"))?;
@@ -618,6 +662,47 @@ impl Lan {
         ))?;
         self.switch.ip(&format!("link set {port} master br0 up"))?;
         host.ns.ip(&format!("link set {ifname} up")).map(drop)
+    }
+}
+
+impl Lan {
+    /// `count` pings from `from` to `to` (IPv4), 10 ms apart: each round
+    /// trip, `None` for one lost (no answer within a second).
+    pub fn round_trips(&self, from: &str, to: &str, count: u32) -> Vec<Option<Duration>> {
+        let target = self.host(to).ipv4.to_string();
+        let out = self
+            .host(from)
+            .ns
+            .output(&[
+                "ping",
+                "-n",
+                "-c",
+                &count.to_string(),
+                "-i",
+                "0.01",
+                "-W",
+                "1",
+                &target,
+            ])
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let mut got = vec![None; count as usize];
+        for line in out.lines() {
+            let seq = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("icmp_seq="))
+                .and_then(|s| s.parse::<usize>().ok());
+            let ms = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("time="))
+                .and_then(|s| s.parse::<f64>().ok());
+            if let (Some(seq), Some(ms)) = (seq, ms)
+                && (1..=count as usize).contains(&seq)
+            {
+                got[seq - 1] = Some(Duration::from_secs_f64(ms / 1000.0));
+            }
+        }
+        got
     }
 }
 

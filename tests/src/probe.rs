@@ -132,6 +132,15 @@ impl ArpProbe {
             .clone()
     }
 
+    /// When each request went out.
+    pub fn sent(&self) -> Vec<Instant> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .sent
+            .clone()
+    }
+
     /// What the client saw from `t0` to `end`, counting as lost only
     /// requests it sent that went unanswered.
     pub fn judge(&self, t0: Instant, end: Instant) -> Outcome {

@@ -31,7 +31,7 @@
 //! `cargo run --release -p lbnodeagent --features sim --bin sim -- --seed N --trace`.
 
 mod agents;
-mod check;
+pub mod check;
 mod events;
 mod faults;
 mod judge;

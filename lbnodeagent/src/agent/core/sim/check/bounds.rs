@@ -12,43 +12,43 @@ use crate::agent::core::{HANDOVER_MAX, LEAVE_MAX};
 /// The settled end of a run in which nothing may change.
 pub const STEADY_WINDOW: Duration = Duration::from_secs(6);
 /// Slowest failure detection of the simulated gossip.
-pub(super) const DETECTION: Duration = Duration::from_millis(650);
+pub const DETECTION: Duration = Duration::from_millis(650);
 /// Two owners after a make-before-break move started, at most: the hand-over
 /// time, and a gossip round or two (with loss) for the word to spread.
-pub(super) const HANDOVER_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_secs(1));
+pub const HANDOVER_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_secs(1));
 /// Two owners while one of them is leaving (SIGTERM), at most: it waits
 /// for its successors up to [`LEAVE_MAX`]. Counted from its SIGTERM: a
 /// pair that began before (two views that differ, say) was within its own
 /// bound until then, and the leave gives the leaving node its whole wait.
-pub(super) const LEAVING_BOUND: Duration = LEAVE_MAX.saturating_add(Duration::from_millis(500));
+pub const LEAVING_BOUND: Duration = LEAVE_MAX.saturating_add(Duration::from_millis(500));
 /// Two hosts answer while `cleanup` hands a killed agent's address over
 /// (SPEC: two MACs at most 50 ms).
-pub(super) const CLEANUP_BOUND: Duration = Duration::from_millis(50);
+pub const CLEANUP_BOUND: Duration = Duration::from_millis(50);
 /// Two owners while one of them is still starting, at most: the time for
 /// its peer's state to reach it.
-pub(super) const STARTING_BOUND: Duration = Duration::from_secs(1);
+pub const STARTING_BOUND: Duration = Duration::from_secs(1);
 /// Two owners across a gossip-only partition, at most: the owner probes
 /// each held VIP every [`OWNER_PROBE`] and the lower-ranked one lets go on
 /// the first answer it hears; a node that was handing the VIP over when
 /// the partition began may not hear from its winner (which yielded to the
 /// far side) and keeps answering its hand-over time.
-pub(super) const PARTITION_BOUND: Duration = OWNER_PROBE
+pub const PARTITION_BOUND: Duration = OWNER_PROBE
     .saturating_add(OWNER_PROBE)
     .saturating_add(HANDOVER_MAX)
     .saturating_add(Duration::from_millis(500));
 /// From the end of a pre-check's window to its address in the kernel: a
 /// kernel batch (`BATCH_MS` and a little per address), with a margin.
-pub(super) const PRECHECK_SLACK: Duration = Duration::from_millis(20);
+pub const PRECHECK_SLACK: Duration = Duration::from_millis(20);
 /// Since the last unplanned fault, for a stall to be judged on its own:
 /// detection and a rejoin, with a margin.
-pub(super) const CALM: Duration = Duration::from_secs(3);
+pub const CALM: Duration = Duration::from_secs(3);
 /// No owner while a candidate lives, at most: detection, the probe window,
 /// and a yield to a dead owner whose address just lapsed ([`YIELD_HOLD`]
 /// after it was last heard, asked every [`YIELD_PROBE`]), with a margin
 /// for a refused add's retry: while the winner's kernel refuses, it is no
 /// candidate, and once it takes operations again the retry comes within
 /// [`ADD_RETRY_MAX`](crate::agent::core::ADD_RETRY_MAX) and its pre-check (450 ms with the batch).
-pub(super) const NO_OWNER_BOUND: Duration = DETECTION
+pub const NO_OWNER_BOUND: Duration = DETECTION
     .saturating_add(YIELD_HOLD)
     .saturating_add(YIELD_PROBE)
     .saturating_add(PRECHECK)
@@ -59,7 +59,7 @@ pub(super) const NO_OWNER_BOUND: Duration = DETECTION
 /// make-before-break move waits [`HANDOVER_MAX`] for the winner to show the
 /// VIP held, a contest of equal views lets the lower-ranked go after as
 /// long, and gossip carries either word in a round or two (with loss).
-pub(super) const AGREED_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_secs(1));
+pub const AGREED_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_secs(1));
 /// From a dead owner's lapse to its successor's answer, when the successor
 /// knew when it would lapse: it asks every [`LAPSE_PROBE`] from before,
 /// takes the VIP once [`LAPSE_HOLD`] passes unanswered, and the kernel
@@ -76,7 +76,7 @@ pub const LAPSE_BOUND: Duration = LAPSE_HOLD
 /// this before the leaving node lets go may miss it. The VIP is then dark
 /// until the successor's add lands (the no-owner bound), not a broken
 /// make-before-break: there was no one to make before.
-pub(super) const NEWS_LEAD: Duration = Duration::from_millis(
+pub const NEWS_LEAD: Duration = Duration::from_millis(
     super::super::WATCH_MS.1 + super::super::SPREAD_MS.1 + super::super::BATCH_MS.1,
 );
 

@@ -51,7 +51,7 @@ use crate::agent::core::HANDOVER_MAX;
 use crate::agent::core::conflict::{PRECHECK, YIELD_HOLD};
 use crate::election::{Cluster, Election, Member};
 
-mod bounds;
+pub mod bounds;
 mod judge;
 use bounds::*;
 pub use bounds::{FOLLOW, LAPSE_BOUND, STEADY_WINDOW};

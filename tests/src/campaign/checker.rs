@@ -1,0 +1,955 @@
+//! The checker: it judges only what a client saw on the wire (which MAC
+//! answered each request, when) against what was true of the bed (which
+//! faults were in force, which agents ran, which Service held each
+//! address), and the end state after each round's quiet (see
+//! [`endstate`](super::endstate)). What the agents believe plays no part.
+//!
+//! Its bounds ([`Bounds`]) come from the constants of the agent and the
+//! table of docs/agent.md, "The simulation"; the campaign's own section of
+//! docs/agent.md says where each comes from and what a client sees
+//! meanwhile.
+//!
+//! Plain functions of plain data: the campaign's tests feed them made-up
+//! histories.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use lbnodeagent::agent::core::sim::check::bounds as sim;
+
+use super::nemesis::Applied;
+use super::schedule::{Churn, Kind};
+use super::unit::Event;
+
+/// A request and the MACs that answered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub at: Instant,
+    /// MACs whose answer arrived before the next request.
+    pub macs: BTreeSet<String>,
+    /// Whether any answer arrived within [`Bounds::answer_within`].
+    pub answered: bool,
+}
+
+/// Each request of a prober with what answered it.
+pub fn windows(
+    sent: &[Instant],
+    replies: &[(Instant, String)],
+    answer_within: Duration,
+) -> Vec<Window> {
+    let mut out = Vec::with_capacity(sent.len());
+    for (i, &s) in sent.iter().enumerate() {
+        // The last request's window is one period long.
+        let next = sent
+            .get(i + 1)
+            .copied()
+            .unwrap_or(s + super::bed::PROBE_EVERY);
+        let first = replies.partition_point(|(t, _)| *t < s);
+        let mut macs = BTreeSet::new();
+        let mut answered = false;
+        for (t, mac) in &replies[first..] {
+            if *t > s + answer_within && *t >= next {
+                break;
+            }
+            if *t <= s + answer_within {
+                answered = true;
+            }
+            if *t < next {
+                macs.insert(mac.clone());
+            }
+        }
+        out.push(Window {
+            at: s,
+            macs,
+            answered,
+        });
+    }
+    out
+}
+
+/// The bounds the checker holds the wire to.
+#[derive(Clone, Debug)]
+pub struct Bounds {
+    /// A request counts as answered when an answer arrives this soon.
+    pub answer_within: Duration,
+    /// Two owners, whatever is in force: two live holders settle, a
+    /// make-before-break move ends, two views agree, within this.
+    pub two_owners: Duration,
+    /// Two owners across a partition of any kind, after it heals.
+    pub partition: Duration,
+    /// Two owners while one is leaving, from its SIGTERM.
+    pub leaving: Duration,
+    /// Two owners while one is starting, from its start.
+    pub starting: Duration,
+    /// An agent not running keeps answering until its address lapses.
+    pub lifetime: Duration,
+    /// No owner while a candidate is live and reachable.
+    pub no_owner: Duration,
+    /// A started agent is a candidate once it reconciled: its watches
+    /// synced after it reached the API.
+    pub reconcile: Duration,
+    /// Nothing in force or recent for this long: no second owner and no
+    /// unanswered request at all.
+    pub calm_after: Duration,
+}
+
+impl Bounds {
+    /// `lifetime`: the agents' `address_lifetime`.
+    pub fn new(lifetime: Duration) -> Bounds {
+        Bounds {
+            answer_within: ANSWER_WITHIN,
+            two_owners: sim::AGREED_BOUND,
+            partition: sim::PARTITION_BOUND,
+            leaving: sim::LEAVING_BOUND,
+            starting: sim::STARTING_BOUND,
+            lifetime,
+            no_owner: NO_OWNER_WIRE,
+            reconcile: RECONCILE,
+            calm_after: CALM_AFTER,
+        }
+    }
+}
+
+/// An answer later than this is a lost request to a client whose ARP
+/// timer fires (Linux retransmits a solicitation after a second; 50 ms is
+/// what an application's connect sees as a stall), and within it is what
+/// a loaded host's softirq may take.
+pub const ANSWER_WITHIN: Duration = Duration::from_millis(50);
+
+/// The wire's failure detection: an owner's beats missed for `BEAT_MISS`
+/// (150 ms) tell its successor at once; a node that no owner beats with is
+/// found by the SWIM detector (its suspicion timeout at this size, about
+/// a second: docs/agent-network.md). The simulation's gossip detects in
+/// 650 ms at most; the real one is held to a second.
+pub const DETECTION_WIRE: Duration = Duration::from_secs(1);
+
+/// [`sim::NO_OWNER_BOUND`] with the real detector's detection in place of
+/// the simulated one's.
+pub const NO_OWNER_WIRE: Duration = sim::NO_OWNER_BOUND
+    .saturating_sub(sim::DETECTION)
+    .saturating_add(DETECTION_WIRE);
+
+/// From the API reached to the agent's first reconcile: its watches list
+/// everything and the core's first view is built (a relist of a handful
+/// of objects takes tens of milliseconds; the margin is the API client's
+/// first retry, a second).
+pub const RECONCILE: Duration = Duration::from_secs(2);
+
+/// Since the last fault, agent start or stop: the longest tail any bound
+/// gives ([`sim::PARTITION_BOUND`], 4.5 s) and a hand-over after it
+/// ([`sim::HANDOVER_BOUND`], 3 s), rounded up.
+pub const CALM_AFTER: Duration = Duration::from_secs(8);
+
+/// A broken bound or promise.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Violation {
+    pub at: Instant,
+    pub what: String,
+}
+
+/// The worst seen of each kind, for the report.
+#[derive(Clone, Debug, Default)]
+pub struct Worst {
+    pub two_owners: Duration,
+    pub two_owners_calm: Duration,
+    pub dark_with_candidate: Duration,
+    pub dark_calm: Duration,
+    pub unanswered: u64,
+    pub requests: u64,
+}
+
+impl Worst {
+    pub fn merge(&mut self, o: &Worst) {
+        self.two_owners = self.two_owners.max(o.two_owners);
+        self.two_owners_calm = self.two_owners_calm.max(o.two_owners_calm);
+        self.dark_with_candidate = self.dark_with_candidate.max(o.dark_with_candidate);
+        self.dark_calm = self.dark_calm.max(o.dark_calm);
+        self.unanswered += o.unanswered;
+        self.requests += o.requests;
+    }
+}
+
+impl fmt::Display for Worst {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "two owners {} ms (calm {} ms), dark with a candidate {} ms (calm {} ms), {} of {} requests unanswered",
+            self.two_owners.as_millis(),
+            self.two_owners_calm.as_millis(),
+            self.dark_with_candidate.as_millis(),
+            self.dark_calm.as_millis(),
+            self.unanswered,
+            self.requests
+        )
+    }
+}
+
+/// One Service as the bed made it: its policy and its endpoints over time.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceLife {
+    pub local: bool,
+    /// `(since, endpoint nodes)`.
+    pub endpoints: Vec<(Instant, Vec<String>)>,
+}
+
+impl ServiceLife {
+    fn endpoints_at(&self, t: Instant) -> &[String] {
+        self.endpoints
+            .iter()
+            .rev()
+            .find(|(since, _)| *since <= t)
+            .or(self.endpoints.first())
+            .map_or(&[], |(_, e)| e)
+    }
+}
+
+/// What the client heard about one address: its requests, and each
+/// answer (time, MAC), in time order.
+#[derive(Clone, Debug)]
+pub struct Heard {
+    pub ip: IpAddr,
+    pub sent: Vec<Instant>,
+    pub replies: Vec<(Instant, String)>,
+}
+
+/// Everything the checker reads about one stretch of the run.
+pub struct Inputs<'a> {
+    pub start: Instant,
+    pub end: Instant,
+    pub nodes: &'a [String],
+    /// MAC to node.
+    pub macs: &'a BTreeMap<String, String>,
+    pub probes: &'a [Heard],
+    pub faults: &'a [Applied],
+    pub units: &'a BTreeMap<String, Vec<(Instant, Event)>>,
+    /// The Services' addresses, each reading from when it was read.
+    pub timeline: &'a [(Instant, BTreeMap<IpAddr, String>)],
+    pub services: &'a BTreeMap<String, ServiceLife>,
+}
+
+impl Inputs<'_> {
+    fn service_of(&self, ip: IpAddr, t: Instant) -> Option<&str> {
+        let i = self.timeline.partition_point(|(at, _)| *at <= t);
+        let (_, assigned) = self.timeline.get(i.checked_sub(1)?)?;
+        assigned.get(&ip).map(String::as_str)
+    }
+
+    /// Whether anything happened within `calm_after` of `t`: a fault in
+    /// force or recent, an agent that started, stopped or exited.
+    fn calm(&self, t: Instant, calm_after: Duration) -> bool {
+        let recent = |a: Instant, b: Instant| a <= t && t <= b + calm_after;
+        if self.faults.iter().any(|f| recent(f.start, f.end)) {
+            return false;
+        }
+        !self.units.values().flatten().any(|(at, e)| {
+            matches!(
+                e,
+                Event::Started { .. } | Event::Exited { .. } | Event::Stopped | Event::Continued
+            ) && recent(*at, *at)
+        })
+    }
+
+    /// Intervals during which `node`'s port was down.
+    fn port_down(&self, node: &str) -> Vec<(Instant, Instant)> {
+        let mut out = Vec::new();
+        for f in self.faults {
+            match &f.fault.kind {
+                Kind::HostGone { node: n } if n == node => out.push((f.start, f.end)),
+                Kind::LinkFlap { node: n, flaps } if n == node => {
+                    let len = f.end.saturating_duration_since(f.start);
+                    let changes = 2 * flaps;
+                    for k in 0..*flaps {
+                        let down = f.start + len * (2 * k) / changes;
+                        let up = f.start + len * (2 * k + 1) / changes;
+                        out.push((down, up));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn api_away(&self) -> Vec<(Instant, Instant)> {
+        self.faults
+            .iter()
+            .filter(|f| matches!(f.fault.kind, Kind::ApiOutage))
+            .map(|f| (f.start, f.end))
+            .collect()
+    }
+
+    /// Intervals during which `node` could answer and stand: its agent ran
+    /// (not stopped), had reached the API and reconciled since it started,
+    /// and its port was up.
+    fn available(&self, node: &str, bounds: &Bounds) -> Vec<(Instant, Instant)> {
+        let events = self.units.get(node).map_or(&[][..], Vec::as_slice);
+        let mut runs: Vec<(Instant, Instant)> = Vec::new();
+        let mut started: Option<Instant> = None;
+        let mut ready: Option<Instant> = None;
+        let mut stopped_at: Option<Instant> = None;
+        let far = self.end + Duration::from_secs(3600);
+        let close = |from: Option<Instant>, to: Instant, runs: &mut Vec<(Instant, Instant)>| {
+            if let Some(f) = from
+                && f < to
+            {
+                runs.push((f, to));
+            }
+        };
+        for (at, e) in events {
+            match e {
+                Event::Started { .. } => {
+                    started = Some(*at);
+                    ready = None;
+                }
+                Event::Ready if started.is_some() => ready = Some(*at),
+                Event::Stopped => {
+                    close(ready, *at, &mut runs);
+                    stopped_at = Some(*at);
+                }
+                Event::Continued => {
+                    // A thawed agent acts again at once, on what it had.
+                    stopped_at = None;
+                    ready = ready.map(|_| *at);
+                }
+                Event::Exited { .. } | Event::Signalled { signal: "TERM" } => {
+                    if stopped_at.is_none() {
+                        close(ready, *at, &mut runs);
+                    }
+                    ready = None;
+                    stopped_at = None;
+                    if matches!(e, Event::Exited { .. }) {
+                        started = None;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if stopped_at.is_none() {
+            close(ready, far, &mut runs);
+        }
+        // A run counts once it reconciled: the API reachable (its port up,
+        // no outage) from some time after it was ready, plus `reconcile`.
+        let mut blocked = self.port_down(node);
+        blocked.extend(self.api_away());
+        let runs: Vec<(Instant, Instant)> = runs
+            .into_iter()
+            .filter_map(|(a, b)| {
+                let mut from = a;
+                // Push `from` past every block it falls in.
+                loop {
+                    let moved = blocked
+                        .iter()
+                        .filter(|(x, y)| *x <= from && from < *y)
+                        .map(|(_, y)| *y)
+                        .max();
+                    match moved {
+                        Some(y) => from = y,
+                        None => break,
+                    }
+                }
+                let from = from + bounds.reconcile;
+                (from < b).then_some((from, b))
+            })
+            .collect();
+        subtract(&runs, &self.port_down(node))
+    }
+}
+
+/// `a` minus every interval of `b`.
+fn subtract(a: &[(Instant, Instant)], b: &[(Instant, Instant)]) -> Vec<(Instant, Instant)> {
+    let mut out = a.to_vec();
+    for &(x, y) in b {
+        out = out
+            .into_iter()
+            .flat_map(|(s, e)| {
+                let mut v = Vec::new();
+                if x >= e || y <= s {
+                    v.push((s, e));
+                } else {
+                    if s < x {
+                        v.push((s, x));
+                    }
+                    if y < e {
+                        v.push((y, e));
+                    }
+                }
+                v
+            })
+            .collect();
+    }
+    out
+}
+
+/// Where a fault lets two hosts answer, and until when (from the
+/// simulation's table: each kind of episode and its bound).
+fn excuses(inputs: &Inputs<'_>, bounds: &Bounds) -> Vec<(Instant, Instant, &'static str)> {
+    let mut out = Vec::new();
+    for f in inputs.faults {
+        let (from, until) = match &f.fault.kind {
+            Kind::HostGone { .. }
+            | Kind::LinkFlap { .. }
+            | Kind::OneWay { .. }
+            | Kind::Partition { .. }
+            | Kind::GossipCut { .. } => (f.start, f.end + bounds.partition),
+            // Not running: its kernel answers until the address lapses;
+            // thawed, it is a live holder again.
+            Kind::Stall { .. } => (
+                f.start,
+                (f.end.min(f.start + bounds.lifetime)) + bounds.two_owners,
+            ),
+            Kind::KillNoCleanup { .. } => (
+                f.start,
+                f.end.max(f.start + bounds.lifetime) + bounds.starting,
+            ),
+            Kind::Upgrade { .. } => (f.start, f.start + bounds.leaving),
+            _ => continue,
+        };
+        out.push((from, until, f.fault.kind.name()));
+    }
+    // Every start of an agent: it may answer beside a peer until the
+    // peer's state reaches it.
+    for events in inputs.units.values() {
+        for (at, e) in events {
+            if let Event::Started { .. } = e {
+                out.push((*at, *at + bounds.starting, "an agent starting"));
+            }
+        }
+    }
+    out
+}
+
+/// Judges one stretch of the run; the violations and the worst seen.
+pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
+    let mut violations = Vec::new();
+    let mut worst = Worst::default();
+    let excuses = excuses(inputs, bounds);
+    let available: BTreeMap<&str, Vec<(Instant, Instant)>> = inputs
+        .nodes
+        .iter()
+        .map(|n| (n.as_str(), inputs.available(n, bounds)))
+        .collect();
+    let node_name = |mac: &str| {
+        inputs
+            .macs
+            .get(mac)
+            .cloned()
+            .unwrap_or_else(|| format!("a host that is no node ({mac})"))
+    };
+    for Heard { ip, sent, replies } in inputs.probes {
+        let sent: Vec<Instant> = sent
+            .iter()
+            .copied()
+            .filter(|s| *s >= inputs.start && *s <= inputs.end)
+            .collect();
+        let ws = windows(&sent, replies, bounds.answer_within);
+        // Two owners.
+        for (s, e, macs) in episodes(&ws, |w| w.macs.len() > 1, Duration::from_millis(50)) {
+            let len = e.saturating_duration_since(s);
+            let names: Vec<String> = macs.iter().map(|m| node_name(m)).collect();
+            let calm = inputs.calm(s, bounds.calm_after);
+            worst.two_owners = worst.two_owners.max(len);
+            if calm {
+                worst.two_owners_calm = worst.two_owners_calm.max(len);
+                violations.push(Violation {
+                    at: s,
+                    what: format!(
+                        "{ip}: {} answered together for {} ms with nothing in force or recent",
+                        names.join(" and "),
+                        len.as_millis()
+                    ),
+                });
+                continue;
+            }
+            let allowed = excuses
+                .iter()
+                .filter(|(a, b, _)| *a <= s + bounds.two_owners && *b >= s)
+                .map(|(_, b, _)| *b)
+                .max()
+                .unwrap_or(s)
+                .max(s + bounds.two_owners);
+            if e > allowed {
+                violations.push(Violation {
+                    at: s,
+                    what: format!(
+                        "{ip}: {} answered together for {} ms, {} ms past its bound ({})",
+                        names.join(" and "),
+                        len.as_millis(),
+                        (e - allowed).as_millis(),
+                        why(&excuses, s, bounds)
+                    ),
+                });
+            }
+        }
+        // No owner, while the address was a Service's.
+        let assigned = |w: &Window| inputs.service_of(*ip, w.at).is_some();
+        worst.requests += ws.iter().filter(|w| assigned(w)).count() as u64;
+        worst.unanswered += ws.iter().filter(|w| assigned(w) && !w.answered).count() as u64;
+        for (s, e, _) in episodes(&ws, |w| !w.answered && assigned(w), Duration::ZERO) {
+            let Some(service) = inputs.service_of(*ip, s) else {
+                continue;
+            };
+            // Newly assigned: dark until first answered is no outage.
+            if !ws
+                .iter()
+                .any(|w| w.at < s && w.answered && inputs.service_of(*ip, w.at) == Some(service))
+            {
+                continue;
+            }
+            let life = inputs.services.get(service);
+            let candidates: Vec<&str> = match life {
+                Some(l) if l.local => l.endpoints_at(s).iter().map(String::as_str).collect(),
+                _ => inputs.nodes.iter().map(String::as_str).collect(),
+            };
+            let mut with: Vec<(Instant, Instant)> = candidates
+                .iter()
+                .flat_map(|n| available.get(n).cloned().unwrap_or_default())
+                .filter_map(|(a, b)| {
+                    let (a, b) = (a.max(s), b.min(e));
+                    (a < b).then_some((a, b))
+                })
+                .collect();
+            let longest = longest_union(&mut with);
+            let len = e.saturating_duration_since(s);
+            worst.dark_with_candidate = worst.dark_with_candidate.max(longest);
+            if inputs.calm(s, bounds.calm_after) && longest > Duration::ZERO {
+                worst.dark_calm = worst.dark_calm.max(len);
+                violations.push(Violation {
+                    at: s,
+                    what: format!(
+                        "{ip} ({service}): no answer for {} ms with nothing in force or recent",
+                        len.as_millis()
+                    ),
+                });
+            } else if longest > bounds.no_owner {
+                violations.push(Violation {
+                    at: s,
+                    what: format!(
+                        "{ip} ({service}): no answer for {} ms, {} ms of them while a candidate ran and was reachable (bound {} ms)",
+                        len.as_millis(),
+                        longest.as_millis(),
+                        bounds.no_owner.as_millis()
+                    ),
+                });
+            }
+        }
+    }
+    violations.extend(units(inputs));
+    violations.sort_by_key(|v| v.at);
+    (violations, worst)
+}
+
+/// What excused two owners near `s`, for the message.
+fn why(excuses: &[(Instant, Instant, &'static str)], s: Instant, bounds: &Bounds) -> String {
+    let names: BTreeSet<&str> = excuses
+        .iter()
+        .filter(|(a, b, _)| *a <= s + bounds.two_owners && *b >= s)
+        .map(|(_, _, n)| *n)
+        .collect();
+    if names.is_empty() {
+        format!(
+            "{} ms with nothing that allows more",
+            bounds.two_owners.as_millis()
+        )
+    } else {
+        names.into_iter().collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// The units' own failures: an agent that exited unasked, or whose
+/// `check` failed.
+fn units(inputs: &Inputs<'_>) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (node, events) in inputs.units {
+        for (at, e) in events {
+            if *at < inputs.start || *at > inputs.end {
+                continue;
+            }
+            match e {
+                Event::Exited {
+                    status,
+                    asked: false,
+                } => out.push(Violation {
+                    at: *at,
+                    what: format!("{node}: the agent exited by itself ({status})"),
+                }),
+                Event::CheckFailed { output } => out.push(Violation {
+                    at: *at,
+                    what: format!("{node}: `lbnodeagent check` failed: {output}"),
+                }),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Runs of windows for which `is` holds, merged across gaps shorter than
+/// `merge`: `(first request, last request + a period, MACs seen)`.
+fn episodes(
+    ws: &[Window],
+    is: impl Fn(&Window) -> bool,
+    merge: Duration,
+) -> Vec<(Instant, Instant, BTreeSet<String>)> {
+    let mut out: Vec<(Instant, Instant, BTreeSet<String>)> = Vec::new();
+    for (i, w) in ws.iter().enumerate() {
+        if !is(w) {
+            continue;
+        }
+        let until = ws
+            .get(i + 1)
+            .map_or(w.at + Duration::from_millis(10), |n| n.at);
+        match out.last_mut() {
+            Some((_, e, macs)) if w.at <= *e + merge => {
+                *e = until;
+                macs.extend(w.macs.iter().cloned());
+            }
+            _ => out.push((w.at, until, w.macs.clone())),
+        }
+    }
+    out
+}
+
+/// The longest stretch covered by the union of `v`.
+fn longest_union(v: &mut [(Instant, Instant)]) -> Duration {
+    v.sort();
+    let mut best = Duration::ZERO;
+    let mut cur: Option<(Instant, Instant)> = None;
+    for &(a, b) in v.iter() {
+        cur = match cur {
+            Some((s, e)) if a <= e => Some((s, e.max(b))),
+            Some((s, e)) => {
+                best = best.max(e - s);
+                Some((a, b))
+            }
+            None => Some((a, b)),
+        };
+    }
+    if let Some((s, e)) = cur {
+        best = best.max(e - s);
+    }
+    best
+}
+
+/// The Services' lives from the bed's initial Services and the churn that
+/// was carried out.
+pub fn service_lives(
+    initial: &[(String, bool, Vec<String>)],
+    t0: Instant,
+    faults: &[Applied],
+) -> BTreeMap<String, ServiceLife> {
+    let mut out: BTreeMap<String, ServiceLife> = initial
+        .iter()
+        .map(|(n, local, eps)| {
+            (
+                n.clone(),
+                ServiceLife {
+                    local: *local,
+                    endpoints: vec![(t0, eps.clone())],
+                },
+            )
+        })
+        .collect();
+    for f in faults {
+        if f.note.as_deref().is_some_and(|n| n.starts_with("refused")) {
+            continue;
+        }
+        match &f.fault.kind {
+            Kind::Churn(Churn::Create {
+                name,
+                local,
+                endpoints,
+            }) => {
+                out.insert(
+                    name.clone(),
+                    ServiceLife {
+                        local: *local,
+                        endpoints: vec![(f.start, endpoints.clone())],
+                    },
+                );
+            }
+            Kind::Churn(Churn::Endpoints { name, endpoints }) => {
+                if let Some(l) = out.get_mut(name) {
+                    l.endpoints.push((f.start, endpoints.clone()));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::campaign::schedule::Fault;
+
+    fn ms(t0: Instant, n: u64) -> Instant {
+        t0 + Duration::from_millis(n)
+    }
+
+    /// A prober's history: a request every 10 ms over `[0, until)`, each
+    /// answered 1 ms later by whoever `who(n)` names.
+    fn history(
+        t0: Instant,
+        until: u64,
+        who: impl Fn(u64) -> Vec<&'static str>,
+    ) -> (Vec<Instant>, Vec<(Instant, String)>) {
+        let sent: Vec<Instant> = (0..until / 10).map(|k| ms(t0, k * 10)).collect();
+        let mut replies = Vec::new();
+        for k in 0..until / 10 {
+            for mac in who(k * 10) {
+                replies.push((ms(t0, k * 10 + 1), mac.to_string()));
+            }
+        }
+        (sent, replies)
+    }
+
+    fn applied(t0: Instant, at: u64, len: u64, kind: Kind) -> Applied {
+        Applied {
+            round: 0,
+            fault: Fault {
+                at: Duration::from_millis(at),
+                len: Duration::from_millis(len),
+                kind,
+            },
+            start: ms(t0, at),
+            end: ms(t0, at + len),
+            note: None,
+        }
+    }
+
+    struct World {
+        t0: Instant,
+        nodes: Vec<String>,
+        macs: BTreeMap<String, String>,
+        units: BTreeMap<String, Vec<(Instant, Event)>>,
+        timeline: Vec<(Instant, BTreeMap<IpAddr, String>)>,
+        services: BTreeMap<String, ServiceLife>,
+    }
+
+    fn world() -> World {
+        let t0 = Instant::now();
+        let nodes: Vec<String> = ["n1", "n2"].map(String::from).to_vec();
+        let macs = [("m1", "n1"), ("m2", "n2")]
+            .map(|(m, n)| (m.to_string(), n.to_string()))
+            .into();
+        // Both agents ran and were ready long before.
+        let units = nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.clone(),
+                    vec![
+                        (t0 - Duration::from_secs(60), Event::Started { pid: 1 }),
+                        (t0 - Duration::from_secs(59), Event::Ready),
+                    ],
+                )
+            })
+            .collect();
+        let timeline = vec![(
+            t0 - Duration::from_secs(30),
+            [("10.0.0.1".parse().unwrap(), "svc".to_string())].into(),
+        )];
+        let services = [(
+            "svc".to_string(),
+            ServiceLife {
+                local: false,
+                endpoints: vec![(t0 - Duration::from_secs(30), nodes.clone())],
+            },
+        )]
+        .into();
+        World {
+            t0,
+            nodes,
+            macs,
+            units,
+            timeline,
+            services,
+        }
+    }
+
+    fn judge_with(
+        w: &World,
+        history: (Vec<Instant>, Vec<(Instant, String)>),
+        faults: &[Applied],
+    ) -> Vec<Violation> {
+        let probes = vec![Heard {
+            ip: "10.0.0.1".parse().unwrap(),
+            sent: history.0,
+            replies: history.1,
+        }];
+        let inputs = Inputs {
+            start: w.t0,
+            end: w.t0 + Duration::from_secs(60),
+            nodes: &w.nodes,
+            macs: &w.macs,
+            probes: &probes,
+            faults,
+            units: &w.units,
+            timeline: &w.timeline,
+            services: &w.services,
+        };
+        judge(&inputs, &Bounds::new(Duration::from_secs(15))).0
+    }
+
+    #[test]
+    fn a_steady_owner_is_no_violation() {
+        let w = world();
+        assert!(judge_with(&w, history(w.t0, 20_000, |_| vec!["m1"]), &[]).is_empty());
+    }
+
+    #[test]
+    fn two_owners_in_calm_are_a_violation_however_short() {
+        let w = world();
+        let h = history(w.t0, 20_000, |t| {
+            if (10_000..10_030).contains(&t) {
+                vec!["m1", "m2"]
+            } else {
+                vec!["m1"]
+            }
+        });
+        let v = judge_with(&w, h, &[]);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].what
+                .contains("n1 and n2 answered together for 30 ms with nothing"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_partition_excuses_two_owners_until_its_bound_after_the_heal() {
+        let w = world();
+        let cut = applied(
+            w.t0,
+            5_000,
+            5_000,
+            Kind::Partition {
+                side: vec!["n1".into()],
+            },
+        );
+        // Two owners from 5.2 s to 12 s: healed at 10 s, settled 2 s later
+        // (the bound is 4.5 s after the heal).
+        let h = history(w.t0, 20_000, |t| {
+            if (5_200..12_000).contains(&t) {
+                vec!["m1", "m2"]
+            } else {
+                vec!["m1"]
+            }
+        });
+        assert!(judge_with(&w, h, std::slice::from_ref(&cut)).is_empty());
+        // Until 16 s: 1.5 s past it.
+        let h = history(w.t0, 20_000, |t| {
+            if (5_200..16_000).contains(&t) {
+                vec!["m1", "m2"]
+            } else {
+                vec!["m1"]
+            }
+        });
+        let v = judge_with(&w, h, &[cut]);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].what.contains("1500 ms past its bound (partition)"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_planned_move_may_overlap_but_not_past_the_hand_over_bound() {
+        let w = world();
+        let drain = applied(w.t0, 5_000, 8_000, Kind::Drain { node: "n1".into() });
+        let h = history(w.t0, 20_000, |t| match t {
+            0..5_050 => vec!["m1"],
+            5_050..5_100 => vec!["m1", "m2"],
+            _ => vec!["m2"],
+        });
+        assert!(judge_with(&w, h, std::slice::from_ref(&drain)).is_empty());
+        let h = history(w.t0, 20_000, |t| match t {
+            0..5_050 => vec!["m1"],
+            5_050..9_100 => vec!["m1", "m2"],
+            _ => vec!["m2"],
+        });
+        let v = judge_with(&w, h, &[drain]);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].what
+                .contains("past its bound (3000 ms with nothing that allows more)"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn no_owner_counts_only_while_a_candidate_runs_and_is_reachable() {
+        let mut w = world();
+        // n1 owns and its port goes down at 5 s for 6 s; n2 takes over at
+        // 5.2 s: within the bound.
+        let gone = applied(w.t0, 5_000, 6_000, Kind::HostGone { node: "n1".into() });
+        let h = history(w.t0, 20_000, |t| match t {
+            0..5_000 => vec!["m1"],
+            5_000..5_200 => vec![],
+            _ => vec!["m2"],
+        });
+        assert!(judge_with(&w, h, std::slice::from_ref(&gone)).is_empty());
+        // Nobody for 5 s while n2 ran: too long (the last requests before
+        // 10 s count as answered by the answers within 50 ms).
+        let h = history(w.t0, 20_000, |t| match t {
+            0..5_000 => vec!["m1"],
+            5_000..10_000 => vec![],
+            _ => vec!["m2"],
+        });
+        let v = judge_with(&w, h.clone(), std::slice::from_ref(&gone));
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].what.contains("no answer for 4960 ms, 4960 ms of them"),
+            "{v:?}"
+        );
+        // The same silence while n2 was stopped (SIGSTOP) until 9 s: only
+        // the second after counts.
+        w.units.get_mut("n2").unwrap().extend([
+            (ms(w.t0, 4_000), Event::Stopped),
+            (ms(w.t0, 9_000), Event::Continued),
+        ]);
+        let stall = applied(w.t0, 4_000, 5_000, Kind::Stall { node: "n2".into() });
+        assert!(judge_with(&w, h, &[gone, stall]).is_empty());
+    }
+
+    #[test]
+    fn an_unasked_exit_is_a_violation() {
+        let mut w = world();
+        w.units.get_mut("n2").unwrap().push((
+            ms(w.t0, 3_000),
+            Event::Exited {
+                status: "signal: 6 (SIGABRT)".into(),
+                asked: false,
+            },
+        ));
+        let v = judge_with(&w, history(w.t0, 20_000, |_| vec!["m1"]), &[]);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].what.contains("n2: the agent exited by itself"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_late_answer_is_unanswered_and_windows_split_by_request() {
+        let t0 = Instant::now();
+        let sent = vec![ms(t0, 0), ms(t0, 10), ms(t0, 20)];
+        let replies = vec![
+            (ms(t0, 1), "a".to_string()),
+            (ms(t0, 2), "b".to_string()),
+            (ms(t0, 75), "a".to_string()),
+        ];
+        let ws = windows(&sent, &replies, ANSWER_WITHIN);
+        assert_eq!(ws[0].macs.len(), 2);
+        assert!(ws[0].answered);
+        assert!(
+            !ws[1].answered,
+            "75 ms is past the 50 ms an answer may take"
+        );
+        assert!(!ws[2].answered, "nor 55 ms after the third");
+        assert!(ws[1].macs.is_empty() && ws[2].macs.is_empty());
+    }
+}
