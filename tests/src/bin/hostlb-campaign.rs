@@ -39,6 +39,10 @@ struct Args {
     /// Keep a run's folder even when nothing was violated.
     #[arg(long)]
     keep: bool,
+    /// End a run after the first round that shows a violation, and run
+    /// no further seeds.
+    #[arg(long)]
+    stop_early: bool,
     /// Print the schedule and stop.
     #[arg(long)]
     schedule: bool,
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
             bins: bins.clone(),
             dir: args.dir.join(format!("seed-{seed}")),
             keep: args.keep,
+            stop_early: args.stop_early,
         };
         if args.schedule {
             print!(
@@ -82,6 +87,9 @@ fn main() -> ExitCode {
         let report = campaign::run(&config);
         print!("{}", report.summary());
         failed |= !report.violations.is_empty();
+        if failed && args.stop_early {
+            break;
+        }
     }
     if failed {
         ExitCode::FAILURE

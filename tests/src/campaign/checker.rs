@@ -137,6 +137,15 @@ pub const NO_OWNER_WIRE: Duration = sim::NO_OWNER_BOUND
 /// first retry, a second).
 pub const RECONCILE: Duration = Duration::from_secs(2);
 
+/// From the API server's return to the agents' knowing what changed while
+/// it was away: a cut longer than the writer's notice (its probe every
+/// 5 s, timing out after 3 s) is noticed over again within a second of the
+/// heal and every watch lists anew (a failed list retries within 2 s); a
+/// shorter one may go unnoticed, and TCP retransmits what the server sent
+/// within 6.4 s of the heal (its timer doubling from 200 ms: the next
+/// retransmission after a cut of 6.2-8 s is at 12.6 s). Rounded up.
+pub const API_CATCH_UP: Duration = Duration::from_secs(7);
+
 /// Since the last fault, agent start or stop: the longest tail any bound
 /// gives ([`sim::PARTITION_BOUND`], 4.5 s) and a hand-over after it
 /// ([`sim::HANDOVER_BOUND`], 3 s), rounded up.
@@ -158,6 +167,10 @@ pub struct Worst {
     pub dark_calm: Duration,
     pub unanswered: u64,
     pub requests: u64,
+    /// Two-owner episodes by the bound that held them (the fault whose
+    /// excuse lasted longest, or the base bound): the longest, and the
+    /// least room left under its bound.
+    pub by_bound: BTreeMap<&'static str, (Duration, Duration)>,
 }
 
 impl Worst {
@@ -168,6 +181,15 @@ impl Worst {
         self.dark_calm = self.dark_calm.max(o.dark_calm);
         self.unanswered += o.unanswered;
         self.requests += o.requests;
+        for (k, &(len, room)) in &o.by_bound {
+            self.held(k, len, room);
+        }
+    }
+
+    fn held(&mut self, bound: &'static str, len: Duration, room: Duration) {
+        let e = self.by_bound.entry(bound).or_insert((len, room));
+        e.0 = e.0.max(len);
+        e.1 = e.1.min(room);
     }
 }
 
@@ -182,7 +204,16 @@ impl fmt::Display for Worst {
             self.dark_calm.as_millis(),
             self.unanswered,
             self.requests
-        )
+        )?;
+        for (bound, (len, room)) in &self.by_bound {
+            write!(
+                f,
+                "; two owners under {bound}: longest {} ms, least room {} ms",
+                len.as_millis(),
+                room.as_millis()
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -237,10 +268,18 @@ impl Inputs<'_> {
     }
 
     /// Whether anything happened within `calm_after` of `t`: a fault in
-    /// force or recent, an agent that started, stopped or exited.
+    /// force or recent, an agent that started, stopped or exited. An API
+    /// outage ends for the agents [`API_CATCH_UP`] after it healed.
     fn calm(&self, t: Instant, calm_after: Duration) -> bool {
         let recent = |a: Instant, b: Instant| a <= t && t <= b + calm_after;
-        if self.faults.iter().any(|f| recent(f.start, f.end)) {
+        if self.faults.iter().any(|f| {
+            let tail = if matches!(f.fault.kind, Kind::ApiOutage) {
+                API_CATCH_UP
+            } else {
+                Duration::ZERO
+            };
+            recent(f.start, f.end + tail)
+        }) {
             return false;
         }
         !self.units.values().flatten().any(|(at, e)| {
@@ -272,11 +311,13 @@ impl Inputs<'_> {
         out
     }
 
+    /// While the agents could not know what the API says: each outage and
+    /// its catch-up.
     fn api_away(&self) -> Vec<(Instant, Instant)> {
         self.faults
             .iter()
             .filter(|f| matches!(f.fault.kind, Kind::ApiOutage))
-            .map(|f| (f.start, f.end))
+            .map(|f| (f.start, f.end + API_CATCH_UP))
             .collect()
     }
 
@@ -404,6 +445,9 @@ fn excuses(inputs: &Inputs<'_>, bounds: &Bounds) -> Vec<(Instant, Instant, &'sta
                 f.end.max(f.start + bounds.lifetime) + bounds.starting,
             ),
             Kind::Upgrade { .. } => (f.start, f.start + bounds.leaving),
+            // Views that differ (one agent caught up, another not yet)
+            // settle as a hand-over would, once all have caught up.
+            Kind::ApiOutage => (f.start, f.end + API_CATCH_UP + bounds.two_owners),
             _ => continue,
         };
         out.push((from, until, f.fault.kind.name()));
@@ -462,14 +506,16 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
                 });
                 continue;
             }
-            let allowed = excuses
+            let (allowed, bound) = excuses
                 .iter()
                 .filter(|(a, b, _)| *a <= s + bounds.two_owners && *b >= s)
-                .map(|(_, b, _)| *b)
+                .map(|(_, b, n)| (*b, *n))
                 .max()
-                .unwrap_or(s)
-                .max(s + bounds.two_owners);
-            if e > allowed {
+                .filter(|(b, _)| *b > s + bounds.two_owners)
+                .unwrap_or((s + bounds.two_owners, "the base bound"));
+            if e <= allowed {
+                worst.held(bound, len, allowed - e);
+            } else {
                 violations.push(Violation {
                     at: s,
                     what: format!(
@@ -775,6 +821,14 @@ mod tests {
         history: (Vec<Instant>, Vec<(Instant, String)>),
         faults: &[Applied],
     ) -> Vec<Violation> {
+        judge_all(w, history, faults).0
+    }
+
+    fn judge_all(
+        w: &World,
+        history: (Vec<Instant>, Vec<(Instant, String)>),
+        faults: &[Applied],
+    ) -> (Vec<Violation>, Worst) {
         let probes = vec![Heard {
             ip: "10.0.0.1".parse().unwrap(),
             sent: history.0,
@@ -791,7 +845,7 @@ mod tests {
             timeline: &w.timeline,
             services: &w.services,
         };
-        judge(&inputs, &Bounds::new(Duration::from_secs(15))).0
+        judge(&inputs, &Bounds::new(Duration::from_secs(15)))
     }
 
     #[test]
@@ -839,7 +893,13 @@ mod tests {
                 vec!["m1"]
             }
         });
-        assert!(judge_with(&w, h, std::slice::from_ref(&cut)).is_empty());
+        let (v, worst) = judge_all(&w, h, std::slice::from_ref(&cut));
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(
+            worst.by_bound.get("partition"),
+            Some(&(Duration::from_millis(6_800), Duration::from_millis(2_500))),
+            "held by the partition's bound, 2.5 s short of it"
+        );
         // Until 16 s: 1.5 s past it.
         let h = history(w.t0, 20_000, |t| {
             if (5_200..16_000).contains(&t) {

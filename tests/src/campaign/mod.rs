@@ -58,6 +58,10 @@ pub struct Config {
     /// after a run without violations unless `keep`.
     pub dir: PathBuf,
     pub keep: bool,
+    /// End the run after the first round that shows a violation (on the
+    /// wire so far or in its end state): what the planted defects' runner
+    /// wants to know, sooner.
+    pub stop_early: bool,
 }
 
 impl Config {
@@ -259,40 +263,26 @@ pub fn run(config: &Config) -> Report {
                 what: format!("after round {i}'s quiet: the API could not be read: {err}"),
             }),
         }
+        if config.stop_early
+            && (!violations.is_empty()
+                || !judge_wire(&bed, &macs, &initial, t0, &applied, judged_from)
+                    .violations
+                    .is_empty())
+        {
+            say(format!("round {i}: a violation; the run stops here"));
+            break;
+        }
     }
-    let judged_to = Instant::now();
     stop.store(true, Ordering::Relaxed);
     let _ = sampler.join();
 
     // The whole run, judged on the wire.
-    let probes: Vec<Heard> = bed
-        .probes
-        .iter()
-        .map(|(ip, p)| Heard {
-            ip: *ip,
-            sent: p.sent(),
-            replies: p.replies().into_iter().map(|r| (r.at, r.mac)).collect(),
-        })
-        .collect();
-    let units: BTreeMap<String, Vec<(Instant, unit::Event)>> = bed
-        .units
-        .iter()
-        .map(|(n, u)| (n.clone(), u.events()))
-        .collect();
-    let timeline = bed.timeline();
-    let services = checker::service_lives(&initial, t0, &applied);
-    let inputs = Inputs {
-        start: judged_from,
-        end: judged_to,
-        nodes: &bed.nodes,
-        macs: &macs,
-        probes: &probes,
-        faults: &applied,
-        units: &units,
-        timeline: &timeline,
-        services: &services,
-    };
-    let (wire, worst) = checker::judge(&inputs, &Bounds::new(LIFETIME));
+    let Judged {
+        violations: wire,
+        worst,
+        probes,
+        units,
+    } = judge_wire(&bed, &macs, &initial, t0, &applied, judged_from);
     violations.extend(wire);
     violations.sort_by_key(|v| v.at);
     let since = |t: Instant| {
@@ -323,6 +313,59 @@ pub fn run(config: &Config) -> Report {
         worst,
         took: took.elapsed(),
         kept,
+    }
+}
+
+/// The wire judged from `from` to now, and what it was judged on.
+struct Judged {
+    violations: Vec<Violation>,
+    worst: Worst,
+    probes: Vec<Heard>,
+    units: BTreeMap<String, Vec<(Instant, unit::Event)>>,
+}
+
+fn judge_wire(
+    bed: &Bed,
+    macs: &BTreeMap<String, String>,
+    initial: &[(String, bool, Vec<String>)],
+    t0: Instant,
+    applied: &[nemesis::Applied],
+    from: Instant,
+) -> Judged {
+    let to = Instant::now();
+    let probes: Vec<Heard> = bed
+        .probes
+        .iter()
+        .map(|(ip, p)| Heard {
+            ip: *ip,
+            sent: p.sent(),
+            replies: p.replies().into_iter().map(|r| (r.at, r.mac)).collect(),
+        })
+        .collect();
+    let units: BTreeMap<String, Vec<(Instant, unit::Event)>> = bed
+        .units
+        .iter()
+        .map(|(n, u)| (n.clone(), u.events()))
+        .collect();
+    let timeline = bed.timeline();
+    let services = checker::service_lives(initial, t0, applied);
+    let inputs = Inputs {
+        start: from,
+        end: to,
+        nodes: &bed.nodes,
+        macs,
+        probes: &probes,
+        faults: applied,
+        units: &units,
+        timeline: &timeline,
+        services: &services,
+    };
+    let (violations, worst) = checker::judge(&inputs, &Bounds::new(LIFETIME));
+    Judged {
+        violations,
+        worst,
+        probes,
+        units,
     }
 }
 
