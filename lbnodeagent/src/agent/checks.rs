@@ -69,11 +69,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // The server takes requests again after it did not: every watch
         // lists anew, since one the network cut (rather than the server
         // refused) has no error to show and would hear of what changed
-        // meanwhile only when TCP retransmits (see `KubeInputs::restart`).
+        // meanwhile only when TCP retransmits (see `KubeInputs::restart`);
+        // and the record, whose write waited out the cut, is written now.
         let answered = self.telemetry.api_writable.load(Ordering::Relaxed);
         if answered && !self.api_answered {
             info!(server = %self.kube.server(), "the API server is back: listing every watched kind again");
             self.kube.restart();
+            self.publisher.api_back();
         }
         self.api_answered = answered;
         let healthy = self.kube.api_healthy();

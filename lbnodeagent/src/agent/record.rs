@@ -19,6 +19,15 @@
 //! a second for a few seconds), which nothing but `kubectl` reads. A
 //! write that fails is tried again with backoff; the loop never waits on
 //! it. On SIGTERM the record says `Stopped`; a killed agent's goes stale.
+//!
+//! A write gets [`WRITE_TIMEOUT`], as the announcing writer's do: across
+//! a network that drops packets rather than refusing them, a write waits
+//! on a connection that shows no error, and what it carries lands only
+//! when TCP retransmits it, tens of seconds after the server is back
+//! within reach. Timed out, it is tried again, at once when the agent
+//! sees the server answer again ([`Publisher::api_back`]); and once more a
+//! [`MIN_GAP`] after the first write that succeeds, so that an abandoned
+//! write that still lands late is overwritten by what is true.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -35,7 +44,7 @@ use super::Agent;
 use super::config::AgentConfig;
 use crate::addrs::AddressBackend;
 use serde_json::json;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
@@ -51,6 +60,8 @@ pub const MIN_GAP: Duration = Duration::from_secs(5);
 /// First wait after a failed write, doubling to [`RETRY_MAX`].
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long one write (and the record's creation) may take.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long SIGTERM waits for the `Stopped` record to be written.
 const STOP_WRITE: Duration = Duration::from_secs(1);
 
@@ -282,6 +293,8 @@ pub fn is_fresh(record: &NodeAgent, now: jiff::Timestamp) -> bool {
 /// Writes this node's record.
 pub struct Publisher {
     tx: watch::Sender<Option<NodeAgentStatus>>,
+    /// Ends a failed write's backoff: the API server answers again.
+    back: Arc<Notify>,
     api: Api<NodeAgent>,
     node: String,
     task: JoinHandle<()>,
@@ -291,9 +304,11 @@ impl Publisher {
     pub fn start(client: &Client, node: &str) -> Publisher {
         let api = Api::<NodeAgent>::all(client.clone());
         let (tx, rx) = watch::channel(None);
-        let task = tokio::spawn(publish(api.clone(), node.to_string(), rx));
+        let back = Arc::new(Notify::new());
+        let task = tokio::spawn(publish(api.clone(), node.to_string(), rx, back.clone()));
         Publisher {
             tx,
+            back,
             api,
             node: node.to_string(),
             task,
@@ -314,6 +329,12 @@ impl Publisher {
                 true
             }
         });
+    }
+
+    /// The API server answers again after it did not: a write that
+    /// failed is tried now rather than at the end of its backoff.
+    pub fn api_back(&self) {
+        self.back.notify_one();
     }
 
     /// Says `Stopped` (SIGTERM), waiting [`STOP_WRITE`] at most.
@@ -353,12 +374,15 @@ async fn publish(
     api: Api<NodeAgent>,
     node: String,
     mut rx: watch::Receiver<Option<NodeAgentStatus>>,
+    back: Arc<Notify>,
 ) {
     let heartbeat = Duration::from_secs(NODE_AGENT_HEARTBEAT_SECS as u64);
     let mut created = false;
     let mut retry = RETRY_MIN;
     let mut last: Option<NodeAgentStatus> = None;
     let mut failing = false;
+    // Write once more after a recovery (see the module's comment).
+    let mut again = false;
     // The first record goes out as soon as the loop has one.
     while rx.borrow_and_update().is_none() {
         if rx.changed().await.is_err() {
@@ -369,18 +393,21 @@ async fn publish(
     loop {
         let wanted = rx.borrow_and_update().clone();
         if let Some(status) = wanted {
-            let result = async {
+            let write = async {
                 if !created {
                     create(&api, &node).await?;
                     created = true;
                 }
                 write_status(&api, &node, status.clone()).await
-            }
-            .await;
+            };
+            let result = tokio::time::timeout(WRITE_TIMEOUT, write)
+                .await
+                .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())));
             match result {
                 Ok(()) => {
                     if std::mem::take(&mut failing) {
                         info!("NodeAgent record written again");
+                        again = true;
                     }
                     last = Some(status);
                     retry = RETRY_MIN;
@@ -395,7 +422,10 @@ async fn publish(
                         }
                     }
                     failing = true;
-                    tokio::time::sleep(retry).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry) => {}
+                        _ = back.notified() => {}
+                    }
                     retry = (retry * 2).min(RETRY_MAX);
                     continue;
                 }
@@ -404,6 +434,9 @@ async fn publish(
         // At most one write every MIN_GAP; a heartbeat when nothing
         // changes.
         tokio::time::sleep(MIN_GAP).await;
+        if std::mem::take(&mut again) {
+            continue;
+        }
         let changed = rx.has_changed().unwrap_or(false) && rx.borrow().as_ref() != last.as_ref();
         if !changed {
             let _ = tokio::time::timeout(heartbeat.saturating_sub(MIN_GAP), rx.changed()).await;
