@@ -168,6 +168,26 @@ enum Ending {
     },
 }
 
+impl Ending {
+    /// A release that comes while a kill that holds the unit is on its way
+    /// (the agent not yet exited) ends the hold all the same: the fault
+    /// that held it has ended, and nothing would release it later. (Two
+    /// faults on one node, the nemesis late on both: the first's kill and
+    /// its end, then the second's kill, all within milliseconds.)
+    fn released(self) -> Ending {
+        match self {
+            Ending::Kill {
+                cleanup,
+                restart: false,
+            } => Ending::Kill {
+                cleanup,
+                restart: true,
+            },
+            e => e,
+        }
+    }
+}
+
 struct Runner {
     spec: Spec,
     rx: Receiver<Order>,
@@ -427,7 +447,8 @@ impl Runner {
                         self.note(Event::Continued);
                     }
                 }
-                Ok(Order::Release) | Err(RecvTimeoutError::Timeout) => {}
+                Ok(Order::Release) => ending = ending.map(Ending::released),
+                Err(RecvTimeoutError::Timeout) => {}
             }
         }
     }
@@ -436,6 +457,22 @@ impl Runner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_before_the_exit_ends_the_hold() {
+        let held = Ending::Kill {
+            cleanup: false,
+            restart: false,
+        };
+        assert_eq!(
+            held.released(),
+            Ending::Kill {
+                cleanup: false,
+                restart: true
+            }
+        );
+        assert_eq!(Ending::Restart.released(), Ending::Restart);
+    }
 
     /// The constants above are the shipped unit's.
     #[test]
