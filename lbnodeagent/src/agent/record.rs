@@ -49,7 +49,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use super::core::AgentRecord;
-use super::report::FIELD_MANAGER;
+use super::report::{FIELD_MANAGER, WRITE_TIMEOUT};
 use crate::addrs::MacAddr;
 use crate::election::{Member, OnLink};
 use crate::identity::{Identities, Known};
@@ -60,8 +60,6 @@ pub const MIN_GAP: Duration = Duration::from_secs(5);
 /// First wait after a failed write, doubling to [`RETRY_MAX`].
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
-/// How long one write (and the record's creation) may take.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long SIGTERM waits for the `Stopped` record to be written.
 const STOP_WRITE: Duration = Duration::from_secs(1);
 

@@ -65,8 +65,9 @@ const EVENTS_WAITING: usize = 4096;
 /// (one cheap GET over a new or pooled connection) to learn whether it
 /// still takes requests: at 1,000 agents, 200 requests a second at most.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
-/// A probe or write that takes longer counts as failed.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A probe or write that takes longer counts as failed (the record's
+/// writes too).
+pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub use super::core::{Announcing, EventRequest};
 

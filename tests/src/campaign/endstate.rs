@@ -32,6 +32,17 @@ pub struct Expected {
     fleet: Fleet,
 }
 
+impl Expected {
+    /// The addresses the election gives `node`.
+    fn wins(&self, node: &str) -> BTreeSet<IpAddr> {
+        self.winners
+            .iter()
+            .filter(|(_, w)| w.as_deref() == Some(node))
+            .map(|(ip, _)| *ip)
+            .collect()
+    }
+}
+
 pub fn expected(bed: &Bed) -> Result<Expected, String> {
     let config = bed.admin_config();
     let fleet = bed.api_rt.run(move || async move {
@@ -101,12 +112,7 @@ pub fn check(
                     say(format!("{n}: still drained after undrain"));
                 }
                 let held: BTreeSet<IpAddr> = s.vips.iter().filter_map(|x| x.parse().ok()).collect();
-                let wins: BTreeSet<IpAddr> = e
-                    .winners
-                    .iter()
-                    .filter(|(_, w)| w.as_deref() == Some(n.as_str()))
-                    .map(|(ip, _)| *ip)
-                    .collect();
+                let wins: BTreeSet<IpAddr> = e.wins(n);
                 if held != wins {
                     say(format!(
                         "{n}: its record lists {held:?}, the election gives it {wins:?}"
@@ -166,12 +172,7 @@ pub fn check(
             .into_iter()
             .map(|(ip, _, _)| ip)
             .collect();
-        let wins: BTreeSet<IpAddr> = e
-            .winners
-            .iter()
-            .filter(|(_, w)| w.as_deref() == Some(n.as_str()))
-            .map(|(ip, _)| *ip)
-            .collect();
+        let wins: BTreeSet<IpAddr> = e.wins(n);
         if kernel != wins {
             say(format!(
                 "{n}: its kernel holds {kernel:?}, the election gives it {wins:?}"
