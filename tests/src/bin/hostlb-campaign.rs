@@ -61,6 +61,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The agents' kubeconfigs name their token files by this path, and a
+    // kubeconfig's relative paths are read from the kubeconfig's folder.
+    let dir = match std::path::absolute(&args.dir) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("--dir {}: {e}", args.dir.display());
+            return ExitCode::from(2);
+        }
+    };
     let mut failed = false;
     for seed in args.seed..args.seed + args.runs {
         let config = Config {
@@ -72,7 +81,7 @@ fn main() -> ExitCode {
             quiet: Duration::from_secs(20),
             mean_gap: Duration::from_secs(3),
             bins: bins.clone(),
-            dir: args.dir.join(format!("seed-{seed}")),
+            dir: dir.join(format!("seed-{seed}")),
             keep: args.keep,
             stop_early: args.stop_early,
         };

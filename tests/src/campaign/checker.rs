@@ -506,13 +506,7 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
                 });
                 continue;
             }
-            let (allowed, bound) = excuses
-                .iter()
-                .filter(|(a, b, _)| *a <= s + bounds.two_owners && *b >= s)
-                .map(|(_, b, n)| (*b, *n))
-                .max()
-                .filter(|(b, _)| *b > s + bounds.two_owners)
-                .unwrap_or((s + bounds.two_owners, "the base bound"));
+            let (allowed, bound) = allowance(&excuses, s, bounds);
             if e <= allowed {
                 worst.held(bound, len, allowed - e);
             } else {
@@ -523,7 +517,7 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
                         names.join(" and "),
                         len.as_millis(),
                         (e - allowed).as_millis(),
-                        why(&excuses, s, bounds)
+                        why(&excuses, s, allowed, bounds)
                     ),
                 });
             }
@@ -586,11 +580,46 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
     (violations, worst)
 }
 
-/// What excused two owners near `s`, for the message.
-fn why(excuses: &[(Instant, Instant, &'static str)], s: Instant, bounds: &Bounds) -> String {
+/// By when an episode of two owners that began at `s` must end, and the
+/// fault whose excuse holds it there.
+///
+/// The base bound runs from `s`; a fault that begins before the episode's
+/// allowance so far has run out gives it its own (a partition that comes
+/// while an earlier cut's tail still excuses the pair is a partition in
+/// force, and its bound is the table's, from its heal), as the
+/// simulation's checker takes the latest deadline of every situation seen
+/// during an episode. A fault that begins once the allowance has run out
+/// comes too late: the episode had already broken its bound.
+fn allowance(
+    excuses: &[(Instant, Instant, &'static str)],
+    s: Instant,
+    bounds: &Bounds,
+) -> (Instant, &'static str) {
+    let mut held = (s + bounds.two_owners, "the base bound");
+    loop {
+        let next = excuses
+            .iter()
+            .filter(|(a, b, _)| *a <= held.0 && *b > held.0 && *b >= s)
+            .map(|(_, b, n)| (*b, *n))
+            .max();
+        match next {
+            Some(later) => held = later,
+            None => return held,
+        }
+    }
+}
+
+/// What excused two owners that began at `s`, until `allowed`, for the
+/// message.
+fn why(
+    excuses: &[(Instant, Instant, &'static str)],
+    s: Instant,
+    allowed: Instant,
+    bounds: &Bounds,
+) -> String {
     let names: BTreeSet<&str> = excuses
         .iter()
-        .filter(|(a, b, _)| *a <= s + bounds.two_owners && *b >= s)
+        .filter(|(a, b, _)| *a <= allowed && *b >= s)
         .map(|(_, _, n)| *n)
         .collect();
     if names.is_empty() {
@@ -729,7 +758,7 @@ pub fn service_lives(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::campaign::schedule::Fault;
+    use crate::campaign::schedule::{Fault, Sides};
 
     fn ms(t0: Instant, n: u64) -> Instant {
         t0 + Duration::from_millis(n)
@@ -912,6 +941,66 @@ mod tests {
         assert_eq!(v.len(), 1, "{v:?}");
         assert!(
             v[0].what.contains("1500 ms past its bound (partition)"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_partition_that_begins_within_an_earlier_excuse_gives_its_own_bound() {
+        let w = world();
+        // A one-way cut from 5 s to 10 s (its excuse runs to 14.5 s), then
+        // a partition from 12 s to 20 s (to 24.5 s): two owners from 5.2 s
+        // to 22 s are within the second's bound though it began more than
+        // the base bound after the episode did.
+        let one_way = applied(
+            w.t0,
+            5_000,
+            5_000,
+            Kind::OneWay {
+                sides: Sides {
+                    from: vec!["n2".into()],
+                    to: vec!["n1".into()],
+                },
+            },
+        );
+        let two_owners = |t| {
+            if (5_200..22_000).contains(&t) {
+                vec!["m1", "m2"]
+            } else {
+                vec!["m1"]
+            }
+        };
+        let partition = |at| {
+            applied(
+                w.t0,
+                at,
+                8_000,
+                Kind::Partition {
+                    side: vec!["n1".into()],
+                },
+            )
+        };
+        let (v, worst) = judge_all(
+            &w,
+            history(w.t0, 30_000, two_owners),
+            &[one_way.clone(), partition(12_000)],
+        );
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(
+            worst.by_bound.get("partition"),
+            Some(&(Duration::from_millis(16_800), Duration::from_millis(2_500)))
+        );
+        // The same partition from 15 s: the one-way cut's excuse had run
+        // out at 14.5 s, and the episode had broken its bound by then.
+        let v = judge_with(
+            &w,
+            history(w.t0, 30_000, two_owners),
+            &[one_way, partition(15_000)],
+        );
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].what
+                .contains("7500 ms past its bound (one-way partition)"),
             "{v:?}"
         );
     }

@@ -245,7 +245,15 @@ pub fn run(config: &Config) -> Report {
 
     let judged_from = Instant::now();
     let mut applied = Vec::new();
-    for (i, round) in schedule.rounds.iter().enumerate() {
+    // A bed that never came up says so at once: faults on agents that do
+    // not run would only bury the cause under their consequences.
+    let rounds = if violations.is_empty() {
+        &schedule.rounds[..]
+    } else {
+        say("the bed did not come up; no round runs".into());
+        &[]
+    };
+    for (i, round) in rounds.iter().enumerate() {
         say(format!("round {i}: {} faults", round.faults.len()));
         applied.extend(nemesis::run_round(&bed, i, round, &mut |l| say(l)));
         std::thread::sleep(config.quiet);
