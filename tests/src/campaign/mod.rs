@@ -143,6 +143,14 @@ impl Report {
 pub fn run(config: &Config) -> Report {
     let took = Instant::now();
     let schedule = Schedule::draw(config.seed, &config.shape(), config.length);
+    // Made anew: a kept folder of an earlier run holds its etcd, whose
+    // objects would join this run's.
+    match std::fs::remove_dir_all(&config.dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            panic!("the run's folder {}: {e}", config.dir.display())
+        }
+        _ => {}
+    }
     std::fs::create_dir_all(&config.dir).expect("the run's folder");
     std::fs::write(config.dir.join("schedule.txt"), schedule.to_string()).expect("the schedule");
     std::fs::write(
