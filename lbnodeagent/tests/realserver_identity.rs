@@ -207,6 +207,36 @@ async fn one_hosts_credential_cannot_rewrite_a_service_or_another_nodes_record()
         2
     );
 
+    // A record write that lands late, after a newer one was made (TCP
+    // retransmitting what a timed-out write had sent), is refused rather
+    // than putting back what was true before; the agent's writer names the
+    // version its last write made.
+    use lbnodeagent::agent::record::write_status;
+    let reading = |reason: &str| hostlb_api::NodeAgentStatus {
+        state: "Ready".into(),
+        reason: Some(reason.into()),
+        ..Default::default()
+    };
+    let first = write_status(&records, "node-a", reading("before"), None)
+        .await
+        .unwrap();
+    let second = write_status(&records, "node-a", reading("after"), Some(&first))
+        .await
+        .unwrap();
+    assert_ne!(first, second);
+    let late = write_status(&records, "node-a", reading("before"), Some(&first)).await;
+    assert_eq!(
+        code(&late),
+        409,
+        "a write over a version that is gone landed"
+    );
+    let now = records.get_status("node-a").await.unwrap();
+    assert_eq!(
+        now.status.and_then(|s| s.reason).as_deref(),
+        Some("after"),
+        "the late write put back what was true before"
+    );
+
     // node-b revoked (its ServiceAccount deleted): node-b is refused, and
     // node-a goes on as before.
     tokio::task::block_in_place(|| {

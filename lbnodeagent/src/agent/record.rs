@@ -25,9 +25,14 @@
 //! on a connection that shows no error, and what it carries lands only
 //! when TCP retransmits it, tens of seconds after the server is back
 //! within reach. Timed out, it is tried again, at once when the agent
-//! sees the server answer again ([`Publisher::api_back`]); and once more a
-//! [`MIN_GAP`] after the first write that succeeds, so that an abandoned
-//! write that still lands late is overwritten by what is true.
+//! sees the server answer again ([`Publisher::api_back`]). The abandoned
+//! write may still land, long after: TCP retransmits what the closed
+//! connection had sent at a backoff that reaches a minute and more, so it
+//! can arrive after every write that followed it and put back a record
+//! that was true before the outage. So each write names the
+//! resourceVersion the last one made ([`write_status`]): a late one names
+//! a version that is gone, and the API server refuses it (409). A write
+//! refused so reads the version now and is made again at once.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -344,7 +349,7 @@ impl Publisher {
         status.state = STOPPED.into();
         status.reason = Some("the agent was stopped".into());
         status.held_vips = 0;
-        let write = write_status(&self.api, &self.node, status);
+        let write = write_status(&self.api, &self.node, status, None);
         if tokio::time::timeout(STOP_WRITE, write).await.is_err() {
             debug!("the Stopped record was not written in time");
         }
@@ -365,7 +370,7 @@ pub async fn mark_stopped(client: &Client, node: &str, reason: &str) -> Result<(
     status.held_vips = 0;
     status.vips.clear();
     status.last_change_time = Some(Time(jiff::Timestamp::now()));
-    write_status(&api, node, status).await
+    write_status(&api, node, status, None).await.map(drop)
 }
 
 async fn publish(
@@ -379,8 +384,9 @@ async fn publish(
     let mut retry = RETRY_MIN;
     let mut last: Option<NodeAgentStatus> = None;
     let mut failing = false;
-    // Write once more after a recovery (see the module's comment).
-    let mut again = false;
+    // The record's resourceVersion after this writer's last write: the
+    // next one must find it unchanged (see the module's comment).
+    let mut version: Option<String> = None;
     // The first record goes out as soon as the loop has one.
     while rx.borrow_and_update().is_none() {
         if rx.changed().await.is_err() {
@@ -396,19 +402,37 @@ async fn publish(
                     create(&api, &node).await?;
                     created = true;
                 }
-                write_status(&api, &node, status.clone()).await
+                write_status(&api, &node, status.clone(), version.as_deref()).await
             };
             let result = tokio::time::timeout(WRITE_TIMEOUT, write)
                 .await
                 .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())));
             match result {
-                Ok(()) => {
+                Ok(written) => {
                     if std::mem::take(&mut failing) {
                         info!("NodeAgent record written again");
-                        again = true;
                     }
+                    version = Some(written);
                     last = Some(status);
                     retry = RETRY_MIN;
+                }
+                // Someone wrote it since (a late write of ours, `cleanup`,
+                // an operator): read where it is now and write at once.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    debug!(node = %node, "the NodeAgent record changed since this agent wrote it; writing it again");
+                    let read = tokio::time::timeout(WRITE_TIMEOUT, api.get_status(&node)).await;
+                    match read {
+                        Ok(Ok(now)) => {
+                            version = now.metadata.resource_version;
+                            continue;
+                        }
+                        _ => {
+                            failing = true;
+                            tokio::time::sleep(retry).await;
+                            retry = (retry * 2).min(RETRY_MAX);
+                            continue;
+                        }
+                    }
                 }
                 Err(e) => {
                     if !failing {
@@ -432,9 +456,6 @@ async fn publish(
         // At most one write every MIN_GAP; a heartbeat when nothing
         // changes.
         tokio::time::sleep(MIN_GAP).await;
-        if std::mem::take(&mut again) {
-            continue;
-        }
         let changed = rx.has_changed().unwrap_or(false) && rx.borrow().as_ref() != last.as_ref();
         if !changed {
             let _ = tokio::time::timeout(heartbeat.saturating_sub(MIN_GAP), rx.changed()).await;
@@ -459,17 +480,26 @@ async fn create(api: &Api<NodeAgent>, node: &str) -> Result<(), kube::Error> {
     .map(drop)
 }
 
-async fn write_status(
+/// Writes this node's record's status, and returns its resourceVersion
+/// after. With `version`, only over that version: a write that lands
+/// after another was made since is refused (409) rather than putting back
+/// what was true before.
+pub async fn write_status(
     api: &Api<NodeAgent>,
     node: &str,
     mut status: NodeAgentStatus,
-) -> Result<(), kube::Error> {
+    version: Option<&str>,
+) -> Result<String, kube::Error> {
     status.heartbeat_time = Some(Time(jiff::Timestamp::now()));
     let identity = status.identity.clone();
+    let mut metadata = json!({"name": node});
+    if let Some(v) = version {
+        metadata["resourceVersion"] = json!(v);
+    }
     let patch = json!({
         "apiVersion": "hostlb.io/v1",
         "kind": "NodeAgent",
-        "metadata": {"name": node},
+        "metadata": metadata,
         "status": status,
     });
     let written = api
@@ -479,6 +509,11 @@ async fn write_status(
             &Patch::Apply(patch),
         )
         .await?;
+    let written_version = written
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap_or_default();
     // A NodeAgent CRD older than the agent drops the field it does not
     // know: peers would then take this node for an agent without an
     // identity, and believe anyone in its name.
@@ -491,7 +526,7 @@ async fn write_status(
             );
         }
     }
-    Ok(())
+    Ok(written_version)
 }
 
 /// The record as it should read now; the [`Publisher`] writes it when it
