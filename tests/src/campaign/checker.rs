@@ -492,7 +492,11 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
         for (s, e, macs) in episodes(&ws, |w| w.macs.len() > 1, Duration::from_millis(50)) {
             let len = e.saturating_duration_since(s);
             let names: Vec<String> = macs.iter().map(|m| node_name(m)).collect();
-            let calm = inputs.calm(s, bounds.calm_after);
+            // A window is stamped with its request's sending, and its
+            // answers come up to `answer_within` later: a fault carried out
+            // meanwhile (a SIGTERM whose agent hands over at once) is in
+            // force for them.
+            let calm = inputs.calm(s + bounds.answer_within, bounds.calm_after);
             worst.two_owners = worst.two_owners.max(len);
             if calm {
                 worst.two_owners_calm = worst.two_owners_calm.max(len);
@@ -553,7 +557,8 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
             let longest = longest_union(&mut with);
             let len = e.saturating_duration_since(s);
             worst.dark_with_candidate = worst.dark_with_candidate.max(longest);
-            if inputs.calm(s, bounds.calm_after) && longest > Duration::ZERO {
+            if inputs.calm(s + bounds.answer_within, bounds.calm_after) && longest > Duration::ZERO
+            {
                 worst.dark_calm = worst.dark_calm.max(len);
                 violations.push(Violation {
                     at: s,
@@ -900,6 +905,26 @@ mod tests {
                 .contains("n1 and n2 answered together for 30 ms with nothing"),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_fault_carried_out_while_a_request_waits_for_its_answers_is_in_force() {
+        let w = world();
+        // n1 is sent SIGTERM at 10.004 s and hands over at once: the
+        // request sent at 10 s hears both; the fault was in force then.
+        let term = applied(w.t0, 10_004, 1, Kind::Upgrade { node: "n1".into() });
+        let h = history(w.t0, 20_000, |t| match t {
+            0..10_000 => vec!["m1"],
+            10_000..10_010 => vec!["m1", "m2"],
+            _ => vec!["m2"],
+        });
+        let v = judge_with(&w, h.clone(), std::slice::from_ref(&term));
+        assert!(v.is_empty(), "{v:?}");
+        // Carried out 60 ms after: the two answered with nothing in force.
+        let late = applied(w.t0, 10_060, 1, Kind::Upgrade { node: "n1".into() });
+        let v = judge_with(&w, h, &[late]);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].what.contains("with nothing in force"), "{v:?}");
     }
 
     #[test]
