@@ -12,12 +12,6 @@ impl World {
     /// A host's power or port changed: its links with it.
     pub(super) fn relink(&mut self, host: usize) {
         self.links[host] = links_of(&self.hosts[host]);
-        let bit = 1 << host;
-        if self.links[host].on_link().is_empty() {
-            self.on_link &= !bit;
-        } else {
-            self.on_link |= bit;
-        }
     }
 
     pub(super) fn start_agent(&mut self, host: usize) {
@@ -36,6 +30,7 @@ impl World {
         h.published = core.local_state();
         h.pub_version += 1;
         h.started_at = t;
+        h.unhindered_since = t;
         h.core = Some(core);
         h.agent = Agent::Running;
         h.killed = false;

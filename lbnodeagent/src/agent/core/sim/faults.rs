@@ -62,6 +62,7 @@ impl World {
     pub(super) fn apply(&mut self, f: Fault) {
         self.note(format!("fault: {}", self.describe(f)));
         let restart_after_kill = matches!(f, Fault::Start(h) if self.hosts[h].killed);
+        self.checker.fault(self.t);
         if !f.planned() || restart_after_kill {
             self.checker.unplanned(self.t);
         }
@@ -106,6 +107,7 @@ impl World {
                     }
                     self.hosts[h].stopped_at = None;
                     self.hosts[h].stalled_since = None;
+                    self.hosts[h].unhindered_since = self.t;
                     self.hosts[h].view_dirty = true;
                     self.reachability(h);
                     let deferred = std::mem::take(&mut self.hosts[h].deferred);
@@ -217,6 +219,7 @@ impl World {
             Fault::ApiCut(h) | Fault::ApiMend(h) => {
                 self.hosts[h].api_cut = matches!(f, Fault::ApiCut(_));
                 if !self.hosts[h].api_cut {
+                    self.hosts[h].unhindered_since = self.t;
                     // The watches list again: the latest of everything.
                     self.watch_brings(h);
                 }
@@ -224,10 +227,16 @@ impl World {
             Fault::ApiDown => self.api_up = false,
             Fault::ApiUp => {
                 self.api_up = true;
+                for h in &mut self.hosts {
+                    h.unhindered_since = self.t;
+                }
                 self.truth_changed();
             }
             Fault::Flaky(h) | Fault::Steady(h) => {
                 self.hosts[h].flaky = matches!(f, Fault::Flaky(_));
+                if !self.hosts[h].flaky {
+                    self.hosts[h].unhindered_since = self.t;
+                }
             }
         }
     }

@@ -58,6 +58,12 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
                     .is_some_and(|c| c.is_leaving())
                     .then(|| h.termed_at.expect("only SIGTERM starts a leave")),
                 flaky: h.flaky,
+                ready_due: (h.agent == Agent::Running
+                    && w.api_up
+                    && !h.api_cut
+                    && !h.flaky
+                    && !h.core.as_ref().is_some_and(|c| c.is_leaving()))
+                .then(|| h.unhindered_since + check::bounds::READY_BOUND),
                 faulty: !h.powered
                     || (h.agent == Agent::Frozen && h.stalled_since.is_none())
                     || h.killed
@@ -72,8 +78,7 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
             })
             .collect(),
         reach: &w.reach,
-        links: &w.links,
-        on_link: w.on_link,
+        on_link: check::mask(hosts.iter().map(|h| h.powered && h.port_up)),
         ready: check::mask(hosts.iter().map(ready)),
         versions: &w.versions,
         host_versions: hosts.iter().map(|h| h.api_content.max(1)).collect(),

@@ -101,6 +101,11 @@ pub struct Options {
     /// printing it: two builds whose runs are the same event for event
     /// give the same digests.
     pub digest: bool,
+    /// Judge a pair that answers together again soon after it ended as
+    /// the same episode ([`check::bounds::REJOIN_GAP`]). Off by default:
+    /// it finds a flap of the core that is not fixed yet (docs/agent.md,
+    /// "What the checker holds").
+    pub rejoin: bool,
 }
 
 /// How a run ended.
@@ -196,6 +201,10 @@ struct Host {
     termed_at: Option<Duration>,
     /// When the agent last started.
     started_at: Duration,
+    /// Since when nothing has kept its agent from becoming ready: it
+    /// started, thawed, or its API server or kernel came back (see
+    /// [`check::bounds::READY_BOUND`]).
+    unhindered_since: Duration,
     /// Whom the agent beats, as it last said (kept after it stops: its
     /// last beats went out as it stopped).
     beat_plan: BeatPlan,
@@ -315,10 +324,9 @@ struct World {
     checker: check::Checker,
     /// Each host's questions about each address, and how the last went.
     exchanges: BTreeMap<(usize, IpAddr), check::Exchange>,
-    /// Each host's links as they are now ([`World::relink`]), and which
-    /// of them have an on-link prefix.
+    /// Each host's links as they are now ([`World::relink`]), as its
+    /// agent reads them.
     links: Vec<Links>,
-    on_link: check::Mask,
     trace: Trace,
     handled: u64,
     /// A compromised host's forged records, in a quarter of the seeds.
@@ -464,6 +472,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             stalled_since: None,
             termed_at: None,
             started_at: Duration::ZERO,
+            unhindered_since: Duration::ZERO,
         })
         .collect();
     let n = shape.nodes;
@@ -500,10 +509,9 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         shape: shape.clone(),
         settings,
         faulting: true,
-        checker: check::Checker::new(shape.lifetime),
+        checker: check::Checker::new(shape.lifetime).with_rejoin(options.rejoin),
         exchanges: BTreeMap::new(),
         links: Vec::new(),
-        on_link: 0,
         trace: Trace {
             all: options.trace,
             digest: options.digest.then_some(0xcbf2_9ce4_8422_2325),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::agent::core::conflict::{
     LAPSE_HOLD, LAPSE_PROBE, OWNER_PROBE, PRECHECK, YIELD_HOLD, YIELD_PROBE,
 };
-use crate::agent::core::{HANDOVER_MAX, LEAVE_MAX};
+use crate::agent::core::{HANDOVER_MAX, LEAVE_MAX, STARTUP_GRACE, UNCONFIRMED_GRACE};
 
 /// The settled end of a run in which nothing may change.
 pub const STEADY_WINDOW: Duration = Duration::from_secs(6);
@@ -79,6 +79,29 @@ pub const LAPSE_BOUND: Duration = LAPSE_HOLD
 pub const NEWS_LEAD: Duration = Duration::from_millis(
     super::super::WATCH_MS.1 + super::super::SPREAD_MS.1 + super::super::BATCH_MS.1,
 );
+
+/// Two hosts that answer together again this soon after one of them let
+/// go, with nothing carried out and no change of the cluster between, are
+/// the same episode, judged from its first start: a node made to let go
+/// by the contest that takes the VIP again a few milliseconds later would
+/// otherwise restart the bound's clock at every take and flap under it
+/// for ever (each take a gratuitous ARP that turns the clients). An owner
+/// probe's period: the contest settles on the first answer to one, and
+/// with nothing new, nothing a node learns in less time tells it the VIP
+/// is its own again. A fault, a planned change or a new view between the
+/// two begins an episode of its own, under its own bound.
+pub const REJOIN_GAP: Duration = OWNER_PROBE;
+
+/// From the moment nothing keeps an agent from it (started, thawed, its
+/// API server or kernel back) to ready, at most: the start's grace for
+/// its peers ([`STARTUP_GRACE`]); a peer seen within it that the failure
+/// detector has not confirmed is waited for [`UNCONFIRMED_GRACE`] more;
+/// then a hand-over's time for the gossip rounds that settle membership,
+/// the pre-check of an address another host answers for and the kernel's
+/// batch.
+pub const READY_BOUND: Duration = STARTUP_GRACE
+    .saturating_add(UNCONFIRMED_GRACE)
+    .saturating_add(HANDOVER_MAX);
 
 /// After a bound is broken, the run goes on this long to see how long the
 /// broken situation lasts: by how much the bound was missed, which tells a

@@ -118,6 +118,12 @@ impl Checker {
                 .collect()
         };
         for ((a, b), e) in ended {
+            // Remembered first: the follow of a broken bound ends here
+            // only if the pair does not come back (see `REJOIN_GAP`).
+            if self.rejoin {
+                let v = self.vips.entry(ip).or_default();
+                v.ended.insert((a, b), (t, ctx.newest, e.clone()));
+            }
             self.ended(ip, Some((a, b)), t);
             self.record_two(e.kind, t - e.since);
             if let Some(agreed) = e.agreed {
@@ -140,11 +146,21 @@ impl Checker {
         }
         for (a, b) in current {
             let pair: BTreeSet<usize> = [a, b].into();
-            let since = self
-                .vips
-                .get(&ip)
-                .and_then(|v| v.pairs.get(&(a, b)))
-                .map_or(t, |e| e.since);
+            let (last_fault, rejoin) = (self.last_fault, self.rejoin);
+            let v = self.vips.entry(ip).or_default();
+            // A pair that answers again soon after it ended, with nothing
+            // carried out and no change of the cluster since, goes on with
+            // its episode (see `REJOIN_GAP`); any other begins one now.
+            if rejoin
+                && !v.pairs.contains_key(&(a, b))
+                && let Some((at, version, e)) = v.ended.remove(&(a, b))
+                && t - at < REJOIN_GAP
+                && version == ctx.newest
+                && last_fault.is_none_or(|f| f <= at)
+            {
+                v.pairs.insert((a, b), Episode { agreed: None, ..e });
+            }
+            let since = v.pairs.get(&(a, b)).map_or(t, |e| e.since);
             let (deadline, kind) = self.allowance(&pair, ctx, since);
             let v = self.vips.entry(ip).or_default();
             let e = v.pairs.entry((a, b)).or_insert(Episode {

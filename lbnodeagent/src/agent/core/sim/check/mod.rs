@@ -13,6 +13,9 @@
 //!   API server went away while a change was on its way): each ranks itself
 //!   first, and neither can learn better until gossip or the API server
 //!   returns. The stats report how long it lasted.
+//!   A pair that answers together again within [`REJOIN_GAP`] of letting
+//!   go goes on with the same episode: a node made to let go that takes
+//!   the VIP back at once does not restart the bound's clock.
 //! - **No VIP without an owner beyond a bound** while the election, run
 //!   over the ready agents, has a winner for it: failure detection, the
 //!   probe window, a yield that outlives a dead owner's address, retries of
@@ -30,6 +33,13 @@
 //!   only once it has a complete view of the cluster and has heard its
 //!   peers, or waited the start's grace for them: a node its peers elect
 //!   must be able to serve (judged by the world, see `World::publish`).
+//! - **An agent that can be ready is, within [`READY_BOUND`]** of the
+//!   moment nothing kept it from it (started, thawed, its API server or
+//!   kernel back): the no-owner property counts only ready agents as
+//!   candidates, and would not see a winner stuck short of ready.
+//! - **Who may answer is the checker's own rule** ([`lan_on_link`]), not
+//!   the core's `Links`: a defect there must not move the expected
+//!   answer with it.
 //! - **A dead owner's lapse is followed at once.** When the address of an
 //!   owner whose agent is not running lapses, and the node that now wins
 //!   the VIP was told when it would (the owner's beats, or a relay), that
@@ -45,11 +55,11 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::super::links::Links;
+use super::scenario::{SUBNET_V4, SUBNET_V6};
 use super::{ETH0, KUBE_LB0};
 use crate::agent::core::HANDOVER_MAX;
 use crate::agent::core::conflict::{PRECHECK, YIELD_HOLD};
-use crate::election::{Cluster, Election, Member};
+use crate::election::{Cluster, Election, Member, OnLink};
 
 pub mod bounds;
 mod judge;
@@ -131,6 +141,10 @@ pub struct HostState<'a> {
     pub leaving: Option<Duration>,
     /// Its kernel refuses a share of operations now.
     pub flaky: bool,
+    /// It must be ready by then: its agent runs (not frozen), its API
+    /// server answers it and its kernel is steady, since a moment that
+    /// many [`READY_BOUND`] ago. `None` while any of that is not so.
+    pub ready_due: Option<Duration>,
     /// Some unplanned fault is on this host now.
     pub faulty: bool,
     /// Its agent heard its record's drain (and gossips it).
@@ -155,8 +169,8 @@ pub struct Version {
 pub struct Context<'a> {
     pub hosts: Vec<HostState<'a>>,
     pub reach: &'a [Vec<bool>],
-    pub links: &'a [Links],
-    /// The hosts whose links have an on-link prefix now.
+    /// The hosts whose LAN port has carrier now (powered, port up): by the
+    /// checker's own rule ([`lan_on_link`]), those may answer on the LAN.
     pub on_link: Mask,
     /// The hosts whose agents run and are ready.
     pub ready: Mask,
@@ -172,6 +186,7 @@ pub struct Context<'a> {
     pub exchanges: &'a BTreeMap<(usize, IpAddr), Exchange>,
 }
 
+#[derive(Clone)]
 struct Episode {
     since: Duration,
     /// It must be over by then: the latest of what the situations seen
@@ -190,6 +205,11 @@ struct VipState {
     /// episode may chain several causes (a frozen owner, then a partition
     /// with another), each with its own bound.
     pairs: BTreeMap<(usize, usize), Episode>,
+    /// Pairs whose episode ended lately, when, and the newest view of the
+    /// cluster then: one that answers again within [`REJOIN_GAP`], with
+    /// nothing carried out and no change of the cluster since, goes on
+    /// with the same episode, its clock not restarted.
+    ended: BTreeMap<(usize, usize), (Duration, u64, Episode)>,
     none: Option<Duration>,
     /// A dead owner's address lapsed then, and this host, which knew when
     /// it would, is to answer (see [`LAPSE_BOUND`]).
@@ -225,6 +245,11 @@ pub struct Checker {
     pub stats: Stats,
     /// The last time an unplanned fault began or ended.
     last_unplanned: Option<Duration>,
+    /// The last time any fault or planned change was carried out.
+    last_fault: Option<Duration>,
+    /// Whether a pair that answers again soon goes on with its episode
+    /// (see [`REJOIN_GAP`]).
+    rejoin: bool,
     /// `kernel_changes` when the steady window began.
     steady: Option<u64>,
     oracles: Oracles,
@@ -244,11 +269,21 @@ impl Checker {
             told: false,
             stats: Stats::default(),
             last_unplanned: None,
+            last_fault: None,
+            rejoin: false,
             steady: None,
             oracles: Oracles::new(),
             scratch: Vec::new(),
             swept_version: None,
         }
+    }
+
+    /// With `rejoin`, a pair that answers together again within
+    /// [`REJOIN_GAP`] of letting go, with nothing between, goes on with its
+    /// episode.
+    pub fn with_rejoin(mut self, rejoin: bool) -> Checker {
+        self.rejoin = rejoin;
+        self
     }
 
     /// The violation once it is complete: at once, or once the situation
@@ -320,6 +355,12 @@ impl Checker {
     /// An unplanned fault began or ended.
     pub fn unplanned(&mut self, t: Duration) {
         self.last_unplanned = Some(t);
+    }
+
+    /// A fault or a planned change (a stop, a start, a drain) was carried
+    /// out: a pair that answers again after it begins an episode of its own.
+    pub fn fault(&mut self, t: Duration) {
+        self.last_fault = Some(t);
     }
 
     pub fn steady_from(&mut self, kernel_changes: u64) {
@@ -436,7 +477,7 @@ impl Checker {
                     leaving: false,
                     drained: h.drained,
                     virtual_mode: true,
-                    on_link: ctx.links[i].on_link().into(),
+                    on_link: lan_on_link(ctx.on_link & 1 << i != 0).into(),
                 })
                 .collect();
             Election::new(&ctx.versions[&version].cluster, members)
@@ -578,6 +619,28 @@ impl Checker {
             self.judge(*ip, t, ctx);
         }
         self.scratch = ips;
+        self.judge_readiness(t, ctx);
+    }
+
+    /// An agent that could have become ready [`READY_BOUND`] ago and is
+    /// not: the no-owner property counts only ready agents as candidates,
+    /// so a winner stuck short of ready would leave its VIPs dark unseen.
+    fn judge_readiness(&mut self, t: Duration, ctx: &Context) {
+        for h in &ctx.hosts {
+            if let Some(due) = h.ready_due
+                && !h.ready
+                && t > due
+            {
+                self.fail(
+                    t,
+                    format!(
+                        "{} is not ready {:?} after it could have been: its agent runs, the API server answers it and its kernel is steady (bound {READY_BOUND:?})",
+                        h.name,
+                        t - due + READY_BOUND
+                    ),
+                );
+            }
+        }
     }
 
     /// The settled end: no change during the steady window, every agent
@@ -642,6 +705,28 @@ impl Checker {
             }
         }
     }
+}
+
+/// What a simulated host publishes as on-link, by the checker's own
+/// small rule rather than the core's `Links::on_link`, so that a defect
+/// there does not move the expected answer with it: a host whose LAN port
+/// has carrier reaches the LAN's two subnets from `eth0`, which announces
+/// both; one without carrier reaches none (its virtual interface is no
+/// subnet).
+pub fn lan_on_link(carrier: bool) -> Vec<OnLink> {
+    if !carrier {
+        return Vec::new();
+    }
+    let mut out: Vec<OnLink> = [SUBNET_V4, SUBNET_V6]
+        .iter()
+        .map(|p| OnLink {
+            prefix: p.parse().expect("a valid subnet"),
+            interface: "eth0".into(),
+            announce: true,
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// The hosts for which `bits` says true, as a [`Mask`].
