@@ -75,7 +75,7 @@ pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc,
         return Err(ExplainError::NotOurs(format!("{namespace}/{name}")));
     }
     let election = fleet.election();
-    let firewall = lbnodeagent::agent::core::firewall::Firewall::of(&fleet.cluster().0);
+    let firewall = lbnodeagent::model::Firewall::of(&fleet.cluster().0);
     let mut members: Vec<String> = lbnodeagent::agent::record::members_of(&fleet.agents, fleet.now)
         .into_iter()
         .map(|m| m.node)

@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use hostlb_tests::median;
 use hostlb_tests::netns::{Netns, require_root, require_tools};
-use lbnodeagent::agent::core::firewall::{Firewall, FirewallPlan};
 use lbnodeagent::election::{Protocol, ServicePort};
+use lbnodeagent::model::{Firewall, FirewallPlan};
 
 fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
     std::env::var(name)

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
-use crate::agent::core::firewall::{Firewall, FirewallPlan};
+use crate::model::{Firewall, FirewallPlan};
 
 /// The table's family and name, as `nft` spells them.
 pub const TABLE: &str = "inet hostlb";

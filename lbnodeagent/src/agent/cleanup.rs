@@ -149,7 +149,7 @@ pub async fn cleanup(config_path: &Path) -> Result<Cleaned, AgentError> {
             "addresses of this node are left in the kernel; the firewall stays in force for them"
         );
     } else {
-        match crate::firewall::apply(&crate::agent::core::firewall::FirewallPlan::Off).await {
+        match crate::firewall::apply(&crate::model::FirewallPlan::Off).await {
             Ok(()) => info!(table = crate::firewall::TABLE, "firewall removed"),
             Err(crate::firewall::FirewallError::Spawn(_)) if !firewall_on => {}
             Err(e) => warn!(error = %e, "cannot remove the firewall"),

@@ -17,9 +17,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::core::firewall::FirewallPlan;
 use super::telemetry::Telemetry;
 use crate::firewall::apply;
+use crate::model::FirewallPlan;
 
 /// A rule set `nft` refused, or could not be run for, is tried again this
 /// often.

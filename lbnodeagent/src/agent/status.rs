@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::core::Core;
-use crate::agent::core::firewall::FirewallPlan;
 use crate::election::VipReport;
+use crate::model::FirewallPlan;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct StatusDoc {

@@ -4,10 +4,12 @@
 //! the core depends on these and on nothing that does.
 
 mod addr;
+mod firewall;
 mod member;
 mod wire;
 
 pub use addr::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress, solicited_node};
+pub use firewall::{Firewall, FirewallPlan};
 pub use member::{
     DEFAULT_PORT, LocalState, MemberInfo, MembershipView, PROTOCOL, PROTOCOL_DRAIN,
     PROTOCOL_IDENTITY, PROTOCOL_UNSAID, Status,

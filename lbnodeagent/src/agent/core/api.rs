@@ -262,7 +262,7 @@ pub struct Actions {
     /// so far, and give them back as [`Input::KernelOwned`].
     pub read_kernel: bool,
     /// The firewall to put in force, when it changed.
-    pub firewall: Option<super::firewall::FirewallPlan>,
+    pub firewall: Option<crate::model::FirewallPlan>,
 }
 
 /// Whom this node beats, and what its beats say (see [`sessions`]).

@@ -52,7 +52,6 @@
 mod acquire;
 mod api;
 pub mod conflict;
-pub mod firewall;
 mod kernel;
 pub mod links;
 mod outputs;
@@ -75,7 +74,7 @@ use tracing::{debug, info, warn};
 
 use crate::election::{Cluster, Election, Member};
 use crate::model::VipAddress;
-use crate::model::{LocalState, MembershipView};
+use crate::model::{Firewall, FirewallPlan, LocalState, MembershipView};
 use conflict::{Conflicts, OWNER_PROBE, YIELD_PROBE};
 use links::{Links, Mode, Want};
 use sessions::{Lapse, Sessions};
@@ -288,8 +287,8 @@ pub struct Core {
     /// [`Actions::wake`] of the last step.
     wake: Option<Instant>,
     /// The firewall the cluster calls for, and the plan last given out.
-    firewall: Option<firewall::Firewall>,
-    firewall_sent: Option<firewall::FirewallPlan>,
+    firewall: Option<Firewall>,
+    firewall_sent: Option<FirewallPlan>,
     firewall_dirty: bool,
 }
 
@@ -462,7 +461,7 @@ impl Core {
     }
 
     /// The firewall last given out, if any yet.
-    pub fn firewall(&self) -> Option<&firewall::FirewallPlan> {
+    pub fn firewall(&self) -> Option<&FirewallPlan> {
         self.firewall_sent.as_ref()
     }
 
@@ -505,7 +504,7 @@ impl Core {
                     }
                 }
                 self.election.set_cluster(&cluster);
-                self.firewall = Some(firewall::Firewall::of(&cluster));
+                self.firewall = Some(Firewall::of(&cluster));
                 self.firewall_dirty = true;
                 let services_of = &self.services_of;
                 self.ever_held.retain(|ip| services_of.contains_key(ip));
@@ -734,8 +733,8 @@ impl Core {
             .collect();
         let plan = match (&self.firewall, self.settings.firewall) {
             (None, _) => return,
-            (Some(f), true) => firewall::FirewallPlan::On(f.without(&own)),
-            (Some(_), false) => firewall::FirewallPlan::Off,
+            (Some(f), true) => FirewallPlan::On(f.without(&own)),
+            (Some(_), false) => FirewallPlan::Off,
         };
         if self.firewall_sent.as_ref() != Some(&plan) {
             self.firewall_sent = Some(plan.clone());

@@ -2617,7 +2617,7 @@ fn a_leaving_node_lets_go_only_on_a_word_from_after_its_leave() {
 #[test]
 fn the_firewall_follows_the_services_ports_and_the_switch() {
     use crate::election::{Protocol, ServicePort};
-    use firewall::FirewallPlan;
+    use crate::model::FirewallPlan;
     let v = ip("10.0.1.1");
     let mut a = Node::new("a");
     let with_ports = |ports: &[u16]| {
@@ -2676,7 +2676,7 @@ fn the_firewall_follows_the_services_ports_and_the_switch() {
 /// costs no rule change. Another Node's address is closed like any VIP.
 #[test]
 fn the_firewall_leaves_out_only_the_hosts_own_addresses() {
-    use firewall::FirewallPlan;
+    use crate::model::FirewallPlan;
     let (v, own) = (ip("10.0.1.1"), ip("10.0.1.2"));
     let mut a = Node::new("a");
     let plan = |act: &Actions| match &act.firewall {
