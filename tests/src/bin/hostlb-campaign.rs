@@ -8,6 +8,7 @@
 //! Exits 0 when nothing was violated, 1 when something was (the run's
 //! folder is kept, its path printed), 2 when it could not run.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -86,10 +87,12 @@ fn main() -> ExitCode {
             stop_early: args.stop_early,
         };
         if args.schedule {
-            print!(
-                "{}",
-                campaign::schedule::Schedule::draw(seed, &config.shape(), config.length)
-            );
+            // A reader that stops early (`| head`) ends the listing, not
+            // the program with a panic.
+            let schedule = campaign::schedule::Schedule::draw(seed, &config.shape(), config.length);
+            if write!(std::io::stdout().lock(), "{schedule}").is_err() {
+                break;
+            }
             continue;
         }
         println!("campaign seed {seed}: replay with `{}`", config.replay());
