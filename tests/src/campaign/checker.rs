@@ -510,7 +510,7 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
                 });
                 continue;
             }
-            let (allowed, bound) = allowance(&excuses, s, bounds);
+            let (allowed, bound) = allowance(&excuses, s, e, bounds);
             if e <= allowed {
                 worst.held(bound, len, allowed - e);
             } else {
@@ -594,17 +594,19 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
 /// force, and its bound is the table's, from its heal), as the
 /// simulation's checker takes the latest deadline of every situation seen
 /// during an episode. A fault that begins once the allowance has run out
-/// comes too late: the episode had already broken its bound.
+/// comes too late: the episode had already broken its bound; one that
+/// begins after the episode ended (at `e`) had nothing to excuse.
 fn allowance(
     excuses: &[(Instant, Instant, &'static str)],
     s: Instant,
+    e: Instant,
     bounds: &Bounds,
 ) -> (Instant, &'static str) {
     let mut held = (s + bounds.two_owners, "the base bound");
     loop {
         let next = excuses
             .iter()
-            .filter(|(a, b, _)| *a <= held.0 && *b > held.0 && *b >= s)
+            .filter(|(a, b, _)| *a <= held.0.min(e) && *b > held.0 && *b >= s)
             .map(|(_, b, n)| (*b, *n))
             .max();
         match next {
@@ -1014,6 +1016,18 @@ mod tests {
         assert_eq!(
             worst.by_bound.get("partition"),
             Some(&(Duration::from_millis(16_800), Duration::from_millis(2_500)))
+        );
+        // An agent that starts after the episode ended excuses nothing
+        // and does not hold it.
+        let late_start = applied(w.t0, 22_500, 1, Kind::Upgrade { node: "n2".into() });
+        let (_, worst) = judge_all(
+            &w,
+            history(w.t0, 30_000, two_owners),
+            &[one_way.clone(), partition(12_000), late_start],
+        );
+        assert_eq!(
+            worst.by_bound.keys().copied().collect::<Vec<_>>(),
+            ["partition"]
         );
         // The same partition from 15 s: the one-way cut's excuse had run
         // out at 14.5 s, and the episode had broken its bound by then.
