@@ -407,6 +407,23 @@ async fn publish(
             let result = tokio::time::timeout(WRITE_TIMEOUT, write)
                 .await
                 .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())));
+            // Someone wrote it since (a late write of ours, `cleanup`, an
+            // operator): read where it is now and write at once; a read
+            // that fails is a failed write like any other.
+            let result = match result {
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    debug!(node = %node, "the NodeAgent record changed since this agent wrote it; writing it again");
+                    match tokio::time::timeout(WRITE_TIMEOUT, api.get_status(&node)).await {
+                        Ok(Ok(now)) => {
+                            version = now.metadata.resource_version;
+                            continue;
+                        }
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err(kube::Error::Service("the read timed out".into())),
+                    }
+                }
+                other => other,
+            };
             match result {
                 Ok(written) => {
                     if std::mem::take(&mut failing) {
@@ -415,24 +432,6 @@ async fn publish(
                     version = Some(written);
                     last = Some(status);
                     retry = RETRY_MIN;
-                }
-                // Someone wrote it since (a late write of ours, `cleanup`,
-                // an operator): read where it is now and write at once.
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    debug!(node = %node, "the NodeAgent record changed since this agent wrote it; writing it again");
-                    let read = tokio::time::timeout(WRITE_TIMEOUT, api.get_status(&node)).await;
-                    match read {
-                        Ok(Ok(now)) => {
-                            version = now.metadata.resource_version;
-                            continue;
-                        }
-                        _ => {
-                            failing = true;
-                            tokio::time::sleep(retry).await;
-                            retry = (retry * 2).min(RETRY_MAX);
-                            continue;
-                        }
-                    }
                 }
                 Err(e) => {
                     if !failing {

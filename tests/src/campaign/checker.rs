@@ -267,10 +267,14 @@ impl Inputs<'_> {
         assigned.get(&ip).map(String::as_str)
     }
 
-    /// Whether anything happened within `calm_after` of `t`: a fault in
-    /// force or recent, an agent that started, stopped or exited. An API
-    /// outage ends for the agents [`API_CATCH_UP`] after it healed.
-    fn calm(&self, t: Instant, calm_after: Duration) -> bool {
+    /// Whether anything happened within `calm_after` of the window whose
+    /// request was sent at `sent`: a fault in force or recent, an agent
+    /// that started, stopped or exited. The window's answers come up to
+    /// `answer_within` after its request, so a fault carried out meanwhile
+    /// (a SIGTERM whose agent hands over at once) is in force for them.
+    /// An API outage ends for the agents [`API_CATCH_UP`] after it healed.
+    fn calm(&self, sent: Instant, bounds: &Bounds) -> bool {
+        let (t, calm_after) = (sent + bounds.answer_within, bounds.calm_after);
         let recent = |a: Instant, b: Instant| a <= t && t <= b + calm_after;
         if self.faults.iter().any(|f| {
             let tail = if matches!(f.fault.kind, Kind::ApiOutage) {
@@ -492,11 +496,7 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
         for (s, e, macs) in episodes(&ws, |w| w.macs.len() > 1, Duration::from_millis(50)) {
             let len = e.saturating_duration_since(s);
             let names: Vec<String> = macs.iter().map(|m| node_name(m)).collect();
-            // A window is stamped with its request's sending, and its
-            // answers come up to `answer_within` later: a fault carried out
-            // meanwhile (a SIGTERM whose agent hands over at once) is in
-            // force for them.
-            let calm = inputs.calm(s + bounds.answer_within, bounds.calm_after);
+            let calm = inputs.calm(s, bounds);
             worst.two_owners = worst.two_owners.max(len);
             if calm {
                 worst.two_owners_calm = worst.two_owners_calm.max(len);
@@ -557,8 +557,7 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
             let longest = longest_union(&mut with);
             let len = e.saturating_duration_since(s);
             worst.dark_with_candidate = worst.dark_with_candidate.max(longest);
-            if inputs.calm(s + bounds.answer_within, bounds.calm_after) && longest > Duration::ZERO
-            {
+            if inputs.calm(s, bounds) && longest > Duration::ZERO {
                 worst.dark_calm = worst.dark_calm.max(len);
                 violations.push(Violation {
                     at: s,
