@@ -174,14 +174,16 @@ pub struct Agent<B: AddressBackend + 'static> {
 
 impl<B: AddressBackend + 'static> Agent<B> {
     /// The loop. Returns after a graceful leave (SIGTERM/SIGINT).
-    pub async fn run(mut self) -> Result<(), AgentError> {
+    /// `signals` were installed before the start, so a SIGHUP or SIGTERM
+    /// that came while the agent started waits here instead of ending
+    /// the process by its default action.
+    pub async fn run(mut self, mut signals: Signals) -> Result<(), AgentError> {
         // Subscribed before the kernel is read, so nothing falls between.
         let mut events = self.backend.subscribe().await?;
         let adopted = self.backend.adopt().await?;
         if self.step(Input::Adopted(adopted)).await {
             return self.finish().await;
         }
-        let mut signals = Signals::new(true).map_err(AgentError::Signals)?;
         let (status_tx, mut status_rx) = mpsc::channel::<oneshot::Sender<StatusDoc>>(8);
         self.telemetry.set_status_channel(status_tx);
         let mut tick = tokio::time::interval(TICK);

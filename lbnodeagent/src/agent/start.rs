@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostlb_api::Family;
+use hostlb_api::runtime::signals::Signals;
 use tracing::{error, info, warn};
 
 use super::config::AgentConfig;
@@ -385,6 +386,9 @@ pub fn keygen() -> std::io::Result<String> {
 
 /// Starts the agent on a real host and runs it until SIGTERM/SIGINT.
 pub async fn run(config_path: &Path) -> Result<(), AgentError> {
+    // First: until the handlers are in, SIGHUP's default action ends the
+    // process, and a reload sent while the agent starts would kill it.
+    let signals = Signals::new(true).map_err(AgentError::Signals)?;
     let cfg = AgentConfig::load(config_path)?;
     let kernel_thread = KernelThread::start().map_err(AgentError::KernelThread)?;
     let backend = kernel_thread
@@ -408,7 +412,7 @@ pub async fn run(config_path: &Path) -> Result<(), AgentError> {
         kernel_thread,
     )
     .await?
-    .run()
+    .run(signals)
     .await
 }
 

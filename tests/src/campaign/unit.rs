@@ -365,6 +365,10 @@ impl Runner {
         let mut last_ping = Instant::now();
         let mut abort_at: Option<Instant> = None;
         let mut term_at: Option<Instant> = None;
+        // systemd runs a reload asked for while the unit is still starting
+        // only once the start job ends (READY=1): the job waits behind it.
+        let mut ready = false;
+        let mut reload_waits = false;
         let mut buf = [0u8; 512];
         loop {
             while let Ok(n) = self.notify.recv(&mut buf) {
@@ -374,9 +378,19 @@ impl Runner {
                         "WATCHDOG=1" => last_ping = Instant::now(),
                         "READY=1" => {
                             last_ping = Instant::now();
+                            ready = true;
                             self.note(Event::Ready);
                         }
                         _ => {}
+                    }
+                }
+            }
+            if reload_waits && ready {
+                reload_waits = false;
+                if ending.is_none() {
+                    match self.check() {
+                        Ok(()) => signal("HUP"),
+                        Err(output) => self.note(Event::CheckFailed { output }),
                     }
                 }
             }
@@ -424,14 +438,7 @@ impl Runner {
                     signal("TERM");
                     term_at = Some(Instant::now());
                 }
-                Ok(Order::Reload) => {
-                    if ending.is_none() {
-                        match self.check() {
-                            Ok(()) => signal("HUP"),
-                            Err(output) => self.note(Event::CheckFailed { output }),
-                        }
-                    }
-                }
+                Ok(Order::Reload) => reload_waits = true,
                 Ok(Order::Stop) => {
                     if !stopped && ending.is_none() {
                         signal("STOP");
@@ -496,5 +503,78 @@ mod tests {
         assert_eq!(setting("Restart"), "always");
         assert!(setting("ExecStopPost").contains("lbnodeagent cleanup"));
         assert!(setting("ExecStartPre").contains("lbnodeagent check"));
+    }
+
+    /// A reload asked for while the agent starts reaches it after READY=1,
+    /// as systemd's reload job waits behind the start job; sent at once it
+    /// would meet SIGHUP's default action and end the process. The agent
+    /// here is a script that handles SIGHUP only from its READY=1 on.
+    /// Needs root: the unit runs its agent in a network namespace.
+    #[test]
+    fn a_reload_while_starting_waits_for_ready() {
+        crate::netns::require_root();
+        let ns = crate::netns::Netns::new("unit").unwrap();
+        let dir = std::env::temp_dir().join(format!("hostlb-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let agent = dir.join("agent");
+        let hups = dir.join("hups");
+        std::fs::write(
+            &agent,
+            format!(
+                r#"#!/bin/sh
+[ "$1" = run ] || exit 0
+sleep 0.4
+trap 'echo hup >> {hups}' HUP
+notify() {{ perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Type => SOCK_DGRAM, Peer => $ENV{{NOTIFY_SOCKET}})->send($ARGV[0])' "$1"; }}
+notify READY=1
+while :; do notify WATCHDOG=1; sleep 0.05; done
+"#,
+                hups = hups.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let unit = Unit::start(Spec {
+            node: "n1".into(),
+            netns: ns.name().into(),
+            binary: agent,
+            config: dir.join("config"),
+            log: dir.join("log"),
+            notify: dir.join("notify"),
+            env: vec![],
+        });
+        let started = Instant::now();
+        while !unit
+            .events()
+            .iter()
+            .any(|(_, e)| matches!(e, Event::Started { .. }))
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the agent started"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        unit.send(Order::Reload);
+        while !std::fs::read_to_string(&hups).is_ok_and(|h| h.lines().count() == 1) {
+            let exited = unit
+                .events()
+                .into_iter()
+                .find(|(_, e)| matches!(e, Event::Exited { .. }));
+            assert!(exited.is_none(), "the agent lives on: {exited:?}");
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the reload came"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let events = unit.events();
+        let at = |want: fn(&Event) -> bool| events.iter().position(|(_, e)| want(e));
+        let ready = at(|e| *e == Event::Ready).expect("READY=1");
+        let hup = at(|e| *e == Event::Signalled { signal: "HUP" }).expect("a SIGHUP");
+        assert!(ready < hup, "the SIGHUP follows READY=1: {events:?}");
+        drop(unit);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
