@@ -6,7 +6,7 @@
 //! cargo run --release -p lbnodeagent --features sim --bin sim -- --seed 4242 --trace
 //! cargo run --release -p lbnodeagent --features sim --bin sim -- --seeds 0..20000 --digests FILE
 //! RUST_LOG=lbnodeagent=debug cargo run ... -- --seed 4242 --trace   # the cores' own logs too
-//! cargo run --release -p lbnodeagent --features sim --bin sim -- --seed 2603 --rejoin   # a flap under the bound, not fixed yet
+//! cargo run --release -p lbnodeagent --features sim --bin sim -- --seed 2603 --apart   # each two-owner episode judged apart
 //! ```
 //!
 //! Seeds run on every core of the machine (`--threads` to choose); the
@@ -31,8 +31,8 @@ struct Args {
     /// Write each seed's trace digest, one line per seed, to this file.
     digests: Option<std::path::PathBuf>,
     threads: usize,
-    /// Judge a pair that answers again at once as the same episode.
-    rejoin: bool,
+    /// Judge each two-owner episode apart (see `Options::apart`).
+    apart: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -41,7 +41,7 @@ fn parse() -> Result<Args, String> {
         trace: false,
         digests: None,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        rejoin: false,
+        apart: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -57,7 +57,7 @@ fn parse() -> Result<Args, String> {
                     ..b.parse().map_err(|_| "--seeds A..B")?;
             }
             "--trace" => args.trace = true,
-            "--rejoin" => args.rejoin = true,
+            "--apart" => args.apart = true,
             "--digests" => args.digests = Some(it.next().ok_or("--digests FILE")?.into()),
             "--threads" => {
                 args.threads = it
@@ -91,7 +91,7 @@ fn main() -> ExitCode {
     let options = Options {
         trace: args.trace,
         digest: args.digests.is_some(),
-        rejoin: args.rejoin,
+        apart: args.apart,
     };
     std::thread::scope(|scope| {
         for _ in 0..args.threads.max(1) {

@@ -221,9 +221,10 @@ pub struct Core {
     /// VIPs whose winner is a live peer with an older view of the cluster
     /// that does not show them held, since when (see [`Core::orphans`]).
     orphans: BTreeMap<IpAddr, Instant>,
-    /// The older peers the orphans' duties were last read with: who takes
-    /// an orphan is the first of the nodes not among them.
-    orphans_read_without: BTreeSet<String>,
+    /// Who came first for each orphan when its duty was last read: the
+    /// first live candidate not behind. It moves when a node behind
+    /// catches up, and as well when one that is not comes or goes.
+    orphans_fallback: BTreeMap<IpAddr, Option<String>>,
     /// Orphans due before [`HANDOVER_MAX`] because nobody answered for
     /// them once the view had [`VIEW_SPREAD`] to spread (see
     /// [`Core::orphans_unanswered`]).
@@ -326,7 +327,7 @@ impl Core {
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             orphans: BTreeMap::new(),
-            orphans_read_without: BTreeSet::new(),
+            orphans_fallback: BTreeMap::new(),
             orphans_spread: BTreeSet::new(),
             orphans_heard: BTreeSet::new(),
             starting_yields: BTreeMap::new(),

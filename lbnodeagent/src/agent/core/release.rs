@@ -524,19 +524,32 @@ impl Core {
                 }
             }
         }
-        // A peer catching up changes who comes first without it: each
-        // orphan's duty is read again then, or a node that took one while
-        // the others were behind would keep it as theirs caught up.
-        let fallbacks_moved = self.orphans_read_without != older;
+        // Who comes first moves without the winner moving: a peer catching
+        // up, or one not behind coming back or going. Each orphan whose
+        // first node moved has its duty read again, or a node that took one
+        // while the others were behind or away would keep it as theirs
+        // came back (seed 2603 of the simulation: the contest then made it
+        // let go, and the stale duty take it again, every hand-over's
+        // time).
+        let fallback: BTreeMap<IpAddr, Option<String>> = found
+            .keys()
+            .map(|ip| {
+                let first = self.election.winner_without(*ip, |n| older.contains(n));
+                (*ip, first.map(str::to_string))
+            })
+            .collect();
         let orphans_changed = found != self.orphans;
         let changed: Vec<IpAddr> = found
             .iter()
-            .filter(|(ip, since)| fallbacks_moved || self.orphans.get(ip) != Some(since))
+            .filter(|(ip, since)| {
+                self.orphans.get(ip) != Some(since)
+                    || self.orphans_fallback.get(ip) != fallback.get(ip)
+            })
             .map(|(ip, _)| ip)
             .chain(self.orphans.keys().filter(|ip| !found.contains_key(ip)))
             .copied()
             .collect();
-        self.orphans_read_without = older;
+        self.orphans_fallback = fallback;
         self.orphans_spread.retain(|ip| found.contains_key(ip));
         self.orphans_heard.retain(|ip| found.contains_key(ip));
         if orphans_changed {

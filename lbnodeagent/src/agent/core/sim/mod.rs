@@ -101,11 +101,11 @@ pub struct Options {
     /// printing it: two builds whose runs are the same event for event
     /// give the same digests.
     pub digest: bool,
-    /// Judge a pair that answers together again soon after it ended as
-    /// the same episode ([`check::bounds::REJOIN_GAP`]). Off by default:
-    /// it finds a flap of the core that is not fixed yet (docs/agent.md,
-    /// "What the checker holds").
-    pub rejoin: bool,
+    /// Judge each two-owner episode apart, as the checker did before a
+    /// pair that answers together again soon after it ended went on with
+    /// the same episode ([`check::bounds::REJOIN_GAP`]): only to compare,
+    /// as it misses a flap whose episodes are each under their bound.
+    pub apart: bool,
 }
 
 /// How a run ended.
@@ -509,7 +509,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         shape: shape.clone(),
         settings,
         faulting: true,
-        checker: check::Checker::new(shape.lifetime).with_rejoin(options.rejoin),
+        checker: check::Checker::new(shape.lifetime).with_rejoin(!options.apart),
         exchanges: BTreeMap::new(),
         links: Vec::new(),
         trace: Trace {

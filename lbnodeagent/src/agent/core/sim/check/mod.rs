@@ -270,7 +270,7 @@ impl Checker {
             stats: Stats::default(),
             last_unplanned: None,
             last_fault: None,
-            rejoin: false,
+            rejoin: true,
             steady: None,
             oracles: Oracles::new(),
             scratch: Vec::new(),
@@ -278,9 +278,10 @@ impl Checker {
         }
     }
 
-    /// With `rejoin`, a pair that answers together again within
-    /// [`REJOIN_GAP`] of letting go, with nothing between, goes on with its
-    /// episode.
+    /// With `rejoin` (the default), a pair that answers together again
+    /// within [`REJOIN_GAP`] of letting go, with nothing between, goes on
+    /// with its episode; without it, each episode is judged apart, and a
+    /// flap whose episodes are each under their bound goes unseen.
     pub fn with_rejoin(mut self, rejoin: bool) -> Checker {
         self.rejoin = rejoin;
         self
