@@ -13,7 +13,7 @@ use tracing::{debug, error, info, warn};
 use super::Agent;
 use super::config::AgentConfig;
 use super::core::links::Links;
-use super::core::{Input, OpKind, OpResult};
+use super::core::{Input, OpError, OpKind, OpResult};
 use super::telemetry::Telemetry;
 use crate::addrs::{AddressBackend, Events, Interface, KernelEvent};
 
@@ -223,12 +223,12 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(
                     .map(|(vip, result)| OpResult {
                         ip: vip.ip,
                         kind,
-                        result: result.map_err(|e| e.to_string()),
+                        result: result.map_err(|e| OpError::Kernel(e.to_string())),
                     })
                     .chain(refused.into_iter().map(|(vip, why)| OpResult {
                         ip: vip.ip,
                         kind,
-                        result: Err(why.err().unwrap_or_default()),
+                        result: Err(OpError::Unguarded(why.err().unwrap_or_default())),
                     }))
                     .collect();
                 if done.send(Input::Done(out)).is_err() {

@@ -180,8 +180,8 @@ impl Core {
             (None, Some(held)) => {
                 if let Some(why) = self.may_release(ip, &held, now) {
                     // Whatever the hand-over came to, the cause is the stop.
-                    let why = if self.is_leaving() && !why.starts_with("shutting down") {
-                        format!("shutting down; {why}")
+                    let why = if self.is_leaving() {
+                        why.while_leaving()
                     } else {
                         why
                     };

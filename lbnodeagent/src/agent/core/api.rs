@@ -60,8 +60,26 @@ pub enum OpKind {
 pub struct OpResult {
     pub ip: IpAddr,
     pub kind: OpKind,
-    /// The error's message on failure.
-    pub result: Result<Applied, String>,
+    pub result: Result<Applied, OpError>,
+}
+
+/// Why a kernel operation did not happen. The core retries either the
+/// same way and only logs the words each carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpError {
+    /// The kernel refused it: netlink's error, as it said it.
+    Kernel(String),
+    /// Not tried: no firewall closing the VIP is in force (the shell's
+    /// guard), with why.
+    Unguarded(String),
+}
+
+impl std::fmt::Display for OpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpError::Kernel(e) | OpError::Unguarded(e) => f.write_str(e),
+        }
+    }
 }
 
 /// Something that happened, for [`Core::step`].

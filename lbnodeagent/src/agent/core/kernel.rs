@@ -13,6 +13,7 @@ use crate::model::Target;
 use crate::model::{Applied, OwnedAddress};
 
 use super::links::{Mode, Want};
+use super::reason::LetGo;
 use super::slot::{Garp, Held, Op, expiry, same_place};
 use super::{ADD_FAST_FOR, ADD_RETRY_MAX, Actions, Core, Metric, OpName, OpResult, RETRY_MAX};
 
@@ -128,7 +129,7 @@ impl Core {
                 if let Some(p) = moved {
                     slot.op = Some(Op::Remove {
                         vip: p.vip.clone(),
-                        why: format!("moved to {}", want.vip.interface),
+                        why: LetGo::MovedTo(want.vip.interface.clone()),
                         stale: true,
                     });
                     out.remove.push(p.vip);

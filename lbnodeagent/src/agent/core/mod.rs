@@ -55,6 +55,7 @@ pub mod conflict;
 mod kernel;
 pub mod links;
 mod outputs;
+mod reason;
 mod release;
 pub mod sessions;
 #[doc(hidden)]
@@ -81,7 +82,7 @@ use sessions::{Lapse, Sessions};
 
 pub use api::{
     Actions, AgentRecord, Announcing, BeatPlan, ConflictKind, ConflictOutcome, ConflictSeen,
-    EventRequest, Input, Metric, OpKind, OpName, OpResult, Relay, Settings,
+    EventRequest, Input, Metric, OpError, OpKind, OpName, OpResult, Relay, Settings,
 };
 use slot::{Held, Op, Slot};
 

@@ -13,42 +13,53 @@ use crate::election::{Reason, order_key};
 use crate::model::Status;
 
 use super::links::{Mode, Want};
+use super::reason::{LetGo, NotWon};
 use super::slot::{Handover, Held, Op, Slot};
 use super::{
     Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase, VIEW_SPREAD,
 };
+
+/// What a leaving node with no winner to hand a VIP to may still hope for
+/// (see [`Core::leaving_without_successor`]).
+pub(super) enum Successor {
+    /// A live peer holds it now: it goes.
+    Holds(String),
+    /// A peer may come to win it (its view is newer, or the leave's grace
+    /// is not over): kept meanwhile.
+    MayCome,
+    /// Nobody: it goes for the election's reason.
+    None,
+}
 
 impl Core {
     /// Why a held VIP this node no longer wins may go now, or `None` while
     /// it must stay. A live winner that has not yet shown the VIP in its
     /// gossip state gets up to [`HANDOVER_MAX`]; meanwhile this node stops
     /// announcing but keeps answering, so no request goes unanswered.
-    pub(super) fn may_release(&mut self, ip: IpAddr, held: &Want, now: Instant) -> Option<String> {
+    pub(super) fn may_release(&mut self, ip: IpAddr, held: &Want, now: Instant) -> Option<LetGo> {
         let adopted = self.slots.get(&ip).is_some_and(Slot::adopted);
         let link_up = self
             .links
             .by_index(held.vip.ifindex)
             .is_some_and(|l| l.carrier);
         if adopted && !link_up {
-            return Some("its link has no carrier".into());
+            return Some(LetGo::AdoptedNoCarrier);
         }
         if adopted && self.phase == Phase::Starting {
             // Not decided before the first reconcile, unless another node
             // has taken it over meanwhile.
             if self.a_member_holds(ip) {
-                return Some("another node holds it now".into());
+                return Some(LetGo::AdoptedTakenOver);
             }
             let other = self.starting_holder_first(ip)?;
             self.starting_yields.insert(ip, held.clone());
-            return Some(format!(
-                "{other} kept it from its previous run too, and ranks first by the hash order"
-            ));
+            return Some(LetGo::StartingHolderFirst(other));
         }
         if held.mode == Mode::Virtual || self.phase == Phase::Finishing {
-            return Some(self.release_reason(ip));
+            return Some(LetGo::NotWon(self.release_reason(ip)));
         }
         if !link_up {
-            return Some(format!("{} has no carrier", held.vip.interface));
+            return Some(LetGo::NoCarrier(held.vip.interface.clone()));
         }
         let Some(mut winner) = self
             .election
@@ -56,12 +67,14 @@ impl Core {
             .filter(|w| *w != self.settings.node)
             .map(str::to_string)
         else {
-            if let Phase::Leaving { since } = self.phase
-                && let Some(why) = self.leaving_without_successor(ip, since, now)
-            {
-                return why;
+            if let Phase::Leaving { since } = self.phase {
+                match self.leaving_without_successor(ip, since, now) {
+                    Successor::Holds(peer) => return Some(LetGo::HeldBy(peer)),
+                    Successor::MayCome => return None,
+                    Successor::None => {}
+                }
             }
-            return Some(self.release_reason(ip));
+            return Some(LetGo::NotWon(self.release_reason(ip)));
         };
         // A winner with an older view of the cluster may not know the VIP;
         // the nodes that do take it then (see `orphans`): the first of them
@@ -86,13 +99,13 @@ impl Core {
         }
         if !first_that_knows {
             if self.may_leave_it_to(&winner, ip) {
-                return Some(format!("{winner} holds it now"));
+                return Some(LetGo::HeldBy(winner));
             }
             if self.slots.get(&ip).is_some_and(|s| {
                 s.handover()
                     .is_some_and(|h| h.answered_by.as_deref() == Some(winner.as_str()))
             }) {
-                return Some(format!("{winner} answers for it on the wire"));
+                return Some(LetGo::AnsweredBy(winner));
             }
         }
         // A live peer whose view of the cluster is newer than ours holds it:
@@ -104,9 +117,7 @@ impl Core {
             .map(|n| n.node.clone())
             .find(|n| self.holds(n, ip))
         {
-            return Some(format!(
-                "{p} holds it now, with a newer view of the cluster"
-            ));
+            return Some(LetGo::NewerHolder(p));
         }
         let winner_revision = self.view.node(&winner).map_or(0, |n| self.revision_of(n));
         // Kept for differing views (below), or about to be for a winner
@@ -130,7 +141,7 @@ impl Core {
                 .filter(|n| self.revision_of(n) == self.revision && self.holds(&n.node, ip))
             {
                 match self.election.outranks(ip, &p.node, me, true) {
-                    Some(true) => return Some(format!("{} keeps it too and ranks first", p.node)),
+                    Some(true) => return Some(LetGo::KeptByFirst(p.node.clone())),
                     Some(false) => same_view_holder_below = true,
                     None => {}
                 }
@@ -193,7 +204,7 @@ impl Core {
                 return None;
             }
             warn!(%ip, %winner, "the winner did not show the address in time; releasing anyway");
-            return Some(format!("{winner} wins it and did not show it held in time"));
+            return Some(LetGo::HandoverTimedOut(winner));
         }
         None
     }
@@ -205,7 +216,7 @@ impl Core {
     /// went away while a change was on its way. The node with the older
     /// view lets go; with equal views (the memberships differ), the one the
     /// election ranks lower, liveness aside. Both sides compute the same.
-    pub(super) fn contest(&mut self, ip: IpAddr, now: Instant) -> Option<(String, String)> {
+    pub(super) fn contest(&mut self, ip: IpAddr, now: Instant) -> Option<(String, LetGo)> {
         let me = self.settings.node.as_str();
         let peers: Vec<(String, u64)> = self
             .alive_peers()
@@ -225,20 +236,19 @@ impl Core {
             .iter()
             .find(|(peer, revision)| *revision > self.revision && self.holds(peer, ip))
         {
-            let why = format!("{} holds it too, with a newer view of the cluster", peer.0);
-            return Some((peer.0.clone(), why));
+            return Some((peer.0.clone(), LetGo::ContestNewer(peer.0.clone())));
         }
         if now.saturating_duration_since(since) < HANDOVER_MAX {
             return None;
         }
         peers.into_iter().find_map(|(peer, revision)| {
             if revision > self.revision {
-                let why = format!("{peer} holds it too, with a newer view of the cluster");
+                let why = LetGo::ContestNewer(peer.clone());
                 Some((peer, why))
             } else if revision == self.revision
                 && self.election.outranks(ip, &peer, me, true) == Some(true)
             {
-                let why = format!("{peer} holds it too and outranks this node");
+                let why = LetGo::ContestOutranked(peer.clone());
                 Some((peer, why))
             } else {
                 None
@@ -398,33 +408,37 @@ impl Core {
     /// advertisement widened a moment ago) can be on its way here. So the
     /// VIP is kept while a live peer has a newer view, or for
     /// [`LEAVE_GRACE_ROUNDS`] gossip rounds after the leave began, unless a
-    /// live peer already holds it. `None`: not this rule's case.
+    /// live peer already holds it.
     pub(super) fn leaving_without_successor(
         &self,
         ip: IpAddr,
         since: Instant,
         now: Instant,
-    ) -> Option<Option<String>> {
+    ) -> Successor {
         let peers: Vec<&crate::model::MemberInfo> = self.alive_peers().collect();
         if peers.is_empty() {
-            return None;
+            return Successor::None;
         }
         if let Some(p) = peers.iter().find(|n| self.may_leave_it_to(&n.node, ip)) {
-            return Some(Some(format!("{} holds it now", p.node)));
+            return Successor::Holds(p.node.clone());
         }
         let newer = peers.iter().any(|n| self.revision_of(n) > self.revision);
         let grace = self.settings.gossip_interval * LEAVE_GRACE_ROUNDS;
-        (newer || now.saturating_duration_since(since) < grace).then_some(None)
+        if newer || now.saturating_duration_since(since) < grace {
+            Successor::MayCome
+        } else {
+            Successor::None
+        }
     }
 
-    /// Why this node no longer holds `ip`, in words: the first rule it
-    /// fails, or who wins.
-    pub(super) fn release_reason(&self, ip: IpAddr) -> String {
+    /// Why this node no longer holds `ip`: the first rule it fails, or who
+    /// wins.
+    pub(super) fn release_reason(&self, ip: IpAddr) -> NotWon {
         if self.is_leaving() {
-            return "shutting down".into();
+            return NotWon::ShuttingDown;
         }
         let Some(report) = self.election.explain(ip) else {
-            return "no Service has the address any more".into();
+            return NotWon::Unknown;
         };
         if let Some(x) = report
             .excluded
@@ -433,16 +447,16 @@ impl Core {
         {
             return match x.reason {
                 Reason::NoReadyEndpoint => match report.note {
-                    Some(n) => n.to_string(),
-                    None => x.reason.explain().to_string(),
+                    Some(n) => NotWon::Noted(n),
+                    None => NotWon::Excluded(x.reason),
                 },
-                r => r.explain().to_string(),
+                r => NotWon::Excluded(r),
             };
         }
         match (report.winner, report.note) {
-            (Some(w), _) => format!("{w} wins it"),
-            (None, Some(n)) => n.to_string(),
-            (None, None) => "this node no longer wins it".into(),
+            (Some(w), _) => NotWon::Winner(w),
+            (None, Some(n)) => NotWon::Noted(n),
+            (None, None) => NotWon::Nobody,
         }
     }
 

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use crate::model::{MacAddr, VipAddress};
 
 use super::links::Want;
+use super::reason::LetGo;
 
 /// A kernel operation in flight for a VIP.
 #[derive(Clone, Debug)]
@@ -15,7 +16,7 @@ pub(super) enum Op {
     },
     Remove {
         vip: VipAddress,
-        why: String,
+        why: LetGo,
         /// The old place of a VIP that moved to another interface: the VIP
         /// stays held at its new place.
         stale: bool,

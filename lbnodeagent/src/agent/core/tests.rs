@@ -1850,7 +1850,7 @@ fn a_refused_add_is_retried_soon_then_less_often() {
         let next = a.step(Input::Done(vec![OpResult {
             ip: v,
             kind: OpKind::Add,
-            result: Err("refused".into()),
+            result: Err(OpError::Kernel("refused".into())),
         }]));
         let wake = next.wake.expect("a retry is due");
         tries.push((refused_at - first.unwrap(), wake - a.now));

@@ -14,6 +14,7 @@ use super::conflict::{
     LAPSE_PROBE, OWNER_PROBE, OWNER_PROBE_AT_REST, Verdict, YIELD_PROBE, lapsing,
 };
 use super::links::{Mode, Want};
+use super::reason::LetGo;
 use super::slot::{Garp, Op, Slot};
 use super::{
     Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase,
@@ -197,7 +198,7 @@ impl Core {
                     let h = h.at.clone();
                     slot.op = Some(Op::Remove {
                         vip: h.vip.clone(),
-                        why: "another node that outranks this one answers for it".into(),
+                        why: LetGo::OutrankedOnWire,
                         stale: false,
                     });
                     out.remove.push(h.vip);

@@ -60,7 +60,9 @@ impl World {
         for vip in &add {
             let fail = self.hosts[host].flaky && self.rng.chance(FLAKY_FAILS);
             let result = if fail {
-                Err("the kernel refused (simulated)".to_string())
+                Err(OpError::Kernel(
+                    "the kernel refused (simulated)".to_string(),
+                ))
             } else {
                 // The kernel counts whole seconds, as the agent asks.
                 let expires = vip

@@ -54,7 +54,7 @@ use crate::model::{LocalState, MemberInfo, MembershipView, Status};
 
 use super::links::Links;
 use super::sessions::{Beat, Lapse, RELAY_TTL, Silent};
-use super::{Actions, AgentRecord, BeatPlan, Core, Input, OpKind, OpResult, Settings};
+use super::{Actions, AgentRecord, BeatPlan, Core, Input, OpError, OpKind, OpResult, Settings};
 pub use check::{Stats, Violation};
 pub use rng::Rng;
 use scenario::{Fault, Shape, Truth};
