@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lbnodeagent::agent::core::sim::{self, Options, Outcome};
+use lbnodeagent::sim::{self, Options, Outcome};
 
 /// The simulation allocates and frees small maps and strings at every
 /// event; glibc's allocator took a fifth of its time.

@@ -17,7 +17,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use lbnodeagent::agent::core::sim::check::bounds as sim;
+use lbnodeagent::bounds as sim;
 
 use super::nemesis::Applied;
 use super::schedule::{Churn, Kind};

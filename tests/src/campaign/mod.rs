@@ -35,7 +35,7 @@ use schedule::{Schedule, Shape};
 pub const LIFETIME: Duration = Duration::from_secs(15);
 /// The wire must show one answer per address, from its winner, for the
 /// last this long of each quiet: the simulation's steady window.
-pub const STEADY: Duration = lbnodeagent::agent::core::sim::check::bounds::STEADY_WINDOW;
+pub const STEADY: Duration = lbnodeagent::bounds::STEADY_WINDOW;
 
 #[derive(Clone, Debug)]
 pub struct Config {

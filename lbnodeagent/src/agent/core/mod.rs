@@ -58,8 +58,6 @@ mod outputs;
 mod reason;
 mod release;
 pub mod sessions;
-#[doc(hidden)]
-pub mod sim;
 mod slot;
 #[cfg(test)]
 mod tests;

@@ -61,10 +61,20 @@ use crate::agent::core::HANDOVER_MAX;
 use crate::agent::core::conflict::{PRECHECK, YIELD_HOLD};
 use crate::election::{Cluster, Election, Member, OnLink};
 
-pub mod bounds;
 mod judge;
-use bounds::*;
-pub use bounds::{FOLLOW, LAPSE_BOUND, STEADY_WINDOW};
+use crate::bounds::*;
+pub use crate::bounds::{FOLLOW, LAPSE_BOUND, STEADY_WINDOW};
+
+/// A change to the cluster reaches every agent, and their word that they
+/// know it (a newer revision) reaches a leaving node, within this: the
+/// slowest watch, the slowest gossip spread and a kernel batch. A leaving
+/// node with no successor keeps its VIP a few gossip rounds for such news
+/// (`LEAVE_GRACE_ROUNDS`); a change that names a successor later than
+/// this before the leaving node lets go may miss it. The VIP is then dark
+/// until the successor's add lands (the no-owner bound), not a broken
+/// make-before-break: there was no one to make before.
+pub const NEWS_LEAD: Duration =
+    Duration::from_millis(super::WATCH_MS.1 + super::SPREAD_MS.1 + super::BATCH_MS.1);
 
 /// The situation that broke its bound, followed until it ends.
 #[derive(Clone, Copy, Debug)]

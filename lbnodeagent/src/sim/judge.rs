@@ -63,7 +63,7 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
                     && !h.api_cut
                     && !h.flaky
                     && !h.core.as_ref().is_some_and(|c| c.is_leaving()))
-                .then(|| h.unhindered_since + check::bounds::READY_BOUND),
+                .then(|| h.unhindered_since + crate::bounds::READY_BOUND),
                 faulty: !h.powered
                     || (h.agent == Agent::Frozen && h.stalled_since.is_none())
                     || h.killed

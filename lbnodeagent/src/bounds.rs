@@ -1,6 +1,9 @@
-//! The checker's bounds, each derived from the constants it follows
-//! (docs/agent.md, "The simulation", has the table): widening one needs
-//! the derivation changed here, not a number.
+//! What a client may see, at most: the bounds both checkers hold the
+//! agent to (the simulation's, `sim/check/`, and the fault campaign's on
+//! the real binaries), each derived from the core's constants it follows
+//! (docs/agent.md, "The simulation", has the table). Widening one needs
+//! the derivation changed here, not a number. Plain constants, built with
+//! the agent, so neither checker has to build the other's code.
 
 use std::time::Duration;
 
@@ -67,18 +70,6 @@ pub const AGREED_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_se
 pub const LAPSE_BOUND: Duration = LAPSE_HOLD
     .saturating_add(LAPSE_PROBE)
     .saturating_add(PRECHECK_SLACK);
-
-/// A change to the cluster reaches every agent, and their word that they
-/// know it (a newer revision) reaches a leaving node, within this: the
-/// slowest watch, the slowest gossip spread and a kernel batch. A leaving
-/// node with no successor keeps its VIP a few gossip rounds for such news
-/// (`LEAVE_GRACE_ROUNDS`); a change that names a successor later than
-/// this before the leaving node lets go may miss it. The VIP is then dark
-/// until the successor's add lands (the no-owner bound), not a broken
-/// make-before-break: there was no one to make before.
-pub const NEWS_LEAD: Duration = Duration::from_millis(
-    super::super::WATCH_MS.1 + super::super::SPREAD_MS.1 + super::super::BATCH_MS.1,
-);
 
 /// Two hosts that answer together again this soon after one of them let
 /// go, with nothing carried out and no change of the cluster between, are

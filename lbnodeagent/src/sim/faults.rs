@@ -157,7 +157,7 @@ impl World {
                 let generation = self.rng.chance(0.9).then_some(self.hosts[h].generation);
                 self.leaving_beats(h, generation, start);
                 for j in 0..self.hosts.len() {
-                    if j != h && self.gossips(j) && self.hosts[h].powered && self.hosts[h].port_up {
+                    if j != h && self.gossips(j) && self.gossip_wire(h) {
                         let d = start + self.rng.ms(LEAVE_MS.0, LEAVE_MS.1);
                         self.after(
                             d,
@@ -168,7 +168,7 @@ impl World {
                         );
                     }
                 }
-                let until = self.t + start + super::super::HANDOVER_MAX;
+                let until = self.t + start + crate::agent::core::HANDOVER_MAX;
                 self.after(start, Ev::CleanupWait { host: h, until });
             }
             Fault::Term(h) => {
@@ -252,8 +252,7 @@ impl World {
     /// which may know no generation), sent `after` from now to every host its
     /// wire reaches.
     pub(super) fn leaving_beats(&mut self, host: usize, generation: Option<u64>, after: Duration) {
-        let reaches = |h: &Host| h.powered && h.port_up && !h.blocked;
-        if !reaches(&self.hosts[host]) {
+        if !self.gossip_wire(host) {
             return;
         }
         let beat = Beat {
@@ -265,7 +264,7 @@ impl World {
             silent: None,
         };
         for j in 0..self.hosts.len() {
-            if j != host && reaches(&self.hosts[j]) {
+            if j != host && self.gossip_wire(j) {
                 let d = after + self.rng.ms(0, 3);
                 let generation = self.hosts[j].generation;
                 self.after(

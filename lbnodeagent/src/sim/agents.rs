@@ -365,7 +365,7 @@ impl World {
             return;
         }
         let heard_peers = h.known.iter().flatten().any(|k| k.up)
-            || self.t >= h.started_at + super::super::STARTUP_GRACE;
+            || self.t >= h.started_at + crate::agent::core::STARTUP_GRACE;
         let why = if h.api_version == 0 {
             "without a view of the cluster"
         } else if !heard_peers {
@@ -525,8 +525,14 @@ impl World {
 
     /// Whether gossip flows between two hosts.
     pub(super) fn gossips(&self, host: usize) -> bool {
+        self.gossip_wire(host) && self.hosts[host].agent == Agent::Running
+    }
+
+    /// Whether `host`'s gossip port carries frames, whatever its agent
+    /// does: the LAN port, or the second port of a host that has one.
+    pub(super) fn gossip_wire(&self, host: usize) -> bool {
         let h = &self.hosts[host];
-        h.powered && h.port_up && !h.blocked && h.agent == Agent::Running
+        h.powered && (h.port_up || h.second_port) && !h.blocked
     }
 
     /// Re-evaluates the pairs of `host` after its state changed.

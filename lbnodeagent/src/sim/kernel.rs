@@ -180,7 +180,7 @@ impl World {
                 && let Some(core) = self.hosts[s].core.as_ref()
                 && core.election().winner(ip) == Some(self.hosts[s].name.as_str())
                 && core.lapse_of(&name).is_some_and(|l| {
-                    now + super::super::conflict::LAPSE_EARLY >= l.first
+                    now + crate::agent::core::conflict::LAPSE_EARLY >= l.first
                         && now <= l.last + Duration::from_millis(10)
                 })
             {

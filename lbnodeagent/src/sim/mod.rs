@@ -52,15 +52,20 @@ use crate::model::Claim;
 use crate::model::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress};
 use crate::model::{LocalState, MemberInfo, MembershipView, Status};
 
-use super::links::Links;
-use super::sessions::{Beat, Lapse, RELAY_TTL, Silent};
-use super::{Actions, AgentRecord, BeatPlan, Core, Input, OpError, OpKind, OpResult, Settings};
+use crate::agent::core::links::Links;
+use crate::agent::core::sessions::{Beat, Lapse, RELAY_TTL, Silent};
+use crate::agent::core::{
+    Actions, AgentRecord, BeatPlan, Core, Input, OpError, OpKind, OpResult, Settings,
+};
 pub use check::{Stats, Violation};
 pub use rng::Rng;
 use scenario::{Fault, Shape, Truth};
 
 const ETH0: u32 = 2;
 const KUBE_LB0: u32 = 3;
+const ETH1: u32 = 4;
+/// The second port's network: no VIP lies in it.
+const SECOND_SUBNET: &str = "10.1.0.0/16";
 const GOSSIP_INTERVAL: Duration = Duration::from_millis(100);
 /// A peer that stops answering is declared down this long after (the
 /// failure detector's spread at small sizes, ms).
@@ -81,7 +86,7 @@ const BATCH_MS: (u64, u64) = (1, 4);
 const PER_ADDRESS: Duration = Duration::from_micros(20);
 /// Beats reach an agent at least this often while they flow. Often enough
 /// that no watcher's silence is ever due while they do: a watched owner
-/// is suspected [`BEAT_MISS`](super::sessions::BEAT_MISS) after it was last heard, and the watcher's
+/// is suspected [`BEAT_MISS`](crate::agent::core::sessions::BEAT_MISS) after it was last heard, and the watcher's
 /// step at that moment is handed the beats first. How often beats arrive
 /// matters only when they stop, and then the last ones are handed over at
 /// that moment (see [`World::deliver_beats`]).
@@ -103,7 +108,7 @@ pub struct Options {
     pub digest: bool,
     /// Judge each two-owner episode apart, as the checker did before a
     /// pair that answers together again soon after it ended went on with
-    /// the same episode ([`check::bounds::REJOIN_GAP`]): only to compare,
+    /// the same episode ([`crate::bounds::REJOIN_GAP`]): only to compare,
     /// as it misses a flap whose episodes are each under their bound.
     pub apart: bool,
 }
@@ -159,7 +164,13 @@ struct Host {
     mac: MacAddr,
     gossip_addr: SocketAddr,
     powered: bool,
+    /// The LAN port (`eth0`): the VIPs' subnets, ARP and NDP, and gossip
+    /// too unless the host has a second port.
     port_up: bool,
+    /// A second port (`eth1`) on a network of its own that carries gossip:
+    /// with the LAN port down, the host still gossips, and its peers learn
+    /// it lost the LAN only from what it publishes, not from its silence.
+    second_port: bool,
     /// Gossip dropped by a firewall; ARP still flows.
     blocked: bool,
     /// Its path to the API server is cut: its agent's watches hear
@@ -203,7 +214,7 @@ struct Host {
     started_at: Duration,
     /// Since when nothing has kept its agent from becoming ready: it
     /// started, thawed, or its API server or kernel came back (see
-    /// [`check::bounds::READY_BOUND`]).
+    /// [`crate::bounds::READY_BOUND`]).
     unhindered_since: Duration,
     /// Whom the agent beats, as it last said (kept after it stops: its
     /// last beats went out as it stopped).
@@ -443,6 +454,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             gossip_addr: SocketAddr::from(([10, 0, 0, 10 + i as u8], 7934)),
             powered: true,
             port_up: true,
+            second_port: false,
             blocked: false,
             api_cut: false,
             flaky: false,
@@ -476,6 +488,15 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         })
         .collect();
     let n = shape.nodes;
+    // Hosts with a second port for gossip, in a quarter of the seeds, from
+    // a generator of their own: the other seeds run as they did.
+    let mut ports = Rng::new(seed ^ 0x5eed_f0e9_ed00_0002);
+    let mut hosts: Vec<Host> = hosts;
+    if ports.chance(0.25) {
+        for h in &mut hosts {
+            h.second_port = ports.chance(0.5);
+        }
+    }
     let mut side = Rng::new(seed ^ 0x5eed_f0e9_ed00_0001);
     let forgery = (n >= 2 && side.chance(0.25)).then(|| {
         let forger = side.below(n);
@@ -583,7 +604,7 @@ impl World {
 }
 
 /// A simulated host's links: `eth0` on the LAN, `kube-lb0` for virtual
-/// addresses.
+/// addresses, and `eth1` for gossip on a host with a second port.
 fn links_of(h: &Host) -> Links {
     let eth0 = Interface {
         name: "eth0".into(),
@@ -602,8 +623,18 @@ fn links_of(h: &Host) -> Links {
         carrier: true,
         prefixes: Vec::new(),
     };
+    let mut all = vec![eth0, virtual_link.clone()];
+    if h.second_port {
+        all.push(Interface {
+            name: "eth1".into(),
+            index: ETH1,
+            mac: Some(MacAddr([6, 0, 0, 0, h.mac.0[4], h.mac.0[5]])),
+            carrier: h.powered,
+            prefixes: vec![SECOND_SUBNET.parse().expect("valid")],
+        });
+    }
     Links {
-        all: vec![eth0, virtual_link.clone()],
+        all,
         announce_v4: Some(ETH0),
         announce_v6: Some(ETH0),
         virtual_link: Some(virtual_link),
