@@ -136,7 +136,7 @@ impl Core {
                     .map(|h| {
                         h.at = want.clone();
                         let handed_back = h.handover.take().map(|given| {
-                            h.taken_back = Some((given, now));
+                            h.taken_back = Some(Box::new((*given, now)));
                         });
                         (handed_back.is_some(), std::mem::take(&mut h.adopted))
                     })

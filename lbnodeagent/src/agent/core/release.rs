@@ -169,7 +169,7 @@ impl Core {
             // over, not two. Restarting it would let two holders answer
             // for up to twice a hand-over's time. Only its start carries
             // over: what the winner showed before may be stale now.
-            let since = match held.taken_back.take() {
+            let since = match held.taken_back.take().map(|b| *b) {
                 Some((given, at))
                     if given.to == winner && now.saturating_duration_since(at) < settle =>
                 {
@@ -177,7 +177,7 @@ impl Core {
                 }
                 _ => now,
             };
-            Handover::new(since, winner.clone())
+            Box::new(Handover::new(since, winner.clone()))
         });
         let since = handover.since;
         // A peer this node outranks keeps it for the same reason, or one

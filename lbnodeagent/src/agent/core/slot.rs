@@ -102,13 +102,14 @@ pub(super) struct Held {
     pub(super) expires: Option<Instant>,
     /// Left by a previous run and not yet decided by a reconcile.
     pub(super) adopted: bool,
-    /// Giving it to a live winner.
-    pub(super) handover: Option<Handover>,
+    /// Giving it to a live winner. Boxed, as is `taken_back`: most held
+    /// VIPs are in no hand-over, and a holder of 1,000 keeps 1,000 `Held`.
+    pub(super) handover: Option<Box<Handover>>,
     /// The last hand-over this node took back because it won the VIP
     /// again, and when: given again to the same winner while the view
     /// that did it spreads, it goes on from its start (see
     /// [`Core::may_release`](super::Core::may_release)).
-    pub(super) taken_back: Option<(Handover, Instant)>,
+    pub(super) taken_back: Option<Box<(Handover, Instant)>>,
     /// Won here, and a live peer shows it held too, since then: the two
     /// views of the cluster differ (see [`Core::contest`]).
     pub(super) contested: Option<Instant>,
@@ -205,7 +206,7 @@ impl Slot {
     }
 
     pub(super) fn handover(&self) -> Option<&Handover> {
-        self.held.as_ref().and_then(|h| h.handover.as_ref())
+        self.held.as_ref().and_then(|h| h.handover.as_deref())
     }
 
     pub(super) fn adopted(&self) -> bool {

@@ -908,9 +908,16 @@ fn an_orphan_a_peer_has_waited_for_is_not_waited_for_again() {
 /// of the cluster (revision 9): the orphan is `c`'s once `b` had a
 /// hand-over's time, and `c` takes it.
 fn c_took_the_orphan_of_b_and_a() -> (Node, IpAddr) {
+    c_took_the_orphan(a_and_b(8, 8))
+}
+
+/// `c`, with the view of the cluster at revision 9 and `peers` in gossip,
+/// `b` (the winner) behind: `c` takes the orphan once `b` had a
+/// hand-over's time.
+fn c_took_the_orphan(peers: MembershipView) -> (Node, IpAddr) {
     let v = ip("10.0.1.1");
     let mut c = Node::new("c");
-    c.hears_at(cluster(&[v]), 9, a_and_b(8, 8));
+    c.hears_at(cluster(&[v]), 9, peers);
     c.advance(INTERVAL * 3);
     let act = c.step(Input::Tick);
     assert_eq!(act.publish.map(|p| p.status), Some(Status::Alive));
@@ -918,9 +925,36 @@ fn c_took_the_orphan_of_b_and_a() -> (Node, IpAddr) {
     let act = c.step(Input::Tick);
     assert_eq!(c.core.election().winner(v), Some("b"));
     let act = c.unanswered(act);
-    assert_eq!(ips(&act.add), [v].into(), "b and a are behind: c takes it");
+    assert_eq!(
+        ips(&act.add),
+        [v].into(),
+        "b is behind, a no nearer: c takes it"
+    );
     c.done(&act);
     (c, v)
+}
+
+/// `a` shows itself with `c`'s view: `c` hands it the orphan, make before
+/// break, and lets go once `a`'s word that it holds it stands.
+fn a_with_cs_view_is_handed_the_orphan(mut c: Node, v: IpAddr) {
+    c.advance(INTERVAL);
+    let act = c.step(Input::Members(a_and_b(9, 8)));
+    assert!(
+        act.publish.is_some_and(|p| !p.vips.contains(&v)),
+        "a comes before c, and is live with c's view: handed over"
+    );
+    assert!(act.remove.is_empty(), "make before break");
+    // a takes it; its word stands past the take's first rounds.
+    c.advance(INTERVAL * GOSSIP_ROUNDS_TO_SETTLE);
+    let act = c.step(Input::Members(view(
+        "c",
+        vec![
+            peer("a", Status::Alive, &[v], 9),
+            peer("b", Status::Alive, &[], 8),
+        ],
+        Vec::new(),
+    )));
+    assert_eq!(ips(&act.remove), [v].into(), "a holds it");
 }
 
 /// `c`'s view of `a` and `b`, neither holding anything.
@@ -941,25 +975,8 @@ fn a_and_b(a_revision: u64, b_revision: u64) -> MembershipView {
 /// view first took an orphan and kept it as the others caught up).
 #[test]
 fn an_orphan_goes_to_a_node_before_this_one_that_catches_up() {
-    let (mut c, v) = c_took_the_orphan_of_b_and_a();
-    c.advance(INTERVAL);
-    let act = c.step(Input::Members(a_and_b(9, 8)));
-    assert!(
-        act.publish.is_some_and(|p| !p.vips.contains(&v)),
-        "a comes before c and is not behind now: handed over"
-    );
-    assert!(act.remove.is_empty(), "make before break");
-    // a takes it; its word stands past the take's first rounds.
-    c.advance(INTERVAL * GOSSIP_ROUNDS_TO_SETTLE);
-    let act = c.step(Input::Members(view(
-        "c",
-        vec![
-            peer("a", Status::Alive, &[v], 9),
-            peer("b", Status::Alive, &[], 8),
-        ],
-        Vec::new(),
-    )));
-    assert_eq!(ips(&act.remove), [v].into(), "a holds it");
+    let (c, v) = c_took_the_orphan_of_b_and_a();
+    a_with_cs_view_is_handed_the_orphan(c, v);
 }
 
 /// Who takes an orphan is the first node not behind among the live ones:
@@ -971,36 +988,9 @@ fn an_orphan_goes_to_a_node_before_this_one_that_catches_up() {
 /// simulation, which `--apart` judges episode by episode and misses).
 #[test]
 fn an_orphan_goes_to_a_node_before_this_one_that_comes_back() {
-    let v = ip("10.0.1.1");
-    let mut c = Node::new("c");
-    let only_b = || view("c", vec![peer("b", Status::Alive, &[], 8)], Vec::new());
-    c.hears_at(cluster(&[v]), 9, only_b());
-    c.advance(INTERVAL * 3);
-    let act = c.step(Input::Tick);
-    assert_eq!(act.publish.map(|p| p.status), Some(Status::Alive));
-    c.advance(HANDOVER_MAX);
-    let act = c.step(Input::Tick);
-    assert_eq!(c.core.election().winner(v), Some("b"));
-    let act = c.unanswered(act);
-    assert_eq!(ips(&act.add), [v].into(), "b is behind, a away: c takes it");
-    c.done(&act);
-    c.advance(INTERVAL);
-    let act = c.step(Input::Members(a_and_b(9, 8)));
-    assert!(
-        act.publish.is_some_and(|p| !p.vips.contains(&v)),
-        "a comes before c and is back with c's view: handed over"
-    );
-    assert!(act.remove.is_empty(), "make before break");
-    c.advance(INTERVAL * GOSSIP_ROUNDS_TO_SETTLE);
-    let act = c.step(Input::Members(view(
-        "c",
-        vec![
-            peer("a", Status::Alive, &[v], 9),
-            peer("b", Status::Alive, &[], 8),
-        ],
-        Vec::new(),
-    )));
-    assert_eq!(ips(&act.remove), [v].into(), "a holds it");
+    let only_b = view("c", vec![peer("b", Status::Alive, &[], 8)], Vec::new());
+    let (c, v) = c_took_the_orphan(only_b);
+    a_with_cs_view_is_handed_the_orphan(c, v);
 }
 
 /// `c` hands the orphan over to `a` as `a` catches up, takes it back

@@ -60,7 +60,7 @@ impl Core {
             if let Some(handover) = self
                 .slots
                 .get_mut(&claim.ip)
-                .and_then(|s| s.held.as_mut()?.handover.as_mut())
+                .and_then(|s| s.held.as_mut()?.handover.as_deref_mut())
                 && handover.answered_by.as_ref() != Some(&node)
             {
                 debug!(ip = %claim.ip, %node, "answered for on the wire while handing over");
