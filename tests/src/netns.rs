@@ -109,7 +109,7 @@ pub fn require_tools(programs: &[&str]) {
             .is_ok_and(|o| o.status.success());
         if !found {
             panic!(
-                "this test needs `{p}`; install the test tools with: apt-get install -y iputils-arping ndisc6 tcpdump iproute2 (or the package that provides it)"
+                "this test needs `{p}`; install the test tools with: apt-get install -y iputils-arping ndisc6 tcpdump iproute2 nftables ethtool (or the package that provides it)"
             );
         }
     }

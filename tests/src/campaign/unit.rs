@@ -525,8 +525,8 @@ mod tests {
 [ "$1" = run ] || exit 0
 sleep 0.4
 trap 'echo hup >> {hups}' HUP
-notify() {{ perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Type => SOCK_DGRAM, Peer => $ENV{{NOTIFY_SOCKET}})->send($ARGV[0])' "$1"; }}
-notify READY=1
+notify() {{ perl -MIO::Socket::UNIX -e '$s = IO::Socket::UNIX->new(Type => SOCK_DGRAM, Peer => $ENV{{NOTIFY_SOCKET}}) or die "notify: $!\n"; $s->send($ARGV[0]) or die "notify: $!\n"' "$1"; }}
+until notify READY=1; do sleep 0.02; done
 while :; do notify WATCHDOG=1; sleep 0.05; done
 "#,
                 hups = hups.display()
@@ -565,7 +565,9 @@ while :; do notify WATCHDOG=1; sleep 0.05; done
             assert!(exited.is_none(), "the agent lives on: {exited:?}");
             assert!(
                 started.elapsed() < Duration::from_secs(10),
-                "the reload came"
+                "the reload came: {:?}; the agent said: {}",
+                unit.events(),
+                std::fs::read_to_string(dir.join("log")).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(5));
         }
