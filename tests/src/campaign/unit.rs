@@ -508,7 +508,7 @@ mod tests {
     /// A reload asked for while the agent starts reaches it after READY=1,
     /// as systemd's reload job waits behind the start job; sent at once it
     /// would meet SIGHUP's default action and end the process. The agent
-    /// here is a script that handles SIGHUP only from its READY=1 on.
+    /// here is a perl script that handles SIGHUP only from its READY=1 on.
     /// Needs root: the unit runs its agent in a network namespace.
     #[test]
     fn a_reload_while_starting_waits_for_ready() {
@@ -521,13 +521,21 @@ mod tests {
         std::fs::write(
             &agent,
             format!(
-                r#"#!/bin/sh
-[ "$1" = run ] || exit 0
-sleep 0.4
-trap 'echo hup >> {hups}' HUP
-notify() {{ perl -MIO::Socket::UNIX -e '$s = IO::Socket::UNIX->new(Type => SOCK_DGRAM, Peer => $ENV{{NOTIFY_SOCKET}}) or die "notify: $!\n"; $s->send($ARGV[0]) or die "notify: $!\n"' "$1"; }}
-until notify READY=1; do sleep 0.02; done
-while :; do notify WATCHDOG=1; sleep 0.05; done
+                r#"#!/usr/bin/perl
+# SIGHUP's default action until READY=1, whatever the test runner left it
+# at (a shell cannot trap a signal that was ignored when it started, as
+# under nohup; perl can).
+use IO::Socket::UNIX;
+$SIG{{HUP}} = 'DEFAULT';
+exit 0 unless ($ARGV[0] // '') eq 'run';
+select(undef, undef, undef, 0.4);
+$SIG{{HUP}} = sub {{ open(my $f, '>>', '{hups}') or die; print $f "hup\n"; close $f; }};
+sub notify {{
+    my $s = IO::Socket::UNIX->new(Type => SOCK_DGRAM, Peer => $ENV{{NOTIFY_SOCKET}}) or return 0;
+    return $s->send($_[0]);
+}}
+select(undef, undef, undef, 0.02) until notify("READY=1");
+while (1) {{ notify("WATCHDOG=1"); select(undef, undef, undef, 0.05); }}
 "#,
                 hups = hups.display()
             ),
