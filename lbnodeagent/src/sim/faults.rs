@@ -287,12 +287,7 @@ impl World {
         }
         let n = self.hosts.len();
         let answered = |w: &World, ip: IpAddr| (0..n).any(|j| j != host && w.answers(j, ip));
-        let eth0: Vec<IpAddr> = self.hosts[host]
-            .kernel
-            .keys()
-            .filter(|(i, _)| *i == ETH0)
-            .map(|(_, ip)| *ip)
-            .collect();
+        let eth0 = self.lan_addresses(host);
         let taken: Vec<IpAddr> = eth0
             .iter()
             .copied()

@@ -216,14 +216,18 @@ impl World {
         }
     }
 
-    pub(super) fn all_owners_changed(&mut self, host: usize) {
-        let ips: Vec<IpAddr> = self.hosts[host]
+    /// The addresses `host`'s kernel holds on its LAN port.
+    pub(super) fn lan_addresses(&self, host: usize) -> Vec<IpAddr> {
+        self.hosts[host]
             .kernel
             .keys()
             .filter(|(i, _)| *i == ETH0)
             .map(|(_, ip)| *ip)
-            .collect();
-        for ip in ips {
+            .collect()
+    }
+
+    pub(super) fn all_owners_changed(&mut self, host: usize) {
+        for ip in self.lan_addresses(host) {
             self.owners_changed(ip);
         }
     }

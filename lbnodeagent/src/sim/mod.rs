@@ -445,6 +445,14 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         // Not modelled: it follows the cluster, never ownership.
         firewall: false,
     };
+    // Hosts with a second port for gossip, in a quarter of the seeds, from
+    // a generator of their own: the other seeds run as they did.
+    let mut ports = Rng::new(seed ^ 0x5eed_f0e9_ed00_0002);
+    let second_ports: Vec<bool> = if ports.chance(0.25) {
+        (0..shape.nodes).map(|_| ports.chance(0.5)).collect()
+    } else {
+        vec![false; shape.nodes]
+    };
     let hosts = names
         .iter()
         .enumerate()
@@ -454,7 +462,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             gossip_addr: SocketAddr::from(([10, 0, 0, 10 + i as u8], 7934)),
             powered: true,
             port_up: true,
-            second_port: false,
+            second_port: second_ports[i],
             blocked: false,
             api_cut: false,
             flaky: false,
@@ -488,15 +496,6 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         })
         .collect();
     let n = shape.nodes;
-    // Hosts with a second port for gossip, in a quarter of the seeds, from
-    // a generator of their own: the other seeds run as they did.
-    let mut ports = Rng::new(seed ^ 0x5eed_f0e9_ed00_0002);
-    let mut hosts: Vec<Host> = hosts;
-    if ports.chance(0.25) {
-        for h in &mut hosts {
-            h.second_port = ports.chance(0.5);
-        }
-    }
     let mut side = Rng::new(seed ^ 0x5eed_f0e9_ed00_0001);
     let forgery = (n >= 2 && side.chance(0.25)).then(|| {
         let forger = side.below(n);

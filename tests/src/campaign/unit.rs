@@ -514,8 +514,8 @@ mod tests {
     fn a_reload_while_starting_waits_for_ready() {
         crate::netns::require_root();
         let ns = crate::netns::Netns::new("unit").unwrap();
-        let dir = std::env::temp_dir().join(format!("hostlb-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let agent = dir.join("agent");
         let hups = dir.join("hups");
         std::fs::write(
@@ -585,6 +585,5 @@ while (1) {{ notify("WATCHDOG=1"); select(undef, undef, undef, 0.05); }}
         let hup = at(|e| *e == Event::Signalled { signal: "HUP" }).expect("a SIGHUP");
         assert!(ready < hup, "the SIGHUP follows READY=1: {events:?}");
         drop(unit);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
