@@ -398,6 +398,13 @@ impl Identities {
         }
     }
 
+    /// A list still wanted that cannot be asked for yet (the last one was
+    /// too recent): noted for the agent's next tick, without waking its
+    /// loop, which would otherwise find the same refusal at once, forever.
+    pub fn want_later(&self) {
+        self.wanted.store(true, Ordering::Relaxed);
+    }
+
     /// Resolves when a list is wanted.
     pub async fn wanted(&self) {
         self.notify.notified().await
@@ -475,6 +482,25 @@ mod tests {
 
     fn key(n: u8) -> NodeKey {
         NodeKey::from_seed([n; 32])
+    }
+
+    /// A want that must wait is kept for the next tick and wakes nobody;
+    /// a fresh one wakes the loop once.
+    #[tokio::test(start_paused = true)]
+    async fn a_want_kept_for_later_does_not_wake_the_loop() {
+        async fn woken(ids: &Identities) -> bool {
+            tokio::time::timeout(std::time::Duration::from_millis(50), ids.wanted())
+                .await
+                .is_ok()
+        }
+        let ids = Identities::new();
+        ids.want();
+        assert!(woken(&ids).await);
+        assert!(ids.take_wanted());
+        ids.want_later();
+        assert!(!woken(&ids).await, "a want kept for later woke the loop");
+        assert!(ids.take_wanted(), "and it is still there for the tick");
+        assert!(!ids.take_wanted());
     }
 
     #[test]

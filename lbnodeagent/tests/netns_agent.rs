@@ -720,6 +720,43 @@ fn an_api_outage_does_not_stop_failover() {
     .unwrap();
 }
 
+/// An agent started while the API server is away cannot read its peers'
+/// identities, so their gossip waits. It waits quietly: the list of
+/// records is asked again with backoff, not in a loop that spins a core
+/// and writes a warning per turn (this spun at ~30,000 turns a second for
+/// the whole outage). Once the server is back it starts within seconds.
+#[test]
+fn an_agent_started_during_an_api_outage_waits_quietly_and_starts_once_it_is_back() {
+    let mut c = three_nodes();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    settled(&c, &probe, Duration::from_secs(20));
+    let server = c.server.as_ref().unwrap();
+    server.set_unavailable();
+    server.cut_watches();
+    let node = "node-c";
+    c.kill(node);
+    c.start(node);
+    // Its peers' gossip arrives within a round or two; then the wait.
+    std::thread::sleep(Duration::from_secs(2));
+    let log = |c: &Cluster| std::fs::read_to_string(c.log_path(node)).unwrap();
+    let cpu = c.cpu_time(node);
+    let lines = log(&c).lines().count();
+    let window = Duration::from_secs(5);
+    std::thread::sleep(window);
+    let used = c.cpu_time(node) - cpu;
+    let text = log(&c);
+    let logged = text.lines().count() - lines;
+    assert!(
+        used < window / 5,
+        "{node} used {used:?} of CPU in {window:?} while it waited for the API server ({logged} lines logged)"
+    );
+    let warned = text.matches("electing although").count();
+    assert!(warned <= 1, "the same warning {warned} times");
+    c.server.as_ref().unwrap().set_available();
+    c.wait_ready_of(&[node], Duration::from_secs(15));
+}
+
 /// An agent restarted while its host is cut off (the API server is behind
 /// the same cable) removes the addresses its killed predecessor left on the
 /// dead link at once, so the host does not answer beside the new owner when

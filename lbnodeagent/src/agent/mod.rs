@@ -229,8 +229,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 }
                 () = self.identities.wanted() => {
                     if self.identities.take_wanted() && !self.records.ask_keys() {
-                        self.identities.want();
-                        // Again at the next tick, once the gap has passed.
+                        // Again at a tick, once the gap has passed.
+                        self.identities.want_later();
                     }
                     // A peer met whose state waits for its key counts as a
                     // member not yet confirmed from now, not from the next
@@ -545,7 +545,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // A node whose identity is not known yet spoke (its state or a
         // beat arrived): its record is listed soon.
         if self.identities.take_wanted() && !self.records.ask_keys() {
-            self.identities.want();
+            self.identities.want_later();
         }
         // While gossip shows no peer, who runs elsewhere and their MACs
         // come from the records alone.

@@ -110,6 +110,10 @@ pub struct Records {
 /// The least time between two lists for identities, at first and at most:
 /// agents that start together write their records a moment after each
 /// other's first list; a thousand of them then list a few times each.
+/// How long a list of the records may take: a fleet's records are one
+/// small page each, so a list that takes longer waits on a dead connection.
+const LIST_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub const KEYS_GAP_MIN: Duration = Duration::from_millis(250);
 pub const KEYS_GAP_MAX: Duration = Duration::from_secs(4);
 
@@ -189,10 +193,14 @@ impl Records {
         self.in_flight = true;
         let (api, tx) = (self.api.clone(), self.tx.clone());
         tokio::spawn(async move {
-            let listed = api
-                .list(&kube::api::ListParams::default())
-                .await
-                .map(|l| l.items);
+            // Bounded as the writes are: the client has no read timeout,
+            // and a list whose connection a cut left half open would keep
+            // `in_flight`, and so every later list, waiting for good.
+            let listed =
+                tokio::time::timeout(LIST_TIMEOUT, api.list(&kube::api::ListParams::default()))
+                    .await
+                    .unwrap_or_else(|_| Err(kube::Error::Service("the list timed out".into())))
+                    .map(|l| l.items);
             let _ = tx.send(listed).await;
         });
     }

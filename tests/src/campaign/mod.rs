@@ -14,6 +14,7 @@
 
 pub mod bed;
 pub mod checker;
+pub mod cpu;
 pub mod endstate;
 pub mod nemesis;
 pub mod schedule;
@@ -100,6 +101,8 @@ pub struct Report {
     pub schedule: Schedule,
     pub violations: Vec<String>,
     pub worst: Worst,
+    /// The highest share of a core an agent used over a window, and whose.
+    pub busiest: Option<(String, f64)>,
     pub took: Duration,
     /// The run's folder, when kept.
     pub kept: Option<PathBuf>,
@@ -122,6 +125,14 @@ impl Report {
             self.violations.len()
         );
         let _ = writeln!(s, "worst: {}", self.worst);
+        if let Some((n, share)) = &self.busiest {
+            let _ = writeln!(
+                s,
+                "busiest agent: {n}, {:.1}% of a core over {} s",
+                share * 100.0,
+                cpu::WINDOW.as_secs()
+            );
+        }
         let counts: Vec<String> = self
             .schedule
             .counts()
@@ -231,8 +242,9 @@ pub fn run(config: &Config) -> Report {
         .iter()
         .map(|(n, u)| (n.clone(), u.pid.clone()))
         .collect();
+    let cpu: Arc<Mutex<cpu::Cpu>> = Arc::default();
     let sampler = {
-        let (rss, stop) = (rss.clone(), stop.clone());
+        let (rss, cpu, stop) = (rss.clone(), cpu.clone(), stop.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 for (n, pid) in &pids {
@@ -240,6 +252,13 @@ pub fn run(config: &Config) -> Report {
                     if pid == 0 {
                         continue;
                     }
+                    let used = crate::netns::cpu_time(pid);
+                    cpu.lock().unwrap_or_else(|e| e.into_inner()).sample(
+                        n,
+                        pid,
+                        used,
+                        Instant::now(),
+                    );
                     if let Some(kib) = vm_rss_kib(pid) {
                         let mut m = rss.lock().unwrap_or_else(|e| e.into_inner());
                         let e = m.entry(n.clone()).or_insert(0);
@@ -267,6 +286,17 @@ pub fn run(config: &Config) -> Report {
         std::thread::sleep(config.quiet);
         let until = Instant::now();
         let rss_now = rss.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (n, at, share) in cpu.lock().unwrap_or_else(|e| e.into_inner()).take_spins() {
+            violations.push(Violation {
+                at,
+                what: format!(
+                    "{n}: the agent used {:.0}% of a core over {} s (bound {:.0}%): a loop that spins",
+                    share * 100.0,
+                    cpu::WINDOW.as_secs(),
+                    cpu::SPIN_BOUND * 100.0
+                ),
+            });
+        }
         match endstate::expected(&bed) {
             Ok(e) => {
                 for mut v in endstate::check(&bed, &e, until - STEADY, until, &rss_now) {
@@ -322,11 +352,19 @@ pub fn run(config: &Config) -> Report {
         let _ = std::fs::remove_dir_all(&config.dir);
         None
     };
+    let busiest = cpu
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .worst
+        .iter()
+        .map(|(n, (share, _))| (n.clone(), *share))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
     Report {
         seed: config.seed,
         schedule,
         violations: lines,
         worst,
+        busiest,
         took: took.elapsed(),
         kept,
     }

@@ -267,7 +267,9 @@ impl Core {
             let settled = (waited >= self.settings.gossip_interval * 3
                 && self.view.unconfirmed == 0)
                 || waited >= UNCONFIRMED_GRACE;
-            if settled && self.view.unconfirmed > 0 {
+            // Said once, as it elects: until the cluster is known this
+            // runs at every step.
+            if settled && self.cluster_known && self.view.unconfirmed > 0 {
                 warn!(
                     unconfirmed = self.view.unconfirmed,
                     "electing although the failure detector has not reached every node gossip reports alive"
