@@ -79,7 +79,7 @@ impl Core {
     pub(super) fn refresh_wants(&mut self) {
         let mut wants = if self.phase == Phase::Running {
             let mut duties = self.election.duties(&self.settings.node);
-            let orphans: Vec<IpAddr> = self.orphans.keys().copied().collect();
+            let orphans = self.orphans.ips();
             duties.extend(orphans.into_iter().filter_map(|ip| self.orphan_duty(ip)));
             let (wants, missing) = self.links.wants(&duties, self.settings.lifetime);
             for (ip, what) in missing {

@@ -51,9 +51,12 @@
 
 mod acquire;
 mod api;
+mod cadence;
 pub mod conflict;
+mod guard;
 mod kernel;
 pub mod links;
+mod orphans;
 mod outputs;
 mod reason;
 mod release;
@@ -74,7 +77,7 @@ use tracing::{debug, info, warn};
 use crate::election::{Cluster, Election, Member};
 use crate::model::VipAddress;
 use crate::model::{Firewall, FirewallPlan, LocalState, MembershipView};
-use conflict::{Conflicts, OWNER_PROBE, YIELD_PROBE};
+use conflict::Conflicts;
 use links::{Links, Mode, Want};
 use sessions::{Lapse, Sessions};
 
@@ -218,23 +221,8 @@ pub struct Core {
     /// Slots that are not [`Slot::settled`], decided at every step.
     unsettled: BTreeSet<IpAddr>,
     /// VIPs whose winner is a live peer with an older view of the cluster
-    /// that does not show them held, since when (see [`Core::orphans`]).
-    orphans: BTreeMap<IpAddr, Instant>,
-    /// Who came first for each orphan when its duty was last read: the
-    /// first live candidate not behind. It moves when a node behind
-    /// catches up, and as well when one that is not comes or goes.
-    orphans_fallback: BTreeMap<IpAddr, Option<String>>,
-    /// Orphans due before [`HANDOVER_MAX`] because nobody answered for
-    /// them once the view had [`VIEW_SPREAD`] to spread (see
-    /// [`Core::orphans_unanswered`]).
-    orphans_spread: BTreeSet<IpAddr>,
-    /// Orphans a hostlb node answered for on the wire when asked: they
-    /// wait [`HANDOVER_MAX`] as any somebody answers for.
-    orphans_heard: BTreeSet<IpAddr>,
-    orphan_scan: bool,
-    /// The winners of those orphans that have been behind for a hand-over's
-    /// time, as this node publishes them (see [`Core::orphans`]).
-    behind: Arc<BTreeSet<String>>,
+    /// that does not show them held, and their wait (see [`Core::orphans`]).
+    orphans: orphans::Orphans,
     /// Addresses of a previous run this node let go while starting, to a
     /// starting node first in the hash order that showed them too, and
     /// where they were: put back if that node stops showing them before
@@ -260,16 +248,8 @@ pub struct Core {
     /// per node: a publication about another VIP that arrives late must
     /// not make an old word look new.
     vips_gained: BTreeMap<String, BTreeMap<IpAddr, Instant>>,
-    next_renew: Option<Instant>,
-    next_owner_probe: Instant,
-    /// Where the owner probes at rest go on from (see `probe_wire`): the
-    /// last VIP asked about.
-    owner_probe_after: Option<IpAddr>,
-    /// The next refresh round of every held VIP, while
-    /// `announce.refresh_interval` is set.
-    next_refresh: Option<Instant>,
-    next_yield_probe: Instant,
-    next_lapse_probe: Instant,
+    /// When addresses are renewed and refreshed, and the LAN asked.
+    cadence: cadence::Cadence,
     /// Re-decide every VIP at the next step.
     all_dirty: bool,
     report_dirty: bool,
@@ -287,9 +267,7 @@ pub struct Core {
     /// [`Actions::wake`] of the last step.
     wake: Option<Instant>,
     /// The firewall the cluster calls for, and the plan last given out.
-    firewall: Option<Firewall>,
-    firewall_sent: Option<FirewallPlan>,
-    firewall_dirty: bool,
+    guard: guard::Guard,
 }
 
 impl Core {
@@ -325,13 +303,8 @@ impl Core {
             beat_dirty: true,
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
-            orphans: BTreeMap::new(),
-            orphans_fallback: BTreeMap::new(),
-            orphans_spread: BTreeSet::new(),
-            orphans_heard: BTreeSet::new(),
+            orphans: orphans::Orphans::default(),
             starting_yields: BTreeMap::new(),
-            orphan_scan: false,
-            behind: Default::default(),
             conflicts: Conflicts::default(),
             foreign: BTreeSet::new(),
             lost_at: BTreeMap::new(),
@@ -341,12 +314,7 @@ impl Core {
             peer_seen: now,
             isolated: false,
             vips_gained: BTreeMap::new(),
-            next_renew: None,
-            next_owner_probe: now + OWNER_PROBE,
-            owner_probe_after: None,
-            next_refresh: None,
-            next_yield_probe: now + YIELD_PROBE,
-            next_lapse_probe: now,
+            cadence: cadence::Cadence::new(now),
             all_dirty: true,
             report_dirty: true,
             publish_dirty: true,
@@ -357,9 +325,7 @@ impl Core {
             ready: false,
             last_status: None,
             wake: None,
-            firewall: None,
-            firewall_sent: None,
-            firewall_dirty: false,
+            guard: guard::Guard::default(),
         }
     }
 
@@ -462,7 +428,7 @@ impl Core {
 
     /// The firewall last given out, if any yet.
     pub fn firewall(&self) -> Option<&FirewallPlan> {
-        self.firewall_sent.as_ref()
+        self.guard.sent()
     }
 
     /// The election as this node has it.
@@ -504,8 +470,7 @@ impl Core {
                     }
                 }
                 self.election.set_cluster(&cluster);
-                self.firewall = Some(Firewall::of(&cluster));
-                self.firewall_dirty = true;
+                self.guard.set_rules(Firewall::of(&cluster));
                 let services_of = &self.services_of;
                 self.ever_held.retain(|ip| services_of.contains_key(ip));
                 // Which records name a Node may have changed; what the
@@ -651,14 +616,14 @@ impl Core {
             Input::Reloaded { settings, links } => {
                 if settings != self.settings {
                     if settings.garp.refresh != self.settings.garp.refresh {
-                        self.next_refresh = None;
+                        self.cadence.restart_refresh();
                     }
                     self.settings = Settings {
                         node: self.settings.node.clone(),
                         ..settings
                     };
                     self.all_dirty = true;
-                    self.firewall_dirty = true;
+                    self.guard.touch();
                 }
                 self.set_links(now, links);
             }
@@ -695,7 +660,9 @@ impl Core {
     fn set_links(&mut self, now: Instant, links: Links) {
         if links != self.links {
             debug!("links or routes changed");
-            self.firewall_dirty |= links.local != self.links.local;
+            if links.local != self.links.local {
+                self.guard.touch();
+            }
             self.on_link = links.on_link().into();
             self.links = links;
             self.publish_dirty = true;
@@ -710,34 +677,29 @@ impl Core {
     /// cluster: a table a previous run left stays until then. Nothing from
     /// a node that cannot hold addresses (nor change the firewall).
     fn plan_firewall(&mut self, out: &mut Actions) {
-        if !std::mem::take(&mut self.firewall_dirty) || self.settings.unable.is_some() {
-            return;
-        }
         // The host's own addresses, as its kernel shows them, are left
         // open: a pool that wrongly holds one must not lock operators out
         // of the host. Own: local and never held by this run, nor on its
         // way here; a VIP just let go still shows as local until the next
         // links read.
-        let own: BTreeSet<IpAddr> = self
-            .links
-            .local
-            .iter()
-            .filter(|ip| {
-                !self.ever_held.contains(ip)
-                    && self
-                        .slots
-                        .get(ip)
-                        .is_none_or(|s| s.held.is_none() && s.op.is_none())
-            })
-            .copied()
-            .collect();
-        let plan = match (&self.firewall, self.settings.firewall) {
-            (None, _) => return,
-            (Some(f), true) => FirewallPlan::On(f.without(&own)),
-            (Some(_), false) => FirewallPlan::Off,
+        let own = || {
+            self.links
+                .local
+                .iter()
+                .filter(|ip| {
+                    !self.ever_held.contains(ip)
+                        && self
+                            .slots
+                            .get(ip)
+                            .is_none_or(|s| s.held.is_none() && s.op.is_none())
+                })
+                .copied()
+                .collect()
         };
-        if self.firewall_sent.as_ref() != Some(&plan) {
-            self.firewall_sent = Some(plan.clone());
+        if let Some(plan) =
+            self.guard
+                .plan(self.settings.unable.is_some(), self.settings.firewall, own)
+        {
             out.firewall = Some(plan);
         }
     }
@@ -764,11 +726,11 @@ impl Core {
             self.all_dirty = true;
             // Orphans are looked for only while running: those found
             // while starting (a view newer than the peers') are due now.
-            self.orphan_scan = true;
+            self.orphans.rescan();
         }
         self.starting_comebacks(now, out);
         self.note_isolation(now, out);
-        if self.orphan_scan {
+        if self.orphans.take_scan() {
             self.orphans(now);
         }
         self.orphans_unanswered(now);
@@ -776,10 +738,10 @@ impl Core {
             .orphans
             .iter()
             .filter(|(ip, since)| {
-                self.orphan_due(**ip, **since, now)
+                self.orphan_due(*ip, *since, now)
                     && self.slots.get(ip).is_none_or(|s| s.want.is_none())
             })
-            .map(|(ip, _)| *ip)
+            .map(|(ip, _)| ip)
             .collect();
         self.mark(due);
         self.publish_behind(now);

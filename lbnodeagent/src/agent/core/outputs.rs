@@ -19,8 +19,7 @@ use super::sessions::Lapse;
 use super::slot::{Op, expiry, merged, same_place};
 use super::{
     Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, ISOLATED_AFTER,
-    LEAVE_GRACE_ROUNDS, LEAVE_MAX, Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, VIEW_SPREAD,
-    WATCH_EVERY,
+    LEAVE_GRACE_ROUNDS, LEAVE_MAX, Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, WATCH_EVERY,
 };
 
 impl Core {
@@ -53,7 +52,7 @@ impl Core {
             revision: self.revision,
             digest: self.digest,
             drained: self.drain,
-            behind: Arc::clone(&self.behind),
+            behind: Arc::clone(self.orphans.behind()),
         }
     }
 
@@ -285,22 +284,19 @@ impl Core {
                 }
             }
         }
-        if let Some(r) = self.next_renew
+        if let Some(r) = self.cadence.renew_at()
             && self.slots.values().any(|s| s.held.is_some())
         {
             at(r);
         }
-        if let Some(r) = self.next_refresh
+        if let Some(r) = self.cadence.refresh_at()
             && self.settings.garp.refresh.is_some()
             && self.slots.values().any(|s| s.held.is_some())
         {
             at(r);
         }
-        for (ip, since) in &self.orphans {
-            at(*since + HANDOVER_MAX);
-            if !self.orphans_spread.contains(ip) && self.unanswered(*ip) {
-                at(*since + VIEW_SPREAD);
-            }
+        for t in self.orphans.deadlines(|ip| self.unanswered(ip)) {
+            at(t);
         }
         if let Some(d) = self.sessions.deadline() {
             at(d);
@@ -313,17 +309,17 @@ impl Core {
         }
         if self.settings.wire {
             if self.conflicts.yielded().next().is_some() {
-                at(self.next_yield_probe);
+                at(self.cadence.yield_probe_at());
             }
             if self
                 .conflicts
                 .yielded()
                 .any(|(_, y)| lapsing(self.sessions.lapse(&y.to), now))
             {
-                at(self.next_lapse_probe);
+                at(self.cadence.lapse_probe_at());
             }
             if self.slots.values().any(|s| s.held.is_some()) {
-                at(self.next_owner_probe);
+                at(self.cadence.owner_probe_at());
             }
         }
         match self.phase {
@@ -373,7 +369,7 @@ impl Core {
             self.revision = revision;
             self.digest = digest;
             self.publish_dirty = true;
-            self.orphan_scan = true;
+            self.orphans.rescan();
         }
     }
 

@@ -15,9 +15,7 @@ use crate::model::Status;
 use super::links::{Mode, Want};
 use super::reason::{LetGo, NotWon};
 use super::slot::{Handover, Held, Op, Slot};
-use super::{
-    Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase, VIEW_SPREAD,
-};
+use super::{Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase};
 
 /// What a leaving node with no winner to hand a VIP to may still hope for
 /// (see [`Core::leaving_without_successor`]).
@@ -502,7 +500,6 @@ impl Core {
     /// (`behind`), and their word counts when their view is no newer than
     /// this node's and still newer than the winner's.
     pub(super) fn orphans(&mut self, now: Instant) {
-        self.orphan_scan = false;
         let older = self.older_peers();
         let mut found = BTreeMap::new();
         if !older.is_empty() && self.phase == Phase::Running {
@@ -521,14 +518,14 @@ impl Core {
                 // each would let go to the other and nobody would answer.
                 let taken_here = self
                     .orphans
-                    .get(&ip)
-                    .is_some_and(|since| self.orphan_due(ip, *since, now))
+                    .since(ip)
+                    .is_some_and(|since| self.orphan_due(ip, since, now))
                     && self
                         .slots
                         .get(&ip)
                         .is_some_and(|s| s.held.as_ref().is_some_and(|h| h.handover.is_none()));
                 if taken_here || !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
-                    let mut since = self.orphans.get(&ip).copied().unwrap_or(self.revision_at);
+                    let mut since = self.orphans.since(ip).unwrap_or(self.revision_at);
                     if said_behind.contains(w)
                         && let Some(waited) = waited
                     {
@@ -552,28 +549,15 @@ impl Core {
                 (*ip, first.map(str::to_string))
             })
             .collect();
-        let orphans_changed = found != self.orphans;
-        let changed: Vec<IpAddr> = found
-            .iter()
-            .filter(|(ip, since)| {
-                self.orphans.get(ip) != Some(since)
-                    || self.orphans_fallback.get(ip) != fallback.get(ip)
-            })
-            .map(|(ip, _)| ip)
-            .chain(self.orphans.keys().filter(|ip| !found.contains_key(ip)))
-            .copied()
-            .collect();
-        self.orphans_fallback = fallback;
-        self.orphans_spread.retain(|ip| found.contains_key(ip));
-        self.orphans_heard.retain(|ip| found.contains_key(ip));
-        if orphans_changed {
+        let count = found.len();
+        let rescanned = self.orphans.replace(found, fallback);
+        if rescanned.changed {
             debug!(
-                orphans = found.len(),
+                orphans = count,
                 "VIPs whose winner has an older view of the cluster"
             );
         }
-        self.orphans = found;
-        self.mark(changed);
+        self.mark(rescanned.moved);
     }
 
     /// Older peers that a peer whose view is newer than theirs, and no
@@ -597,13 +581,11 @@ impl Core {
     pub(super) fn publish_behind(&mut self, now: Instant) {
         let behind: BTreeSet<String> = self
             .orphans
-            .iter()
-            .filter(|(_, since)| now.saturating_duration_since(**since) >= HANDOVER_MAX)
-            .filter_map(|(ip, _)| self.election.winner(*ip))
+            .overdue(now)
+            .filter_map(|ip| self.election.winner(ip))
             .map(str::to_string)
             .collect();
-        if *self.behind != behind {
-            self.behind = behind.into();
+        if self.orphans.set_behind(behind) {
             self.publish_dirty = true;
         }
     }
@@ -616,8 +598,7 @@ impl Core {
     /// the yield to it keeps this node off until they do, and waiting
     /// longer would only leave the VIP unanswered after the lapse.
     pub(super) fn orphan_due(&self, ip: IpAddr, since: Instant, now: Instant) -> bool {
-        now.saturating_duration_since(since) >= HANDOVER_MAX
-            || self.orphans_spread.contains(&ip)
+        self.orphans.waited(ip, since, now)
             || self.conflicts.yielded_to(ip).is_some_and(|owner| {
                 self.view.node(owner).is_none() && self.sessions.lapse(owner).is_some()
             })
@@ -633,26 +614,18 @@ impl Core {
     pub(super) fn orphans_unanswered(&mut self, now: Instant) {
         let stuck: Vec<IpAddr> = self
             .orphans
-            .iter()
-            .filter(|(ip, since)| {
-                !self.orphans_spread.contains(*ip)
-                    && now.saturating_duration_since(**since) >= VIEW_SPREAD
-                    && self.unanswered(**ip)
-            })
-            .map(|(ip, _)| *ip)
+            .spread_candidates(now)
+            .into_iter()
+            .filter(|ip| self.unanswered(*ip))
             .collect();
-        self.orphans_spread.extend(stuck);
+        self.orphans.spread(stuck);
     }
 
     /// An orphan due early because nobody seemed to answer for it is
     /// answered on the wire by another hostlb node: it waits the whole
     /// hand-over's time, as one somebody answers for.
     pub(super) fn orphan_answered(&mut self, ip: IpAddr) -> bool {
-        let early = self.orphans_spread.remove(&ip);
-        if early {
-            self.orphans_heard.insert(ip);
-        }
-        early
+        self.orphans.answered(ip)
     }
 
     /// Whether nobody answers for `ip` that this node knows of: it does
@@ -661,15 +634,15 @@ impl Core {
     /// (A dead owner's kernel that still answers is found by the pre-check
     /// before the address is taken.)
     pub(super) fn unanswered(&self, ip: IpAddr) -> bool {
-        !self.orphans_heard.contains(&ip)
+        !self.orphans.heard(ip)
             && self.slots.get(&ip).is_none_or(|s| s.held.is_none())
             && self.conflicts.yielded_to(ip).is_none()
             && !self.alive_peers().any(|p| self.holds(&p.node, ip))
     }
 
     pub(super) fn orphan_duty(&self, ip: IpAddr) -> Option<crate::election::Duty> {
-        let since = self.orphans.get(&ip)?;
-        if !self.orphan_due(ip, *since, self.now) {
+        let since = self.orphans.since(ip)?;
+        if !self.orphan_due(ip, since, self.now) {
             return None;
         }
         let older = self.older_peers();

@@ -182,7 +182,7 @@ impl Core {
         );
         let drain_was_in_force = self.drain_in_force();
         self.view = view;
-        self.orphan_scan = true;
+        self.orphans.rescan();
         // A view that only brings a peer's new state changes nothing the
         // annotations show (see `elect_members`), and views come many
         // times a second.

@@ -10,9 +10,8 @@ use tracing::{debug, warn};
 use crate::model::Claim;
 use crate::model::{Lifetime, Status};
 
-use super::conflict::{
-    LAPSE_PROBE, OWNER_PROBE, OWNER_PROBE_AT_REST, Verdict, YIELD_PROBE, lapsing,
-};
+use super::cadence::YieldProbe;
+use super::conflict::{OWNER_PROBE, OWNER_PROBE_AT_REST, Verdict, lapsing};
 use super::links::{Mode, Want};
 use super::reason::LetGo;
 use super::slot::{Garp, Op, Slot};
@@ -29,7 +28,10 @@ impl Core {
         // A renewal due now renews the others in this very step, to the
         // whole lifetime; it skips this address (its add is in flight), so
         // the address must outlast the renewal after that one too.
-        match (self.settings.lifetime.renew_every(), self.next_renew) {
+        match (
+            self.settings.lifetime.renew_every(),
+            self.cadence.renew_at(),
+        ) {
             (Some(every), Some(next)) if next > now => Lifetime::new(next + every * 2 - now),
             _ => self.settings.lifetime,
         }
@@ -338,15 +340,12 @@ impl Core {
 
     /// Renews every held address each third of its lifetime, in one batch.
     pub(super) fn renew(&mut self, now: Instant, out: &mut Actions) {
-        let Some(every) = self.settings.lifetime.renew_every() else {
-            self.next_renew = None;
-            return;
-        };
-        let due = *self.next_renew.get_or_insert(now + every);
-        if now < due {
+        if !self
+            .cadence
+            .renew_due(self.settings.lifetime.renew_every(), now)
+        {
             return;
         }
-        self.next_renew = Some(now + every);
         for s in self.slots.values_mut() {
             if s.op.is_some() {
                 continue;
@@ -379,50 +378,45 @@ impl Core {
             }
             h.garp = Garp::after_round(g.left, self.settings.garp.interval, now);
         }
-        if let Some(every) = self.settings.garp.refresh {
-            let due = *self.next_refresh.get_or_insert(now + every);
-            if now >= due {
-                self.next_refresh = Some(now + every);
-                // One batch for every VIP: a round is two frames, so even
-                // a thousand VIPs are a moment's burst. Those still in
-                // their first rounds, in dispute, or on their way out are
-                // left alone.
-                out.garp.extend(
-                    self.slots
-                        .values()
-                        // A renewal in flight leaves it held; the two
-                        // timers may well keep step.
-                        .filter(|s| matches!(s.op, None | Some(Op::Add { renew: true, .. })))
-                        .filter_map(|s| s.held.as_ref())
-                        .filter(|h| {
-                            h.garp.is_none() && h.handover.is_none() && h.contested.is_none()
-                        })
-                        .map(|h| &h.at)
-                        .filter(|h| h.mode == Mode::Local)
-                        .filter_map(|h| h.target),
-                );
-            }
+        if let Some(every) = self.settings.garp.refresh
+            && self.cadence.refresh_due(every, now)
+        {
+            // One batch for every VIP: a round is two frames, so even
+            // a thousand VIPs are a moment's burst. Those still in
+            // their first rounds, in dispute, or on their way out are
+            // left alone.
+            out.garp.extend(
+                self.slots
+                    .values()
+                    // A renewal in flight leaves it held; the two
+                    // timers may well keep step.
+                    .filter(|s| matches!(s.op, None | Some(Op::Add { renew: true, .. })))
+                    .filter_map(|s| s.held.as_ref())
+                    .filter(|h| h.garp.is_none() && h.handover.is_none() && h.contested.is_none())
+                    .map(|h| &h.at)
+                    .filter(|h| h.mode == Mode::Local)
+                    .filter_map(|h| h.target),
+            );
         }
         if !self.settings.wire {
             return;
         }
-        if now >= self.next_yield_probe {
-            self.next_yield_probe = now + YIELD_PROBE;
-            self.next_lapse_probe = now + LAPSE_PROBE;
-            out.probe
-                .extend(self.conflicts.yielded().filter_map(|(_, y)| y.want.target));
-        } else if now >= self.next_lapse_probe {
-            self.next_lapse_probe = now + LAPSE_PROBE;
-            let sessions = &self.sessions;
-            out.probe.extend(
-                self.conflicts
-                    .yielded()
-                    .filter(|(_, y)| lapsing(sessions.lapse(&y.to), now))
-                    .filter_map(|(_, y)| y.want.target),
-            );
+        match self.cadence.yield_probe_due(now) {
+            Some(YieldProbe::All) => out
+                .probe
+                .extend(self.conflicts.yielded().filter_map(|(_, y)| y.want.target)),
+            Some(YieldProbe::Lapsing) => {
+                let sessions = &self.sessions;
+                out.probe.extend(
+                    self.conflicts
+                        .yielded()
+                        .filter(|(_, y)| lapsing(sessions.lapse(&y.to), now))
+                        .filter_map(|(_, y)| y.want.target),
+                );
+            }
+            None => {}
         }
-        if now >= self.next_owner_probe {
-            self.next_owner_probe = now + OWNER_PROBE;
+        if self.cadence.owner_probe_due(now) {
             let asked = |(ip, s): (&IpAddr, &Slot)| {
                 let h = s.held.as_ref()?;
                 if s.op.is_some() || h.handover.is_some() || h.at.mode != Mode::Local {
@@ -436,14 +430,14 @@ impl Core {
                 out.probe.extend(held.map(|(_, t)| t));
             } else {
                 // In turn, from after the last one asked, around.
-                let after = self.owner_probe_after;
+                let after = self.cadence.owner_probe_after();
                 let next = held
                     .clone()
                     .filter(|(ip, _)| after.is_none_or(|a| *ip > a))
                     .chain(held)
                     .take(OWNER_PROBE_AT_REST);
                 for (ip, target) in next {
-                    self.owner_probe_after = Some(ip);
+                    self.cadence.owner_probed(ip);
                     out.probe.push(target);
                 }
             }
