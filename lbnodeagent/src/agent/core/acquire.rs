@@ -39,7 +39,7 @@ impl Core {
                     if s.want != want {
                         // What the annotations say of it may change.
                         s.want = want;
-                        self.report_dirty = true;
+                        self.sent.touch_report();
                     }
                 }
                 None if want.is_some() => {
@@ -50,7 +50,7 @@ impl Core {
                             ..Slot::default()
                         },
                     );
-                    self.report_dirty = true;
+                    self.sent.touch_report();
                 }
                 None => continue,
             }
@@ -108,7 +108,7 @@ impl Core {
             );
             self.unsettled.insert(ip);
         }
-        self.report_dirty = true;
+        self.sent.touch_report();
     }
 
     /// The one place a VIP's next move is chosen; see the module docs.
@@ -155,7 +155,7 @@ impl Core {
                     out.add.push(want.vip.clone());
                 }
                 if handed_back {
-                    self.publish_dirty = true;
+                    self.sent.touch_publish();
                 }
                 if self.slots[&ip].op.is_none()
                     && let Some((peer, why)) = self.contest(ip, now)

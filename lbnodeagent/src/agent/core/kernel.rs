@@ -34,8 +34,8 @@ impl Core {
                 warn!(%ip, "address removed outside the agent; putting it back if still ours");
                 s.held = None;
                 self.unsettled.insert(*ip);
-                self.publish_dirty = true;
-                self.report_dirty = true;
+                self.sent.touch_publish();
+                self.sent.touch_report();
             }
         }
         for o in owned {
@@ -54,8 +54,8 @@ impl Core {
             self.slots.entry(o.ip).or_default().held = Some(Held::new(want, None));
             self.ever_held.insert(o.ip);
             self.unsettled.insert(o.ip);
-            self.publish_dirty = true;
-            self.report_dirty = true;
+            self.sent.touch_publish();
+            self.sent.touch_report();
         }
     }
 
@@ -79,14 +79,14 @@ impl Core {
                 {
                     h.expires = expiry(&want, now);
                     h.at = want;
-                    self.beat_dirty = true;
+                    self.sent.touch_beats();
                 }
             }
             (Op::Add { renew: true, .. }, Ok(Applied::NotOurs)) => {
                 warn!(%ip, "address is no longer ours (added by hand?); leaving it alone");
                 slot.held = None;
-                self.publish_dirty = true;
-                self.report_dirty = true;
+                self.sent.touch_publish();
+                self.sent.touch_report();
             }
             (Op::Add { renew: true, .. }, Err(e)) => {
                 out.metrics.push(Metric::Op {
@@ -135,8 +135,8 @@ impl Core {
                     out.remove.push(p.vip);
                 }
                 self.foreign.remove(&ip);
-                self.publish_dirty = true;
-                self.report_dirty = true;
+                self.sent.touch_publish();
+                self.sent.touch_report();
                 if fresh {
                     info!(%ip, interface = %want.vip.interface, prefix_len = want.vip.prefix_len,
                         mode = ?want.mode, "acquired");
@@ -217,8 +217,8 @@ impl Core {
                 let adopted = slot.adopted();
                 slot.held = None;
                 slot.retry = None;
-                self.publish_dirty = true;
-                self.report_dirty = true;
+                self.sent.touch_publish();
+                self.sent.touch_report();
                 if adopted {
                     info!(%ip, interface = %vip.interface, reason = %why,
                         "removed an address of a previous run");

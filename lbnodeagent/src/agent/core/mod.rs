@@ -60,6 +60,7 @@ mod orphans;
 mod outputs;
 mod reason;
 mod release;
+mod sent;
 pub mod sessions;
 mod slot;
 #[cfg(test)]
@@ -76,7 +77,7 @@ use tracing::{debug, info, warn};
 
 use crate::election::{Cluster, Election, Member};
 use crate::model::VipAddress;
-use crate::model::{Firewall, FirewallPlan, LocalState, MembershipView};
+use crate::model::{Firewall, FirewallPlan, MembershipView};
 use conflict::Conflicts;
 use links::{Links, Mode, Want};
 use sessions::{Lapse, Sessions};
@@ -213,10 +214,6 @@ pub struct Core {
     /// The owners to watch as last worked out, and the election's epoch
     /// and this node's candidacy they were worked out for.
     watching: (Option<(u64, bool)>, sessions::Owners),
-    beat_plan: Option<BeatPlan>,
-    /// The beat plan may have changed beyond what `publish_dirty` and the
-    /// sessions say: peers' addresses, or a renewal.
-    beat_dirty: bool,
     slots: BTreeMap<IpAddr, Slot>,
     /// Slots that are not [`Slot::settled`], decided at every step.
     unsettled: BTreeSet<IpAddr>,
@@ -252,18 +249,13 @@ pub struct Core {
     cadence: cadence::Cadence,
     /// Re-decide every VIP at the next step.
     all_dirty: bool,
-    report_dirty: bool,
-    publish_dirty: bool,
-    published: Option<LocalState>,
-    watched: BTreeMap<IpAddr, u32>,
+    /// What was last given out, and what must be worked out again.
+    sent: sent::Sent,
     /// Every address of the cluster's this run held: never taken for the
     /// host's own by the firewall (see [`Core::plan_firewall`]), also for
     /// the moment after its removal when the links read still shows it.
     /// Pruned to the cluster's addresses.
     ever_held: BTreeSet<IpAddr>,
-    announced: Option<Announcing>,
-    ready: bool,
-    last_status: Option<(usize, usize)>,
     /// [`Actions::wake`] of the last step.
     wake: Option<Instant>,
     /// The firewall the cluster calls for, and the plan last given out.
@@ -299,8 +291,6 @@ impl Core {
             watch_due: None,
             watching: (None, BTreeMap::new()),
             watched_at: now,
-            beat_plan: None,
-            beat_dirty: true,
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             orphans: orphans::Orphans::default(),
@@ -316,14 +306,8 @@ impl Core {
             vips_gained: BTreeMap::new(),
             cadence: cadence::Cadence::new(now),
             all_dirty: true,
-            report_dirty: true,
-            publish_dirty: true,
-            published: None,
-            watched: BTreeMap::new(),
+            sent: sent::Sent::default(),
             ever_held: BTreeSet::new(),
-            announced: None,
-            ready: false,
-            last_status: None,
             wake: None,
             guard: guard::Guard::default(),
         }
@@ -379,7 +363,7 @@ impl Core {
     /// The interface a claim on `ip` counts from, while claims on it are
     /// watched.
     pub fn watched_interface(&self, ip: IpAddr) -> Option<u32> {
-        self.watched.get(&ip).copied()
+        self.sent.watched(ip)
     }
 
     pub fn held_count(&self) -> usize {
@@ -400,7 +384,7 @@ impl Core {
 
     /// The first reconcile is applied (and the agent is not leaving).
     pub fn is_ready(&self) -> bool {
-        self.ready && matches!(self.phase, Phase::Running)
+        self.sent.ready() && matches!(self.phase, Phase::Running)
     }
 
     pub fn is_leaving(&self) -> bool {
@@ -423,7 +407,7 @@ impl Core {
 
     /// Whom this node beats now (see [`sessions`]).
     pub fn beats(&self) -> Option<&BeatPlan> {
-        self.beat_plan.as_ref()
+        self.sent.beats()
     }
 
     /// The firewall last given out, if any yet.
@@ -480,7 +464,7 @@ impl Core {
                 self.learn_records(first);
                 self.watch_due.get_or_insert(now);
                 self.all_dirty = true;
-                self.report_dirty = true;
+                self.sent.touch_report();
                 out.metrics.push(Metric::Elected);
             }
             Input::Endpoints {
@@ -494,7 +478,7 @@ impl Core {
                     self.mark(touched);
                 }
                 self.watch_due.get_or_insert(now);
-                self.report_dirty = true;
+                self.sent.touch_report();
                 out.metrics.push(Metric::Elected);
             }
             Input::Members(view) => {
@@ -554,7 +538,7 @@ impl Core {
                     self.ever_held.insert(a.ip);
                     self.unsettled.insert(a.ip);
                 }
-                self.publish_dirty = true;
+                self.sent.touch_publish();
             }
             Input::AddressRemoved(a) => {
                 // Not taken at its word: the event may be older than the
@@ -607,8 +591,8 @@ impl Core {
                 if drain != self.drain {
                     info!(drain, "this node's drain changed");
                     self.drain = drain;
-                    self.publish_dirty = true;
-                    self.report_dirty = true;
+                    self.sent.touch_publish();
+                    self.sent.touch_report();
                     self.elect_members();
                 }
             }
@@ -665,7 +649,7 @@ impl Core {
             }
             self.on_link = links.on_link().into();
             self.links = links;
-            self.publish_dirty = true;
+            self.sent.touch_publish();
             self.elect_members();
             self.watch_due.get_or_insert(now);
             self.all_dirty = true;
@@ -721,7 +705,7 @@ impl Core {
             );
             self.phase = Phase::Running;
             self.acquire_from = now + self.settings.gossip_interval * 3;
-            self.publish_dirty = true;
+            self.sent.touch_publish();
             self.elect_members();
             self.all_dirty = true;
             // Orphans are looked for only while running: those found
@@ -768,7 +752,7 @@ impl Core {
         self.plan_firewall(out);
         if !out.add.is_empty() {
             // What the beats say of when this node's addresses lapse.
-            self.beat_dirty = true;
+            self.sent.touch_beats();
         }
         self.probe_wire(now, out);
         if self.phase == Phase::Finishing && self.slots.values().all(|s| s.op.is_none()) {
@@ -780,7 +764,7 @@ impl Core {
             if left.is_empty() {
                 info!("left");
                 self.phase = Phase::Done;
-                self.publish_dirty = true;
+                self.sent.touch_publish();
                 out.exit = true;
             }
         }

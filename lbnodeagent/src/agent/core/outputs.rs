@@ -2,7 +2,7 @@
 //! annotations and Events, metrics, when to wake it next, and the
 //! `/status` document.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
@@ -120,18 +120,15 @@ impl Core {
         // Held addresses change with what is published; worked out only
         // then, not at every step (beats arrive many times a second).
         let peers_changed = self.sessions.take_changed();
-        if std::mem::take(&mut self.beat_dirty) || self.publish_dirty || peers_changed {
+        if self.sent.take_beats(peers_changed) {
             let plan = self.next_beat_plan();
-            if self.beat_plan.as_ref() != Some(&plan) {
-                self.beat_plan = Some(plan.clone());
+            if let Some(plan) = self.sent.offer_beats(plan) {
                 out.beat = Some(plan);
             }
         }
-        if self.publish_dirty {
-            self.publish_dirty = false;
+        if self.sent.take_publish() {
             let local = self.local_state();
-            if self.published.as_ref() != Some(&local) {
-                self.published = Some(local.clone());
+            if let Some(local) = self.sent.offer_publish(local) {
                 out.publish = Some(local);
             }
         }
@@ -152,28 +149,24 @@ impl Core {
                 |(ip, _)| *ip,
             )
         };
-        if !watched().eq(self.watched.iter().map(|(ip, i)| (*ip, *i))) {
-            let watched: BTreeMap<IpAddr, u32> = watched().collect();
-            self.watched = watched.clone();
+        if let Some(watched) = self.sent.offer_watch(watched) {
             out.watch = Some(watched);
         }
-        if self.report_dirty && self.cluster_known {
-            self.report_dirty = false;
+        if self.sent.take_report(self.cluster_known) {
             let announcing = self.announcing();
-            if self.announced.as_ref() != Some(&announcing) {
-                self.announced = Some(announcing.clone());
+            if let Some(announcing) = self.sent.offer_announcing(announcing) {
                 out.announcing = Some(announcing);
             }
         }
         if self.phase == Phase::Running
-            && !self.ready
+            && !self.sent.ready()
             && now >= self.acquire_from
             && self
                 .slots
                 .values()
                 .all(|s| s.op.is_none() && s.probing.is_none())
         {
-            self.ready = true;
+            self.sent.become_ready();
             info!(
                 held = self.held_count(),
                 members = self.view.members.len(),
@@ -182,8 +175,7 @@ impl Core {
             out.ready = true;
         }
         let status = (self.held_count(), self.view.members.len());
-        if self.ready && self.last_status != Some(status) {
-            self.last_status = Some(status);
+        if let Some(status) = self.sent.offer_status(status) {
             out.status = Some(format!(
                 "holding {} VIPs; {} live members",
                 status.0, status.1
@@ -368,7 +360,7 @@ impl Core {
             }
             self.revision = revision;
             self.digest = digest;
-            self.publish_dirty = true;
+            self.sent.touch_publish();
             self.orphans.rescan();
         }
     }

@@ -161,7 +161,7 @@ impl Core {
         held.contested = None;
         let handover = held.handover.get_or_insert_with(|| {
             debug!(%ip, %winner, "handing over: waiting for the winner to hold it");
-            self.publish_dirty = true;
+            self.sent.touch_publish();
             // Taken back as a new view reached this node first, and given
             // again to the same winner as it reached the others: one hand-
             // over, not two. Restarting it would let two holders answer
@@ -197,7 +197,7 @@ impl Core {
                 // Shown as held again: this node answers for it until the
                 // views agree, and another that keeps it too must see so.
                 if !std::mem::replace(&mut handover.kept_for_views, true) {
-                    self.publish_dirty = true;
+                    self.sent.touch_publish();
                 }
                 return None;
             }
@@ -333,7 +333,7 @@ impl Core {
             });
             out.add.push(want.vip);
             self.unsettled.insert(ip);
-            self.publish_dirty = true;
+            self.sent.touch_publish();
         }
     }
 
@@ -468,7 +468,7 @@ impl Core {
         );
         out.leave = true;
         self.phase = Phase::Leaving { since: now };
-        self.publish_dirty = true;
+        self.sent.touch_publish();
         self.elect_members();
         self.all_dirty = true;
     }
@@ -586,7 +586,7 @@ impl Core {
             .map(str::to_string)
             .collect();
         if self.orphans.set_behind(behind) {
-            self.publish_dirty = true;
+            self.sent.touch_publish();
         }
     }
 

@@ -211,7 +211,7 @@ impl Core {
         }
         self.mark(waiting);
         self.watch_due.get_or_insert(now);
-        self.beat_dirty = true;
+        self.sent.touch_beats();
     }
 
     /// Works out again which owners this node watches, once the election
@@ -299,7 +299,7 @@ impl Core {
     pub(super) fn elect_members(&mut self) {
         // The annotations follow the election, the first member (who
         // clears what nobody announces) and this node's own VIPs.
-        self.report_dirty = true;
+        self.sent.touch_report();
         let own = self.own_member();
         let me = self.settings.node.as_str();
         let peers = self.view.members.iter().filter(|m| m.node != me);
