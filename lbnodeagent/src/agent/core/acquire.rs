@@ -231,7 +231,7 @@ impl Core {
         let newer_holder = (!held_here)
             .then(|| {
                 self.alive_peers()
-                    .find(|n| self.revision_of(n) > self.revision && n.vips.contains(&ip))
+                    .find(|n| self.revision_of(n) > self.dating.revision() && n.vips.contains(&ip))
                     .map(|n| n.node.clone())
             })
             .flatten();

@@ -53,6 +53,7 @@ mod acquire;
 mod api;
 mod cadence;
 pub mod conflict;
+mod dating;
 mod guard;
 mod kernel;
 pub mod links;
@@ -171,15 +172,8 @@ pub struct Core {
     /// waits in the socket.
     wire_read: Instant,
     election: Election,
-    /// The election has had a cluster view.
-    cluster_known: bool,
-    /// How new that view is: the newest resourceVersion it was built from.
-    revision: u64,
-    /// What that view holds (see [`Core::revision_of`]).
-    digest: Option<u64>,
-    /// Since when this node has had that view: a peer still behind it a
-    /// hand-over's time later is stuck, not late (see [`Core::orphans`]).
-    revision_at: Instant,
+    /// Whether the election has had a cluster view, and how new it is.
+    dating: dating::Dating,
     /// This node's own member as the election last had it.
     own_member: Option<Member>,
     /// Its operator drained this node (see [`Input::Drain`]).
@@ -273,10 +267,7 @@ impl Core {
             acquire_from: now,
             wire_read: now,
             election: Election::new(&Cluster::default(), []),
-            cluster_known: false,
-            revision: 0,
-            digest: None,
-            revision_at: now,
+            dating: dating::Dating::new(now),
             own_member: None,
             drain: false,
             services_of: BTreeMap::new(),
@@ -459,8 +450,7 @@ impl Core {
                 self.ever_held.retain(|ip| services_of.contains_key(ip));
                 // Which records name a Node may have changed; what the
                 // records listed before the first view hold is said now.
-                let first = !self.cluster_known;
-                self.cluster_known = true;
+                let first = self.dating.know();
                 self.learn_records(first);
                 self.watch_due.get_or_insert(now);
                 self.all_dirty = true;
@@ -627,7 +617,7 @@ impl Core {
             .learn_records(&self.records, me, |n| election.is_node(n));
         // Before a first view of the cluster no name is known to be a
         // Node's: nothing to say yet.
-        if listed && self.cluster_known {
+        if listed && self.dating.known() {
             for line in ignored {
                 warn!("{line}");
             }

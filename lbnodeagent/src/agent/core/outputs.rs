@@ -49,8 +49,8 @@ impl Core {
                 .collect::<BTreeSet<_>>()
                 .into(),
             macs: self.links.macs().into(),
-            revision: self.revision,
-            digest: self.digest,
+            revision: self.dating.revision(),
+            digest: self.dating.digest(),
             drained: self.drain,
             behind: Arc::clone(self.orphans.behind()),
         }
@@ -152,7 +152,7 @@ impl Core {
         if let Some(watched) = self.sent.offer_watch(watched) {
             out.watch = Some(watched);
         }
-        if self.sent.take_report(self.cluster_known) {
+        if self.sent.take_report(self.dating.known()) {
             let announcing = self.announcing();
             if let Some(announcing) = self.sent.offer_announcing(announcing) {
                 out.announcing = Some(announcing);
@@ -351,15 +351,7 @@ impl Core {
     }
 
     pub(super) fn set_revision(&mut self, revision: u64, digest: Option<u64>) {
-        if revision != self.revision || digest != self.digest {
-            // A write that changed nothing the election reads moves the
-            // revision, not the view: a peer behind it was behind before.
-            let same_view = digest.is_some() && digest == self.digest;
-            if !same_view {
-                self.revision_at = self.now;
-            }
-            self.revision = revision;
-            self.digest = digest;
+        if self.dating.set(revision, digest, self.now) {
             self.sent.touch_publish();
             self.orphans.rescan();
         }

@@ -86,7 +86,7 @@ impl Core {
         if self
             .view
             .node(&winner)
-            .is_some_and(|n| self.revision_of(n) < self.revision)
+            .is_some_and(|n| self.revision_of(n) < self.dating.revision())
         {
             let older = self.older_peers();
             match self.election.winner_without(ip, |n| older.contains(n)) {
@@ -111,7 +111,7 @@ impl Core {
         // with the same view that shows it may be letting it go right now.)
         if let Some(p) = self
             .alive_peers()
-            .filter(|n| self.revision_of(n) > self.revision)
+            .filter(|n| self.revision_of(n) > self.dating.revision())
             .map(|n| n.node.clone())
             .find(|n| self.holds(n, ip))
         {
@@ -125,8 +125,8 @@ impl Core {
         // for its own hand-over time first: the pair settles as soon as
         // either one shows it kept. (A winner with a newer view may take
         // it any moment: that hand-over has its time.)
-        let views_differ = winner_revision != self.revision;
-        let winner_behind = winner_revision < self.revision;
+        let views_differ = winner_revision != self.dating.revision();
+        let winner_behind = winner_revision < self.dating.revision();
         let kept = self
             .slots
             .get(&ip)
@@ -134,10 +134,9 @@ impl Core {
         let mut same_view_holder_below = false;
         if kept || winner_behind {
             let me = self.settings.node.as_str();
-            for p in self
-                .alive_peers()
-                .filter(|n| self.revision_of(n) == self.revision && self.holds(&n.node, ip))
-            {
+            for p in self.alive_peers().filter(|n| {
+                self.revision_of(n) == self.dating.revision() && self.holds(&n.node, ip)
+            }) {
                 match self.election.outranks(ip, &p.node, me, true) {
                     Some(true) => return Some(LetGo::KeptByFirst(p.node.clone())),
                     Some(false) => same_view_holder_below = true,
@@ -153,7 +152,7 @@ impl Core {
         let older_holder = first_that_knows
             && self
                 .alive_peers()
-                .any(|n| self.revision_of(n) < self.revision && self.holds(&n.node, ip));
+                .any(|n| self.revision_of(n) < self.dating.revision() && self.holds(&n.node, ip));
         let settle = self.settle_time();
         // Only a VIP held here is released or contested.
         let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
@@ -191,7 +190,7 @@ impl Core {
                 // evidently does not think it wins. Either way, letting go
                 // would leave nobody answering: keep answering until the
                 // views agree or someone with the newer view holds it.
-                debug!(%ip, %winner, winner_revision, revision = self.revision,
+                debug!(%ip, %winner, winner_revision, revision = self.dating.revision(),
                     "the winner's view of the cluster differs; still answering");
                 handover.since = now;
                 // Shown as held again: this node answers for it until the
@@ -232,7 +231,7 @@ impl Core {
         // to trust); equal views only after a planned move had its time.
         if let Some(peer) = peers
             .iter()
-            .find(|(peer, revision)| *revision > self.revision && self.holds(peer, ip))
+            .find(|(peer, revision)| *revision > self.dating.revision() && self.holds(peer, ip))
         {
             return Some((peer.0.clone(), LetGo::ContestNewer(peer.0.clone())));
         }
@@ -240,10 +239,10 @@ impl Core {
             return None;
         }
         peers.into_iter().find_map(|(peer, revision)| {
-            if revision > self.revision {
+            if revision > self.dating.revision() {
                 let why = LetGo::ContestNewer(peer.clone());
                 Some((peer, why))
-            } else if revision == self.revision
+            } else if revision == self.dating.revision()
                 && self.election.outranks(ip, &peer, me, true) == Some(true)
             {
                 let why = LetGo::ContestOutranked(peer.clone());
@@ -420,7 +419,9 @@ impl Core {
         if let Some(p) = peers.iter().find(|n| self.may_leave_it_to(&n.node, ip)) {
             return Successor::Holds(p.node.clone());
         }
-        let newer = peers.iter().any(|n| self.revision_of(n) > self.revision);
+        let newer = peers
+            .iter()
+            .any(|n| self.revision_of(n) > self.dating.revision());
         let grace = self.settings.gossip_interval * LEAVE_GRACE_ROUNDS;
         if newer || now.saturating_duration_since(since) < grace {
             Successor::MayCome
@@ -525,7 +526,7 @@ impl Core {
                         .get(&ip)
                         .is_some_and(|s| s.held.as_ref().is_some_and(|h| h.handover.is_none()));
                 if taken_here || !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
-                    let mut since = self.orphans.since(ip).unwrap_or(self.revision_at);
+                    let mut since = self.orphans.since(ip).unwrap_or(self.dating.since());
                     if said_behind.contains(w)
                         && let Some(waited) = waited
                     {
@@ -565,7 +566,7 @@ impl Core {
     fn said_behind(&self, older: &BTreeSet<String>) -> BTreeSet<String> {
         let node_revision = |node: &str| self.view.node(node).map(|n| self.revision_of(n));
         self.alive_peers()
-            .filter(|p| self.revision_of(p) <= self.revision && !p.behind.is_empty())
+            .filter(|p| self.revision_of(p) <= self.dating.revision() && !p.behind.is_empty())
             .flat_map(|p| {
                 let said = self.revision_of(p);
                 p.behind.iter().filter(move |w| {

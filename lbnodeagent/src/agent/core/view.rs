@@ -269,7 +269,7 @@ impl Core {
                 || waited >= UNCONFIRMED_GRACE;
             // Said once, as it elects: until the cluster is known this
             // runs at every step.
-            if settled && self.cluster_known && self.view.unconfirmed > 0 {
+            if settled && self.dating.known() && self.view.unconfirmed > 0 {
                 warn!(
                     unconfirmed = self.view.unconfirmed,
                     "electing although the failure detector has not reached every node gossip reports alive"
@@ -279,7 +279,7 @@ impl Core {
         } else {
             now.saturating_duration_since(self.started) >= STARTUP_GRACE
         };
-        settled && self.cluster_known
+        settled && self.dating.known()
     }
 
     /// This node as the election should see it: from its own links and
@@ -422,11 +422,7 @@ impl Core {
     /// one would keep a VIP on two nodes until the writes reach it (a
     /// drain under load: 150 ms).
     pub(super) fn revision_of(&self, peer: &crate::model::MemberInfo) -> u64 {
-        if peer.digest.is_some() && peer.digest == self.digest {
-            self.revision
-        } else {
-            peer.revision
-        }
+        self.dating.of(peer.revision, peer.digest)
     }
 
     /// A live peer whose view of the cluster this node finds older than
@@ -435,12 +431,12 @@ impl Core {
     pub fn view_behind(&self, peer: &crate::model::MemberInfo) -> bool {
         peer.node != self.settings.node
             && peer.status == Status::Alive
-            && self.revision_of(peer) < self.revision
+            && self.revision_of(peer) < self.dating.revision()
     }
 
     pub(super) fn older_peers(&self) -> BTreeSet<String> {
         self.alive_peers()
-            .filter(|n| self.revision_of(n) < self.revision)
+            .filter(|n| self.revision_of(n) < self.dating.revision())
             .map(|n| n.node.clone())
             .collect()
     }

@@ -1,0 +1,109 @@
+//! How new this node's view of the cluster is, and how a peer's compares.
+//!
+//! Peers compare views by the newest resourceVersion each was built from,
+//! and by a digest of what the election reads: agents write annotations
+//! on the Services they announce, and each write moves every watch's
+//! resourceVersion without changing what anybody elects from. Two views
+//! with the same digest are the same view, whatever their revisions.
+
+use std::time::Instant;
+
+pub(super) struct Dating {
+    /// The election has had a cluster view.
+    known: bool,
+    /// The newest resourceVersion that view was built from.
+    revision: u64,
+    /// What that view holds.
+    digest: Option<u64>,
+    /// Since when this node has had that view: a peer still behind it a
+    /// hand-over's time later is stuck, not late.
+    since: Instant,
+}
+
+impl Dating {
+    pub fn new(now: Instant) -> Dating {
+        Dating {
+            known: false,
+            revision: 0,
+            digest: None,
+            since: now,
+        }
+    }
+
+    pub fn known(&self) -> bool {
+        self.known
+    }
+
+    /// A first view came; `true` the first time.
+    pub fn know(&mut self) -> bool {
+        !std::mem::replace(&mut self.known, true)
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    pub fn digest(&self) -> Option<u64> {
+        self.digest
+    }
+
+    pub fn since(&self) -> Instant {
+        self.since
+    }
+
+    /// The view's date now; `true` when it moved. A write that changed
+    /// nothing the election reads moves the revision, not the view: a peer
+    /// behind it was behind before, so `since` stays.
+    pub fn set(&mut self, revision: u64, digest: Option<u64>, now: Instant) -> bool {
+        if revision == self.revision && digest == self.digest {
+            return false;
+        }
+        let same_view = digest.is_some() && digest == self.digest;
+        if !same_view {
+            self.since = now;
+        }
+        self.revision = revision;
+        self.digest = digest;
+        true
+    }
+
+    /// How new a peer's view is (its `revision` and `digest`), to compare with this node's revision:
+    /// this node's own when the two views hold the same. A peer that has
+    /// not seen the latest annotation writes yet has no older view for
+    /// it, and taking it for one would keep a VIP on two nodes until the
+    /// writes reach it (a drain under load: 150 ms).
+    pub fn of(&self, revision: u64, digest: Option<u64>) -> u64 {
+        if digest.is_some() && digest == self.digest {
+            self.revision
+        } else {
+            revision
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_write_that_changes_nothing_elected_moves_the_revision_not_the_view() {
+        let t = Instant::now();
+        let mut d = Dating::new(t);
+        assert!(d.know());
+        assert!(!d.know());
+        let later = t + Duration::from_secs(1);
+        assert!(d.set(10, Some(7), later));
+        assert_eq!(d.since(), later);
+        // An annotation write: a newer revision, the same digest.
+        assert!(d.set(12, Some(7), later + Duration::from_secs(1)));
+        assert_eq!((d.revision(), d.since()), (12, later));
+        assert!(!d.set(12, Some(7), later + Duration::from_secs(2)));
+        // A peer with the same view has this node's revision, whatever
+        // its own; one with another view has its own.
+        assert_eq!(d.of(11, Some(7)), 12);
+        assert_eq!(d.of(11, Some(8)), 11);
+        assert_eq!(d.of(11, None), 11);
+    }
+}
