@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use hostlb_api::Family;
 use hostlb_api::runtime::signals::Signals;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::config::AgentConfig;
 use super::core::links::Links;
@@ -67,7 +67,11 @@ impl<B: AddressBackend + 'static> Agent<B> {
         telemetry.set_gossip_counters(transport.counters());
         let membership =
             Membership::start(&cfg.gossip, core.local_state(), &transport, &transport).await?;
+        // Each step of the start that waits says so once done: a start
+        // that hangs past the watchdog (3 s) is killed without a word,
+        // and this is what tells where it was.
         membership.sign_with(identity.clone()).await;
+        debug!("start: this node's gossip state is signed");
         telemetry.set_gossip_held(membership.gossip_held_counter());
         telemetry.set_detector_counters(membership.detector_counters());
         let views = membership.views();
@@ -93,6 +97,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         };
 
         let (client, server) = kube_client(&cfg).await?;
+        debug!("start: the API client is made");
         for w in token_warnings(&cfg.kubeconfig, jiff::Timestamp::now()) {
             warn!("{w}");
         }
@@ -123,6 +128,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 addr: cfg.http_listen,
                 source,
             })?;
+        debug!(listen = %cfg.http_listen, "start: the HTTP endpoint listens");
         let firewall = super::firewall::start(telemetry.clone(), cfg.firewall);
         let kernel = kernel_worker(backend.clone(), kernel_thread, firewall.guard());
         let config_hash = record::config_hash(&cfg);
