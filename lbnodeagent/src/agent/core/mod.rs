@@ -55,6 +55,7 @@ mod cadence;
 pub mod conflict;
 mod dating;
 mod guard;
+mod isolation;
 mod kernel;
 pub mod links;
 mod orphans;
@@ -225,14 +226,12 @@ pub struct Core {
     /// When each member was last seen live, for the takeover metric.
     lost_at: BTreeMap<String, Instant>,
     /// Other nodes whose agents' records in the API are fresh.
-    running_elsewhere: BTreeSet<String>,
     /// The agents' records as last listed (evidence, see
     /// [`Conflicts::learn_records`]).
     records: Vec<AgentRecord>,
     last_conflict: Option<ConflictSeen>,
-    /// Gossip last showed a live peer then (or the agent started).
-    peer_seen: Instant,
-    isolated: bool,
+    /// Who runs elsewhere, and whether gossip is isolated from them.
+    isolation: isolation::Isolation,
     /// When each live node's published VIPs came to include each VIP, in
     /// our views: a peer's word that it holds a VIP counts against this
     /// node's fresh take only if it came after (see `holds`). Per VIP, not
@@ -289,11 +288,9 @@ impl Core {
             conflicts: Conflicts::default(),
             foreign: BTreeSet::new(),
             lost_at: BTreeMap::new(),
-            running_elsewhere: BTreeSet::new(),
             records: Vec::new(),
             last_conflict: None,
-            peer_seen: now,
-            isolated: false,
+            isolation: isolation::Isolation::new(now),
             vips_gained: BTreeMap::new(),
             cadence: cadence::Cadence::new(now),
             all_dirty: true,
@@ -344,11 +341,7 @@ impl Core {
     /// The agents the API shows running elsewhere, while gossip reaches
     /// none of them (empty unless isolated).
     pub fn isolated_from(&self) -> Vec<String> {
-        if self.isolated {
-            self.running_elsewhere.iter().cloned().collect()
-        } else {
-            Vec::new()
-        }
+        self.isolation.from()
     }
 
     /// The interface a claim on `ip` counts from, while claims on it are
@@ -622,12 +615,13 @@ impl Core {
                 warn!("{line}");
             }
         }
-        self.running_elsewhere = self
-            .records
-            .iter()
-            .filter(|r| r.fresh && r.node != *me && election.is_node(&r.node))
-            .map(|r| r.node.clone())
-            .collect();
+        self.isolation.set_running_elsewhere(
+            self.records
+                .iter()
+                .filter(|r| r.fresh && r.node != *me && election.is_node(&r.node))
+                .map(|r| r.node.clone())
+                .collect(),
+        );
     }
 
     /// The host's links and routes as read now.

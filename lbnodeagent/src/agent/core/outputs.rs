@@ -18,8 +18,8 @@ use super::links::Mode;
 use super::sessions::Lapse;
 use super::slot::{Op, expiry, merged, same_place};
 use super::{
-    Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, ISOLATED_AFTER,
-    LEAVE_GRACE_ROUNDS, LEAVE_MAX, Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, WATCH_EVERY,
+    Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, LEAVE_MAX,
+    Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, WATCH_EVERY,
 };
 
 impl Core {
@@ -293,8 +293,8 @@ impl Core {
         if let Some(d) = self.sessions.deadline() {
             at(d);
         }
-        if !self.isolated && self.lonely() {
-            at(self.peer_seen + ISOLATED_AFTER);
+        if let Some(t) = self.isolation.deadline(self.gossip_alone()) {
+            at(t);
         }
         if let Some(due) = self.watch_due {
             at(due.max(self.watched_at + WATCH_EVERY));

@@ -483,7 +483,7 @@ impl Core {
     /// takes over, make before break.
     ///
     /// While nobody answers for the VIP (its owner died, or let it go to
-    /// the winner that then fell behind), the wait is [`VIEW_SPREAD`]: a
+    /// the winner that then fell behind), the wait is [`VIEW_SPREAD`](super::VIEW_SPREAD): a
     /// winner that is behind longer than a change takes to spread is stuck
     /// (the API server went away before it heard the change), and every
     /// moment more is a client's outage. Should it catch up, it takes the
@@ -606,7 +606,7 @@ impl Core {
     }
 
     /// Makes due the orphans nobody has answered for since the view had
-    /// [`VIEW_SPREAD`] to reach their winners. They stay due once this node
+    /// [`VIEW_SPREAD`](super::VIEW_SPREAD) to reach their winners. They stay due once this node
     /// takes one (it answers for it then), until the orphan is gone, or
     /// until the pre-check hears a hostlb node answer after all: its word
     /// in gossip had not come yet (a stalled agent's kernel still

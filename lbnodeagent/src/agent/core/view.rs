@@ -13,8 +13,8 @@ use crate::model::{MemberInfo, MembershipView, PROTOCOL_DRAIN, Status};
 
 use super::sessions::{self};
 use super::{
-    Actions, ConflictSeen, Core, HANDOVER_MAX, ISOLATED_AFTER, Metric, Phase, STARTUP_GRACE,
-    TAKEOVER_WINDOW, UNCONFIRMED_GRACE, WATCH_EVERY,
+    Actions, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase, STARTUP_GRACE, TAKEOVER_WINDOW,
+    UNCONFIRMED_GRACE, WATCH_EVERY,
 };
 
 /// `node`'s leaving beat came after gossip had lost it, within a
@@ -344,21 +344,21 @@ impl Core {
 
     /// Gossip is isolated: the API shows agents running on other nodes (their
     /// records are fresh) and gossip has reached none of them for
-    /// [`ISOLATED_AFTER`] (a firewall on UDP 7934, another key or cluster
+    /// [`ISOLATED_AFTER`](super::ISOLATED_AFTER) (a firewall on UDP 7934, another key or cluster
     /// id, an advertise address nobody can reach). Such an agent would
     /// otherwise act alone and take every VIP. It acts as if partitioned
     /// instead: it asks the LAN before taking any VIP, and the conflict
     /// rule, which knows the other agents' MACs from their records, settles
     /// any second owner by the election's order.
     pub fn isolated(&self) -> bool {
-        self.isolated
+        self.isolation.isolated()
     }
 
     /// Gossip shows no live peer while the API shows other agents running:
     /// a start before gossip connected, or isolation. Nothing is taken
     /// without asking the LAN first meanwhile.
     pub fn lonely(&self) -> bool {
-        !self.running_elsewhere.is_empty() && self.gossip_alone()
+        self.isolation.lonely(self.gossip_alone())
     }
 
     /// Addresses of the cluster's Services that the election gives to no
@@ -384,17 +384,11 @@ impl Core {
     }
 
     pub(super) fn note_isolation(&mut self, now: Instant, out: &mut Actions) {
-        if !self.lonely() {
-            self.peer_seen = now;
-        }
-        let isolated =
-            self.lonely() && now.saturating_duration_since(self.peer_seen) >= ISOLATED_AFTER;
-        if isolated != self.isolated {
-            self.isolated = isolated;
+        if let Some(isolated) = self.isolation.note(self.gossip_alone(), now) {
             out.isolated = Some(isolated);
             if isolated {
                 warn!(
-                    running = ?self.running_elsewhere,
+                    running = ?self.isolation.running_elsewhere(),
                     "gossip reaches no other agent while the API shows agents running on other nodes; acting as if partitioned (check UDP {} between the hosts, gossip.key_file and gossip.cluster_id)",
                     crate::model::DEFAULT_PORT
                 );
