@@ -486,10 +486,14 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
             .unwrap_or_else(|| format!("a host that is no node ({mac})"))
     };
     for Heard { ip, sent, replies } in inputs.probes {
+        // A request is judged once its answer had time to come before
+        // the history was read: the last ones of a run were sent while it
+        // was read, and their answers recorded after (seed 1102 reported
+        // the run's very last request as "no answer for 10 ms").
         let sent: Vec<Instant> = sent
             .iter()
             .copied()
-            .filter(|s| *s >= inputs.start && *s <= inputs.end)
+            .filter(|s| *s >= inputs.start && *s + bounds.answer_within <= inputs.end)
             .collect();
         let ws = windows(&sent, replies, bounds.answer_within);
         // Two owners.
@@ -1118,6 +1122,19 @@ mod tests {
             v[0].what.contains("n2: the agent exited by itself"),
             "{v:?}"
         );
+    }
+
+    /// The requests of the run's last moments, sent while the history was
+    /// read, have no answer in it yet: they are not judged.
+    #[test]
+    fn a_request_sent_as_the_history_is_read_is_not_judged() {
+        let w = world();
+        let end = 60_000;
+        let (mut sent, replies) = history(w.t0, end, |_| vec!["m1"]);
+        // One more request 5 ms before the end, its answer not read.
+        sent.push(ms(w.t0, end - 5));
+        let v = judge_with(&w, (sent, replies), &[]);
+        assert!(v.is_empty(), "{v:?}");
     }
 
     #[test]
