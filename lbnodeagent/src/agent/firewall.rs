@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::telemetry::Telemetry;
 use crate::firewall::apply;
@@ -103,12 +103,20 @@ async fn run(
     loop {
         let plan = plans.borrow_and_update().clone();
         if let Some(plan) = plan {
+            let started = std::time::Instant::now();
             match apply(&plan).await {
                 Ok(()) => {
                     let vips = match &plan {
                         FirewallPlan::On(f) => f.vips.len(),
                         FirewallPlan::Off => 0,
                     };
+                    // Adds wait for the table that closes them: how long
+                    // each took is what a slow add is traced to.
+                    debug!(
+                        vips,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "firewall table in force"
+                    );
                     guard.send_replace(match &plan {
                         FirewallPlan::On(f) => Guard::InForce {
                             vips: Arc::new(f.vips.clone()),

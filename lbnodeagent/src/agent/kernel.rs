@@ -201,7 +201,13 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(
                 // refused, and the core tries it again later.
                 let (vips, refused) = if kind == OpKind::Add {
                     let ips: Vec<_> = vips.iter().map(|v| v.ip).collect();
+                    let waited = std::time::Instant::now();
                     let verdicts = super::firewall::covered(&mut guard, &ips, GUARD_WAIT).await;
+                    let waited = waited.elapsed();
+                    if waited >= std::time::Duration::from_millis(100) {
+                        debug!(count = ips.len(), first = %ips[0], waited_ms = waited.as_millis() as u64,
+                            "adds waited for the firewall table that closes them");
+                    }
                     let (ok, refused): (Vec<_>, Vec<_>) =
                         vips.into_iter().zip(verdicts).partition(|(_, c)| c.is_ok());
                     if let Some((first, why)) = refused.first() {
