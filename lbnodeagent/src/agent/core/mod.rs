@@ -68,6 +68,7 @@ mod slot;
 #[cfg(test)]
 mod tests;
 mod view;
+mod watching;
 mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -203,12 +204,9 @@ pub struct Core {
     /// answers are the last of a hand-over for a hand-over's time, as a
     /// graceful leaver's are (see [`Core::judge`]).
     left_gone: BTreeMap<String, Instant>,
-    /// The owners to watch are worked out again then (the election moved).
-    watch_due: Option<Instant>,
-    watched_at: Instant,
-    /// The owners to watch as last worked out, and the election's epoch
-    /// and this node's candidacy they were worked out for.
-    watching: (Option<(u64, bool)>, sessions::Owners),
+    /// Which owners this node watches for silence, and when that is
+    /// worked out again.
+    watching: watching::Watching,
     slots: BTreeMap<IpAddr, Slot>,
     /// Slots that are not [`Slot::settled`], decided at every step.
     unsettled: BTreeSet<IpAddr>,
@@ -278,9 +276,7 @@ impl Core {
             sessions: Sessions::default(),
             left: BTreeMap::new(),
             left_gone: BTreeMap::new(),
-            watch_due: None,
-            watching: (None, BTreeMap::new()),
-            watched_at: now,
+            watching: watching::Watching::new(now),
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             orphans: orphans::Orphans::default(),
@@ -445,7 +441,7 @@ impl Core {
                 // records listed before the first view hold is said now.
                 let first = self.dating.know();
                 self.learn_records(first);
-                self.watch_due.get_or_insert(now);
+                self.watching.moved(now);
                 self.all_dirty = true;
                 self.sent.touch_report();
                 out.metrics.push(Metric::Elected);
@@ -460,7 +456,7 @@ impl Core {
                     let touched = self.election.set_endpoints(&key, &endpoints);
                     self.mark(touched);
                 }
-                self.watch_due.get_or_insert(now);
+                self.watching.moved(now);
                 self.sent.touch_report();
                 out.metrics.push(Metric::Elected);
             }
@@ -635,7 +631,7 @@ impl Core {
             self.links = links;
             self.sent.touch_publish();
             self.elect_members();
-            self.watch_due.get_or_insert(now);
+            self.watching.moved(now);
             self.all_dirty = true;
         }
     }

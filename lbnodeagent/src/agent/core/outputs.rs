@@ -19,7 +19,7 @@ use super::sessions::Lapse;
 use super::slot::{Op, expiry, merged, same_place};
 use super::{
     Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, LEAVE_MAX,
-    Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE, WATCH_EVERY,
+    Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE,
 };
 
 impl Core {
@@ -296,8 +296,8 @@ impl Core {
         if let Some(t) = self.isolation.deadline(self.gossip_alone()) {
             at(t);
         }
-        if let Some(due) = self.watch_due {
-            at(due.max(self.watched_at + WATCH_EVERY));
+        if let Some(t) = self.watching.deadline() {
+            at(t);
         }
         if self.settings.wire {
             if self.conflicts.yielded().next().is_some() {

@@ -14,7 +14,7 @@ use crate::model::{MemberInfo, MembershipView, PROTOCOL_DRAIN, Status};
 use super::sessions::{self};
 use super::{
     Actions, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase, STARTUP_GRACE, TAKEOVER_WINDOW,
-    UNCONFIRMED_GRACE, WATCH_EVERY,
+    UNCONFIRMED_GRACE,
 };
 
 /// `node`'s leaving beat came after gossip had lost it, within a
@@ -210,7 +210,7 @@ impl Core {
             );
         }
         self.mark(waiting);
-        self.watch_due.get_or_insert(now);
+        self.watching.moved(now);
         self.sent.touch_beats();
     }
 
@@ -219,26 +219,26 @@ impl Core {
     /// for whose lowest VIP it comes next, each with the others next in
     /// line for its VIPs.
     pub(super) fn watch_owners(&mut self, now: Instant) {
-        let Some(due) = self.watch_due else { return };
-        if now < due || now < self.watched_at + WATCH_EVERY {
+        if !self.watching.take_due(now) {
             return;
         }
-        self.watch_due = None;
-        self.watched_at = now;
         let running = self.phase == Phase::Running;
-        let key = (self.election.epoch(), running);
-        if self.watching.0 != Some(key) {
-            // One election per VIP: only when the election changed.
-            let owners = if running {
-                sessions::watched_by(&self.settings.node, &self.election.runners_up())
-            } else {
-                BTreeMap::new()
-            };
-            self.watching = (Some(key), owners);
-        }
+        let me = &self.settings.node;
+        let election = &mut self.election;
+        let epoch = election.epoch();
+        // One election per VIP: only when the election changed.
+        let owners = self
+            .watching
+            .owners(epoch, running, || {
+                if running {
+                    sessions::watched_by(me, &election.runners_up())
+                } else {
+                    BTreeMap::new()
+                }
+            })
+            .clone();
         let gossip = &self.gossip_view;
-        self.sessions
-            .watch(self.watching.1.clone(), |n| gossip.node(n).is_some());
+        self.sessions.watch(owners, |n| gossip.node(n).is_some());
     }
 
     /// Whether a starting agent may elect: the cluster is known, and gossip
