@@ -107,13 +107,13 @@ pub struct Records {
     keys_gap: Duration,
 }
 
-/// The least time between two lists for identities, at first and at most:
-/// agents that start together write their records a moment after each
-/// other's first list; a thousand of them then list a few times each.
 /// How long a list of the records may take: a fleet's records are one
 /// small page each, so a list that takes longer waits on a dead connection.
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The least time between two lists for identities, at first and at most:
+/// agents that start together write their records a moment after each
+/// other's first list; a thousand of them then list a few times each.
 pub const KEYS_GAP_MIN: Duration = Duration::from_millis(250);
 pub const KEYS_GAP_MAX: Duration = Duration::from_secs(4);
 
