@@ -15,11 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::telemetry::Telemetry;
 use crate::firewall::apply;
 use crate::model::FirewallPlan;
+use crate::model::VipAddress;
 
 /// A rule set `nft` refused, or could not be run for, is tried again this
 /// often.
@@ -179,38 +181,83 @@ async fn run(
     }
 }
 
-/// Waits until `guard` says whether each of `ips` may be added, at most
-/// `within` (a table `nft` still writes then is taken as failed): the
-/// ones that may, and the others with why not.
-pub async fn covered(
-    guard: &mut watch::Receiver<Guard>,
-    ips: &[IpAddr],
-    within: Duration,
-) -> Vec<Result<(), String>> {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let verdicts: Vec<Cover> = {
-            let g = guard.borrow_and_update();
-            ips.iter().map(|ip| g.covers(*ip)).collect()
-        };
-        let waiting = verdicts.contains(&Cover::Wait);
-        if !waiting || tokio::time::Instant::now() >= deadline {
-            return verdicts
-                .into_iter()
-                .map(|v| match v {
-                    Cover::Yes => Ok(()),
-                    Cover::Wait => Err(format!(
-                        "not added: no firewall closing it was in force within {within:?}"
-                    )),
-                    Cover::No(why) => Err(format!("not added: {why}")),
-                })
-                .collect();
+/// Adds that wait for a firewall table closing their VIP. The kernel
+/// worker parks them here and carries on with the batches after them: an
+/// add of a covered VIP never waits behind one that is not (a renewal of a
+/// previous run's address, whose Service is gone, once held a restarted
+/// agent's adds of its new VIPs for 20 s). The core has at most one
+/// operation in flight per VIP, so no later batch concerns a parked one.
+#[derive(Debug, Default)]
+pub struct Gate {
+    parked: Vec<Parked>,
+}
+
+#[derive(Debug)]
+struct Parked {
+    vip: VipAddress,
+    since: Instant,
+    until: Instant,
+}
+
+/// What the gate lets through now.
+#[derive(Debug, Default)]
+pub struct Sorted {
+    /// Adds whose VIP a table in force closes, with how long each waited.
+    pub go: Vec<(VipAddress, Duration)>,
+    /// Adds refused, with why: the firewall cannot be written, or no table
+    /// closing the VIP came within the wait.
+    pub refused: Vec<(VipAddress, String)>,
+}
+
+impl Gate {
+    /// Sorts the parked adds and `new` ones (which may wait `within`) by
+    /// what `guard` says at `now`; those still waiting stay parked.
+    pub fn sort(
+        &mut self,
+        guard: &Guard,
+        new: Vec<VipAddress>,
+        within: Duration,
+        now: Instant,
+    ) -> Sorted {
+        let mut out = Sorted::default();
+        let arriving = new.into_iter().map(|vip| Parked {
+            vip,
+            since: now,
+            until: now + within,
+        });
+        let waiting: Vec<Parked> = self.parked.drain(..).chain(arriving).collect();
+        for p in waiting {
+            match guard.covers(p.vip.ip) {
+                Cover::Yes => out.go.push((p.vip, now.saturating_duration_since(p.since))),
+                Cover::No(why) => out.refused.push((p.vip, format!("not added: {why}"))),
+                Cover::Wait if now >= p.until => {
+                    let waited = p.until.saturating_duration_since(p.since);
+                    out.refused.push((
+                        p.vip,
+                        format!("not added: no firewall closing it was in force within {waited:?}"),
+                    ));
+                }
+                Cover::Wait => self.parked.push(p),
+            }
         }
-        match tokio::time::timeout_at(deadline, guard.changed()).await {
-            Ok(Ok(())) | Err(_) => {}
-            // The firewall task is gone with the agent.
-            Ok(Err(_)) => return ips.iter().map(|_| Err("shutting down".into())).collect(),
-        }
+        out
+    }
+
+    /// When the first parked add is refused unless a table comes first.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.parked.iter().map(|p| p.until).min()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parked.is_empty()
+    }
+
+    /// Every parked add, refused with `why` (the agent is ending).
+    pub fn refuse_all(&mut self, why: &str) -> Vec<(VipAddress, String)> {
+        self.parked
+            .drain(..)
+            .map(|p| (p.vip, why.to_string()))
+            .collect()
     }
 }
 
@@ -254,34 +301,69 @@ mod tests {
         );
     }
 
-    /// The worker's wait: it ends as soon as a table covers the VIP, and
-    /// refuses at the deadline or on a failure.
-    #[tokio::test(start_paused = true)]
-    async fn adds_wait_for_the_table_that_closes_them() {
-        let v = ip("10.0.1.1");
-        let (tx, mut rx) = watch::channel(Guard::Pending);
-        let set = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            tx.send_replace(Guard::InForce {
-                vips: Arc::new(BTreeSet::from([v])),
-                failing: None,
-            });
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            drop(tx);
-        });
-        let t0 = tokio::time::Instant::now();
+    fn vip(s: &str) -> VipAddress {
+        VipAddress {
+            interface: "eth0".into(),
+            ifindex: 2,
+            ip: ip(s),
+            prefix_len: 24,
+            lifetime: crate::model::Lifetime::FOREVER,
+        }
+    }
+
+    fn ips(v: &[(VipAddress, impl Sized)]) -> Vec<IpAddr> {
+        v.iter().map(|(v, _)| v.ip).collect()
+    }
+
+    /// The gate lets an add through as soon as a table closes its VIP,
+    /// refuses it at its deadline or on a failure, and never holds one
+    /// covered add behind another that waits.
+    #[test]
+    fn adds_wait_for_the_table_that_closes_them_and_only_they_wait() {
+        let within = Duration::from_secs(20);
+        let t0 = Instant::now();
+        let (v, w) = (ip("10.0.1.1"), ip("10.0.1.2"));
+        let mut gate = Gate::default();
+        let s = gate.sort(&Guard::Pending, vec![vip("10.0.1.1")], within, t0);
+        assert!(s.go.is_empty() && s.refused.is_empty());
+        assert_eq!(gate.deadline(), Some(t0 + within));
+        // A table that closes v, not w: v goes (having waited), w arrives
+        // and waits, and neither holds the other.
+        let only_v = Guard::InForce {
+            vips: Arc::new(BTreeSet::from([v])),
+            failing: None,
+        };
+        let t1 = t0 + Duration::from_millis(30);
+        let s = gate.sort(&only_v, vec![vip("10.0.1.2")], within, t1);
+        assert_eq!(ips(&s.go), [v]);
+        assert_eq!(s.go[0].1, Duration::from_millis(30));
+        assert!(s.refused.is_empty());
+        assert_eq!(gate.deadline(), Some(t1 + within), "w's own deadline");
+        // A covered add arriving later goes at once, w still parked.
+        let s = gate.sort(&only_v, vec![vip("10.0.1.1")], within, t1);
+        assert_eq!(ips(&s.go), [v]);
+        assert!(!gate.is_empty());
+        // At its deadline w is refused, saying how long it waited.
+        let s = gate.sort(&only_v, vec![], within, t1 + within);
+        assert!(s.go.is_empty());
+        assert_eq!(ips(&s.refused), [w]);
+        assert!(s.refused[0].1.contains("within 20s"), "{:?}", s.refused);
+        assert!(gate.is_empty() && gate.deadline().is_none());
+        // A failure refuses at once what the table in force does not close.
+        let failing = Guard::InForce {
+            vips: Arc::new(BTreeSet::from([v])),
+            failing: Some("nft refused".into()),
+        };
+        let s = gate.sort(&failing, vec![vip("10.0.1.1"), vip("10.0.1.2")], within, t1);
+        assert_eq!(ips(&s.go), [v]);
         assert_eq!(
-            covered(&mut rx, &[v], Duration::from_secs(20)).await,
-            [Ok(())]
+            s.refused,
+            [(vip("10.0.1.2"), "not added: nft refused".to_string())]
         );
-        assert_eq!(t0.elapsed(), Duration::from_millis(30));
-        let w = ip("10.0.1.2");
-        let got = covered(&mut rx, &[v, w], Duration::from_secs(1)).await;
-        assert_eq!(got[0], Ok(()));
-        assert!(got[1].as_ref().unwrap_err().contains("within"), "{got:?}");
-        set.abort();
-        let (_tx, mut rx) = watch::channel(Guard::Failed("no nft".into()));
-        let got = covered(&mut rx, &[v], Duration::from_secs(20)).await;
-        assert_eq!(got, [Err("not added: no nft".to_string())]);
+        assert!(gate.is_empty());
+        // Ending: whatever waits is refused.
+        gate.sort(&Guard::Pending, vec![vip("10.0.1.2")], within, t1);
+        assert_eq!(ips(&gate.refuse_all("shutting down")), [w]);
+        assert!(gate.is_empty());
     }
 }

@@ -156,7 +156,9 @@ const GUARD_WAIT: std::time::Duration = crate::firewall::NFT_TIMEOUT;
 
 /// The kernel worker: batches in the order the core asked for them, each
 /// carried out by the backend's batch calls (IPv4 adds, IPv6 adds,
-/// removals), the results of each call back to the loop as it ends.
+/// removals), the results of each call back to the loop as it ends. An
+/// add whose VIP no firewall table in force closes yet waits aside (see
+/// [`super::firewall::Gate`]) while the batches after it go on.
 pub(super) fn kernel_worker<B: AddressBackend + 'static>(
     backend: Arc<B>,
     thread: KernelThread,
@@ -165,29 +167,81 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(
     let (batches, mut rx) = mpsc::unbounded_channel::<KernelJob>();
     let (done, results) = mpsc::unbounded_channel();
     thread.handle.spawn(async move {
-        while let Some(KernelJob {
-            mut add,
-            mut remove,
-            mut read,
-        }) = rx.recv().await
-        {
+        let mut gate = super::firewall::Gate::default();
+        // The firewall task ends only with the agent; then nothing parked
+        // will be covered any more.
+        let mut guard_gone = false;
+        loop {
+            let deadline = gate.deadline();
+            let KernelJob {
+                mut add,
+                mut remove,
+                mut read,
+            } = tokio::select! {
+                job = rx.recv() => match job {
+                    Some(job) => job,
+                    None => return,
+                },
+                changed = guard.changed(), if !gate.is_empty() && !guard_gone => {
+                    guard_gone = changed.is_err();
+                    KernelJob::default()
+                }
+                () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)),
+                    if deadline.is_some() => KernelJob::default(),
+            };
             // Whatever queued up meanwhile goes in the same batch (one link
             // read, one record write): the core has at most one operation
             // in flight per VIP, so batches never disagree about one, and
             // a burst (a heal's conflicts settled one claim at a time) costs
             // one batch, not hundreds one after another. A read goes after
-            // all of them: what it finds is then no older than any result.
+            // all of them: what it finds is then no older than any result
+            // (a parked add's VIP has its operation in flight, which the
+            // core leaves out of what it compares with a read).
             while let Ok(job) = rx.try_recv() {
                 add.extend(job.add);
                 remove.extend(job.remove);
                 read |= job.read;
+            }
+            // No VIP is added before a firewall that closes it is in force
+            // (see `firewall::Guard`); one that cannot be is refused, and
+            // the core tries it again later.
+            let current = guard.borrow_and_update().clone();
+            let sorted = gate.sort(&current, add, GUARD_WAIT, tokio::time::Instant::now());
+            let mut refused = sorted.refused;
+            if guard_gone {
+                refused.extend(gate.refuse_all("shutting down"));
+            }
+            if let Some((first, waited)) = sorted.go.iter().max_by_key(|(_, w)| *w)
+                && *waited >= Duration::from_millis(100)
+            {
+                debug!(first = %first.ip, waited_ms = waited.as_millis() as u64,
+                    "adds waited for the firewall table that closes them");
+            }
+            if let Some((first, why)) = refused.first() {
+                warn!(count = refused.len(), first = %first.ip, reason = %why,
+                    "VIPs not added: no firewall closing them is in force; the core tries again");
+            }
+            let refused: Vec<OpResult> = refused
+                .into_iter()
+                .map(|(vip, why)| OpResult {
+                    ip: vip.ip,
+                    kind: OpKind::Add,
+                    result: Err(OpError::Unguarded(why)),
+                })
+                .collect();
+            if !refused.is_empty() && done.send(Input::Done(refused)).is_err() {
+                return;
             }
             // IPv4 adds go on their own, and their results back at once: an
             // IPv6 add waits for the kernel to listen for its address
             // (`addrs/netlink/listening.rs`), which a busy host does late,
             // and the IPv4 addresses of a mixed batch would wait with it,
             // unannounced, while their old owner answers too.
-            let (add4, add6): (Vec<_>, Vec<_>) = add.into_iter().partition(|v| v.ip.is_ipv4());
+            let (add4, add6): (Vec<_>, Vec<_>) = sorted
+                .go
+                .into_iter()
+                .map(|(v, _)| v)
+                .partition(|v| v.ip.is_ipv4());
             for (kind, vips) in [
                 (OpKind::Add, add4),
                 (OpKind::Add, add6),
@@ -196,30 +250,7 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(
                 if vips.is_empty() {
                     continue;
                 }
-                // No VIP is added before a firewall that closes it is in
-                // force (see `firewall::Guard`); one that cannot be is
-                // refused, and the core tries it again later.
-                let (vips, refused) = if kind == OpKind::Add {
-                    let ips: Vec<_> = vips.iter().map(|v| v.ip).collect();
-                    let waited = std::time::Instant::now();
-                    let verdicts = super::firewall::covered(&mut guard, &ips, GUARD_WAIT).await;
-                    let waited = waited.elapsed();
-                    if waited >= std::time::Duration::from_millis(100) {
-                        debug!(count = ips.len(), first = %ips[0], waited_ms = waited.as_millis() as u64,
-                            "adds waited for the firewall table that closes them");
-                    }
-                    let (ok, refused): (Vec<_>, Vec<_>) =
-                        vips.into_iter().zip(verdicts).partition(|(_, c)| c.is_ok());
-                    if let Some((first, why)) = refused.first() {
-                        warn!(count = refused.len(), first = %first.ip, reason = ?why,
-                            "VIPs not added: no firewall closing them is in force; the core tries again");
-                    }
-                    (ok.into_iter().map(|(v, _)| v).collect(), refused)
-                } else {
-                    (vips, Vec::new())
-                };
                 let results = match kind {
-                    OpKind::Add if vips.is_empty() => Vec::new(),
                     OpKind::Add => backend.add_many(&vips).await,
                     OpKind::Remove => backend.remove_many(&vips).await,
                 };
@@ -231,11 +262,6 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(
                         kind,
                         result: result.map_err(|e| OpError::Kernel(e.to_string())),
                     })
-                    .chain(refused.into_iter().map(|(vip, why)| OpResult {
-                        ip: vip.ip,
-                        kind,
-                        result: Err(OpError::Unguarded(why.err().unwrap_or_default())),
-                    }))
                     .collect();
                 if done.send(Input::Done(out)).is_err() {
                     return;
@@ -329,5 +355,95 @@ pub(super) fn note_announce_interface(telemetry: &Telemetry, cfg: &AgentConfig, 
         }
     } else if was && !missing {
         info!("announce interface found; a candidate again");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::net::IpAddr;
+
+    use super::super::firewall::Guard;
+    use super::*;
+    use crate::addrs::MemoryBackend;
+    use crate::model::{Lifetime, VipAddress};
+
+    fn vip(ifindex: u32, ip: &str) -> VipAddress {
+        VipAddress {
+            interface: "eth0".into(),
+            ifindex,
+            ip: ip.parse().unwrap(),
+            prefix_len: 24,
+            lifetime: Lifetime::FOREVER,
+        }
+    }
+
+    fn in_force(ips: &[&str]) -> Guard {
+        Guard::InForce {
+            vips: Arc::new(ips.iter().map(|s| s.parse::<IpAddr>().unwrap()).collect()),
+            failing: None,
+        }
+    }
+
+    /// The results of the next `Done`, as (ip, ok).
+    async fn next_done(kernel: &mut Kernel) -> Vec<(IpAddr, bool)> {
+        let got = tokio::time::timeout(Duration::from_secs(5), kernel.results.recv())
+            .await
+            .expect("a result within 5 s, not after another add's wait for the firewall");
+        match got {
+            Some(Input::Done(r)) => r.iter().map(|r| (r.ip, r.result.is_ok())).collect(),
+            other => panic!("expected Done, got {other:?}"),
+        }
+    }
+
+    /// An add whose VIP no table closes yet (a previous run's address,
+    /// renewed before its Service is known gone) waits aside: the adds of
+    /// covered VIPs asked for after it are carried out at once, and it goes
+    /// itself once a table closes it.
+    #[tokio::test]
+    async fn an_add_waiting_for_the_firewall_holds_no_other_add_behind_it() {
+        let backend = Arc::new(MemoryBackend::new());
+        let eth0 = backend.add_link("eth0", None, &["10.0.1.0/24"]);
+        let (guard_tx, guard) = tokio::sync::watch::channel(Guard::Pending);
+        let mut kernel = kernel_worker(backend.clone(), KernelThread::start().unwrap(), guard);
+        let (old, new) = ("10.0.1.200", "10.0.1.201");
+        kernel
+            .batches
+            .send(KernelJob {
+                add: vec![vip(eth0, old)],
+                ..KernelJob::default()
+            })
+            .unwrap();
+        // The first table closes the new VIP only.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        guard_tx.send_replace(in_force(&[new]));
+        kernel
+            .batches
+            .send(KernelJob {
+                add: vec![vip(eth0, new)],
+                read: true,
+                ..KernelJob::default()
+            })
+            .unwrap();
+        assert_eq!(next_done(&mut kernel).await, [(new.parse().unwrap(), true)]);
+        match kernel.results.recv().await {
+            Some(Input::KernelOwned(owned)) => {
+                let ips: BTreeSet<String> = owned.iter().map(|o| o.ip.to_string()).collect();
+                assert_eq!(
+                    ips,
+                    BTreeSet::from([new.to_string()]),
+                    "the parked add not done"
+                );
+            }
+            other => panic!("expected the read, got {other:?}"),
+        }
+        guard_tx.send_replace(in_force(&[old, new]));
+        assert_eq!(next_done(&mut kernel).await, [(old.parse().unwrap(), true)]);
+        let held: BTreeSet<String> = backend
+            .addresses()
+            .iter()
+            .map(|a| a.ip.to_string())
+            .collect();
+        assert_eq!(held, BTreeSet::from([old.to_string(), new.to_string()]));
     }
 }
