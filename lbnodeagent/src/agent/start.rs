@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 
 use super::config::AgentConfig;
 use super::core::links::Links;
-use super::core::{Core, Settings};
+use super::core::{Core, Settings, Unable};
 use super::kernel::{KernelThread, kernel_worker, note_announce_interface, read_links};
 use super::telemetry::Telemetry;
 use super::watches::KubeInputs;
@@ -347,15 +347,13 @@ pub(super) fn settings(cfg: &AgentConfig, wire: bool) -> Settings {
 /// Why this process cannot add addresses, if it cannot: CAP_NET_ADMIN
 /// (bit 12) missing from its effective capabilities. Such an agent still
 /// gossips and reports, but stands in no election.
-pub(super) fn unable() -> Option<String> {
+pub(super) fn unable() -> Option<Unable> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let caps = status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())?;
-    (caps & (1 << 12) == 0).then(|| {
-        "no CAP_NET_ADMIN: this agent cannot add addresses, so it is no candidate (run it as the packaged unit does, with AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW)".to_string()
-    })
+    (caps & (1 << 12) == 0).then_some(Unable::NoNetAdmin)
 }
 
 /// A new gossip key: 32 random bytes from the kernel, as hex.

@@ -240,15 +240,14 @@ impl Core {
             self.slot_mut(ip).probing = None;
             return;
         }
-        let view = &self.view;
+        let membership = &self.membership;
         let sessions = &self.sessions;
-        let left_gone = &self.left_gone;
         // A node whose `cleanup` said it goes is held off for no longer
         // either: its host answers until another does.
         let checked = match self.conflicts.holding_off(
             ip,
             now,
-            |n| view.node(n).is_some() || super::view::left_lately(left_gone, n, now),
+            |n| membership.view().node(n).is_some() || membership.left_lately(n, now),
             |n| sessions.lapse(n),
         ) {
             Hold::Off => {
@@ -321,14 +320,16 @@ impl Core {
     pub(super) fn needs_precheck(&self, ip: IpAddr) -> bool {
         // Out for silence, not leaving: a leaving owner hands over.
         let silenced = self
-            .view
+            .membership
+            .view()
             .gone
             .iter()
-            .any(|n| self.sessions.is_suspect(&n.node) && !self.left.contains_key(&n.node));
+            .any(|n| self.sessions.is_suspect(&n.node) && !self.membership.left(&n.node));
         self.settings.wire
             && (silenced
                 || !self
-                    .view
+                    .membership
+                    .view()
                     .nodes
                     .iter()
                     .any(|n| n.node != self.settings.node && n.vips.contains(&ip)))

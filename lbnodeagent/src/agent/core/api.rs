@@ -29,9 +29,26 @@ pub struct Settings {
     /// then stays `starting` in gossip, no candidate, and its peers keep
     /// serving. A node that would win and hold nothing is the one outage
     /// a live candidate must never cause.
-    pub unable: Option<String>,
+    pub unable: Option<Unable>,
     /// `firewall.enabled`: see [`super::firewall`].
     pub firewall: bool,
+}
+
+/// Why a node cannot hold addresses at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unable {
+    /// CAP_NET_ADMIN missing from the process's effective capabilities.
+    NoNetAdmin,
+}
+
+impl std::fmt::Display for Unable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unable::NoNetAdmin => f.write_str(
+                "no CAP_NET_ADMIN: this agent cannot add addresses, so it is no candidate (run it as the packaged unit does, with AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW)",
+            ),
+        }
+    }
 }
 
 /// `(namespace/name, annotation)` → the value this node writes there

@@ -58,6 +58,7 @@ mod guard;
 mod isolation;
 mod kernel;
 pub mod links;
+mod membership;
 mod orphans;
 mod outputs;
 mod reason;
@@ -87,7 +88,7 @@ use sessions::{Lapse, Sessions};
 
 pub use api::{
     Actions, AgentRecord, Announcing, BeatPlan, ConflictKind, ConflictOutcome, ConflictSeen,
-    EventRequest, Input, Metric, OpError, OpKind, OpName, OpResult, Relay, Settings,
+    EventRequest, Input, Metric, OpError, OpKind, OpName, OpResult, Relay, Settings, Unable,
 };
 use slot::{Held, Op, Slot};
 
@@ -187,23 +188,9 @@ pub struct Core {
     /// `links.on_link()`, worked out when the links change: this node's
     /// member is handed to the election at every membership change.
     on_link: Arc<[crate::election::OnLink]>,
-    /// Membership as gossip reports it.
-    gossip_view: Arc<MembershipView>,
-    /// Membership as this node acts on it: gossip's, without the owners
-    /// its sessions found silent. Most of the time gossip's own, shared.
-    view: Arc<MembershipView>,
+    /// Membership as gossip reports it and as this node acts on it.
+    membership: membership::Membership,
     sessions: Sessions,
-    /// Nodes whose leaving beat said they go (their agent on SIGTERM, or
-    /// `cleanup` for a dead one), with the gossip generation they had
-    /// then: acted on as leaving (as if gossip said so already) until
-    /// gossip shows another generation or loses them.
-    left: BTreeMap<String, u64>,
-    /// Nodes gossip had lost when their leaving beat came, or lost after
-    /// it came, and when: `cleanup` of a killed agent sends the beat and
-    /// the failure detector's leave, and the leave can come first. Their host's
-    /// answers are the last of a hand-over for a hand-over's time, as a
-    /// graceful leaver's are (see [`Core::judge`]).
-    left_gone: BTreeMap<String, Instant>,
     /// Which owners this node watches for silence, and when that is
     /// worked out again.
     watching: watching::Watching,
@@ -221,8 +208,6 @@ pub struct Core {
     conflicts: Conflicts,
     /// Addresses someone else holds on this host: reported once each.
     foreign: BTreeSet<IpAddr>,
-    /// When each member was last seen live, for the takeover metric.
-    lost_at: BTreeMap<String, Instant>,
     /// Other nodes whose agents' records in the API are fresh.
     /// The agents' records as last listed (evidence, see
     /// [`Conflicts::learn_records`]).
@@ -230,12 +215,6 @@ pub struct Core {
     last_conflict: Option<ConflictSeen>,
     /// Who runs elsewhere, and whether gossip is isolated from them.
     isolation: isolation::Isolation,
-    /// When each live node's published VIPs came to include each VIP, in
-    /// our views: a peer's word that it holds a VIP counts against this
-    /// node's fresh take only if it came after (see `holds`). Per VIP, not
-    /// per node: a publication about another VIP that arrives late must
-    /// not make an old word look new.
-    vips_gained: BTreeMap<String, BTreeMap<IpAddr, Instant>>,
     /// When addresses are renewed and refreshed, and the LAN asked.
     cadence: cadence::Cadence,
     /// Re-decide every VIP at the next step.
@@ -271,11 +250,8 @@ impl Core {
             object_errors: Vec::new(),
             on_link: links.on_link().into(),
             links,
-            gossip_view: Arc::new(MembershipView::empty()),
-            view: Arc::new(MembershipView::empty()),
+            membership: membership::Membership::new(),
             sessions: Sessions::default(),
-            left: BTreeMap::new(),
-            left_gone: BTreeMap::new(),
             watching: watching::Watching::new(now),
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
@@ -283,11 +259,9 @@ impl Core {
             starting_yields: BTreeMap::new(),
             conflicts: Conflicts::default(),
             foreign: BTreeSet::new(),
-            lost_at: BTreeMap::new(),
             records: Vec::new(),
             last_conflict: None,
             isolation: isolation::Isolation::new(now),
-            vips_gained: BTreeMap::new(),
             cadence: cadence::Cadence::new(now),
             all_dirty: true,
             sent: sent::Sent::default(),
@@ -317,7 +291,7 @@ impl Core {
     }
 
     pub fn view(&self) -> &MembershipView {
-        &self.view
+        self.membership.view()
     }
 
     /// Addresses the kernel holds for us now.
@@ -461,7 +435,7 @@ impl Core {
                 out.metrics.push(Metric::Elected);
             }
             Input::Members(view) => {
-                self.gossip_view = Arc::new(view);
+                self.membership.set_gossip(view);
                 self.apply_view(now, out);
             }
             Input::Beats(beats) => {
@@ -469,7 +443,9 @@ impl Core {
                 for b in beats {
                     if let Some(silent) = &b.silent {
                         if silent.node == self.settings.node
-                            || self.of_another_run(&silent.node, silent.generation)
+                            || self
+                                .membership
+                                .of_another_run(&silent.node, silent.generation)
                         {
                             continue;
                         }
@@ -478,22 +454,22 @@ impl Core {
                             warn!(%owner, "its watcher finds the owner silent; taking over what it holds unless it still answers");
                             changed = true;
                         }
-                    } else if self.of_another_run(&b.node, b.generation) {
+                    } else if self.membership.of_another_run(&b.node, b.generation) {
                         // A restarted agent's beats say nothing of the
                         // run gossip still shows, whose addresses may be
                         // gone: the new run counts once gossip has it.
                         debug!(node = %b.node, "a beat of a run gossip does not show yet");
                     } else if b.leaving {
-                        changed |= self.left_by_beat(b.node);
+                        changed |= self
+                            .membership
+                            .left_by_beat(&self.settings.node, b.node, now);
                     } else {
                         // Heard alive under its own key (the shell
                         // believes a beat only of its node's proof, and
                         // every beat of a leaving run says it leaves): a
                         // leaving mark on this run was not its own.
-                        if b.generation.is_some() && self.left.get(&b.node) == b.generation.as_ref()
-                        {
+                        if self.membership.alive_by_beat(&b.node, b.generation) {
                             warn!(node = %b.node, "a node marked as leaving beats as alive under its own key; the mark was not its own, and ends");
-                            self.left.remove(&b.node);
                             changed = true;
                         }
                         if self.sessions.heard(b, now) {
@@ -680,7 +656,7 @@ impl Core {
         }
         if self.phase == Phase::Starting && self.settings.unable.is_none() && self.settle(now) {
             info!(
-                peers = self.view.nodes.len().saturating_sub(1),
+                peers = self.membership.view().nodes.len().saturating_sub(1),
                 "membership settled and the cluster known; electing"
             );
             self.phase = Phase::Running;

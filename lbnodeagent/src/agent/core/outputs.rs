@@ -60,7 +60,7 @@ impl Core {
     /// addresses this node answers for lapse, and the silent owners.
     pub(super) fn next_beat_plan(&self) -> BeatPlan {
         let plan = self.sessions.plan();
-        let gossip = &self.gossip_view;
+        let gossip = self.membership.gossip();
         let known = || gossip.nodes.iter().chain(&gossip.gone);
         let addrs = |names: &BTreeSet<String>| -> Vec<SocketAddr> {
             known()
@@ -169,12 +169,12 @@ impl Core {
             self.sent.become_ready();
             info!(
                 held = self.held_count(),
-                members = self.view.members.len(),
+                members = self.membership.view().members.len(),
                 "first reconcile applied; ready"
             );
             out.ready = true;
         }
-        let status = (self.held_count(), self.view.members.len());
+        let status = (self.held_count(), self.membership.view().members.len());
         if let Some(status) = self.sent.offer_status(status) {
             out.status = Some(format!(
                 "holding {} VIPs; {} live members",
@@ -190,7 +190,8 @@ impl Core {
     pub(super) fn announcing(&self) -> Announcing {
         let mut out = Announcing::new();
         let janitor = self
-            .view
+            .membership
+            .view()
             .members
             .first()
             .is_some_and(|m| m.node == self.settings.node);
@@ -367,7 +368,8 @@ impl Core {
     /// The peers' gossip addresses, for `cleanup`.
     pub fn peers(&self) -> Vec<SocketAddr> {
         let mut peers: Vec<SocketAddr> = self
-            .view
+            .membership
+            .view()
             .nodes
             .iter()
             .filter(|n| n.node != self.settings.node)

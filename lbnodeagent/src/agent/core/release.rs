@@ -84,7 +84,8 @@ impl Core {
         // instead (below) until they agree.
         let mut first_that_knows = false;
         if self
-            .view
+            .membership
+            .view()
             .node(&winner)
             .is_some_and(|n| self.revision_of(n) < self.dating.revision())
         {
@@ -117,7 +118,11 @@ impl Core {
         {
             return Some(LetGo::NewerHolder(p));
         }
-        let winner_revision = self.view.node(&winner).map_or(0, |n| self.revision_of(n));
+        let winner_revision = self
+            .membership
+            .view()
+            .node(&winner)
+            .map_or(0, |n| self.revision_of(n));
         // Kept for differing views (below), or about to be for a winner
         // whose view is older, and a peer with the same view shows it held:
         // the one the election ranks first keeps it. Both wait on a winner
@@ -256,7 +261,8 @@ impl Core {
     /// Whether another live member (an elected candidate, not a starting
     /// node) shows `ip` held.
     fn a_member_holds(&self, ip: IpAddr) -> bool {
-        self.view
+        self.membership
+            .view()
             .members
             .iter()
             .any(|m| m.node != self.settings.node && self.holds(&m.node, ip))
@@ -275,7 +281,8 @@ impl Core {
         let me = &self.settings.node;
         let text = ip.to_string();
         let mine = order_key(me, &text);
-        self.view
+        self.membership
+            .view()
             .nodes
             .iter()
             .filter(|n| n.node != *me && n.status == Status::Starting && n.vips.contains(&ip))
@@ -344,7 +351,10 @@ impl Core {
     /// still carries it. After a few gossip rounds that word would have
     /// come, and the state stands.
     pub(super) fn holds(&self, node: &str, ip: IpAddr) -> bool {
-        self.view.node(node).is_some_and(|n| n.vips.contains(&ip))
+        self.membership
+            .view()
+            .node(node)
+            .is_some_and(|n| n.vips.contains(&ip))
             && self
                 .fresh_take(ip)
                 .is_none_or(|since| self.shown_after(node, ip, since))
@@ -352,10 +362,7 @@ impl Core {
 
     /// Whether `node`'s state, by our views, came to show `ip` after `t`.
     fn shown_after(&self, node: &str, ip: IpAddr, t: Instant) -> bool {
-        self.vips_gained
-            .get(node)
-            .and_then(|g| g.get(&ip))
-            .is_some_and(|gained| *gained > t)
+        self.membership.shown_after(node, ip, t)
     }
 
     /// Whether this node may let `ip` go on `node`'s gossip that it holds
@@ -525,7 +532,13 @@ impl Core {
                         .slots
                         .get(&ip)
                         .is_some_and(|s| s.held.as_ref().is_some_and(|h| h.handover.is_none()));
-                if taken_here || !self.view.node(w).is_some_and(|n| n.vips.contains(&ip)) {
+                if taken_here
+                    || !self
+                        .membership
+                        .view()
+                        .node(w)
+                        .is_some_and(|n| n.vips.contains(&ip))
+                {
                     let mut since = self.orphans.since(ip).unwrap_or(self.dating.since());
                     if said_behind.contains(w)
                         && let Some(waited) = waited
@@ -564,7 +577,12 @@ impl Core {
     /// Older peers that a peer whose view is newer than theirs, and no
     /// newer than this node's, has found behind for a hand-over's time.
     fn said_behind(&self, older: &BTreeSet<String>) -> BTreeSet<String> {
-        let node_revision = |node: &str| self.view.node(node).map(|n| self.revision_of(n));
+        let node_revision = |node: &str| {
+            self.membership
+                .view()
+                .node(node)
+                .map(|n| self.revision_of(n))
+        };
         self.alive_peers()
             .filter(|p| self.revision_of(p) <= self.dating.revision() && !p.behind.is_empty())
             .flat_map(|p| {
@@ -601,7 +619,7 @@ impl Core {
     pub(super) fn orphan_due(&self, ip: IpAddr, since: Instant, now: Instant) -> bool {
         self.orphans.waited(ip, since, now)
             || self.conflicts.yielded_to(ip).is_some_and(|owner| {
-                self.view.node(owner).is_none() && self.sessions.lapse(owner).is_some()
+                self.membership.view().node(owner).is_none() && self.sessions.lapse(owner).is_some()
             })
     }
 

@@ -1,4 +1,4 @@
-//! The cluster as gossip shows it: membership views, owners lost and
+//! The cluster as gossip shows it, as the core acts on it: owners
 //! watched, the start's settling, the election's members, and isolation.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -6,182 +6,34 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::election::Member;
-use crate::model::{MemberInfo, MembershipView, PROTOCOL_DRAIN, Status};
+use crate::model::{PROTOCOL_DRAIN, Status};
 
 use super::sessions::{self};
-use super::{
-    Actions, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase, STARTUP_GRACE, TAKEOVER_WINDOW,
-    UNCONFIRMED_GRACE,
-};
-
-/// `node`'s leaving beat came after gossip had lost it, within a
-/// hand-over's time (see `Core::left_gone`).
-pub(super) fn left_lately(left_gone: &BTreeMap<String, Instant>, node: &str, now: Instant) -> bool {
-    left_gone
-        .get(node)
-        .is_some_and(|t| now.saturating_duration_since(*t) < HANDOVER_MAX)
-}
+use super::{Actions, ConflictSeen, Core, Metric, Phase, STARTUP_GRACE, UNCONFIRMED_GRACE};
 
 impl Core {
-    /// Whether a beat's `generation` of `node` is another run than the
-    /// one gossip shows.
-    pub(super) fn of_another_run(&self, node: &str, generation: Option<u64>) -> bool {
-        generation.is_some_and(|g| {
-            self.gossip_view
-                .node(node)
-                .is_some_and(|n| n.generation != g)
-        })
-    }
-
-    /// `node` left gracefully and gossip no longer shows it: its host's
-    /// answers for a hand-over's time are the last of its hand-over.
-    fn note_left_gone(&mut self, node: String, now: Instant) {
-        self.left_gone
-            .retain(|_, t| now.saturating_duration_since(*t) < HANDOVER_MAX);
-        self.left_gone.insert(node, now);
-    }
-
-    /// `node`'s leaving beat says it goes: its addresses answer until
-    /// others do. True when that is news.
-    pub(super) fn left_by_beat(&mut self, node: String) -> bool {
-        if node == self.settings.node {
-            return false;
-        }
-        let Some(generation) = self.gossip_view.node(&node).map(|n| n.generation) else {
-            if self.lost_at.contains_key(&node) {
-                // Lost a moment ago: its `cleanup` removes each address
-                // once another node answers for it, so an answer from its
-                // host is no owner to stay off for.
-                info!(%node, "its leaving beat came after gossip lost it; taking its addresses as from a leaving node");
-                // A VIP yielded to it and wanted here is unsettled, so
-                // decided again at this very step: the yield ends there.
-                self.note_left_gone(node.clone(), self.now);
-            } else {
-                debug!(%node, "leaving beat from a node gossip does not show live");
-            }
-            return false;
-        };
-        if self.left.get(&node) == Some(&generation) {
-            return false;
-        }
-        info!(%node, "its leaving beat says it goes; taking its addresses as from a leaving node");
-        self.left.insert(node, generation);
-        true
-    }
-
-    /// Acts on membership: gossip's view without the owners whose
-    /// sessions went silent (see [`sessions`]), and with the nodes whose
-    /// leaving beat came as leaving.
+    /// Acts on membership: the view [`super::membership::Membership`] makes from gossip's and
+    /// the sessions' word, learnt by the conflict rule and the election.
     pub(super) fn apply_view(&mut self, now: Instant, out: &mut Actions) {
-        let gossip = &self.gossip_view;
-        // A node whose leaving beat came and that gossip has since lost
-        // left gracefully: its host's answers heard a moment later are
-        // the last of its hand-over (it let go once this node answered),
-        // not a second owner to let go to (seed 10090839114: the VIP
-        // went unanswered).
-        let gone_after_leaving: Vec<String> = self
-            .left
-            .keys()
-            .filter(|n| gossip.node(n).is_none())
-            .cloned()
-            .collect();
-        for n in gone_after_leaving {
-            self.note_left_gone(n, now);
-        }
-        let gossip = &self.gossip_view;
-        self.left
-            .retain(|n, g| gossip.node(n).is_some_and(|i| i.generation == *g));
-        let view = if self.left.is_empty() && !self.sessions.any_suspect() {
-            Arc::clone(&self.gossip_view)
-        } else {
-            let mut view = (*self.gossip_view).clone();
-            if !self.left.is_empty() {
-                view.members.retain(|m| !self.left.contains_key(&m.node));
-                for n in &mut view.nodes {
-                    if n.status == Status::Alive && self.left.contains_key(&n.node) {
-                        n.status = Status::Leaving;
-                    }
-                }
-            }
-            if self.sessions.any_suspect() {
-                // A node whose leaving beat came is leaving, not silent:
-                // its host answers until others do, and it is handed over
-                // as such.
-                let suspect = |n: &str| {
-                    n != self.settings.node
-                        && self.sessions.is_suspect(n)
-                        && !self.left.contains_key(n)
-                };
-                view.members.retain(|m| !suspect(&m.node));
-                let (silent, nodes): (Vec<_>, Vec<_>) =
-                    view.nodes.into_iter().partition(|n| suspect(&n.node));
-                view.nodes = nodes;
-                view.gone.extend(silent);
-            }
-            Arc::new(view)
-        };
-        // Most views are of a peer's state (its held VIPs), with the same
-        // members: the election has them already, and nobody was lost.
-        let members_changed = self.view.members != view.members;
-        if members_changed {
-            let members: BTreeSet<&str> = view.members.iter().map(|m| m.node.as_str()).collect();
-            for m in &self.view.members {
-                if !members.contains(m.node.as_str()) {
-                    self.lost_at.insert(m.node.clone(), now);
-                }
-            }
-        }
-        self.lost_at
-            .retain(|_, t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW * 3);
-        let before = ByName::of(&self.view);
-        // Whose published state changed, of the live nodes: what it holds
-        // is learnt again below.
-        let mut news = Vec::with_capacity(view.nodes.len());
-        for (i, n) in view.nodes.iter().enumerate() {
-            let b = before.get(&n.node, i);
-            news.push(b.is_none_or(|(b, _)| b.macs != n.macs || b.vips != n.vips));
-            let live_before = b.filter(|(b, live)| *live && b.generation == n.generation);
-            match live_before {
-                Some((b, _)) if b.vips == n.vips => {}
-                Some((b, _)) => {
-                    let gained = match self.vips_gained.get_mut(&n.node) {
-                        Some(gained) => gained,
-                        None => self.vips_gained.entry(n.node.clone()).or_default(),
-                    };
-                    gained.retain(|ip, _| n.vips.contains(ip));
-                    for ip in n.vips.difference(&b.vips) {
-                        gained.insert(*ip, now);
-                    }
-                }
-                None => {
-                    let all = n.vips.iter().map(|ip| (*ip, now)).collect();
-                    self.vips_gained.insert(n.node.clone(), all);
-                }
-            }
-        }
-        if self.vips_gained.len() > view.nodes.len() {
-            let live: BTreeSet<&str> = view.nodes.iter().map(|n| n.node.as_str()).collect();
-            self.vips_gained
-                .retain(|node, _| live.contains(node.as_str()));
-        }
-        // The live last, so that who holds a VIP now wins over a
-        // gone node's last word. Only what changed: a view comes with
-        // every gossip update, and most of its nodes are as they were.
-        let gone_news = view.gone.iter().filter(|n| {
-            before
-                .get(&n.node, usize::MAX)
-                .is_none_or(|(b, _)| b.macs != n.macs || b.vips != n.vips)
-        });
-        let live_news = view.nodes.iter().zip(&news).filter(|(_, new)| **new);
+        let drain_was_in_force = self.drain_in_force();
+        let change = self
+            .membership
+            .apply(&self.sessions, &self.settings.node, now);
+        let view = self.membership.view();
+        // The live last, so that who holds a VIP now wins over a gone
+        // node's last word.
         self.conflicts.learn(
-            gone_news.chain(live_news.map(|(n, _)| n)),
+            change
+                .gone_news
+                .iter()
+                .map(|&i| &view.gone[i])
+                .chain(change.live_news.iter().map(|&i| &view.nodes[i])),
             &self.settings.node,
         );
-        let drain_was_in_force = self.drain_in_force();
-        self.view = view;
+        let members_changed = change.members_changed;
         self.orphans.rescan();
         // A view that only brings a peer's new state changes nothing the
         // annotations show (see `elect_members`), and views come many
@@ -237,7 +89,7 @@ impl Core {
                 }
             })
             .clone();
-        let gossip = &self.gossip_view;
+        let gossip = self.membership.gossip();
         self.sessions.watch(owners, |n| gossip.node(n).is_some());
     }
 
@@ -259,19 +111,24 @@ impl Core {
     /// settled with it; one that settles later takes over from it make
     /// before break, as any returning node does.
     pub(super) fn settle(&mut self, now: Instant) -> bool {
-        let peers = self.view.unconfirmed > 0
-            || self.view.nodes.iter().any(|n| n.node != self.settings.node);
+        let peers = self.membership.view().unconfirmed > 0
+            || self
+                .membership
+                .view()
+                .nodes
+                .iter()
+                .any(|n| n.node != self.settings.node);
         let settled = if peers {
             let first = *self.first_peer.get_or_insert(now);
             let waited = now.saturating_duration_since(first);
             let settled = (waited >= self.settings.gossip_interval * 3
-                && self.view.unconfirmed == 0)
+                && self.membership.view().unconfirmed == 0)
                 || waited >= UNCONFIRMED_GRACE;
             // Said once, as it elects: until the cluster is known this
             // runs at every step.
-            if settled && self.dating.known() && self.view.unconfirmed > 0 {
+            if settled && self.dating.known() && self.membership.view().unconfirmed > 0 {
                 warn!(
-                    unconfirmed = self.view.unconfirmed,
+                    unconfirmed = self.membership.view().unconfirmed,
                     "electing although the failure detector has not reached every node gossip reports alive"
                 );
             }
@@ -302,21 +159,27 @@ impl Core {
         self.sent.touch_report();
         let own = self.own_member();
         let me = self.settings.node.as_str();
-        let peers = self.view.members.iter().filter(|m| m.node != me);
-        let moved = if self.drain_in_force() || !self.view.members.iter().any(|m| m.drained) {
-            self.election.set_members(peers.chain(own.as_ref()))
-        } else {
-            // An agent of an older protocol elects drained nodes like any
-            // other: so does this one until every member knows drains.
-            let undrained: Vec<Member> = peers
-                .map(|m| Member {
-                    drained: false,
-                    ..m.clone()
-                })
-                .collect();
-            self.election
-                .set_members(undrained.iter().chain(own.as_ref()))
-        };
+        let peers = self
+            .membership
+            .view()
+            .members
+            .iter()
+            .filter(|m| m.node != me);
+        let moved =
+            if self.drain_in_force() || !self.membership.view().members.iter().any(|m| m.drained) {
+                self.election.set_members(peers.chain(own.as_ref()))
+            } else {
+                // An agent of an older protocol elects drained nodes like any
+                // other: so does this one until every member knows drains.
+                let undrained: Vec<Member> = peers
+                    .map(|m| Member {
+                        drained: false,
+                        ..m.clone()
+                    })
+                    .collect();
+                self.election
+                    .set_members(undrained.iter().chain(own.as_ref()))
+            };
         if own != self.own_member {
             // Its interfaces or its candidacy changed: any duty may have.
             self.own_member = own;
@@ -329,7 +192,11 @@ impl Core {
     /// A drain counts in the election only once every node gossip shows
     /// speaks [`PROTOCOL_DRAIN`]: until then all elect as the oldest does.
     pub fn drain_in_force(&self) -> bool {
-        self.view.nodes.iter().all(|n| n.protocol >= PROTOCOL_DRAIN)
+        self.membership
+            .view()
+            .nodes
+            .iter()
+            .all(|n| n.protocol >= PROTOCOL_DRAIN)
     }
 
     /// Its operator drained this node, in force or not.
@@ -380,7 +247,12 @@ impl Core {
     /// Gossip shows no live peer.
     pub fn gossip_alone(&self) -> bool {
         let me = &self.settings.node;
-        !self.gossip_view.members.iter().any(|m| m.node != *me)
+        !self
+            .membership
+            .gossip()
+            .members
+            .iter()
+            .any(|m| m.node != *me)
     }
 
     pub(super) fn note_isolation(&mut self, now: Instant, out: &mut Actions) {
@@ -402,7 +274,8 @@ impl Core {
     /// The other nodes gossip shows live and `alive` (candidates, not
     /// starting or leaving), with what they publish.
     pub(super) fn alive_peers(&self) -> impl Iterator<Item = &crate::model::MemberInfo> {
-        self.view
+        self.membership
+            .view()
             .nodes
             .iter()
             .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
@@ -433,109 +306,5 @@ impl Core {
             .filter(|n| self.revision_of(n) < self.dating.revision())
             .map(|n| n.node.clone())
             .collect()
-    }
-}
-
-/// The previous view's node of a name, live over gone (and, of a name
-/// listed twice, the later), as a map built from the gone and then the
-/// live nodes would give it. Looked up for every node of every view, many
-/// views a second: gossip lists each kind sorted by name, once each, so a
-/// lookup is a binary search, most often a single comparison at the
-/// node's place in the new view. Only a view listed otherwise (the silent
-/// owners moved among the gone) has the map built.
-enum ByName<'a> {
-    Sorted {
-        live: &'a [MemberInfo],
-        gone: &'a [MemberInfo],
-    },
-    Map(BTreeMap<&'a str, (&'a MemberInfo, bool)>),
-}
-
-impl<'a> ByName<'a> {
-    fn of(view: &'a MembershipView) -> ByName<'a> {
-        let sorted = |nodes: &[MemberInfo]| nodes.windows(2).all(|w| w[0].node < w[1].node);
-        if sorted(&view.nodes) && sorted(&view.gone) {
-            return ByName::Sorted {
-                live: &view.nodes,
-                gone: &view.gone,
-            };
-        }
-        ByName::Map(
-            view.gone
-                .iter()
-                .map(|n| (n.node.as_str(), (n, false)))
-                .chain(view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
-                .collect(),
-        )
-    }
-
-    /// `at`: where the node is likely listed among the live ones.
-    fn get(&self, node: &str, at: usize) -> Option<(&'a MemberInfo, bool)> {
-        let (live, gone) = match self {
-            ByName::Map(map) => return map.get(node).copied(),
-            ByName::Sorted { live, gone } => (*live, *gone),
-        };
-        if let Some(n) = live.get(at).filter(|n| n.node == node) {
-            return Some((n, true));
-        }
-        let find = |nodes: &'a [MemberInfo]| {
-            let i = nodes.binary_search_by(|n| n.node.as_str().cmp(node)).ok()?;
-            Some(&nodes[i])
-        };
-        find(live)
-            .map(|n| (n, true))
-            .or_else(|| find(gone).map(|n| (n, false)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn info(node: &str, generation: u64) -> MemberInfo {
-        let mut n = MembershipView::empty().local;
-        n.node = node.into();
-        n.generation = generation;
-        n
-    }
-
-    /// What a map built from the gone and then the live nodes gives: the
-    /// rule `ByName` keeps, sorted or not, at any hint.
-    #[test]
-    fn by_name_finds_what_a_map_of_the_view_would() {
-        let views = [
-            // As gossip lists them: each kind sorted, once each.
-            (
-                vec![info("a", 1), info("c", 1), info("d", 1)],
-                vec![info("b", 1), info("e", 1)],
-            ),
-            // A name both live and gone, and names listed twice.
-            (
-                vec![info("c", 2), info("a", 1), info("c", 3)],
-                vec![info("c", 1), info("b", 1), info("b", 2)],
-            ),
-            (Vec::new(), vec![info("b", 1)]),
-        ];
-        for (nodes, gone) in views {
-            let view = MembershipView {
-                nodes,
-                gone,
-                ..MembershipView::empty()
-            };
-            let map: BTreeMap<&str, (&MemberInfo, bool)> = view
-                .gone
-                .iter()
-                .map(|n| (n.node.as_str(), (n, false)))
-                .chain(view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
-                .collect();
-            let by_name = ByName::of(&view);
-            for name in ["a", "b", "c", "d", "e", "f"] {
-                let want = map.get(name).map(|(n, live)| (n.generation, *live));
-                for at in [0, 1, 2, usize::MAX] {
-                    let got = by_name.get(name, at).map(|(n, live)| (n.generation, live));
-                    assert_eq!(got, want, "{name} at {at}");
-                }
-            }
-        }
     }
 }

@@ -291,12 +291,12 @@ impl Core {
     }
 
     pub(super) fn judge(&mut self, claim: Claim, held: Option<&Want>, now: Instant) -> Verdict {
-        let (view, lost_at, gossip) = (&self.view, &self.lost_at, &self.gossip_view);
-        let left_gone = &self.left_gone;
+        let membership = &self.membership;
+        let (view, gossip) = (membership.view(), membership.gossip());
         // Never yielded to: a node gossip shows live (the election settles
         // it), nor one that left gracefully a moment ago, whose answers are
         // the last of its hand-over, heard after it left the view (or
-        // before its `cleanup`'s leaving beat, see `left_gone`). Yielding
+        // before its `cleanup`'s leaving beat, see `Membership::left_lately`). Yielding
         // to it would leave the VIP unanswered until its answers stop for
         // `YIELD_HOLD`.
         let settled_by_gossip = |n: &str| {
@@ -305,10 +305,10 @@ impl Core {
                     .gone
                     .iter()
                     .any(|g| g.node == n && g.status == Status::Leaving)
-                    && lost_at
-                        .get(n)
-                        .is_some_and(|t| now.saturating_duration_since(*t) < HANDOVER_MAX))
-                || super::view::left_lately(left_gone, n, now)
+                    && membership
+                        .lost_at(n)
+                        .is_some_and(|t| now.saturating_duration_since(t) < HANDOVER_MAX))
+                || membership.left_lately(n, now)
         };
         // Known gone: out of gossip, its addresses lapsed by its last word
         // (before that, a killed agent's host answers for itself), and the
@@ -424,7 +424,12 @@ impl Core {
                 }
                 Some((*ip, h.at.target?))
             };
-            let lost = self.view.gone.iter().any(|n| n.status != Status::Leaving);
+            let lost = self
+                .membership
+                .view()
+                .gone
+                .iter()
+                .any(|n| n.status != Status::Leaving);
             let held = self.slots.iter().filter_map(asked);
             if lost || held.clone().count() <= OWNER_PROBE_AT_REST {
                 out.probe.extend(held.map(|(_, t)| t));
@@ -447,11 +452,9 @@ impl Core {
     pub(super) fn observe_takeover(&mut self, ip: IpAddr, now: Instant, out: &mut Actions) {
         // The previous holder per gossip, if it is one we saw go.
         let from = self
-            .lost_at
-            .iter()
-            .filter(|(node, _)| self.conflicts.last_holder(ip) == Some(node.as_str()))
-            .map(|(_, t)| *t)
-            .max();
+            .conflicts
+            .last_holder(ip)
+            .and_then(|n| self.membership.lost_at(n));
         if let Some(t) = from
             && now.saturating_duration_since(t) < TAKEOVER_WINDOW
         {
