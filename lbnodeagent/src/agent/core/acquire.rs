@@ -222,7 +222,7 @@ impl Core {
         now: Instant,
         out: &mut Actions,
     ) {
-        if self.phase != Phase::Running || now < self.acquire_from {
+        if self.phase != Phase::Running || !self.settling.may_take(now) {
             return;
         }
         // A live peer with a newer view of the cluster holds it: by that

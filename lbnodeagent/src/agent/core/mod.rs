@@ -65,6 +65,7 @@ mod reason;
 mod release;
 mod sent;
 pub mod sessions;
+mod settling;
 mod slot;
 #[cfg(test)]
 mod tests;
@@ -160,13 +161,11 @@ pub struct Core {
     /// The time of the current step.
     now: Instant,
     phase: Phase,
-    started: Instant,
-    /// When gossip first showed a peer, while starting.
-    first_peer: Option<Instant>,
-    /// Nothing is taken before this: a few gossip rounds after this node
-    /// became a candidate, so peers that became candidates at the same
-    /// moment are seen by then (see [`Core::settle`]).
-    acquire_from: Instant,
+    /// When membership settles, and when a new candidate may take VIPs:
+    /// a few gossip rounds after it became one, so peers that became
+    /// candidates at the same moment are seen by then (see
+    /// [`Core::settle`]).
+    settling: settling::Settling,
     /// The last step that followed a full read of the wire (a
     /// [`Input::Tick`]: the shell reads every claim that arrived before a
     /// deadline first). A pre-check concludes that nobody answered only
@@ -238,9 +237,7 @@ impl Core {
             settings,
             now,
             phase: Phase::Starting,
-            started: now,
-            first_peer: None,
-            acquire_from: now,
+            settling: settling::Settling::new(now),
             wire_read: now,
             election: Election::new(&Cluster::default(), []),
             dating: dating::Dating::new(now),
@@ -660,7 +657,7 @@ impl Core {
                 "membership settled and the cluster known; electing"
             );
             self.phase = Phase::Running;
-            self.acquire_from = now + self.settings.gossip_interval * 3;
+            self.settling.running(self.settings.gossip_interval, now);
             self.sent.touch_publish();
             self.elect_members();
             self.all_dirty = true;

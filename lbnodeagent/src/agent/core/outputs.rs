@@ -19,7 +19,7 @@ use super::sessions::Lapse;
 use super::slot::{Op, expiry, merged, same_place};
 use super::{
     Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, LEAVE_MAX,
-    Phase, Relay, STARTUP_GRACE, UNCONFIRMED_GRACE,
+    Phase, Relay,
 };
 
 impl Core {
@@ -160,7 +160,7 @@ impl Core {
         }
         if self.phase == Phase::Running
             && !self.sent.ready()
-            && now >= self.acquire_from
+            && self.settling.may_take(now)
             && self
                 .slots
                 .values()
@@ -316,18 +316,16 @@ impl Core {
             }
         }
         match self.phase {
-            Phase::Starting => match self.first_peer {
-                Some(first) => {
-                    at(first + self.settings.gossip_interval * 3);
-                    at(first + UNCONFIRMED_GRACE);
+            Phase::Starting => {
+                for t in self.settling.starting_wakes(self.settings.gossip_interval) {
+                    at(t);
                 }
-                None => at(self.started + STARTUP_GRACE),
-            },
+            }
             Phase::Leaving { since } => {
                 at(since + self.settings.gossip_interval * LEAVE_GRACE_ROUNDS);
                 at(since + LEAVE_MAX);
             }
-            Phase::Running if now < self.acquire_from => at(self.acquire_from),
+            Phase::Running if !self.settling.may_take(now) => at(self.settling.acquire_from()),
             _ => {}
         }
         if read_wire { Some(now) } else { wake }

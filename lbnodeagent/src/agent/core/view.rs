@@ -12,7 +12,7 @@ use crate::election::Member;
 use crate::model::{PROTOCOL_DRAIN, Status};
 
 use super::sessions::{self};
-use super::{Actions, ConflictSeen, Core, Metric, Phase, STARTUP_GRACE, UNCONFIRMED_GRACE};
+use super::{Actions, ConflictSeen, Core, Metric, Phase};
 
 impl Core {
     /// Acts on membership: the view [`super::membership::Membership`] makes from gossip's and
@@ -99,43 +99,35 @@ impl Core {
     /// wire beside their real owners. Settled once a peer was seen, a few
     /// rounds passed (so its state, held VIPs included, arrived) and the
     /// failure detector has confirmed every node gossip reports (in a large
-    /// cluster that takes a few seconds), or after [`STARTUP_GRACE`] with
+    /// cluster that takes a few seconds), or after [`STARTUP_GRACE`](super::STARTUP_GRACE) with
     /// nobody to hear from (the first node of a cluster). Nodes the
-    /// detector cannot reach hold it back for at most [`UNCONFIRMED_GRACE`].
+    /// detector cannot reach hold it back for at most [`UNCONFIRMED_GRACE`](super::UNCONFIRMED_GRACE).
     ///
     /// Peers that are still starting are no candidates, so two nodes that
     /// settle at the same moment would each elect as if the other were
     /// absent, and both add the VIPs the other wins. So a node that
     /// settles publishes `alive` at once but takes nothing for three more
-    /// gossip rounds (`acquire_from`), by when it sees every peer that
+    /// gossip rounds ([`settling::Settling::running`](super::settling::Settling::running)), by when it sees every peer that
     /// settled with it; one that settles later takes over from it make
     /// before break, as any returning node does.
     pub(super) fn settle(&mut self, now: Instant) -> bool {
-        let peers = self.membership.view().unconfirmed > 0
-            || self
-                .membership
-                .view()
-                .nodes
-                .iter()
-                .any(|n| n.node != self.settings.node);
-        let settled = if peers {
-            let first = *self.first_peer.get_or_insert(now);
-            let waited = now.saturating_duration_since(first);
-            let settled = (waited >= self.settings.gossip_interval * 3
-                && self.membership.view().unconfirmed == 0)
-                || waited >= UNCONFIRMED_GRACE;
-            // Said once, as it elects: until the cluster is known this
-            // runs at every step.
-            if settled && self.dating.known() && self.membership.view().unconfirmed > 0 {
-                warn!(
-                    unconfirmed = self.membership.view().unconfirmed,
-                    "electing although the failure detector has not reached every node gossip reports alive"
-                );
-            }
-            settled
-        } else {
-            now.saturating_duration_since(self.started) >= STARTUP_GRACE
-        };
+        let view = self.membership.view();
+        let unconfirmed = view.unconfirmed;
+        let peers = unconfirmed > 0 || view.nodes.iter().any(|n| n.node != self.settings.node);
+        let settled = self.settling.membership_settled(
+            peers,
+            unconfirmed,
+            self.settings.gossip_interval,
+            now,
+        );
+        // Said once, as it elects: until the cluster is known this runs
+        // at every step.
+        if peers && settled && self.dating.known() && unconfirmed > 0 {
+            warn!(
+                unconfirmed,
+                "electing although the failure detector has not reached every node gossip reports alive"
+            );
+        }
         settled && self.dating.known()
     }
 

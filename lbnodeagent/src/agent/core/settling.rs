@@ -1,0 +1,132 @@
+//! A starting node's settling: when gossip first showed it a peer, when
+//! its membership counts as settled, and how long after it became a
+//! candidate it takes nothing (see `Core::settle`).
+
+use std::time::{Duration, Instant};
+
+use super::{STARTUP_GRACE, UNCONFIRMED_GRACE};
+
+/// Gossip rounds a node that settled waits before it takes anything: by
+/// then it sees every peer that settled at the same moment.
+const QUIET_ROUNDS: u32 = 3;
+
+pub(super) struct Settling {
+    started: Instant,
+    /// When gossip first showed a peer, while starting.
+    first_peer: Option<Instant>,
+    /// Nothing is taken before this: a few gossip rounds after this node
+    /// became a candidate.
+    acquire_from: Instant,
+}
+
+impl Settling {
+    pub(super) fn new(now: Instant) -> Settling {
+        Settling {
+            started: now,
+            first_peer: None,
+            acquire_from: now,
+        }
+    }
+
+    /// Whether a starting node's membership has settled: with `peers`
+    /// shown, once `QUIET_ROUNDS` gossip rounds (`interval` each) passed
+    /// since the first and the failure detector confirmed every node
+    /// (`unconfirmed` is none), or after [`UNCONFIRMED_GRACE`] whatever it
+    /// says; with none, after [`STARTUP_GRACE`] (the first node of a
+    /// cluster).
+    pub(super) fn membership_settled(
+        &mut self,
+        peers: bool,
+        unconfirmed: usize,
+        interval: Duration,
+        now: Instant,
+    ) -> bool {
+        if !peers {
+            return now.saturating_duration_since(self.started) >= STARTUP_GRACE;
+        }
+        let first = *self.first_peer.get_or_insert(now);
+        let waited = now.saturating_duration_since(first);
+        (waited >= interval * QUIET_ROUNDS && unconfirmed == 0) || waited >= UNCONFIRMED_GRACE
+    }
+
+    /// The node became a candidate `now`: it takes nothing for
+    /// `QUIET_ROUNDS` more rounds.
+    pub(super) fn running(&mut self, interval: Duration, now: Instant) {
+        self.acquire_from = now + interval * QUIET_ROUNDS;
+    }
+
+    /// Whether a running node may take a VIP now.
+    pub(super) fn may_take(&self, now: Instant) -> bool {
+        now >= self.acquire_from
+    }
+
+    /// When a running node may take VIPs.
+    pub(super) fn acquire_from(&self) -> Instant {
+        self.acquire_from
+    }
+
+    /// When a starting node's settling may move without another input.
+    pub(super) fn starting_wakes(&self, interval: Duration) -> impl Iterator<Item = Instant> {
+        let (a, b) = match self.first_peer {
+            Some(first) => (
+                first + interval * QUIET_ROUNDS,
+                Some(first + UNCONFIRMED_GRACE),
+            ),
+            None => (self.started + STARTUP_GRACE, None),
+        };
+        std::iter::once(a).chain(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROUND: Duration = Duration::from_millis(100);
+
+    #[test]
+    fn alone_a_node_settles_after_the_start_grace() {
+        let t0 = Instant::now();
+        let mut s = Settling::new(t0);
+        assert_eq!(
+            s.starting_wakes(ROUND).collect::<Vec<_>>(),
+            [t0 + STARTUP_GRACE]
+        );
+        assert!(!s.membership_settled(false, 0, ROUND, t0 + STARTUP_GRACE / 2));
+        assert!(s.membership_settled(false, 0, ROUND, t0 + STARTUP_GRACE));
+    }
+
+    /// With peers: three rounds after the first was seen, once the
+    /// detector confirmed every node; unconfirmed ones hold it back for
+    /// the unconfirmed grace at most.
+    #[test]
+    fn with_peers_a_node_settles_after_three_rounds_or_the_unconfirmed_grace() {
+        let t0 = Instant::now();
+        let mut s = Settling::new(t0);
+        let seen = t0 + Duration::from_millis(50);
+        assert!(!s.membership_settled(true, 0, ROUND, seen));
+        assert_eq!(
+            s.starting_wakes(ROUND).collect::<Vec<_>>(),
+            [seen + ROUND * 3, seen + UNCONFIRMED_GRACE]
+        );
+        assert!(!s.membership_settled(true, 0, ROUND, seen + ROUND * 2));
+        assert!(
+            !s.membership_settled(true, 1, ROUND, seen + ROUND * 3),
+            "one unconfirmed"
+        );
+        assert!(s.membership_settled(true, 0, ROUND, seen + ROUND * 3));
+        assert!(s.membership_settled(true, 1, ROUND, seen + UNCONFIRMED_GRACE));
+    }
+
+    #[test]
+    fn a_new_candidate_takes_nothing_for_three_rounds() {
+        let t0 = Instant::now();
+        let mut s = Settling::new(t0);
+        assert!(s.may_take(t0));
+        let t1 = t0 + Duration::from_secs(1);
+        s.running(ROUND, t1);
+        assert_eq!(s.acquire_from(), t1 + ROUND * 3);
+        assert!(!s.may_take(t1 + ROUND * 2));
+        assert!(s.may_take(t1 + ROUND * 3));
+    }
+}
