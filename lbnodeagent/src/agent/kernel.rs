@@ -205,8 +205,12 @@ pub(super) fn kernel_worker<B: AddressBackend + 'static>(
             // No VIP is added before a firewall that closes it is in force
             // (see `firewall::Guard`); one that cannot be is refused, and
             // the core tries it again later.
-            let current = guard.borrow_and_update().clone();
-            let sorted = gate.sort(&current, add, GUARD_WAIT, tokio::time::Instant::now());
+            let sorted = gate.sort(
+                &guard.borrow_and_update(),
+                add,
+                GUARD_WAIT,
+                tokio::time::Instant::now(),
+            );
             let mut refused = sorted.refused;
             if guard_gone {
                 refused.extend(gate.refuse_all("shutting down"));
