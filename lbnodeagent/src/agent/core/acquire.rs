@@ -13,7 +13,7 @@ use super::conflict::{
     Hold, PRECHECK, PRECHECK_ANSWER, PRECHECK_EVERY, PRECHECK_IN_USE, PRECHECK_PROBES,
 };
 use super::links::{Mode, Want};
-use super::slot::{Op, Probing, Retry, Slot, same_place};
+use super::slot::{Probing, Retry, Slot, same_place};
 use super::{Actions, Core, Phase, RETRY_MAX, RETRY_MIN};
 
 impl Core {
@@ -43,13 +43,7 @@ impl Core {
                     }
                 }
                 None if want.is_some() => {
-                    self.slots.insert(
-                        ip,
-                        Slot {
-                            want,
-                            ..Slot::default()
-                        },
-                    );
+                    self.slots.insert(ip, Slot::wanting(want));
                     self.sent.touch_report();
                 }
                 None => continue,
@@ -99,13 +93,7 @@ impl Core {
             }
         }
         for (ip, want) in wants {
-            self.slots.insert(
-                ip,
-                Slot {
-                    want: Some(want),
-                    ..Slot::default()
-                },
-            );
+            self.slots.insert(ip, Slot::wanting(Some(want)));
             self.unsettled.insert(ip);
         }
         self.sent.touch_report();
@@ -117,7 +105,7 @@ impl Core {
             self.unsettled.remove(&ip);
             return;
         };
-        if slot.op.is_some() {
+        if slot.busy() {
             return;
         }
         if let Some(r) = slot.retry
@@ -129,10 +117,8 @@ impl Core {
         match (want, held) {
             (Some(want), Some(held)) if same_place(&want, &held) => {
                 let slot = self.slot_mut(ip);
-                slot.probing = None;
                 let (handed_back, adopted) = slot
-                    .held
-                    .as_mut()
+                    .held_mut()
                     .map(|h| {
                         h.at = want.clone();
                         let handed_back = h.handover.take().map(|given| {
@@ -148,32 +134,25 @@ impl Core {
                     info!(%ip, interface = %want.vip.interface, "kept an address of a previous run");
                     // Renewed now, and announced: a peer may have answered
                     // for it while this node was away.
-                    slot.op = Some(Op::Add {
-                        want: want.clone(),
-                        renew: false,
-                    });
+                    slot.add(want.clone());
                     out.add.push(want.vip.clone());
                 }
                 if handed_back {
                     self.sent.touch_publish();
                 }
-                if self.slots[&ip].op.is_none()
+                if !self.slots[&ip].busy()
                     && let Some((peer, why)) = self.contest(ip, now)
                 {
                     warn!(%ip, reason = %why, "another live node holds it too; letting go");
                     // And stays off while it answers, even if gossip loses it.
                     self.conflicts.yield_to(ip, &peer, want.clone(), now);
                     let slot = self.slot_mut(ip);
-                    if let Some(h) = &mut slot.held {
-                        h.garp = None;
+                    if let Some(h) = slot.held_mut() {
                         h.contested = None;
                     }
-                    slot.op = Some(Op::Remove {
-                        vip: want.vip.clone(),
-                        why,
-                        stale: false,
-                    });
-                    out.remove.push(want.vip);
+                    if let Some(vip) = slot.remove(why, None) {
+                        out.remove.push(vip);
+                    }
                 }
             }
             (Some(want), held) => self.acquire(ip, want, held.is_some(), now, out),
@@ -185,21 +164,14 @@ impl Core {
                     } else {
                         why
                     };
-                    let slot = self.slot_mut(ip);
-                    if let Some(h) = &mut slot.held {
-                        h.garp = None;
+                    if let Some(vip) = self.slot_mut(ip).remove(why, None) {
+                        out.remove.push(vip);
                     }
-                    slot.op = Some(Op::Remove {
-                        vip: held.vip.clone(),
-                        why,
-                        stale: false,
-                    });
-                    out.remove.push(held.vip);
                 }
             }
             (None, None) => {
                 let slot = self.slot_mut(ip);
-                slot.probing = None;
+                slot.stop_probing();
                 slot.retry = None;
                 slot.in_use = None;
                 self.conflicts.forget(ip);
@@ -237,7 +209,7 @@ impl Core {
             .flatten();
         if let Some(peer) = newer_holder {
             self.conflicts.yield_to(ip, &peer, want, now);
-            self.slot_mut(ip).probing = None;
+            self.slot_mut(ip).stop_probing();
             return;
         }
         let membership = &self.membership;
@@ -251,7 +223,7 @@ impl Core {
             |n| sessions.lapse(n),
         ) {
             Hold::Off => {
-                self.slot_mut(ip).probing = None;
+                self.slot_mut(ip).stop_probing();
                 return;
             }
             Hold::Released { checked } => checked,
@@ -263,7 +235,7 @@ impl Core {
         if want.mode == Mode::Local && !held_here && !checked && self.needs_precheck(ip) {
             let wire_read = self.wire_read;
             let slot = self.slot_mut(ip);
-            match &mut slot.probing {
+            match slot.probing_mut() {
                 None => {
                     debug!(%ip, "asking the LAN before taking it");
                     let window = if slot.in_use.is_some() {
@@ -271,7 +243,7 @@ impl Core {
                     } else {
                         PRECHECK
                     };
-                    slot.probing = Some(Probing {
+                    slot.probe(Probing {
                         until: now + window,
                         next: now + PRECHECK_EVERY,
                         left: PRECHECK_PROBES - 1,
@@ -300,10 +272,8 @@ impl Core {
         if !held_here {
             want.vip.lifetime = self.aligned_lifetime(now);
         }
-        let slot = self.slot_mut(ip);
-        slot.probing = None;
         out.add.push(want.vip.clone());
-        slot.op = Some(Op::Add { want, renew: false });
+        self.slot_mut(ip).add(want);
     }
 
     /// Whether to ask the LAN before taking `ip`: unless a live node shows

@@ -27,12 +27,12 @@ impl Core {
     pub(super) fn kernel_owned(&mut self, owned: Vec<OwnedAddress>) {
         let there: BTreeSet<(u32, IpAddr)> = owned.iter().map(|o| (o.ifindex, o.ip)).collect();
         for (ip, s) in &mut self.slots {
-            if s.op.is_none()
+            if !s.busy()
                 && s.held_at()
                     .is_some_and(|h| !there.contains(&(h.vip.ifindex, *ip)))
             {
                 warn!(%ip, "address removed outside the agent; putting it back if still ours");
-                s.held = None;
+                s.unhold();
                 self.unsettled.insert(*ip);
                 self.sent.touch_publish();
                 self.sent.touch_report();
@@ -42,7 +42,7 @@ impl Core {
             if self
                 .slots
                 .get(&o.ip)
-                .is_some_and(|s| s.op.is_some() || s.held.is_some())
+                .is_some_and(|s| s.busy() || s.held().is_some())
             {
                 continue;
             }
@@ -51,7 +51,10 @@ impl Core {
             let want = self.adopted_want(&o);
             // Not a VIP just handed to this node: a peer's word that it
             // holds it stands at once (see `holds`).
-            self.slots.entry(o.ip).or_default().held = Some(Held::new(want, None));
+            self.slots
+                .entry(o.ip)
+                .or_default()
+                .hold(Held::new(want, None));
             self.ever_held.insert(o.ip);
             self.unsettled.insert(o.ip);
             self.sent.touch_publish();
@@ -63,7 +66,7 @@ impl Core {
         let Some(slot) = self.slots.get_mut(&r.ip) else {
             return;
         };
-        let Some(op) = slot.op.take() else {
+        let Some(op) = slot.take_op() else {
             return;
         };
         self.unsettled.insert(r.ip);
@@ -74,7 +77,7 @@ impl Core {
                     op: OpName::Renew,
                     ok: true,
                 });
-                if let Some(h) = &mut slot.held
+                if let Some(h) = slot.held_mut()
                     && same_place(&h.at, &want)
                 {
                     h.expires = expiry(&want, now);
@@ -84,7 +87,7 @@ impl Core {
             }
             (Op::Add { renew: true, .. }, Ok(Applied::NotOurs)) => {
                 warn!(%ip, "address is no longer ours (added by hand?); leaving it alone");
-                slot.held = None;
+                slot.unhold();
                 self.sent.touch_publish();
                 self.sent.touch_report();
             }
@@ -104,14 +107,14 @@ impl Core {
                 if let Some(mac) = slot.in_use.take() {
                     info!(%ip, %mac, "the host that answered for this address no longer does; taken");
                 }
-                let (held, previous) = match slot.held.take() {
+                let (held, previous) = match slot.unhold() {
                     Some(mut h) => {
                         let p = std::mem::replace(&mut h.at, want.clone());
                         (h, Some(p))
                     }
                     None => (Held::new(want.clone(), Some(now)), None),
                 };
-                let held = slot.held.insert(held);
+                let held = slot.hold(held);
                 self.ever_held.insert(ip);
                 held.expires = expiry(&want, now);
                 held.handover = None;
@@ -126,13 +129,11 @@ impl Core {
                 let fresh = previous.is_none();
                 let moved = previous.filter(|p| p.vip.ifindex != want.vip.ifindex);
                 let fresh = fresh || moved.is_some();
-                if let Some(p) = moved {
-                    slot.op = Some(Op::Remove {
-                        vip: p.vip.clone(),
-                        why: LetGo::MovedTo(want.vip.interface.clone()),
-                        stale: true,
-                    });
-                    out.remove.push(p.vip);
+                if let Some(p) = moved
+                    && let Some(vip) =
+                        slot.remove(LetGo::MovedTo(want.vip.interface.clone()), Some(p.vip))
+                {
+                    out.remove.push(vip);
                 }
                 self.foreign.remove(&ip);
                 self.sent.touch_publish();
@@ -215,7 +216,7 @@ impl Core {
                     return;
                 }
                 let adopted = slot.adopted();
-                slot.held = None;
+                slot.unhold();
                 slot.retry = None;
                 self.sent.touch_publish();
                 self.sent.touch_report();

@@ -9,19 +9,22 @@
 //! batch, one probe window, announcement rounds, the gossip state to
 //! publish, annotations and Events, readiness, and when to wake it next.
 //! Everything that takes time is a state with a deadline, never a wait: a
-//! VIP being asked about is `probing` until its window ends, a VIP in the
-//! kernel's hands has an operation in flight until its result comes back
-//! as an input. So every VIP of a dead node is asked about in the same
+//! VIP being asked about is [`State::Probing`](slot::State) until its
+//! window ends, a VIP in the kernel's hands has an operation in flight
+//! until its result comes back as an input. So every VIP of a dead node is asked about in the same
 //! window and added in the same batch, and the shell keeps serving its
 //! other inputs meanwhile.
 //!
 //! # One VIP
 //!
 //! Each VIP this node deals with has a [`Slot`]: what the election and the
-//! links want here (`want`), what the kernel holds for us (`held`, a
-//! [`Held`](slot::Held) that carries what only a held VIP has: its
-//! hand-over, contest, announcements and expiry, gone with it), and the
-//! transient states in between. [`Core::decide`] is the one place a VIP's
+//! links want here (`want`), and one [`State`](slot::State) for what the
+//! kernel does for it: free, asked about on the LAN, being added, or held
+//! (a [`Held`](slot::Held) that carries what only a held VIP has: its
+//! hand-over, contest, announcements and expiry, gone with it) with at
+//! most one operation on it in flight (a renewal, an add at a new place,
+//! a release, the removal of an old place). Each state carries only what
+//! is legal in it, and the slot's methods are its only transitions. [`Core::decide`] is the one place a VIP's
 //! next move is chosen:
 //!
 //! - wanted and not held: wait out a retry backoff or a yield to an
@@ -91,7 +94,7 @@ pub use api::{
     Actions, AgentRecord, Announcing, BeatPlan, ConflictKind, ConflictOutcome, ConflictSeen,
     EventRequest, Input, Metric, OpError, OpKind, OpName, OpResult, Relay, Settings, Unable,
 };
-use slot::{Held, Op, Slot};
+use slot::{Held, Slot, State};
 
 /// Longest wait, when giving a VIP to a live winner, for its gossip state to
 /// show it holds the address before this node removes it anyway.
@@ -302,7 +305,7 @@ impl Core {
     pub fn holdings(&self) -> impl Iterator<Item = (IpAddr, &Want, bool)> {
         self.slots
             .iter()
-            .filter_map(|(ip, s)| s.held.as_ref().map(|h| (*ip, &h.at, h.handover.is_some())))
+            .filter_map(|(ip, s)| s.held().map(|h| (*ip, &h.at, h.handover.is_some())))
     }
 
     /// The agents the API shows running elsewhere, while gossip reaches
@@ -318,7 +321,7 @@ impl Core {
     }
 
     pub fn held_count(&self) -> usize {
-        self.slots.values().filter(|s| s.held.is_some()).count()
+        self.slots.values().filter(|s| s.held().is_some()).count()
     }
 
     /// Of [`held_count`](Self::held_count), those on the virtual interface.
@@ -486,7 +489,7 @@ impl Core {
                 }
                 for a in found {
                     let held = Held::adopted(self.adopted_want(&a), now);
-                    self.slots.entry(a.ip).or_default().held = Some(held);
+                    self.slots.entry(a.ip).or_default().hold(held);
                     self.ever_held.insert(a.ip);
                     self.unsettled.insert(a.ip);
                 }
@@ -502,7 +505,7 @@ impl Core {
                 // is read again, after the operations already asked for,
                 // and `KernelOwned` says what is there.
                 if self.slots.get(&a.ip).is_some_and(|s| {
-                    s.op.is_none() && s.held_at().is_some_and(|h| h.vip.ifindex == a.ifindex)
+                    !s.busy() && s.held_at().is_some_and(|h| h.vip.ifindex == a.ifindex)
                 }) {
                     debug!(ip = %a.ip, interface = %a.interface,
                         "the kernel reports the address removed; reading the kernel again");
@@ -628,7 +631,7 @@ impl Core {
                         && self
                             .slots
                             .get(ip)
-                            .is_none_or(|s| s.held.is_none() && s.op.is_none())
+                            .is_none_or(|s| matches!(s.state(), State::Free | State::Probing(_)))
                 })
                 .copied()
                 .collect()
@@ -688,8 +691,7 @@ impl Core {
         }
         if let Phase::Leaving { since } = self.phase {
             let local_left = self.slots.values().any(|s| {
-                s.held_at().is_some_and(|h| h.mode == Mode::Local)
-                    || matches!(s.op, Some(Op::Add { .. }))
+                s.held_at().is_some_and(|h| h.mode == Mode::Local) || s.adding().is_some()
             });
             if !local_left || now.saturating_duration_since(since) >= LEAVE_MAX {
                 self.phase = Phase::Finishing;
@@ -708,7 +710,7 @@ impl Core {
             self.sent.touch_beats();
         }
         self.probe_wire(now, out);
-        if self.phase == Phase::Finishing && self.slots.values().all(|s| s.op.is_none()) {
+        if self.phase == Phase::Finishing && self.slots.values().all(|s| !s.busy()) {
             let left: Vec<VipAddress> = self
                 .slots
                 .values()

@@ -16,7 +16,7 @@ use crate::model::{LocalState, Status};
 use super::conflict::{self, LAPSE_EARLY, lapsing};
 use super::links::Mode;
 use super::sessions::Lapse;
-use super::slot::{Op, expiry, merged, same_place};
+use super::slot::{Slot, expiry, merged, same_place};
 use super::{
     Actions, Announcing, BeatPlan, Core, EventRequest, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, LEAVE_MAX,
     Phase, Relay,
@@ -42,7 +42,7 @@ impl Core {
                 .iter()
                 .filter(|(_, s)| {
                     s.answering()
-                        && !matches!(s.op, Some(Op::Remove { stale: false, .. }))
+                        && !s.releasing()
                         && s.held_at().is_some_and(|h| h.mode == Mode::Local)
                 })
                 .map(|(ip, _)| *ip)
@@ -90,12 +90,13 @@ impl Core {
         let expiries = self
             .slots
             .values()
-            .filter_map(|s| s.held.as_ref())
+            .filter_map(Slot::held)
             .filter(|h| h.at.mode == Mode::Local)
             .filter_map(|h| h.expires)
-            .chain(self.slots.values().filter_map(|s| match &s.op {
-                Some(Op::Add { want, .. }) if want.mode == Mode::Local => expiry(want, self.now),
-                _ => None,
+            .chain(self.slots.values().filter_map(|s| {
+                s.adding()
+                    .filter(|w| w.mode == Mode::Local)
+                    .and_then(|w| expiry(w, self.now))
             }));
         let lapse = expiries.fold(None, |acc: Option<Lapse>, e| {
             Some(match acc {
@@ -140,7 +141,7 @@ impl Core {
         let watched = || {
             merged(
                 self.slots.iter().filter_map(|(ip, s)| {
-                    let at = s.held_at().or(s.probing.and(s.want.as_ref()))?;
+                    let at = s.held_at().or(s.probing().and(s.want.as_ref()))?;
                     Some((*ip, at.vip.ifindex))
                 }),
                 self.conflicts
@@ -164,7 +165,7 @@ impl Core {
             && self
                 .slots
                 .values()
-                .all(|s| s.op.is_none() && s.probing.is_none())
+                .all(|s| !s.busy() && s.probing().is_none())
         {
             self.sent.become_ready();
             info!(
@@ -243,13 +244,13 @@ impl Core {
             let Some(s) = self.slots.get(ip) else {
                 continue;
             };
-            if s.op.is_some() {
+            if s.busy() {
                 continue;
             }
             if let Some(r) = s.retry {
                 at(r.at);
             }
-            if let Some(p) = s.probing {
+            if let Some(p) = s.probing() {
                 at(p.until);
                 if p.left > 0 {
                     at(p.next);
@@ -258,7 +259,7 @@ impl Core {
                 // `wire_read`): one is due at once.
                 read_wire |= p.until <= now && self.wire_read < p.until;
             }
-            if let Some(h) = &s.held {
+            if let Some(h) = s.held() {
                 if let Some(o) = &h.handover {
                     at(o.since + HANDOVER_MAX);
                 }
@@ -278,13 +279,13 @@ impl Core {
             }
         }
         if let Some(r) = self.cadence.renew_at()
-            && self.slots.values().any(|s| s.held.is_some())
+            && self.slots.values().any(|s| s.held().is_some())
         {
             at(r);
         }
         if let Some(r) = self.cadence.refresh_at()
             && self.settings.garp.refresh.is_some()
-            && self.slots.values().any(|s| s.held.is_some())
+            && self.slots.values().any(|s| s.held().is_some())
         {
             at(r);
         }
@@ -311,7 +312,7 @@ impl Core {
             {
                 at(self.cadence.lapse_probe_at());
             }
-            if self.slots.values().any(|s| s.held.is_some()) {
+            if self.slots.values().any(|s| s.held().is_some()) {
                 at(self.cadence.owner_probe_at());
             }
         }

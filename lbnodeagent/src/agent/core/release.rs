@@ -14,7 +14,7 @@ use crate::model::Status;
 
 use super::links::{Mode, Want};
 use super::reason::{LetGo, NotWon};
-use super::slot::{Handover, Held, Op, Slot};
+use super::slot::{Handover, Held, Slot};
 use super::{Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase};
 
 /// What a leaving node with no winner to hand a VIP to may still hope for
@@ -160,7 +160,7 @@ impl Core {
                 .any(|n| self.revision_of(n) < self.dating.revision() && self.holds(&n.node, ip));
         let settle = self.settle_time();
         // Only a VIP held here is released or contested.
-        let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
+        let held = self.slots.get_mut(&ip).and_then(Slot::held_mut)?;
         held.garp = None;
         held.contested = None;
         let handover = held.handover.get_or_insert_with(|| {
@@ -226,7 +226,7 @@ impl Core {
             .map(|n| (n.node.clone(), self.revision_of(n)))
             .collect();
         // Only a VIP held here is released or contested.
-        let held = self.slots.get_mut(&ip).and_then(|s| s.held.as_mut())?;
+        let held = self.slots.get_mut(&ip).and_then(Slot::held_mut)?;
         if peers.is_empty() {
             held.contested = None;
             return None;
@@ -309,7 +309,7 @@ impl Core {
             if self
                 .slots
                 .get(&ip)
-                .is_some_and(|s| s.held.is_some() || s.op.is_some())
+                .is_some_and(|s| s.held().is_some() || s.busy())
             {
                 continue;
             }
@@ -331,12 +331,9 @@ impl Core {
             info!(%ip, interface = %want.vip.interface,
                 "the starting node this one let the address go to no longer shows it; putting it back");
             let slot = self.slots.entry(ip).or_default();
-            slot.held = Some(Held::adopted(want.clone(), now));
+            slot.hold(Held::adopted(want.clone(), now));
             self.ever_held.insert(ip);
-            slot.op = Some(Op::Add {
-                want: want.clone(),
-                renew: false,
-            });
+            slot.add(want.clone());
             out.add.push(want.vip);
             self.unsettled.insert(ip);
             self.sent.touch_publish();
@@ -397,7 +394,7 @@ impl Core {
         let settle = self.settle_time();
         self.slots
             .get(&ip)
-            .and_then(|s| s.held.as_ref()?.since)
+            .and_then(|s| s.held()?.since)
             .filter(|since| self.now.saturating_duration_since(*since) < settle)
     }
 
@@ -531,7 +528,7 @@ impl Core {
                     && self
                         .slots
                         .get(&ip)
-                        .is_some_and(|s| s.held.as_ref().is_some_and(|h| h.handover.is_none()));
+                        .is_some_and(|s| s.held().is_some_and(|h| h.handover.is_none()));
                 if taken_here
                     || !self
                         .membership
@@ -654,7 +651,7 @@ impl Core {
     /// before the address is taken.)
     pub(super) fn unanswered(&self, ip: IpAddr) -> bool {
         !self.orphans.heard(ip)
-            && self.slots.get(&ip).is_none_or(|s| s.held.is_none())
+            && self.slots.get(&ip).is_none_or(|s| s.held().is_none())
             && self.conflicts.yielded_to(ip).is_none()
             && !self.alive_peers().any(|p| self.holds(&p.node, ip))
     }

@@ -7,7 +7,8 @@ use crate::model::{MacAddr, VipAddress};
 use super::links::Want;
 use super::reason::LetGo;
 
-/// A kernel operation in flight for a VIP.
+/// A kernel operation that came back, as [`Slot::take_op`] hands it to
+/// the result's handling.
 #[derive(Clone, Debug)]
 pub(super) enum Op {
     Add {
@@ -153,64 +154,280 @@ impl Held {
 }
 
 /// One VIP this node deals with. See the module docs.
+///
+/// What the election wants of it (`want`) and what the kernel does for it
+/// (`state`) are apart: they differ while a VIP is taken, moved or let go,
+/// and [`Core::decide`](super::Core::decide) brings them together. The
+/// retry and the stranger's MAC outlive every state (a failed add goes
+/// back to [`State::Free`] with its backoff kept).
 #[derive(Clone, Debug, Default)]
 pub(super) struct Slot {
     /// Where the election and the links say this node holds it now.
     pub(super) want: Option<Want>,
-    /// What the kernel holds for us.
-    pub(super) held: Option<Held>,
-    pub(super) op: Option<Op>,
-    /// Asking the LAN before taking it.
-    pub(super) probing: Option<Probing>,
+    state: State,
     pub(super) retry: Option<Retry>,
     /// A host that is no hostlb node answered when this node asked before
     /// its first claim of the VIP: its MAC, until the VIP is taken.
     pub(super) in_use: Option<MacAddr>,
 }
 
+/// What the kernel holds for a VIP and what is asked of it. Each variant
+/// carries only what is legal in it: nothing is asked of the LAN while an
+/// operation is in flight or once the address is held, and an address is
+/// removed only from where it is held.
+// `Held` is the large variant and the common one (a holder of 1,000 VIPs
+// has 1,000): boxing it would add an allocation to every held VIP to save
+// room in the few that are not.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, Default)]
+pub(super) enum State {
+    /// Not held, nothing asked.
+    #[default]
+    Free,
+    /// Asking the LAN before taking it.
+    Probing(Probing),
+    /// An add in flight for an address not held yet.
+    Adding(Want),
+    /// The kernel holds it for this node, and maybe an operation on it is
+    /// in flight.
+    Held(Held, Option<HeldOp>),
+}
+
+/// An operation in flight on a held address.
+#[derive(Clone, Debug)]
+pub(super) enum HeldOp {
+    /// Added again: where it is (an address of a previous run, announced
+    /// again) or at a new place, to which it moves (see [`HeldOp::DropOld`]).
+    Add(Want),
+    /// Its lifetime renewed where it is.
+    Renew(Want),
+    /// Removed: this node lets it go.
+    Release { vip: VipAddress, why: LetGo },
+    /// The old place of a VIP that moved to another interface removed: the
+    /// VIP stays held at its new place.
+    DropOld { vip: VipAddress, why: LetGo },
+}
+
 impl Slot {
+    pub(super) fn wanting(want: Option<Want>) -> Slot {
+        Slot {
+            want,
+            ..Slot::default()
+        }
+    }
+
+    pub(super) fn state(&self) -> &State {
+        &self.state
+    }
+
     pub(super) fn idle(&self) -> bool {
-        self.want.is_none()
-            && self.held.is_none()
-            && self.op.is_none()
-            && self.retry.is_none()
-            && self.probing.is_none()
+        self.want.is_none() && matches!(self.state, State::Free) && self.retry.is_none()
     }
 
     /// Nothing to decide until an input changes it.
     pub(super) fn settled(&self) -> bool {
-        self.op.is_none()
-            && self.probing.is_none()
-            && match (&self.want, &self.held) {
-                (Some(w), Some(h)) => {
-                    same_place(w, &h.at)
-                        && h.handover.is_none()
-                        && h.garp.is_none()
-                        && h.contested.is_none()
-                        && !h.adopted
-                }
-                (None, None) => self.retry.is_none(),
-                _ => false,
+        match (&self.want, &self.state) {
+            (Some(w), State::Held(h, None)) => {
+                same_place(w, &h.at)
+                    && h.handover.is_none()
+                    && h.garp.is_none()
+                    && h.contested.is_none()
+                    && !h.adopted
             }
+            (None, State::Free) => self.retry.is_none(),
+            _ => false,
+        }
+    }
+
+    /// A kernel operation is in flight for it.
+    pub(super) fn busy(&self) -> bool {
+        matches!(self.state, State::Adding(_) | State::Held(_, Some(_)))
+    }
+
+    pub(super) fn held(&self) -> Option<&Held> {
+        match &self.state {
+            State::Held(h, _) => Some(h),
+            _ => None,
+        }
+    }
+
+    pub(super) fn held_mut(&mut self) -> Option<&mut Held> {
+        match &mut self.state {
+            State::Held(h, _) => Some(h),
+            _ => None,
+        }
     }
 
     /// Where the kernel holds it for us.
     pub(super) fn held_at(&self) -> Option<&Want> {
-        self.held.as_ref().map(|h| &h.at)
+        self.held().map(|h| &h.at)
+    }
+
+    pub(super) fn held_op(&self) -> Option<&HeldOp> {
+        match &self.state {
+            State::Held(_, op) => op.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Being removed because this node lets it go (not an old place).
+    pub(super) fn releasing(&self) -> bool {
+        matches!(self.held_op(), Some(HeldOp::Release { .. }))
+    }
+
+    /// What an add or renewal in flight puts in the kernel.
+    pub(super) fn adding(&self) -> Option<&Want> {
+        match &self.state {
+            State::Adding(w) | State::Held(_, Some(HeldOp::Add(w) | HeldOp::Renew(w))) => Some(w),
+            _ => None,
+        }
+    }
+
+    pub(super) fn probing(&self) -> Option<Probing> {
+        match self.state {
+            State::Probing(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    pub(super) fn probing_mut(&mut self) -> Option<&mut Probing> {
+        match &mut self.state {
+            State::Probing(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Starts asking the LAN: only a VIP neither held nor in the kernel's
+    /// hands is asked about.
+    pub(super) fn probe(&mut self, p: Probing) {
+        debug_assert!(matches!(self.state, State::Free));
+        if matches!(self.state, State::Free | State::Probing(_)) {
+            self.state = State::Probing(p);
+        }
+    }
+
+    /// Stops asking the LAN, if it was.
+    pub(super) fn stop_probing(&mut self) {
+        if matches!(self.state, State::Probing(_)) {
+            self.state = State::Free;
+        }
+    }
+
+    /// Asks the kernel to add it at `want`: a first add, or, held, an add
+    /// again in place or at a new place.
+    pub(super) fn add(&mut self, want: Want) {
+        self.state = match std::mem::take(&mut self.state) {
+            State::Free | State::Probing(_) => State::Adding(want),
+            State::Held(h, None) => State::Held(h, Some(HeldOp::Add(want))),
+            busy => unreachable!("an add asked while busy: {busy:?}"),
+        };
+    }
+
+    /// Asks the kernel to renew it where held, for `lifetime`; returns what
+    /// is renewed, or `None` when it is not held or an operation is in
+    /// flight.
+    pub(super) fn renew(&mut self, lifetime: crate::model::Lifetime) -> Option<&Want> {
+        let State::Held(h, op @ None) = &mut self.state else {
+            return None;
+        };
+        let mut want = h.at.clone();
+        want.vip.lifetime = lifetime;
+        Some(match op.insert(HeldOp::Renew(want)) {
+            HeldOp::Renew(w) => w,
+            _ => unreachable!(),
+        })
+    }
+
+    /// Asks the kernel to remove it where held: this node lets it go, or
+    /// (`old`) the place it moved from. Returns what is removed, or `None`
+    /// when it is not held or an operation is in flight.
+    pub(super) fn remove(&mut self, why: LetGo, old: Option<VipAddress>) -> Option<VipAddress> {
+        let State::Held(h, op @ None) = &mut self.state else {
+            return None;
+        };
+        h.garp = None;
+        Some(match old {
+            Some(vip) => {
+                *op = Some(HeldOp::DropOld {
+                    vip: vip.clone(),
+                    why,
+                });
+                vip
+            }
+            None => {
+                let vip = h.at.vip.clone();
+                *op = Some(HeldOp::Release {
+                    vip: vip.clone(),
+                    why,
+                });
+                vip
+            }
+        })
+    }
+
+    /// The operation in flight, as done: the slot is as before it (held or
+    /// not), and the result decides what follows.
+    pub(super) fn take_op(&mut self) -> Option<Op> {
+        match std::mem::take(&mut self.state) {
+            State::Adding(want) => Some(Op::Add { want, renew: false }),
+            State::Held(h, Some(op)) => {
+                self.state = State::Held(h, None);
+                Some(match op {
+                    HeldOp::Add(want) => Op::Add { want, renew: false },
+                    HeldOp::Renew(want) => Op::Add { want, renew: true },
+                    HeldOp::Release { vip, why } => Op::Remove {
+                        vip,
+                        why,
+                        stale: false,
+                    },
+                    HeldOp::DropOld { vip, why } => Op::Remove {
+                        vip,
+                        why,
+                        stale: true,
+                    },
+                })
+            }
+            other => {
+                self.state = other;
+                None
+            }
+        }
+    }
+
+    /// Holds it: an add done, or an address found in the kernel. What was
+    /// asked of the LAN is moot once the kernel holds it.
+    pub(super) fn hold(&mut self, held: Held) -> &mut Held {
+        debug_assert!(!self.busy(), "held while an operation is in flight");
+        self.state = State::Held(held, None);
+        match &mut self.state {
+            State::Held(h, _) => h,
+            _ => unreachable!(),
+        }
+    }
+
+    /// No longer held: removed, lapsed or taken by hand.
+    pub(super) fn unhold(&mut self) -> Option<Held> {
+        match std::mem::take(&mut self.state) {
+            State::Held(h, _) => Some(h),
+            other => {
+                self.state = other;
+                None
+            }
+        }
     }
 
     /// Held and answering as held (see [`Held::answering`]); not held
     /// answers as nothing is handed over.
     pub(super) fn answering(&self) -> bool {
-        self.held.as_ref().is_none_or(Held::answering)
+        self.held().is_none_or(Held::answering)
     }
 
     pub(super) fn handover(&self) -> Option<&Handover> {
-        self.held.as_ref().and_then(|h| h.handover.as_deref())
+        self.held().and_then(|h| h.handover.as_deref())
     }
 
     pub(super) fn adopted(&self) -> bool {
-        self.held.as_ref().is_some_and(|h| h.adopted)
+        self.held().is_some_and(|h| h.adopted)
     }
 }
 
@@ -246,4 +463,124 @@ pub(super) fn merged<T: Copy, K: Ord>(
 
 pub(super) fn same_place(a: &Want, b: &Want) -> bool {
     a.vip.ifindex == b.vip.ifindex && a.vip.prefix_len == b.vip.prefix_len && a.mode == b.mode
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::core::links::Mode;
+    use crate::model::Lifetime;
+
+    fn want(ifindex: u32) -> Want {
+        Want {
+            vip: VipAddress {
+                interface: format!("eth{ifindex}"),
+                ifindex,
+                ip: "10.77.0.100".parse().unwrap(),
+                prefix_len: 24,
+                lifetime: Lifetime::FOREVER,
+            },
+            mode: Mode::Local,
+            target: None,
+        }
+    }
+
+    fn probing(now: Instant) -> Probing {
+        Probing {
+            until: now,
+            next: now,
+            left: 0,
+        }
+    }
+
+    /// A first take: asked about, added, held; nothing in flight after.
+    #[test]
+    fn a_vip_taken_goes_from_asked_to_added_to_held() {
+        let now = Instant::now();
+        let mut s = Slot::wanting(Some(want(2)));
+        assert!(!s.settled() && !s.idle());
+        s.probe(probing(now));
+        assert!(s.probing().is_some() && !s.busy());
+        s.add(want(2));
+        assert!(s.probing().is_none(), "an add ends the question");
+        assert!(s.busy() && s.held().is_none());
+        assert_eq!(s.adding().map(|w| w.vip.ifindex), Some(2));
+        // Nothing else may be asked while the add is in flight.
+        assert!(s.renew(Lifetime::FOREVER).is_none());
+        assert!(s.remove(LetGo::OutrankedOnWire, None).is_none());
+        let Some(Op::Add { renew: false, want }) = s.take_op() else {
+            panic!("the add comes back as one");
+        };
+        assert!(
+            matches!(s.state(), State::Free),
+            "a failed add holds nothing"
+        );
+        s.hold(Held::new(want, Some(now)));
+        assert!(s.settled());
+        assert!(s.take_op().is_none());
+    }
+
+    /// A held VIP renewed, then let go: each operation one at a time, and
+    /// the address held until its removal is done.
+    #[test]
+    fn a_held_vip_is_renewed_then_released() {
+        let now = Instant::now();
+        let mut s = Slot::wanting(Some(want(2)));
+        s.hold(Held::new(want(2), Some(now)));
+        s.held_mut().unwrap().garp = Some(Garp { left: 2, next: now });
+        assert!(s.renew(Lifetime::FOREVER).is_some());
+        assert!(
+            s.renew(Lifetime::FOREVER).is_none(),
+            "one renewal at a time"
+        );
+        assert!(!s.releasing() && s.adding().is_some());
+        assert!(matches!(s.take_op(), Some(Op::Add { renew: true, .. })));
+        assert!(s.held().is_some(), "a renewal leaves it held, done or not");
+        s.want = None;
+        let vip = s.remove(LetGo::OutrankedOnWire, None).unwrap();
+        assert_eq!(vip.ifindex, 2);
+        assert!(s.releasing() && s.held().unwrap().garp.is_none());
+        assert!(!s.settled());
+        assert!(matches!(s.take_op(), Some(Op::Remove { stale: false, .. })));
+        s.unhold();
+        assert!(s.idle());
+    }
+
+    /// A VIP moved to another interface: added at the new place while
+    /// held at the old, then the old place removed while it stays held.
+    #[test]
+    fn a_moved_vip_stays_held_while_its_old_place_goes() {
+        let now = Instant::now();
+        let mut s = Slot::wanting(Some(want(3)));
+        s.hold(Held::new(want(2), Some(now)));
+        assert!(!s.settled(), "held elsewhere than wanted");
+        s.add(want(3));
+        let Some(Op::Add { want: new, .. }) = s.take_op() else {
+            panic!("the add comes back");
+        };
+        let mut held = s.unhold().unwrap();
+        let old = std::mem::replace(&mut held.at, new);
+        s.hold(held);
+        let gone = s
+            .remove(LetGo::MovedTo("eth3".into()), Some(old.vip))
+            .unwrap();
+        assert_eq!(gone.ifindex, 2);
+        assert!(!s.releasing(), "the VIP itself is not let go");
+        assert!(matches!(s.take_op(), Some(Op::Remove { stale: true, .. })));
+        assert_eq!(s.held_at().map(|w| w.vip.ifindex), Some(3));
+        assert!(s.settled());
+    }
+
+    /// An address found in the kernel while the LAN was being asked: held,
+    /// and the question is moot.
+    #[test]
+    fn an_address_found_held_ends_the_question() {
+        let now = Instant::now();
+        let mut s = Slot::wanting(Some(want(2)));
+        s.probe(probing(now));
+        s.hold(Held::new(want(2), None));
+        assert!(s.probing().is_none() && s.held().is_some());
+        s.stop_probing();
+        assert!(s.held().is_some(), "stopping a question leaves the address");
+    }
 }

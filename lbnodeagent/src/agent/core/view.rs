@@ -48,8 +48,7 @@ impl Core {
             .slots
             .iter()
             .filter(|(_, s)| {
-                s.held
-                    .as_ref()
+                s.held()
                     .is_some_and(|h| h.handover.is_some() || h.adopted || h.contested.is_some())
             })
             .map(|(ip, _)| *ip)
@@ -58,7 +57,7 @@ impl Core {
             waiting.extend(
                 n.vips
                     .iter()
-                    .filter(|ip| self.slots.get(ip).is_some_and(|s| s.held.is_some())),
+                    .filter(|ip| self.slots.get(ip).is_some_and(|s| s.held().is_some())),
             );
         }
         self.mark(waiting);

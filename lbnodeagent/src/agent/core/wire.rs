@@ -14,7 +14,7 @@ use super::cadence::YieldProbe;
 use super::conflict::{OWNER_PROBE, OWNER_PROBE_AT_REST, Verdict, lapsing};
 use super::links::{Mode, Want};
 use super::reason::LetGo;
-use super::slot::{Garp, Op, Slot};
+use super::slot::{Garp, HeldOp, Slot};
 use super::{
     Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase,
     TAKEOVER_WINDOW,
@@ -62,7 +62,7 @@ impl Core {
             if let Some(handover) = self
                 .slots
                 .get_mut(&claim.ip)
-                .and_then(|s| s.held.as_mut()?.handover.as_deref_mut())
+                .and_then(|s| s.held_mut()?.handover.as_deref_mut())
                 && handover.answered_by.as_ref() != Some(&node)
             {
                 debug!(ip = %claim.ip, %node, "answered for on the wire while handing over");
@@ -84,16 +84,16 @@ impl Core {
         let handing_over = slot.handover().is_some()
             && !slot.answering()
             && self.conflicts.owner_of(claim.mac).is_some();
-        let held = if slot.probing.is_some() {
+        let held = if slot.probing().is_some() {
             slot.want.clone()
         } else {
             slot.held_at()
                 .filter(|h| {
-                    h.mode == Mode::Local && (slot.answering() || handing_over) && slot.op.is_none()
+                    h.mode == Mode::Local && (slot.answering() || handing_over) && !slot.busy()
                 })
                 .cloned()
         };
-        let probing = slot.probing.is_some();
+        let probing = slot.probing().is_some();
         if probing
             && self
                 .conflicts
@@ -109,7 +109,7 @@ impl Core {
             // orphan again (35,000 lines a minute from 20 starved agents).
             debug!(ip = %claim.ip, mac = %claim.mac,
                 "an orphan nobody seemed to answer for is answered on the wire; waiting for its winner after all");
-            self.slot_mut(claim.ip).probing = None;
+            self.slot_mut(claim.ip).stop_probing();
             self.mark([claim.ip]);
             self.unsettled.insert(claim.ip);
             return;
@@ -137,7 +137,7 @@ impl Core {
                     return;
                 }
                 // Kept is only ever judged of a VIP held here.
-                let Some(mine) = self.slots.get_mut(&claim.ip).and_then(|s| s.held.as_mut()) else {
+                let Some(mine) = self.slots.get_mut(&claim.ip).and_then(Slot::held_mut) else {
                     return;
                 };
                 if mine.garp.is_some()
@@ -190,20 +190,13 @@ impl Core {
                 if probing {
                     warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
                         "won, but a node that outranks this one still answers for it; staying off while it does");
-                    slot.probing = None;
+                    slot.stop_probing();
                     return;
                 }
                 warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
                     "second owner on the wire; it outranks this node, which lets go while it answers");
-                if let Some(h) = &mut slot.held {
-                    h.garp = None;
-                    let h = h.at.clone();
-                    slot.op = Some(Op::Remove {
-                        vip: h.vip.clone(),
-                        why: LetGo::OutrankedOnWire,
-                        stale: false,
-                    });
-                    out.remove.push(h.vip);
+                if let Some(vip) = slot.remove(LetGo::OutrankedOnWire, None) {
+                    out.remove.push(vip);
                 }
             }
             Verdict::Foreign { first } => {
@@ -259,7 +252,7 @@ impl Core {
     fn in_use(&mut self, claim: Claim, out: &mut Actions) {
         let now = self.now;
         let slot = self.slot_mut(claim.ip);
-        slot.probing = None;
+        slot.stop_probing();
         let news = slot.in_use != Some(claim.mac);
         slot.in_use = Some(claim.mac);
         // News is said at most once a minute per address.
@@ -347,14 +340,8 @@ impl Core {
             return;
         }
         for s in self.slots.values_mut() {
-            if s.op.is_some() {
-                continue;
-            }
-            if let Some(h) = &s.held {
-                let mut want = h.at.clone();
-                want.vip.lifetime = self.settings.lifetime;
+            if let Some(want) = s.renew(self.settings.lifetime) {
                 out.add.push(want.vip.clone());
-                s.op = Some(Op::Add { want, renew: true });
             }
         }
     }
@@ -364,7 +351,7 @@ impl Core {
     /// announcement rounds that are due.
     pub(super) fn probe_wire(&mut self, now: Instant, out: &mut Actions) {
         for s in self.slots.values_mut() {
-            let Some(h) = &mut s.held else {
+            let Some(h) = s.held_mut() else {
                 continue;
             };
             let Some(g) = h.garp else {
@@ -390,8 +377,8 @@ impl Core {
                     .values()
                     // A renewal in flight leaves it held; the two
                     // timers may well keep step.
-                    .filter(|s| matches!(s.op, None | Some(Op::Add { renew: true, .. })))
-                    .filter_map(|s| s.held.as_ref())
+                    .filter(|s| matches!(s.held_op(), None | Some(HeldOp::Renew(_))))
+                    .filter_map(Slot::held)
                     .filter(|h| h.garp.is_none() && h.handover.is_none() && h.contested.is_none())
                     .map(|h| &h.at)
                     .filter(|h| h.mode == Mode::Local)
@@ -418,8 +405,8 @@ impl Core {
         }
         if self.cadence.owner_probe_due(now) {
             let asked = |(ip, s): (&IpAddr, &Slot)| {
-                let h = s.held.as_ref()?;
-                if s.op.is_some() || h.handover.is_some() || h.at.mode != Mode::Local {
+                let h = s.held()?;
+                if s.busy() || h.handover.is_some() || h.at.mode != Mode::Local {
                     return None;
                 }
                 Some((*ip, h.at.target?))
