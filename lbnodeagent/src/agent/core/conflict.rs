@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::api::AgentRecord;
+use super::api::{AgentRecord, ConflictSeen};
 use super::links::Want;
 use super::sessions::Lapse;
 use crate::election::Election;
@@ -209,6 +209,19 @@ pub struct Conflicts {
     last_holder: HashMap<IpAddr, String>,
     yielded: BTreeMap<IpAddr, Yielded>,
     reported: HashMap<IpAddr, Reports>,
+    /// The agents' records as last listed: the MACs they name (see
+    /// [`Conflicts::learn_records`]) and which agents run.
+    records: Vec<AgentRecord>,
+    /// Addresses someone else holds on this host: reported once each.
+    foreign: BTreeSet<IpAddr>,
+    /// The last conflict seen on the wire, for the status.
+    last: Option<ConflictSeen>,
+}
+
+/// No fresh record of `node` among records listed: its agent does not
+/// run, as far as the API knows (nothing is known before a first list).
+fn unrecorded(records: &[AgentRecord], node: &str) -> bool {
+    !records.is_empty() && !records.iter().any(|r| r.node == node && r.fresh)
 }
 
 impl Conflicts {
@@ -247,16 +260,40 @@ impl Conflicts {
     /// [`RECORD_MACS_MAX`] MACs, is ignored, and a MAC that two records
     /// name is disputed: a claim from it is a stranger's. What was ignored
     /// is returned, one line each, for the log.
-    pub fn learn_records(
-        &mut self,
-        records: &[AgentRecord],
-        me: &str,
-        is_node: impl Fn(&str) -> bool,
-    ) -> Vec<String> {
+    /// The agents' records as listed now; [`Conflicts::learn_records`]
+    /// reads them.
+    pub fn set_records(&mut self, records: Vec<AgentRecord>) {
+        self.records = records;
+    }
+
+    pub fn records(&self) -> &[AgentRecord] {
+        &self.records
+    }
+
+    /// An add found the address held on this host by someone else: true
+    /// the first time, to be reported.
+    pub(super) fn foreign_found(&mut self, ip: IpAddr) -> bool {
+        self.foreign.insert(ip)
+    }
+
+    /// The address is this node's now.
+    pub(super) fn foreign_gone(&mut self, ip: IpAddr) {
+        self.foreign.remove(&ip);
+    }
+
+    pub fn seen(&mut self, seen: ConflictSeen) {
+        self.last = Some(seen);
+    }
+
+    pub fn last_seen(&self) -> Option<&ConflictSeen> {
+        self.last.as_ref()
+    }
+
+    pub fn learn_records(&mut self, me: &str, is_node: impl Fn(&str) -> bool) -> Vec<String> {
         let mut ignored = Vec::new();
         self.recorded.clear();
         self.disputed.clear();
-        for r in records {
+        for r in &self.records {
             if r.node == me {
                 continue;
             }
@@ -336,8 +373,9 @@ impl Conflicts {
     /// one gossip still carries (`heard`: its owner beats stopped, its
     /// state did not) is ranked with the drains both know.
     ///
-    /// `gone`: the node's agent is known gone (see [`Verdict::Keep`]);
-    /// never yielded to.
+    /// `gone`: the node's agent is known gone by gossip and its last word
+    /// (see [`Verdict::Keep`]), and no fresh record of it is listed; never
+    /// yielded to.
     #[allow(clippy::too_many_arguments)]
     pub fn judge(
         &mut self,
@@ -359,7 +397,7 @@ impl Conflicts {
         // known gone, whose host cannot be answering for itself.
         if let Some(y) = self.yielded.get_mut(&claim.ip)
             && (y.mac == claim.mac || owner.as_ref() == Some(&y.to))
-            && !gone(&y.to)
+            && !(gone(&y.to) && unrecorded(&self.records, &y.to))
         {
             y.seen = now;
             return Verdict::Ignore;
@@ -376,7 +414,7 @@ impl Conflicts {
                     .unwrap_or(true)
                 {
                     Verdict::Keep { other, gone: false }
-                } else if gone(&other) {
+                } else if gone(&other) && unrecorded(&self.records, &other) {
                     Verdict::Keep { other, gone: true }
                 } else {
                     self.yielded.insert(
@@ -708,7 +746,8 @@ mod tests {
             macs: [MAC_B].into(),
             fresh: true,
         };
-        let ignored = c.learn_records(&[forged], "a", |_| true);
+        c.set_records(vec![forged]);
+        let ignored = c.learn_records("a", |_| true);
         assert_eq!(ignored.len(), 1, "reported: {ignored:?}");
         assert_eq!(c.owner_of(MAC_B), Some("b"));
         let e = election(&["a", "b"]);
@@ -910,11 +949,13 @@ mod tests {
             macs: macs.clone(),
             fresh: true,
         };
-        let ignored = c.learn_records(&[record(&macs)], "a", |_| true);
+        c.set_records(vec![record(&macs)]);
+        let ignored = c.learn_records("a", |_| true);
         assert!(ignored.is_empty(), "{ignored:?}");
         assert_eq!(c.owner_of(first), Some("c"));
         macs.insert(MacAddr([2, 1, 0, 0, 1, 0]));
-        let ignored = c.learn_records(&[record(&macs)], "a", |_| true);
+        c.set_records(vec![record(&macs)]);
+        let ignored = c.learn_records("a", |_| true);
         assert_eq!(ignored.len(), 1, "{ignored:?}");
         assert_eq!(c.owner_of(first), None);
     }

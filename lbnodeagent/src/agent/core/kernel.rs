@@ -135,7 +135,7 @@ impl Core {
                 {
                     out.remove.push(vip);
                 }
-                self.foreign.remove(&ip);
+                self.conflicts.foreign_gone(ip);
                 self.sent.touch_publish();
                 self.sent.touch_report();
                 if fresh {
@@ -168,7 +168,7 @@ impl Core {
                 });
                 // Looked at again later, in case it is taken away.
                 self.backoff(ip);
-                if self.foreign.insert(ip) {
+                if self.conflicts.foreign_found(ip) {
                     warn!(%ip, interface = %want.vip.interface,
                         "won, but the host already holds this address and the agent did not add it; leaving it alone");
                     let note = format!(

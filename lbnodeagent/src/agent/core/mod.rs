@@ -167,7 +167,8 @@ pub struct Core {
     /// When membership settles, and when a new candidate may take VIPs:
     /// a few gossip rounds after it became one, so peers that became
     /// candidates at the same moment are seen by then (see
-    /// [`Core::settle`]).
+    /// [`Core::settle`]); and what it let go while starting (see
+    /// [`Core::starting_comebacks`]).
     settling: settling::Settling,
     /// The last step that followed a full read of the wire (a
     /// [`Input::Tick`]: the shell reads every claim that arrived before a
@@ -202,19 +203,9 @@ pub struct Core {
     /// VIPs whose winner is a live peer with an older view of the cluster
     /// that does not show them held, and their wait (see [`Core::orphans`]).
     orphans: orphans::Orphans,
-    /// Addresses of a previous run this node let go while starting, to a
-    /// starting node first in the hash order that showed them too, and
-    /// where they were: put back if that node stops showing them before
-    /// this one is running (see [`Core::starting_comebacks`]).
-    starting_yields: BTreeMap<IpAddr, Want>,
+    /// Who answers on the wire for what, the agents' records, and this
+    /// node's yields to outranking owners.
     conflicts: Conflicts,
-    /// Addresses someone else holds on this host: reported once each.
-    foreign: BTreeSet<IpAddr>,
-    /// Other nodes whose agents' records in the API are fresh.
-    /// The agents' records as last listed (evidence, see
-    /// [`Conflicts::learn_records`]).
-    records: Vec<AgentRecord>,
-    last_conflict: Option<ConflictSeen>,
     /// Who runs elsewhere, and whether gossip is isolated from them.
     isolation: isolation::Isolation,
     /// When addresses are renewed and refreshed, and the LAN asked.
@@ -256,11 +247,7 @@ impl Core {
             slots: BTreeMap::new(),
             unsettled: BTreeSet::new(),
             orphans: orphans::Orphans::default(),
-            starting_yields: BTreeMap::new(),
             conflicts: Conflicts::default(),
-            foreign: BTreeSet::new(),
-            records: Vec::new(),
-            last_conflict: None,
             isolation: isolation::Isolation::new(now),
             cadence: cadence::Cadence::new(now),
             all_dirty: true,
@@ -539,7 +526,7 @@ impl Core {
             }
             Input::Tick => self.wire_read = now,
             Input::Records(records) => {
-                self.records = records;
+                self.conflicts.set_records(records);
                 self.learn_records(true);
             }
             Input::Drain(drain) => {
@@ -577,9 +564,7 @@ impl Core {
     fn learn_records(&mut self, listed: bool) {
         let me = &self.settings.node;
         let election = &self.election;
-        let ignored = self
-            .conflicts
-            .learn_records(&self.records, me, |n| election.is_node(n));
+        let ignored = self.conflicts.learn_records(me, |n| election.is_node(n));
         // Before a first view of the cluster no name is known to be a
         // Node's: nothing to say yet.
         if listed && self.dating.known() {
@@ -588,7 +573,8 @@ impl Core {
             }
         }
         self.isolation.set_running_elsewhere(
-            self.records
+            self.conflicts
+                .records()
                 .iter()
                 .filter(|r| r.fresh && r.node != *me && election.is_node(&r.node))
                 .map(|r| r.node.clone())

@@ -50,7 +50,7 @@ impl Core {
                 return Some(LetGo::AdoptedTakenOver);
             }
             let other = self.starting_holder_first(ip)?;
-            self.starting_yields.insert(ip, held.clone());
+            self.settling.yielded(ip, held.clone());
             return Some(LetGo::StartingHolderFirst(other));
         }
         if held.mode == Mode::Virtual || self.phase == Phase::Finishing {
@@ -301,10 +301,10 @@ impl Core {
     /// length. Once running, the election decides and these are dropped.
     pub(super) fn starting_comebacks(&mut self, now: Instant, out: &mut Actions) {
         if self.phase != Phase::Starting {
-            self.starting_yields.clear();
+            self.settling.forget_yields();
             return;
         }
-        let ips: Vec<IpAddr> = self.starting_yields.keys().copied().collect();
+        let ips = self.settling.yields();
         for ip in ips {
             if self
                 .slots
@@ -314,13 +314,13 @@ impl Core {
                 continue;
             }
             if self.a_member_holds(ip) {
-                self.starting_yields.remove(&ip);
+                self.settling.drop_yield(ip);
                 continue;
             }
             if self.starting_holder_first(ip).is_some() {
                 continue;
             }
-            let want = self.starting_yields.remove(&ip).expect("listed");
+            let want = self.settling.drop_yield(ip).expect("listed");
             if !self
                 .links
                 .by_index(want.vip.ifindex)

@@ -1,9 +1,13 @@
 //! A starting node's settling: when gossip first showed it a peer, when
-//! its membership counts as settled, and how long after it became a
-//! candidate it takes nothing (see `Core::settle`).
+//! its membership counts as settled, how long after it became a
+//! candidate it takes nothing (see `Core::settle`), and the addresses of
+//! a previous run it let go meanwhile.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use super::links::Want;
 use super::{STARTUP_GRACE, UNCONFIRMED_GRACE};
 
 /// Gossip rounds a node that settled waits before it takes anything: by
@@ -17,6 +21,11 @@ pub(super) struct Settling {
     /// Nothing is taken before this: a few gossip rounds after this node
     /// became a candidate.
     acquire_from: Instant,
+    /// Addresses of a previous run this node let go while starting, to a
+    /// starting node first in the hash order that showed them too, and
+    /// where they were: put back if that node stops showing them before
+    /// this one is running (see `Core::starting_comebacks`).
+    yields: BTreeMap<IpAddr, Want>,
 }
 
 impl Settling {
@@ -25,7 +34,28 @@ impl Settling {
             started: now,
             first_peer: None,
             acquire_from: now,
+            yields: BTreeMap::new(),
         }
+    }
+
+    /// An address of a previous run let go while starting, from `at`.
+    pub(super) fn yielded(&mut self, ip: IpAddr, at: Want) {
+        self.yields.insert(ip, at);
+    }
+
+    /// The addresses let go while starting; none once running.
+    pub(super) fn yields(&self) -> Vec<IpAddr> {
+        self.yields.keys().copied().collect()
+    }
+
+    /// No longer to be put back: where it was, if it was listed.
+    pub(super) fn drop_yield(&mut self, ip: IpAddr) -> Option<Want> {
+        self.yields.remove(&ip)
+    }
+
+    /// Running: what was let go while starting is the election's now.
+    pub(super) fn forget_yields(&mut self) {
+        self.yields.clear();
     }
 
     /// Whether a starting node's membership has settled: with `peers`

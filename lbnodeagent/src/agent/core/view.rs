@@ -232,7 +232,7 @@ impl Core {
     }
 
     pub fn last_conflict(&self) -> Option<&ConflictSeen> {
-        self.last_conflict.as_ref()
+        self.conflicts.last_seen()
     }
 
     /// Gossip shows no live peer.

@@ -158,7 +158,7 @@ impl Core {
                     None => {}
                 }
                 out.metrics.push(Metric::Conflict(ConflictKind::Hostlb));
-                self.last_conflict = Some(ConflictSeen {
+                self.conflicts.seen(ConflictSeen {
                     ip: claim.ip,
                     mac: claim.mac,
                     node: Some(other),
@@ -176,7 +176,7 @@ impl Core {
             }
             Verdict::Yield { to } => {
                 out.metrics.push(Metric::Conflict(ConflictKind::Hostlb));
-                self.last_conflict = Some(ConflictSeen {
+                self.conflicts.seen(ConflictSeen {
                     ip: claim.ip,
                     mac: claim.mac,
                     node: Some(to.clone()),
@@ -217,7 +217,7 @@ impl Core {
                     return;
                 }
                 out.metrics.push(Metric::Conflict(ConflictKind::Foreign));
-                self.last_conflict = Some(ConflictSeen {
+                self.conflicts.seen(ConflictSeen {
                     ip: claim.ip,
                     mac: claim.mac,
                     node: None,
@@ -260,7 +260,7 @@ impl Core {
         let delay = self.backoff(claim.ip);
         self.conflicts.forget_report(claim.ip, claim.mac);
         out.metrics.push(Metric::Conflict(ConflictKind::InUse));
-        self.last_conflict = Some(ConflictSeen {
+        self.conflicts.seen(ConflictSeen {
             ip: claim.ip,
             mac: claim.mac,
             node: None,
@@ -309,14 +309,12 @@ impl Core {
         // it). Across a gossip partition its record stays fresh, and its
         // answers are its own; a dead host's MAC in a claim is somebody
         // else's.
-        let (sessions, records) = (&self.sessions, &self.records);
+        let sessions = &self.sessions;
         let gone = |n: &str| {
             !settled_by_gossip(n)
                 && sessions
                     .lapse(n)
                     .is_none_or(|l| now >= l.last + super::conflict::LAPSE_LATE)
-                && !records.is_empty()
-                && !records.iter().any(|r| r.node == n && r.fresh)
         };
         self.conflicts.judge(
             claim,
