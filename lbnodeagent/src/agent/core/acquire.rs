@@ -21,11 +21,11 @@ impl Core {
     /// only for VIPs with a slot (an unsettled VIP has one until `decide`
     /// finds it idle), and nothing they call removes one.
     pub(super) fn slot(&self, ip: IpAddr) -> &Slot {
-        self.slots.get(&ip).expect("a VIP being decided has a slot")
+        self.vips.get(&ip).expect("a VIP being decided has a slot")
     }
 
     pub(super) fn slot_mut(&mut self, ip: IpAddr) -> &mut Slot {
-        self.slots
+        self.vips
             .get_mut(&ip)
             .expect("a VIP being decided has a slot")
     }
@@ -34,21 +34,10 @@ impl Core {
     pub(super) fn mark(&mut self, ips: impl IntoIterator<Item = IpAddr>) {
         for ip in ips {
             let want = self.want_of(ip);
-            match self.slots.get_mut(&ip) {
-                Some(s) => {
-                    if s.want != want {
-                        // What the annotations say of it may change.
-                        s.want = want;
-                        self.sent.touch_report();
-                    }
-                }
-                None if want.is_some() => {
-                    self.slots.insert(ip, Slot::wanting(want));
-                    self.sent.touch_report();
-                }
-                None => continue,
+            if self.vips.want(ip, want) == Some(true) {
+                // What the annotations say of it may change.
+                self.sent.touch_report();
             }
-            self.unsettled.insert(ip);
         }
     }
 
@@ -71,7 +60,7 @@ impl Core {
 
     /// Every duty again (a cluster view, new links, this node's own state).
     pub(super) fn refresh_wants(&mut self) {
-        let mut wants = if self.phase == Phase::Running {
+        let wants = if self.phase == Phase::Running {
             let mut duties = self.election.duties(&self.settings.node);
             let orphans = self.orphans.ips();
             duties.extend(orphans.into_iter().filter_map(|ip| self.orphan_duty(ip)));
@@ -83,26 +72,14 @@ impl Core {
         } else {
             BTreeMap::new()
         };
-        for (ip, s) in &mut self.slots {
-            let want = wants.remove(ip);
-            if s.want != want {
-                s.want = want;
-                self.unsettled.insert(*ip);
-            } else if !s.settled() {
-                self.unsettled.insert(*ip);
-            }
-        }
-        for (ip, want) in wants {
-            self.slots.insert(ip, Slot::wanting(Some(want)));
-            self.unsettled.insert(ip);
-        }
+        self.vips.want_all(wants);
         self.sent.touch_report();
     }
 
     /// The one place a VIP's next move is chosen; see the module docs.
     pub(super) fn decide(&mut self, ip: IpAddr, now: Instant, out: &mut Actions) {
-        let Some(slot) = self.slots.get(&ip) else {
-            self.unsettled.remove(&ip);
+        let Some(slot) = self.vips.get(&ip) else {
+            self.vips.decided(ip);
             return;
         };
         if slot.busy() {
@@ -140,7 +117,7 @@ impl Core {
                 if handed_back {
                     self.sent.touch_publish();
                 }
-                if !self.slots[&ip].busy()
+                if !self.slot(ip).busy()
                     && let Some((peer, why)) = self.contest(ip, now)
                 {
                     warn!(%ip, reason = %why, "another live node holds it too; letting go");
@@ -177,13 +154,7 @@ impl Core {
                 self.conflicts.forget(ip);
             }
         }
-        let slot = self.slot(ip);
-        if slot.idle() {
-            self.slots.remove(&ip);
-            self.unsettled.remove(&ip);
-        } else if slot.settled() {
-            self.unsettled.remove(&ip);
-        }
+        self.vips.decided(ip);
     }
 
     pub(super) fn acquire(
@@ -312,13 +283,13 @@ impl Core {
 
     /// As [`Core::backoff`], doubling no further than `max`.
     pub(super) fn backoff_to(&mut self, ip: IpAddr, max: Duration) -> Duration {
-        let now_retry = self.slots.get(&ip).and_then(|s| s.retry);
+        let now_retry = self.vips.get(&ip).and_then(|s| s.retry);
         let delay = now_retry
             .map(|r| (r.delay * 2).min(max))
             .unwrap_or(RETRY_MIN);
         let at = self.now + delay;
         let since = now_retry.map_or(self.now, |r| r.since);
-        if let Some(s) = self.slots.get_mut(&ip) {
+        if let Some(s) = self.vips.get_mut(&ip) {
             s.retry = Some(Retry { at, delay, since });
         }
         delay

@@ -26,21 +26,14 @@ impl Core {
     /// held again, and kept or released like any other.
     pub(super) fn kernel_owned(&mut self, owned: Vec<OwnedAddress>) {
         let there: BTreeSet<(u32, IpAddr)> = owned.iter().map(|o| (o.ifindex, o.ip)).collect();
-        for (ip, s) in &mut self.slots {
-            if !s.busy()
-                && s.held_at()
-                    .is_some_and(|h| !there.contains(&(h.vip.ifindex, *ip)))
-            {
-                warn!(%ip, "address removed outside the agent; putting it back if still ours");
-                s.unhold();
-                self.unsettled.insert(*ip);
-                self.sent.touch_publish();
-                self.sent.touch_report();
-            }
+        for ip in self.vips.unhold_missing(&there) {
+            warn!(%ip, "address removed outside the agent; putting it back if still ours");
+            self.sent.touch_publish();
+            self.sent.touch_report();
         }
         for o in owned {
             if self
-                .slots
+                .vips
                 .get(&o.ip)
                 .is_some_and(|s| s.busy() || s.held().is_some())
             {
@@ -51,25 +44,29 @@ impl Core {
             let want = self.adopted_want(&o);
             // Not a VIP just handed to this node: a peer's word that it
             // holds it stands at once (see `holds`).
-            self.slots
-                .entry(o.ip)
-                .or_default()
-                .hold(Held::new(want, None));
-            self.ever_held.insert(o.ip);
-            self.unsettled.insert(o.ip);
+            self.vips.entry(o.ip).hold(Held::new(want, None));
+            self.vips.held_once(o.ip);
+            self.vips.unsettle(o.ip);
             self.sent.touch_publish();
             self.sent.touch_report();
         }
     }
 
     pub(super) fn on_done(&mut self, r: OpResult, now: Instant, out: &mut Actions) {
-        let Some(slot) = self.slots.get_mut(&r.ip) else {
+        let Some(slot) = self.vips.get_mut(&r.ip) else {
             return;
         };
         let Some(op) = slot.take_op() else {
             return;
         };
-        self.unsettled.insert(r.ip);
+        self.vips.unsettle(r.ip);
+        if matches!(
+            (&op, &r.result),
+            (Op::Add { renew: false, .. }, Ok(Applied::Done))
+        ) {
+            self.vips.held_once(r.ip);
+        }
+        let slot = self.vips.get_mut(&r.ip).expect("just read");
         let ip = r.ip;
         match (op, r.result) {
             (Op::Add { want, renew: true }, Ok(Applied::Done)) => {
@@ -115,7 +112,6 @@ impl Core {
                     None => (Held::new(want.clone(), Some(now)), None),
                 };
                 let held = slot.hold(held);
-                self.ever_held.insert(ip);
                 held.expires = expiry(&want, now);
                 held.handover = None;
                 if let Some(target) = want.target {

@@ -73,10 +73,11 @@ mod slot;
 #[cfg(test)]
 mod tests;
 mod view;
+mod vips;
 mod watching;
 mod wire;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -94,7 +95,7 @@ pub use api::{
     Actions, AgentRecord, Announcing, BeatPlan, ConflictKind, ConflictOutcome, ConflictSeen,
     EventRequest, Input, Metric, OpError, OpKind, OpName, OpResult, Relay, Settings, Unable,
 };
-use slot::{Held, Slot, State};
+use slot::{Held, State};
 
 /// Longest wait, when giving a VIP to a live winner, for its gossip state to
 /// show it holds the address before this node removes it anyway.
@@ -197,9 +198,9 @@ pub struct Core {
     /// Which owners this node watches for silence, and when that is
     /// worked out again.
     watching: watching::Watching,
-    slots: BTreeMap<IpAddr, Slot>,
-    /// Slots that are not [`Slot::settled`], decided at every step.
-    unsettled: BTreeSet<IpAddr>,
+    /// Every VIP this node deals with, which to decide, and every
+    /// address this run held.
+    vips: vips::Vips,
     /// VIPs whose winner is a live peer with an older view of the cluster
     /// that does not show them held, and their wait (see [`Core::orphans`]).
     orphans: orphans::Orphans,
@@ -210,15 +211,8 @@ pub struct Core {
     isolation: isolation::Isolation,
     /// When addresses are renewed and refreshed, and the LAN asked.
     cadence: cadence::Cadence,
-    /// Re-decide every VIP at the next step.
-    all_dirty: bool,
     /// What was last given out, and what must be worked out again.
     sent: sent::Sent,
-    /// Every address of the cluster's this run held: never taken for the
-    /// host's own by the firewall (see [`Core::plan_firewall`]), also for
-    /// the moment after its removal when the links read still shows it.
-    /// Pruned to the cluster's addresses.
-    ever_held: BTreeSet<IpAddr>,
     /// [`Actions::wake`] of the last step.
     wake: Option<Instant>,
     /// The firewall the cluster calls for, and the plan last given out.
@@ -244,15 +238,12 @@ impl Core {
             membership: membership::Membership::new(),
             sessions: Sessions::default(),
             watching: watching::Watching::new(now),
-            slots: BTreeMap::new(),
-            unsettled: BTreeSet::new(),
+            vips: vips::Vips::default(),
             orphans: orphans::Orphans::default(),
             conflicts: Conflicts::default(),
             isolation: isolation::Isolation::new(now),
             cadence: cadence::Cadence::new(now),
-            all_dirty: true,
             sent: sent::Sent::default(),
-            ever_held: BTreeSet::new(),
             wake: None,
             guard: guard::Guard::default(),
         }
@@ -283,14 +274,14 @@ impl Core {
 
     /// Addresses the kernel holds for us now.
     pub fn held(&self) -> impl Iterator<Item = (&IpAddr, &Want)> {
-        self.slots
+        self.vips
             .iter()
             .filter_map(|(ip, s)| s.held_at().map(|h| (ip, h)))
     }
 
     /// Held addresses, each with whether it is being handed over.
     pub fn holdings(&self) -> impl Iterator<Item = (IpAddr, &Want, bool)> {
-        self.slots
+        self.vips
             .iter()
             .filter_map(|(ip, s)| s.held().map(|h| (*ip, &h.at, h.handover.is_some())))
     }
@@ -308,12 +299,12 @@ impl Core {
     }
 
     pub fn held_count(&self) -> usize {
-        self.slots.values().filter(|s| s.held().is_some()).count()
+        self.vips.held_count()
     }
 
     /// Of [`held_count`](Self::held_count), those on the virtual interface.
     pub fn held_virtual_count(&self) -> usize {
-        self.slots
+        self.vips
             .values()
             .filter(|s| s.held_at().is_some_and(|h| h.mode == Mode::Virtual))
             .count()
@@ -397,13 +388,13 @@ impl Core {
                 self.election.set_cluster(&cluster);
                 self.guard.set_rules(Firewall::of(&cluster));
                 let services_of = &self.services_of;
-                self.ever_held.retain(|ip| services_of.contains_key(ip));
+                self.vips.keep_ever_held(|ip| services_of.contains_key(ip));
                 // Which records name a Node may have changed; what the
                 // records listed before the first view hold is said now.
                 let first = self.dating.know();
                 self.learn_records(first);
                 self.watching.moved(now);
-                self.all_dirty = true;
+                self.vips.refresh_all();
                 self.sent.touch_report();
                 out.metrics.push(Metric::Elected);
             }
@@ -476,9 +467,9 @@ impl Core {
                 }
                 for a in found {
                     let held = Held::adopted(self.adopted_want(&a), now);
-                    self.slots.entry(a.ip).or_default().hold(held);
-                    self.ever_held.insert(a.ip);
-                    self.unsettled.insert(a.ip);
+                    self.vips.entry(a.ip).hold(held);
+                    self.vips.held_once(a.ip);
+                    self.vips.unsettle(a.ip);
                 }
                 self.sent.touch_publish();
             }
@@ -491,7 +482,7 @@ impl Core {
                 // for would have two owners until it lapses. The kernel
                 // is read again, after the operations already asked for,
                 // and `KernelOwned` says what is there.
-                if self.slots.get(&a.ip).is_some_and(|s| {
+                if self.vips.get(&a.ip).is_some_and(|s| {
                     !s.busy() && s.held_at().is_some_and(|h| h.vip.ifindex == a.ifindex)
                 }) {
                     debug!(ip = %a.ip, interface = %a.interface,
@@ -514,14 +505,7 @@ impl Core {
                     // The kernel takes operations again: what failed before
                     // is tried soon, not after a backoff grown while it
                     // refused everything.
-                    for (ip, s) in &mut self.slots {
-                        if let Some(r) = &mut s.retry
-                            && r.at > now + RETRY_MIN
-                        {
-                            r.at = now + RETRY_MIN;
-                            self.unsettled.insert(*ip);
-                        }
-                    }
+                    self.vips.hasten_retries(now, RETRY_MIN);
                 }
             }
             Input::Tick => self.wire_read = now,
@@ -548,7 +532,7 @@ impl Core {
                         node: self.settings.node.clone(),
                         ..settings
                     };
-                    self.all_dirty = true;
+                    self.vips.refresh_all();
                     self.guard.touch();
                 }
                 self.set_links(now, links);
@@ -594,7 +578,7 @@ impl Core {
             self.sent.touch_publish();
             self.elect_members();
             self.watching.moved(now);
-            self.all_dirty = true;
+            self.vips.refresh_all();
         }
     }
 
@@ -613,9 +597,9 @@ impl Core {
                 .local
                 .iter()
                 .filter(|ip| {
-                    !self.ever_held.contains(ip)
+                    !self.vips.ever_held(ip)
                         && self
-                            .slots
+                            .vips
                             .get(ip)
                             .is_none_or(|s| matches!(s.state(), State::Free | State::Probing(_)))
                 })
@@ -649,7 +633,7 @@ impl Core {
             self.settling.running(self.settings.gossip_interval, now);
             self.sent.touch_publish();
             self.elect_members();
-            self.all_dirty = true;
+            self.vips.refresh_all();
             // Orphans are looked for only while running: those found
             // while starting (a view newer than the peers') are due now.
             self.orphans.rescan();
@@ -665,27 +649,26 @@ impl Core {
             .iter()
             .filter(|(ip, since)| {
                 self.orphan_due(*ip, *since, now)
-                    && self.slots.get(ip).is_none_or(|s| s.want.is_none())
+                    && self.vips.get(ip).is_none_or(|s| s.want.is_none())
             })
             .map(|(ip, _)| ip)
             .collect();
         self.mark(due);
         self.publish_behind(now);
-        if self.all_dirty {
-            self.all_dirty = false;
+        if self.vips.take_refresh_all() {
             self.refresh_wants();
         }
         if let Phase::Leaving { since } = self.phase {
-            let local_left = self.slots.values().any(|s| {
+            let local_left = self.vips.values().any(|s| {
                 s.held_at().is_some_and(|h| h.mode == Mode::Local) || s.adding().is_some()
             });
             if !local_left || now.saturating_duration_since(since) >= LEAVE_MAX {
                 self.phase = Phase::Finishing;
-                let all: Vec<IpAddr> = self.slots.keys().copied().collect();
+                let all = self.vips.ips();
                 self.mark(all);
             }
         }
-        let ips: Vec<IpAddr> = self.unsettled.iter().copied().collect();
+        let ips: Vec<IpAddr> = self.vips.unsettled().iter().copied().collect();
         for ip in ips {
             self.decide(ip, now, out);
         }
@@ -696,9 +679,9 @@ impl Core {
             self.sent.touch_beats();
         }
         self.probe_wire(now, out);
-        if self.phase == Phase::Finishing && self.slots.values().all(|s| !s.busy()) {
+        if self.phase == Phase::Finishing && self.vips.values().all(|s| !s.busy()) {
             let left: Vec<VipAddress> = self
-                .slots
+                .vips
                 .values()
                 .filter_map(|s| s.held_at().map(|h| h.vip.clone()))
                 .collect();

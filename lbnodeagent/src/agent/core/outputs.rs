@@ -38,7 +38,7 @@ impl Core {
             // Nor what is being removed: a leaving node that read it here
             // would let go to a node that is letting go too.
             vips: self
-                .slots
+                .vips
                 .iter()
                 .filter(|(_, s)| {
                     s.answering()
@@ -88,12 +88,12 @@ impl Core {
         // lifetime from now, and a follower told only the older lapse
         // would stop asking before the address goes.
         let expiries = self
-            .slots
+            .vips
             .values()
             .filter_map(Slot::held)
             .filter(|h| h.at.mode == Mode::Local)
             .filter_map(|h| h.expires)
-            .chain(self.slots.values().filter_map(|s| {
+            .chain(self.vips.values().filter_map(|s| {
                 s.adding()
                     .filter(|w| w.mode == Mode::Local)
                     .and_then(|w| expiry(w, self.now))
@@ -140,7 +140,7 @@ impl Core {
         // claim on this VIP, as the kernel itself would not take it as one.
         let watched = || {
             merged(
-                self.slots.iter().filter_map(|(ip, s)| {
+                self.vips.iter().filter_map(|(ip, s)| {
                     let at = s.held_at().or(s.probing().and(s.want.as_ref()))?;
                     Some((*ip, at.vip.ifindex))
                 }),
@@ -163,7 +163,7 @@ impl Core {
             && !self.sent.ready()
             && self.settling.may_take(now)
             && self
-                .slots
+                .vips
                 .values()
                 .all(|s| !s.busy() && s.probing().is_none())
         {
@@ -198,7 +198,7 @@ impl Core {
             .is_some_and(|m| m.node == self.settings.node);
         for (ip, svcs) in &self.services_of {
             let family = Family::of(*ip);
-            let slot = self.slots.get(ip);
+            let slot = self.vips.get(ip);
             let local = match slot.and_then(|s| s.want.as_ref().zip(s.held_at())) {
                 Some((w, h)) if w.mode == Mode::Local && same_place(w, h) => {
                     Some(Some(format!("{},{}", self.settings.node, w.vip.interface)))
@@ -240,8 +240,8 @@ impl Core {
                 wake = Some(wake.map_or(t, |w| w.min(t)));
             }
         };
-        for ip in &self.unsettled {
-            let Some(s) = self.slots.get(ip) else {
+        for ip in self.vips.unsettled() {
+            let Some(s) = self.vips.get(ip) else {
                 continue;
             };
             if s.busy() {
@@ -279,13 +279,13 @@ impl Core {
             }
         }
         if let Some(r) = self.cadence.renew_at()
-            && self.slots.values().any(|s| s.held().is_some())
+            && self.vips.any_held()
         {
             at(r);
         }
         if let Some(r) = self.cadence.refresh_at()
             && self.settings.garp.refresh.is_some()
-            && self.slots.values().any(|s| s.held().is_some())
+            && self.vips.any_held()
         {
             at(r);
         }
@@ -312,7 +312,7 @@ impl Core {
             {
                 at(self.cadence.lapse_probe_at());
             }
-            if self.slots.values().any(|s| s.held().is_some()) {
+            if self.vips.any_held() {
                 at(self.cadence.owner_probe_at());
             }
         }

@@ -35,7 +35,7 @@ impl Core {
     /// gossip state gets up to [`HANDOVER_MAX`]; meanwhile this node stops
     /// announcing but keeps answering, so no request goes unanswered.
     pub(super) fn may_release(&mut self, ip: IpAddr, held: &Want, now: Instant) -> Option<LetGo> {
-        let adopted = self.slots.get(&ip).is_some_and(Slot::adopted);
+        let adopted = self.vips.get(&ip).is_some_and(Slot::adopted);
         let link_up = self
             .links
             .by_index(held.vip.ifindex)
@@ -100,7 +100,7 @@ impl Core {
             if self.may_leave_it_to(&winner, ip) {
                 return Some(LetGo::HeldBy(winner));
             }
-            if self.slots.get(&ip).is_some_and(|s| {
+            if self.vips.get(&ip).is_some_and(|s| {
                 s.handover()
                     .is_some_and(|h| h.answered_by.as_deref() == Some(winner.as_str()))
             }) {
@@ -133,7 +133,7 @@ impl Core {
         let views_differ = winner_revision != self.dating.revision();
         let winner_behind = winner_revision < self.dating.revision();
         let kept = self
-            .slots
+            .vips
             .get(&ip)
             .is_some_and(|s| s.handover().is_some_and(|h| h.kept_for_views));
         let mut same_view_holder_below = false;
@@ -160,7 +160,7 @@ impl Core {
                 .any(|n| self.revision_of(n) < self.dating.revision() && self.holds(&n.node, ip));
         let settle = self.settle_time();
         // Only a VIP held here is released or contested.
-        let held = self.slots.get_mut(&ip).and_then(Slot::held_mut)?;
+        let held = self.vips.get_mut(&ip).and_then(Slot::held_mut)?;
         held.garp = None;
         held.contested = None;
         let handover = held.handover.get_or_insert_with(|| {
@@ -226,7 +226,7 @@ impl Core {
             .map(|n| (n.node.clone(), self.revision_of(n)))
             .collect();
         // Only a VIP held here is released or contested.
-        let held = self.slots.get_mut(&ip).and_then(Slot::held_mut)?;
+        let held = self.vips.get_mut(&ip).and_then(Slot::held_mut)?;
         if peers.is_empty() {
             held.contested = None;
             return None;
@@ -307,7 +307,7 @@ impl Core {
         let ips = self.settling.yields();
         for ip in ips {
             if self
-                .slots
+                .vips
                 .get(&ip)
                 .is_some_and(|s| s.held().is_some() || s.busy())
             {
@@ -330,12 +330,12 @@ impl Core {
             }
             info!(%ip, interface = %want.vip.interface,
                 "the starting node this one let the address go to no longer shows it; putting it back");
-            let slot = self.slots.entry(ip).or_default();
+            self.vips.held_once(ip);
+            let slot = self.vips.entry(ip);
             slot.hold(Held::adopted(want.clone(), now));
-            self.ever_held.insert(ip);
             slot.add(want.clone());
             out.add.push(want.vip);
-            self.unsettled.insert(ip);
+            self.vips.unsettle(ip);
             self.sent.touch_publish();
         }
     }
@@ -392,7 +392,7 @@ impl Core {
     /// peers may not have heard of it yet.
     pub(super) fn fresh_take(&self, ip: IpAddr) -> Option<Instant> {
         let settle = self.settle_time();
-        self.slots
+        self.vips
             .get(&ip)
             .and_then(|s| s.held()?.since)
             .filter(|since| self.now.saturating_duration_since(*since) < settle)
@@ -475,7 +475,7 @@ impl Core {
         self.phase = Phase::Leaving { since: now };
         self.sent.touch_publish();
         self.elect_members();
-        self.all_dirty = true;
+        self.vips.refresh_all();
     }
 
     /// VIPs nobody may serve because their winner does not know them: its
@@ -526,7 +526,7 @@ impl Core {
                     .since(ip)
                     .is_some_and(|since| self.orphan_due(ip, since, now))
                     && self
-                        .slots
+                        .vips
                         .get(&ip)
                         .is_some_and(|s| s.held().is_some_and(|h| h.handover.is_none()));
                 if taken_here
@@ -651,7 +651,7 @@ impl Core {
     /// before the address is taken.)
     pub(super) fn unanswered(&self, ip: IpAddr) -> bool {
         !self.orphans.heard(ip)
-            && self.slots.get(&ip).is_none_or(|s| s.held().is_none())
+            && self.vips.get(&ip).is_none_or(|s| s.held().is_none())
             && self.conflicts.yielded_to(ip).is_none()
             && !self.alive_peers().any(|p| self.holds(&p.node, ip))
     }

@@ -45,7 +45,7 @@ impl Core {
         // Adopted addresses another node now holds, VIPs handed
         // over, and VIPs a peer holds too may be decided now.
         let mut waiting: BTreeSet<IpAddr> = self
-            .slots
+            .vips
             .iter()
             .filter(|(_, s)| {
                 s.held()
@@ -57,7 +57,7 @@ impl Core {
             waiting.extend(
                 n.vips
                     .iter()
-                    .filter(|ip| self.slots.get(ip).is_some_and(|s| s.held().is_some())),
+                    .filter(|ip| self.vips.get(ip).is_some_and(|s| s.held().is_some())),
             );
         }
         self.mark(waiting);
@@ -174,7 +174,7 @@ impl Core {
         if own != self.own_member {
             // Its interfaces or its candidacy changed: any duty may have.
             self.own_member = own;
-            self.all_dirty = true;
+            self.vips.refresh_all();
         } else {
             self.mark(moved);
         }

@@ -38,7 +38,7 @@ impl Core {
     }
 
     pub(super) fn on_claim(&mut self, claim: Claim, now: Instant, out: &mut Actions) {
-        let Some(slot) = self.slots.get(&claim.ip) else {
+        let Some(slot) = self.vips.get(&claim.ip) else {
             // Only yielded VIPs, which may have no slot, refresh their yield.
             self.judge(claim, None, now);
             return;
@@ -60,17 +60,17 @@ impl Core {
         {
             let node = node.to_string();
             if let Some(handover) = self
-                .slots
+                .vips
                 .get_mut(&claim.ip)
                 .and_then(|s| s.held_mut()?.handover.as_deref_mut())
                 && handover.answered_by.as_ref() != Some(&node)
             {
                 debug!(ip = %claim.ip, %node, "answered for on the wire while handing over");
                 handover.answered_by = Some(node);
-                self.unsettled.insert(claim.ip);
+                self.vips.unsettle(claim.ip);
             }
         }
-        let Some(slot) = self.slots.get(&claim.ip) else {
+        let Some(slot) = self.vips.get(&claim.ip) else {
             return;
         };
         // While asking the LAN, the VIP is judged as if held here: an owner
@@ -111,7 +111,7 @@ impl Core {
                 "an orphan nobody seemed to answer for is answered on the wire; waiting for its winner after all");
             self.slot_mut(claim.ip).stop_probing();
             self.mark([claim.ip]);
-            self.unsettled.insert(claim.ip);
+            self.vips.unsettle(claim.ip);
             return;
         }
         let mut verdict = self.judge(claim, held.as_ref(), now);
@@ -137,7 +137,7 @@ impl Core {
                     return;
                 }
                 // Kept is only ever judged of a VIP held here.
-                let Some(mine) = self.slots.get_mut(&claim.ip).and_then(Slot::held_mut) else {
+                let Some(mine) = self.vips.get_mut(&claim.ip).and_then(Slot::held_mut) else {
                     return;
                 };
                 if mine.garp.is_some()
@@ -171,7 +171,7 @@ impl Core {
                         self.settings.garp.interval,
                         now,
                     );
-                    self.unsettled.insert(claim.ip);
+                    self.vips.unsettle(claim.ip);
                 }
             }
             Verdict::Yield { to } => {
@@ -182,11 +182,8 @@ impl Core {
                     node: Some(to.clone()),
                     outcome: ConflictOutcome::Yielded,
                 });
-                let slot = self
-                    .slots
-                    .get_mut(&claim.ip)
-                    .expect("a claim judged here has a slot");
-                self.unsettled.insert(claim.ip);
+                self.vips.unsettle(claim.ip);
+                let slot = self.slot_mut(claim.ip);
                 if probing {
                     warn!(ip = %claim.ip, winner = %to, mac = %claim.mac,
                         "won, but a node that outranks this one still answers for it; staying off while it does");
@@ -337,7 +334,7 @@ impl Core {
         {
             return;
         }
-        for s in self.slots.values_mut() {
+        for s in self.vips.values_mut() {
             if let Some(want) = s.renew(self.settings.lifetime) {
                 out.add.push(want.vip.clone());
             }
@@ -348,7 +345,7 @@ impl Core {
     /// every VIP yielded to another node (each [`YIELD_PROBE`]); sends the
     /// announcement rounds that are due.
     pub(super) fn probe_wire(&mut self, now: Instant, out: &mut Actions) {
-        for s in self.slots.values_mut() {
+        for s in self.vips.values_mut() {
             let Some(h) = s.held_mut() else {
                 continue;
             };
@@ -371,7 +368,7 @@ impl Core {
             // their first rounds, in dispute, or on their way out are
             // left alone.
             out.garp.extend(
-                self.slots
+                self.vips
                     .values()
                     // A renewal in flight leaves it held; the two
                     // timers may well keep step.
@@ -415,7 +412,7 @@ impl Core {
                 .gone
                 .iter()
                 .any(|n| n.status != Status::Leaving);
-            let held = self.slots.iter().filter_map(asked);
+            let held = self.vips.iter().filter_map(asked);
             if lost || held.clone().count() <= OWNER_PROBE_AT_REST {
                 out.probe.extend(held.map(|(_, t)| t));
             } else {
