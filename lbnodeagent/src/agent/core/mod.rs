@@ -64,9 +64,11 @@ pub mod links;
 mod membership;
 mod orphans;
 mod outputs;
+mod own;
 mod reason;
 mod release;
 mod sent;
+mod services;
 pub mod sessions;
 mod settling;
 mod slot;
@@ -77,14 +79,12 @@ mod vips;
 mod watching;
 mod wire;
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::election::{Cluster, Election, Member};
+use crate::election::{Cluster, Election};
 use crate::model::VipAddress;
 use crate::model::{Firewall, FirewallPlan, MembershipView};
 use conflict::Conflicts;
@@ -181,17 +181,12 @@ pub struct Core {
     election: Election,
     /// Whether the election has had a cluster view, and how new it is.
     dating: dating::Dating,
-    /// This node's own member as the election last had it.
-    own_member: Option<Member>,
-    /// Its operator drained this node (see [`Input::Drain`]).
-    drain: bool,
-    /// Services by address, oldest first.
-    services_of: BTreeMap<IpAddr, Vec<String>>,
-    object_errors: Vec<String>,
+    /// This node as its own election sees it: its drain, its networks,
+    /// the member the election last had.
+    own: own::Own,
+    /// The cluster's Services by address, and the objects left out.
+    services: services::Services,
     links: Links,
-    /// `links.on_link()`, worked out when the links change: this node's
-    /// member is handed to the election at every membership change.
-    on_link: Arc<[crate::election::OnLink]>,
     /// Membership as gossip reports it and as this node acts on it.
     membership: membership::Membership,
     sessions: Sessions,
@@ -229,11 +224,8 @@ impl Core {
             wire_read: now,
             election: Election::new(&Cluster::default(), []),
             dating: dating::Dating::new(now),
-            own_member: None,
-            drain: false,
-            services_of: BTreeMap::new(),
-            object_errors: Vec::new(),
-            on_link: links.on_link().into(),
+            own: own::Own::new(&links),
+            services: services::Services::default(),
             links,
             membership: membership::Membership::new(),
             sessions: Sessions::default(),
@@ -311,7 +303,7 @@ impl Core {
     }
 
     pub fn object_errors(&self) -> &[String] {
-        &self.object_errors
+        self.services.errors()
     }
 
     /// The first reconcile is applied (and the agent is not leaving).
@@ -369,26 +361,12 @@ impl Core {
                 revision,
                 digest,
             } => {
-                self.note_object_errors(errors);
+                self.services.set(&cluster, errors);
                 self.set_revision(revision, digest);
-                self.services_of.clear();
-                let mut services: Vec<_> = cluster.services.iter().collect();
-                services.sort_by(|a, b| {
-                    hostlb_api::rules::age_key(a.created, &a.key)
-                        .cmp(&hostlb_api::rules::age_key(b.created, &b.key))
-                });
-                for s in services {
-                    for ip in &s.addresses {
-                        let list = self.services_of.entry(*ip).or_default();
-                        if !list.contains(&s.key) {
-                            list.push(s.key.clone());
-                        }
-                    }
-                }
                 self.election.set_cluster(&cluster);
                 self.guard.set_rules(Firewall::of(&cluster));
-                let services_of = &self.services_of;
-                self.vips.keep_ever_held(|ip| services_of.contains_key(ip));
+                let services = &self.services;
+                self.vips.keep_ever_held(|ip| services.has(ip));
                 // Which records name a Node may have changed; what the
                 // records listed before the first view hold is said now.
                 let first = self.dating.know();
@@ -514,9 +492,8 @@ impl Core {
                 self.learn_records(true);
             }
             Input::Drain(drain) => {
-                if drain != self.drain {
+                if self.own.set_drain(drain) {
                     info!(drain, "this node's drain changed");
-                    self.drain = drain;
                     self.sent.touch_publish();
                     self.sent.touch_report();
                     self.elect_members();
@@ -573,7 +550,7 @@ impl Core {
             if links.local != self.links.local {
                 self.guard.touch();
             }
-            self.on_link = links.on_link().into();
+            self.own.set_links(&links);
             self.links = links;
             self.sent.touch_publish();
             self.elect_members();

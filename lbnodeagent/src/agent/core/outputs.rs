@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use hostlb_api::Family;
 use hostlb_api::annotations::{self};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::model::{LocalState, Status};
 
@@ -32,7 +32,7 @@ impl Core {
                 _ => Status::Leaving,
             },
             virtual_mode: self.links.virtual_link.is_some(),
-            on_link: Arc::clone(&self.on_link),
+            on_link: self.own.on_link(),
             // Not what is being handed over: this node does not mean to
             // keep it, and a peer that holds it too need not contest it.
             // Nor what is being removed: a leaving node that read it here
@@ -51,7 +51,7 @@ impl Core {
             macs: self.links.macs().into(),
             revision: self.dating.revision(),
             digest: self.dating.digest(),
-            drained: self.drain,
+            drained: self.own.drain(),
             behind: Arc::clone(self.orphans.behind()),
         }
     }
@@ -196,7 +196,7 @@ impl Core {
             .members
             .first()
             .is_some_and(|m| m.node == self.settings.node);
-        for (ip, svcs) in &self.services_of {
+        for (ip, svcs) in self.services.iter() {
             let family = Family::of(*ip);
             let slot = self.vips.get(ip);
             let local = match slot.and_then(|s| s.want.as_ref().zip(s.held_at())) {
@@ -340,7 +340,7 @@ impl Core {
         note: String,
         out: &mut Actions,
     ) {
-        for svc in self.services_of.get(&ip).into_iter().flatten() {
+        for svc in self.services.of(&ip) {
             out.events.push(EventRequest {
                 service: svc.clone(),
                 warning,
@@ -355,13 +355,6 @@ impl Core {
             self.sent.touch_publish();
             self.orphans.rescan();
         }
-    }
-
-    pub(super) fn note_object_errors(&mut self, errors: Vec<String>) {
-        for e in errors.iter().filter(|e| !self.object_errors.contains(e)) {
-            warn!(error = %e, "object left out");
-        }
-        self.object_errors = errors;
     }
 
     /// The peers' gossip addresses, for `cleanup`.

@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{info, warn};
@@ -133,13 +132,12 @@ impl Core {
     /// This node as the election should see it: from its own links and
     /// phase, not from the echo of its gossip state, which lags.
     pub(super) fn own_member(&self) -> Option<Member> {
-        (self.phase == Phase::Running).then(|| Member {
-            node: self.settings.node.clone(),
-            leaving: false,
-            drained: self.drain && self.drain_in_force(),
-            virtual_mode: self.links.virtual_link.is_some(),
-            on_link: Arc::clone(&self.on_link),
-        })
+        self.own.member(
+            &self.settings.node,
+            self.phase == Phase::Running,
+            self.drain_in_force(),
+            self.links.virtual_link.is_some(),
+        )
     }
 
     /// Hands the membership (with this node as it is now) to the election
@@ -171,9 +169,8 @@ impl Core {
                 self.election
                     .set_members(undrained.iter().chain(own.as_ref()))
             };
-        if own != self.own_member {
+        if self.own.elected(own) {
             // Its interfaces or its candidacy changed: any duty may have.
-            self.own_member = own;
             self.vips.refresh_all();
         } else {
             self.mark(moved);
@@ -192,12 +189,12 @@ impl Core {
 
     /// Its operator drained this node, in force or not.
     pub fn drain_requested(&self) -> bool {
-        self.drain
+        self.own.drain()
     }
 
     /// This node is drained and the drain is in force.
     pub fn drained(&self) -> bool {
-        self.drain && self.drain_in_force()
+        self.own.drain() && self.drain_in_force()
     }
 
     /// Gossip is isolated: the API shows agents running on other nodes (their
@@ -223,8 +220,9 @@ impl Core {
     /// node (no live, eligible, on-link candidate, and no node to hold it
     /// on its virtual interface). Before a first cluster view, none.
     pub fn vips_without_candidate(&self) -> usize {
-        self.services_of
-            .keys()
+        self.services
+            .iter()
+            .map(|(ip, _)| ip)
             .filter(|ip| {
                 self.election.winner(**ip).is_none() && self.election.virtual_nodes(**ip).is_empty()
             })
