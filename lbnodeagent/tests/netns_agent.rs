@@ -1803,3 +1803,151 @@ fn a_beat_forged_from_another_address_is_dropped_and_counted() {
         "a client hears the owner alone"
     );
 }
+
+/// The IPv6 failures other L2 load balancers are known for, checked on the
+/// wire: MetalLB #2920 (a client's neighbour entry goes STALE, its unicast
+/// NUD probes go unanswered, and traffic drops until it falls back to
+/// multicast) and Cilium #44311 (the answering host never joined the
+/// VIP's solicited-node group, so multicast solicitations go unheard).
+/// hostlb's VIP is a kernel address: the kernel joins the group with the
+/// address and answers unicast NUD itself. The client's reachable time is
+/// cut to about a second and its first probe to one second after STALE,
+/// so 12 s of datagrams go through at least three NUD cycles. Needs root,
+/// ndisc6, tcpdump and python3.
+#[test]
+fn an_ipv6_vip_answers_unicast_nud_and_joins_its_solicited_node_group() {
+    hostlb_tests::netns::require_tools(&["ndisc6", "tcpdump", "python3"]);
+    const V6: &str = "fd00:77::101";
+    // ff02::1:ff00:0/104 and the address's last 24 bits.
+    const GROUP: &str = "ff02::1:ff00:101";
+    let c = three_nodes();
+    c.service("web6", &[V6], &["node-a"], "");
+    let owner = c.wait_single_holder(V6, Duration::from_secs(20));
+    let maddr = |n: &str| {
+        c.host(n)
+            .ns
+            .run(&["ip", "-6", "maddr", "show", "dev", "eth0"])
+            .unwrap()
+    };
+    wait_for(
+        "the holder in the VIP's solicited-node group",
+        Duration::from_secs(5),
+        || maddr(&owner).contains(GROUP).then_some(()),
+    )
+    .unwrap();
+    for n in ["node-a", "node-b", "node-c"]
+        .into_iter()
+        .filter(|n| *n != owner)
+    {
+        assert!(
+            !maddr(n).contains(GROUP),
+            "{n} holds no {V6} but joined {GROUP}"
+        );
+    }
+
+    let client = c.host("client");
+    client
+        .ns
+        .sysctl("net.ipv6.neigh.eth0.base_reachable_time_ms", "1000")
+        .unwrap();
+    client
+        .ns
+        .sysctl("net.ipv6.neigh.eth0.delay_first_probe_time", "1")
+        .unwrap();
+    let capture = client
+        .ns
+        .capture("eth0", "icmp6 and (ip6[40] == 135 or ip6[40] == 136)")
+        .unwrap();
+    // Datagrams, not ping: iputils' ping confirms the neighbour with each
+    // reply (MSG_CONFIRM), and the entry would never go STALE. The VIP's
+    // firewall drops them; what is watched is the neighbour discovery
+    // their sending needs.
+    let sender = format!(
+        "import socket, time\ns = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\nfor _ in range(120):\n    s.sendto(b'x', ('{V6}', 9))\n    time.sleep(0.1)\n"
+    );
+    client.ns.run(&["python3", "-c", &sender]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let lines = capture.lines();
+    let solicitation = |l: &&String| l.contains("neighbor solicitation");
+    let unicast: Vec<&String> = lines
+        .iter()
+        .filter(solicitation)
+        .filter(|l| l.contains(&format!("> {V6}:")))
+        .collect();
+    let owner_mac = c.host(&owner).mac().to_string();
+    let client_ip = client.ipv6.to_string();
+    let multicast = lines
+        .iter()
+        .filter(solicitation)
+        .filter(|l| l.contains(&format!("{client_ip} > {GROUP}:")))
+        .count();
+    let answers: Vec<&String> = lines
+        .iter()
+        .filter(|l| {
+            // Answers to a solicitation (the client asks from its
+            // global or its link-local address), not announcements.
+            l.contains("neighbor advertisement")
+                && l.contains(&format!("{V6} > "))
+                && l.contains("Flags [solicited")
+        })
+        .collect();
+    eprintln!(
+        "IPv6 NUD: {} unicast solicitations, {} advertisements, {multicast} multicast from the client, over 12 s",
+        unicast.len(),
+        answers.len()
+    );
+    assert!(
+        unicast.len() >= 3,
+        "fewer than three unicast NUD probes in 12 s: the client's entry did not cycle through STALE ({lines:#?})"
+    );
+    assert!(
+        answers.len() >= unicast.len(),
+        "unicast NUD probes went unanswered: {} probes, {} answers ({lines:#?})",
+        unicast.len(),
+        answers.len()
+    );
+    assert!(
+        multicast <= 1,
+        "the client fell back to multicast {multicast} times: its unicast probes failed ({lines:#?})"
+    );
+    let entry = client
+        .ns
+        .run(&["ip", "-6", "neigh", "show", V6, "dev", "eth0"])
+        .unwrap();
+    assert!(
+        entry.contains(&owner_mac) && !entry.contains("FAILED") && !entry.contains("INCOMPLETE"),
+        "the client's entry for {V6}: {entry}"
+    );
+    for a in &answers {
+        assert!(a.contains(&owner_mac), "an answer from another host: {a}");
+    }
+    drop(capture);
+
+    // A move: the new holder joins the group with the address, and the
+    // first multicast solicitation after it holds the VIP is answered.
+    let down_at = Instant::now();
+    c.lan.set_port(&owner, false).unwrap();
+    let next = wait_for("a new holder", Duration::from_secs(5), || {
+        c.holders(V6).into_iter().find(|n| *n != owner)
+    })
+    .unwrap();
+    assert!(
+        maddr(&next).contains(GROUP),
+        "{next} holds {V6} without its solicited-node group"
+    );
+    let out = client
+        .ns
+        .run(&["ndisc6", "-1", "-r", "1", "-w", "500", V6, "eth0"])
+        .unwrap_or_else(|e| {
+            panic!("the first multicast solicitation after the move went unanswered: {e}")
+        });
+    let mac = c.host(&next).mac().to_ascii_uppercase();
+    assert!(
+        out.to_ascii_uppercase().contains(&mac),
+        "{out} (want {mac})"
+    );
+    eprintln!(
+        "IPv6 move: {next} answered the first multicast solicitation {} ms after the port went down",
+        down_at.elapsed().as_millis()
+    );
+}
