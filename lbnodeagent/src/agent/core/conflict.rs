@@ -254,12 +254,6 @@ impl Conflicts {
         }
     }
 
-    /// The records' MACs, for nodes gossip never showed: evidence, not
-    /// orders. Each call replaces what the last one learnt. A record
-    /// whose name is no Node (`is_node`), or that names more than
-    /// [`RECORD_MACS_MAX`] MACs, is ignored, and a MAC that two records
-    /// name is disputed: a claim from it is a stranger's. What was ignored
-    /// is returned, one line each, for the log.
     /// The agents' records as listed now; [`Conflicts::learn_records`]
     /// reads them.
     pub fn set_records(&mut self, records: Vec<AgentRecord>) {
@@ -289,6 +283,12 @@ impl Conflicts {
         self.last.as_ref()
     }
 
+    /// The records' MACs (of the records last set), for nodes gossip never showed: evidence, not
+    /// orders. Each call replaces what the last one learnt. A record
+    /// whose name is no Node (`is_node`), or that names more than
+    /// [`RECORD_MACS_MAX`] MACs, is ignored, and a MAC that two records
+    /// name is disputed: a claim from it is a stranger's. What was ignored
+    /// is returned, one line each, for the log.
     pub fn learn_records(&mut self, me: &str, is_node: impl Fn(&str) -> bool) -> Vec<String> {
         let mut ignored = Vec::new();
         self.recorded.clear();

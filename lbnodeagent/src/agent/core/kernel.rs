@@ -44,30 +44,17 @@ impl Core {
             let want = self.adopted_want(&o);
             // Not a VIP just handed to this node: a peer's word that it
             // holds it stands at once (see `holds`).
-            self.vips.entry(o.ip).hold(Held::new(want, None));
-            self.vips.held_once(o.ip);
-            self.vips.unsettle(o.ip);
+            self.vips.found_held(o.ip, Held::new(want, None));
             self.sent.touch_publish();
             self.sent.touch_report();
         }
     }
 
     pub(super) fn on_done(&mut self, r: OpResult, now: Instant, out: &mut Actions) {
-        let Some(slot) = self.vips.get_mut(&r.ip) else {
-            return;
-        };
-        let Some(op) = slot.take_op() else {
-            return;
-        };
-        self.vips.unsettle(r.ip);
-        if matches!(
-            (&op, &r.result),
-            (Op::Add { renew: false, .. }, Ok(Applied::Done))
-        ) {
-            self.vips.held_once(r.ip);
-        }
-        let slot = self.vips.get_mut(&r.ip).expect("just read");
         let ip = r.ip;
+        let Some((op, slot)) = self.vips.take_op(ip) else {
+            return;
+        };
         match (op, r.result) {
             (Op::Add { want, renew: true }, Ok(Applied::Done)) => {
                 out.metrics.push(Metric::Op {
@@ -131,6 +118,7 @@ impl Core {
                 {
                     out.remove.push(vip);
                 }
+                self.vips.held_once(ip);
                 self.conflicts.foreign_gone(ip);
                 self.sent.touch_publish();
                 self.sent.touch_report();

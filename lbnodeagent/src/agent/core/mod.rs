@@ -11,9 +11,9 @@
 //! Everything that takes time is a state with a deadline, never a wait: a
 //! VIP being asked about is [`State::Probing`](slot::State) until its
 //! window ends, a VIP in the kernel's hands has an operation in flight
-//! until its result comes back as an input. So every VIP of a dead node is asked about in the same
-//! window and added in the same batch, and the shell keeps serving its
-//! other inputs meanwhile.
+//! until its result comes back as an input. So every VIP of a dead node
+//! is asked about in the same window and added in the same batch, and the
+//! shell keeps serving its other inputs meanwhile.
 //!
 //! # One VIP
 //!
@@ -24,8 +24,8 @@
 //! hand-over, contest, announcements and expiry, gone with it) with at
 //! most one operation on it in flight (a renewal, an add at a new place,
 //! a release, the removal of an old place). Each state carries only what
-//! is legal in it, and the slot's methods are its only transitions. [`Core::decide`] is the one place a VIP's
-//! next move is chosen:
+//! is legal in it, and the slot's methods are its only transitions.
+//! [`Core::decide`] is the one place a VIP's next move is chosen:
 //!
 //! - wanted and not held: wait out a retry backoff or a yield to an
 //!   outranking owner ([`conflict`]); if the VIP had another holder that is
@@ -445,9 +445,7 @@ impl Core {
                 }
                 for a in found {
                     let held = Held::adopted(self.adopted_want(&a), now);
-                    self.vips.entry(a.ip).hold(held);
-                    self.vips.held_once(a.ip);
-                    self.vips.unsettle(a.ip);
+                    self.vips.found_held(a.ip, held);
                 }
                 self.sent.touch_publish();
             }

@@ -330,12 +330,10 @@ impl Core {
             }
             info!(%ip, interface = %want.vip.interface,
                 "the starting node this one let the address go to no longer shows it; putting it back");
-            self.vips.held_once(ip);
-            let slot = self.vips.entry(ip);
-            slot.hold(Held::adopted(want.clone(), now));
-            slot.add(want.clone());
+            self.vips
+                .found_held(ip, Held::adopted(want.clone(), now))
+                .add(want.clone());
             out.add.push(want.vip);
-            self.vips.unsettle(ip);
             self.sent.touch_publish();
         }
     }

@@ -301,7 +301,7 @@ impl Slot {
     /// hands is asked about.
     pub(super) fn probe(&mut self, p: Probing) {
         debug_assert!(matches!(self.state, State::Free));
-        if matches!(self.state, State::Free | State::Probing(_)) {
+        if matches!(self.state, State::Free) {
             self.state = State::Probing(p);
         }
     }
@@ -323,19 +323,18 @@ impl Slot {
         };
     }
 
-    /// Asks the kernel to renew it where held, for `lifetime`; returns what
-    /// is renewed, or `None` when it is not held or an operation is in
-    /// flight.
-    pub(super) fn renew(&mut self, lifetime: crate::model::Lifetime) -> Option<&Want> {
+    /// Asks the kernel to renew it where held, for `lifetime`; returns the
+    /// address to add again, or `None` when it is not held or an operation
+    /// is in flight.
+    pub(super) fn renew(&mut self, lifetime: crate::model::Lifetime) -> Option<VipAddress> {
         let State::Held(h, op @ None) = &mut self.state else {
             return None;
         };
         let mut want = h.at.clone();
         want.vip.lifetime = lifetime;
-        Some(match op.insert(HeldOp::Renew(want)) {
-            HeldOp::Renew(w) => w,
-            _ => unreachable!(),
-        })
+        let vip = want.vip.clone();
+        *op = Some(HeldOp::Renew(want));
+        Some(vip)
     }
 
     /// Asks the kernel to remove it where held: this node lets it go, or

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::links::Want;
-use super::slot::Slot;
+use super::slot::{Held, Op, Slot};
 
 pub(super) struct Vips {
     slots: BTreeMap<IpAddr, Slot>,
@@ -49,12 +49,6 @@ impl Vips {
         self.slots.get_mut(ip)
     }
 
-    /// The slot of `ip`, made empty if it has none. For an address found
-    /// held.
-    pub(super) fn entry(&mut self, ip: IpAddr) -> &mut Slot {
-        self.slots.entry(ip).or_default()
-    }
-
     pub(super) fn iter(&self) -> btree_map::Iter<'_, IpAddr, Slot> {
         self.slots.iter()
     }
@@ -79,6 +73,27 @@ impl Vips {
 
     pub(super) fn held_count(&self) -> usize {
         self.slots.values().filter(|s| s.held().is_some()).count()
+    }
+
+    /// An address found held (left by a previous run, or held by the
+    /// kernel when the core thought it gone): held, held by this run, and
+    /// decided again.
+    pub(super) fn found_held(&mut self, ip: IpAddr, held: Held) -> &mut Slot {
+        self.ever_held.insert(ip);
+        self.unsettled.insert(ip);
+        let slot = self.slots.entry(ip).or_default();
+        slot.hold(held);
+        slot
+    }
+
+    /// The operation in flight for `ip` came back: the VIP is decided
+    /// again, and its slot handed over with the operation. `None` when it
+    /// has no slot or nothing in flight.
+    pub(super) fn take_op(&mut self, ip: IpAddr) -> Option<(Op, &mut Slot)> {
+        let slot = self.slots.get_mut(&ip)?;
+        let op = slot.take_op()?;
+        self.unsettled.insert(ip);
+        Some((op, slot))
     }
 
     /// Decided again at the next step.
@@ -205,7 +220,6 @@ impl Vips {
 mod tests {
     use super::*;
     use crate::agent::core::links::Mode;
-    use crate::agent::core::slot::Held;
     use crate::model::{Lifetime, VipAddress};
 
     fn want(ip: IpAddr) -> Want {
@@ -277,8 +291,9 @@ mod tests {
         let now = Instant::now();
         let mut v = Vips::default();
         for ip in [A, B] {
-            v.entry(ip).hold(Held::new(want(ip), Some(now)));
+            v.found_held(ip, Held::new(want(ip), Some(now)));
         }
+        assert!(v.ever_held(&A) && v.unsettled().contains(&B));
         v.get_mut(&B).unwrap().renew(Lifetime::FOREVER);
         assert_eq!(v.unhold_missing(&BTreeSet::new()), [A]);
         assert!(v.get(&A).unwrap().held().is_none());

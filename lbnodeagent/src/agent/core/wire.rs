@@ -335,8 +335,8 @@ impl Core {
             return;
         }
         for s in self.vips.values_mut() {
-            if let Some(want) = s.renew(self.settings.lifetime) {
-                out.add.push(want.vip.clone());
+            if let Some(vip) = s.renew(self.settings.lifetime) {
+                out.add.push(vip);
             }
         }
     }
