@@ -70,7 +70,10 @@ pub struct RealServer {
     etcd_port: u16,
     /// UTC second ranges (`YYYY-MM-DDTHH:MM:SS`, inclusive) in which the
     /// server was starting: ready, but its RBAC caches not yet filled, so
-    /// it refuses (403) what it will allow a moment later.
+    /// it refuses (403) what it will allow a moment later. A window opens
+    /// before the server starts and stays open ([`OPEN`]) until its grants
+    /// are in force: a test that reads the log while a neighbour's server
+    /// restarts must already see that restart's window.
     starting: std::sync::Mutex<Vec<(String, String)>>,
     /// The RBAC manifests applied ([`RealServer::wait_granted`]): a
     /// restarted server is starting until they are in force again.
@@ -83,6 +86,9 @@ fn any_starting() -> &'static std::sync::Mutex<Vec<(String, String)>> {
         std::sync::OnceLock::new();
     ALL.get_or_init(Default::default)
 }
+
+/// The end of a window still open: sorts after every UTC second.
+const OPEN: &str = "~";
 
 /// Whether a log line stamped with a UTC RFC 3339 time at its start falls
 /// in one of `windows` (inclusive UTC second ranges).
@@ -161,7 +167,7 @@ impl RealServer {
             starting: Default::default(),
             granted: Default::default(),
         };
-        let from = std::time::SystemTime::now();
+        let window = s.open_window();
         let out = s.run_sh(&["start"]);
         assert!(
             out.status.success(),
@@ -169,14 +175,26 @@ impl RealServer {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        s.wait_rbac(from);
+        s.wait_rbac(window);
         s
+    }
+
+    /// Opens a start-up window from now, in this server's list and the
+    /// process's; the indexes for [`RealServer::wait_rbac`] to close it.
+    fn open_window(&self) -> (usize, usize) {
+        let window = (utc_second(std::time::SystemTime::now()), OPEN.to_string());
+        let mut mine = self.starting.lock().unwrap();
+        let mut all = any_starting().lock().unwrap();
+        mine.push(window.clone());
+        all.push(window);
+        (mine.len() - 1, all.len() - 1)
     }
 
     /// Waits until RBAC decisions are served from filled caches (a
     /// bootstrap role answers yes, and so does every grant of the
-    /// manifests applied before a restart), and notes the start-up window.
-    fn wait_rbac(&self, from: std::time::SystemTime) {
+    /// manifests applied before a restart), then closes the start-up
+    /// window a second later.
+    fn wait_rbac(&self, (mine, all): (usize, usize)) {
         self.wait_yes(&[
             "auth".into(),
             "can-i".into(),
@@ -188,10 +206,9 @@ impl RealServer {
         for manifest in &applied {
             self.wait_in_force(manifest);
         }
-        let to = std::time::SystemTime::now() + Duration::from_secs(1);
-        let window = (utc_second(from), utc_second(to));
-        self.starting.lock().unwrap().push(window.clone());
-        any_starting().lock().unwrap().push(window);
+        let to = utc_second(std::time::SystemTime::now() + Duration::from_secs(1));
+        self.starting.lock().unwrap()[mine].1 = to.clone();
+        any_starting().lock().unwrap()[all].1 = to;
     }
 
     /// Whether a log line stamped with a UTC RFC 3339 time at its start
@@ -577,14 +594,14 @@ impl RealServer {
             );
             self.wait_gone(p, Duration::from_secs(10));
         }
-        let from = std::time::SystemTime::now();
+        let window = self.open_window();
         let o = self.run_sh(&["restart-apiserver"]);
         assert!(
             o.status.success(),
             "run.sh restart-apiserver: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        self.wait_rbac(from);
+        self.wait_rbac(window);
     }
 
     /// The API server's log so far (for 403s and the like).
