@@ -28,10 +28,13 @@ impl Scope {
     pub fn handles(&self, svc: &Service) -> bool {
         let Some(spec) = &svc.spec else { return false };
         spec.type_.as_deref() == Some("LoadBalancer")
-            && spec
-                .load_balancer_class
-                .as_deref()
-                .is_none_or(|c| c == self.load_balancer_class)
+            && self.takes_class(spec.load_balancer_class.as_deref())
+    }
+
+    /// Whether a LoadBalancer Service of `class` is ours: no class, or
+    /// ours (for records that keep the class alone).
+    pub fn takes_class(&self, class: Option<&str>) -> bool {
+        class.is_none_or(|c| c == self.load_balancer_class)
     }
 }
 

@@ -76,7 +76,7 @@ impl Fleet {
             &self.nodes,
             &self.pools,
             &self.advertisements,
-            &self.services,
+            &lbnodeagent::inputs::ServiceRecord::of_all(&self.services),
             &lbnodeagent::inputs::SliceEndpoints::of_all(&self.slices),
         )
     }

@@ -19,10 +19,10 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, ListParams};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::watcher;
 use lbnodeagent::agent::core::{Announcing, EventRequest};
-use lbnodeagent::agent::report;
 use lbnodeagent::agent::telemetry::Telemetry;
+use lbnodeagent::agent::{ServiceRecords, report};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -55,22 +55,22 @@ async fn run(n: usize, port: u16) -> (Duration, Duration) {
     let services: Api<Service> = Api::namespaced(admin.clone(), "shop");
     create_load_balancers(&admin, "shop", n).await;
 
-    // The agent's cache of Services, as its watches keep it.
-    let (store, writer) = reflector::store();
-    let stream = reflector(
-        writer,
-        watcher(
-            Api::<Service>::all(agent.clone()),
-            watcher::Config::default(),
-        ),
+    // The agent's records of Services, as its watches keep them.
+    let store = ServiceRecords::default();
+    let records = store.clone();
+    let mut stream = watcher(
+        Api::<Service>::all(agent.clone()),
+        watcher::Config::default(),
     )
-    .applied_objects();
+    .boxed();
     let cache = tokio::spawn(async move {
-        futures::pin_mut!(stream);
-        while stream.next().await.is_some() {}
+        while let Some(e) = stream.next().await {
+            if let Ok(e) = e {
+                records.apply(&e);
+            }
+        }
     });
-    store.wait_until_ready().await.unwrap();
-    while store.state().len() < n {
+    while store.len() < n {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 

@@ -8,12 +8,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use hostlb_api::annotations::{IP_ALLOCATED_FROM_POOL, service_annotation};
+use hostlb_api::Family;
+use hostlb_api::annotations::{IP_ALLOCATED_FROM_POOL, announcing, service_annotation};
 use hostlb_api::selector::parse_list;
-use hostlb_api::snapshot::ObjectError;
+use hostlb_api::snapshot::{ObjectError, object_ref};
 use hostlb_api::v1::LAST_VALID_KEPT;
 use hostlb_api::{AddressRange, IPAddressPool, L2Advertisement};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -205,84 +206,183 @@ impl EndpointIndex {
     }
 }
 
+/// What the agent keeps of a Service, which is all it reads of one: what
+/// the election reads ([`service_info`]), the announcing annotations and
+/// the resourceVersion for the annotation writer, the uid for Events. The
+/// watch keeps these rather than the objects: a trimmed object in a
+/// reflector's store was about 2 KB, most of it empty optional fields and
+/// map nodes, and a record of a Service of another type is its name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceRecord {
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    /// `None` unless `type: LoadBalancer`: nothing else is read of the
+    /// rest. Boxed, as most of a cluster's Services are of other types.
+    pub balanced: Option<Box<Balanced>>,
+}
+
+/// What is read of a Service of `type: LoadBalancer`, as written: a bad
+/// value is reported by [`service_info`] each time it builds a view, as for
+/// the other kinds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Balanced {
+    pub class: Option<String>,
+    pub labels: Vec<(String, String)>,
+    /// Seconds since the epoch.
+    pub created: Option<i64>,
+    /// `status.loadBalancer.ingress[].ip` in order (`None`: an entry with
+    /// a hostname only), so that an error names its index.
+    pub ingress: Vec<Option<String>>,
+    pub allocated_pool: Option<String>,
+    pub local_traffic: bool,
+    /// `spec.ports[]`: port and protocol.
+    pub ports: Vec<(i32, Option<String>)>,
+    /// The announcing annotations present: name, value.
+    pub announcing: Vec<(&'static str, String)>,
+}
+
+impl ServiceRecord {
+    pub fn of(svc: &Service) -> ServiceRecord {
+        let meta = &svc.metadata;
+        let spec = svc.spec.as_ref();
+        let balanced = (spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")).then(|| {
+            let spec = spec.cloned().unwrap_or_default();
+            let annotations = meta.annotations.as_ref();
+            let announcing = [Family::V4, Family::V6]
+                .into_iter()
+                .flat_map(|f| [announcing(f, false), announcing(f, true)])
+                .filter_map(|name| Some((name, annotations?.get(name)?.clone())))
+                .collect();
+            Box::new(Balanced {
+                class: spec.load_balancer_class,
+                labels: meta
+                    .labels
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+                created: created(meta),
+                ingress: svc
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.load_balancer.as_ref())
+                    .and_then(|lb| lb.ingress.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|i| i.ip.clone())
+                    .collect(),
+                allocated_pool: service_annotation(annotations, IP_ALLOCATED_FROM_POOL)
+                    .map(str::to_string),
+                local_traffic: spec.external_traffic_policy.as_deref() == Some("Local"),
+                ports: spec
+                    .ports
+                    .into_iter()
+                    .flatten()
+                    .map(|p| (p.port, p.protocol))
+                    .collect(),
+                announcing,
+            })
+        });
+        ServiceRecord {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            balanced,
+        }
+    }
+
+    pub fn of_all(services: &[Service]) -> Vec<ServiceRecord> {
+        services.iter().map(ServiceRecord::of).collect()
+    }
+
+    /// The value of announcing annotation `name`, if present.
+    pub fn announcing(&self, name: &str) -> Option<&str> {
+        let b = self.balanced.as_ref()?;
+        b.announcing
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The Service, for an Event about it.
+    pub fn object_ref(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Service".into()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            uid: self.uid.clone(),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn error(&self, message: String) -> ObjectError {
+        ObjectError {
+            object: object_ref(
+                "Service",
+                Some(&self.namespace),
+                Some(self.name.as_str()).filter(|n| !n.is_empty()),
+            ),
+            message,
+        }
+    }
+}
+
 /// The Service as the election sees it, `None` when hostlb does not handle it
 /// or it has no address yet.
 pub fn service_info(
-    svc: &Service,
+    svc: &ServiceRecord,
     scope: &Scope,
     endpoints: &EndpointIndex,
     errors: &mut Vec<ObjectError>,
 ) -> Option<ServiceInfo> {
-    if !scope.handles(svc) {
+    let b = svc.balanced.as_ref()?;
+    if !scope.takes_class(b.class.as_deref()) {
         return None;
     }
-    let ns = svc.metadata.namespace.clone().unwrap_or_default();
-    let name = svc.metadata.name.clone().unwrap_or_default();
     let mut addresses: Vec<IpAddr> = Vec::new();
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref());
-    for (i, ing) in ingress.into_iter().flatten().enumerate() {
-        let Some(text) = &ing.ip else { continue };
+    for (i, text) in b.ingress.iter().enumerate() {
+        let Some(text) = text else { continue };
         match text.parse::<IpAddr>() {
             Ok(ip) if !addresses.contains(&ip) => addresses.push(ip),
             Ok(_) => {}
-            Err(_) => errors.push(ObjectError::new(
-                "Service",
-                &svc.metadata,
-                format!("status.loadBalancer.ingress[{i}].ip: {text:?} is not an IP address"),
-            )),
+            Err(_) => errors.push(svc.error(format!(
+                "status.loadBalancer.ingress[{i}].ip: {text:?} is not an IP address"
+            ))),
         }
     }
     if addresses.is_empty() {
         return None;
     }
-    let local = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.external_traffic_policy.as_deref())
-        == Some("Local");
     Some(ServiceInfo {
-        key: format!("{ns}/{name}"),
-        labels: labels(&svc.metadata),
-        created: created(&svc.metadata),
+        key: format!("{}/{}", svc.namespace, svc.name),
+        labels: b.labels.iter().cloned().collect(),
+        created: b.created,
         addresses,
-        allocated_pool: service_annotation(
-            svc.metadata.annotations.as_ref(),
-            IP_ALLOCATED_FROM_POOL,
-        )
-        .map(str::to_string),
-        local_traffic: local,
-        endpoints: endpoints.get(&ns, &name),
-        ports: ports(svc, errors),
+        allocated_pool: b.allocated_pool.clone(),
+        local_traffic: b.local_traffic,
+        endpoints: endpoints.get(&svc.namespace, &svc.name),
+        ports: ports(svc, b, errors),
     })
 }
 
 /// `spec.ports`, each once; a protocol hostlb cannot filter is reported
 /// and its port left out (so the firewall keeps it closed).
-fn ports(svc: &Service, errors: &mut Vec<ObjectError>) -> Vec<ServicePort> {
+fn ports(svc: &ServiceRecord, b: &Balanced, errors: &mut Vec<ObjectError>) -> Vec<ServicePort> {
     let mut out: Vec<ServicePort> = Vec::new();
-    let listed = svc.spec.as_ref().and_then(|s| s.ports.as_ref());
-    for (i, p) in listed.into_iter().flatten().enumerate() {
-        let Some(protocol) = Protocol::parse(p.protocol.as_deref()) else {
-            errors.push(ObjectError::new(
-                "Service",
-                &svc.metadata,
-                format!(
-                    "spec.ports[{i}].protocol: {:?} is not TCP, UDP or SCTP; the firewall keeps that port closed",
-                    p.protocol.as_deref().unwrap_or_default()
-                ),
-            ));
+    for (i, (port, protocol)) in b.ports.iter().enumerate() {
+        let Some(protocol) = Protocol::parse(protocol.as_deref()) else {
+            errors.push(svc.error(format!(
+                "spec.ports[{i}].protocol: {:?} is not TCP, UDP or SCTP; the firewall keeps that port closed",
+                protocol.as_deref().unwrap_or_default()
+            )));
             continue;
         };
-        let Ok(port) = u16::try_from(p.port) else {
-            errors.push(ObjectError::new(
-                "Service",
-                &svc.metadata,
-                format!("spec.ports[{i}].port: {} is not a port", p.port),
-            ));
+        let Ok(port) = u16::try_from(*port) else {
+            errors.push(svc.error(format!("spec.ports[{i}].port: {port} is not a port")));
             continue;
         };
         let sp = ServicePort { protocol, port };
@@ -301,7 +401,7 @@ pub fn cluster<'a>(
     nodes: impl IntoIterator<Item = &'a Node>,
     pools: impl IntoIterator<Item = &'a IPAddressPool>,
     advertisements: impl IntoIterator<Item = &'a L2Advertisement>,
-    services: impl IntoIterator<Item = &'a Service>,
+    services: impl IntoIterator<Item = &'a ServiceRecord>,
     slices: impl IntoIterator<Item = &'a SliceEndpoints>,
 ) -> (Cluster, Vec<ObjectError>) {
     let mut errors = Vec::new();
@@ -366,7 +466,7 @@ mod tests {
             &s.nodes,
             &s.pools,
             &s.advertisements,
-            &s.services,
+            &ServiceRecord::of_all(&s.services),
             &SliceEndpoints::of_all(&s.endpoint_slices),
         )
     }
@@ -632,5 +732,80 @@ status: {conditions: [{type: NetworkUnavailable, status: "False"}]}
         );
         assert!(c.nodes[0].network_unavailable);
         assert!(!c.nodes[1].network_unavailable);
+    }
+
+    /// The record holds what the writer and the Events read of a Service
+    /// (its announcing annotations, version, uid), and of a Service of
+    /// another type only its name.
+    #[test]
+    fn a_service_record_keeps_what_the_agent_reads_and_no_more() {
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1",
+                         "resourceVersion": "7", "labels": {"app": "web"},
+                         "annotations": {"hostlb.io/announcing-IPv4": "n1,eth0",
+                                         "example.com/note": "x"}},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
+            "status": {"loadBalancer": {"ingress": [{"hostname": "h"}, {"ip": "10.0.0.1"}]}}
+        }))
+        .unwrap();
+        let r = ServiceRecord::of(&svc);
+        assert_eq!(
+            r.announcing(hostlb_api::annotations::ANNOUNCING_IPV4),
+            Some("n1,eth0")
+        );
+        assert_eq!(r.announcing(hostlb_api::annotations::ANNOUNCING_IPV6), None);
+        assert_eq!(r.resource_version.as_deref(), Some("7"));
+        let b = r.balanced.as_ref().unwrap();
+        assert_eq!(b.ingress, [None, Some("10.0.0.1".to_string())]);
+        assert_eq!(b.announcing.len(), 1, "other annotations are not kept");
+        assert_eq!(
+            r.object_ref(),
+            kube::Resource::object_ref(&svc, &()),
+            "Events name it as kube would"
+        );
+
+        let mut other = svc.clone();
+        other.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
+        let r = ServiceRecord::of(&other);
+        assert!(
+            r.balanced.is_none()
+                && r.announcing(hostlb_api::annotations::ANNOUNCING_IPV4)
+                    .is_none()
+        );
+        let mut errors = Vec::new();
+        assert_eq!(
+            service_info(
+                &r,
+                &Scope::default(),
+                &EndpointIndex::default(),
+                &mut errors
+            ),
+            None
+        );
+
+        let mut bad = svc.clone();
+        bad.status
+            .as_mut()
+            .unwrap()
+            .load_balancer
+            .as_mut()
+            .unwrap()
+            .ingress
+            .as_mut()
+            .unwrap()[1]
+            .ip = Some("ten".into());
+        service_info(
+            &ServiceRecord::of(&bad),
+            &Scope::default(),
+            &EndpointIndex::default(),
+            &mut errors,
+        );
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].object, "Service/shop/web");
+        assert!(
+            errors[0].message.contains("ingress[1].ip"),
+            "{}",
+            errors[0].message
+        );
     }
 }

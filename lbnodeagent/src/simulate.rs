@@ -64,7 +64,7 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
         &snap.nodes,
         &snap.pools,
         &snap.advertisements,
-        &snap.services,
+        &inputs::ServiceRecord::of_all(&snap.services),
         &inputs::SliceEndpoints::of_all(&snap.endpoint_slices),
     );
     let mut errors = snap.errors.clone();

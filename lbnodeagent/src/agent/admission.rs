@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::Store;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use tracing::{debug, error, info, warn};
 
 use super::report::FIELD_MANAGER;
 use super::telemetry::Telemetry;
+use super::watches::ServiceRecords;
 
 /// The label the dry run would set; never written.
 pub const PROBE_LABEL: &str = "hostlb.io/policy-probe";
@@ -83,19 +83,17 @@ pub async fn dry_run(client: &Client, namespace: &str, name: &str) -> Result<(),
 /// in force.
 pub(super) fn start(
     client: Client,
-    services: Store<Service>,
+    services: ServiceRecords,
     telemetry: Arc<Telemetry>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut last: Option<Policy> = None;
         loop {
-            let svc = services.state().into_iter().next();
-            let Some(s) = svc else {
+            let Some((ns, name)) = services.any() else {
                 tokio::time::sleep(NO_SERVICE_YET).await;
                 continue;
             };
-            let ns = s.namespace().unwrap_or_default();
-            let policy = judge(&dry_run(&client, &ns, &s.name_any()).await);
+            let policy = judge(&dry_run(&client, &ns, &name).await);
             telemetry
                 .policy_open
                 .store(policy == Policy::NotInForce, Ordering::Relaxed);

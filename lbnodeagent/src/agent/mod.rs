@@ -34,6 +34,8 @@ pub mod telemetry;
 mod watches;
 mod wire;
 
+pub use watches::ServiceRecords;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -30,13 +30,14 @@ use hostlb_api::runtime::events::{self, Bucket, Events, Note, answered};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::reflector::Store;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use super::telemetry::Telemetry;
+use super::watches::ServiceRecords;
+use crate::inputs::ServiceRecord;
 
 /// The field manager and Event reporter name.
 pub const FIELD_MANAGER: &str = "hostlb-lbnodeagent";
@@ -110,7 +111,7 @@ impl ReportHandle {
 pub fn start(
     client: Client,
     node: &str,
-    services: Store<Service>,
+    services: ServiceRecords,
     telemetry: Arc<Telemetry>,
 ) -> ReportHandle {
     let (announcing, rx) = watch::channel(Announcing::new());
@@ -126,8 +127,7 @@ pub fn start(
     let cache = services.clone();
     let resolve = Box::new(move |key: &str| {
         let (ns, name) = key.split_once('/')?;
-        let svc = cache.get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))?;
-        Some(svc.object_ref(&()))
+        Some(cache.get(ns, name)?.object_ref())
     });
     let events = Events::start(
         recorder,
@@ -163,7 +163,7 @@ type Written = (Option<String>, Option<String>, Instant);
 
 struct Writer {
     client: Client,
-    services: Store<Service>,
+    services: ServiceRecords,
     telemetry: Arc<Telemetry>,
     written: HashMap<(String, &'static str), Written>,
     /// Annotation patches; Events have a bucket of their own.
@@ -208,10 +208,9 @@ impl Writer {
     }
 
     /// The cached Service `namespace/name`.
-    fn cached(&self, key: &str) -> Option<Arc<Service>> {
+    fn cached(&self, key: &str) -> Option<ServiceRecord> {
         let (ns, name) = key.split_once('/')?;
-        self.services
-            .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
+        self.services.get(ns, name)
     }
 
     async fn annotate(&mut self, want: &Announcing) {
@@ -224,21 +223,15 @@ impl Writer {
             let Some(svc) = self.cached(key) else {
                 continue;
             };
-            let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
-            let current = svc
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(name_of))
-                .cloned();
-            if current == *value {
+            let current = svc.announcing(name_of);
+            if current == value.as_deref() {
                 continue;
             }
             let k = (key.clone(), name_of);
             // Written already and the cache has not moved since: our write
             // is on its way. Once the cache moves on and still differs
             // (another node wrote after us), it is written again.
-            let version = svc.metadata.resource_version.clone();
+            let version = svc.resource_version.clone();
             if self
                 .written
                 .get(&k)
@@ -246,7 +239,7 @@ impl Writer {
             {
                 continue;
             }
-            jobs.push((k, ns, name, name_of, value.clone(), version));
+            jobs.push((k, svc.namespace, svc.name, name_of, value.clone(), version));
         }
         for chunk in jobs.chunks(IN_FLIGHT) {
             for _ in chunk {

@@ -32,13 +32,15 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use crate::election::{Cluster, Endpoints};
-use crate::inputs::{self, EndpointIndex, Scope, SliceEndpoints};
+use crate::inputs::{self, EndpointIndex, Scope, ServiceRecord, SliceEndpoints};
 
 const WATCHES: usize = 6;
 
 /// Stores of the objects the election reads, kept current by watches.
 pub struct KubeInputs {
-    pub services: Store<Service>,
+    /// Shared with the writers of annotations and Events, which read the
+    /// same records.
+    pub services: ServiceRecords,
     /// What the election reads of each EndpointSlice: at 1,000 Services
     /// the trimmed objects took 0.8 MiB more of the heap (docs/agent.md).
     slices: Records<SliceEndpoints>,
@@ -139,7 +141,7 @@ impl KubeInputs {
             restarts: tokio::sync::watch::Sender::new(0),
             relisting: AtomicUsize::new(0),
         });
-        let (services, sw) = reflector::store();
+        let services = Records::default();
         let slices = Records::default();
         let (nodes, nw) = reflector::store();
         let (pools, pw) = reflector::store();
@@ -151,7 +153,10 @@ impl KubeInputs {
             spawn_watch(
                 Api::<Service>::all(client.clone()),
                 all(),
-                store(sw),
+                {
+                    let services = services.clone();
+                    move |e: &watcher::Event<Service>| services.apply(e)
+                },
                 shared.clone(),
                 0,
                 whole,
@@ -305,14 +310,14 @@ impl KubeInputs {
         let nodes = self.nodes.state();
         let pools = self.pools.state();
         let ads = self.advertisements.state();
-        let services = self.services.state();
+        let services = self.services.read();
         let slices = self.slices.read();
         inputs::cluster(
             &self.scope,
             nodes.iter().map(|n| n.as_ref()),
             pools.iter().map(|p| p.as_ref()),
             ads.iter().map(|a| a.as_ref()),
-            services.iter().map(|s| s.as_ref()),
+            services.values(),
             slices.values(),
         )
     }
@@ -371,7 +376,9 @@ fn slim<K: kube::Resource>(obj: &mut K) {
 /// What the agent reads of a Service (`inputs::service_info`, `Scope`, the
 /// writer of annotations and Events): its type, class and traffic policy,
 /// status, labels and annotations. Most of a cluster's Services are of
-/// another type, and of those it keeps only the type.
+/// another type, and of those it keeps only the type. The view's digest
+/// hashes the trimmed object, and the store keeps its record
+/// ([`ServiceRecord`]).
 fn trim_service(s: &mut Service) {
     slim(s);
     let Some(spec) = s.spec.take() else { return };
@@ -453,7 +460,48 @@ where
 /// Records of one kind of object by namespace and name, which a watch keeps
 /// as a reflector store keeps the objects: a relist replaces them once it
 /// is complete, and an API outage leaves the last known ones.
-struct Records<T>(Arc<RwLock<Listed<T>>>);
+pub struct Records<T>(Arc<RwLock<Listed<T>>>);
+
+impl<T> Clone for Records<T> {
+    fn clone(&self) -> Self {
+        Records(self.0.clone())
+    }
+}
+
+/// The Services as the agent keeps them.
+pub type ServiceRecords = Records<ServiceRecord>;
+
+impl ServiceRecords {
+    /// The record of Service `namespace/name`.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<ServiceRecord> {
+        self.read()
+            .now
+            .get(&(Some(namespace.to_string()), name.to_string()))
+            .cloned()
+    }
+
+    /// Some Service's namespace and name (`None`: none is known yet).
+    pub fn any(&self) -> Option<(String, String)> {
+        self.read()
+            .values()
+            .next()
+            .map(|r| (r.namespace.clone(), r.name.clone()))
+    }
+
+    /// How many Services are known.
+    pub fn len(&self) -> usize {
+        self.read().now.len()
+    }
+
+    /// Takes in one event of a watch of Services, as the agent's own watch
+    /// does (for a watch of one's own: a bench, a test).
+    pub fn apply(&self, e: &watcher::Event<Service>) {
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .apply(e, |s| Some(ServiceRecord::of(s)));
+    }
+}
 
 impl<T> Default for Records<T> {
     fn default() -> Self {
@@ -487,7 +535,7 @@ type ObjectKey = (Option<String>, String);
 
 /// One watch's objects by key, each as a value of its own (a record, a
 /// fingerprint).
-struct Listed<T> {
+pub struct Listed<T> {
     now: HashMap<ObjectKey, T>,
     /// A list under way: what it has brought so far.
     listing: Option<HashMap<ObjectKey, T>>,
@@ -787,9 +835,16 @@ mod tests {
         let full = service("LoadBalancer");
         let mut trimmed = full.clone();
         trim_service(&mut trimmed);
-        let info = |s: &Service| inputs::service_info(s, &scope, &index, &mut Vec::new());
+        let info = |s: &Service| {
+            inputs::service_info(&ServiceRecord::of(s), &scope, &index, &mut Vec::new())
+        };
         assert!(info(&full).is_some());
         assert_eq!(info(&trimmed), info(&full));
+        assert_eq!(
+            ServiceRecord::of(&trimmed),
+            ServiceRecord::of(&full),
+            "the record is made of what trimming keeps"
+        );
         assert_eq!(
             trimmed.metadata.uid.as_deref(),
             Some("u1"),
@@ -966,7 +1021,7 @@ mod tests {
             .await
             .unwrap();
         until(&kube, "synced", |k| k.synced() && k.revision() > 0).await;
-        until(&kube, "saw the Service", |k| k.services.state().len() == 1).await;
+        until(&kube, "saw the Service", |k| k.services.len() == 1).await;
         let before = kube.revision();
         let digest = kube.digest();
 
@@ -1002,16 +1057,10 @@ mod tests {
             .create(&PostParams::default(), &svc("b"))
             .await
             .unwrap();
-        until(&kube, "saw the second Service", |k| {
-            k.services.state().len() == 2
-        })
-        .await;
+        until(&kube, "saw the second Service", |k| k.services.len() == 2).await;
         assert!(kube.revision() > before, "a Service did not date the view");
         assert_ne!(kube.digest(), digest, "a Service is not in the digest");
-        until(&later, "saw the second Service", |k| {
-            k.services.state().len() == 2
-        })
-        .await;
+        until(&later, "saw the second Service", |k| k.services.len() == 2).await;
         assert_eq!(later.digest(), kube.digest());
     }
 }
