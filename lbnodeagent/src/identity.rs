@@ -351,14 +351,20 @@ pub struct Identities {
     wanted: AtomicBool,
     /// Wakes whoever lists the records when one is wanted.
     notify: tokio::sync::Notify,
-    /// Nodes met and not known yet, and when first met: they count as
-    /// members not yet confirmed, so a starting agent does not take itself
-    /// for alone while its peers' records are read.
-    pending: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+    /// Nodes met and not known yet, and when a list of the records first
+    /// left them unknown (`None`: none read since they were met). They
+    /// count as members not yet confirmed, so a starting agent does not
+    /// take itself for alone while its peers' records are read.
+    pending: std::sync::Mutex<HashMap<String, Option<std::time::Instant>>>,
 }
 
-/// How long a node met and never known counts as pending: past it, a name
-/// nobody's record carries (a forger's invention) is no reason to wait.
+/// How long a node met and never known counts as pending once a list of
+/// the records has left it unknown: past it, a name nobody's record
+/// carries (a forger's invention) is no reason to wait. Until a list is
+/// read it stays pending, however long: an agent started while the API
+/// server is unreachable meets its peers in gossip and cannot read their
+/// records, and had it forgotten them by the server's return it would
+/// elect as if alone.
 pub const PENDING_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl fmt::Debug for Identities {
@@ -384,7 +390,7 @@ impl Identities {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .entry(node.to_string())
-                .or_insert_with(std::time::Instant::now);
+                .or_insert(None);
             self.want();
         }
         known
@@ -410,10 +416,15 @@ impl Identities {
         self.notify.notified().await
     }
 
-    /// Nodes met in the last [`PENDING_FOR`] whose identity is not known.
+    /// Nodes met whose identity is not known, each until [`PENDING_FOR`]
+    /// after a list of the records first left it unknown.
     pub fn pending(&self) -> usize {
+        self.pending_at(std::time::Instant::now())
+    }
+
+    fn pending_at(&self, now: std::time::Instant) -> usize {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.retain(|_, since| since.elapsed() < PENDING_FOR);
+        p.retain(|_, listed| listed.is_none_or(|t| now.saturating_duration_since(t) < PENDING_FOR));
         p.len()
     }
 
@@ -429,6 +440,14 @@ impl Identities {
     pub fn learn<'a>(
         &self,
         records: impl IntoIterator<Item = (&'a str, RecordSays<'a>)>,
+    ) -> Vec<(String, String)> {
+        self.learn_at(records, std::time::Instant::now())
+    }
+
+    fn learn_at<'a>(
+        &self,
+        records: impl IntoIterator<Item = (&'a str, RecordSays<'a>)>,
+        now: std::time::Instant,
     ) -> Vec<(String, String)> {
         let mut bad = Vec::new();
         let mut known = HashMap::new();
@@ -450,10 +469,13 @@ impl Identities {
                 },
             }
         }
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|node, _| !known.contains_key(node));
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.retain(|node, _| !known.contains_key(node));
+            for listed in pending.values_mut() {
+                listed.get_or_insert(now);
+            }
+        }
         *self.known.write().unwrap_or_else(|e| e.into_inner()) = known;
         bad
     }
@@ -600,5 +622,24 @@ mod tests {
         let a = key(1).public().to_string();
         ids.learn([("new", RecordSays::Key(a.as_str()))]);
         assert_eq!(ids.pending(), 2, "known now");
+    }
+
+    /// A node met stays pending until a list of the records has left it
+    /// unknown for `PENDING_FOR`: met while no list can be read (the API
+    /// server unreachable), it is not forgotten meanwhile.
+    #[test]
+    fn a_node_met_stays_pending_until_a_list_leaves_it_unknown_for_a_while() {
+        let ids = Identities::new();
+        let t0 = std::time::Instant::now();
+        assert_eq!(ids.of("b"), None);
+        assert_eq!(ids.pending_at(t0 + PENDING_FOR * 6), 1, "no list read yet");
+        let listed = t0 + PENDING_FOR * 6;
+        ids.learn_at([("c", RecordSays::OlderAgent)], listed);
+        assert_eq!(ids.pending_at(listed + PENDING_FOR / 2), 1);
+        assert_eq!(
+            ids.pending_at(listed + PENDING_FOR),
+            0,
+            "a list has not carried it for PENDING_FOR"
+        );
     }
 }

@@ -18,6 +18,8 @@ pub(super) struct Settling {
     started: Instant,
     /// When gossip first showed a peer, while starting.
     first_peer: Option<Instant>,
+    /// When this node first had a view of the cluster, while starting.
+    known_at: Option<Instant>,
     /// Nothing is taken before this: a few gossip rounds after this node
     /// became a candidate.
     acquire_from: Instant,
@@ -33,6 +35,7 @@ impl Settling {
         Settling {
             started: now,
             first_peer: None,
+            known_at: None,
             acquire_from: now,
             yields: BTreeMap::new(),
         }
@@ -64,19 +67,38 @@ impl Settling {
     /// (`unconfirmed` is none), or after [`UNCONFIRMED_GRACE`] whatever it
     /// says; with none, after [`STARTUP_GRACE`] (the first node of a
     /// cluster).
+    ///
+    /// The unconfirmed grace runs from the first peer or from the first
+    /// view of the cluster (`known`), whichever is later. A node started
+    /// while the API server is unreachable meets its peers in gossip but
+    /// cannot read their identities (their records come from the same
+    /// server), so nothing it hears of them counts; a grace run out
+    /// meanwhile would have it elect alone the moment the server returns,
+    /// win every VIP and find each answered by a host it cannot tell from
+    /// a stranger.
     pub(super) fn membership_settled(
         &mut self,
         peers: bool,
         unconfirmed: usize,
+        known: bool,
         interval: Duration,
         now: Instant,
     ) -> bool {
+        if known {
+            self.known_at.get_or_insert(now);
+        }
         if !peers {
             return now.saturating_duration_since(self.started) >= STARTUP_GRACE;
         }
         let first = *self.first_peer.get_or_insert(now);
         let waited = now.saturating_duration_since(first);
-        (waited >= interval * QUIET_ROUNDS && unconfirmed == 0) || waited >= UNCONFIRMED_GRACE
+        (waited >= interval * QUIET_ROUNDS && unconfirmed == 0)
+            || self.grace_ends().is_some_and(|end| now >= end)
+    }
+
+    /// When the unconfirmed grace ends: `None` before a peer and a view.
+    fn grace_ends(&self) -> Option<Instant> {
+        Some(self.first_peer?.max(self.known_at?) + UNCONFIRMED_GRACE)
     }
 
     /// The node became a candidate `now`: it takes nothing for
@@ -98,9 +120,11 @@ impl Settling {
     /// When a starting node's settling may move without another input.
     pub(super) fn starting_wakes(&self, interval: Duration) -> impl Iterator<Item = Instant> {
         let (a, b) = match self.first_peer {
+            // Before a view, at the end of the grace as it would run from
+            // the first peer: a view comes as an input, which wakes anyway.
             Some(first) => (
                 first + interval * QUIET_ROUNDS,
-                Some(first + UNCONFIRMED_GRACE),
+                Some(self.grace_ends().unwrap_or(first + UNCONFIRMED_GRACE)),
             ),
             None => (self.started + STARTUP_GRACE, None),
         };
@@ -122,8 +146,8 @@ mod tests {
             s.starting_wakes(ROUND).collect::<Vec<_>>(),
             [t0 + STARTUP_GRACE]
         );
-        assert!(!s.membership_settled(false, 0, ROUND, t0 + STARTUP_GRACE / 2));
-        assert!(s.membership_settled(false, 0, ROUND, t0 + STARTUP_GRACE));
+        assert!(!s.membership_settled(false, 0, true, ROUND, t0 + STARTUP_GRACE / 2));
+        assert!(s.membership_settled(false, 0, true, ROUND, t0 + STARTUP_GRACE));
     }
 
     /// With peers: three rounds after the first was seen, once the
@@ -134,18 +158,44 @@ mod tests {
         let t0 = Instant::now();
         let mut s = Settling::new(t0);
         let seen = t0 + Duration::from_millis(50);
-        assert!(!s.membership_settled(true, 0, ROUND, seen));
+        assert!(!s.membership_settled(true, 0, true, ROUND, seen));
         assert_eq!(
             s.starting_wakes(ROUND).collect::<Vec<_>>(),
             [seen + ROUND * 3, seen + UNCONFIRMED_GRACE]
         );
-        assert!(!s.membership_settled(true, 0, ROUND, seen + ROUND * 2));
+        assert!(!s.membership_settled(true, 0, true, ROUND, seen + ROUND * 2));
         assert!(
-            !s.membership_settled(true, 1, ROUND, seen + ROUND * 3),
+            !s.membership_settled(true, 1, true, ROUND, seen + ROUND * 3),
             "one unconfirmed"
         );
-        assert!(s.membership_settled(true, 0, ROUND, seen + ROUND * 3));
-        assert!(s.membership_settled(true, 1, ROUND, seen + UNCONFIRMED_GRACE));
+        assert!(s.membership_settled(true, 0, true, ROUND, seen + ROUND * 3));
+        assert!(s.membership_settled(true, 1, true, ROUND, seen + UNCONFIRMED_GRACE));
+    }
+
+    /// Peers met before the cluster is known (the API server unreachable
+    /// at start): their identities cannot be read, so the grace for
+    /// them runs from the first view, not from the first peer.
+    #[test]
+    fn the_unconfirmed_grace_runs_from_the_first_view_of_the_cluster() {
+        let t0 = Instant::now();
+        let mut s = Settling::new(t0);
+        let seen = t0 + Duration::from_millis(50);
+        assert!(!s.membership_settled(true, 2, false, ROUND, seen));
+        let late = seen + UNCONFIRMED_GRACE + Duration::from_secs(1);
+        assert!(
+            !s.membership_settled(true, 2, false, ROUND, late),
+            "no view yet"
+        );
+        assert!(
+            !s.membership_settled(true, 2, true, ROUND, late),
+            "the view has just come"
+        );
+        assert_eq!(
+            s.starting_wakes(ROUND).collect::<Vec<_>>(),
+            [seen + ROUND * 3, late + UNCONFIRMED_GRACE]
+        );
+        assert!(s.membership_settled(true, 0, true, ROUND, late + ROUND));
+        assert!(s.membership_settled(true, 2, true, ROUND, late + UNCONFIRMED_GRACE));
     }
 
     #[test]

@@ -99,7 +99,9 @@ impl Core {
     /// failure detector has confirmed every node gossip reports (in a large
     /// cluster that takes a few seconds), or after [`STARTUP_GRACE`](super::STARTUP_GRACE) with
     /// nobody to hear from (the first node of a cluster). Nodes the
-    /// detector cannot reach hold it back for at most [`UNCONFIRMED_GRACE`](super::UNCONFIRMED_GRACE).
+    /// detector cannot reach hold it back for at most [`UNCONFIRMED_GRACE`](super::UNCONFIRMED_GRACE),
+    /// counted from the first peer or the first view of the cluster,
+    /// whichever came later (see [`settling::Settling::membership_settled`](super::settling::Settling::membership_settled)).
     ///
     /// Peers that are still starting are no candidates, so two nodes that
     /// settle at the same moment would each elect as if the other were
@@ -115,6 +117,7 @@ impl Core {
         let settled = self.settling.membership_settled(
             peers,
             unconfirmed,
+            self.dating.known(),
             self.settings.gossip_interval,
             now,
         );
