@@ -79,6 +79,19 @@ pub const EXCLUDE_FROM_EXTERNAL_LB: &str =
     "node.kubernetes.io/exclude-from-external-load-balancers";
 /// The namespace holding pools and advertisements.
 pub const SYSTEM_NAMESPACE: &str = "hostlb-system";
+/// Kubernetes' taint for a node shut down or out of service (any effect):
+/// its agent drains it, as `spec.drain` would, while the taint is there.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+/// Whether `node` carries [`OUT_OF_SERVICE_TAINT`]. The agent drains its
+/// own node by it and `kubectl hostlb explain` names it, so both read it
+/// here.
+pub fn out_of_service(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT))
+}
 
 /// MetalLB prefixes accepted for the user-set annotations, newest first.
 const MIGRATED_PREFIXES: [&str; 2] = ["metallb.io/", "metallb.universe.tf/"];

@@ -19,6 +19,9 @@ pub struct ExplainDoc {
     /// The nodes the election counts as members: agents running and
     /// standing, by their records.
     pub members: Vec<String>,
+    /// Nodes in maintenance and why (drained by their record, or out of
+    /// service by the taint): each elected after every node that is not.
+    pub maintenance: Vec<String>,
     pub addresses: Vec<AddressDoc>,
 }
 
@@ -132,8 +135,36 @@ pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc,
     Ok(ExplainDoc {
         service: format!("{namespace}/{name}"),
         members,
+        maintenance: maintenance(fleet),
         addresses,
     })
+}
+
+/// Each node in maintenance, and why: the out-of-service taint (its agent
+/// drains it while the taint is there) or its record's drain.
+fn maintenance(fleet: &Fleet) -> Vec<String> {
+    let mut out: Vec<String> = fleet
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let name = n.metadata.name.as_deref()?;
+            let drained = fleet.agent(name).is_some_and(|a| a.spec.drain);
+            if hostlb_api::annotations::out_of_service(n) {
+                Some(format!(
+                    "{name}: out of service (taint {}): drained, elected after every node that is not",
+                    hostlb_api::annotations::OUT_OF_SERVICE_TAINT
+                ))
+            } else if drained {
+                Some(format!(
+                    "{name}: drained (kubectl hostlb drain): elected after every node that is not"
+                ))
+            } else {
+                None
+            }
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// What would explain `announcer` saying it announces where the
@@ -228,6 +259,12 @@ pub fn render(doc: &ExplainDoc, output: Output) -> String {
             doc.members.join(", ")
         }
     );
+    if !doc.maintenance.is_empty() {
+        out.push_str("maintenance:\n");
+        for m in &doc.maintenance {
+            out.push_str(&format!("  - {m}\n"));
+        }
+    }
     if doc.addresses.is_empty() {
         out.push_str("\nno address yet\n");
     }

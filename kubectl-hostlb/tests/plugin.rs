@@ -291,6 +291,28 @@ fn explain_computes_the_election_and_judges_the_annotation() {
         out.contains(&format!("announced by: {winner},eth0 (agrees)")),
         "{out}"
     );
+    assert!(!out.contains("maintenance:"), "{out}");
+
+    // A node out of service: named with the taint as its reason.
+    b.api(|client| async move {
+        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+        api.patch(
+            "node-b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [
+                {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+            ]}})),
+        )
+        .await
+        .unwrap();
+    });
+    let (_, out, _) = b.run(&["explain", "svc/web"]);
+    assert!(
+        out.contains(
+            "maintenance:\n  - node-b: out of service (taint node.kubernetes.io/out-of-service)"
+        ),
+        "{out}"
+    );
 
     let (code, _, err) = b.run(&["explain", "web"]);
     assert_eq!(code, 2);

@@ -174,6 +174,81 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
     assert_nothing_refused(&c);
 }
 
+/// Kubernetes' out-of-service taint on the holder's Node drains it as
+/// `spec.drain` would: its VIP moves make before break while its agent
+/// runs on (not one probe lost), its record says it is drained, and the
+/// taint's removal lets it win the VIP back, again without a loss.
+#[test]
+fn the_out_of_service_taint_drains_a_node_make_before_break() {
+    let Some(c) = three_nodes() else { return };
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
+    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
+    until_only(
+        &probe,
+        c.host("node-a").mac(),
+        Instant::now(),
+        Duration::from_secs(5),
+    );
+
+    let t = Instant::now();
+    c.kubectl(&[
+        "taint",
+        "node",
+        "node-a",
+        "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+    ]);
+    let next = wait_for("the VIP to leave node-a", Duration::from_secs(15), || {
+        let h = c.holders(VIP);
+        (h.len() == 1 && h[0] != "node-a").then(|| h[0].clone())
+    })
+    .unwrap();
+    let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(10));
+    eprintln!(
+        "out of service: moved to {next} after {:?}: {o:?}",
+        t.elapsed()
+    );
+    assert_eq!(o.lost, 0, "the taint's move: {o:?}");
+    assert!(ready(&c, "node-a"), "a tainted node's agent runs on");
+    wait_for(
+        "node-a's record to say drained",
+        Duration::from_secs(15),
+        || {
+            (c.kubectl(&[
+                "get",
+                "nodeagents",
+                "node-a",
+                "-o",
+                "jsonpath={.status.drained}",
+            ]) == "true")
+                .then_some(())
+        },
+    )
+    .unwrap();
+    let log = std::fs::read_to_string(c.log_path("node-a")).unwrap();
+    assert!(
+        log.contains("this node's Node is out of service"),
+        "the log says why it drained"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(c.holders(VIP), vec![next.clone()], "it stays off node-a");
+
+    let t = Instant::now();
+    c.kubectl(&[
+        "taint",
+        "node",
+        "node-a",
+        "node.kubernetes.io/out-of-service-",
+    ]);
+    let o = until_only(&probe, c.host("node-a").mac(), t, Duration::from_secs(20));
+    eprintln!(
+        "taint removed: back on node-a after {:?}: {o:?}",
+        t.elapsed()
+    );
+    assert_eq!(o.lost, 0, "the return: {o:?}");
+    assert_nothing_refused(&c);
+}
+
 /// The API server goes away; the preferred node's agent is killed and
 /// restarted as systemd does, and cannot reach the API. It must not be
 /// elected for what it cannot serve: its peers keep the VIP answering the

@@ -471,10 +471,19 @@ impl<B: AddressBackend + 'static> Agent<B> {
             return None;
         }
         // The drain first, and before the first view: a drained node that
-        // restarts never wins back what it gave up.
-        let drain = self.kube.drain();
+        // restarts never wins back what it gave up. The out-of-service
+        // taint on this node's Node drains it as `spec.drain` does.
+        let record = self.kube.drain();
+        let taint = self.kube.out_of_service();
+        let drain = record || taint;
         if self.drain_sent != drain {
             self.drain_sent = drain;
+            if taint && !record {
+                info!(
+                    taint = hostlb_api::annotations::OUT_OF_SERVICE_TAINT,
+                    "this node's Node is out of service: drained while the taint is there"
+                );
+            }
             self.kube.poke();
             return Some(Input::Drain(drain));
         }

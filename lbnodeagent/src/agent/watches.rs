@@ -18,10 +18,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use futures::StreamExt;
+use hostlb_api::annotations::OUT_OF_SERVICE_TAINT;
 use hostlb_api::snapshot::ObjectError;
 use hostlb_api::{IPAddressPool, L2Advertisement, NodeAgent};
 use k8s_openapi::api::core::v1::{
-    Node, NodeCondition, NodeStatus, Service, ServicePort, ServiceSpec,
+    Node, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec, Taint,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
@@ -50,6 +51,8 @@ pub struct KubeInputs {
     /// This node's own record, for its drain (the agent writes its status
     /// elsewhere, and reads no other record's spec).
     own_record: Store<NodeAgent>,
+    /// This node's name, for its Node's taint.
+    node: String,
     scope: Scope,
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
@@ -215,6 +218,7 @@ impl KubeInputs {
             pools,
             advertisements,
             own_record,
+            node: node.to_string(),
             scope: scope.clone(),
             shared,
             tasks,
@@ -272,6 +276,14 @@ impl KubeInputs {
     /// This node's record says `spec.drain` (no record: not drained).
     pub fn drain(&self) -> bool {
         self.own_record.state().iter().any(|r| r.spec.drain)
+    }
+
+    /// This node's Node carries the out-of-service taint: drained while
+    /// it does, as `spec.drain` would (see `hostlb_api::annotations`).
+    pub fn out_of_service(&self) -> bool {
+        self.nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(&self.node))
+            .is_some_and(|n| hostlb_api::annotations::out_of_service(&n))
     }
 
     /// Wakes [`KubeInputs::changed`] again, for what the loop left to its
@@ -429,7 +441,20 @@ fn trim_slice(e: &mut EndpointSlice) {
 /// which make most of a real Node object.
 fn trim_node(n: &mut Node) {
     slim(n);
-    n.spec = None;
+    // Of the spec, the out-of-service taint alone (the node's drain);
+    // a Node without it keeps no spec, so its digest is as before.
+    n.spec = n.spec.take().and_then(|spec| {
+        let taints: Vec<Taint> = spec
+            .taints
+            .into_iter()
+            .flatten()
+            .filter(|t| t.key == OUT_OF_SERVICE_TAINT)
+            .collect();
+        (!taints.is_empty()).then(|| NodeSpec {
+            taints: Some(taints),
+            ..NodeSpec::default()
+        })
+    });
     if let Some(status) = n.status.take() {
         n.status = Some(NodeStatus {
             addresses: status.addresses,
@@ -907,9 +932,23 @@ mod tests {
         let mut lean = node.clone();
         trim_node(&mut lean);
         assert_eq!(inputs::node_info(&lean), inputs::node_info(&node));
+        assert!(lean.spec.is_none(), "an untainted Node keeps no spec");
         let status = lean.status.unwrap();
         assert_eq!(status.addresses, node.status.as_ref().unwrap().addresses);
         assert!(status.images.is_none() && status.capacity.is_none());
+
+        // Of the taints, the out-of-service one alone: the node's drain.
+        let mut tainted = node.clone();
+        tainted.spec = serde_json::from_value(serde_json::json!({"taints": [
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+            {"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}
+        ]}))
+        .unwrap();
+        trim_node(&mut tainted);
+        assert!(hostlb_api::annotations::out_of_service(&tainted));
+        let taints = tainted.spec.unwrap().taints.unwrap();
+        assert_eq!(taints.len(), 1);
+        assert_eq!(taints[0].key, OUT_OF_SERVICE_TAINT);
     }
 
     fn slice(name: &str, service: Option<&str>, nodes: &[&str]) -> EndpointSlice {
