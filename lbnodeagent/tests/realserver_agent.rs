@@ -43,6 +43,21 @@ fn probe(c: &Cluster) -> ArpProbe {
     .unwrap()
 }
 
+/// Service `web` on [`VIP`] (with `extra` in its spec), and a client's
+/// probe of it once the preferred node holds it and alone answers.
+fn served_by_node_a(c: &Cluster, extra: &str) -> ArpProbe {
+    let probe = probe(c);
+    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], extra);
+    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
+    until_only(
+        &probe,
+        c.host("node-a").mac(),
+        Instant::now(),
+        Duration::from_secs(5),
+    );
+    probe
+}
+
 fn ready(c: &Cluster, node: &str) -> bool {
     c.http_get(node, "/readyz").0 == "200"
 }
@@ -62,15 +77,7 @@ fn assert_nothing_refused(c: &Cluster) {
 #[test]
 fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
     let Some(mut c) = three_nodes() else { return };
-    let probe = probe(&c);
-    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
-    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
-    until_only(
-        &probe,
-        c.host("node-a").mac(),
-        Instant::now(),
-        Duration::from_secs(5),
-    );
+    let probe = served_by_node_a(&c, "");
     wait_for("the announcing annotation", Duration::from_secs(15), || {
         (c.annotation("web", "hostlb.io/announcing-IPv4") == "node-a,eth0").then_some(())
     })
@@ -181,15 +188,7 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
 #[test]
 fn the_out_of_service_taint_drains_a_node_make_before_break() {
     let Some(c) = three_nodes() else { return };
-    let probe = probe(&c);
-    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
-    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
-    until_only(
-        &probe,
-        c.host("node-a").mac(),
-        Instant::now(),
-        Duration::from_secs(5),
-    );
+    let probe = served_by_node_a(&c, "");
 
     let t = Instant::now();
     c.kubectl(&[
@@ -257,15 +256,7 @@ fn the_out_of_service_taint_drains_a_node_make_before_break() {
 #[test]
 fn an_agent_restarted_during_an_api_outage_takes_nothing_it_cannot_serve() {
     let Some(mut c) = three_nodes() else { return };
-    let probe = probe(&c);
-    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
-    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
-    until_only(
-        &probe,
-        c.host("node-a").mac(),
-        Instant::now(),
-        Duration::from_secs(5),
-    );
+    let probe = served_by_node_a(&c, "");
 
     c.real.as_ref().unwrap().kill_apiserver();
     let down = Instant::now();
@@ -339,20 +330,7 @@ fn an_agent_restarted_during_an_api_outage_takes_nothing_it_cannot_serve() {
 #[test]
 fn what_changed_while_the_api_was_cut_off_arrives_at_its_return() {
     let Some(c) = three_nodes() else { return };
-    let probe = probe(&c);
-    c.service(
-        "web",
-        &[VIP],
-        &["node-a", "node-b", "node-c"],
-        "externalTrafficPolicy: Local",
-    );
-    assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
-    until_only(
-        &probe,
-        c.host("node-a").mac(),
-        Instant::now(),
-        Duration::from_secs(5),
-    );
+    let _probe = served_by_node_a(&c, "externalTrafficPolicy: Local");
     c.wait_ready(Duration::from_secs(30));
     // Dropped on the API host's wire, both ways; the test's own kubectl
     // stays on its loopback.

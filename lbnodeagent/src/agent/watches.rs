@@ -156,10 +156,7 @@ impl KubeInputs {
             spawn_watch(
                 Api::<Service>::all(client.clone()),
                 all(),
-                {
-                    let services = services.clone();
-                    move |e: &watcher::Event<Service>| services.apply(e)
-                },
+                services.sink(|s| Some(ServiceRecord::of(s))),
                 shared.clone(),
                 0,
                 whole,
@@ -521,10 +518,7 @@ impl ServiceRecords {
     /// Takes in one event of a watch of Services, as the agent's own watch
     /// does (for a watch of one's own: a bench, a test).
     pub fn apply(&self, e: &watcher::Event<Service>) {
-        self.0
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .apply(e, |s| Some(ServiceRecord::of(s)));
+        self.take(e, |s| Some(ServiceRecord::of(s)));
     }
 }
 
@@ -541,13 +535,16 @@ impl<T: Send + Sync + 'static> Records<T> {
         &self,
         record: fn(&K) -> Option<T>,
     ) -> impl FnMut(&watcher::Event<K>) + Send + use<T, K> {
-        let records = self.0.clone();
-        move |e| {
-            records
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .apply(e, record);
-        }
+        let records = self.clone();
+        move |e| records.take(e, record)
+    }
+
+    /// Takes in one watch event, each object as `record` makes it.
+    fn take<K: kube::Resource>(&self, e: &watcher::Event<K>, record: fn(&K) -> Option<T>) {
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .apply(e, record);
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Listed<T>> {
@@ -560,7 +557,7 @@ type ObjectKey = (Option<String>, String);
 
 /// One watch's objects by key, each as a value of its own (a record, a
 /// fingerprint).
-pub struct Listed<T> {
+struct Listed<T> {
     now: HashMap<ObjectKey, T>,
     /// A list under way: what it has brought so far.
     listing: Option<HashMap<ObjectKey, T>>,
