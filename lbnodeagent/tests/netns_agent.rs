@@ -25,10 +25,10 @@ fn three_nodes() -> Cluster {
     c
 }
 
-/// One MAC answers, from the host that holds the address, and the winner
-/// says so in the Service's annotation.
+/// One MAC answers, from the host that holds the address and that every
+/// agent elects.
 fn settled(c: &Cluster, probe: &ArpProbe, timeout: Duration) -> String {
-    let owner = c.wait_single_holder(VIP, timeout);
+    let owner = c.wait_elected_holder(VIP, timeout);
     let mac = c.host(&owner).mac().to_string();
     let t = Instant::now();
     probe

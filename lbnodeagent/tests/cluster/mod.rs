@@ -81,6 +81,16 @@ impl Drop for Alone {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A failed test shows what each running agent decided, beside its
+        // log: the members, their views and each VIP's winner.
+        if std::thread::panicking() {
+            let mut running: Vec<&String> = self.agents.keys().collect();
+            running.sort();
+            for n in running {
+                let (_, out, err) = self.agent_command(n, &["status"]);
+                eprintln!("----- {n} status -----\n{out}{err}");
+            }
+        }
         for (_, mut c) in std::mem::take(&mut self.agents) {
             let _ = c.kill();
             let _ = c.wait();
@@ -658,6 +668,49 @@ garp_interval = "200ms"
             (h.len() == 1).then(|| h[0].clone())
         })
         .unwrap_or_else(|e| panic!("{e}: holders now {:?}", self.holders(ip)))
+    }
+
+    /// The node every running agent names as `ip`'s winner in its
+    /// `/status`, when they all agree; `None` otherwise.
+    pub fn agreed_winner(&self, ip: &str) -> Option<String> {
+        let ip: std::net::IpAddr = ip.parse().ok()?;
+        let mut agreed: Option<String> = None;
+        for n in self.agents.keys() {
+            let (code, body) = self.http_get(n, "/status");
+            if code != "200" {
+                return None;
+            }
+            let doc: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let winner = doc["vips"]
+                .as_array()?
+                .iter()
+                .find(|v| v["ip"].as_str().and_then(|s| s.parse().ok()) == Some(ip))?["winner"]
+                .as_str()?
+                .to_string();
+            match &agreed {
+                Some(w) if *w != winner => return None,
+                _ => agreed = Some(winner),
+            }
+        }
+        agreed
+    }
+
+    /// Waits until exactly one agent holds `ip` and every running agent
+    /// names it the winner: the election has settled, not only the
+    /// kernels (a node may hold a VIP for a while whose winner's view is
+    /// behind, and hand it on when that view catches up).
+    pub fn wait_elected_holder(&self, ip: &str, timeout: Duration) -> String {
+        wait_for(&format!("one elected holder of {ip}"), timeout, || {
+            let h = self.holders(ip);
+            (h.len() == 1 && self.agreed_winner(ip).as_ref() == Some(&h[0])).then(|| h[0].clone())
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}: holders now {:?}, winner {:?}",
+                self.holders(ip),
+                self.agreed_winner(ip)
+            )
+        })
     }
 
     /// `n` Services `bulk-0..n` with one address each from `first` on
