@@ -18,7 +18,9 @@ use super::telemetry::Telemetry;
 use crate::addrs::{AddressBackend, Events, Interface, KernelEvent};
 
 impl<B: AddressBackend + 'static> Agent<B> {
-    pub(super) async fn kernel_event(&mut self, ev: KernelEvent) -> Option<Input> {
+    /// What a kernel event asks of the loop: an address gone is an input;
+    /// a change of links or carrier asks for a read of the links.
+    pub(super) fn kernel_event(&mut self, ev: KernelEvent) -> Option<Input> {
         match ev {
             KernelEvent::AddressRemoved(a) => Some(Input::AddressRemoved(a)),
             KernelEvent::CarrierLost { ifindex, interface } => {
@@ -27,17 +29,20 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 {
                     warn!(%interface, "carrier lost; releasing its VIPs");
                 }
-                Some(Input::Links(self.read_links().await))
+                self.link_reads.ask();
+                None
             }
             KernelEvent::CarrierRegained { interface, .. } => {
                 info!(%interface, "carrier back");
-                Some(Input::Links(self.read_links().await))
+                self.link_reads.ask();
+                None
             }
             KernelEvent::Resync => {
                 // Read by the worker, after the operations in flight, so
                 // that the read is not older than their results.
                 self.kernel.read();
-                Some(Input::Links(self.read_links().await))
+                self.link_reads.ask();
+                None
             }
         }
     }
@@ -57,9 +62,16 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
     }
 
+    /// The links read now, the loop waiting: only where the next step
+    /// must have them (a reload, which may create the virtual interface).
     pub(super) async fn read_links(&mut self) -> Links {
         let links = read_links(&*self.backend, &self.cfg, self.ensure_virtual).await;
         self.ensure_virtual = false;
+        self.links_read(links)
+    }
+
+    /// A read of the links, as the loop takes it: counted in telemetry.
+    pub(super) fn links_read(&self, links: Links) -> Links {
         note_announce_interface(&self.telemetry, &self.cfg, &links);
         let carrier = [links.announce_v4, links.announce_v6]
             .into_iter()
@@ -67,6 +79,80 @@ impl<B: AddressBackend + 'static> Agent<B> {
             .all(|i| links.by_index(i).is_some_and(|l| l.carrier));
         self.telemetry.carrier.store(carrier, Ordering::Relaxed);
         links
+    }
+}
+
+/// Reads of the links and routes, off the loop. A read waits for the
+/// kernel's RTNL lock, which any namespace's link changes take and which
+/// a busy host (another namespace being set up or torn down) may hold for
+/// seconds. Read in the loop, that wait held up everything behind it: a
+/// new owner's add was done, but its result, and so its announcement,
+/// waited 140 ms behind a read, while the old owner went on answering. Here
+/// the loop asks ([`LinkReads::ask`]) and goes on; the read comes back as
+/// an input of its own. Asks made while a read runs become one read after
+/// it, so a burst of kernel events costs two reads, not one each.
+pub(super) struct LinkReads {
+    ask: tokio::sync::watch::Sender<(u64, Arc<AgentConfig>)>,
+    results: mpsc::UnboundedReceiver<(u64, Links)>,
+    /// Bumped when the configuration changes: a read made under the old one
+    /// is dropped when it comes back.
+    generation: u64,
+    _task: crate::addrs::AbortOnDrop,
+}
+
+impl LinkReads {
+    pub(super) fn start<B: AddressBackend + 'static>(
+        backend: Arc<B>,
+        cfg: AgentConfig,
+    ) -> LinkReads {
+        let (ask, mut asked) = tokio::sync::watch::channel((0, Arc::new(cfg)));
+        let (done, results) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while asked.changed().await.is_ok() {
+                let (generation, cfg) = asked.borrow_and_update().clone();
+                let started = std::time::Instant::now();
+                let links = read_links(&*backend, &cfg, false).await;
+                if started.elapsed() >= super::SLOW_TURN {
+                    debug!(
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "slow read of the links"
+                    );
+                }
+                if done.send((generation, links)).is_err() {
+                    return;
+                }
+            }
+        });
+        LinkReads {
+            ask,
+            results,
+            generation: 0,
+            _task: crate::addrs::AbortOnDrop(task),
+        }
+    }
+
+    /// Asks for a read; it comes back from [`LinkReads::next`].
+    pub(super) fn ask(&self) {
+        self.ask.send_modify(|_| {});
+    }
+
+    /// Reads from now on follow `cfg`; those asked before are dropped.
+    pub(super) fn set_config(&mut self, cfg: &AgentConfig) {
+        self.generation += 1;
+        self.ask
+            .send_replace((self.generation, Arc::new(cfg.clone())));
+    }
+
+    /// The next read made under the configuration in force.
+    pub(super) async fn next(&mut self) -> Links {
+        loop {
+            match self.results.recv().await {
+                Some((generation, links)) if generation == self.generation => return links,
+                Some(_) => continue,
+                // The task ends only with this value.
+                None => std::future::pending::<()>().await,
+            }
+        }
     }
 }
 

@@ -4,14 +4,16 @@
 //! happened. One task, one `select!` ([`Agent::run`]) over the Kubernetes
 //! watches ([`watches`]), gossip views ([`crate::gossip::Membership`]),
 //! kernel address and link events ([`crate::addrs::Events`]), claims heard
-//! on the wire, the results of kernel operations, a one-second tick (links
-//! and routes, which raise no event), the core's own deadline, signals and
-//! `/status` requests. Each wake-up becomes one [`Input`]; the [`Actions`]
-//! of [`Core::step`] are carried out without waiting on any of them: kernel
+//! on the wire, the results of kernel operations, reads of the links and
+//! routes (asked for by a one-second tick, since routes raise no event, and
+//! by link events), the core's own deadline, signals and `/status`
+//! requests. Each wake-up becomes one [`Input`]; the [`Actions`] of
+//! [`Core::step`] are carried out without waiting on any of them: kernel
 //! operations go as one batch to a worker task that feeds the results back,
+//! links are read by a task of their own ([`kernel::LinkReads`]),
 //! announcements and probes are sent by tasks of their own, file writes run
 //! on blocking threads. So the loop serves its inputs while a thousand
-//! addresses are being added.
+//! addresses are being added, or while the kernel's RTNL lock is busy.
 //!
 //! The path of one VIP, from a Service to the kernel, is in `docs/agent.md`.
 
@@ -67,6 +69,9 @@ use wire::{Wire, send_each};
 /// Links and routes are re-read this often: route changes raise no event.
 const TICK: Duration = Duration::from_secs(1);
 /// systemd's watchdog is told the loop is turning at most this often.
+/// A loop turn at least this long is logged (at debug) with where its time
+/// went.
+const SLOW_TURN: Duration = Duration::from_millis(30);
 const WATCHDOG_EVERY: Duration = Duration::from_millis(500);
 /// The file `cleanup` reads peers from, in the run directory.
 pub const PEERS_FILE: &str = "peers";
@@ -162,6 +167,7 @@ pub struct Agent<B: AddressBackend + 'static> {
     conflict_seen: Option<(core::ConflictSeen, jiff::Timestamp)>,
     telemetry: Arc<Telemetry>,
     kernel: Kernel,
+    link_reads: kernel::LinkReads,
     /// Create the virtual interface at the next links refresh (at start,
     /// and after a reload changed its name); otherwise it is only looked up.
     ensure_virtual: bool,
@@ -242,20 +248,23 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     Input::Members(view)
                 }
                 ev = events.recv() => match ev {
-                    Some(ev) => match self.kernel_event(ev).await {
+                    Some(ev) => match self.kernel_event(ev) {
                         Some(input) => input,
                         None => continue,
                     },
                     None => {
                         warn!("kernel event stream ended; subscribing again");
                         events = self.resubscribe().await;
-                        Input::Links(self.read_links().await)
+                        self.link_reads.ask();
+                        continue;
                     }
                 },
                 _ = tick.tick() => {
                     self.on_tick();
-                    Input::Links(self.read_links().await)
+                    self.link_reads.ask();
+                    continue;
                 }
+                links = self.link_reads.next() => Input::Links(self.links_read(links)),
                 () = &mut wake => match self.wire.received() {
                     // Claims that arrived before the deadline first; the
                     // wake, still due, fires again after them.
@@ -328,15 +337,28 @@ impl<B: AddressBackend + 'static> Agent<B> {
         // agent at rest, and change nothing the record shows but isolation
         // and the last conflict, which `carry_out` checks itself.
         let shows = !matches!(input, Input::Beats(_) | Input::Claims(_));
+        let kind = input.kind();
         let started = Instant::now();
         let actions = self.core.step(started, input);
+        let stepped = started.elapsed();
         if timed {
             self.telemetry
                 .election_seconds
-                .observe(started.elapsed().as_secs_f64());
+                .observe(stepped.as_secs_f64());
         }
         let exit = actions.exit;
         self.carry_out(actions, shows).await;
+        // A new owner's announcement, and so an old owner's release, waits
+        // for whatever turn the loop is in: a slow one is worth a line.
+        let turn = started.elapsed();
+        if turn >= SLOW_TURN {
+            debug!(
+                input = kind,
+                step_ms = stepped.as_millis() as u64,
+                carried_out_ms = (turn - stepped).as_millis() as u64,
+                "slow loop turn"
+            );
+        }
         exit
     }
 

@@ -46,6 +46,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.cfg.gossip.key_file = new.gossip.key_file;
         self.cfg.firewall = new.firewall;
         self.config_hash = config_hash(&self.cfg);
+        self.link_reads.set_config(&self.cfg);
         info!(config = %self.config_path.display(), "config reloaded");
         let wire = self.core.settings().wire;
         Some(Input::Reloaded {

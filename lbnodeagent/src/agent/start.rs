@@ -13,7 +13,7 @@ use tracing::{debug, error, info, warn};
 use super::config::AgentConfig;
 use super::core::links::Links;
 use super::core::{Core, Settings, Unable};
-use super::kernel::{KernelThread, kernel_worker, note_announce_interface, read_links};
+use super::kernel::{KernelThread, LinkReads, kernel_worker, note_announce_interface, read_links};
 use super::telemetry::Telemetry;
 use super::watches::KubeInputs;
 use super::wire::open_wire;
@@ -131,6 +131,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         debug!(listen = %cfg.http_listen, "start: the HTTP endpoint listens");
         let firewall = super::firewall::start(telemetry.clone(), cfg.firewall);
         let kernel = kernel_worker(backend.clone(), kernel_thread, firewall.guard());
+        let link_reads = LinkReads::start(backend.clone(), cfg.clone());
         let config_hash = record::config_hash(&cfg);
         let beat_check = beats::BeatCheck::new(
             identity.clone(),
@@ -165,6 +166,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             conflict_seen: None,
             telemetry,
             kernel,
+            link_reads,
             ensure_virtual: false,
             cluster_sent: false,
             drain_sent: false,

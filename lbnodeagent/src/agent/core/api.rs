@@ -156,6 +156,29 @@ pub enum Input {
     Drain(bool),
 }
 
+impl Input {
+    /// Its kind, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Input::Cluster { .. } => "cluster",
+            Input::Endpoints { .. } => "endpoints",
+            Input::Members(_) => "members",
+            Input::Beats(_) => "beats",
+            Input::Links(_) => "links",
+            Input::Adopted(_) => "adopted",
+            Input::AddressRemoved(_) => "address removed",
+            Input::KernelOwned(_) => "kernel owned",
+            Input::Claims(_) => "claims",
+            Input::Done(_) => "done",
+            Input::Tick => "tick",
+            Input::Leave => "leave",
+            Input::Reloaded { .. } => "reloaded",
+            Input::Records(_) => "records",
+            Input::Drain(_) => "drain",
+        }
+    }
+}
+
 /// A second host seen answering for a VIP held (or about to be) here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConflictSeen {
