@@ -110,6 +110,9 @@ pub mod reasons {
     pub const ADDRESS_IN_USE: &str = "AddressInUse";
     /// A VIP held here that a host that is no hostlb node answers for too.
     pub const ADDRESS_CONFLICT: &str = "AddressConflict";
+    /// A VIP that moved to the node writing it: from which node, why, and
+    /// how long it may have been dark.
+    pub const MOVED: &str = "Moved";
 }
 
 /// Read a hostlb annotation, falling back to MetalLB's `metallb.io/` and then

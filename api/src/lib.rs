@@ -33,5 +33,5 @@ pub use scope::Scope;
 pub use selector::{LabelSelector, Selector, SelectorError};
 pub use v1::{
     IPAddressPool, IPAddressPoolSpec, L2Advertisement, L2AdvertisementSpec, NodeAgent,
-    NodeAgentConflict, NodeAgentInterface, NodeAgentStatus,
+    NodeAgentConflict, NodeAgentInterface, NodeAgentMove, NodeAgentStatus,
 };

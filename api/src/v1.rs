@@ -486,6 +486,29 @@ pub struct NodeAgentStatus {
     /// The last time another host answered for a VIP held here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_conflict: Option<NodeAgentConflict>,
+    /// The last VIPs that moved to this node from another, oldest first
+    /// (at most 8).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_moves: Vec<NodeAgentMove>,
+}
+
+/// A VIP that moved to the node writing the record.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAgentMove {
+    pub address: String,
+    /// The node that held it before.
+    pub from: String,
+    /// Why: `host-gone`, `stalled`, `shutdown`, `drain`, `not-a-candidate`
+    /// or `preference`.
+    pub cause: String,
+    /// For a host gone or stalled: from its last beat to this node holding
+    /// the address, the longest no host may have answered. Absent for a
+    /// planned move (make before break).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dark_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// One interface of a node, as its agent sees it.

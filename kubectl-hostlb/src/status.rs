@@ -32,6 +32,73 @@ pub struct ServiceRow {
     /// interfaces (both, `;`-separated, when some nodes have it on-link).
     pub ipv4: Option<String>,
     pub ipv6: Option<String>,
+    /// The last move of each address, as the node it moved to recorded it
+    /// (shown with `-o wide`).
+    pub last_moves: Vec<MoveRow>,
+}
+
+/// A VIP's move to another node, from that node's record.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MoveRow {
+    pub address: String,
+    pub from: String,
+    pub to: String,
+    pub cause: String,
+    /// How long no host may have answered (a host gone or stalled); `None`
+    /// for a planned move.
+    pub dark_ms: Option<i64>,
+    /// How long ago, as `kubectl get` prints ages.
+    pub age: String,
+    #[serde(skip)]
+    at: Option<i64>,
+}
+
+impl MoveRow {
+    /// `node-a -> node-b host-gone (dark 190ms) 2m`, as the wide table
+    /// prints it.
+    fn line(&self) -> String {
+        let dark = self
+            .dark_ms
+            .map(|d| format!(" (dark {d}ms)"))
+            .unwrap_or_default();
+        format!(
+            "{}: {} -> {} {}{dark} {}",
+            self.address, self.from, self.to, self.cause, self.age
+        )
+    }
+}
+
+/// The newest move of each of `addresses` in every agent's record.
+fn last_moves(fleet: &Fleet, addresses: &[IpAddr]) -> Vec<MoveRow> {
+    let mut rows: Vec<MoveRow> = Vec::new();
+    for agent in &fleet.agents {
+        let to = agent.metadata.name.clone().unwrap_or_default();
+        let Some(st) = &agent.status else { continue };
+        for m in &st.recent_moves {
+            let Ok(ip) = m.address.parse::<IpAddr>() else {
+                continue;
+            };
+            if !addresses.contains(&ip) {
+                continue;
+            }
+            let row = MoveRow {
+                address: ip.to_string(),
+                from: m.from.clone(),
+                to: to.clone(),
+                cause: m.cause.clone(),
+                dark_ms: m.dark_ms,
+                age: age(fleet.now, m.time.as_ref()),
+                at: m.time.as_ref().map(|t| t.0.as_millisecond()),
+            };
+            match rows.iter_mut().find(|r| r.address == row.address) {
+                Some(r) if r.at < row.at => *r = row,
+                Some(_) => {}
+                None => rows.push(row),
+            }
+        }
+    }
+    rows.sort_by_key(|r| addresses.iter().position(|a| a.to_string() == r.address));
+    rows
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -183,6 +250,7 @@ pub fn status(fleet: &Fleet, namespace: Option<&str>) -> StatusDoc {
                 pool: pool_of(fleet, s),
                 ipv4: on(Family::V4),
                 ipv6: on(Family::V6),
+                last_moves: last_moves(fleet, &addresses(s)),
             }
         })
         .collect();
@@ -256,12 +324,16 @@ pub fn render(doc: &StatusDoc, output: Output) -> String {
     if doc.services.is_empty() {
         out.push_str("none\n");
     } else {
+        let mut header = vec!["NAMESPACE", "NAME", "ADDRESSES", "POOL", "IPV4", "IPV6"];
+        if wide {
+            header.push("LAST MOVE");
+        }
         out.push_str(&table(
-            &["NAMESPACE", "NAME", "ADDRESSES", "POOL", "IPV4", "IPV6"],
+            &header,
             doc.services
                 .iter()
                 .map(|s| {
-                    vec![
+                    let mut row = vec![
                         s.namespace.clone(),
                         s.name.clone(),
                         if s.addresses.is_empty() {
@@ -272,7 +344,16 @@ pub fn render(doc: &StatusDoc, output: Output) -> String {
                         dash(&s.pool),
                         dash(&s.ipv4),
                         dash(&s.ipv6),
-                    ]
+                    ];
+                    if wide {
+                        let moves: Vec<String> = s.last_moves.iter().map(MoveRow::line).collect();
+                        row.push(if moves.is_empty() {
+                            "-".into()
+                        } else {
+                            moves.join("; ")
+                        });
+                    }
+                    row
                 })
                 .collect(),
         ));

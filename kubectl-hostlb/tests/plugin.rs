@@ -150,7 +150,12 @@ async fn objects(client: Client) {
                 "02:00:00:00:00:0a",
                 "Ready",
                 &now,
-                json!({"lastConflict": {"address": "10.77.0.101", "mac": "02:00:00:00:99:99", "outcome": "not-taken"}}),
+                json!({
+                    "lastConflict": {"address": "10.77.0.101", "mac": "02:00:00:00:99:99", "outcome": "not-taken"},
+                    // web's address came back to node-a, its preferred
+                    // node, after node-b had it.
+                    "recentMoves": [{"address": "10.77.0.100", "from": "node-b", "cause": "preference", "time": now}],
+                }),
             ),
         ),
         (
@@ -159,7 +164,13 @@ async fn objects(client: Client) {
                 "02:00:00:00:00:0b",
                 "Ready",
                 &now,
-                json!({"members": 2, "memberNames": ["node-a", "node-b"], "membersHash": "bbbbbbbbbbbb"}),
+                json!({
+                    "members": 2, "memberNames": ["node-a", "node-b"], "membersHash": "bbbbbbbbbbbb",
+                    "recentMoves": [
+                        {"address": "10.77.0.100", "from": "node-a", "cause": "host-gone", "darkMs": 190, "time": old},
+                        {"address": "10.77.0.101", "from": "node-c", "cause": "stalled", "darkMs": 240, "time": old},
+                    ],
+                }),
             ),
         ),
         (
@@ -219,11 +230,25 @@ fn status_shows_services_pools_and_the_agents_that_are_not_ready() {
             .any(|l| l.starts_with("node-c") && l.contains("Stale")),
         "{out}"
     );
-    // -o wide lists every agent, with version and config hash.
+    assert!(!out.contains("LAST MOVE"), "{out}");
+    // -o wide lists every agent, with version and config hash, and each
+    // address's last move as the node it moved to recorded it.
     let (_, wide, _) = b.run(&["status", "-o", "wide"]);
+    eprintln!("{wide}");
     assert!(
         wide.lines()
             .any(|l| l.starts_with("node-a") && l.contains("0123456789ab")),
+        "{wide}"
+    );
+    assert!(wide.contains("LAST MOVE"), "{wide}");
+    let web = wide.lines().find(|l| l.contains(" web ")).unwrap();
+    assert!(
+        web.contains("10.77.0.100: node-b -> node-a preference") && !web.contains("host-gone"),
+        "the newer move is shown: {wide}"
+    );
+    let zoo = wide.lines().find(|l| l.contains(" zoo ")).unwrap();
+    assert!(
+        zoo.contains("10.77.0.101: node-c -> node-b stalled (dark 240ms) 10m"),
         "{wide}"
     );
     // -o json is the same content, structured.
@@ -231,6 +256,8 @@ fn status_shows_services_pools_and_the_agents_that_are_not_ready() {
     let v: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["services"][1]["name"], "web", "{json}");
     assert_eq!(v["services"][1]["pool"], "default");
+    assert_eq!(v["services"][1]["last_moves"][0]["to"], "node-a", "{json}");
+    assert_eq!(v["services"][2]["last_moves"][0]["dark_ms"], 240, "{json}");
     assert_eq!(v["agents"][2]["state"], "Stale");
     // -n narrows the Services.
     let (_, none, _) = b.run(&["status", "-n", "kube-system"]);

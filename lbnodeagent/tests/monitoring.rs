@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lbnodeagent::agent::telemetry::Telemetry;
+use lbnodeagent::agent::telemetry::{CauseLabels, Telemetry};
 use lbnodeagent::gossip::AuthCounters;
 
 /// Every `PREFIX...` metric name in the monitoring files, without the
@@ -42,7 +42,11 @@ fn the_rules_and_dashboard_name_only_metrics_the_agent_exports() {
     t.beat_refused("unproved");
     t.op("add", true);
     t.takeover_seconds
+        .get_or_create(&CauseLabels { cause: "host-gone" })
         .observe(Duration::from_millis(150).as_secs_f64());
+    t.moves
+        .get_or_create(&CauseLabels { cause: "host-gone" })
+        .inc();
     t.set_gossip_counters(Arc::new(AuthCounters::default()));
     let exported = t.render();
     let used = names_used("hostlb_agent_");

@@ -44,6 +44,27 @@ fn settled(c: &Cluster, probe: &ArpProbe, timeout: Duration) -> String {
     owner
 }
 
+/// The last move `node`'s record shows, once it shows one: address, from,
+/// cause and how long it was dark.
+fn last_move(c: &Cluster, node: &str) -> (String, String, String, Option<u64>) {
+    wait_for(
+        &format!("{node}'s record to show a move"),
+        Duration::from_secs(10),
+        || {
+            let json = c.kubectl(&["get", "nodeagent", node, "-o", "json"]);
+            let v: serde_json::Value = serde_json::from_str(&json).ok()?;
+            let m = v["status"]["recentMoves"].as_array()?.last()?.clone();
+            Some((
+                m["address"].as_str()?.to_string(),
+                m["from"].as_str()?.to_string(),
+                m["cause"].as_str()?.to_string(),
+                m["darkMs"].as_u64(),
+            ))
+        },
+    )
+    .unwrap()
+}
+
 fn probe(c: &Cluster) -> ArpProbe {
     let client = c.host("client");
     let source = client.ipv4.to_string();
@@ -112,6 +133,21 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
     );
     wait_for("the annotation to follow", Duration::from_secs(10), || {
         (c.annotation("web", "hostlb.io/announcing-IPv4") == format!("{next},eth0")).then_some(())
+    })
+    .unwrap();
+    // The new owner explains the move: in its record and in an Event.
+    let moved = last_move(&c, &next);
+    assert_eq!(
+        (moved.0.as_str(), moved.1.as_str(), moved.2.as_str()),
+        (VIP, owner.as_str(), "shutdown"),
+        "{moved:?}"
+    );
+    assert_eq!(moved.3, None, "a planned move has no dark time");
+    let note = format!("{VIP} moved to {next} from {owner} (shutdown)");
+    wait_for("the move's Event", Duration::from_secs(10), || {
+        c.kubectl(&["get", "events", "-o", "jsonpath={.items[*].message}"])
+            .contains(&note)
+            .then_some(())
     })
     .unwrap();
 
@@ -773,6 +809,16 @@ fn a_restart_without_carrier_drops_the_old_addresses() {
         c.holders(VIP).into_iter().find(|n| *n != owner)
     })
     .unwrap();
+    // The new owner saw the old one go silent, then gone: a fault, with
+    // the time from its last beat to the address held here.
+    let moved = last_move(&c, &next);
+    eprintln!("{next}'s record: {moved:?}");
+    assert_eq!((moved.0.as_str(), moved.1.as_str()), (VIP, owner.as_str()));
+    assert!(
+        ["host-gone", "stalled"].contains(&moved.2.as_str()),
+        "{moved:?}"
+    );
+    assert!(moved.3.is_some_and(|d| d > 0), "{moved:?}");
     c.start(&owner);
     wait_for(
         "the isolated host to drop the old address",

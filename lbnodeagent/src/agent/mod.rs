@@ -165,6 +165,8 @@ pub struct Agent<B: AddressBackend + 'static> {
     config_hash: String,
     /// The core's last conflict, and when it was seen.
     conflict_seen: Option<(core::ConflictSeen, jiff::Timestamp)>,
+    /// The last moves of VIPs to this node, oldest first, for the record.
+    moves: std::collections::VecDeque<(core::Move, jiff::Timestamp)>,
     telemetry: Arc<Telemetry>,
     kernel: Kernel,
     link_reads: kernel::LinkReads,
@@ -433,8 +435,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
                         self.records.ask();
                     }
                 }
-                Metric::Takeover(d) => {
-                    self.telemetry.takeover_seconds.observe(d.as_secs_f64());
+                Metric::Takeover(cause, d) => {
+                    self.telemetry
+                        .takeover_seconds
+                        .get_or_create(&telemetry::CauseLabels {
+                            cause: cause.as_str(),
+                        })
+                        .observe(d.as_secs_f64());
                 }
                 Metric::Elected => {
                     self.telemetry.elections.inc();
@@ -464,6 +471,22 @@ impl<B: AddressBackend + 'static> Agent<B> {
             shows = true;
         }
         self.write_peers();
+        if !a.moves.is_empty() {
+            let now = jiff::Timestamp::now();
+            for m in a.moves {
+                self.telemetry
+                    .moves
+                    .get_or_create(&telemetry::CauseLabels {
+                        cause: m.cause.as_str(),
+                    })
+                    .inc();
+                if self.moves.len() == record::MAX_MOVES {
+                    self.moves.pop_front();
+                }
+                self.moves.push_back((m, now));
+            }
+            shows = true;
+        }
         if let Some(c) = self.core.last_conflict()
             && self.conflict_seen.as_ref().map(|(s, _)| s) != Some(c)
         {

@@ -74,6 +74,8 @@ pub use hostlb_api::v1::HEARTBEAT_SKEW_SECS;
 pub const MAX_NAMES: usize = 256;
 pub const MAX_VIPS: usize = 64;
 pub const MAX_INVALID: usize = 32;
+/// Moves of VIPs to this node kept in its record.
+pub const MAX_MOVES: usize = 8;
 
 /// State values.
 pub const STARTING: &str = "Starting";
@@ -541,7 +543,7 @@ pub async fn write_status(
 impl<B: AddressBackend + 'static> Agent<B> {
     /// This node's record as it should read now.
     pub(super) fn record(&self) -> hostlb_api::NodeAgentStatus {
-        use hostlb_api::{NodeAgentConflict, NodeAgentInterface};
+        use hostlb_api::{NodeAgentConflict, NodeAgentInterface, NodeAgentMove};
         let not_ready = self.telemetry.not_ready();
         let state = match not_ready {
             None => READY,
@@ -616,6 +618,17 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     outcome: c.outcome.as_str().to_string(),
                     time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(*at)),
                 }),
+            recent_moves: self
+                .moves
+                .iter()
+                .map(|(m, at)| NodeAgentMove {
+                    address: m.ip.to_string(),
+                    from: m.from.clone(),
+                    cause: m.cause.as_str().to_string(),
+                    dark_ms: m.dark.map(|d| d.as_millis() as i64),
+                    time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(*at)),
+                })
+                .collect(),
         }
     }
 }

@@ -164,6 +164,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             publisher,
             config_hash,
             conflict_seen: None,
+            moves: std::collections::VecDeque::new(),
             telemetry,
             kernel,
             link_reads,

@@ -39,6 +39,16 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: &'static str,
+}
+
+/// The takeover histogram's buckets (seconds).
+fn takeover_histogram() -> Histogram {
+    Histogram::new([0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0])
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
     pub op: &'static str,
     pub result: &'static str,
@@ -76,7 +86,11 @@ pub struct Telemetry {
     pub elections: Counter,
     pub election_seconds: Histogram,
     pub address_ops: Family<OpLabels, Counter>,
-    pub takeover_seconds: Histogram,
+    /// From an owner's last beat to this node holding its VIP, by the
+    /// move's cause (a host gone or stalled).
+    pub takeover_seconds: Family<CauseLabels, Histogram, fn() -> Histogram>,
+    /// VIPs that moved here from another node, by cause.
+    pub moves: Family<CauseLabels, Counter>,
     pub object_errors: Gauge,
     pub events_dropped: Counter,
     /// Beats in a node's name that it did not prove, by why.
@@ -128,7 +142,8 @@ impl Telemetry {
             elections: Counter::default(),
             election_seconds: Histogram::new(buckets),
             address_ops: Family::default(),
-            takeover_seconds: Histogram::new([0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0]),
+            takeover_seconds: Family::new_with_constructor(takeover_histogram),
+            moves: Family::default(),
             object_errors: Gauge::default(),
             events_dropped: Counter::default(),
             beats_refused: Family::default(),
@@ -224,8 +239,13 @@ impl Telemetry {
         );
         registry.register(
             "takeover_seconds",
-            "From a member's loss in the gossip view to this node holding one of its VIPs",
+            "From the last beat of an owner gone or stalled to this node holding one of its VIPs, by cause",
             t.takeover_seconds.clone(),
+        );
+        registry.register(
+            "vip_moves",
+            "VIPs that moved to this node from another, by cause",
+            t.moves.clone(),
         );
         registry.register(
             "object_errors",

@@ -275,10 +275,68 @@ pub enum Metric {
     Op { op: OpName, ok: bool },
     /// A second owner seen on the wire.
     Conflict(ConflictKind),
-    /// From a member's loss to this node holding one of its VIPs.
-    Takeover(Duration),
+    /// From the last beat heard from an owner gone or silent to this node
+    /// holding one of its VIPs, by the move's cause.
+    Takeover(MoveCause, Duration),
     /// The election was updated.
     Elected,
+}
+
+/// Why a VIP came to this node from another, as this node judged when it
+/// took it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MoveCause {
+    /// Gossip lost the previous holder: its host is gone or cut off.
+    Gone,
+    /// The previous holder's beats stopped while gossip still showed it:
+    /// a stalled agent or host.
+    Silent,
+    /// The previous holder shut down (its leaving beat).
+    Leaving,
+    /// The previous holder is drained (`spec.drain` or the out-of-service
+    /// taint on its Node).
+    Drained,
+    /// The previous holder can no longer serve the address: its carrier,
+    /// its interface, or the objects (node selector, endpoints) left it
+    /// out.
+    Ineligible,
+    /// The previous holder could still serve it, but this node ranks
+    /// first: a preferred node came back or gained preference.
+    Preference,
+}
+
+impl MoveCause {
+    /// As metrics, Events and the NodeAgent record name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveCause::Gone => "host-gone",
+            MoveCause::Silent => "stalled",
+            MoveCause::Leaving => "shutdown",
+            MoveCause::Drained => "drain",
+            MoveCause::Ineligible => "not-a-candidate",
+            MoveCause::Preference => "preference",
+        }
+    }
+
+    /// A fault took the VIP from its holder: no host may have answered for
+    /// a while. Otherwise the move was planned, make before break.
+    pub fn is_fault(self) -> bool {
+        matches!(self, MoveCause::Gone | MoveCause::Silent)
+    }
+}
+
+/// A VIP that came to this node from another, reported when it is held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub ip: IpAddr,
+    /// The node that last published it held.
+    pub from: String,
+    pub cause: MoveCause,
+    /// From the last beat (or, unwatched, the gossip loss) of a holder
+    /// gone or silent to this node holding the address: how long no host
+    /// may have answered, as this node measured it. `None` for a planned
+    /// move, where the old holder answers until the new one does.
+    pub dark: Option<Duration>,
 }
 
 /// What the shell must do after a step.
@@ -321,6 +379,8 @@ pub struct Actions {
     pub read_kernel: bool,
     /// The firewall to put in force, when it changed.
     pub firewall: Option<crate::model::FirewallPlan>,
+    /// VIPs this node now holds that another held before.
+    pub moves: Vec<Move>,
 }
 
 /// Whom this node beats, and what its beats say (see [`sessions`]).

@@ -125,7 +125,7 @@ impl Core {
                 if fresh {
                     info!(%ip, interface = %want.vip.interface, prefix_len = want.vip.prefix_len,
                         mode = ?want.mode, "acquired");
-                    self.observe_takeover(ip, now, out);
+                    self.observe_move(ip, now, out);
                     let (reason, note) = match want.mode {
                         Mode::Local => (
                             reasons::ANNOUNCING_LOCAL,

@@ -62,6 +62,7 @@ mod isolation;
 mod kernel;
 pub mod links;
 mod membership;
+pub mod moves;
 mod orphans;
 mod outputs;
 mod own;
@@ -93,7 +94,8 @@ use sessions::{Lapse, Sessions};
 
 pub use api::{
     Actions, AgentRecord, Announcing, BeatPlan, ConflictKind, ConflictOutcome, ConflictSeen,
-    EventRequest, Input, Metric, OpError, OpKind, OpName, OpResult, Relay, Settings, Unable,
+    EventRequest, Input, Metric, Move, MoveCause, OpError, OpKind, OpName, OpResult, Relay,
+    Settings, Unable,
 };
 use slot::{Held, State};
 
@@ -190,6 +192,8 @@ pub struct Core {
     /// Membership as gossip reports it and as this node acts on it.
     membership: membership::Membership,
     sessions: Sessions,
+    /// The move Events told, per VIP.
+    move_notes: moves::MoveNotes,
     /// Which owners this node watches for silence, and when that is
     /// worked out again.
     watching: watching::Watching,
@@ -229,6 +233,7 @@ impl Core {
             links,
             membership: membership::Membership::new(),
             sessions: Sessions::default(),
+            move_notes: moves::MoveNotes::default(),
             watching: watching::Watching::new(now),
             vips: vips::Vips::default(),
             orphans: orphans::Orphans::default(),

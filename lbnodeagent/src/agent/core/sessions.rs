@@ -156,9 +156,16 @@ pub struct Sessions {
     /// it goes silent (that is when it is needed) until [`LAPSE_KEPT`]
     /// after its last address.
     lapses: BTreeMap<String, Lapse>,
+    /// When each peer's last beat came, watched or not, for a move's
+    /// record: how long its VIPs may have been dark when one is taken.
+    /// Forgotten [`HEARD_KEPT`] after.
+    last_beat: BTreeMap<String, Instant>,
     /// [`Sessions::plan`] changed since [`Sessions::take_changed`].
     changed: bool,
 }
+
+/// How long a peer's last beat is remembered.
+const HEARD_KEPT: Duration = Duration::from_secs(60);
 
 /// Whom to beat, as [`Sessions::plan`] says: node names.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -195,6 +202,12 @@ impl Sessions {
     pub fn heard(&mut self, beat: Beat, now: Instant) -> bool {
         if let Some(silent) = beat.silent {
             return self.relayed(silent, now);
+        }
+        match self.last_beat.get_mut(&beat.node) {
+            Some(t) => *t = now,
+            None => {
+                self.last_beat.insert(beat.node.clone(), now);
+            }
         }
         match beat.lapse {
             Some(l) => {
@@ -252,6 +265,8 @@ impl Sessions {
             .retain(|_, t| now.saturating_duration_since(*t) < WATCHER_TTL);
         self.changed |= self.watchers.len() != before;
         self.lapses.retain(|_, l| now < l.last + LAPSE_KEPT);
+        self.last_beat
+            .retain(|_, t| now.saturating_duration_since(*t) < HEARD_KEPT);
         let changed = !new.is_empty() || lifted;
         (new, changed)
     }
@@ -297,6 +312,11 @@ impl Sessions {
             .map(|h| h + BEAT_MISS)
             .chain(self.relayed.values().copied())
             .min()
+    }
+
+    /// When `node`'s last beat came, within the last minute.
+    pub fn last_beat(&self, node: &str) -> Option<Instant> {
+        self.last_beat.get(node).copied()
     }
 
     /// When `node`'s addresses lapse, as it (or a relay) last said.

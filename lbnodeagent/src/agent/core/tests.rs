@@ -297,6 +297,12 @@ impl Node {
     /// Starts with the cluster known and peers in view, and runs until it
     /// is ready, returning what it held then.
     fn running(&mut self, cluster: Cluster, peers: Vec<MemberInfo>) -> BTreeSet<IpAddr> {
+        self.ready(cluster, peers);
+        self.core.held().map(|(ip, _)| *ip).collect()
+    }
+
+    /// [`Node::running`], giving the actions of the step that made it ready.
+    fn ready(&mut self, cluster: Cluster, peers: Vec<MemberInfo>) -> Actions {
         let me = self.core.node().to_string();
         self.hears(cluster, view(&me, peers, Vec::new()));
         self.advance(INTERVAL * 3);
@@ -312,8 +318,7 @@ impl Node {
         let a = self.unanswered(a);
         let a = self.done(&a);
         assert!(self.core.is_ready());
-        let _ = a;
-        self.core.held().map(|(ip, _)| *ip).collect()
+        a
     }
 }
 
@@ -3903,4 +3908,135 @@ fn the_status_page_shows_whose_view_is_older() {
 #[test]
 fn a_late_answer_after_only_the_leaving_beat_does_not_take_the_vip_away() {
     late_answer_after_leaving(Status::Alive);
+}
+
+/// A VIP taken from a crashed holder is recorded as moved from it because
+/// its host is gone, with how long it may have been dark (from when gossip
+/// lost it, here, as no beat of it was heard), in the takeover metric by
+/// that cause and in one warning Event on its Service.
+#[test]
+fn a_vip_taken_from_a_host_gone_is_recorded_with_how_long_it_was_dark() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let held = a.running(
+        cluster(&[v]),
+        vec![
+            peer("b", Status::Alive, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    assert!(held.is_empty(), "b wins while it lives");
+    a.advance(Duration::from_secs(1));
+    let lost = a.now;
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![peer("c", Status::Alive, &[], 1)],
+        vec![peer("b", Status::Alive, &[v], 1)],
+    )));
+    let act = a.unanswered(act);
+    assert!(
+        act.moves.is_empty(),
+        "recorded once held, not when asked for"
+    );
+    let act = a.done(&act);
+    let dark = a.now - lost;
+    assert!(dark >= PRECHECK, "the pre-check's window is dark too");
+    assert_eq!(
+        act.moves,
+        vec![Move {
+            ip: v,
+            from: "b".into(),
+            cause: MoveCause::Gone,
+            dark: Some(dark),
+        }]
+    );
+    assert!(
+        act.metrics
+            .contains(&Metric::Takeover(MoveCause::Gone, dark)),
+        "{:?}",
+        act.metrics
+    );
+    let moved: Vec<&EventRequest> = act
+        .events
+        .iter()
+        .filter(|e| e.reason == hostlb_api::annotations::reasons::MOVED)
+        .collect();
+    assert_eq!(moved.len(), 1, "{:?}", act.events);
+    assert!(moved[0].warning && moved[0].service == "ns/s0");
+    assert!(
+        moved[0].note.starts_with(&format!(
+            "10.0.1.1 moved to a from b (host-gone): no host answered for it for up to {} ms",
+            dark.as_millis()
+        )),
+        "{}",
+        moved[0].note
+    );
+}
+
+/// VIPs handed over by a holder that shuts down, or taken by a node that
+/// ranks first from a holder that could keep them, are planned moves:
+/// recorded with their cause, no dark time, and a Normal Event.
+#[test]
+fn a_planned_move_is_recorded_with_its_cause_and_no_dark_time() {
+    let v = ip("10.0.1.1");
+    // b shuts down while it holds v: a, next, takes it.
+    let mut a = Node::new("a");
+    a.running(
+        cluster(&[v]),
+        vec![
+            peer("b", Status::Alive, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    a.advance(Duration::from_secs(1));
+    let act = a.step(Input::Members(view(
+        "a",
+        vec![
+            peer("b", Status::Leaving, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+        Vec::new(),
+    )));
+    let act = a.unanswered(act);
+    let act = a.done(&act);
+    assert_eq!(
+        act.moves
+            .iter()
+            .map(|m| (m.cause, m.dark))
+            .collect::<Vec<_>>(),
+        vec![(MoveCause::Leaving, None)]
+    );
+    assert!(
+        !act.metrics
+            .iter()
+            .any(|m| matches!(m, Metric::Takeover(..))),
+        "no takeover time for a planned move"
+    );
+    let event = act
+        .events
+        .iter()
+        .find(|e| e.reason == hostlb_api::annotations::reasons::MOVED)
+        .expect("a move Event");
+    assert!(!event.warning, "{event:?}");
+    assert!(
+        event
+            .note
+            .ends_with("(shutdown): make before break: b answered until a did"),
+        "{}",
+        event.note
+    );
+
+    // c held it while a and b were away; a comes back, ranks before c,
+    // and takes it: c could have kept it.
+    let mut a = Node::new("a");
+    let act = a.ready(cluster(&[v]), vec![peer("c", Status::Alive, &[v], 1)]);
+    assert_eq!(
+        act.moves,
+        vec![Move {
+            ip: v,
+            from: "c".into(),
+            cause: MoveCause::Preference,
+            dark: None,
+        }]
+    );
 }

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::time::Instant;
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::model::Claim;
 use crate::model::{Lifetime, Status};
@@ -16,8 +16,8 @@ use super::links::{Mode, Want};
 use super::reason::LetGo;
 use super::slot::{Garp, HeldOp, Slot};
 use super::{
-    Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, HANDOVER_MAX, Metric, Phase,
-    TAKEOVER_WINDOW,
+    Actions, ConflictKind, ConflictOutcome, ConflictSeen, Core, HANDOVER_MAX, Metric, Move,
+    MoveCause, Phase, TAKEOVER_WINDOW,
 };
 
 impl Core {
@@ -431,17 +431,67 @@ impl Core {
         }
     }
 
-    pub(super) fn observe_takeover(&mut self, ip: IpAddr, now: Instant, out: &mut Actions) {
-        // The previous holder per gossip, if it is one we saw go.
-        let from = self
+    /// A VIP just held here that another node published held before: why
+    /// it moved and how long it may have been dark, for the move's record
+    /// (`Actions::moves`), its Event and the takeover metric. Judged from
+    /// what this node knows of the previous holder now.
+    pub(super) fn observe_move(&mut self, ip: IpAddr, now: Instant, out: &mut Actions) {
+        let Some(from) = self
             .conflicts
             .last_holder(ip)
-            .and_then(|n| self.membership.lost_at(n));
-        if let Some(t) = from
-            && now.saturating_duration_since(t) < TAKEOVER_WINDOW
-        {
-            out.metrics
-                .push(Metric::Takeover(now.saturating_duration_since(t)));
+            .filter(|n| *n != self.settings.node)
+            .map(str::to_string)
+        else {
+            return;
+        };
+        let shown = self.membership.gossip().node(&from);
+        let leaving = self.membership.left(&from)
+            || self.membership.left_lately(&from, now)
+            || shown.is_some_and(|m| m.status == crate::model::Status::Leaving);
+        let cause = if leaving {
+            MoveCause::Leaving
+        } else if shown.is_none() {
+            MoveCause::Gone
+        } else if self.sessions.is_suspect(&from) {
+            MoveCause::Silent
+        } else if shown.is_some_and(|m| m.drained) {
+            MoveCause::Drained
+        } else if self.election.eligible(ip, &from) == Some(false) {
+            MoveCause::Ineligible
+        } else {
+            MoveCause::Preference
+        };
+        let dark = cause.is_fault().then(|| {
+            let last = self
+                .sessions
+                .last_beat(&from)
+                .or_else(|| self.membership.lost_at(&from))
+                .filter(|t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW);
+            last.map(|t| now.saturating_duration_since(t))
+        });
+        let dark = dark.flatten();
+        if let Some(d) = dark {
+            out.metrics.push(Metric::Takeover(cause, d));
         }
+        info!(%ip, %from, cause = cause.as_str(), dark_ms = dark.map(|d| d.as_millis() as u64),
+            "moved here");
+        if let Some(note) = self
+            .move_notes
+            .note(ip, &self.settings.node, &from, cause, dark, now)
+        {
+            self.event_for(
+                ip,
+                cause.is_fault(),
+                hostlb_api::annotations::reasons::MOVED,
+                note,
+                out,
+            );
+        }
+        out.moves.push(Move {
+            ip,
+            from,
+            cause,
+            dark,
+        });
     }
 }

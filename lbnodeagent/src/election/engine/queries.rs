@@ -47,6 +47,16 @@ impl Election {
         })
     }
 
+    /// Whether `node` may serve `ip` at all by the cluster objects and its
+    /// links (liveness and drains aside); `None` when either is unknown.
+    pub fn eligible(&self, ip: IpAddr, node: &str) -> Option<bool> {
+        let v = *self.vip_of.get(&ip)?;
+        let id = *self.slot_of.get(node)?;
+        let class = &self.c.classes[self.c.vips[v].class?];
+        let facts = self.c.slots[id as usize].node.as_ref()?;
+        Some(class.eligible.get(id as usize).copied().unwrap_or(false) && facts.veto.is_none())
+    }
+
     /// Live members as the engine has them, by name.
     /// Whether `name` is a Node of the cluster (not only a gossip member).
     pub fn is_node(&self, name: &str) -> bool {
