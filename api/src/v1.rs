@@ -273,6 +273,13 @@ pub struct L2AdvertisementSpec {
     /// weight and are elected first; the others remain failover candidates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preferred_node_selectors: Vec<PreferredNodeSelector>,
+    /// A cordoned node (`spec.unschedulable`, `kubectl cordon`) counts as
+    /// drained for this advertisement's addresses: elected after every
+    /// node that is not, so they leave it make before break, and stay
+    /// only where no other node can serve them. Off by default: a cordon
+    /// stops new pods, not the traffic to the ones that run.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub drain_cordoned_nodes: bool,
 }
 
 impl L2AdvertisementSpec {
@@ -499,8 +506,8 @@ pub struct NodeAgentMove {
     pub address: String,
     /// The node that held it before.
     pub from: String,
-    /// Why: `host-gone`, `stalled`, `shutdown`, `drain`, `not-a-candidate`
-    /// or `preference`.
+    /// Why: `host-gone`, `stalled`, `shutdown`, `drain`, `cordon`,
+    /// `not-a-candidate` or `preference`.
     pub cause: String,
     /// For a host gone or stalled: from its last beat to this node holding
     /// the address, the longest no host may have answered. Absent for a

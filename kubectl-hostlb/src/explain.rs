@@ -141,8 +141,17 @@ pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc,
 }
 
 /// Each node in maintenance, and why: the out-of-service taint (its agent
-/// drains it while the taint is there) or its record's drain.
+/// drains it while the taint is there), its record's drain, or a cordon
+/// where advertisements count it (named, as the cordon drains only their
+/// addresses).
 fn maintenance(fleet: &Fleet) -> Vec<String> {
+    let mut counting: Vec<&str> = fleet
+        .advertisements
+        .iter()
+        .filter(|a| a.spec.drain_cordoned_nodes)
+        .filter_map(|a| a.metadata.name.as_deref())
+        .collect();
+    counting.sort();
     let mut out: Vec<String> = fleet
         .nodes
         .iter()
@@ -158,6 +167,15 @@ fn maintenance(fleet: &Fleet) -> Vec<String> {
                 Some(format!(
                     "{name}: drained (kubectl hostlb drain): elected after every node that is not"
                 ))
+            } else if n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+                Some(if counting.is_empty() {
+                    format!("{name}: cordoned; no advertisement counts a cordon, so it serves as before")
+                } else {
+                    format!(
+                        "{name}: cordoned: drained for the addresses of {} (drainCordonedNodes), elected after every node that is not",
+                        counting.join(", ")
+                    )
+                })
             } else {
                 None
             }

@@ -341,6 +341,41 @@ fn explain_computes_the_election_and_judges_the_annotation() {
         "{out}"
     );
 
+    // A cordon counts only where an advertisement says so, and explain
+    // says which.
+    b.api(|client| async move {
+        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+        api.patch(
+            "node-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    });
+    let (_, out, _) = b.run(&["explain", "svc/web"]);
+    assert!(
+        out.contains(
+            "  - node-a: cordoned; no advertisement counts a cordon, so it serves as before"
+        ),
+        "{out}"
+    );
+    b.api(|client| async move {
+        let api: Api<hostlb_api::L2Advertisement> = Api::namespaced(client, "hostlb-system");
+        api.patch(
+            "main",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"drainCordonedNodes": true}})),
+        )
+        .await
+        .unwrap();
+    });
+    let (_, out, _) = b.run(&["explain", "svc/web"]);
+    assert!(
+        out.contains("  - node-a: cordoned: drained for the addresses of main (drainCordonedNodes), elected after every node that is not"),
+        "{out}"
+    );
+
     let (code, _, err) = b.run(&["explain", "web"]);
     assert_eq!(code, 2);
     assert!(err.contains("expected svc/NAME"), "{err}");

@@ -57,6 +57,7 @@ fn cluster(preferences: bool) -> Cluster {
                 labels: labels(&l),
                 network_unavailable: false,
                 addresses: Vec::new(),
+                cordoned: false,
             }
         })
         .collect();

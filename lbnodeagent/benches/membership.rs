@@ -361,6 +361,7 @@ fn watches(n: usize, down: &BTreeSet<usize>) -> Watches {
                 labels: Labels::new(),
                 network_unavailable: false,
                 addresses: Vec::new(),
+                cordoned: false,
             })
             .collect(),
         pools: vec![Pool {

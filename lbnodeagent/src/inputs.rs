@@ -46,6 +46,11 @@ pub fn node_info(node: &Node) -> NodeInfo {
         labels: labels(&node.metadata),
         network_unavailable,
         addresses: node_addresses(node),
+        cordoned: node
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false),
     }
 }
 
@@ -125,6 +130,7 @@ pub fn advertisement(ad: &L2Advertisement, errors: &mut Vec<ObjectError>) -> Opt
         service_selectors: parse_list("spec.serviceSelectors", &spec.service_selectors).ok()?,
         interfaces: spec.interfaces.clone(),
         preferences,
+        drain_cordoned: spec.drain_cordoned_nodes,
     })
 }
 

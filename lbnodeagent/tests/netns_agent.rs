@@ -1997,3 +1997,67 @@ fn an_ipv6_vip_answers_unicast_nud_and_joins_its_solicited_node_group() {
         down_at.elapsed().as_millis()
     );
 }
+
+/// A cordon is not a drain: cordoning the owner moves nothing until the
+/// advertisement counts cordons; then its VIP leaves make before break
+/// (no probe lost), the new owner records the move as a cordon, and after
+/// the uncordon it comes back the same way.
+#[test]
+fn a_cordon_drains_a_node_only_where_the_advertisement_says_so() {
+    let c = three_nodes();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    let owner_mac = c.host(&owner).mac().to_string();
+    let cordon = |on: bool| {
+        c.kubectl(&[
+            "patch",
+            "node",
+            &owner,
+            "-p",
+            &format!(r#"{{"spec":{{"unschedulable":{on}}}}}"#),
+        ]);
+    };
+    cordon(true);
+    // Long enough for every agent to have the cordoned Node in its view.
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        probe.macs_between(t, Instant::now()),
+        vec![owner_mac.clone()],
+        "a cordon alone moves nothing"
+    );
+
+    let t = Instant::now();
+    c.kubectl(&[
+        "patch",
+        "l2advertisement",
+        "ad",
+        "-n",
+        "hostlb-system",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"drainCordonedNodes":true}}"#,
+    ]);
+    let next = wait_for("another owner", Duration::from_secs(10), || {
+        c.holders(VIP)
+            .into_iter()
+            .find(|n| *n != owner && c.holders(VIP).len() == 1)
+    })
+    .unwrap();
+    let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(10));
+    eprintln!("cordon counted: moved to {next}, {o:?}");
+    assert_eq!(o.lost, 0, "make before break: {o:?}");
+    let moved = last_move(&c, &next);
+    assert_eq!(
+        (moved.0.as_str(), moved.1.as_str(), moved.2.as_str()),
+        (VIP, owner.as_str(), "cordon"),
+        "{moved:?}"
+    );
+
+    let t = Instant::now();
+    cordon(false);
+    let o = until_only(&probe, &owner_mac, t, Duration::from_secs(10));
+    eprintln!("uncordoned: back on {owner}, {o:?}");
+    assert_eq!(o.lost, 0, "make before break: {o:?}");
+}

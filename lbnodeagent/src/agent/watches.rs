@@ -438,8 +438,9 @@ fn trim_slice(e: &mut EndpointSlice) {
 /// which make most of a real Node object.
 fn trim_node(n: &mut Node) {
     slim(n);
-    // Of the spec, the out-of-service taint alone (the node's drain);
-    // a Node without it keeps no spec, so its digest is as before.
+    // Of the spec, the out-of-service taint (the node's drain) and the
+    // cordon (a drain where an advertisement says so) alone; a Node with
+    // neither keeps no spec, so its digest is as before.
     n.spec = n.spec.take().and_then(|spec| {
         let taints: Vec<Taint> = spec
             .taints
@@ -447,8 +448,10 @@ fn trim_node(n: &mut Node) {
             .flatten()
             .filter(|t| t.key == OUT_OF_SERVICE_TAINT)
             .collect();
-        (!taints.is_empty()).then(|| NodeSpec {
-            taints: Some(taints),
+        let cordoned = spec.unschedulable == Some(true);
+        (!taints.is_empty() || cordoned).then(|| NodeSpec {
+            taints: (!taints.is_empty()).then_some(taints),
+            unschedulable: cordoned.then_some(true),
             ..NodeSpec::default()
         })
     });
@@ -946,6 +949,23 @@ mod tests {
         let taints = tainted.spec.unwrap().taints.unwrap();
         assert_eq!(taints.len(), 1);
         assert_eq!(taints[0].key, OUT_OF_SERVICE_TAINT);
+
+        // The cordon is kept, alone, for the advertisements that count it.
+        let mut cordoned = node.clone();
+        cordoned.spec = serde_json::from_value(serde_json::json!({
+            "unschedulable": true,
+            "podCIDR": "10.244.1.0/24",
+            "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]
+        }))
+        .unwrap();
+        trim_node(&mut cordoned);
+        assert!(inputs::node_info(&cordoned).cordoned);
+        assert!(!hostlb_api::annotations::out_of_service(&cordoned));
+        let spec = cordoned.spec.unwrap();
+        assert_eq!(
+            (spec.unschedulable, spec.taints, spec.pod_cidr),
+            (Some(true), None, None)
+        );
     }
 
     fn slice(name: &str, service: Option<&str>, nodes: &[&str]) -> EndpointSlice {

@@ -31,6 +31,9 @@ pub struct NodeInfo {
     /// `status.addresses` that are IP addresses: never firewalled, even
     /// when a pool wrongly holds one.
     pub addresses: Vec<IpAddr>,
+    /// `spec.unschedulable`: drained for the addresses of advertisements
+    /// that say so ([`Advertisement::drain_cordoned`]).
+    pub cordoned: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -57,6 +60,8 @@ pub struct Advertisement {
     /// Announce only on these interfaces; empty means the announce interface.
     pub interfaces: Vec<String>,
     pub preferences: Vec<Preference>,
+    /// Cordoned nodes count as drained for its addresses.
+    pub drain_cordoned: bool,
 }
 
 /// `preferredNodeSelectors` entry, weight already checked to be 1..=100.

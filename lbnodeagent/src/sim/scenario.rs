@@ -63,6 +63,7 @@ impl Truth {
                     labels,
                     network_unavailable: false,
                     addresses: Vec::new(),
+                    cordoned: false,
                 }
             })
             .collect();

@@ -296,6 +296,9 @@ pub enum MoveCause {
     /// The previous holder is drained (`spec.drain` or the out-of-service
     /// taint on its Node).
     Drained,
+    /// The previous holder's Node is cordoned, and an advertisement of the
+    /// address counts a cordon as a drain.
+    Cordoned,
     /// The previous holder can no longer serve the address: its carrier,
     /// its interface, or the objects (node selector, endpoints) left it
     /// out.
@@ -313,6 +316,7 @@ impl MoveCause {
             MoveCause::Silent => "stalled",
             MoveCause::Leaving => "shutdown",
             MoveCause::Drained => "drain",
+            MoveCause::Cordoned => "cordon",
             MoveCause::Ineligible => "not-a-candidate",
             MoveCause::Preference => "preference",
         }

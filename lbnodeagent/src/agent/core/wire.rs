@@ -456,6 +456,8 @@ impl Core {
             MoveCause::Silent
         } else if shown.is_some_and(|m| m.drained) {
             MoveCause::Drained
+        } else if self.election.cordon_drains(ip, &from) {
+            MoveCause::Cordoned
         } else if self.election.eligible(ip, &from) == Some(false) {
             MoveCause::Ineligible
         } else {

@@ -46,6 +46,7 @@ impl Election {
                     interfaces: ad.interfaces.clone(),
                     matches,
                     score,
+                    drain_cordoned: ad.drain_cordoned,
                 }
             })
             .collect();
@@ -223,6 +224,7 @@ pub(super) fn build_class(ads: &[usize], compiled: &[CompiledAd], n_slots: usize
         .map(|(score, nodes)| Tier { score, nodes })
         .collect();
     Class {
+        drains_cordoned: ads.iter().any(|&a| compiled[a].drain_cordoned),
         eligible,
         score,
         tiers,

@@ -20,7 +20,7 @@ pub(super) fn elect(
     skip: Option<NodeId>,
 ) -> Option<Win> {
     elect_among(c, orders, v, skip, false).or_else(|| {
-        let any_drained = (0..c.slots.len() as NodeId).any(|n| c.drained(n));
+        let any_drained = (0..c.slots.len() as NodeId).any(|n| c.drained_at(v, n));
         if any_drained {
             elect_among(c, orders, v, skip, true)
         } else {
@@ -40,7 +40,7 @@ fn elect_among(
     let vip = &c.vips[v];
     let class = &c.classes[vip.class?];
     let usable = |n: NodeId| {
-        Some(n) != skip && (with_drained || !c.drained(n)) && c.exclusion(v, n).is_none()
+        Some(n) != skip && (with_drained || !c.drained_for(class, n)) && c.exclusion(v, n).is_none()
     };
     match &vip.endpoints {
         EndpointFilter::Nowhere => return None,

@@ -70,6 +70,8 @@ struct NodeFacts {
     labels: Labels,
     /// Rules that exclude the node whatever the advertisement.
     veto: Option<Reason>,
+    /// `spec.unschedulable`: drained where the class says so.
+    cordoned: bool,
 }
 
 struct CompiledAd {
@@ -79,6 +81,7 @@ struct CompiledAd {
     matches: Vec<bool>,
     /// Per node: sum of matching preference weights, zero where `!matches`.
     score: Vec<u32>,
+    drain_cordoned: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -90,6 +93,8 @@ struct IfaceSet {
 }
 
 struct Class {
+    /// An advertisement of the class counts cordoned nodes as drained.
+    drains_cordoned: bool,
     eligible: Vec<bool>,
     score: Vec<u32>,
     /// Eligible nodes grouped by score, highest first.
@@ -219,6 +224,7 @@ impl Election {
             self.c.slots[id as usize].node = Some(NodeFacts {
                 labels: n.labels.clone(),
                 veto,
+                cordoned: n.cordoned,
             });
         }
         self.compile(cluster);

@@ -33,8 +33,10 @@ impl Election {
             if !class.eligible.get(id as usize).copied().unwrap_or(false) || facts.veto.is_some() {
                 return None;
             }
+            // A cordon is a cluster object: both sides know it alike.
             Some((
-                drains && self.c.slots[id as usize].drained_seen,
+                (drains && self.c.slots[id as usize].drained_seen)
+                    || (class.drains_cordoned && facts.cordoned),
                 std::cmp::Reverse(class.score[id as usize]),
                 rank_key(name, &vip.text),
             ))
@@ -55,6 +57,17 @@ impl Election {
         let class = &self.c.classes[self.c.vips[v].class?];
         let facts = self.c.slots[id as usize].node.as_ref()?;
         Some(class.eligible.get(id as usize).copied().unwrap_or(false) && facts.veto.is_none())
+    }
+
+    /// Whether `node` is cordoned and an advertisement of `ip` counts that
+    /// as a drain.
+    pub fn cordon_drains(&self, ip: IpAddr, node: &str) -> bool {
+        let (Some(&v), Some(&id)) = (self.vip_of.get(&ip), self.slot_of.get(node)) else {
+            return false;
+        };
+        self.c.vips[v]
+            .class
+            .is_some_and(|class| self.c.classes[class].drains_cordoned && self.c.cordoned(id))
     }
 
     /// Live members as the engine has them, by name.
@@ -138,9 +151,9 @@ impl Election {
         if !self.goes_virtual(n, self.c.exclusion(v, n)) {
             return false;
         }
-        !self.c.drained(n)
+        !self.c.drained_at(v, n)
             || !(0..self.c.slots.len() as NodeId).any(|m| {
-                m != n && !self.c.drained(m) && self.goes_virtual(m, self.c.exclusion(v, m))
+                m != n && !self.c.drained_at(v, m) && self.goes_virtual(m, self.c.exclusion(v, m))
             })
     }
 

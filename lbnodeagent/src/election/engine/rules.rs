@@ -103,9 +103,31 @@ impl Compiled {
     pub(super) fn win(&self, v: usize, class: &Class, n: NodeId) -> Win {
         Win {
             node: n,
-            last_resort: self.drained(n),
+            last_resort: self.drained_for(class, n),
             score: class.score[n as usize],
             hash: rank_key(&self.slots[n as usize].name, &self.vips[v].text),
+        }
+    }
+
+    /// Node `n` is drained for the VIPs of `class`: by its operator, or
+    /// cordoned where an advertisement of the class counts a cordon.
+    pub(super) fn drained_for(&self, class: &Class, n: NodeId) -> bool {
+        self.drained(n) || (class.drains_cordoned && self.cordoned(n))
+    }
+
+    /// Node `n` is cordoned (`spec.unschedulable`).
+    pub(super) fn cordoned(&self, n: NodeId) -> bool {
+        self.slots[n as usize]
+            .node
+            .as_ref()
+            .is_some_and(|f| f.cordoned)
+    }
+
+    /// [`Compiled::drained_for`] the class of VIP `v`.
+    pub(super) fn drained_at(&self, v: usize, n: NodeId) -> bool {
+        match self.vips[v].class {
+            Some(class) => self.drained_for(&self.classes[class], n),
+            None => self.drained(n),
         }
     }
 

@@ -49,6 +49,7 @@ pub(super) fn world(seed: u64) -> World {
         }
         let mut n = mk_node(&format!("node-{i}"), &l);
         n.network_unavailable = r.chance(0.07);
+        n.cordoned = r.chance(0.1);
         nodes.push(n);
     }
     let n_pools = 1 + r.below(3) as usize;
@@ -88,6 +89,7 @@ pub(super) fn world(seed: u64) -> World {
         if r.chance(0.15) {
             ad.interfaces = vec!["eth1".into()];
         }
+        ad.drain_cordoned = r.chance(0.4);
         for _ in 0..r.below(4) {
             ad.preferences.push(Preference {
                 weight: 1 + r.below(100) as u32,
@@ -300,6 +302,9 @@ proptest! {
         for m in &mut w.members {
             m.drained = false;
         }
+        for n in &mut w.cluster.nodes {
+            n.cordoned = false;
+        }
         for r in Election::new(&w.cluster, w.members.clone()).report_all() {
             let mut by_hash = r.candidates.clone();
             by_hash.sort_by_key(|c| c.hash);
@@ -342,6 +347,10 @@ proptest! {
         prop_assume!(!w.members.is_empty());
         let i = (pick % w.members.len() as u64) as usize;
         w.members[i].drained = false;
+        // Drains alone: cordons drain per address (tested on their own).
+        for n in &mut w.cluster.nodes {
+            n.cordoned = false;
+        }
         let node = w.members[i].node.clone();
         let mut e = Election::new(&w.cluster, w.members.clone());
         let before = winners(&e);

@@ -74,6 +74,9 @@ pub(super) fn elect(c: &Cluster, members: &[Member]) -> BTreeMap<IpAddr, Answer>
             a.node_selectors.is_empty() || a.node_selectors.iter().any(|s| s.matches(&n.labels))
         };
         let text = ip.to_string();
+        // A cordoned node is drained for this address if an advertisement
+        // of it says so.
+        let cordon_drains = ads.iter().any(|a| a.drain_cordoned);
         let mut cands: Vec<(bool, u32, [u8; 32], String)> = Vec::new();
         for n in &c.nodes {
             // 3. Eligible.
@@ -117,7 +120,8 @@ pub(super) fn elect(c: &Cluster, members: &[Member]) -> BTreeMap<IpAddr, Answer>
                 .filter(|p| p.selector.matches(&n.labels))
                 .map(|p| p.weight)
                 .sum();
-            cands.push((m.drained, score, rank_key(&n.name, &text), n.name.clone()));
+            let drained = m.drained || (cordon_drains && n.cordoned);
+            cands.push((drained, score, rank_key(&n.name, &text), n.name.clone()));
         }
         // 7. Order: drained nodes last, whatever their score.
         cands.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));

@@ -739,3 +739,76 @@ fn a_drained_node_routes_a_vip_only_while_no_other_node_does() {
     assert_eq!(e.virtual_nodes(routed), vec!["a"]);
     assert_eq!(e.duty("a", routed), Some(Duty::Virtual { ip: routed }));
 }
+
+/// A cordoned node is drained only for the addresses of an advertisement
+/// that counts cordons: passed over while another node can serve them,
+/// still the winner where none can, and untouched for the addresses of
+/// any other advertisement. Both sides of a partition rank by it.
+#[test]
+fn a_cordon_drains_only_where_an_advertisement_says_so() {
+    let nodes = |cordoned: &str| -> Vec<NodeInfo> {
+        ["a", "b"]
+            .iter()
+            .map(|n| {
+                let mut node = mk_node(n, &[("pref", n)]);
+                node.cordoned = *n == cordoned;
+                node
+            })
+            .collect()
+    };
+    // `counts` counts cordons; `ignores` does not. Both prefer node a.
+    let prefer_a = || Preference {
+        weight: 100,
+        selector: sel(&[("pref", "a")]),
+    };
+    let mut counts = mk_ad("counts", &[]);
+    counts.pools = vec!["counted".into()];
+    counts.preferences = vec![prefer_a()];
+    counts.drain_cordoned = true;
+    let mut ignores = mk_ad("ignores", &[]);
+    ignores.pools = vec!["plain".into()];
+    ignores.preferences = vec![prefer_a()];
+    let pools = vec![
+        mk_pool("counted", &["10.0.0.0/25"]),
+        mk_pool("plain", &["10.0.0.128/25"]),
+    ];
+    let svcs = vec![
+        mk_svc("default/counted", &["10.0.0.1"]),
+        mk_svc("default/plain", &["10.0.0.129"]),
+    ];
+    let members = vec![member("a", &["10.0.0.0/24"]), member("b", &["10.0.0.0/24"])];
+    let elect = |cordoned: &str, members: Vec<Member>| {
+        let c = cluster(
+            nodes(cordoned),
+            pools.clone(),
+            vec![counts.clone(), ignores.clone()],
+            svcs.clone(),
+        );
+        Election::new(&c, members)
+    };
+    let counted = ip("10.0.0.1");
+    let plain = ip("10.0.0.129");
+
+    let e = elect("", members.clone());
+    assert_eq!(e.winner(counted), Some("a"));
+    assert_eq!(e.winner(plain), Some("a"));
+
+    let e = elect("a", members.clone());
+    assert_eq!(e.winner(counted), Some("b"), "cordoned a is passed over");
+    assert_eq!(e.winner(plain), Some("a"), "a cordon is not a drain here");
+    assert_eq!(e.outranks(counted, "b", "a", false), Some(true));
+    assert_eq!(e.outranks(plain, "a", "b", false), Some(true));
+    let report = e
+        .report_all()
+        .into_iter()
+        .find(|r| r.ip == counted)
+        .unwrap();
+    assert!(
+        report.candidates.iter().any(|c| c.node == "a" && c.drained),
+        "{report:?}"
+    );
+
+    // Alone, the cordoned node still serves: nothing is stranded.
+    let e = elect("a", vec![member("a", &["10.0.0.0/24"])]);
+    assert_eq!(e.winner(counted), Some("a"));
+}
