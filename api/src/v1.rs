@@ -493,8 +493,8 @@ pub struct NodeAgentStatus {
     /// The last time another host answered for a VIP held here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_conflict: Option<NodeAgentConflict>,
-    /// The last VIPs that moved to this node from another, oldest first
-    /// (at most 8).
+    /// The last VIPs that moved to this node from another since its agent
+    /// started, oldest first (at most 8).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_moves: Vec<NodeAgentMove>,
 }

@@ -58,6 +58,29 @@ fn served_by_node_a(c: &Cluster, extra: &str) -> ArpProbe {
     probe
 }
 
+/// Waits until the last move `node`'s record shows is `want` (`ADDRESS
+/// FROM CAUSE`).
+fn wait_last_move(c: &Cluster, node: &str, want: &str) {
+    let last = || {
+        c.kubectl(&[
+            "get",
+            "nodeagent",
+            node,
+            "-o",
+            "jsonpath={range .status.recentMoves[*]}{.address} {.from} {.cause}{\"\\n\"}{end}",
+        ])
+        .lines()
+        .last()
+        .map(str::to_string)
+    };
+    wait_for(
+        &format!("{node}'s record to show the move {want}"),
+        Duration::from_secs(15),
+        || (last().as_deref() == Some(want)).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}: its last move is {:?}", last()));
+}
+
 fn ready(c: &Cluster, node: &str) -> bool {
     c.http_get(node, "/readyz").0 == "200"
 }
@@ -133,6 +156,27 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
         (c.annotation("web", "hostlb.io/announcing-IPv4") == format!("{next},eth0")).then_some(())
     })
     .unwrap();
+    // The new owner explains the move, in its record (the CRD's schema
+    // keeps the field) and in a Moved Event its credential may write.
+    wait_last_move(&c, &next, &format!("{VIP} node-a shutdown"));
+    wait_for("the Moved Event", Duration::from_secs(15), || {
+        c.kubectl(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={range .items[*]}{.reason} {.regarding.name} {.note}{\"\\n\"}{end}",
+        ])
+        .lines()
+        .any(|l| {
+            l.starts_with(&format!(
+                "Moved web {VIP} moved to {next} from node-a (shutdown)"
+            ))
+        })
+        .then_some(())
+    })
+    .unwrap();
 
     c.start("node-a");
     let back = Instant::now();
@@ -143,6 +187,7 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
         Duration::from_secs(20),
     );
     assert!(o.lost <= 2, "the preferred node's return: {o:?}");
+    wait_last_move(&c, "node-a", &format!("{VIP} {next} preference"));
     std::thread::sleep(Duration::from_secs(2));
 
     let t = Instant::now();
