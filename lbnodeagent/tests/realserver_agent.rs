@@ -81,6 +81,19 @@ fn wait_last_move(c: &Cluster, node: &str, want: &str) {
     .unwrap_or_else(|e| panic!("{e}: its last move is {:?}", last()));
 }
 
+/// The Events of namespace `default` in events.k8s.io, as `jsonpath` prints
+/// them.
+fn events(c: &Cluster, jsonpath: &str) -> String {
+    c.kubectl(&[
+        "get",
+        "events.events.k8s.io",
+        "-n",
+        "default",
+        "-o",
+        jsonpath,
+    ])
+}
+
 fn ready(c: &Cluster, node: &str) -> bool {
     c.http_get(node, "/readyz").0 == "200"
 }
@@ -106,14 +119,7 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
     })
     .unwrap();
     wait_for("the AnnouncingLocal Event", Duration::from_secs(15), || {
-        let events = c.kubectl(&[
-            "get",
-            "events.events.k8s.io",
-            "-n",
-            "default",
-            "-o",
-            "jsonpath={range .items[*]}{.reason} {.regarding.name} {.reportingController}{\"\\n\"}{end}",
-        ]);
+        let events = events(&c, "jsonpath={range .items[*]}{.reason} {.regarding.name} {.reportingController}{\"\\n\"}{end}");
         events
             .lines()
             .any(|l| l.starts_with("AnnouncingLocal web "))
@@ -160,14 +166,10 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
     // keeps the field) and in a Moved Event its credential may write.
     wait_last_move(&c, &next, &format!("{VIP} node-a shutdown"));
     wait_for("the Moved Event", Duration::from_secs(15), || {
-        c.kubectl(&[
-            "get",
-            "events.events.k8s.io",
-            "-n",
-            "default",
-            "-o",
+        events(
+            &c,
             "jsonpath={range .items[*]}{.reason} {.regarding.name} {.note}{\"\\n\"}{end}",
-        ])
+        )
         .lines()
         .any(|l| {
             l.starts_with(&format!(
@@ -211,16 +213,9 @@ fn the_shipped_rbac_lets_the_agent_announce_and_hand_over() {
         records(&c)
     );
     wait_for("the Withdrawn Event", Duration::from_secs(15), || {
-        c.kubectl(&[
-            "get",
-            "events.events.k8s.io",
-            "-n",
-            "default",
-            "-o",
-            "jsonpath={.items[*].reason}",
-        ])
-        .contains("Withdrawn")
-        .then_some(())
+        events(&c, "jsonpath={.items[*].reason}")
+            .contains("Withdrawn")
+            .then_some(())
     })
     .unwrap();
     assert_nothing_refused(&c);

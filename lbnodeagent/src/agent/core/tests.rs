@@ -3917,14 +3917,7 @@ fn a_late_answer_after_only_the_leaving_beat_does_not_take_the_vip_away() {
 #[test]
 fn a_vip_taken_from_a_host_gone_is_recorded_with_how_long_it_was_dark() {
     let v = ip("10.0.1.1");
-    let mut a = Node::new("a");
-    let held = a.running(
-        cluster(&[v]),
-        vec![
-            peer("b", Status::Alive, &[v], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-    );
+    let (mut a, held) = b_holds(v);
     assert!(held.is_empty(), "b wins while it lives");
     a.advance(Duration::from_secs(1));
     let lost = a.now;
@@ -3980,14 +3973,7 @@ fn a_vip_taken_from_a_host_gone_is_recorded_with_how_long_it_was_dark() {
 fn a_planned_move_is_recorded_with_its_cause_and_no_dark_time() {
     let v = ip("10.0.1.1");
     // b shuts down while it holds v: a, next, takes it.
-    let mut a = Node::new("a");
-    a.running(
-        cluster(&[v]),
-        vec![
-            peer("b", Status::Alive, &[v], 1),
-            peer("c", Status::Alive, &[], 1),
-        ],
-    );
+    let (mut a, _) = b_holds(v);
     a.advance(Duration::from_secs(1));
     let act = a.step(Input::Members(view(
         "a",
