@@ -44,25 +44,27 @@ fn settled(c: &Cluster, probe: &ArpProbe, timeout: Duration) -> String {
     owner
 }
 
-/// The last move `node`'s record shows, once it shows one: address, from,
-/// cause and how long it was dark.
-fn last_move(c: &Cluster, node: &str) -> (String, String, String, Option<u64>) {
+/// The last move `node`'s record shows, once that is one from `from`
+/// (records are written at most every 5 s, and an older move may show
+/// until then): address, from, cause and how long it was dark.
+fn last_move(c: &Cluster, node: &str, from: &str) -> (String, String, String, Option<u64>) {
+    let last = || {
+        let json = c.kubectl(&["get", "nodeagent", node, "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&json).ok()?;
+        let m = v["status"]["recentMoves"].as_array()?.last()?.clone();
+        Some((
+            m["address"].as_str()?.to_string(),
+            m["from"].as_str()?.to_string(),
+            m["cause"].as_str()?.to_string(),
+            m["darkMs"].as_u64(),
+        ))
+    };
     wait_for(
-        &format!("{node}'s record to show a move"),
-        Duration::from_secs(10),
-        || {
-            let json = c.kubectl(&["get", "nodeagent", node, "-o", "json"]);
-            let v: serde_json::Value = serde_json::from_str(&json).ok()?;
-            let m = v["status"]["recentMoves"].as_array()?.last()?.clone();
-            Some((
-                m["address"].as_str()?.to_string(),
-                m["from"].as_str()?.to_string(),
-                m["cause"].as_str()?.to_string(),
-                m["darkMs"].as_u64(),
-            ))
-        },
+        &format!("{node}'s record to show a move from {from}"),
+        Duration::from_secs(15),
+        || last().filter(|m| m.1 == from),
     )
-    .unwrap()
+    .unwrap_or_else(|e| panic!("{e}: its last move is {:?}", last()))
 }
 
 fn probe(c: &Cluster) -> ArpProbe {
@@ -136,7 +138,7 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
     })
     .unwrap();
     // The new owner explains the move: in its record and in an Event.
-    let moved = last_move(&c, &next);
+    let moved = last_move(&c, &next, &owner);
     assert_eq!(
         (moved.0.as_str(), moved.1.as_str(), moved.2.as_str()),
         (VIP, owner.as_str(), "shutdown"),
@@ -811,7 +813,7 @@ fn a_restart_without_carrier_drops_the_old_addresses() {
     .unwrap();
     // The new owner saw the old one go silent, then gone: a fault, with
     // the time from its last beat to the address held here.
-    let moved = last_move(&c, &next);
+    let moved = last_move(&c, &next, &owner);
     eprintln!("{next}'s record: {moved:?}");
     assert_eq!((moved.0.as_str(), moved.1.as_str()), (VIP, owner.as_str()));
     assert!(
@@ -2048,7 +2050,7 @@ fn a_cordon_drains_a_node_only_where_the_advertisement_says_so() {
     let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(10));
     eprintln!("cordon counted: moved to {next}, {o:?}");
     assert_eq!(o.lost, 0, "make before break: {o:?}");
-    let moved = last_move(&c, &next);
+    let moved = last_move(&c, &next, &owner);
     assert_eq!(
         (moved.0.as_str(), moved.1.as_str(), moved.2.as_str()),
         (VIP, owner.as_str(), "cordon"),
