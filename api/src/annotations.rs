@@ -93,6 +93,13 @@ pub fn out_of_service(node: &k8s_openapi::api::core::v1::Node) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT))
 }
 
+/// Whether `node` is cordoned (`spec.unschedulable`): drained for the
+/// addresses of advertisements with `drainCordonedNodes`. The agents elect
+/// by it and `kubectl hostlb explain` names it, so both read it here.
+pub fn cordoned(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}
+
 /// MetalLB prefixes accepted for the user-set annotations, newest first.
 const MIGRATED_PREFIXES: [&str; 2] = ["metallb.io/", "metallb.universe.tf/"];
 

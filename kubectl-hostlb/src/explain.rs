@@ -167,7 +167,7 @@ fn maintenance(fleet: &Fleet) -> Vec<String> {
                 Some(format!(
                     "{name}: drained (kubectl hostlb drain): elected after every node that is not"
                 ))
-            } else if n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+            } else if hostlb_api::annotations::cordoned(n) {
                 Some(if counting.is_empty() {
                     format!("{name}: cordoned; no advertisement counts a cordon, so it serves as before")
                 } else {

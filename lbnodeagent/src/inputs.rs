@@ -46,11 +46,7 @@ pub fn node_info(node: &Node) -> NodeInfo {
         labels: labels(&node.metadata),
         network_unavailable,
         addresses: node_addresses(node),
-        cordoned: node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false),
+        cordoned: hostlb_api::annotations::cordoned(node),
     }
 }
 
