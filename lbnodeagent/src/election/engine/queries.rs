@@ -9,7 +9,7 @@ use super::super::hash::rank_key;
 use super::super::report::Reason;
 use super::super::view::Member;
 use super::elect::elect;
-use super::{Duty, Election, NodeId};
+use super::{Class, Duty, Election, NodeId};
 
 impl Election {
     /// Whether `node` outranks `other` for `ip` by the election's order with
@@ -27,16 +27,14 @@ impl Election {
         let v = *self.vip_of.get(&ip)?;
         let vip = &self.c.vips[v];
         let rank = |name: &str| -> Option<(bool, std::cmp::Reverse<u32>, [u8; 32])> {
-            let id = *self.slot_of.get(name)?;
-            let class = &self.c.classes[vip.class?];
-            let facts = self.c.slots[id as usize].node.as_ref()?;
-            if !class.eligible.get(id as usize).copied().unwrap_or(false) || facts.veto.is_some() {
+            let (class, id) = self.class_and_node(v, name)?;
+            if !self.c.eligible_in(class, id) {
                 return None;
             }
             // A cordon is a cluster object: both sides know it alike.
             Some((
                 (drains && self.c.slots[id as usize].drained_seen)
-                    || (class.drains_cordoned && facts.cordoned),
+                    || self.c.cordon_drains(class, id),
                 std::cmp::Reverse(class.score[id as usize]),
                 rank_key(name, &vip.text),
             ))
@@ -52,22 +50,25 @@ impl Election {
     /// Whether `node` may serve `ip` at all by the cluster objects and its
     /// links (liveness and drains aside); `None` when either is unknown.
     pub fn eligible(&self, ip: IpAddr, node: &str) -> Option<bool> {
-        let v = *self.vip_of.get(&ip)?;
-        let id = *self.slot_of.get(node)?;
-        let class = &self.c.classes[self.c.vips[v].class?];
-        let facts = self.c.slots[id as usize].node.as_ref()?;
-        Some(class.eligible.get(id as usize).copied().unwrap_or(false) && facts.veto.is_none())
+        let (class, id) = self.class_and_node(*self.vip_of.get(&ip)?, node)?;
+        Some(self.c.eligible_in(class, id))
     }
 
     /// Whether `node` is cordoned and an advertisement of `ip` counts that
     /// as a drain.
     pub fn cordon_drains(&self, ip: IpAddr, node: &str) -> bool {
-        let (Some(&v), Some(&id)) = (self.vip_of.get(&ip), self.slot_of.get(node)) else {
-            return false;
-        };
-        self.c.vips[v]
-            .class
-            .is_some_and(|class| self.c.classes[class].drains_cordoned && self.c.cordoned(id))
+        self.vip_of
+            .get(&ip)
+            .and_then(|&v| self.class_and_node(v, node))
+            .is_some_and(|(class, id)| self.c.cordon_drains(class, id))
+    }
+
+    /// VIP `v`'s class and `node`'s id, when the VIP has a class and the
+    /// node is a Node of the cluster.
+    fn class_and_node(&self, v: usize, node: &str) -> Option<(&Class, NodeId)> {
+        let id = *self.slot_of.get(node)?;
+        self.c.slots[id as usize].node.as_ref()?;
+        Some((&self.c.classes[self.c.vips[v].class?], id))
     }
 
     /// Live members as the engine has them, by name.

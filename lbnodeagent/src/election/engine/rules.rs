@@ -112,15 +112,27 @@ impl Compiled {
     /// Node `n` is drained for the VIPs of `class`: by its operator, or
     /// cordoned where an advertisement of the class counts a cordon.
     pub(super) fn drained_for(&self, class: &Class, n: NodeId) -> bool {
-        self.drained(n) || (class.drains_cordoned && self.cordoned(n))
+        self.drained(n) || self.cordon_drains(class, n)
     }
 
-    /// Node `n` is cordoned (`spec.unschedulable`).
-    pub(super) fn cordoned(&self, n: NodeId) -> bool {
-        self.slots[n as usize]
-            .node
-            .as_ref()
-            .is_some_and(|f| f.cordoned)
+    /// Node `n` is cordoned (`spec.unschedulable`) and an advertisement of
+    /// `class` counts that as a drain.
+    pub(super) fn cordon_drains(&self, class: &Class, n: NodeId) -> bool {
+        class.drains_cordoned
+            && self.slots[n as usize]
+                .node
+                .as_ref()
+                .is_some_and(|f| f.cordoned)
+    }
+
+    /// Node `n` is a Node of the cluster that `class`'s advertisements
+    /// select and that no rule excludes whatever the advertisement.
+    pub(super) fn eligible_in(&self, class: &Class, n: NodeId) -> bool {
+        class.eligible.get(n as usize).copied().unwrap_or(false)
+            && self.slots[n as usize]
+                .node
+                .as_ref()
+                .is_some_and(|f| f.veto.is_none())
     }
 
     /// [`Compiled::drained_for`] the class of VIP `v`.
