@@ -136,11 +136,15 @@ impl LinkReads {
         self.ask.send_modify(|_| {});
     }
 
-    /// Reads from now on follow `cfg`; those asked before are dropped.
+    /// Reads from now on follow `cfg`; those made before are dropped. Asks
+    /// nothing itself: the reload reads the links in the loop.
     pub(super) fn set_config(&mut self, cfg: &AgentConfig) {
         self.generation += 1;
-        self.ask
-            .send_replace((self.generation, Arc::new(cfg.clone())));
+        let next = (self.generation, Arc::new(cfg.clone()));
+        self.ask.send_if_modified(|now| {
+            *now = next;
+            false
+        });
     }
 
     /// The next read made under the configuration in force.

@@ -72,15 +72,6 @@ impl MoveNotes {
         }
         Some(note)
     }
-
-    /// VIPs remembered (for the memory bench).
-    pub fn len(&self) -> usize {
-        self.by_ip.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_ip.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -185,7 +176,7 @@ mod tests {
                 t,
             );
         }
-        assert_eq!(m.len(), 100);
+        assert_eq!(m.by_ip.len(), 100);
         m.note(
             ip("10.0.0.1"),
             "b",
@@ -194,6 +185,6 @@ mod tests {
             None,
             t + FORGOTTEN_AFTER,
         );
-        assert_eq!(m.len(), 1);
+        assert_eq!(m.by_ip.len(), 1);
     }
 }

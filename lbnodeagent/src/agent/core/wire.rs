@@ -463,15 +463,16 @@ impl Core {
         } else {
             MoveCause::Preference
         };
-        let dark = cause.is_fault().then(|| {
-            let last = self
-                .sessions
-                .last_beat(&from)
-                .or_else(|| self.membership.lost_at(&from))
-                .filter(|t| now.saturating_duration_since(*t) < TAKEOVER_WINDOW);
-            last.map(|t| now.saturating_duration_since(t))
-        });
-        let dark = dark.flatten();
+        let dark = cause
+            .is_fault()
+            .then(|| {
+                self.sessions
+                    .last_beat(&from)
+                    .or_else(|| self.membership.lost_at(&from))
+            })
+            .flatten()
+            .map(|t| now.saturating_duration_since(t))
+            .filter(|d| *d < TAKEOVER_WINDOW);
         if let Some(d) = dark {
             out.metrics.push(Metric::Takeover(cause, d));
         }
