@@ -50,6 +50,8 @@ pub struct MoveRow {
     /// How long ago, as `kubectl get` prints ages.
     pub age: String,
     #[serde(skip)]
+    ip: Option<IpAddr>,
+    #[serde(skip)]
     at: Option<i64>,
 }
 
@@ -88,16 +90,17 @@ fn last_moves(fleet: &Fleet, addresses: &[IpAddr]) -> Vec<MoveRow> {
                 cause: m.cause.clone(),
                 dark_ms: m.dark_ms,
                 age: age(fleet.now, m.time.as_ref()),
+                ip: Some(ip),
                 at: m.time.as_ref().map(|t| t.0.as_millisecond()),
             };
-            match rows.iter_mut().find(|r| r.address == row.address) {
+            match rows.iter_mut().find(|r| r.ip == row.ip) {
                 Some(r) if r.at < row.at => *r = row,
                 Some(_) => {}
                 None => rows.push(row),
             }
         }
     }
-    rows.sort_by_key(|r| addresses.iter().position(|a| a.to_string() == r.address));
+    rows.sort_by_key(|r| addresses.iter().position(|a| Some(*a) == r.ip));
     rows
 }
 

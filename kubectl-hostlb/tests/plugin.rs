@@ -28,6 +28,16 @@ impl Bed {
         self.rt.block_on(async { f(self.server.client()).await })
     }
 
+    /// A merge patch of the Node `name`.
+    fn patch_node(&self, name: &str, patch: Value) {
+        self.api(|client| async move {
+            let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+            api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap();
+        });
+    }
+
     fn run(&self, args: &[&str]) -> (i32, String, String) {
         let out = Command::new(env!("CARGO_BIN_EXE_kubectl-hostlb"))
             .arg("--kubeconfig")
@@ -321,18 +331,12 @@ fn explain_computes_the_election_and_judges_the_annotation() {
     assert!(!out.contains("maintenance:"), "{out}");
 
     // A node out of service: named with the taint as its reason.
-    b.api(|client| async move {
-        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
-        api.patch(
-            "node-b",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"taints": [
-                {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
-            ]}})),
-        )
-        .await
-        .unwrap();
-    });
+    b.patch_node(
+        "node-b",
+        json!({"spec": {"taints": [
+            {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+        ]}}),
+    );
     let (_, out, _) = b.run(&["explain", "svc/web"]);
     assert!(
         out.contains(
@@ -343,16 +347,7 @@ fn explain_computes_the_election_and_judges_the_annotation() {
 
     // A cordon counts only where an advertisement says so, and explain
     // says which.
-    b.api(|client| async move {
-        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
-        api.patch(
-            "node-a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
-        )
-        .await
-        .unwrap();
-    });
+    b.patch_node("node-a", json!({"spec": {"unschedulable": true}}));
     let (_, out, _) = b.run(&["explain", "svc/web"]);
     assert!(
         out.contains(

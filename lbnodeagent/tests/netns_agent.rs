@@ -2042,9 +2042,8 @@ fn a_cordon_drains_a_node_only_where_the_advertisement_says_so() {
         r#"{"spec":{"drainCordonedNodes":true}}"#,
     ]);
     let next = wait_for("another owner", Duration::from_secs(10), || {
-        c.holders(VIP)
-            .into_iter()
-            .find(|n| *n != owner && c.holders(VIP).len() == 1)
+        let h = c.holders(VIP);
+        (h.len() == 1 && h[0] != owner).then(|| h[0].clone())
     })
     .unwrap();
     let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(10));
