@@ -488,21 +488,35 @@ mod tests {
                     })
                     .collect()
             };
-            // Before any watch, everything passes.
-            send(y).await;
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            assert!(senders(drain(&claims)).contains(&y.octets()));
+            // Before any watch, everything passes. A veth sends nothing
+            // until the kernel has given it a queue (its link watch may
+            // take a second on a busy host), so the first frame is sent
+            // again until it arrives.
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                send(y).await;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                if senders(drain(&claims)).contains(&y.octets()) {
+                    break;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "no frame ever arrived");
+            }
             claims.watch(&[std::net::IpAddr::V4(x)].into()).unwrap();
-            send(x).await;
+            // y goes first: once x has arrived, y has been through the
+            // filter too, as the wire keeps their order.
             send(y).await;
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            let got = senders(drain(&claims));
-            assert!(got.contains(&x.octets()), "{got:?}");
+            send(x).await;
+            let mut got = Vec::new();
+            while !got.contains(&x.octets()) {
+                assert!(tokio::time::Instant::now() < deadline, "x never arrived: {got:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                got.extend(senders(drain(&claims)));
+            }
             assert!(!got.contains(&y.octets()), "{got:?}");
             // Nothing watched: nothing passes.
             claims.watch(&Default::default()).unwrap();
             send(x).await;
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             assert_eq!(senders(drain(&claims)), Vec::<[u8; 4]>::new());
         });
     }
