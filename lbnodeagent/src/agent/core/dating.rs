@@ -18,6 +18,9 @@ pub(super) struct Dating {
     /// Since when this node has had that view: a peer still behind it a
     /// hand-over's time later is stuck, not late.
     since: Instant,
+    /// Whether the fallbacks were looked at again since the view had
+    /// [`VIEW_SPREAD`](super::VIEW_SPREAD) (see [`Dating::take_spread`]).
+    spread_seen: bool,
 }
 
 impl Dating {
@@ -27,6 +30,7 @@ impl Dating {
             revision: 0,
             digest: None,
             since: now,
+            spread_seen: true,
         }
     }
 
@@ -51,6 +55,27 @@ impl Dating {
         self.since
     }
 
+    /// This view has had [`VIEW_SPREAD`](super::VIEW_SPREAD) to reach
+    /// every peer: one still older now is behind, not catching up.
+    pub fn spread(&self, now: Instant) -> bool {
+        now >= self.since + super::VIEW_SPREAD
+    }
+
+    /// When the view will have spread, while that is still to be seen.
+    pub fn spread_at(&self) -> Option<Instant> {
+        (!self.spread_seen).then(|| self.since + super::VIEW_SPREAD)
+    }
+
+    /// `true` once, when the view has spread: the peers still older then
+    /// are passed over (see `Core::passed_over`).
+    pub fn take_spread(&mut self, now: Instant) -> bool {
+        if self.spread_seen || !self.spread(now) {
+            return false;
+        }
+        self.spread_seen = true;
+        true
+    }
+
     /// The view's date now; `true` when it moved. A write that changed
     /// nothing the election reads moves the revision, not the view: a peer
     /// behind it was behind before, so `since` stays.
@@ -61,6 +86,7 @@ impl Dating {
         let same_view = digest.is_some() && digest == self.digest;
         if !same_view {
             self.since = now;
+            self.spread_seen = false;
         }
         self.revision = revision;
         self.digest = digest;

@@ -620,6 +620,12 @@ impl Core {
         }
         self.starting_comebacks(now, out);
         self.note_isolation(now, out);
+        if self.dating.take_spread(now) && !self.older_peers().is_empty() {
+            // Peers still older than this view are behind now, not
+            // catching up: what falls back past them is decided again.
+            self.orphans.rescan();
+            self.vips.refresh_all();
+        }
         if self.orphans.take_scan() {
             self.orphans(now);
         }

@@ -89,7 +89,7 @@ impl Core {
             .node(&winner)
             .is_some_and(|n| self.revision_of(n) < self.dating.revision())
         {
-            let older = self.older_peers();
+            let older = self.passed_over();
             match self.election.winner_without(ip, |n| older.contains(n)) {
                 Some(w) if w == self.settings.node => first_that_knows = true,
                 Some(w) => winner = w.to_string(),
@@ -551,10 +551,11 @@ impl Core {
         // came back (seed 2603 of the simulation: the contest then made it
         // let go, and the stale duty take it again, every hand-over's
         // time).
+        let passed_over = self.passed_over();
         let fallback: BTreeMap<IpAddr, Option<String>> = found
             .keys()
             .map(|ip| {
-                let first = self.election.winner_without(*ip, |n| older.contains(n));
+                let first = self.election.winner_without(*ip, |n| passed_over.contains(n));
                 (*ip, first.map(str::to_string))
             })
             .collect();
@@ -571,7 +572,7 @@ impl Core {
 
     /// Older peers that a peer whose view is newer than theirs, and no
     /// newer than this node's, has found behind for a hand-over's time.
-    fn said_behind(&self, older: &BTreeSet<String>) -> BTreeSet<String> {
+    pub(super) fn said_behind(&self, older: &BTreeSet<String>) -> BTreeSet<String> {
         let node_revision = |node: &str| {
             self.membership
                 .view()
@@ -659,8 +660,8 @@ impl Core {
         if !self.orphan_due(ip, since, self.now) {
             return None;
         }
-        let older = self.older_peers();
+        let passed_over = self.passed_over();
         self.election
-            .duty_without(&self.settings.node, ip, |n| older.contains(n))
+            .duty_without(&self.settings.node, ip, |n| passed_over.contains(n))
     }
 }
