@@ -61,13 +61,11 @@ impl Dating {
         now >= self.since + super::VIEW_SPREAD
     }
 
-    /// When the view will have spread, while that is still to be seen.
-    pub fn spread_at(&self) -> Option<Instant> {
-        (!self.spread_seen).then(|| self.since + super::VIEW_SPREAD)
-    }
-
-    /// `true` once, when the view has spread: the peers still older then
-    /// are passed over (see `Core::passed_over`).
+    /// `true` once, at the first step after the view has spread: the
+    /// peers still older then are passed over (see `Core::passed_over`).
+    /// No wake is asked for it: what falls back past them waits longer
+    /// anyway (an orphan's own wait is the spread or a hand-over's time),
+    /// and a hand-over has its own deadline.
     pub fn take_spread(&mut self, now: Instant) -> bool {
         if self.spread_seen || !self.spread(now) {
             return false;

@@ -289,11 +289,6 @@ impl Core {
         {
             at(r);
         }
-        if let Some(t) = self.dating.spread_at()
-            && !self.older_peers().is_empty()
-        {
-            at(t);
-        }
         for t in self.orphans.deadlines(|ip| self.unanswered(ip)) {
             at(t);
         }

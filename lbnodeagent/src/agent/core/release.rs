@@ -89,7 +89,7 @@ impl Core {
             .node(&winner)
             .is_some_and(|n| self.revision_of(n) < self.dating.revision())
         {
-            let older = self.passed_over();
+            let older = self.older_peers();
             match self.election.winner_without(ip, |n| older.contains(n)) {
                 Some(w) if w == self.settings.node => first_that_knows = true,
                 Some(w) => winner = w.to_string(),

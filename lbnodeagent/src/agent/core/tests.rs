@@ -998,10 +998,12 @@ fn an_orphan_goes_to_a_node_before_this_one_that_comes_back() {
     a_with_cs_view_is_handed_the_orphan(c, v);
 }
 
-/// `c` hands the orphan over to `a` as `a` catches up, takes it back
-/// half a hand-over's time later as a new view reaches `c` first (`a` is
-/// behind again), and gives it again when that view reaches `a`, `spread`
-/// later. With when the first hand-over began, and when the second did.
+/// `c` hands the orphan over to `a` as `a` catches up; half a hand-over's
+/// time later a new view reaches `c` first. `a` is catching up with it, so
+/// the hand-over goes on; still behind once the view has had its time to
+/// spread, `a` is passed over and `c` takes the VIP back, and gives it
+/// again when that view reaches `a`, `spread` later. With when the first
+/// hand-over began, and when the second did.
 fn taken_back_then_given_again(spread: Duration) -> (Node, IpAddr, Instant, Instant) {
     let (mut c, v) = c_took_the_orphan_of_b_and_a();
     c.advance(INTERVAL);
@@ -1016,8 +1018,14 @@ fn taken_back_then_given_again(spread: Duration) -> (Node, IpAddr, Instant, Inst
         digest: None,
     });
     assert!(
+        act.publish.is_none_or(|p| !p.vips.contains(&v)) && act.remove.is_empty(),
+        "a is catching up: the hand-over goes on"
+    );
+    c.advance(VIEW_SPREAD);
+    let act = c.step(Input::Tick);
+    assert!(
         act.publish.is_some_and(|p| p.vips.contains(&v)),
-        "c wins it again"
+        "a still behind once the view has spread: c wins it again"
     );
     c.advance(spread);
     let act = c.step(Input::Members(a_and_b(10, 8)));

@@ -300,15 +300,18 @@ impl Core {
             .collect()
     }
 
-    /// The older peers a VIP falls back past when its winner's view is
-    /// older than this node's: every one of them once this node has had
-    /// its view for [`VIEW_SPREAD`](super::VIEW_SPREAD), and before that
-    /// only those a peer has found stuck behind (`behind` in gossip). A
-    /// peer older for a moment is catching up with the same change: passed
-    /// over at once, it would have the first node to hear a change take
-    /// the VIP from the fallback that holds it, and give it back as the
-    /// others caught up, at every change (seed 3000070901 of the
-    /// simulation: three holders on and off for 5 s while labels moved).
+    /// The older peers an orphan falls back past when this node asks
+    /// whether to take it (its winner's view is older than this node's):
+    /// every one of them once this node has had its view for
+    /// [`VIEW_SPREAD`](super::VIEW_SPREAD), and before that only those a
+    /// peer has found stuck behind (`behind` in gossip). A peer older for
+    /// a moment is catching up with the same change: passed over at once,
+    /// it would have the first node to hear a change take the VIP from the
+    /// fallback that holds it, and give it back as the others caught up,
+    /// at every change (seed 3000070901 of the simulation: three holders
+    /// on and off for 5 s while labels moved). A holder deciding whether
+    /// to keep a VIP passes over every older peer at once (`may_release`):
+    /// keeping is never the move that leaves a VIP unanswered.
     pub(super) fn passed_over(&self) -> BTreeSet<String> {
         let older = self.older_peers();
         if self.dating.spread(self.now) {
