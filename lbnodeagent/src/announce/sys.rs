@@ -499,7 +499,10 @@ mod tests {
                 if senders(drain(&claims)).contains(&y.octets()) {
                     break;
                 }
-                assert!(tokio::time::Instant::now() < deadline, "no frame ever arrived");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no frame ever arrived"
+                );
             }
             claims.watch(&[std::net::IpAddr::V4(x)].into()).unwrap();
             // y goes first: once x has arrived, y has been through the
@@ -508,7 +511,10 @@ mod tests {
             send(x).await;
             let mut got = Vec::new();
             while !got.contains(&x.octets()) {
-                assert!(tokio::time::Instant::now() < deadline, "x never arrived: {got:?}");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "x never arrived: {got:?}"
+                );
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 got.extend(senders(drain(&claims)));
             }

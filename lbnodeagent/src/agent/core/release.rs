@@ -555,7 +555,9 @@ impl Core {
         let fallback: BTreeMap<IpAddr, Option<String>> = found
             .keys()
             .map(|ip| {
-                let first = self.election.winner_without(*ip, |n| passed_over.contains(n));
+                let first = self
+                    .election
+                    .winner_without(*ip, |n| passed_over.contains(n));
                 (*ip, first.map(str::to_string))
             })
             .collect();
