@@ -507,7 +507,7 @@ pub struct NodeAgentMove {
     /// The node that held it before.
     pub from: String,
     /// Why: `host-gone`, `stalled`, `shutdown`, `drain`, `cordon`,
-    /// `not-a-candidate` or `preference`.
+    /// `upstream`, `not-a-candidate` or `preference`.
     pub cause: String,
     /// For a host gone or stalled: from its last beat to this node holding
     /// the address, the longest no host may have answered. Absent for a

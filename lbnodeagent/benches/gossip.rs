@@ -84,11 +84,13 @@ fn realistic_state(n: u32) -> LocalState {
                 prefix: "192.168.10.0/24".parse().unwrap(),
                 interface: "eth0".into(),
                 announce: true,
+                upstream_lost: false,
             },
             OnLink {
                 prefix: "2001:db8:10::/64".parse().unwrap(),
                 interface: "eth0".into(),
                 announce: true,
+                upstream_lost: false,
             },
         ]
         .into(),

@@ -154,11 +154,13 @@ fn node_state(i: usize) -> LocalState {
                 prefix: "10.20.0.0/16".parse().unwrap(),
                 interface: "bond0".into(),
                 announce: true,
+                upstream_lost: false,
             },
             OnLink {
                 prefix: "fd00:20::/64".parse().unwrap(),
                 interface: "bond0".into(),
                 announce: true,
+                upstream_lost: false,
             },
         ]
         .into(),

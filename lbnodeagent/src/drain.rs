@@ -362,6 +362,7 @@ mod tests {
                 Candidate {
                     node: "node-c".into(),
                     drained: true,
+                    upstream_lost: false,
                     score: 0,
                     hash_rank: 1,
                     hash: [0; 32],
@@ -369,6 +370,7 @@ mod tests {
                 Candidate {
                     node: "node-d".into(),
                     drained: true,
+                    upstream_lost: false,
                     score: 0,
                     hash_rank: 2,
                     hash: [1; 32],

@@ -120,6 +120,7 @@ fn everything(interfaces: &[&str]) -> Vec<OnLink> {
                 prefix: p.parse().expect("constant prefix"),
                 interface: interface.to_string(),
                 announce,
+                upstream_lost: false,
             })
         })
         .collect()
@@ -195,6 +196,7 @@ fn parse_on_link(
                     prefix,
                     interface: iface.or_else(|| default.clone()).unwrap_or_default(),
                     announce,
+                    upstream_lost: false,
                 }
             })
             .collect();
@@ -356,6 +358,8 @@ pub fn render_vip(out: &mut String, r: &VipReport) {
                 (i + 1).to_string(),
                 if c.drained {
                     format!("{} (drained: last resort)", c.node)
+                } else if c.upstream_lost {
+                    format!("{} (gateway lost: last resort)", c.node)
                 } else {
                     c.node.clone()
                 },

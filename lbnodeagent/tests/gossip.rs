@@ -32,6 +32,7 @@ fn local_state(n: u8) -> LocalState {
             prefix: format!("10.0.{n}.0/24").parse().unwrap(),
             interface: "eth0".into(),
             announce: true,
+            upstream_lost: false,
         }]
         .into(),
         vips: BTreeSet::from([IpAddr::from([10, 0, n, 100])]).into(),

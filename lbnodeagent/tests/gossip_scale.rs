@@ -23,6 +23,7 @@ fn local_state(n: u8) -> LocalState {
             prefix: "10.20.0.0/16".parse().unwrap(),
             interface: "eth0".into(),
             announce: true,
+            upstream_lost: false,
         }]
         .into(),
         vips: (0..10)

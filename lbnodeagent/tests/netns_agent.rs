@@ -2062,3 +2062,96 @@ fn a_cordon_drains_a_node_only_where_the_advertisement_says_so() {
     eprintln!("uncordoned: back on {owner}, {o:?}");
     assert_eq!(o.lost, 0, "make before break: {o:?}");
 }
+
+/// Upstream health, on by default, against a real router: the owner's
+/// ARP no longer reaches its gateway (the router drops it with nft, as a
+/// broken uplink would), its carrier stays up. Its VIP moves, make before
+/// break, to a host that still reaches the router, and the new owner
+/// records the move as `upstream`. With the path back, the VIP returns.
+/// Then the router stops answering everyone: no host reaches its gateway,
+/// and the VIP stays where it is, still answered.
+#[test]
+fn a_host_cut_off_from_its_gateway_hands_its_vip_to_one_that_is_not() {
+    let mut c = Cluster::new(&["node-a", "node-b", "node-c"]);
+    c.pool_and_ad(
+        &["10.77.0.100-10.77.0.120", "fd00:77::100-fd00:77::120"],
+        "",
+    );
+    let (router, _outside) = c.lan.add_gateway(91).unwrap();
+    c.start_all();
+    let probe = probe(&c);
+    c.service("web", &[VIP], &["node-a"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    let owner_mac = c.host(&owner).mac().to_string();
+    // Each agent asks its gateway every second from its start: by now
+    // every one has heard it answer.
+    std::thread::sleep(Duration::from_secs(2));
+    let nft = |rule: &str| {
+        router
+            .run(&["nft", rule])
+            .unwrap_or_else(|e| panic!("nft {rule}: {e}"))
+    };
+    nft("add table arp uplink");
+    nft("add chain arp uplink input { type filter hook input priority 0; }");
+    let cut = Instant::now();
+    nft(&format!(
+        "add rule arp uplink input arp saddr ether {owner_mac} drop"
+    ));
+    let next = wait_for("another owner", Duration::from_secs(15), || {
+        let h = c.holders(VIP);
+        (h.len() == 1 && h[0] != owner).then(|| h[0].clone())
+    })
+    .unwrap();
+    let next_mac = c.host(&next).mac().to_string();
+    let answered = probe
+        .wait_for_mac(&next_mac, cut, Duration::from_secs(5))
+        .expect("the new owner answers");
+    let o = until_only(&probe, &next_mac, cut, Duration::from_secs(10));
+    eprintln!(
+        "uplink of {owner} cut: {next} answers {} ms after, {o:?}",
+        (answered - cut).as_millis()
+    );
+    assert_eq!(o.lost, 0, "make before break: {o:?}");
+    let moved = last_move(&c, &next, &owner);
+    assert_eq!(
+        (moved.0.as_str(), moved.2.as_str()),
+        (VIP, "upstream"),
+        "{moved:?}"
+    );
+    let status = |node: &str| c.agent_command(node, &["status"]).1;
+    let says = status(&owner);
+    assert!(says.contains("gateway lost: eth0 (IPv4)"), "{says}");
+
+    // The path back: answered again for a while, the gateway counts as
+    // back and the preferred owner takes its VIP back, make before break.
+    let t = Instant::now();
+    nft("flush chain arp uplink input");
+    let o = until_only(&probe, &owner_mac, t, Duration::from_secs(15));
+    eprintln!("uplink of {owner} back: it answers again, {o:?}");
+    assert_eq!(o.lost, 0, "make before break: {o:?}");
+
+    // The router answers nobody, in either family: every host has lost
+    // its gateways, none ranks before another for them, and the VIP stays
+    // put. (A gateway is lost only after it answered: that IPv6's is
+    // lost too shows the solicitations were answered until now.)
+    nft("add rule arp uplink input drop");
+    nft("add table ip6 uplink");
+    nft("add chain ip6 uplink input { type filter hook input priority 0; }");
+    nft("add rule ip6 uplink input icmpv6 type nd-neighbor-solicit drop");
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(7));
+    let o = probe.judge(t, Instant::now());
+    assert_eq!(
+        probe.macs_between(t, Instant::now()),
+        vec![owner_mac],
+        "nothing moves when no host reaches its gateway: {o:?}"
+    );
+    assert_eq!(o.lost, 0, "{o:?}");
+    for node in ["node-a", "node-b", "node-c"] {
+        let says = status(node);
+        assert!(
+            says.contains("gateway lost: eth0 (IPv4), eth0 (IPv6)"),
+            "{node}: {says}"
+        );
+    }
+}

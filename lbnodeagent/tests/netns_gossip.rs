@@ -41,6 +41,7 @@ fn start(rt: &NsRuntime, name: &str, addr: SocketAddr, seed: Option<SocketAddr>,
                 prefix: "10.77.0.0/24".parse().unwrap(),
                 interface: "eth0".into(),
                 announce: true,
+                upstream_lost: false,
             }]
             .into(),
             vips: Default::default(),

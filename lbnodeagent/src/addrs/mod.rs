@@ -209,6 +209,8 @@ pub struct LinksRead {
     /// The host's local unicast addresses (its own and the VIPs it holds),
     /// from the kernel's local routes, sorted; empty where unknown.
     pub local: Vec<IpAddr>,
+    /// The default routes' gateways, IPv4 then IPv6, where known.
+    pub gateways: Vec<crate::model::Gateway>,
 }
 
 pub trait AddressBackend: Send + Sync {
@@ -246,6 +248,7 @@ pub trait AddressBackend: Send + Sync {
                 all,
                 announce: [v4, v6],
                 local: Vec::new(),
+                gateways: Vec::new(),
             }
         }
     }

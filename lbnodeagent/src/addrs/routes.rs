@@ -29,6 +29,8 @@ pub(super) struct Hop {
     pub ifindex: u32,
     /// Reached through a router (`via`), so not on-link.
     pub gateway: bool,
+    /// That router's address, when of the route's own family.
+    pub via: Option<IpAddr>,
 }
 
 impl Route {
@@ -40,6 +42,7 @@ impl Route {
         let mut metric = 0;
         let mut oif = None;
         let mut gateway = false;
+        let mut via = None;
         let mut multipath = None;
         for attr in &msg.attributes {
             match attr {
@@ -47,7 +50,11 @@ impl Route {
                 RouteAttribute::Destination(a) => destination = route_ip(a),
                 RouteAttribute::Priority(p) => metric = *p,
                 RouteAttribute::Oif(i) => oif = Some(*i),
-                RouteAttribute::Gateway(_) | RouteAttribute::Via(_) => gateway = true,
+                RouteAttribute::Gateway(a) => {
+                    gateway = true;
+                    via = route_ip(a);
+                }
+                RouteAttribute::Via(_) => gateway = true,
                 RouteAttribute::MultiPath(hops) => {
                     multipath = Some(
                         hops.iter()
@@ -55,6 +62,10 @@ impl Route {
                                 ifindex: nh.interface_index,
                                 gateway: nh.attributes.iter().any(|a| {
                                     matches!(a, RouteAttribute::Gateway(_) | RouteAttribute::Via(_))
+                                }),
+                                via: nh.attributes.iter().find_map(|a| match a {
+                                    RouteAttribute::Gateway(a) => route_ip(a),
+                                    _ => None,
                                 }),
                             })
                             .collect(),
@@ -82,7 +93,11 @@ impl Route {
         let hops = match multipath {
             Some(hops) => hops,
             None => oif
-                .map(|ifindex| Hop { ifindex, gateway })
+                .map(|ifindex| Hop {
+                    ifindex,
+                    gateway,
+                    via,
+                })
                 .into_iter()
                 .collect(),
         };
@@ -132,11 +147,9 @@ fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-/// The output interface of the default route with the lowest metric in the
-/// main table. Equal metrics: the first in dump order, which is the one the
-/// kernel uses. A multipath default: its first next hop, because a VIP
-/// announced on two uplinks at once would be answered from two MACs.
-pub(super) fn default_interface(routes: &[Route], family: Family) -> Option<u32> {
+/// The default route the kernel uses for `family`: the lowest metric in
+/// the main table, the first in dump order among equals.
+fn default_route(routes: &[Route], family: Family) -> Option<&Route> {
     routes
         .iter()
         .filter(|r| {
@@ -146,7 +159,27 @@ pub(super) fn default_interface(routes: &[Route], family: Family) -> Option<u32>
                 && !r.hops.is_empty()
         })
         .min_by_key(|r| r.metric)
-        .map(|r| r.hops[0].ifindex)
+}
+
+/// The router of the default route of `family` (its first next hop, as
+/// for the interface) and the interface it is reached through; `None`
+/// when the default route names no router of its own family (a
+/// point-to-point link, or an IPv4 route via an IPv6 next hop).
+pub(super) fn default_gateway(routes: &[Route], family: Family) -> Option<(u32, IpAddr)> {
+    let hop = default_route(routes, family)?.hops.first()?;
+    let via = hop.via.filter(|ip| match family {
+        Family::V4 => ip.is_ipv4(),
+        Family::V6 => ip.is_ipv6(),
+    })?;
+    Some((hop.ifindex, via))
+}
+
+/// The output interface of the default route with the lowest metric in the
+/// main table. Equal metrics: the first in dump order, which is the one the
+/// kernel uses. A multipath default: its first next hop, because a VIP
+/// announced on two uplinks at once would be answered from two MACs.
+pub(super) fn default_interface(routes: &[Route], family: Family) -> Option<u32> {
+    default_route(routes, family).map(|r| r.hops[0].ifindex)
 }
 
 /// The prefixes reached directly (no gateway) through `ifindex` in the main
@@ -263,6 +296,14 @@ mod tests {
         ]);
         assert_eq!(default_interface(&routes, Family::V4), Some(3));
         assert_eq!(default_interface(&routes, Family::V6), Some(5));
+        assert_eq!(
+            default_gateway(&routes, Family::V4),
+            Some((3, "10.1.0.1".parse().unwrap()))
+        );
+        assert_eq!(
+            default_gateway(&routes, Family::V6),
+            Some((5, "fe80::1".parse().unwrap()))
+        );
     }
 
     #[test]
@@ -291,6 +332,19 @@ mod tests {
             ])],
         )]);
         assert_eq!(default_interface(&routes, Family::V4), Some(7));
+        assert_eq!(
+            default_gateway(&routes, Family::V4),
+            Some((7, "10.0.0.1".parse().unwrap()))
+        );
+    }
+
+    /// A default route with no router (a point-to-point link) has no
+    /// gateway to check.
+    #[test]
+    fn a_default_without_a_router_has_no_gateway() {
+        let routes = parse_all(&[msg("0.0.0.0/0", vec![RouteAttribute::Oif(4)])]);
+        assert_eq!(default_interface(&routes, Family::V4), Some(4));
+        assert_eq!(default_gateway(&routes, Family::V4), None);
     }
 
     #[test]

@@ -59,7 +59,22 @@ pub struct AgentConfig {
     /// `firewall.enabled`: traffic to a VIP reaches this host only on its
     /// Services' ports (and ICMP); on by default.
     pub firewall: bool,
+    /// `[upstream]`: whether this node checks that it reaches its default
+    /// gateways (see `announce::gateway`).
+    pub upstream: UpstreamSettings,
 }
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpstreamSettings {
+    /// `upstream.enabled`; on by default.
+    pub enabled: bool,
+    /// `upstream.lost_after`: how long a gateway that answered may stay
+    /// silent before it counts as lost.
+    pub lost_after: Duration,
+}
+
+/// [`UpstreamSettings::lost_after`] unless set: three unanswered rounds.
+pub const DEFAULT_UPSTREAM_LOST_AFTER: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AnnounceSettings {
@@ -167,6 +182,15 @@ struct FileConfig {
     http: HttpSection,
     #[serde(default)]
     firewall: FirewallSection,
+    #[serde(default)]
+    upstream: UpstreamSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamSection {
+    enabled: Option<bool>,
+    lost_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -349,6 +373,22 @@ impl FileConfig {
             }
         }
 
+        let lost_after = duration(
+            "upstream.lost_after",
+            self.upstream.lost_after,
+            DEFAULT_UPSTREAM_LOST_AFTER,
+        )?;
+        if !(Duration::from_secs(2)..=Duration::from_secs(60)).contains(&lost_after) {
+            return Err(bad(
+                "upstream.lost_after",
+                "must be between 2s and 60s (the gateway is asked every second)".into(),
+            ));
+        }
+        let upstream = UpstreamSettings {
+            enabled: self.upstream.enabled.unwrap_or(true),
+            lost_after,
+        };
+
         let http_listen = socket(
             "http.listen",
             self.http.listen.as_deref().unwrap_or(DEFAULT_HTTP_LISTEN),
@@ -380,6 +420,7 @@ impl FileConfig {
             },
             http_listen,
             firewall: self.firewall.enabled.unwrap_or(true),
+            upstream,
         })
     }
 }
@@ -501,6 +542,8 @@ mod tests {
         assert_eq!(c.announce.garp, AnnounceConfig::default());
         assert_eq!(c.http_listen, "127.0.0.1:7472".parse().unwrap());
         assert!(c.firewall, "on unless turned off");
+        assert!(c.upstream.enabled, "on unless turned off");
+        assert_eq!(c.upstream.lost_after, Duration::from_secs(3));
         assert_eq!(c.run_dir, PathBuf::from("/run/lbnodeagent"));
     }
 
@@ -527,6 +570,9 @@ refresh_interval = "30s"
 listen = "127.0.0.1:9000"
 [firewall]
 enabled = false
+[upstream]
+enabled = false
+lost_after = "5s"
 "#,
         )
         .unwrap();
@@ -546,6 +592,8 @@ enabled = false
         assert_eq!(c.announce.garp.interval, Duration::from_millis(250));
         assert_eq!(c.announce.garp.refresh, Some(Duration::from_secs(30)));
         assert!(!c.firewall);
+        assert!(!c.upstream.enabled);
+        assert_eq!(c.upstream.lost_after, Duration::from_secs(5));
         assert_eq!(c.http_listen.port(), 9000);
     }
 
@@ -554,6 +602,8 @@ enabled = false
         let err = |text: &str| parse(text).unwrap_err().to_string();
         let e = err("kubeconfig = \"/k\"\n[gossip]\nlisen = \"0.0.0.0:1\"\n");
         assert!(e.contains("lisen") && e.contains("line 3"), "{e}");
+        let e = err("[upstream]\nlost_after = \"1s\"\n");
+        assert!(e.contains("line 2: upstream.lost_after"), "{e}");
         let e = err("[announce]\ngarp_count = 500\n");
         assert!(
             e.contains("line 2: announce.garp_count: 500 is outside 0..=100"),

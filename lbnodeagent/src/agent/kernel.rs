@@ -78,8 +78,28 @@ impl<B: AddressBackend + 'static> Agent<B> {
             .flatten()
             .all(|i| links.by_index(i).is_some_and(|l| l.carrier));
         self.telemetry.carrier.store(carrier, Ordering::Relaxed);
+        if let Some(upstream) = &self.upstream {
+            upstream.set(gateway_probes(&links));
+        }
         links
     }
+}
+
+/// The gateways to check, each from the MAC of the link it is reached
+/// through: none on a link without carrier (nothing would answer) or
+/// without a MAC (no ARP there).
+pub(super) fn gateway_probes(links: &Links) -> Vec<crate::announce::gateway::Probe> {
+    links
+        .gateways
+        .iter()
+        .filter_map(|g| {
+            let link = links.by_index(g.ifindex).filter(|l| l.carrier)?;
+            Some(crate::announce::gateway::Probe {
+                gateway: g.clone(),
+                mac: link.mac?,
+            })
+        })
+        .collect()
 }
 
 /// Reads of the links and routes, off the loop. A read waits for the
@@ -389,7 +409,7 @@ pub(super) async fn read_links<B: AddressBackend>(
 ) -> Links {
     let configured = cfg.announce.interface.as_deref();
     let read = backend.links_and_announce(configured).await;
-    let (all, found, local) = (read.all, read.announce, read.local);
+    let (all, found, local, gateways) = (read.all, read.announce, read.local, read.gateways);
     let all = match all {
         Ok(a) => a,
         Err(e) => {
@@ -421,6 +441,7 @@ pub(super) async fn read_links<B: AddressBackend>(
     Links {
         all,
         local,
+        gateways,
         announce_v4: announce[0],
         announce_v6: announce[1],
         virtual_link: virtual_link.map(|v: Interface| Interface {

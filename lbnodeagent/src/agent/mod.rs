@@ -170,6 +170,9 @@ pub struct Agent<B: AddressBackend + 'static> {
     telemetry: Arc<Telemetry>,
     kernel: Kernel,
     link_reads: kernel::LinkReads,
+    /// Checks that this node reaches its default gateways (`[upstream]`);
+    /// `None` when turned off.
+    upstream: Option<crate::announce::gateway::GatewayProbe>,
     /// Create the virtual interface at the next links refresh (at start,
     /// and after a reload changed its name); otherwise it is only looked up.
     ensure_virtual: bool,
@@ -267,6 +270,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     continue;
                 }
                 links = self.link_reads.next() => Input::Links(self.links_read(links)),
+                Some(lost) = recv_lost(&mut self.upstream) => Input::Upstream(lost),
                 () = &mut wake => match self.wire.received() {
                     // Claims that arrived before the deadline first; the
                     // wake, still due, fires again after them.
@@ -633,6 +637,16 @@ impl<B: AddressBackend + 'static> Agent<B> {
 
 /// `recv` on a channel the agent may not have (no raw socket, no
 /// detector link): pending forever then, so its `select!` arm never fires.
+/// The gateway checks' next word, if they run.
+async fn recv_lost(
+    probe: &mut Option<crate::announce::gateway::GatewayProbe>,
+) -> Option<crate::model::UpstreamLost> {
+    match probe {
+        Some(p) => p.lost.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn recv_if<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     match rx {
         Some(rx) => rx.recv().await,

@@ -283,6 +283,7 @@ pub fn members_of(records: &[NodeAgent], now: jiff::Timestamp) -> Vec<Member> {
                             prefix: p.parse().ok()?,
                             interface: i.name.clone(),
                             announce: i.announce,
+                            upstream_lost: false,
                         })
                     })
                 })
@@ -551,7 +552,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             Some(_) => DEGRADED,
         };
         let links = self.core.links();
-        let on_link = links.on_link();
+        let on_link = self.core.on_link();
         let interfaces: Vec<NodeAgentInterface> = links
             .all
             .iter()

@@ -45,6 +45,19 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.cfg.gossip.seeds = new.gossip.seeds;
         self.cfg.gossip.key_file = new.gossip.key_file;
         self.cfg.firewall = new.firewall;
+        if new.upstream != self.cfg.upstream {
+            self.upstream = new
+                .upstream
+                .enabled
+                .then(|| crate::announce::gateway::GatewayProbe::start(new.upstream.lost_after));
+            if let Some(u) = &self.upstream {
+                u.set(super::kernel::gateway_probes(self.core.links()));
+            } else {
+                // Turned off: no gateway is lost from now on.
+                self.step(Input::Upstream(Default::default())).await;
+            }
+            self.cfg.upstream = new.upstream;
+        }
         self.config_hash = config_hash(&self.cfg);
         self.link_reads.set_config(&self.cfg);
         info!(config = %self.config_path.display(), "config reloaded");

@@ -132,6 +132,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
         let firewall = super::firewall::start(telemetry.clone(), cfg.firewall);
         let kernel = kernel_worker(backend.clone(), kernel_thread, firewall.guard());
         let link_reads = LinkReads::start(backend.clone(), cfg.clone());
+        let upstream = cfg
+            .upstream
+            .enabled
+            .then(|| crate::announce::gateway::GatewayProbe::start(cfg.upstream.lost_after));
         let config_hash = record::config_hash(&cfg);
         let beat_check = beats::BeatCheck::new(
             identity.clone(),
@@ -168,6 +172,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             telemetry,
             kernel,
             link_reads,
+            upstream,
             ensure_virtual: false,
             cluster_sent: false,
             drain_sent: false,

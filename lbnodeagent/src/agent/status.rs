@@ -38,6 +38,10 @@ pub struct StatusDoc {
     /// The drain is in force: every member elects by it.
     #[serde(default)]
     pub drained: bool,
+    /// `interface (IPv4)`: the default gateways this node stopped
+    /// reaching; it is the last resort for the VIPs there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateways_lost: Vec<String>,
     pub members: Vec<MemberDoc>,
     pub held: Vec<HeldDoc>,
     pub vips: Vec<VipDoc>,
@@ -114,6 +118,9 @@ pub struct CandidateDoc {
     /// Drained: last in order.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub drained: bool,
+    /// Its gateway toward the VIP's network is lost: last in order too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upstream_lost: bool,
     pub score: u32,
     pub hash_rank: usize,
 }
@@ -139,6 +146,7 @@ impl VipDoc {
                 .map(|c| CandidateDoc {
                     node: c.node.clone(),
                     drained: c.drained,
+                    upstream_lost: c.upstream_lost,
                     score: c.score,
                     hash_rank: c.hash_rank,
                 })
@@ -180,6 +188,11 @@ pub fn doc(core: &Core, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc
         isolated_from: core.isolated_from(),
         drain: core.drain_requested(),
         drained: core.drained(),
+        gateways_lost: core
+            .upstream_lost()
+            .iter()
+            .map(|(interface, family)| format!("{interface} ({family})"))
+            .collect(),
         members: core
             .view()
             .nodes
@@ -195,10 +208,11 @@ pub fn doc(core: &Core, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc
                     .iter()
                     .map(|o| {
                         format!(
-                            "{}@{}{}",
+                            "{}@{}{}{}",
                             o.prefix,
                             o.interface,
-                            if o.announce { "*" } else { "" }
+                            if o.announce { "*" } else { "" },
+                            if o.upstream_lost { "(gateway lost)" } else { "" }
                         )
                     })
                     .collect(),
@@ -259,6 +273,13 @@ pub fn render(doc: &StatusDoc) -> String {
             );
         }
         _ => {}
+    }
+    if !doc.gateways_lost.is_empty() {
+        let _ = writeln!(
+            out,
+            "gateway lost: {}: the last resort for the VIPs there; they move to a node that reaches its gateway, and stay where none does",
+            doc.gateways_lost.join(", ")
+        );
     }
     for w in &doc.warnings {
         let _ = writeln!(out, "warning: {w}");

@@ -13,6 +13,7 @@
 //! and the next one tried. Frames are built in [`packet`]; the raw socket
 //! lives in `sys`, the crate's only unsafe code.
 
+pub mod gateway;
 pub mod packet;
 #[allow(unsafe_code)]
 mod sys;

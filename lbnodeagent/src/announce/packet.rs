@@ -116,6 +116,16 @@ pub fn unsolicited_na(mac: MacAddr, ip: Ipv6Addr) -> Frame {
 /// reply naming its MAC. How an owner checks that nobody else answers for
 /// its VIP.
 pub fn arp_probe(mac: MacAddr, target: Ipv4Addr) -> Frame {
+    Frame {
+        kind: "arp probe",
+        ..arp_request(mac, Ipv4Addr::UNSPECIFIED, target)
+    }
+}
+
+/// An ARP request for `target` from `sender`, to broadcast, as the
+/// kernel's neighbour table sends one: how the agent checks that its
+/// gateway still answers (see `gateway`).
+pub fn arp_request(mac: MacAddr, sender: Ipv4Addr, target: Ipv4Addr) -> Frame {
     let mut f = ethernet(BROADCAST, mac, ETH_P_ARP);
     f.extend_from_slice(&1u16.to_be_bytes());
     f.extend_from_slice(&0x0800u16.to_be_bytes());
@@ -123,7 +133,7 @@ pub fn arp_probe(mac: MacAddr, target: Ipv4Addr) -> Frame {
     f.push(4);
     f.extend_from_slice(&(ArpOp::Request as u16).to_be_bytes());
     f.extend_from_slice(&mac.0);
-    f.extend_from_slice(&[0; 4]);
+    f.extend_from_slice(&sender.octets());
     f.extend_from_slice(&[0; 6]);
     f.extend_from_slice(&target.octets());
     f.resize(MIN_FRAME, 0);
@@ -131,7 +141,7 @@ pub fn arp_probe(mac: MacAddr, target: Ipv4Addr) -> Frame {
         destination: BROADCAST,
         ethertype: ETH_P_ARP,
         bytes: f,
-        kind: "arp probe",
+        kind: "arp request",
     }
 }
 
@@ -140,23 +150,35 @@ pub fn arp_probe(mac: MacAddr, target: Ipv4Addr) -> Frame {
 /// options. A host holding `target` defends it with an advertisement to all
 /// nodes carrying its MAC; no cache learns from the solicitation.
 pub fn dad_solicitation(mac: MacAddr, target: Ipv6Addr) -> Frame {
+    solicitation(mac, Ipv6Addr::UNSPECIFIED, target)
+}
+
+/// A Neighbor Solicitation for `target` from `source`, to the target's
+/// solicited-node group. From `::` it carries no option (RFC 4861 7.1.1);
+/// from an address, its source link-layer address, as the kernel's own
+/// resolution does, and the target answers this node alone.
+pub fn solicitation(mac: MacAddr, source: Ipv6Addr, target: Ipv6Addr) -> Frame {
     let t = target.octets();
     let group = crate::model::solicited_node(target);
     let group_mac = MacAddr([0x33, 0x33, 0xff, t[13], t[14], t[15]]);
-    let mut icmp = Vec::with_capacity(24);
+    let mut icmp = Vec::with_capacity(32);
     icmp.push(135); // Neighbor Solicitation
     icmp.push(0);
     icmp.extend_from_slice(&[0, 0]);
     icmp.extend_from_slice(&[0, 0, 0, 0]);
     icmp.extend_from_slice(&t);
-    let sum = icmpv6_checksum(Ipv6Addr::UNSPECIFIED, group, &icmp);
+    if !source.is_unspecified() {
+        icmp.extend_from_slice(&[1, 1]); // source link-layer address, 8 bytes
+        icmp.extend_from_slice(&mac.0);
+    }
+    let sum = icmpv6_checksum(source, group, &icmp);
     icmp[2..4].copy_from_slice(&sum.to_be_bytes());
     let mut f = ethernet(group_mac, mac, ETH_P_IPV6);
     f.extend_from_slice(&[0x60, 0, 0, 0]);
     f.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
     f.push(58);
     f.push(255);
-    f.extend_from_slice(&Ipv6Addr::UNSPECIFIED.octets());
+    f.extend_from_slice(&source.octets());
     f.extend_from_slice(&group.octets());
     f.extend_from_slice(&icmp);
     f.resize(f.len().max(MIN_FRAME), 0);
@@ -373,6 +395,40 @@ mod tests {
         zeroed[2..4].copy_from_slice(&[0, 0]);
         assert_eq!(
             icmpv6_checksum(Ipv6Addr::UNSPECIFIED, group, &zeroed).to_be_bytes(),
+            [icmp[2], icmp[3]]
+        );
+    }
+
+    /// The gateway checks: an ARP request from this host's address, which
+    /// claims that address (as the kernel's own does), and a solicitation
+    /// from its link-local address carrying its MAC, checksummed over the
+    /// source it names.
+    #[test]
+    fn a_gateway_check_asks_as_the_kernel_does() {
+        let me: Ipv4Addr = "10.0.0.11".parse().unwrap();
+        let gw: Ipv4Addr = "10.0.0.1".parse().unwrap();
+        let req = arp_request(MAC, me, gw);
+        assert_eq!(req.destination, BROADCAST);
+        assert_eq!(&req.bytes[20..22], &1u16.to_be_bytes(), "a request");
+        assert_eq!(&req.bytes[28..32], &me.octets());
+        assert_eq!(&req.bytes[38..42], &gw.octets());
+        assert_eq!(arp_claim(&req.bytes).map(|c| c.ip), Some(me.into()));
+
+        let source: Ipv6Addr = "fe80::11".parse().unwrap();
+        let router: Ipv6Addr = "fe80::1".parse().unwrap();
+        let ns = solicitation(MAC, source, router);
+        let ip6 = &ns.bytes[14..];
+        assert_eq!(&ip6[8..24], &source.octets());
+        let group = crate::model::solicited_node(router);
+        assert_eq!(&ip6[24..40], &group.octets());
+        let icmp = &ip6[40..72];
+        assert_eq!(&icmp[8..24], &router.octets());
+        assert_eq!(&icmp[24..26], &[1, 1], "a source link-layer option");
+        assert_eq!(&icmp[26..32], &MAC.0);
+        let mut zeroed = icmp.to_vec();
+        zeroed[2..4].copy_from_slice(&[0, 0]);
+        assert_eq!(
+            icmpv6_checksum(source, group, &zeroed).to_be_bytes(),
             [icmp[2], icmp[3]]
         );
     }

@@ -109,8 +109,11 @@ impl fmt::Display for Note {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Candidate {
     pub node: String,
-    /// Drained: ranked after every candidate that is not.
+    /// Drained: ranked after every candidate that is not of last resort.
     pub drained: bool,
+    /// Its default gateway toward the VIP's network stopped answering:
+    /// ranked last too, as if drained.
+    pub upstream_lost: bool,
     pub score: u32,
     /// 1-based position among the candidates by hash alone: what the order
     /// would be without preferences.
@@ -134,7 +137,8 @@ pub struct VipReport {
     pub winner: Option<String>,
     /// Where the winner holds the address: interface and on-link prefix.
     pub winner_on: Option<OnLink>,
-    /// In election order: drained nodes last, then score descending, then
+    /// In election order: drained nodes and those whose gateway is lost
+    /// last, then score descending, then
     /// hash ascending.
     pub candidates: Vec<Candidate>,
     /// Eligible live nodes with no on-link prefix for the VIP: they hold it on

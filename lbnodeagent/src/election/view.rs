@@ -186,6 +186,7 @@ impl Member {
                     prefix,
                     interface: String::new(),
                     announce: true,
+                    upstream_lost: false,
                 })
                 .collect(),
         }
@@ -204,4 +205,10 @@ pub struct OnLink {
     /// On the interface the agent announces on by default (the default-route
     /// interface or the configured one).
     pub announce: bool,
+    /// The interface's default gateway of this family answered the agent's
+    /// probes once and has stopped (see `agent::upstream`): the node is a
+    /// candidate of last resort for the VIPs it would hold here, as if
+    /// drained, so they move to a node that can forward, and stay put
+    /// when no candidate can.
+    pub upstream_lost: bool,
 }

@@ -800,11 +800,13 @@ mod tests {
                     prefix: "10.0.0.0/24".parse().unwrap(),
                     interface: "eth0".into(),
                     announce: true,
+                    upstream_lost: false,
                 },
                 OnLink {
                     prefix: "2001:db8::/64".parse().unwrap(),
                     interface: "eth0".into(),
                     announce: true,
+                    upstream_lost: false,
                 },
             ]
             .into(),

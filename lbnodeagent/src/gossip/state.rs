@@ -6,7 +6,7 @@
 //! | `version` | agent version |
 //! | `protocol` | [`PROTOCOL`]: the version of what agents exchange; absent from agents before the key, which speak protocol 1 |
 //! | `status` | `starting`, `alive` or `leaving` |
-//! | `onlink.v4`, `onlink.v6` | JSON list of `{"if", "prefix", "announce"}` |
+//! | `onlink.v4`, `onlink.v6` | JSON list of `{"if", "prefix", "announce", "nogw"}`; `nogw` (only when `true`): the interface's default gateway of that family stopped answering (see `agent::upstream`) |
 //! | `virtual` | `true` / `false` |
 //! | `macs` | MACs of the announce interfaces, space-separated (conflict detection names the host behind a MAC) |
 //! | `vips.0`, `vips.1`, … | held VIPs, space-separated, sorted, each value ≤ [`VIPS_CHUNK_BYTES`] |
@@ -68,6 +68,9 @@ struct OnLinkWire {
     prefix: String,
     #[serde(default)]
     announce: bool,
+    /// Written only when set: agents from before the field read the rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    nogw: bool,
 }
 
 fn encode_on_link(on_link: &[OnLink], family: Family) -> String {
@@ -78,6 +81,7 @@ fn encode_on_link(on_link: &[OnLink], family: Family) -> String {
             interface: o.interface.clone(),
             prefix: o.prefix.to_string(),
             announce: o.announce,
+            nogw: o.upstream_lost,
         })
         .collect();
     serde_json::to_string(&entries).expect("strings and bools always serialize")
@@ -94,6 +98,7 @@ fn decode_on_link(text: &str, family: Family, out: &mut Vec<OnLink>) {
                 prefix,
                 interface: entry.interface,
                 announce: entry.announce,
+                upstream_lost: entry.nogw,
             }),
             _ => tracing::debug!(
                 prefix = entry.prefix,
@@ -299,6 +304,7 @@ mod tests {
             prefix: prefix.parse().unwrap(),
             interface: interface.to_string(),
             announce,
+            upstream_lost: false,
         }
     }
 
@@ -332,10 +338,17 @@ mod tests {
             on_link("10.0.0.0/24", "eth0", true),
             on_link("2001:db8::/64", "eth0", true),
             on_link("192.168.7.0/24", "eth1,odd", false),
+            OnLink {
+                upstream_lost: true,
+                ..on_link("10.9.0.0/24", "eth2", false)
+            },
         ];
         let v4 = encode_on_link(&list, Family::V4);
         let v6 = encode_on_link(&list, Family::V6);
         assert!(!v4.contains("2001"), "{v4}");
+        // Said only where the gateway is lost: an older agent reads the
+        // same value as it always did everywhere else.
+        assert_eq!(v4.matches("nogw").count(), 1, "{v4}");
         let mut back = Vec::new();
         decode_on_link(&v4, Family::V4, &mut back);
         decode_on_link(&v6, Family::V6, &mut back);

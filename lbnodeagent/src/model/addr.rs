@@ -59,6 +59,30 @@ impl FromStr for MacAddr {
     }
 }
 
+/// The default gateway of one family, as the main routing table's
+/// lowest-metric default route names it: what the agent checks it still
+/// reaches (see `agent::upstream`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Gateway {
+    pub interface: String,
+    pub ifindex: u32,
+    /// Link-local for most IPv6 routers.
+    pub addr: IpAddr,
+}
+
+impl Gateway {
+    pub fn family(&self) -> Family {
+        match self.addr {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+}
+
+/// The interfaces, by name, whose default gateway of a family answered
+/// the agent's probes and then stopped.
+pub type UpstreamLost = std::collections::BTreeSet<(String, Family)>;
+
 /// A link as the announce logic needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Interface {

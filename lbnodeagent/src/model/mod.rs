@@ -8,7 +8,10 @@ mod firewall;
 mod member;
 mod wire;
 
-pub use addr::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress, solicited_node};
+pub use addr::{
+    Applied, Gateway, Interface, Lifetime, MacAddr, OwnedAddress, UpstreamLost, VipAddress,
+    solicited_node,
+};
 pub use firewall::{Firewall, FirewallPlan};
 pub use member::{
     DEFAULT_PORT, LocalState, MemberInfo, MembershipView, PROTOCOL, PROTOCOL_DRAIN,

@@ -252,6 +252,7 @@ impl AddressBackend for NetlinkBackend {
                     all: Err(e),
                     announce: [v4, v6],
                     local: Vec::new(),
+                    gateways: Vec::new(),
                 };
             }
         };
@@ -273,10 +274,23 @@ impl AddressBackend for NetlinkBackend {
                     .ok_or(Error::InterfaceGone { index })
             }),
         };
+        let gateways = [Family::V4, Family::V6]
+            .into_iter()
+            .filter_map(|family| routes::default_gateway(&routes, family))
+            .filter_map(|(ifindex, addr)| {
+                let interface = all.iter().find(|i| i.index == ifindex)?.name.clone();
+                Some(crate::model::Gateway {
+                    interface,
+                    ifindex,
+                    addr,
+                })
+            })
+            .collect();
         LinksRead {
             all: Ok(all),
             announce,
             local: routes::local_addresses(&routes),
+            gateways,
         }
     }
 

@@ -150,6 +150,9 @@ pub enum Input {
     },
     /// The agents' records in the API (`NodeAgent` objects), every one.
     Records(Vec<AgentRecord>),
+    /// The interfaces whose default gateway answered and then stopped
+    /// (see `agent::upstream`), every one each time.
+    Upstream(crate::model::UpstreamLost),
     /// This node's NodeAgent `spec.drain`, as read at start (before the
     /// first cluster view, so a drained node never wins anything back on
     /// a restart) and at every change.
@@ -175,6 +178,7 @@ impl Input {
             Input::Reloaded { .. } => "reloaded",
             Input::Records(_) => "records",
             Input::Drain(_) => "drain",
+            Input::Upstream(_) => "upstream",
         }
     }
 }
@@ -299,6 +303,10 @@ pub enum MoveCause {
     /// The previous holder's Node is cordoned, and an advertisement of the
     /// address counts a cordon as a drain.
     Cordoned,
+    /// The previous holder's default gateway toward the address's network
+    /// stopped answering (see `announce::gateway`): clients beyond the
+    /// router no longer reached it there.
+    Upstream,
     /// The previous holder can no longer serve the address: its carrier,
     /// its interface, or the objects (node selector, endpoints) left it
     /// out.
@@ -317,6 +325,7 @@ impl MoveCause {
             MoveCause::Leaving => "shutdown",
             MoveCause::Drained => "drain",
             MoveCause::Cordoned => "cordon",
+            MoveCause::Upstream => "upstream",
             MoveCause::Ineligible => "not-a-candidate",
             MoveCause::Preference => "preference",
         }
@@ -326,6 +335,12 @@ impl MoveCause {
     /// a while. Otherwise the move was planned, make before break.
     pub fn is_fault(self) -> bool {
         matches!(self, MoveCause::Gone | MoveCause::Silent)
+    }
+
+    /// An operator should look: a fault, or a holder cut off from its
+    /// gateway (the move itself was make before break).
+    pub fn is_warning(self) -> bool {
+        self.is_fault() || self == MoveCause::Upstream
     }
 }
 

@@ -12,7 +12,7 @@ use hostlb_api::Family;
 
 use crate::election::{Duty, OnLink};
 use crate::model::Target;
-use crate::model::{Interface, Lifetime, VipAddress};
+use crate::model::{Interface, Lifetime, UpstreamLost, VipAddress};
 
 /// How a VIP is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -50,6 +50,9 @@ pub struct Links {
     /// and the VIPs held here), sorted: the firewall leaves the host's own
     /// alone (see `Core::plan_firewall`).
     pub local: Vec<IpAddr>,
+    /// The default routes' gateways, which the agent checks it reaches
+    /// (see `agent::upstream`).
+    pub gateways: Vec<crate::model::Gateway>,
 }
 
 impl Links {
@@ -76,8 +79,10 @@ impl Links {
     /// The prefixes this node publishes: those of every link with carrier,
     /// except the virtual interface (whose host routes are not a subnet).
     /// A link without carrier publishes nothing, so the node stops being a
-    /// candidate for VIPs there the moment the cable is pulled.
-    pub fn on_link(&self) -> Vec<OnLink> {
+    /// candidate for VIPs there the moment the cable is pulled. A prefix on
+    /// an interface whose gateway of its family is `lost` is marked so:
+    /// the node is then a candidate of last resort there.
+    pub fn on_link(&self, lost: &UpstreamLost) -> Vec<OnLink> {
         let virtual_index = self.virtual_link.as_ref().map(|v| v.index);
         let mut out: Vec<OnLink> = self
             .all
@@ -88,6 +93,7 @@ impl Links {
                     prefix: *p,
                     interface: i.name.clone(),
                     announce: self.announce_index(p.family()) == Some(i.index),
+                    upstream_lost: lost.contains(&(i.name.clone(), p.family())),
                 })
             })
             .collect();
@@ -208,13 +214,14 @@ mod tests {
             announce_v6: Some(2),
             virtual_link: Some(iface("kube-lb0", 5, true, &[])),
             local: Vec::new(),
+            gateways: Vec::new(),
         }
     }
 
     #[test]
     fn publishes_every_link_with_carrier_except_the_virtual_one() {
         let got: Vec<(String, String, bool)> = links()
-            .on_link()
+            .on_link(&UpstreamLost::new())
             .into_iter()
             .map(|o| (o.interface, o.prefix.to_string(), o.announce))
             .collect();
@@ -228,6 +235,25 @@ mod tests {
         );
     }
 
+    /// A lost gateway marks the prefixes of its interface and family only.
+    #[test]
+    fn a_lost_gateway_marks_its_interface_and_family() {
+        let lost: UpstreamLost = [("eth0".to_string(), Family::V4)].into();
+        let got: Vec<(String, String, bool)> = links()
+            .on_link(&lost)
+            .into_iter()
+            .map(|o| (o.interface, o.prefix.to_string(), o.upstream_lost))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("eth0".into(), "10.0.0.0/24".into(), true),
+                ("eth1".into(), "10.9.0.0/24".into(), false),
+                ("eth0".into(), "fd00::/64".into(), false),
+            ]
+        );
+    }
+
     #[test]
     fn duties_become_addresses_with_ifindex_prefix_and_mac() {
         let l = links();
@@ -236,6 +262,7 @@ mod tests {
             prefix: p.parse().unwrap(),
             interface: iface.into(),
             announce: false,
+            upstream_lost: false,
         };
         let duties = vec![
             Duty::Announce {

@@ -265,6 +265,16 @@ impl Core {
         &self.links
     }
 
+    /// The prefixes this node publishes, marked where the gateway is lost.
+    pub fn on_link(&self) -> std::sync::Arc<[crate::election::OnLink]> {
+        self.own.on_link()
+    }
+
+    /// The interfaces whose gateway is lost, by family.
+    pub fn upstream_lost(&self) -> &crate::model::UpstreamLost {
+        self.own.upstream_lost()
+    }
+
     pub fn view(&self) -> &MembershipView {
         self.membership.view()
     }
@@ -500,6 +510,23 @@ impl Core {
                     self.sent.touch_publish();
                     self.sent.touch_report();
                     self.elect_members();
+                }
+            }
+            Input::Upstream(lost) => {
+                if lost != *self.own.upstream_lost() {
+                    for (interface, family) in lost.difference(self.own.upstream_lost()) {
+                        warn!(%interface, %family,
+                            "the default gateway stopped answering: last resort for the VIPs on this network, which move to a node that reaches its gateway");
+                    }
+                    for (interface, family) in self.own.upstream_lost().difference(&lost) {
+                        info!(%interface, %family, "the default gateway answers again");
+                    }
+                }
+                if self.own.set_upstream(lost, &self.links) {
+                    self.sent.touch_publish();
+                    self.sent.touch_report();
+                    self.elect_members();
+                    self.vips.refresh_all();
                 }
             }
             Input::Leave => self.begin_leave(now, out),

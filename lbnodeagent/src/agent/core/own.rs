@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::election::{Member, OnLink};
+use crate::model::UpstreamLost;
 
 use super::links::Links;
 
@@ -12,8 +13,12 @@ pub(super) struct Own {
     /// Its operator drained this node (see
     /// [`Input::Drain`](super::Input::Drain)), in force or not.
     drain: bool,
-    /// `links.on_link()`, worked out when the links change: this node's
-    /// member is handed to the election at every membership change.
+    /// The interfaces whose gateway stopped answering (see
+    /// [`Input::Upstream`](super::Input::Upstream)).
+    upstream_lost: UpstreamLost,
+    /// `links.on_link(upstream_lost)`, worked out when either changes:
+    /// this node's member is handed to the election at every membership
+    /// change.
     on_link: Arc<[OnLink]>,
     /// The member the election last had for this node.
     elected: Option<Member>,
@@ -23,7 +28,8 @@ impl Own {
     pub(super) fn new(links: &Links) -> Own {
         Own {
             drain: false,
-            on_link: links.on_link().into(),
+            upstream_lost: UpstreamLost::new(),
+            on_link: links.on_link(&UpstreamLost::new()).into(),
             elected: None,
         }
     }
@@ -40,7 +46,24 @@ impl Own {
 
     /// New links: the networks they put this node on.
     pub(super) fn set_links(&mut self, links: &Links) {
-        self.on_link = links.on_link().into();
+        self.on_link = links.on_link(&self.upstream_lost).into();
+    }
+
+    /// The interfaces whose gateway is lost now: true when the networks
+    /// this node is on changed with them.
+    pub(super) fn set_upstream(&mut self, lost: UpstreamLost, links: &Links) -> bool {
+        if lost == self.upstream_lost {
+            return false;
+        }
+        self.upstream_lost = lost;
+        let on_link: Arc<[OnLink]> = links.on_link(&self.upstream_lost).into();
+        let changed = on_link != self.on_link;
+        self.on_link = on_link;
+        changed
+    }
+
+    pub(super) fn upstream_lost(&self) -> &UpstreamLost {
+        &self.upstream_lost
     }
 
     pub(super) fn on_link(&self) -> Arc<[OnLink]> {

@@ -77,6 +77,7 @@ fn links(node: &str, carrier: bool) -> Links {
         announce_v6: Some(2),
         virtual_link: None,
         local: Vec::new(),
+        gateways: Vec::new(),
     }
 }
 
@@ -99,6 +100,7 @@ fn on_link() -> Vec<OnLink> {
         prefix: "10.0.0.0/16".parse().unwrap(),
         interface: "eth0".into(),
         announce: true,
+        upstream_lost: false,
     }]
 }
 
@@ -4033,4 +4035,95 @@ fn a_planned_move_is_recorded_with_its_cause_and_no_dark_time() {
             dark: None,
         }]
     );
+}
+
+/// `peer`, its gateway on eth0 (IPv4) lost.
+fn gateway_lost(p: MemberInfo) -> MemberInfo {
+    let on_link: Vec<OnLink> = on_link()
+        .into_iter()
+        .map(|o| OnLink {
+            upstream_lost: true,
+            ..o
+        })
+        .collect();
+    MemberInfo {
+        on_link: on_link.into(),
+        ..p
+    }
+}
+
+/// A holder whose gateway stops answering says so in gossip and hands its
+/// VIP to the next node, make before break; the node that takes it from
+/// such a holder records the move as `upstream`, with a warning Event. When
+/// every candidate has lost its gateway, nothing moves.
+#[test]
+fn a_holder_that_loses_its_gateway_hands_over_and_the_move_says_why() {
+    use hostlb_api::Family;
+    let v = ip("10.0.1.1");
+    let lost: crate::model::UpstreamLost = [("eth0".to_string(), Family::V4)].into();
+    // b wins v (the labels rank it first), c next.
+    let mut b = Node::new("b");
+    let held = b.running(
+        cluster(&[v]),
+        vec![
+            peer("a", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    assert_eq!(held, [v].into());
+    b.advance(Duration::from_secs(1));
+    let act = b.step(Input::Upstream(lost.clone()));
+    let published = act.publish.clone().expect("the loss is published");
+    assert!(published.on_link.iter().all(|o| o.upstream_lost));
+    assert!(act.remove.is_empty(), "make before break");
+    b.done(&act);
+    b.advance(INTERVAL);
+    let act = b.step(Input::Members(view(
+        "b",
+        vec![
+            peer("a", Status::Alive, &[v], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+        Vec::new(),
+    )));
+    assert_eq!(ips(&act.remove), [v].into(), "a holds it now");
+
+    // a, next in line, takes it from b, whose gossip says its gateway is
+    // lost: a planned move, told as a warning.
+    let mut a = Node::new("a");
+    let act = a.ready(
+        cluster(&[v]),
+        vec![
+            gateway_lost(peer("b", Status::Alive, &[v], 1)),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    assert_eq!(
+        act.moves,
+        vec![Move {
+            ip: v,
+            from: "b".into(),
+            cause: MoveCause::Upstream,
+            dark: None,
+        }]
+    );
+    let event = act
+        .events
+        .iter()
+        .find(|e| e.reason == hostlb_api::annotations::reasons::MOVED)
+        .expect("a move Event");
+    assert!(event.warning, "{event:?}");
+
+    // Every node's gateway lost (the router is down): the usual order,
+    // and b keeps it.
+    let mut b = Node::new("b");
+    b.step(Input::Upstream(lost));
+    let held = b.running(
+        cluster(&[v]),
+        vec![
+            gateway_lost(peer("a", Status::Alive, &[], 1)),
+            gateway_lost(peer("c", Status::Alive, &[], 1)),
+        ],
+    );
+    assert_eq!(held, [v].into(), "no node reaches its gateway: b keeps it");
 }

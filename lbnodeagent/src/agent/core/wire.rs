@@ -98,9 +98,8 @@ impl Core {
         // a late word in gossip: the yield to it below keeps this node off
         // until they do (see `orphan_due`), and waiting a hand-over's time
         // more would leave the VIP unanswered past its lapse.
-        let lapsing_owner = |n: &str| {
-            self.membership.view().node(n).is_none() && self.sessions.lapse(n).is_some()
-        };
+        let lapsing_owner =
+            |n: &str| self.membership.view().node(n).is_none() && self.sessions.lapse(n).is_some();
         if probing
             && self
                 .conflicts
@@ -465,6 +464,8 @@ impl Core {
             MoveCause::Drained
         } else if self.election.cordon_drains(ip, &from) {
             MoveCause::Cordoned
+        } else if self.election.upstream_lost(ip, &from) {
+            MoveCause::Upstream
         } else if self.election.eligible(ip, &from) == Some(false) {
             MoveCause::Ineligible
         } else {
@@ -491,7 +492,7 @@ impl Core {
         {
             self.event_for(
                 ip,
-                cause.is_fault(),
+                cause.is_warning(),
                 hostlb_api::annotations::reasons::MOVED,
                 note,
                 out,

@@ -11,8 +11,8 @@ use super::{Compiled, Election, EndpointFilter, NodeId, Slot, Win};
 
 /// Elect VIP `v` from scratch (using the cached hash order when it helps),
 /// with node `skip`, if any, no candidate (the runner-up, when it is the
-/// winner). Drained nodes are passed over first, and asked only when no
-/// other node is a candidate.
+/// winner). Nodes of last resort (drained, or their gateway lost) are
+/// passed over first, and asked only when no other node is a candidate.
 pub(super) fn elect(
     c: &Compiled,
     orders: &mut HashMap<IpAddr, Order>,
@@ -20,8 +20,9 @@ pub(super) fn elect(
     skip: Option<NodeId>,
 ) -> Option<Win> {
     elect_among(c, orders, v, skip, false).or_else(|| {
-        let any_drained = (0..c.slots.len() as NodeId).any(|n| c.drained_at(v, n));
-        if any_drained {
+        let class = &c.classes[c.vips[v].class?];
+        let any_last_resort = (0..c.slots.len() as NodeId).any(|n| c.last_resort_at(v, class, n));
+        if any_last_resort {
             elect_among(c, orders, v, skip, true)
         } else {
             None
@@ -29,18 +30,20 @@ pub(super) fn elect(
     })
 }
 
-/// [`elect`] over the nodes that are not drained, or over every node.
+/// [`elect`] over the nodes that are not of last resort, or over every node.
 fn elect_among(
     c: &Compiled,
     orders: &mut HashMap<IpAddr, Order>,
     v: usize,
     skip: Option<NodeId>,
-    with_drained: bool,
+    with_last_resort: bool,
 ) -> Option<Win> {
     let vip = &c.vips[v];
     let class = &c.classes[vip.class?];
     let usable = |n: NodeId| {
-        Some(n) != skip && (with_drained || !c.drained_for(class, n)) && c.exclusion(v, n).is_none()
+        Some(n) != skip
+            && (with_last_resort || !c.last_resort_at(v, class, n))
+            && c.exclusion(v, n).is_none()
     };
     match &vip.endpoints {
         EndpointFilter::Nowhere => return None,

@@ -58,7 +58,8 @@ impl Election {
             .iter()
             .map(|w| Candidate {
                 node: self.c.slots[w.node as usize].name.clone(),
-                drained: w.last_resort,
+                drained: self.c.drained_at(v, w.node),
+                upstream_lost: self.c.upstream_lost_at(v, w.node),
                 score: w.score,
                 hash_rank: 1 + by_hash
                     .iter()

@@ -20,8 +20,9 @@ impl Election {
     /// objects, and not drains, which one side may have heard of and the
     /// other not. Between nodes that hear each other's gossip (two live
     /// holders, or an owner gossip still shows but whose beats stopped),
-    /// `drains` counts each one's drain as last seen, as the election does,
-    /// so an owner that won only because this node is drained outranks it.
+    /// `drains` counts each one's drain as last seen, and a gateway its
+    /// gossip says it lost, as the election does, so an owner that won
+    /// only because this node is drained outranks it.
     /// `None` when the address is unknown.
     pub fn outranks(&self, ip: IpAddr, node: &str, other: &str, drains: bool) -> Option<bool> {
         let v = *self.vip_of.get(&ip)?;
@@ -33,7 +34,8 @@ impl Election {
             }
             // A cordon is a cluster object: both sides know it alike.
             Some((
-                (drains && self.c.slots[id as usize].drained_seen)
+                (drains
+                    && (self.c.slots[id as usize].drained_seen || self.c.upstream_lost_at(v, id)))
                     || self.c.cordon_drains(class, id),
                 std::cmp::Reverse(class.score[id as usize]),
                 rank_key(name, &vip.text),
@@ -61,6 +63,17 @@ impl Election {
             .get(&ip)
             .and_then(|&v| self.class_and_node(v, node))
             .is_some_and(|(class, id)| self.c.cordon_drains(class, id))
+    }
+
+    /// Whether `node`'s gossip says its gateway toward where it would hold
+    /// `ip` is lost (see `OnLink::upstream_lost`).
+    pub fn upstream_lost(&self, ip: IpAddr, node: &str) -> bool {
+        self.vip_of
+            .get(&ip)
+            .zip(self.slot_of.get(node))
+            .is_some_and(|(&v, &id)| {
+                self.c.slots[id as usize].member.is_some() && self.c.upstream_lost_at(v, id)
+            })
     }
 
     /// VIP `v`'s class and `node`'s id, when the VIP has a class and the

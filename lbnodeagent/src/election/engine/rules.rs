@@ -85,7 +85,8 @@ impl Compiled {
             })
     }
 
-    /// Election order: a drained node after every other, then score
+    /// Election order: a node of last resort (drained, or its gateway
+    /// lost) after every other, then score
     /// descending, then rank key ascending (then name, which only matters
     /// if sha256 ever collides).
     pub(super) fn order(&self, a: &Win, b: &Win) -> Ordering {
@@ -103,10 +104,23 @@ impl Compiled {
     pub(super) fn win(&self, v: usize, class: &Class, n: NodeId) -> Win {
         Win {
             node: n,
-            last_resort: self.drained_for(class, n),
+            last_resort: self.last_resort_at(v, class, n),
             score: class.score[n as usize],
             hash: rank_key(&self.slots[n as usize].name, &self.vips[v].text),
         }
+    }
+
+    /// Node `n` ranks after every other node for VIP `v` of `class`:
+    /// drained, or its gateway toward the VIP's network is lost (wherever
+    /// it would hold `v`, no client beyond the router reaches it).
+    pub(super) fn last_resort_at(&self, v: usize, class: &Class, n: NodeId) -> bool {
+        self.drained_for(class, n) || self.upstream_lost_at(v, n)
+    }
+
+    /// Node `n` would hold VIP `v` on an interface whose default gateway
+    /// stopped answering (see `OnLink::upstream_lost`).
+    pub(super) fn upstream_lost_at(&self, v: usize, n: NodeId) -> bool {
+        self.announce_target(v, n).is_some_and(|o| o.upstream_lost)
     }
 
     /// Node `n` is drained for the VIPs of `class`: by its operator, or

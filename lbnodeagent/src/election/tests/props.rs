@@ -162,6 +162,7 @@ fn random_member(r: &mut Rng, name: &str, n_pools: usize) -> Member {
         prefix: p.parse().unwrap(),
         interface: iface.into(),
         announce,
+        upstream_lost: false,
     };
     match r.below(10) {
         0..=6 => {
@@ -177,12 +178,34 @@ fn random_member(r: &mut Rng, name: &str, n_pools: usize) -> Member {
     if r.chance(0.2) {
         on_link.push(on("10.0.0.0/8", "eth1", false));
     }
+    // A gateway lost, for one family on every interface: the node is the
+    // last resort for that family's addresses wherever it holds them.
+    if r.chance(0.15) {
+        let v4 = r.chance(0.5);
+        for o in &mut on_link {
+            o.upstream_lost = o.prefix.addr().is_ipv4() == v4;
+        }
+    }
     Member {
         node: name.into(),
         leaving: r.chance(0.1),
         drained: r.chance(0.15),
         virtual_mode: r.chance(0.8),
         on_link: on_link.into(),
+    }
+}
+
+/// Every member's gateways answer.
+fn no_gateway_lost(w: &mut World) {
+    for m in &mut w.members {
+        m.on_link = m
+            .on_link
+            .iter()
+            .map(|o| OnLink {
+                upstream_lost: false,
+                ..o.clone()
+            })
+            .collect();
     }
 }
 
@@ -302,6 +325,7 @@ proptest! {
         for m in &mut w.members {
             m.drained = false;
         }
+        no_gateway_lost(&mut w);
         for n in &mut w.cluster.nodes {
             n.cordoned = false;
         }
@@ -347,10 +371,12 @@ proptest! {
         prop_assume!(!w.members.is_empty());
         let i = (pick % w.members.len() as u64) as usize;
         w.members[i].drained = false;
-        // Drains alone: cordons drain per address (tested on their own).
+        // Drains alone: cordons drain per address, and lost gateways per
+        // family (each tested on their own).
         for n in &mut w.cluster.nodes {
             n.cordoned = false;
         }
+        no_gateway_lost(&mut w);
         let node = w.members[i].node.clone();
         let mut e = Election::new(&w.cluster, w.members.clone());
         let before = winners(&e);

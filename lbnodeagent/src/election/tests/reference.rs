@@ -120,10 +120,16 @@ pub(super) fn elect(c: &Cluster, members: &[Member]) -> BTreeMap<IpAddr, Answer>
                 .filter(|p| p.selector.matches(&n.labels))
                 .map(|p| p.weight)
                 .sum();
-            let drained = m.drained || (cordon_drains && n.cordoned);
+            // Its gateway lost where it would hold the address: last too.
+            let upstream_lost = m
+                .on_link
+                .iter()
+                .any(|o| o.prefix.contains(ip) && o.upstream_lost);
+            let drained = m.drained || (cordon_drains && n.cordoned) || upstream_lost;
             cands.push((drained, score, rank_key(&n.name, &text), n.name.clone()));
         }
-        // 7. Order: drained nodes last, whatever their score.
+        // 7. Order: drained nodes (and those whose gateway is lost) last,
+        // whatever their score.
         cands.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
         out.insert(
             ip,

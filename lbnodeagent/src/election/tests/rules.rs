@@ -219,6 +219,7 @@ fn advertisement_interfaces_choose_where_to_announce() {
         prefix: prefix.parse().unwrap(),
         interface: iface.into(),
         announce,
+        upstream_lost: false,
     };
     let a = Member {
         node: "a".into(),
@@ -268,6 +269,7 @@ fn a_prefix_only_on_a_non_announce_interface_excludes_rather_than_goes_virtual()
         prefix: prefix.parse().unwrap(),
         interface: iface.into(),
         announce,
+        upstream_lost: false,
     };
     let with = |node: &str, on_link: Vec<OnLink>| Member {
         node: node.into(),
@@ -738,6 +740,67 @@ fn a_drained_node_routes_a_vip_only_while_no_other_node_does() {
     );
     assert_eq!(e.virtual_nodes(routed), vec!["a"]);
     assert_eq!(e.duty("a", routed), Some(Duty::Virtual { ip: routed }));
+}
+
+/// A node whose gateway is lost on the interface it would hold a VIP on
+/// ranks last for it, whatever its preference: other networks and the
+/// other family are untouched, and when every candidate has lost its
+/// gateway the usual order stands, so nothing moves. Nodes that hear each
+/// other rank by it; across a partition it is not counted.
+#[test]
+fn a_lost_gateway_makes_a_node_the_last_resort_on_that_network_only() {
+    let nodes = vec![mk_node("a", &[("pref", "a")]), mk_node("b", &[])];
+    let c = cluster(
+        nodes,
+        vec![mk_pool("p", &["10.1.0.0/24", "fd00:1::/64", "10.2.0.0/24"])],
+        vec![mk_ad("ad", &[]).prefer(100, &[("pref", "a")])],
+        vec![mk_svc(
+            "default/web",
+            &["10.1.0.10", "fd00:1::10", "10.2.0.10"],
+        )],
+    );
+    let (v4, v6, other) = (ip("10.1.0.10"), ip("fd00:1::10"), ip("10.2.0.10"));
+    let on = |node: &str, lost: &[&str]| {
+        let mut m = member(node, &["10.1.0.0/24", "fd00:1::/64", "10.2.0.0/24"]);
+        m.on_link = m
+            .on_link
+            .iter()
+            .map(|o| OnLink {
+                upstream_lost: lost.contains(&o.prefix.to_string().as_str()),
+                ..o.clone()
+            })
+            .collect();
+        m
+    };
+    let e = Election::new(&c, vec![on("a", &[]), on("b", &[])]);
+    for vip in [v4, v6, other] {
+        assert_eq!(e.winner(vip), Some("a"), "preferred");
+    }
+    let e = Election::new(&c, vec![on("a", &["10.1.0.0/24"]), on("b", &[])]);
+    assert_eq!(e.winner(v4), Some("b"), "a's gateway there is lost");
+    assert_eq!(e.winner(v6), Some("a"), "the other family is not");
+    assert_eq!(e.winner(other), Some("a"), "nor another network");
+    assert!(e.upstream_lost(v4, "a") && !e.upstream_lost(v6, "a"));
+    let r = e.explain(v4).unwrap();
+    assert_eq!(
+        r.candidates
+            .iter()
+            .map(|c| (c.node.as_str(), c.upstream_lost, c.drained))
+            .collect::<Vec<_>>(),
+        vec![("b", false, false), ("a", true, false)]
+    );
+    assert_eq!(e.outranks(v4, "b", "a", true), Some(true));
+    assert_eq!(
+        e.outranks(v4, "a", "b", false),
+        Some(true),
+        "across a partition, by the cluster objects alone"
+    );
+    // Both lost: the usual order, nothing moves.
+    let e = Election::new(
+        &c,
+        vec![on("a", &["10.1.0.0/24"]), on("b", &["10.1.0.0/24"])],
+    );
+    assert_eq!(e.winner(v4), Some("a"));
 }
 
 /// A cordoned node is drained only for the addresses of an advertisement

@@ -734,6 +734,7 @@ pub fn lan_on_link(carrier: bool) -> Vec<OnLink> {
             prefix: p.parse().expect("a valid subnet"),
             interface: "eth0".into(),
             announce: true,
+            upstream_lost: false,
         })
         .collect();
     out.sort();
