@@ -25,6 +25,8 @@ impl World {
         };
         let core = Core::new(settings, self.links(host), self.now());
         let adopted = owned_addresses(h);
+        // Its first round hears the gateways, unless they are silent now.
+        let answered = !(h.gateway_lost || self.router_down);
         let t = self.t;
         let h = &mut self.hosts[host];
         h.published = core.local_state();
@@ -39,6 +41,8 @@ impl World {
         h.termed_at = None;
         h.cleanup_since = None;
         h.drain_heard = None;
+        h.gateway_heard = false;
+        h.gateway_answered = answered;
         h.generation += 1;
         h.api_version = 0;
         h.api_content = 0;
@@ -681,5 +685,43 @@ impl World {
         let d = self.rng.ms(WATCH_MS.0, WATCH_MS.1);
         let generation = self.hosts[host].generation;
         self.after(d, Ev::Api { host, generation });
+    }
+
+    /// The agent's round of gateway checks: its gateways answer, or they
+    /// answered once in this run and no longer do, and its core is told
+    /// of a change. A gateway silent since the agent started is not lost.
+    pub(super) fn gateway_found(&mut self, host: usize) {
+        if self.hosts[host].agent != Agent::Running {
+            return;
+        }
+        let silent = self.hosts[host].gateway_lost || self.router_down;
+        let h = &mut self.hosts[host];
+        if !silent {
+            h.gateway_answered = true;
+        }
+        let lost = silent && h.gateway_answered;
+        if lost == h.gateway_heard {
+            return;
+        }
+        h.gateway_heard = lost;
+        let set: crate::model::UpstreamLost = if lost {
+            [
+                ("eth0".to_string(), hostlb_api::Family::V4),
+                ("eth0".to_string(), hostlb_api::Family::V6),
+            ]
+            .into()
+        } else {
+            Default::default()
+        };
+        self.step(host, Input::Upstream(set));
+    }
+
+    /// A round of `host`'s gateway checks, `after` from now.
+    pub(super) fn gateway_round(&mut self, host: usize, after: Duration) {
+        if self.hosts[host].agent == Agent::Stopped {
+            return;
+        }
+        let generation = self.hosts[host].generation;
+        self.after(after, Ev::Gateway { host, generation });
     }
 }

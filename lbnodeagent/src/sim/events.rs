@@ -111,6 +111,14 @@ impl World {
                     self.step(host, Input::Links(links));
                 }
             }
+            Ev::Gateway { host, generation } => {
+                if self
+                    .for_agent(host, generation, || Ev::Gateway { host, generation })
+                    .is_some()
+                {
+                    self.gateway_found(host);
+                }
+            }
             Ev::Relayed { host, generation } => {
                 if self
                     .for_agent(host, generation, || Ev::Relayed { host, generation })

@@ -11,6 +11,7 @@ impl World {
             && !h.blocked
             && !h.flaky
             && !h.api_cut
+            && !h.gateway_lost
             && h.agent == Agent::Running
             && h.core.as_ref().is_some_and(|c| c.is_ready())
     }
@@ -30,7 +31,13 @@ impl World {
             return;
         }
         let h = *self.plan.pick(&candidates);
-        let (fault, recovery, lo, hi) = match self.plan.below(13) {
+        if !self.router_down && self.plan.chance(0.01) {
+            self.apply(Fault::RouterDown);
+            let d = self.plan.ms(2000, 10000);
+            self.after(d, Ev::Recover(Fault::RouterUp));
+            return;
+        }
+        let (fault, recovery, lo, hi) = match self.plan.below(14) {
             0 => (Fault::Crash(h), Fault::Boot(h), 1000, 8000),
             1 => (Fault::Freeze(h), Fault::Thaw(h), 200, 9000),
             2 => (Fault::Kill(h), Fault::Start(h), 500, 10000),
@@ -40,6 +47,7 @@ impl World {
             7 => (Fault::Partition(h), Fault::Heal(h), 500, 8000),
             8 => (Fault::Flaky(h), Fault::Steady(h), 1000, 5000),
             12 if !self.hosts[h].drained => (Fault::Drain(h), Fault::Undrain(h), 1000, 8000),
+            13 => (Fault::GatewayLost(h), Fault::GatewayBack(h), 1000, 8000),
             9 if self.api_up => {
                 // An outage, and an agent restarted during it.
                 self.apply(Fault::ApiDown);
@@ -216,6 +224,22 @@ impl World {
                 // The agent's watch of its own record brings it.
                 self.watch_brings(h);
             }
+            Fault::GatewayLost(h) | Fault::GatewayBack(h) => {
+                self.hosts[h].gateway_lost = matches!(f, Fault::GatewayLost(_));
+                // Found at the agent's next round (whole seconds apart).
+                let d = self.rng.ms(0, 1000);
+                self.gateway_round(h, d);
+            }
+            Fault::RouterDown | Fault::RouterUp => {
+                self.router_down = matches!(f, Fault::RouterDown);
+                // Every agent's round falls on the same whole second: they
+                // find it within a few milliseconds of each other.
+                let d = self.rng.ms(0, 1000);
+                for h in 0..self.hosts.len() {
+                    let jitter = self.rng.ms(0, 5);
+                    self.gateway_round(h, d + jitter);
+                }
+            }
             Fault::ApiCut(h) | Fault::ApiMend(h) => {
                 self.hosts[h].api_cut = matches!(f, Fault::ApiCut(_));
                 if !self.hosts[h].api_cut {
@@ -347,12 +371,18 @@ impl World {
             if self.hosts[h].drained {
                 self.apply(Fault::Undrain(h));
             }
+            if self.hosts[h].gateway_lost {
+                self.apply(Fault::GatewayBack(h));
+            }
             if self.hosts[h].agent == Agent::Stopped && self.hosts[h].powered {
                 self.apply(Fault::Start(h));
             }
         }
         if !self.api_up {
             self.apply(Fault::ApiUp);
+        }
+        if self.router_down {
+            self.apply(Fault::RouterUp);
         }
     }
 
@@ -380,6 +410,10 @@ impl World {
             Fault::Steady(h) => format!("{}'s kernel steady again", name(h)),
             Fault::Drain(h) => format!("{} drained", name(h)),
             Fault::Undrain(h) => format!("{} undrained", name(h)),
+            Fault::GatewayLost(h) => format!("{}'s gateways stop answering it", name(h)),
+            Fault::GatewayBack(h) => format!("{}'s gateways answer it again", name(h)),
+            Fault::RouterDown => "the router answers nobody".into(),
+            Fault::RouterUp => "the router answers again".into(),
         }
     }
 }

@@ -74,6 +74,7 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
                 // As its agent heard of it and gossips it, not as the
                 // record says: during an API outage nobody knows yet.
                 drained: h.agent != Agent::Stopped && h.drain_heard == Some(true),
+                gateway_lost: h.agent != Agent::Stopped && h.gateway_heard,
                 name: &h.name,
             })
             .collect(),

@@ -228,6 +228,13 @@ struct Host {
     /// The drain as this run of the agent last heard it from its record's
     /// watch; `None` before the first.
     drain_heard: Option<bool>,
+    /// Its default gateways no longer answer it ([`Fault::GatewayLost`]).
+    gateway_lost: bool,
+    /// This run of the agent has found its gateways lost and told its core.
+    gateway_heard: bool,
+    /// This run of the agent has heard its gateways answer: only then can
+    /// it find them lost.
+    gateway_answered: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -260,6 +267,12 @@ enum Ev {
     /// [`World::deliver_beats`]). Without it, a node with nothing else to
     /// do would hear of a silent owner only at its next step.
     Relayed {
+        host: usize,
+        generation: u64,
+    },
+    /// The agent's round of gateway checks after its gateways went or
+    /// came back (see [`World::gateway_found`]).
+    Gateway {
         host: usize,
         generation: u64,
     },
@@ -329,6 +342,8 @@ struct World {
     /// the agents know.
     versions: BTreeMap<u64, check::Version>,
     api_up: bool,
+    /// The router answers nobody ([`Fault::RouterDown`]).
+    router_down: bool,
     shape: Shape,
     settings: Settings,
     faulting: bool,
@@ -480,6 +495,9 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             cleanup_since: None,
             drained: false,
             drain_heard: None,
+            gateway_lost: false,
+            gateway_heard: false,
+            gateway_answered: false,
             published: LocalState::default(),
             pub_version: 0,
             known: vec![None; shape.nodes],
@@ -526,6 +544,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         )]),
         truth,
         api_up: true,
+        router_down: false,
         shape: shape.clone(),
         settings,
         faulting: true,
@@ -736,6 +755,14 @@ mod tests {
             // each change passed over the others as older while they
             // caught up.
             3_000_070_901,
+            // A router back, a VIP on two nodes a moment, then a drain:
+            // the drained node gave it back on the word of a node that was
+            // handing it over, and both let go.
+            11_956,
+            // A node cut off from gossip kept a VIP beside its live owner
+            // for 5.6 s, taking the owner for gone on a list of records
+            // from while the owner's agent restarted.
+            18_622,
         ];
         for &seed in ONCE_FAILED {
             let o = run(seed, &Options::default());

@@ -288,6 +288,17 @@ pub enum Fault {
     /// again.
     Drain(usize),
     Undrain(usize),
+    /// The host's default gateways stop answering it (its uplink is cut),
+    /// its carrier stays up: its agent finds them lost within a round,
+    /// and its VIPs move away make before break. A restarted agent finds
+    /// nothing (a gateway that never answered is not lost).
+    GatewayLost(usize),
+    GatewayBack(usize),
+    /// The router itself goes down: every running agent finds its gateways
+    /// lost within a few milliseconds of the others (their rounds fall on
+    /// the same whole seconds), and nothing may move for it.
+    RouterDown,
+    RouterUp,
 }
 
 impl Fault {
@@ -301,6 +312,10 @@ impl Fault {
                 | Fault::Stall(_)
                 | Fault::Drain(_)
                 | Fault::Undrain(_)
+                | Fault::GatewayLost(_)
+                | Fault::GatewayBack(_)
+                | Fault::RouterDown
+                | Fault::RouterUp
         )
     }
 }

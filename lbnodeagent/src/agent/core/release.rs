@@ -378,8 +378,26 @@ impl Core {
     /// go to the other and nobody would answer. Nor does the winner's
     /// answer on the wire (see [`Core::on_claim`]). Once a few gossip
     /// rounds passed, its word stands.
+    ///
+    /// Nor, while this node is drained, is a word from before its hand-over
+    /// began: the peer may be handing the VIP to this node right then (it
+    /// took it a moment before this node, and gives it on as its view
+    /// catches up), and ends that on hearing this node answer. Given back
+    /// on that word, each would let go to the other and nobody would answer
+    /// (seed 11956: a router back, a VIP on two nodes a moment, then a
+    /// drain). The peer's answer on the wire still counts, and so does its
+    /// word once it takes the VIP again, as a leaving node's does.
     fn may_leave_it_to(&self, node: &str, ip: IpAddr) -> bool {
+        let stale_for_drain = self.own.drain() && {
+            let since = self
+                .vips
+                .get(&ip)
+                .and_then(|s| s.handover())
+                .map_or(self.now, |h| h.since);
+            !self.shown_after(node, ip, since)
+        };
         self.holds(node, ip)
+            && !stale_for_drain
             && match self.phase {
                 Phase::Leaving { since } => self.shown_after(node, ip, since),
                 _ => self.fresh_take(ip).is_none(),

@@ -159,6 +159,8 @@ pub struct HostState<'a> {
     pub faulty: bool,
     /// Its agent heard its record's drain (and gossips it).
     pub drained: bool,
+    /// Its agent found its gateways lost (and gossips it).
+    pub gateway_lost: bool,
 }
 
 /// How a host's questions on the wire about an address went lately: when
@@ -242,7 +244,7 @@ pub type Mask = u64;
 
 /// Elections over ready agents, by cluster version, which agents count
 /// and which have on-link prefixes; rebuilt only when those change.
-type Oracles = BTreeMap<(u64, Mask, Mask, Mask), Election>;
+type Oracles = BTreeMap<(u64, Mask, Mask, Mask, Mask), Election>;
 
 pub struct Checker {
     lifetime: Duration,
@@ -473,7 +475,8 @@ impl Checker {
     /// (ready agents, with their links as they are now).
     fn oracle(&mut self, ctx: &Context, version: u64, counted: Mask) -> &Election {
         let drained = mask(ctx.hosts.iter().map(|h| h.drained));
-        let key = (version, counted, ctx.on_link, drained);
+        let gateway_lost = mask(ctx.hosts.iter().map(|h| h.gateway_lost));
+        let key = (version, counted, ctx.on_link, drained, gateway_lost);
         if self.oracles.len() > 64 {
             self.oracles.clear();
         }
@@ -488,7 +491,7 @@ impl Checker {
                     leaving: false,
                     drained: h.drained,
                     virtual_mode: true,
-                    on_link: lan_on_link(ctx.on_link & 1 << i != 0).into(),
+                    on_link: lan_on_link(ctx.on_link & 1 << i != 0, h.gateway_lost).into(),
                 })
                 .collect();
             Election::new(&ctx.versions[&version].cluster, members)
@@ -723,8 +726,8 @@ impl Checker {
 /// there does not move the expected answer with it: a host whose LAN port
 /// has carrier reaches the LAN's two subnets from `eth0`, which announces
 /// both; one without carrier reaches none (its virtual interface is no
-/// subnet).
-pub fn lan_on_link(carrier: bool) -> Vec<OnLink> {
+/// subnet). Where its agent found its gateways lost, both are marked so.
+pub fn lan_on_link(carrier: bool, gateway_lost: bool) -> Vec<OnLink> {
     if !carrier {
         return Vec::new();
     }
@@ -734,7 +737,7 @@ pub fn lan_on_link(carrier: bool) -> Vec<OnLink> {
             prefix: p.parse().expect("a valid subnet"),
             interface: "eth0".into(),
             announce: true,
-            upstream_lost: false,
+            upstream_lost: gateway_lost,
         })
         .collect();
     out.sort();
