@@ -379,19 +379,23 @@ impl Core {
     /// answer on the wire (see [`Core::on_claim`]). Once a few gossip
     /// rounds passed, its word stands.
     ///
-    /// Nor, while this node is drained, is a word from before its hand-over
-    /// began: the peer may be handing the VIP to this node right then (it
-    /// took it a moment before this node, and gives it on as its view
-    /// catches up), and ends that on hearing this node answer. Given back
-    /// on that word, each would let go to the other and nobody would answer
-    /// (seed 11956: a router back, a VIP on two nodes a moment, then a
-    /// drain). The peer's answer on the wire still counts, and so does its
-    /// word once it takes the VIP again, as a leaving node's does.
+    /// Nor, while this node is drained and took the VIP less than a
+    /// hand-over's time ago, is a word from before its hand-over began: the
+    /// peer may be handing the VIP to this node right then (it took it a
+    /// moment before this node, and gives it on as its view catches up),
+    /// and ends that on hearing this node answer. Given back on that word,
+    /// each would let go to the other and nobody would answer (seed 11956:
+    /// a router back, a VIP on two nodes a moment, then a drain). The
+    /// peer's answer on the wire still counts, and so does its word once it
+    /// takes the VIP again, as a leaving node's does. A VIP held longer
+    /// than that has no such hand-over behind it.
     fn may_leave_it_to(&self, node: &str, ip: IpAddr) -> bool {
-        let stale_for_drain = self.own.drain() && {
-            let since = self
-                .vips
-                .get(&ip)
+        let slot = self.vips.get(&ip);
+        let lately_taken = slot
+            .and_then(|s| s.held()?.since)
+            .is_some_and(|since| self.now.saturating_duration_since(since) < HANDOVER_MAX);
+        let stale_for_drain = self.own.drain() && lately_taken && {
+            let since = slot
                 .and_then(|s| s.handover())
                 .map_or(self.now, |h| h.since);
             !self.shown_after(node, ip, since)
