@@ -2121,6 +2121,11 @@ fn a_host_cut_off_from_its_gateway_hands_its_vip_to_one_that_is_not() {
     let status = |node: &str| c.agent_command(node, &["status"]).1;
     let says = status(&owner);
     assert!(says.contains("gateway lost: eth0 (IPv4)"), "{says}");
+    let (_, metrics) = c.http_get(&owner, "/metrics");
+    assert!(
+        metrics.lines().any(|l| l == "hostlb_agent_gateways_lost 1"),
+        "{metrics}"
+    );
 
     // The path back: answered again for a while, the gateway counts as
     // back and the preferred owner takes its VIP back, make before break.

@@ -270,7 +270,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     continue;
                 }
                 links = self.link_reads.next() => Input::Links(self.links_read(links)),
-                Some(lost) = recv_lost(&mut self.upstream) => Input::Upstream(lost),
+                Some(lost) = recv_lost(&mut self.upstream) => {
+                    self.telemetry.gateways_lost.set(lost.len() as i64);
+                    Input::Upstream(lost)
+                }
                 () = &mut wake => match self.wire.received() {
                     // Claims that arrived before the deadline first; the
                     // wake, still due, fires again after them.

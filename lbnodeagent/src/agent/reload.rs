@@ -54,6 +54,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 u.set(super::kernel::gateway_probes(self.core.links()));
             } else {
                 // Turned off: no gateway is lost from now on.
+                self.telemetry.gateways_lost.set(0);
                 self.step(Input::Upstream(Default::default())).await;
             }
             self.cfg.upstream = new.upstream;

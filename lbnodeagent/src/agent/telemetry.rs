@@ -65,6 +65,9 @@ pub struct Telemetry {
     pub cannot_serve: Gauge,
     /// 1 while neither family has an announce interface.
     pub no_announce_interface: Gauge,
+    /// Default gateways, by interface and family, that answered and then
+    /// fell silent (`announce::gateway`).
+    pub gateways_lost: Gauge,
     /// 1 while gossip reaches no other agent and the API shows some running.
     pub gossip_isolated: Gauge,
     /// Interfaces that would answer ARP for VIPs held on another (`arp`).
@@ -130,6 +133,7 @@ impl Telemetry {
             live_members: Gauge::default(),
             cannot_serve: Gauge::default(),
             no_announce_interface: Gauge::default(),
+            gateways_lost: Gauge::default(),
             gossip_isolated: Gauge::default(),
             arp_exposed: Gauge::default(),
             ready: Gauge::default(),
@@ -186,6 +190,11 @@ impl Telemetry {
             "no_announce_interface",
             "1 while this agent has no announce interface (the configured one is missing, or no default route): it stands in no election for addresses on a host subnet",
             t.no_announce_interface.clone(),
+        );
+        registry.register(
+            "gateways_lost",
+            "Default gateways (one per interface and family) that answered this agent and then fell silent: it is the last resort for the VIPs on those networks",
+            t.gateways_lost.clone(),
         );
         registry.register(
             "ready",
