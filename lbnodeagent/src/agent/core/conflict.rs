@@ -212,8 +212,6 @@ pub struct Conflicts {
     /// The agents' records as last listed: the MACs they name (see
     /// [`Conflicts::learn_records`]) and which agents run.
     records: Vec<AgentRecord>,
-    /// When they were listed.
-    records_at: Option<Instant>,
     /// Addresses someone else holds on this host: reported once each.
     foreign: BTreeSet<IpAddr>,
     /// The last conflict seen on the wire, for the status.
@@ -258,14 +256,8 @@ impl Conflicts {
 
     /// The agents' records as listed now; [`Conflicts::learn_records`]
     /// reads them.
-    pub fn set_records(&mut self, records: Vec<AgentRecord>, now: Instant) {
+    pub fn set_records(&mut self, records: Vec<AgentRecord>) {
         self.records = records;
-        self.records_at = Some(now);
-    }
-
-    /// When the records were last listed.
-    pub fn records_at(&self) -> Option<Instant> {
-        self.records_at
     }
 
     pub fn records(&self) -> &[AgentRecord] {
@@ -754,7 +746,7 @@ mod tests {
             macs: [MAC_B].into(),
             fresh: true,
         };
-        c.set_records(vec![forged], Instant::now());
+        c.set_records(vec![forged]);
         let ignored = c.learn_records("a", |_| true);
         assert_eq!(ignored.len(), 1, "reported: {ignored:?}");
         assert_eq!(c.owner_of(MAC_B), Some("b"));
@@ -957,12 +949,12 @@ mod tests {
             macs: macs.clone(),
             fresh: true,
         };
-        c.set_records(vec![record(&macs)], Instant::now());
+        c.set_records(vec![record(&macs)]);
         let ignored = c.learn_records("a", |_| true);
         assert!(ignored.is_empty(), "{ignored:?}");
         assert_eq!(c.owner_of(first), Some("c"));
         macs.insert(MacAddr([2, 1, 0, 0, 1, 0]));
-        c.set_records(vec![record(&macs)], Instant::now());
+        c.set_records(vec![record(&macs)]);
         let ignored = c.learn_records("a", |_| true);
         assert_eq!(ignored.len(), 1, "{ignored:?}");
         assert_eq!(c.owner_of(first), None);
