@@ -50,12 +50,13 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 .upstream
                 .enabled
                 .then(|| crate::announce::gateway::GatewayProbe::start(new.upstream.lost_after));
+            // Turned off, or started afresh (its checks start as never
+            // answered, and report only changes from none lost): no gateway
+            // is lost until they say so.
+            self.telemetry.gateways_lost.set(0);
+            self.step(Input::Upstream(Default::default())).await;
             if let Some(u) = &self.upstream {
                 u.set(super::kernel::gateway_probes(self.core.links()));
-            } else {
-                // Turned off: no gateway is lost from now on.
-                self.telemetry.gateways_lost.set(0);
-                self.step(Input::Upstream(Default::default())).await;
             }
             self.cfg.upstream = new.upstream;
         }

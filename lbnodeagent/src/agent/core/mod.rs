@@ -513,14 +513,12 @@ impl Core {
                 }
             }
             Input::Upstream(lost) => {
-                if lost != *self.own.upstream_lost() {
-                    for (interface, family) in lost.difference(self.own.upstream_lost()) {
-                        warn!(%interface, %family,
-                            "the default gateway stopped answering: last resort for the VIPs on this network, which move to a node that reaches its gateway");
-                    }
-                    for (interface, family) in self.own.upstream_lost().difference(&lost) {
-                        info!(%interface, %family, "the default gateway answers again");
-                    }
+                for (interface, family) in lost.difference(self.own.upstream_lost()) {
+                    warn!(%interface, %family,
+                        "the default gateway stopped answering: last resort for the VIPs on this network, which move to a node that reaches its gateway");
+                }
+                for (interface, family) in self.own.upstream_lost().difference(&lost) {
+                    info!(%interface, %family, "the default gateway answers again");
                 }
                 if self.own.set_upstream(lost, &self.links) {
                     self.sent.touch_publish();

@@ -638,9 +638,17 @@ impl Core {
     /// longer would only leave the VIP unanswered after the lapse.
     pub(super) fn orphan_due(&self, ip: IpAddr, since: Instant, now: Instant) -> bool {
         self.orphans.waited(ip, since, now)
-            || self.conflicts.yielded_to(ip).is_some_and(|owner| {
-                self.membership.view().node(owner).is_none() && self.sessions.lapse(owner).is_some()
-            })
+            || self
+                .conflicts
+                .yielded_to(ip)
+                .is_some_and(|owner| self.lapsing_silent_owner(owner))
+    }
+
+    /// `node` is out of the view this node acts on (its beats stopped) and
+    /// its addresses will lapse when this node knows: a yield to it ends
+    /// then, and its answers meanwhile are its kernel's, not news.
+    pub(super) fn lapsing_silent_owner(&self, node: &str) -> bool {
+        self.membership.view().node(node).is_none() && self.sessions.lapse(node).is_some()
     }
 
     /// Makes due the orphans nobody has answered for since the view had

@@ -98,13 +98,11 @@ impl Core {
         // a late word in gossip: the yield to it below keeps this node off
         // until they do (see `orphan_due`), and waiting a hand-over's time
         // more would leave the VIP unanswered past its lapse.
-        let lapsing_owner =
-            |n: &str| self.membership.view().node(n).is_none() && self.sessions.lapse(n).is_some();
         if probing
             && self
                 .conflicts
                 .owner_of(claim.mac)
-                .is_some_and(|n| n != self.settings.node && !lapsing_owner(n))
+                .is_some_and(|n| n != self.settings.node && !self.lapsing_silent_owner(n))
             && self.orphan_answered(claim.ip)
         {
             // Due early only because nobody seemed to answer for it: a

@@ -120,7 +120,13 @@ impl Compiled {
     /// Node `n` would hold VIP `v` on an interface whose default gateway
     /// stopped answering (see `OnLink::upstream_lost`).
     pub(super) fn upstream_lost_at(&self, v: usize, n: NodeId) -> bool {
-        self.announce_target(v, n).is_some_and(|o| o.upstream_lost)
+        // Asked of every candidate of every election: most nodes have lost
+        // no gateway, and need no announce target worked out for it.
+        self.slots[n as usize]
+            .member
+            .as_ref()
+            .is_some_and(|m| m.on_link.iter().any(|o| o.upstream_lost))
+            && self.announce_target(v, n).is_some_and(|o| o.upstream_lost)
     }
 
     /// Node `n` is drained for the VIPs of `class`: by its operator, or
