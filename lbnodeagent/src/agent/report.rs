@@ -17,6 +17,15 @@
 //! goes on writing (a flapping Service, a bug) is held to
 //! [`WRITES_PER_SECOND`]. Failed writes are tried again on the next pass.
 //!
+//! Each patch names the Service's resourceVersion it was worked out on, and
+//! the server refuses it if the Service changed since. A write that timed
+//! out during an API outage is not gone: it waits in the connection's send
+//! buffer, and TCP delivers it on its next retransmission, up to half a
+//! minute after the path is back. Without the precondition it would land
+//! then over the annotation the VIP's new holder wrote meanwhile, and name
+//! a node that let the address go. Refused, it is worked out again on the
+//! fresh copy [`CONFLICT_RETRY`] later.
+//!
 //! Events go through the shared writer ([`hostlb_api::runtime::events`]),
 //! which keeps those the server does not take yet and writes them when it
 //! answers again.
@@ -59,6 +68,10 @@ const WRITTEN_GRACE: Duration = Duration::from_secs(10);
 /// Passes over the whole set this often even without a change, to retry
 /// failed writes and repair annotations someone edited.
 const RESYNC: Duration = Duration::from_secs(10);
+/// After a write refused because the Service changed since the copy it
+/// was worked out on, the next pass: time for the watch to bring the new
+/// copy.
+const CONFLICT_RETRY: Duration = Duration::from_millis(250);
 /// Events waiting to be written, at most: a failover of 1,000 VIPs makes
 /// two for each (one per node), and one per Service and reason is kept.
 const EVENTS_WAITING: usize = 4096;
@@ -149,6 +162,7 @@ pub fn start(
         written: HashMap::new(),
         bucket: Bucket::new(Instant::now(), WRITES_PER_SECOND, WRITE_BURST),
         last_answer: Instant::now(),
+        again: None,
     };
     let task = tokio::spawn(writer.run(rx));
     ReportHandle {
@@ -170,6 +184,8 @@ struct Writer {
     bucket: Bucket,
     /// When the server last took a write or answered a probe.
     last_answer: Instant,
+    /// A write was refused on an old copy: pass again then.
+    again: Option<tokio::time::Instant>,
 }
 
 impl Writer {
@@ -201,6 +217,7 @@ impl Writer {
                     continue;
                 }
                 _ = resync.tick() => {}
+                () = sleep_until(self.again) => self.again = None,
             }
             let want = announcing.borrow_and_update().clone();
             self.annotate(&want).await;
@@ -249,10 +266,10 @@ impl Writer {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..PatchParams::default()
             };
-            let results =
-                futures::future::join_all(chunk.iter().map(|(_, ns, name, name_of, value, _)| {
+            let results = futures::future::join_all(chunk.iter().map(
+                |(_, ns, name, name_of, value, version)| {
                     let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
-                    let patch = json!({"metadata": {"annotations": {*name_of: value}}});
+                    let patch = annotation_patch(name_of, value.as_deref(), version.as_deref());
                     let params = &params;
                     async move {
                         tokio::time::timeout(
@@ -262,8 +279,9 @@ impl Writer {
                         .await
                         .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())))
                     }
-                }))
-                .await;
+                },
+            ))
+            .await;
             for ((k, _, _, name_of, value, version), result) in chunk.iter().zip(results) {
                 self.answered(answered(&result));
                 let key = &k.0;
@@ -273,6 +291,13 @@ impl Writer {
                         debug!(service = %key, annotation = name_of, value = ?value, "annotated");
                         self.written
                             .insert(k.clone(), (value.clone(), version.clone(), Instant::now()));
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        // Not a failure: the server took the request and
+                        // kept a newer Service from an older word.
+                        debug!(service = %key, annotation = name_of, "the Service changed since the copy this write was worked out on; working it out again");
+                        self.again
+                            .get_or_insert_with(|| tokio::time::Instant::now() + CONFLICT_RETRY);
                     }
                     Err(e) => {
                         self.telemetry.write("annotate", false);
@@ -292,6 +317,29 @@ impl Writer {
     }
 }
 
+/// The merge patch that sets (or, `None`, removes) one annotation,
+/// refused by the server unless the Service is still at `version` (when
+/// known): see the module's doc.
+fn annotation_patch(
+    name_of: &str,
+    value: Option<&str>,
+    version: Option<&str>,
+) -> serde_json::Value {
+    let mut metadata = json!({"annotations": {name_of: value}});
+    if let Some(v) = version {
+        metadata["resourceVersion"] = json!(v);
+    }
+    json!({ "metadata": metadata })
+}
+
+/// Sleeps until `at`; never, without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 impl events::Sink for Telemetry {
     fn dropped(&self, n: usize) {
         self.events_dropped.inc_by(n as u64);
@@ -300,5 +348,74 @@ impl events::Sink for Telemetry {
     fn wrote(&self, written: bool, answered: bool) {
         self.write("event", written);
         self.api_answered(answered);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::PostParams;
+    use kube::runtime::watcher;
+
+    /// A write worked out on an old copy of the Service (one that timed out
+    /// during an outage and lands late) does not overwrite what was written
+    /// since: the server refuses it. Worked out again on the fresh copy,
+    /// it lands.
+    #[tokio::test]
+    async fn a_write_on_an_old_copy_does_not_land_over_a_newer_one() {
+        let server = hostlb_tests::apiserver::TestServer::start().await;
+        let client = server.client();
+        let api = Api::<Service>::namespaced(client.clone(), "default");
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "a", "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}
+        }))
+        .unwrap();
+        let old = api.create(&PostParams::default(), &svc).await.unwrap();
+        let key = hostlb_api::annotations::ANNOUNCING_IPV4;
+        // The VIP's new holder writes while this node's copy is still old.
+        let newer = api
+            .patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {key: "n2,eth0"}}})),
+            )
+            .await
+            .unwrap();
+        let services = ServiceRecords::default();
+        services.apply(&watcher::Event::Apply(old));
+        let mut writer = Writer {
+            client,
+            services: services.clone(),
+            telemetry: Telemetry::new(),
+            written: HashMap::new(),
+            bucket: Bucket::new(Instant::now(), WRITES_PER_SECOND, WRITE_BURST),
+            last_answer: Instant::now(),
+            again: None,
+        };
+        let mut want = Announcing::new();
+        want.insert(("default/a".into(), key), Some("n1,eth0".into()));
+        writer.annotate(&want).await;
+        let now = api.get("a").await.unwrap();
+        let written = |s: &Service| s.metadata.annotations.as_ref().unwrap()[key].clone();
+        assert_eq!(written(&now), "n2,eth0", "a write on an old copy landed");
+        assert!(writer.again.is_some(), "no pass again after the refusal");
+
+        services.apply(&watcher::Event::Apply(newer));
+        writer.annotate(&want).await;
+        assert_eq!(written(&api.get("a").await.unwrap()), "n1,eth0");
+    }
+
+    #[test]
+    fn a_patch_names_the_version_it_was_worked_out_on() {
+        let key = hostlb_api::annotations::ANNOUNCING_IPV4;
+        assert_eq!(
+            annotation_patch(key, Some("n1,eth0"), Some("42")),
+            json!({"metadata": {"resourceVersion": "42", "annotations": {key: "n1,eth0"}}})
+        );
+        assert_eq!(
+            annotation_patch(key, None, None),
+            json!({"metadata": {"annotations": {key: null}}})
+        );
     }
 }
