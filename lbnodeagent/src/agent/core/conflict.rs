@@ -212,6 +212,8 @@ pub struct Conflicts {
     /// The agents' records as last listed: the MACs they name (see
     /// [`Conflicts::learn_records`]) and which agents run.
     records: Vec<AgentRecord>,
+    /// When they were listed.
+    records_at: Option<Instant>,
     /// Addresses someone else holds on this host: reported once each.
     foreign: BTreeSet<IpAddr>,
     /// The last conflict seen on the wire, for the status.
@@ -256,8 +258,14 @@ impl Conflicts {
 
     /// The agents' records as listed now; [`Conflicts::learn_records`]
     /// reads them.
-    pub fn set_records(&mut self, records: Vec<AgentRecord>) {
+    pub fn set_records(&mut self, records: Vec<AgentRecord>, now: Instant) {
         self.records = records;
+        self.records_at = Some(now);
+    }
+
+    /// When the records were last listed.
+    pub fn records_at(&self) -> Option<Instant> {
+        self.records_at
     }
 
     pub fn records(&self) -> &[AgentRecord] {
@@ -746,7 +754,7 @@ mod tests {
             macs: [MAC_B].into(),
             fresh: true,
         };
-        c.set_records(vec![forged]);
+        c.set_records(vec![forged], Instant::now());
         let ignored = c.learn_records("a", |_| true);
         assert_eq!(ignored.len(), 1, "reported: {ignored:?}");
         assert_eq!(c.owner_of(MAC_B), Some("b"));
@@ -949,12 +957,12 @@ mod tests {
             macs: macs.clone(),
             fresh: true,
         };
-        c.set_records(vec![record(&macs)]);
+        c.set_records(vec![record(&macs)], Instant::now());
         let ignored = c.learn_records("a", |_| true);
         assert!(ignored.is_empty(), "{ignored:?}");
         assert_eq!(c.owner_of(first), Some("c"));
         macs.insert(MacAddr([2, 1, 0, 0, 1, 0]));
-        c.set_records(vec![record(&macs)]);
+        c.set_records(vec![record(&macs)], Instant::now());
         let ignored = c.learn_records("a", |_| true);
         assert_eq!(ignored.len(), 1, "{ignored:?}");
         assert_eq!(c.owner_of(first), None);

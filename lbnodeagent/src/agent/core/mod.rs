@@ -501,7 +501,7 @@ impl Core {
             }
             Input::Tick => self.wire_read = now,
             Input::Records(records) => {
-                self.conflicts.set_records(records);
+                self.conflicts.set_records(records, now);
                 self.learn_records(true);
             }
             Input::Drain(drain) => {

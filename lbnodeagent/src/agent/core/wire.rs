@@ -310,12 +310,21 @@ impl Core {
         // it). Across a gossip partition its record stays fresh, and its
         // answers are its own; a dead host's MAC in a claim is somebody
         // else's.
+        // The API's word counts only if listed since gossip lost the node:
+        // a list from while its agent restarted (or before the API went
+        // away) says nothing of the agent gossip saw run since (seed
+        // 18622: a node cut off from gossip kept a VIP beside its live
+        // owner for 5.6 s on a list 7 s old).
         let sessions = &self.sessions;
+        let records_at = self.conflicts.records_at();
         let gone = |n: &str| {
             !settled_by_gossip(n)
                 && sessions
                     .lapse(n)
                     .is_none_or(|l| now >= l.last + super::conflict::LAPSE_LATE)
+                && membership
+                    .lost_at(n)
+                    .is_none_or(|lost| records_at.is_some_and(|r| r > lost))
         };
         self.conflicts.judge(
             claim,
