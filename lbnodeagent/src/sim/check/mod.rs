@@ -477,7 +477,7 @@ impl Checker {
         let drained = mask(ctx.hosts.iter().map(|h| h.drained));
         let gateway_lost = mask(ctx.hosts.iter().map(|h| h.gateway_lost));
         let key = (version, counted, ctx.on_link, drained, gateway_lost);
-        if self.oracles.len() > 64 {
+        if self.oracles.len() > 1024 {
             self.oracles.clear();
         }
         self.oracles.entry(key).or_insert_with(|| {
