@@ -234,7 +234,9 @@ impl Writer {
         let now = Instant::now();
         self.written
             .retain(|_, (_, _, at)| now - *at < WRITTEN_GRACE);
-        let mut jobs = Vec::new();
+        // One patch per Service, with every annotation of it that differs:
+        // two patches on the same copy would have the second refused.
+        let mut jobs: Vec<Job> = Vec::new();
         for ((key, name_of), value) in want {
             let name_of = *name_of;
             let Some(svc) = self.cached(key) else {
@@ -244,19 +246,28 @@ impl Writer {
             if current == value.as_deref() {
                 continue;
             }
-            let k = (key.clone(), name_of);
             // Written already and the cache has not moved since: our write
             // is on its way. Once the cache moves on and still differs
             // (another node wrote after us), it is written again.
             let version = svc.resource_version.clone();
             if self
                 .written
-                .get(&k)
+                .get(&(key.clone(), name_of))
                 .is_some_and(|(v, seen, _)| v == value && *seen == version)
             {
                 continue;
             }
-            jobs.push((k, svc.namespace, svc.name, name_of, value.clone(), version));
+            match jobs.last_mut() {
+                // `want` is sorted by Service: its annotations come together.
+                Some(job) if job.key == *key => job.values.push((name_of, value.clone())),
+                _ => jobs.push(Job {
+                    key: key.clone(),
+                    namespace: svc.namespace,
+                    name: svc.name,
+                    version,
+                    values: vec![(name_of, value.clone())],
+                }),
+            }
         }
         for chunk in jobs.chunks(IN_FLIGHT) {
             for _ in chunk {
@@ -266,42 +277,44 @@ impl Writer {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..PatchParams::default()
             };
-            let results = futures::future::join_all(chunk.iter().map(
-                |(_, ns, name, name_of, value, version)| {
-                    let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
-                    let patch = annotation_patch(name_of, value.as_deref(), version.as_deref());
-                    let params = &params;
-                    async move {
-                        tokio::time::timeout(
-                            WRITE_TIMEOUT,
-                            api.patch(name, params, &Patch::Merge(&patch)),
-                        )
-                        .await
-                        .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())))
-                    }
-                },
-            ))
+            let results = futures::future::join_all(chunk.iter().map(|job| {
+                let api: Api<Service> = Api::namespaced(self.client.clone(), &job.namespace);
+                let patch = annotations_patch(&job.values, job.version.as_deref());
+                let params = &params;
+                async move {
+                    tokio::time::timeout(
+                        WRITE_TIMEOUT,
+                        api.patch(&job.name, params, &Patch::Merge(&patch)),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err(kube::Error::Service("the write timed out".into())))
+                }
+            }))
             .await;
-            for ((k, _, _, name_of, value, version), result) in chunk.iter().zip(results) {
+            for (job, result) in chunk.iter().zip(results) {
                 self.answered(answered(&result));
-                let key = &k.0;
+                let key = &job.key;
                 match result {
                     Ok(_) => {
                         self.telemetry.write("annotate", true);
-                        debug!(service = %key, annotation = name_of, value = ?value, "annotated");
-                        self.written
-                            .insert(k.clone(), (value.clone(), version.clone(), Instant::now()));
+                        for (name_of, value) in &job.values {
+                            debug!(service = %key, annotation = name_of, value = ?value, "annotated");
+                            self.written.insert(
+                                (key.clone(), name_of),
+                                (value.clone(), job.version.clone(), Instant::now()),
+                            );
+                        }
                     }
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         // Not a failure: the server took the request and
                         // kept a newer Service from an older word.
-                        debug!(service = %key, annotation = name_of, "the Service changed since the copy this write was worked out on; working it out again");
+                        debug!(service = %key, "the Service changed since the copy this write was worked out on; working it out again");
                         self.again
                             .get_or_insert_with(|| tokio::time::Instant::now() + CONFLICT_RETRY);
                     }
                     Err(e) => {
                         self.telemetry.write("annotate", false);
-                        warn!(service = %key, annotation = name_of, error = %e, "cannot write the annotation; retrying");
+                        warn!(service = %key, error = %e, "cannot write the annotations; retrying");
                     }
                 }
             }
@@ -317,15 +330,28 @@ impl Writer {
     }
 }
 
-/// The merge patch that sets (or, `None`, removes) one annotation,
-/// refused by the server unless the Service is still at `version` (when
-/// known): see the module's doc.
-fn annotation_patch(
-    name_of: &str,
-    value: Option<&str>,
+/// One Service's annotation patch, worked out on its copy at `version`.
+struct Job {
+    key: String,
+    namespace: String,
+    name: String,
+    version: Option<String>,
+    /// Each annotation and its value (`None`: removed).
+    values: Vec<(&'static str, Option<String>)>,
+}
+
+/// The merge patch that sets (or, `None`, removes) a Service's
+/// annotations, refused by the server unless the Service is still at
+/// `version` (when known): see the module's doc.
+fn annotations_patch(
+    values: &[(&'static str, Option<String>)],
     version: Option<&str>,
 ) -> serde_json::Value {
-    let mut metadata = json!({"annotations": {name_of: value}});
+    let annotations: serde_json::Map<String, serde_json::Value> = values
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), json!(v)))
+        .collect();
+    let mut metadata = json!({ "annotations": annotations });
     if let Some(v) = version {
         metadata["resourceVersion"] = json!(v);
     }
@@ -360,7 +386,7 @@ mod tests {
     /// A write worked out on an old copy of the Service (one that timed out
     /// during an outage and lands late) does not overwrite what was written
     /// since: the server refuses it. Worked out again on the fresh copy,
-    /// it lands.
+    /// it lands, with the Service's other annotation in the same patch.
     #[tokio::test]
     async fn a_write_on_an_old_copy_does_not_land_over_a_newer_one() {
         let server = hostlb_tests::apiserver::TestServer::start().await;
@@ -401,21 +427,27 @@ mod tests {
         assert_eq!(written(&now), "n2,eth0", "a write on an old copy landed");
         assert!(writer.again.is_some(), "no pass again after the refusal");
 
+        // Both families of the Service in one pass: one patch, not two on
+        // the same copy (the second would be refused).
         services.apply(&watcher::Event::Apply(newer));
+        let v6 = hostlb_api::annotations::ANNOUNCING_IPV6;
+        want.insert(("default/a".into(), v6), Some("n1,eth0".into()));
         writer.annotate(&want).await;
-        assert_eq!(written(&api.get("a").await.unwrap()), "n1,eth0");
+        let now = api.get("a").await.unwrap();
+        assert_eq!(written(&now), "n1,eth0");
+        assert_eq!(now.metadata.annotations.as_ref().unwrap()[v6], "n1,eth0");
     }
 
     #[test]
     fn a_patch_names_the_version_it_was_worked_out_on() {
-        let key = hostlb_api::annotations::ANNOUNCING_IPV4;
+        use hostlb_api::annotations::{ANNOUNCING_IPV4 as V4, ANNOUNCING_IPV6 as V6};
         assert_eq!(
-            annotation_patch(key, Some("n1,eth0"), Some("42")),
-            json!({"metadata": {"resourceVersion": "42", "annotations": {key: "n1,eth0"}}})
+            annotations_patch(&[(V4, Some("n1,eth0".into()))], Some("42")),
+            json!({"metadata": {"resourceVersion": "42", "annotations": {V4: "n1,eth0"}}})
         );
         assert_eq!(
-            annotation_patch(key, None, None),
-            json!({"metadata": {"annotations": {key: null}}})
+            annotations_patch(&[(V4, None), (V6, Some("n1,eth0".into()))], None),
+            json!({"metadata": {"annotations": {V4: null, V6: "n1,eth0"}}})
         );
     }
 }
