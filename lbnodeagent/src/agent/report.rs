@@ -24,7 +24,9 @@
 //! minute after the path is back. Without the precondition it would land
 //! then over the annotation the VIP's new holder wrote meanwhile, and name
 //! a node that let the address go. Refused, it is worked out again on the
-//! fresh copy [`CONFLICT_RETRY`] later.
+//! fresh copy [`CONFLICT_RETRY`] later, twice as long after each pass that
+//! is refused again (a watch that stopped bringing new copies), up to
+//! [`RESYNC`].
 //!
 //! Events go through the shared writer ([`hostlb_api::runtime::events`]),
 //! which keeps those the server does not take yet and writes them when it
@@ -163,6 +165,7 @@ pub fn start(
         bucket: Bucket::new(Instant::now(), WRITES_PER_SECOND, WRITE_BURST),
         last_answer: Instant::now(),
         again: None,
+        refused_passes: 0,
     };
     let task = tokio::spawn(writer.run(rx));
     ReportHandle {
@@ -186,6 +189,8 @@ struct Writer {
     last_answer: Instant,
     /// A write was refused on an old copy: pass again then.
     again: Option<tokio::time::Instant>,
+    /// Passes in a row that had a write refused.
+    refused_passes: u32,
 }
 
 impl Writer {
@@ -269,6 +274,7 @@ impl Writer {
                 }),
             }
         }
+        let mut refused = false;
         for chunk in jobs.chunks(IN_FLIGHT) {
             for _ in chunk {
                 self.bucket.pace().await;
@@ -309,8 +315,7 @@ impl Writer {
                         // Not a failure: the server took the request and
                         // kept a newer Service from an older word.
                         debug!(service = %key, "the Service changed since the copy this write was worked out on; working it out again");
-                        self.again
-                            .get_or_insert_with(|| tokio::time::Instant::now() + CONFLICT_RETRY);
+                        refused = true;
                     }
                     Err(e) => {
                         self.telemetry.write("annotate", false);
@@ -319,6 +324,13 @@ impl Writer {
                 }
             }
         }
+        self.refused_passes = if refused {
+            self.refused_passes.saturating_add(1)
+        } else {
+            0
+        };
+        self.again =
+            refused.then(|| tokio::time::Instant::now() + conflict_retry(self.refused_passes));
     }
 
     /// Notes whether the server took a request, for `/readyz`.
@@ -356,6 +368,14 @@ fn annotations_patch(
         metadata["resourceVersion"] = json!(v);
     }
     json!({ "metadata": metadata })
+}
+
+/// The wait before the next pass after `passes` refused in a row (at
+/// least one): [`CONFLICT_RETRY`], doubled with each, at most [`RESYNC`].
+fn conflict_retry(passes: u32) -> Duration {
+    CONFLICT_RETRY
+        .saturating_mul(1 << passes.saturating_sub(1).min(16))
+        .min(RESYNC)
 }
 
 /// Sleeps until `at`; never, without one.
@@ -418,6 +438,7 @@ mod tests {
             bucket: Bucket::new(Instant::now(), WRITES_PER_SECOND, WRITE_BURST),
             last_answer: Instant::now(),
             again: None,
+            refused_passes: 0,
         };
         let mut want = Announcing::new();
         want.insert(("default/a".into(), key), Some("n1,eth0".into()));
@@ -436,6 +457,16 @@ mod tests {
         let now = api.get("a").await.unwrap();
         assert_eq!(written(&now), "n1,eth0");
         assert_eq!(now.metadata.annotations.as_ref().unwrap()[v6], "n1,eth0");
+        assert!(writer.again.is_none(), "a pass again after all landed");
+    }
+
+    #[test]
+    fn refused_passes_back_off_to_the_resync() {
+        assert_eq!(conflict_retry(1), CONFLICT_RETRY);
+        assert_eq!(conflict_retry(2), CONFLICT_RETRY * 2);
+        assert_eq!(conflict_retry(3), CONFLICT_RETRY * 4);
+        assert_eq!(conflict_retry(7), RESYNC);
+        assert_eq!(conflict_retry(u32::MAX), RESYNC);
     }
 
     #[test]
