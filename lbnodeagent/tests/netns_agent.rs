@@ -1363,6 +1363,11 @@ fn a_vip_answers_only_on_its_own_network() {
         (code == "200" && body.trim() == "ok").then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}: {:?}", c.http_get(&vlan_owner, "/readyz")));
+    // Who holds each VIP now: what is checked is which network answers,
+    // by its holder's MAC there, and a loaded host may have moved a VIP
+    // since (an owner silent for 150 ms while its agent starts).
+    let base_owner = c.wait_single_holder(BASE, Duration::from_secs(20));
+    let vlan_owner = c.wait_single_holder(VLAN, Duration::from_secs(20));
     assert_eq!(
         answers("eth0", &lan_src, BASE),
         vec![mac_on(&base_owner, "eth0")]
