@@ -219,7 +219,7 @@ async fn send_beats(
         // A new plan goes out at once to the peers it adds and the owners
         // it finds silent: a relay's first word is the one that counts.
         let changed = tokio::select! {
-            () = sleep_until(due) => false,
+            () = super::sleep_until(due) => false,
             r = plan.changed() => {
                 if r.is_err() {
                     return;
@@ -324,13 +324,6 @@ fn next_tick(plan: &BeatPlan, tick: u64, relay_every: u64) -> Option<u64> {
     let sparse = (!plan.sparse.is_empty()).then(|| after(SPARSE_EVERY.into()));
     let relay = (!plan.relays.is_empty()).then(|| after(relay_every));
     sparse.into_iter().chain(relay).min()
-}
-
-async fn sleep_until(due: Option<tokio::time::Instant>) {
-    match due {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Why a beat was not believed.

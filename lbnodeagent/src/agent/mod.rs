@@ -656,3 +656,12 @@ async fn recv_if<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
         None => std::future::pending().await,
     }
 }
+
+/// Sleeps until `due`; without one, never (a `select!` arm for a timer
+/// that is not set).
+async fn sleep_until(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -157,17 +157,7 @@ pub fn start(
             ..events::Settings::default()
         },
     );
-    let writer = Writer {
-        client,
-        services,
-        telemetry,
-        written: HashMap::new(),
-        bucket: Bucket::new(Instant::now(), WRITES_PER_SECOND, WRITE_BURST),
-        last_answer: Instant::now(),
-        again: None,
-        refused_passes: 0,
-    };
-    let task = tokio::spawn(writer.run(rx));
+    let task = tokio::spawn(Writer::new(client, services, telemetry).run(rx));
     ReportHandle {
         announcing,
         events,
@@ -194,6 +184,19 @@ struct Writer {
 }
 
 impl Writer {
+    fn new(client: Client, services: ServiceRecords, telemetry: Arc<Telemetry>) -> Writer {
+        Writer {
+            client,
+            services,
+            telemetry,
+            written: HashMap::new(),
+            bucket: Bucket::new(Instant::now(), WRITES_PER_SECOND, WRITE_BURST),
+            last_answer: Instant::now(),
+            again: None,
+            refused_passes: 0,
+        }
+    }
+
     async fn run(mut self, mut announcing: watch::Receiver<Announcing>) {
         let mut resync = tokio::time::interval(RESYNC);
         // Each second: a probe is due after PROBE_EVERY without a write,
@@ -222,7 +225,8 @@ impl Writer {
                     continue;
                 }
                 _ = resync.tick() => {}
-                () = sleep_until(self.again) => self.again = None,
+                // The pass below sets the next one, if any.
+                () = super::sleep_until(self.again) => {}
             }
             let want = announcing.borrow_and_update().clone();
             self.annotate(&want).await;
@@ -378,14 +382,6 @@ fn conflict_retry(passes: u32) -> Duration {
         .min(RESYNC)
 }
 
-/// Sleeps until `at`; never, without one.
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 impl events::Sink for Telemetry {
     fn dropped(&self, n: usize) {
         self.events_dropped.inc_by(n as u64);
@@ -430,16 +426,7 @@ mod tests {
             .unwrap();
         let services = ServiceRecords::default();
         services.apply(&watcher::Event::Apply(old));
-        let mut writer = Writer {
-            client,
-            services: services.clone(),
-            telemetry: Telemetry::new(),
-            written: HashMap::new(),
-            bucket: Bucket::new(Instant::now(), WRITES_PER_SECOND, WRITE_BURST),
-            last_answer: Instant::now(),
-            again: None,
-            refused_passes: 0,
-        };
+        let mut writer = Writer::new(client, services.clone(), Telemetry::new());
         let mut want = Announcing::new();
         want.insert(("default/a".into(), key), Some("n1,eth0".into()));
         writer.annotate(&want).await;
