@@ -1292,7 +1292,7 @@ fn a_vip_answers_only_on_its_own_network() {
     // Everything on node-a, so that one host holds VIPs on both networks.
     c.service("base", &[BASE], &["node-a", "node-b", "node-c"], "");
     c.service("vlan", &[VLAN, VLAN6], &["node-a", "node-b", "node-c"], "");
-    let base_owner = c.wait_single_holder(BASE, Duration::from_secs(20));
+    c.wait_single_holder(BASE, Duration::from_secs(20));
     let vlan_owner = c.wait_single_holder(VLAN, Duration::from_secs(20));
     c.wait_single_holder(VLAN6, Duration::from_secs(20));
     let client = c.host("client");
