@@ -577,7 +577,7 @@ impl Core {
         let passed_over = if found.is_empty() {
             BTreeSet::new()
         } else {
-            self.passed_over()
+            self.passed_over_among(older)
         };
         let fallback: BTreeMap<IpAddr, Option<String>> = found
             .keys()

@@ -313,7 +313,11 @@ impl Core {
     /// to keep a VIP passes over every older peer at once (`may_release`):
     /// keeping is never the move that leaves a VIP unanswered.
     pub(super) fn passed_over(&self) -> BTreeSet<String> {
-        let older = self.older_peers();
+        self.passed_over_among(self.older_peers())
+    }
+
+    /// [`Core::passed_over`], given the older peers.
+    pub(super) fn passed_over_among(&self, older: BTreeSet<String>) -> BTreeSet<String> {
         if self.dating.spread(self.now) {
             older
         } else {
