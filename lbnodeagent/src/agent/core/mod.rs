@@ -75,6 +75,7 @@ mod settling;
 mod slot;
 #[cfg(test)]
 mod tests;
+mod upstream;
 mod view;
 mod vips;
 mod watching;
@@ -192,6 +193,9 @@ pub struct Core {
     /// Membership as gossip reports it and as this node acts on it.
     membership: membership::Membership,
     sessions: Sessions,
+    /// Which nodes' gateways count as lost, and since when a change waits
+    /// to count.
+    upstream: upstream::Upstream,
     /// The move Events told, per VIP.
     move_notes: moves::MoveNotes,
     /// Which owners this node watches for silence, and when that is
@@ -233,6 +237,7 @@ impl Core {
             links,
             membership: membership::Membership::new(),
             sessions: Sessions::default(),
+            upstream: upstream::Upstream::default(),
             move_notes: moves::MoveNotes::default(),
             watching: watching::Watching::new(now),
             vips: vips::Vips::default(),
@@ -628,6 +633,9 @@ impl Core {
         }
         if changed {
             self.apply_view(now, out);
+        }
+        if self.upstream.due(now, self.upstream_settle()) {
+            self.elect_members();
         }
         if self.phase == Phase::Starting && self.settings.unable.is_none() && self.settle(now) {
             info!(

@@ -301,6 +301,9 @@ impl Core {
         if let Some(t) = self.watching.deadline() {
             at(t);
         }
+        if let Some(t) = self.upstream.deadline(self.upstream_settle()) {
+            at(t);
+        }
         if self.settings.wire {
             if self.conflicts.yielded().next().is_some() {
                 at(self.cadence.yield_probe_at());

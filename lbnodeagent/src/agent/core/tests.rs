@@ -4077,6 +4077,10 @@ fn a_holder_that_loses_its_gateway_hands_over_and_the_move_says_why() {
     assert!(published.on_link.iter().all(|o| o.upstream_lost));
     assert!(act.remove.is_empty(), "make before break");
     b.done(&act);
+    // It counts once its peers can have heard of it.
+    b.advance(INTERVAL * super::upstream::SETTLE_ROUNDS);
+    let act = b.step(Input::Tick);
+    assert!(act.remove.is_empty(), "make before break");
     b.advance(INTERVAL);
     let act = b.step(Input::Members(view(
         "b",
@@ -4126,4 +4130,59 @@ fn a_holder_that_loses_its_gateway_hands_over_and_the_move_says_why() {
         ],
     );
     assert_eq!(held, [v].into(), "no node reaches its gateway: b keeps it");
+}
+
+/// The router dies: every node finds its gateway lost in the same round,
+/// its own loss at once and its peers' by gossip a round or two later. A
+/// VIP that goes to a node meanwhile goes where it would with no loss at
+/// all, the usual order among nodes that all lost their gateway: counted
+/// at once, b's own loss would have ranked it after a and c, which still
+/// looked sound to it, and it would have left the VIP to them while they
+/// left it to b.
+#[test]
+fn a_loss_found_in_the_same_round_as_the_peers_moves_nothing_meanwhile() {
+    use hostlb_api::Family;
+    let v = ip("10.0.1.1");
+    let lost: crate::model::UpstreamLost = [("eth0".to_string(), Family::V4)].into();
+    let mut b = Node::new("b");
+    let peers = || {
+        vec![
+            peer("a", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ]
+    };
+    assert!(b.running(cluster(&[]), peers()).is_empty());
+    b.advance(Duration::from_secs(1));
+    let act = b.step(Input::Upstream(lost));
+    assert!(act.publish.is_some(), "the loss is published at once");
+    // A Service comes, b first in its order.
+    b.advance(INTERVAL / 2);
+    let act = b.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 2,
+        digest: None,
+    });
+    let act = b.unanswered(act);
+    assert_eq!(
+        ips(&act.add),
+        [v].into(),
+        "b takes it: its loss does not count yet"
+    );
+    b.done(&act);
+    // The peers' losses arrive: every node's gateway lost, b keeps it.
+    b.advance(INTERVAL);
+    let act = b.step(Input::Members(view(
+        "b",
+        peers().into_iter().map(gateway_lost).collect(),
+        Vec::new(),
+    )));
+    assert!(act.remove.is_empty());
+    b.advance(INTERVAL * super::upstream::SETTLE_ROUNDS);
+    let act = b.step(Input::Tick);
+    assert!(act.remove.is_empty());
+    assert_eq!(
+        b.core.held().map(|(ip, _)| *ip).collect::<BTreeSet<_>>(),
+        [v].into()
+    );
 }

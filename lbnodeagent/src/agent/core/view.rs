@@ -11,6 +11,7 @@ use crate::election::Member;
 use crate::model::{PROTOCOL_DRAIN, Status};
 
 use super::sessions::{self};
+use super::upstream;
 use super::{Actions, ConflictSeen, Core, Metric, Phase};
 
 impl Core {
@@ -143,6 +144,12 @@ impl Core {
         )
     }
 
+    /// How long a change of anyone's lost gateways waits to count (see
+    /// `upstream`).
+    pub(super) fn upstream_settle(&self) -> std::time::Duration {
+        self.settings.gossip_interval * upstream::SETTLE_ROUNDS
+    }
+
     /// Hands the membership (with this node as it is now) to the election
     /// and marks what it says moved.
     pub(super) fn elect_members(&mut self) {
@@ -151,27 +158,41 @@ impl Core {
         self.sent.touch_report();
         let own = self.own_member();
         let me = self.settings.node.as_str();
-        let peers = self
+        let members: Vec<&Member> = self
             .membership
             .view()
             .members
             .iter()
-            .filter(|m| m.node != me);
+            .filter(|m| m.node != me)
+            .chain(own.as_ref())
+            .collect();
+        // Lost gateways count once every agent can have heard of them.
+        let held = self
+            .upstream
+            .count(self.now, self.upstream_settle(), &members);
+        let members = match &held {
+            Some(held) => held.iter().collect(),
+            None => members,
+        };
         let moved =
             if self.drain_in_force() || !self.membership.view().members.iter().any(|m| m.drained) {
-                self.election.set_members(peers.chain(own.as_ref()))
+                self.election.set_members(members.into_iter())
             } else {
                 // An agent of an older protocol elects drained nodes like any
                 // other: so does this one until every member knows drains.
-                let undrained: Vec<Member> = peers
+                let undrained: Vec<Member> = members
+                    .into_iter()
                     .map(|m| Member {
                         drained: false,
                         ..m.clone()
                     })
                     .collect();
-                self.election
-                    .set_members(undrained.iter().chain(own.as_ref()))
+                self.election.set_members(undrained.iter())
             };
+        let own = match held {
+            Some(held) => held.into_iter().find(|m| m.node == me),
+            None => own,
+        };
         if self.own.elected(own) {
             // Its interfaces or its candidacy changed: any duty may have.
             self.vips.refresh_all();
