@@ -130,6 +130,7 @@ impl Election {
                 local_traffic: oldest.local_traffic,
                 endpoints,
                 note,
+                ranks: Default::default(),
             });
         }
 

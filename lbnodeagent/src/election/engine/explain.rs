@@ -2,8 +2,9 @@
 
 use std::net::IpAddr;
 
+use super::super::hash::rank_key;
 use super::super::report::{Candidate, Excluded, Reason, VipReport};
-use super::{Election, NodeId};
+use super::{Election, NodeId, Win};
 
 impl Election {
     /// The full answer for one VIP: every node and why it won or lost.
@@ -51,7 +52,9 @@ impl Election {
                 }),
             }
         }
-        let mut by_hash: Vec<([u8; 32], NodeId)> = wins.iter().map(|w| (w.hash, w.node)).collect();
+        let hash_of = |w: &Win| rank_key(&self.c.slots[w.node as usize].name, &vip.text);
+        let mut by_hash: Vec<([u8; 32], NodeId)> =
+            wins.iter().map(|w| (hash_of(w), w.node)).collect();
         by_hash.sort();
         wins.sort_by(|a, b| self.c.order(a, b));
         let candidates: Vec<Candidate> = wins
@@ -65,7 +68,7 @@ impl Election {
                     .iter()
                     .position(|(_, n)| *n == w.node)
                     .expect("present"),
-                hash: w.hash,
+                hash: hash_of(w),
             })
             .collect();
         let winner = candidates.first().map(|c| c.node.clone());

@@ -32,6 +32,7 @@ use std::net::IpAddr;
 use hostlb_api::Selector;
 use hostlb_api::annotations::EXCLUDE_FROM_EXTERNAL_LB;
 
+use super::hash::rank_key;
 use super::report::{Note, Reason};
 use super::view::{Cluster, Endpoints, Labels, Member, OnLink};
 use compile::endpoint_filter;
@@ -126,6 +127,33 @@ struct Vip {
     local_traffic: bool,
     endpoints: EndpointFilter,
     note: Option<Note>,
+    /// The rank keys worked out so far, by node: one VIP is elected many
+    /// times per cluster view (every membership change, every runner-up
+    /// and orphan asked), each time hashing the same few nodes. Only the
+    /// key's first 8 bytes, and only the first [`RANKS_KEPT`] nodes: a
+    /// few bytes per VIP, whatever the cluster's size.
+    ranks: std::cell::RefCell<Vec<(NodeId, u64)>>,
+}
+
+/// Rank keys kept per VIP (see `Vip::ranks`): the nodes a small tier or
+/// an endpoint list hashes directly.
+const RANKS_KEPT: usize = 16;
+
+impl Vip {
+    /// The first 8 bytes of `sha256(node#ip)`, in order: what decides
+    /// nearly every tie (see [`Compiled::order`] for the rest).
+    fn rank(&self, n: NodeId, name: &str) -> u64 {
+        let mut ranks = self.ranks.borrow_mut();
+        if let Some(&(_, r)) = ranks.iter().find(|(m, _)| *m == n) {
+            return r;
+        }
+        let key = rank_key(name, &self.text);
+        let r = u64::from_be_bytes(key[..8].try_into().expect("8 bytes"));
+        if ranks.len() < RANKS_KEPT {
+            ranks.push((n, r));
+        }
+        r
+    }
 }
 
 /// Everything compiled from the cluster; read-only while electing.
@@ -142,11 +170,14 @@ struct Compiled {
 #[derive(Clone, Copy)]
 struct Win {
     node: NodeId,
+    /// The VIP's index in `Compiled::vips`.
+    vip: u32,
     /// The node is drained: it ranks after every node that is not,
     /// whatever its score.
     last_resort: bool,
     score: u32,
-    hash: [u8; 32],
+    /// The first 8 bytes of the rank key (see [`Vip::rank`]).
+    hash: u64,
 }
 
 /// The election for every VIP of the cluster. See the module docs.

@@ -95,18 +95,24 @@ impl Compiled {
             .then_with(|| b.score.cmp(&a.score))
             .then_with(|| a.hash.cmp(&b.hash))
             .then_with(|| {
-                self.slots[a.node as usize]
-                    .name
-                    .cmp(&self.slots[b.node as usize].name)
+                let a_vip = a.vip as usize;
+                // The same first 8 bytes (a chance of 2^-64): the whole
+                // keys, then the names.
+                let (a, b) = (&self.slots[a.node as usize], &self.slots[b.node as usize]);
+                let text = &self.vips[a_vip].text;
+                rank_key(&a.name, text)
+                    .cmp(&rank_key(&b.name, text))
+                    .then_with(|| a.name.cmp(&b.name))
             })
     }
 
     pub(super) fn win(&self, v: usize, class: &Class, n: NodeId) -> Win {
         Win {
             node: n,
+            vip: v as u32,
             last_resort: self.last_resort_at(v, class, n),
             score: class.score[n as usize],
-            hash: rank_key(&self.slots[n as usize].name, &self.vips[v].text),
+            hash: self.vips[v].rank(n, &self.slots[n as usize].name),
         }
     }
 
