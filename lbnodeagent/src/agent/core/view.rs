@@ -176,7 +176,7 @@ impl Core {
         };
         let moved =
             if self.drain_in_force() || !self.membership.view().members.iter().any(|m| m.drained) {
-                self.election.set_members(members.into_iter())
+                self.election.set_members(members)
             } else {
                 // An agent of an older protocol elects drained nodes like any
                 // other: so does this one until every member knows drains.
