@@ -530,6 +530,7 @@ impl Core {
                     self.sent.touch_report();
                     self.elect_members();
                     self.vips.refresh_all();
+                    self.orphans.rescan();
                 }
             }
             Input::Leave => self.begin_leave(now, out),
@@ -635,7 +636,10 @@ impl Core {
             self.apply_view(now, out);
         }
         if self.upstream.due(now, self.upstream_settle()) {
+            // Lost gateways count now: winners move, and with them which
+            // VIPs fall back past a peer whose view is older.
             self.elect_members();
+            self.orphans.rescan();
         }
         if self.phase == Phase::Starting && self.settings.unable.is_none() && self.settle(now) {
             info!(

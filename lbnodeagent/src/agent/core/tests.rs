@@ -4186,3 +4186,71 @@ fn a_loss_found_in_the_same_round_as_the_peers_moves_nothing_meanwhile() {
         [v].into()
     );
 }
+
+/// A holder's lost gateway that counts once its wait is over moves the
+/// VIP to a winner whose view is older, which does not take it: the VIP
+/// falls back past that winner as an orphan, to the first node not behind
+/// (seed 3000509444: n01's gateway lost, its VIPs' next winner thawed
+/// behind while the API server was away, and n01 handed them to n03, which
+/// never looked for orphans when the loss came to count, so they went
+/// dark when n01 let go 2 s later).
+#[test]
+fn a_lost_gateway_that_comes_to_count_hands_an_orphan_to_the_first_node_not_behind() {
+    let v = ip("10.0.1.1");
+    // b wins v (the labels rank it first), a next, then c.
+    let mut c = Node::new("c");
+    let held = c.running(
+        cluster(&[v]),
+        vec![
+            peer("a", Status::Alive, &[], 1),
+            peer("b", Status::Alive, &[v], 1),
+        ],
+    );
+    assert!(held.is_empty(), "b wins it and holds it");
+    c.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 9,
+        digest: None,
+    });
+    // a is behind; b, up to date, holds v, loses its gateway and hands
+    // v over at once (its own loss counted): its gossip stops showing v
+    // before the loss counts here, and no view comes after.
+    let peers = |b: MemberInfo| {
+        Input::Members(view(
+            "c",
+            vec![peer("a", Status::Alive, &[], 8), b],
+            Vec::new(),
+        ))
+    };
+    let act = c.step(peers(peer("b", Status::Alive, &[v], 9)));
+    assert!(act.add.is_empty() && act.probe.is_empty(), "b holds it");
+    // Long since: the view has spread, and a is behind for good.
+    c.advance(Duration::from_secs(10));
+    let act = c.step(Input::Tick);
+    assert!(act.add.is_empty() && act.probe.is_empty(), "b holds it");
+    let act = c.step(peers(gateway_lost(peer("b", Status::Alive, &[v], 9))));
+    assert!(
+        act.add.is_empty() && act.probe.is_empty(),
+        "the loss does not count yet"
+    );
+    c.advance(INTERVAL);
+    let act = c.step(peers(gateway_lost(peer("b", Status::Alive, &[], 9))));
+    assert!(
+        act.add.is_empty() && act.probe.is_empty(),
+        "b, the winner here, hands over"
+    );
+    // Once the loss counts, a wins v but is behind: the orphan is c's.
+    let until = c.now + INTERVAL * super::upstream::SETTLE_ROUNDS + HANDOVER_MAX;
+    let mut act = c.step(Input::Tick);
+    while act.probe.is_empty() && c.now < until {
+        c.now = act.wake.unwrap_or(until).min(until);
+        act = c.step(Input::Tick);
+    }
+    let act = c.unanswered(act);
+    assert_eq!(
+        ips(&act.add),
+        [v].into(),
+        "c, first after a that is not behind"
+    );
+}
