@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use super::super::hash::rank_key;
 use super::super::report::{Candidate, Excluded, Reason, VipReport};
-use super::{Election, NodeId, Win};
+use super::{Election, NodeId};
 
 impl Election {
     /// The full answer for one VIP: every node and why it won or lost.
@@ -52,23 +52,34 @@ impl Election {
                 }),
             }
         }
-        let hash_of = |w: &Win| rank_key(&self.c.slots[w.node as usize].name, &vip.text);
-        let mut by_hash: Vec<([u8; 32], NodeId)> =
-            wins.iter().map(|w| (hash_of(w), w.node)).collect();
+        // The whole keys, which a `Win` keeps only the start of.
+        let mut by_hash: Vec<([u8; 32], NodeId)> = wins
+            .iter()
+            .map(|w| {
+                (
+                    rank_key(&self.c.slots[w.node as usize].name, &vip.text),
+                    w.node,
+                )
+            })
+            .collect();
         by_hash.sort();
         wins.sort_by(|a, b| self.c.order(a, b));
         let candidates: Vec<Candidate> = wins
             .iter()
-            .map(|w| Candidate {
-                node: self.c.slots[w.node as usize].name.clone(),
-                drained: self.c.drained_at(v, w.node),
-                upstream_lost: self.c.upstream_lost_at(v, w.node),
-                score: w.score,
-                hash_rank: 1 + by_hash
+            .map(|w| {
+                let (place, (hash, _)) = by_hash
                     .iter()
-                    .position(|(_, n)| *n == w.node)
-                    .expect("present"),
-                hash: hash_of(w),
+                    .enumerate()
+                    .find(|(_, (_, n))| *n == w.node)
+                    .expect("present");
+                Candidate {
+                    node: self.c.slots[w.node as usize].name.clone(),
+                    drained: self.c.drained_at(v, w.node),
+                    upstream_lost: self.c.upstream_lost_at(v, w.node),
+                    score: w.score,
+                    hash_rank: 1 + place,
+                    hash: *hash,
+                }
             })
             .collect();
         let winner = candidates.first().map(|c| c.node.clone());

@@ -156,7 +156,8 @@ impl Vip {
     }
 }
 
-/// Everything compiled from the cluster; read-only while electing.
+/// Everything compiled from the cluster; read-only while electing, but
+/// for each VIP's rank keys, kept as they are first worked out.
 #[derive(Default)]
 struct Compiled {
     slots: Vec<Slot>,
