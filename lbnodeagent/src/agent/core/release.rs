@@ -642,11 +642,15 @@ impl Core {
     /// the yield to it keeps this node off until they do, and waiting
     /// longer would only leave the VIP unanswered after the lapse.
     pub(super) fn orphan_due(&self, ip: IpAddr, since: Instant, now: Instant) -> bool {
-        self.orphans.waited(ip, since, now)
-            || self
-                .conflicts
-                .yielded_to(ip)
-                .is_some_and(|owner| self.lapsing_silent_owner(owner))
+        self.orphans.waited(ip, since, now) || self.awaits_lapse(ip)
+    }
+
+    /// This node holds off `ip` for a silent owner whose addresses it knows
+    /// will lapse: it was the VIP's successor when the owner went silent.
+    pub(super) fn awaits_lapse(&self, ip: IpAddr) -> bool {
+        self.conflicts
+            .yielded_to(ip)
+            .is_some_and(|owner| self.lapsing_silent_owner(owner))
     }
 
     /// `node` is out of the view this node acts on (its beats stopped) and
@@ -697,7 +701,16 @@ impl Core {
         if !self.orphan_due(ip, since, self.now) {
             return None;
         }
-        let passed_over = self.passed_over();
+        // A successor waiting out a dead owner's lapse passes over every
+        // older peer at once, as a holder does in keeping it: a view that
+        // comes during the wait and names a peer still behind must not
+        // turn the wait into the view's spread, with nobody answering once
+        // the address lapsed (simulation seed 3000618605).
+        let passed_over = if self.awaits_lapse(ip) {
+            self.older_peers()
+        } else {
+            self.passed_over()
+        };
         self.election
             .duty_without(&self.settings.node, ip, |n| passed_over.contains(n))
     }
