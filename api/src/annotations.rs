@@ -77,6 +77,12 @@ pub const DEFAULT_LOAD_BALANCER_CLASS: &str = "hostlb.io/lb";
 /// Nodes carrying this label (any value) never announce.
 pub const EXCLUDE_FROM_EXTERNAL_LB: &str =
     "node.kubernetes.io/exclude-from-external-load-balancers";
+/// On a Service whose addresses are placed sticky: while it is there, they
+/// are placed as `Preferred` and move, make before break, to the nodes the
+/// election ranks first. `kubectl hostlb rebalance` sets it, waits for the
+/// moves, and takes it away; its value is when it was set (RFC 3339), for
+/// the operator who finds one left behind.
+pub const REBALANCE: &str = "hostlb.io/rebalance";
 /// The namespace holding pools and advertisements.
 pub const SYSTEM_NAMESPACE: &str = "hostlb-system";
 /// Kubernetes' taint for a node shut down or out of service (any effect):

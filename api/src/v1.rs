@@ -280,6 +280,31 @@ pub struct L2AdvertisementSpec {
     /// stops new pods, not the traffic to the ones that run.
     #[serde(default, skip_serializing_if = "is_false")]
     pub drain_cordoned_nodes: bool,
+    /// Where each address stays: `Preferred` (the default) moves it to
+    /// the node the election ranks first whenever that node can serve it,
+    /// as when a preferred node comes back; `Sticky` leaves it with the
+    /// node that holds it while that node can serve it, and moves it only
+    /// when the holder cannot (gone, drained, tainted, its gateway lost)
+    /// or an operator asks (`kubectl hostlb rebalance`). Every move back
+    /// is an interruption its clients did not choose.
+    #[serde(default, skip_serializing_if = "Placement::is_preferred")]
+    pub placement: Placement,
+}
+
+/// How an address is placed once held (`L2Advertisement.spec.placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Placement {
+    /// On the election's first node, moving there whenever it can serve.
+    #[default]
+    Preferred,
+    /// With its holder while the holder can serve it.
+    Sticky,
+}
+
+impl Placement {
+    fn is_preferred(&self) -> bool {
+        *self == Placement::Preferred
+    }
 }
 
 impl L2AdvertisementSpec {

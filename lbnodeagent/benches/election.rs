@@ -129,6 +129,7 @@ fn cluster(preferences: bool) -> Cluster {
                 addresses: vec![ip],
                 allocated_pool: Some("default".into()),
                 local_traffic: local,
+                rebalance: false,
                 endpoints,
                 ports: Vec::new(),
             }

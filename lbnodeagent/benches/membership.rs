@@ -347,6 +347,7 @@ fn watches(n: usize, down: &BTreeSet<usize>) -> Watches {
                 addresses: vec![IpAddr::from([10, 96, (v >> 8) as u8, v as u8])],
                 allocated_pool: Some("default".into()),
                 local_traffic: false,
+                rebalance: false,
                 endpoints: Endpoints {
                     any_usable: true,
                     nodes: BTreeSet::new(),

@@ -127,6 +127,7 @@ pub fn advertisement(ad: &L2Advertisement, errors: &mut Vec<ObjectError>) -> Opt
         interfaces: spec.interfaces.clone(),
         preferences,
         drain_cordoned: spec.drain_cordoned_nodes,
+        sticky: spec.placement == hostlb_api::v1::Placement::Sticky,
     })
 }
 
@@ -239,6 +240,8 @@ pub struct Balanced {
     pub ingress: Vec<Option<String>>,
     pub allocated_pool: Option<String>,
     pub local_traffic: bool,
+    /// [`REBALANCE`](hostlb_api::annotations::REBALANCE) is set.
+    pub rebalance: bool,
     /// `spec.ports[]`: port and protocol.
     pub ports: Vec<(i32, Option<String>)>,
     /// The announcing annotations present: name, value.
@@ -278,6 +281,8 @@ impl ServiceRecord {
                 allocated_pool: service_annotation(annotations, IP_ALLOCATED_FROM_POOL)
                     .map(str::to_string),
                 local_traffic: spec.external_traffic_policy.as_deref() == Some("Local"),
+                rebalance: annotations
+                    .is_some_and(|a| a.contains_key(hostlb_api::annotations::REBALANCE)),
                 ports: spec
                     .ports
                     .into_iter()
@@ -366,6 +371,7 @@ pub fn service_info(
         addresses,
         allocated_pool: b.allocated_pool.clone(),
         local_traffic: b.local_traffic,
+        rebalance: b.rebalance,
         endpoints: endpoints.get(&svc.namespace, &svc.name),
         ports: ports(svc, b, errors),
     })

@@ -360,6 +360,8 @@ pub fn render_vip(out: &mut String, r: &VipReport) {
                     format!("{} (drained: last resort)", c.node)
                 } else if c.upstream_lost {
                     format!("{} (gateway lost: last resort)", c.node)
+                } else if c.held {
+                    format!("{} (holds it: sticky)", c.node)
                 } else {
                     c.node.clone()
                 },

@@ -121,6 +121,9 @@ pub struct CandidateDoc {
     /// Its gateway toward the VIP's network is lost: last in order too.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub upstream_lost: bool,
+    /// Holds a sticky VIP: first in order while it is a candidate.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
     pub score: u32,
     pub hash_rank: usize,
 }
@@ -147,6 +150,7 @@ impl VipDoc {
                     node: c.node.clone(),
                     drained: c.drained,
                     upstream_lost: c.upstream_lost,
+                    held: c.held,
                     score: c.score,
                     hash_rank: c.hash_rank,
                 })

@@ -114,6 +114,9 @@ pub struct Candidate {
     /// Its default gateway toward the VIP's network stopped answering:
     /// ranked last too, as if drained.
     pub upstream_lost: bool,
+    /// Holds a sticky VIP, as its gossip says: ranked before every
+    /// candidate that does not (and after none of last resort).
+    pub held: bool,
     pub score: u32,
     /// 1-based position among the candidates by hash alone: what the order
     /// would be without preferences.

@@ -62,6 +62,9 @@ pub struct Advertisement {
     pub preferences: Vec<Preference>,
     /// Cordoned nodes count as drained for its addresses.
     pub drain_cordoned: bool,
+    /// `placement: Sticky`: an address stays with the node that holds it
+    /// while that node is a candidate (see [`Election::set_holders`](super::Election::set_holders)).
+    pub sticky: bool,
 }
 
 /// `preferredNodeSelectors` entry, weight already checked to be 1..=100.
@@ -85,6 +88,9 @@ pub struct ServiceInfo {
     pub allocated_pool: Option<String>,
     /// `externalTrafficPolicy: Local`.
     pub local_traffic: bool,
+    /// `hostlb.io/rebalance`: its sticky addresses are placed as preferred
+    /// while it is set.
+    pub rebalance: bool,
     pub endpoints: Endpoints,
     /// `spec.ports`: what the agent's firewall lets through to the
     /// addresses.

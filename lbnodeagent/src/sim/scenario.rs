@@ -150,6 +150,7 @@ impl Truth {
             addresses,
             allocated_pool: Some(pool.into()),
             local_traffic,
+            rebalance: false,
             endpoints,
             ports: Vec::new(),
         });

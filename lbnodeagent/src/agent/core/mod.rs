@@ -384,6 +384,8 @@ impl Core {
                 self.services.set(&cluster, errors);
                 self.set_revision(revision, digest);
                 self.election.set_cluster(&cluster);
+                // A VIP just made sticky stays where gossip shows it held.
+                self.set_holders();
                 self.guard.set_rules(Firewall::of(&cluster));
                 let services = &self.services;
                 self.vips.keep_ever_held(|ip| services.has(ip));

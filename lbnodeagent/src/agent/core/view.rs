@@ -193,12 +193,29 @@ impl Core {
             Some(held) => held.into_iter().find(|m| m.node == me),
             None => own,
         };
+        let mut moved = moved;
+        moved.extend(self.set_holders());
         if self.own.elected(own) {
             // Its interfaces or its candidacy changed: any duty may have.
             self.vips.refresh_all();
         } else {
             self.mark(moved);
         }
+    }
+
+    /// Hands the election who holds which address, as gossip shows it
+    /// (this node too, as its peers see it), for the VIPs placed sticky.
+    /// The addresses whose winner moved.
+    pub(super) fn set_holders(&mut self) -> Vec<IpAddr> {
+        if !self.election.any_sticky() {
+            return Vec::new();
+        }
+        let nodes = &self.membership.view().nodes;
+        self.election.set_holders(
+            nodes
+                .iter()
+                .flat_map(|n| n.vips.iter().map(move |ip| (*ip, n.node.as_str()))),
+        )
     }
 
     /// A drain counts in the election only once every node gossip shows

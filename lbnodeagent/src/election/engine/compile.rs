@@ -47,6 +47,7 @@ impl Election {
                     matches,
                     score,
                     drain_cordoned: ad.drain_cordoned,
+                    sticky: ad.sticky,
                 }
             })
             .collect();
@@ -121,8 +122,15 @@ impl Election {
             if note.is_none() && matches!(endpoints, EndpointFilter::Nowhere) {
                 note = Some(Note::NoEndpoints);
             }
+            // Sticky where an applicable advertisement says so, unless an
+            // operator asked its oldest Service to go back to the
+            // election's first node (`kubectl hostlb rebalance`).
+            let sticky = class
+                .is_some_and(|c| class_ads[c].iter().any(|&a| compiled_ads[a].sticky))
+                && !oldest.rebalance;
             vips.push(Vip {
                 ip,
+                sticky,
                 text: ip.to_string(),
                 services: svcs,
                 pool: pool.map(|p| pools[p].name.clone()),
@@ -140,6 +148,7 @@ impl Election {
             .collect();
 
         self.vip_of = vips.iter().enumerate().map(|(i, v)| (v.ip, i)).collect();
+        self.c.any_sticky = vips.iter().any(|v| v.sticky);
         self.c.classes = classes;
         self.c.vips = vips;
         self.c.services = services.iter().map(|s| s.key.clone()).collect();

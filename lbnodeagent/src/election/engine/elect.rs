@@ -45,6 +45,10 @@ fn elect_among(
             && (with_last_resort || !c.last_resort_at(v, class, n))
             && c.exclusion(v, n).is_none()
     };
+    // A sticky VIP's holders come first (see `Compiled::order`).
+    if let Some(w) = c.best_of(v, class, c.holders_of(v), &usable) {
+        return Some(w);
+    }
     match &vip.endpoints {
         EndpointFilter::Nowhere => return None,
         EndpointFilter::Only(ids) if ids.len() <= c.direct_hash_max => {

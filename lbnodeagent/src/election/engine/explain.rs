@@ -76,6 +76,7 @@ impl Election {
                     node: self.c.slots[w.node as usize].name.clone(),
                     drained: self.c.drained_at(v, w.node),
                     upstream_lost: self.c.upstream_lost_at(v, w.node),
+                    held: w.held,
                     score: w.score,
                     hash_rank: 1 + place,
                     hash: *hash,

@@ -83,6 +83,7 @@ struct CompiledAd {
     /// Per node: sum of matching preference weights, zero where `!matches`.
     score: Vec<u32>,
     drain_cordoned: bool,
+    sticky: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -118,6 +119,8 @@ enum EndpointFilter {
 
 struct Vip {
     ip: IpAddr,
+    /// Placed sticky (see [`Election::set_holders`]).
+    sticky: bool,
     text: String,
     /// Indices into `Compiled::services`, oldest first.
     services: Vec<usize>,
@@ -164,6 +167,11 @@ struct Compiled {
     classes: Vec<Class>,
     vips: Vec<Vip>,
     services: Vec<String>,
+    /// Per sticky VIP, the members whose gossip shows it held, by id (see
+    /// [`Election::set_holders`]); kept across cluster views.
+    holders: HashMap<IpAddr, Vec<NodeId>>,
+    /// Some VIP is sticky.
+    any_sticky: bool,
     direct_hash_max: usize,
     order_depth: usize,
 }
@@ -176,6 +184,9 @@ struct Win {
     /// The node is drained: it ranks after every node that is not,
     /// whatever its score.
     last_resort: bool,
+    /// A sticky VIP's holder: it ranks before every node that does not
+    /// hold it (but after none of last resort).
+    held: bool,
     score: u32,
     /// The first 8 bytes of the rank key (see [`Vip::rank`]).
     hash: u64,
@@ -261,6 +272,10 @@ impl Election {
         }
         self.compile(cluster);
         self.orders.retain(|ip, _| self.vip_of.contains_key(ip));
+        let (vip_of, vips) = (&self.vip_of, &self.c.vips);
+        self.c
+            .holders
+            .retain(|ip, _| vip_of.get(ip).is_some_and(|&v| vips[v].sticky));
         self.winners = (0..self.c.vips.len())
             .map(|v| elect(&self.c, &mut self.orders, v, None))
             .collect();
@@ -417,5 +432,67 @@ impl Election {
         }
         touched.sort();
         touched
+    }
+
+    /// Whether any VIP is placed sticky: only then do holders count.
+    pub fn any_sticky(&self) -> bool {
+        self.c.any_sticky
+    }
+
+    /// Which members hold which addresses, as their gossip says (each
+    /// `(address, node)` once). Only sticky VIPs read it: one stays with
+    /// the best of its holders that is a candidate, and is elected as
+    /// usual when none is (its holder gone, drained, cut off from its
+    /// gateway, or no longer eligible). Every agent reads the same gossip,
+    /// so all come to the same holder once it has spread; until then a
+    /// node that has not heard of the holder asks the LAN before taking the
+    /// VIP and finds it answered. Returns the addresses whose winner moved.
+    pub fn set_holders<'a>(
+        &mut self,
+        holders: impl IntoIterator<Item = (IpAddr, &'a str)>,
+    ) -> Vec<IpAddr> {
+        let mut next: HashMap<IpAddr, Vec<NodeId>> = HashMap::new();
+        for (ip, node) in holders {
+            let (Some(&v), Some(&id)) = (self.vip_of.get(&ip), self.slot_of.get(node)) else {
+                continue;
+            };
+            if self.c.vips[v].sticky {
+                let ids = next.entry(ip).or_default();
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        for ids in next.values_mut() {
+            ids.sort_unstable();
+        }
+        if next == self.c.holders {
+            return Vec::new();
+        }
+        let mut touched: Vec<IpAddr> = next
+            .iter()
+            .filter(|(ip, ids)| self.c.holders.get(*ip) != Some(*ids))
+            .map(|(ip, _)| *ip)
+            .chain(
+                self.c
+                    .holders
+                    .keys()
+                    .filter(|ip| !next.contains_key(*ip))
+                    .copied(),
+            )
+            .collect();
+        touched.sort();
+        self.c.holders = next;
+        self.epoch += 1;
+        let mut moved = Vec::new();
+        for ip in touched {
+            let v = self.vip_of[&ip];
+            let old = self.winners[v];
+            self.winners[v] = elect(&self.c, &mut self.orders, v, None);
+            if self.winners[v].map(|w| w.node) != old.map(|w| w.node) {
+                moved.push(ip);
+            }
+        }
+        moved
     }
 }

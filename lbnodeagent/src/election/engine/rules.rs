@@ -86,12 +86,13 @@ impl Compiled {
     }
 
     /// Election order: a node of last resort (drained, or its gateway
-    /// lost) after every other, then score
-    /// descending, then rank key ascending (then name, which only matters
-    /// if sha256 ever collides).
+    /// lost) after every other, then a sticky VIP's holders before the
+    /// rest, then score descending, then rank key ascending (then name,
+    /// which only matters if sha256 ever collides).
     pub(super) fn order(&self, a: &Win, b: &Win) -> Ordering {
         a.last_resort
             .cmp(&b.last_resort)
+            .then_with(|| b.held.cmp(&a.held))
             .then_with(|| b.score.cmp(&a.score))
             .then_with(|| a.hash.cmp(&b.hash))
             .then_with(|| {
@@ -111,8 +112,28 @@ impl Compiled {
             node: n,
             vip: v as u32,
             last_resort: self.last_resort_at(v, class, n),
+            held: self.holds(v, n),
             score: class.score[n as usize],
             hash: self.vips[v].rank(n, &self.slots[n as usize].name),
+        }
+    }
+
+    /// Node `n` holds sticky VIP `v`, as its gossip says.
+    pub(super) fn holds(&self, v: usize, n: NodeId) -> bool {
+        let vip = &self.vips[v];
+        vip.sticky
+            && self
+                .holders
+                .get(&vip.ip)
+                .is_some_and(|ids| ids.binary_search(&n).is_ok())
+    }
+
+    /// The holders of sticky VIP `v`, if any.
+    pub(super) fn holders_of(&self, v: usize) -> &[NodeId] {
+        let vip = &self.vips[v];
+        match self.holders.get(&vip.ip) {
+            Some(ids) if vip.sticky => ids,
+            _ => &[],
         }
     }
 

@@ -91,6 +91,7 @@ pub(super) fn mk_svc(key: &str, addrs: &[&str]) -> ServiceInfo {
         addresses: addrs.iter().map(|a| ip(a)).collect(),
         allocated_pool: None,
         local_traffic: false,
+        rebalance: false,
         endpoints: Endpoints {
             any_usable: true,
             nodes: Default::default(),

@@ -120,6 +120,7 @@ pub(super) fn world(seed: u64) -> World {
             addresses: addrs,
             allocated_pool: None,
             local_traffic: r.chance(0.3),
+            rebalance: false,
             endpoints: Endpoints {
                 any_usable: r.chance(0.9),
                 nodes: BTreeSet::new(),

@@ -875,3 +875,120 @@ fn a_cordon_drains_only_where_an_advertisement_says_so() {
     let e = elect("a", vec![member("a", &["10.0.0.0/24"])]);
     assert_eq!(e.winner(counted), Some("a"));
 }
+
+/// A sticky address stays with the member that holds it while that member
+/// is a candidate, whatever the preferences say; it goes to the usual
+/// winner when its holder is gone, drained, or no longer eligible, and
+/// when its Service asks to be rebalanced. Of two holders (a partition
+/// healed), the usual order keeps one. Addresses of an advertisement that
+/// is not sticky ignore holders.
+#[test]
+fn a_sticky_address_stays_with_its_holder_while_it_is_a_candidate() {
+    let nodes = vec![
+        mk_node("a", &[("pref", "a"), ("zone", "x")]),
+        mk_node("b", &[("zone", "x")]),
+        mk_node("c", &[("zone", "y")]),
+    ];
+    let prefer_a = Preference {
+        weight: 100,
+        selector: sel(&[("pref", "a")]),
+    };
+    let mut sticky = mk_ad("sticky", &[]);
+    sticky.pools = vec!["sticky".into()];
+    sticky.preferences = vec![prefer_a.clone()];
+    sticky.sticky = true;
+    let mut plain = mk_ad("plain", &[]);
+    plain.pools = vec!["plain".into()];
+    plain.preferences = vec![prefer_a];
+    let pools = vec![
+        mk_pool("sticky", &["10.0.0.0/25"]),
+        mk_pool("plain", &["10.0.0.128/25"]),
+    ];
+    let svcs = vec![
+        mk_svc("default/sticky", &["10.0.0.1"]),
+        mk_svc("default/plain", &["10.0.0.129"]),
+    ];
+    let all = || {
+        vec![
+            member("a", &["10.0.0.0/24"]),
+            member("b", &["10.0.0.0/24"]),
+            member("c", &["10.0.0.0/24"]),
+        ]
+    };
+    let c = cluster(
+        nodes.clone(),
+        pools.clone(),
+        vec![sticky.clone(), plain.clone()],
+        svcs.clone(),
+    );
+    let (s, p) = (ip("10.0.0.1"), ip("10.0.0.129"));
+    let mut e = Election::new(&c, all());
+    assert_eq!(e.winner(s), Some("a"), "held by nobody: elected as usual");
+    assert_eq!(
+        e.set_holders([(s, "b"), (p, "b")]),
+        vec![s],
+        "only the sticky one moves"
+    );
+    assert_eq!(
+        e.winner(s),
+        Some("b"),
+        "a preferred node does not take it back"
+    );
+    assert_eq!(e.winner(p), Some("a"), "not sticky: holders do not count");
+    assert_eq!(e.winner_without(s, |n| n == "c"), Some("b"));
+    assert_eq!(
+        e.winner_without(s, |n| n == "b"),
+        Some("a"),
+        "next in line as usual"
+    );
+    let mut runners = e.runners_up();
+    assert_eq!(runners.remove("b"), Some(vec![(s, "a".to_string())]));
+    assert!(matches!(e.duty("b", s), Some(Duty::Announce { .. })));
+    assert_eq!(e.duty("a", s), None);
+    // Two holders: the usual order among them.
+    assert_eq!(e.set_holders([(s, "b"), (s, "a")]), vec![s]);
+    assert_eq!(e.winner(s), Some("a"));
+    assert_eq!(e.set_holders([(s, "c"), (s, "b")]), vec![s]);
+    let bc = e.winner(s);
+    assert!(bc == Some("b") || bc == Some("c"));
+    // The holder gone from the membership: elected as usual among the rest.
+    e.set_holders([(s, "b")]);
+    e.remove_member("b");
+    assert_eq!(e.winner(s), Some("a"));
+    e.upsert_member(member("b", &["10.0.0.0/24"]));
+    assert_eq!(e.winner(s), Some("b"), "back, and still shown holding it");
+    // Drained: passed over while another can serve it.
+    let mut drained = member("b", &["10.0.0.0/24"]);
+    drained.drained = true;
+    e.upsert_member(drained);
+    assert_eq!(e.winner(s), Some("a"));
+    e.upsert_member(member("b", &["10.0.0.0/24"]));
+    assert_eq!(e.winner(s), Some("b"));
+    // No longer eligible: only zone y may announce.
+    let mut zone_y = sticky.clone();
+    zone_y.node_selectors = vec![sel(&[("zone", "y")])];
+    let moved = e.set_cluster(&cluster(
+        nodes.clone(),
+        pools.clone(),
+        vec![zone_y, plain.clone()],
+        svcs.clone(),
+    ));
+    assert!(moved.contains(&s));
+    assert_eq!(e.winner(s), Some("c"));
+    // Eligible again: the holder kept across cluster views counts again.
+    e.set_cluster(&c);
+    assert_eq!(e.winner(s), Some("b"));
+    // Rebalance asked on the Service: placed as preferred.
+    let mut asked = svcs.clone();
+    asked[0].rebalance = true;
+    e.set_cluster(&cluster(
+        nodes.clone(),
+        pools.clone(),
+        vec![sticky.clone(), plain.clone()],
+        asked,
+    ));
+    assert_eq!(e.winner(s), Some("a"), "rebalanced to the preferred node");
+    e.set_holders([(s, "a")]);
+    e.set_cluster(&c);
+    assert_eq!(e.winner(s), Some("a"), "and stays there once it holds it");
+}
