@@ -442,7 +442,8 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
     let rng = Rng::new(plan.next_u64());
     let shape = Shape::draw(&mut plan);
     let names: Vec<String> = (0..shape.nodes).map(|i| format!("n{i:02}")).collect();
-    let truth = Truth::generate(&mut plan, &names, shape.services);
+    let mut truth = Truth::generate(&mut plan, &names, shape.services);
+    truth.make_sticky(seed);
     let settings = Settings {
         node: String::new(),
         lifetime: Lifetime::new(shape.lifetime),
@@ -566,8 +567,13 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
     w.trace.push(
         Duration::ZERO,
         format!(
-            "seed {seed}: {} nodes, {} services, lifetime {:?}, gossip loss {}, refresh {:?}",
-            shape.nodes, shape.services, shape.lifetime, shape.loss, w.settings.garp.refresh
+            "seed {seed}: {} nodes, {} services, lifetime {:?}, gossip loss {}, refresh {:?}{}",
+            shape.nodes,
+            shape.services,
+            shape.lifetime,
+            shape.loss,
+            w.settings.garp.refresh,
+            if w.truth.is_sticky() { ", sticky" } else { "" }
         ),
     );
     for h in 0..n {

@@ -32,6 +32,9 @@ pub struct Truth {
     pub content: u64,
     /// The Services whose endpoints alone changed at the last change.
     pub endpoints_only: Option<Vec<String>>,
+    /// In a cluster whose main advertisement is sticky, the generator of
+    /// its own that draws the rebalances asked (see [`Truth::make_sticky`]).
+    sticky: Option<Rng>,
     next_address: u32,
     next_service: u32,
 }
@@ -115,6 +118,7 @@ impl Truth {
             version: 1,
             content: 1,
             endpoints_only: None,
+            sticky: None,
             next_address: 1,
             next_service: 0,
         };
@@ -122,6 +126,23 @@ impl Truth {
             truth.push_service(rng);
         }
         truth
+    }
+
+    /// Places the main advertisement's addresses sticky, in a quarter of
+    /// the seeds, drawn from a generator of its own so that the others
+    /// run as they did: then half of the changes that would restrict the
+    /// advertisement to a zone or open it again ask a Service to be
+    /// rebalanced, or take that back, instead.
+    pub fn make_sticky(&mut self, seed: u64) {
+        let mut rng = Rng::new(seed ^ 0x5eed_f0e9_ed00_0003);
+        if rng.chance(0.25) {
+            self.cluster.advertisements[0].sticky = true;
+            self.sticky = Some(rng);
+        }
+    }
+
+    pub fn is_sticky(&self) -> bool {
+        self.sticky.is_some()
     }
 
     fn push_service(&mut self, rng: &mut Rng) {
@@ -223,6 +244,21 @@ impl Truth {
                 } else {
                     node.labels.insert(LABEL_TIER.into(), "edge".into());
                     format!("{} labelled tier=edge", node.name)
+                };
+                self.bump(None);
+                text
+            }
+            _ if !self.cluster.services.is_empty()
+                && self.sticky.as_mut().is_some_and(|r| r.chance(0.5)) =>
+            {
+                let r = self.sticky.as_mut().expect("sticky");
+                let i = r.below(self.cluster.services.len());
+                let s = &mut self.cluster.services[i];
+                s.rebalance = !s.rebalance;
+                let text = if s.rebalance {
+                    format!("rebalance of {} asked", s.key)
+                } else {
+                    format!("rebalance of {} over", s.key)
                 };
                 self.bump(None);
                 text

@@ -40,6 +40,11 @@ impl Core {
         // times a second.
         if members_changed || drain_was_in_force != self.drain_in_force() {
             self.elect_members();
+        } else {
+            // A peer's held VIPs moved: sticky ones stay with their
+            // holders.
+            let moved = self.set_holders();
+            self.mark(moved);
         }
         out.metrics.push(Metric::Elected);
         // Adopted addresses another node now holds, VIPs handed

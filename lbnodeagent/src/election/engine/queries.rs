@@ -49,6 +49,11 @@ impl Election {
         })
     }
 
+    /// Whether `ip` is placed sticky (see [`Election::set_holders`]).
+    pub fn sticky(&self, ip: IpAddr) -> bool {
+        self.vip_of.get(&ip).is_some_and(|&v| self.c.vips[v].sticky)
+    }
+
     /// Whether `node` may serve `ip` at all by the cluster objects and its
     /// links (liveness and drains aside); `None` when either is unknown.
     pub fn eligible(&self, ip: IpAddr, node: &str) -> Option<bool> {

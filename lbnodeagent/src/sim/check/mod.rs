@@ -130,6 +130,8 @@ pub struct Stats {
     /// by [`LAPSE_BOUND`]), and the longest gap.
     pub lapses_followed: u64,
     pub lapse_longest: Duration,
+    /// Sticky VIPs taken from a holder that could still serve them.
+    pub sticky_taken: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -464,6 +466,56 @@ impl Checker {
         }
     }
 
+    /// Another host took a sticky VIP from the one host answering for it
+    /// while nothing else was going on, and that holder could still serve
+    /// it: running, ready, not stalled, leaving, drained or cut off from its
+    /// gateway, its port up, and a candidate by the cluster every agent has
+    /// had for a while (a rebalance asked, or taken back, moves VIPs as a
+    /// change of the cluster). The move back sticky placement is there to
+    /// prevent: a preferred node that comes back, or gains preference.
+    fn sticky_taken(
+        &mut self,
+        ip: IpAddr,
+        before: &BTreeSet<usize>,
+        owners: &BTreeSet<usize>,
+        t: Duration,
+        ctx: &Context,
+    ) {
+        let (Some(&holder), Some(&taker)) = (
+            before.first().filter(|_| before.len() == 1),
+            owners.difference(before).next(),
+        ) else {
+            return;
+        };
+        let made = ctx.versions[&ctx.newest].made;
+        if !self.calm(t, ctx) || t.saturating_sub(made) < CALM {
+            return;
+        }
+        let h = &ctx.hosts[holder];
+        if !h.agent_running
+            || !h.ready
+            || h.stalled_since.is_some()
+            || h.leaving.is_some()
+            || h.drained
+            || h.gateway_lost
+            || ctx.on_link & 1 << holder == 0
+        {
+            return;
+        }
+        let e = self.oracle(ctx, ctx.newest, ctx.ready);
+        if !e.sticky(ip) || e.winner_without(ip, |n| n != h.name) != Some(h.name) {
+            return;
+        }
+        self.stats.sticky_taken += 1;
+        self.fail(
+            t,
+            format!(
+                "{ip} is placed sticky and {} took it from {}, which could still serve it (a move back)",
+                ctx.hosts[taker].name, h.name
+            ),
+        );
+    }
+
     /// A host's agent began to stall: counted when the check watches it.
     pub fn stalled(&mut self, t: Duration, ctx: &Context) {
         if self.calm(t, ctx) {
@@ -480,22 +532,30 @@ impl Checker {
         if self.oracles.len() > 1024 {
             self.oracles.clear();
         }
-        self.oracles.entry(key).or_insert_with(|| {
-            let members: Vec<Member> = ctx
-                .hosts
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| counted & 1 << i != 0)
-                .map(|(i, h)| Member {
-                    node: h.name.to_string(),
-                    leaving: false,
-                    drained: h.drained,
-                    virtual_mode: true,
-                    on_link: lan_on_link(ctx.on_link & 1 << i != 0, h.gateway_lost).into(),
-                })
-                .collect();
-            Election::new(&ctx.versions[&version].cluster, members)
-        })
+        if !self.oracles.contains_key(&key) {
+            let e = self.election(ctx, version, counted);
+            self.oracles.insert(key, e);
+        }
+        &self.oracles[&key]
+    }
+
+    /// The election over cluster `version` among the hosts `counted`, as
+    /// the checker sees them (its own rule for their links).
+    fn election(&self, ctx: &Context, version: u64, counted: Mask) -> Election {
+        let members: Vec<Member> = ctx
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| counted & 1 << i != 0)
+            .map(|(i, h)| Member {
+                node: h.name.to_string(),
+                leaving: false,
+                drained: h.drained,
+                virtual_mode: true,
+                on_link: lan_on_link(ctx.on_link & 1 << i != 0, h.gateway_lost).into(),
+            })
+            .collect();
+        Election::new(&ctx.versions[&version].cluster, members)
     }
 
     /// Some ready agent could serve `ip`, by what the agents know: the
@@ -588,6 +648,7 @@ impl Checker {
         let names: Vec<&str> = owners.iter().map(|&h| ctx.hosts[h].name).collect();
         let line = format!("{ip} answered by {names:?}");
         self.spurious_takeover(ip, &before, &owners, t, ctx);
+        self.sticky_taken(ip, &before, &owners, t, ctx);
         if self.quiet(t, ctx) {
             if !owners.is_empty() && before.iter().any(|h| !owners.contains(h)) {
                 self.stats.quiet_moves += 1;
@@ -688,7 +749,15 @@ impl Checker {
         }
         let mut expected: Vec<BTreeSet<(u32, IpAddr)>> = vec![BTreeSet::new(); ctx.hosts.len()];
         let all = mask(ctx.hosts.iter().map(|_| true));
-        let reports = self.oracle(ctx, ctx.latest, all).report_all();
+        // A sticky VIP is expected where it is held, if its holder may
+        // serve it: the election with the holders the kernels show.
+        let mut e = self.election(ctx, ctx.latest, all);
+        e.set_holders(held.iter().enumerate().flat_map(|(i, h)| {
+            h.iter()
+                .filter(|(ifindex, _)| *ifindex == ETH0)
+                .map(move |(_, ip)| (*ip, ctx.hosts[i].name))
+        }));
+        let reports = e.report_all();
         let index: BTreeMap<&str, usize> = ctx
             .hosts
             .iter()
