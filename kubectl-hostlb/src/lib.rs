@@ -12,6 +12,7 @@
 pub mod check;
 pub mod drain;
 pub mod explain;
+pub mod rebalance;
 pub mod status;
 
 use hostlb_api::{IPAddressPool, L2Advertisement, NodeAgent, Scope};
@@ -82,11 +83,24 @@ impl Fleet {
     }
 
     /// The election over the nodes whose agents run and stand, as their
-    /// records say.
+    /// records say, with the holders of sticky addresses as the announcing
+    /// annotations name them (the agents read gossip for it, which says
+    /// the same once the annotations caught up).
     pub fn election(&self) -> Election {
         let (cluster, _) = self.cluster();
         let members = lbnodeagent::agent::record::members_of(&self.agents, self.now);
-        Election::new(&cluster, members)
+        let mut election = Election::new(&cluster, members);
+        let held: Vec<(std::net::IpAddr, String)> = self
+            .load_balancers()
+            .flat_map(|svc| {
+                status::addresses(svc).into_iter().filter_map(|ip| {
+                    let (node, _) = status::announcing(svc, hostlb_api::Family::of(ip))?;
+                    (!node.is_empty()).then_some((ip, node))
+                })
+            })
+            .collect();
+        election.set_holders(held.iter().map(|(ip, n)| (*ip, n.as_str())));
+        election
     }
 
     pub fn agent(&self, node: &str) -> Option<&NodeAgent> {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use hostlb_api::Scope;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kubectl_hostlb::{Fleet, Output, check, drain, explain, status};
+use kubectl_hostlb::{Fleet, Output, check, drain, explain, rebalance, status};
 use lbnodeagent::drain::Outcome;
 
 /// hostlb's fleet from the Kubernetes API: what each Service's addresses
@@ -69,6 +69,20 @@ enum Command {
     },
     /// Let NODE win VIPs again.
     Undrain { node: String },
+    /// Move the sticky addresses of a Service (svc/NAME), or of every
+    /// Service (--all), to the nodes the election ranks first, make before
+    /// break, as drain does: each move is shown, and the addresses are
+    /// sticky again where they end (exit 0), or where they are at
+    /// --timeout (exit 1).
+    Rebalance {
+        target: Option<String>,
+        /// Every Service with a sticky address.
+        #[arg(long, conflicts_with = "target")]
+        all: bool,
+        /// Give up waiting after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
     /// Print the man page (roff), generated from these definitions; with
     /// --dir, write it and one page per subcommand there (what the
     /// packages install).
@@ -184,6 +198,31 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             println!("{node} undrained: it wins VIPs again");
             return Ok(ExitCode::SUCCESS);
         }
+        Command::Rebalance {
+            target,
+            all,
+            timeout,
+        } => {
+            let ns = args.namespace.clone().unwrap_or(default_namespace);
+            let one = match (target, all) {
+                (Some(t), false) => Some((ns.as_str(), explain::service_name(t)?)),
+                (None, true) => None,
+                _ => anyhow::bail!("rebalance: name a Service (svc/NAME) or give --all"),
+            };
+            let fleet = Fleet::load(&client, &scope).await?;
+            let targets = rebalance::targets(&fleet, one)?;
+            if targets.is_empty() {
+                println!("no Service has a sticky address: nothing to rebalance");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let timeout = std::time::Duration::from_secs(*timeout);
+            return Ok(
+                match rebalance::run(&client, &scope, &targets, timeout).await? {
+                    rebalance::Outcome::Done => ExitCode::SUCCESS,
+                    rebalance::Outcome::TimedOut => ExitCode::from(1),
+                },
+            );
+        }
         _ => {}
     }
     let fleet = Fleet::load(&client, &scope).await?;
@@ -214,6 +253,8 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Man { dir } => man(dir.as_deref()),
-        Command::Drain { .. } | Command::Undrain { .. } => unreachable!("handled above"),
+        Command::Drain { .. } | Command::Undrain { .. } | Command::Rebalance { .. } => {
+            unreachable!("handled above")
+        }
     })
 }

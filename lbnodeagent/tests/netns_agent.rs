@@ -2165,3 +2165,83 @@ fn a_host_cut_off_from_its_gateway_hands_its_vip_to_one_that_is_not() {
         );
     }
 }
+
+/// Sticky placement: with the advertisement sticky, a node that gains
+/// preference does not take the VIP from its holder (the client sees the
+/// holder's MAC alone); a rebalance asked on the Service (the annotation
+/// `kubectl hostlb rebalance` sets) moves it there, make before break; with
+/// the annotation gone and the preference taken away, it stays where it
+/// is. Then its holder's agent is killed (and its address removed, as a
+/// lost host's would be): failover is as without stickiness.
+#[test]
+fn a_sticky_vip_stays_with_its_holder_until_a_rebalance_moves_it() {
+    let mut c = three_nodes();
+    let probe = probe(&c);
+    c.kubectl(&[
+        "patch",
+        "l2advertisement",
+        "ad",
+        "-n",
+        "hostlb-system",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"placement":"Sticky","preferredNodeSelectors":[{"weight":50,"preference":{"matchLabels":{"pref":"yes"}}}]}}"#,
+    ]);
+    c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
+    let owner = settled(&c, &probe, Duration::from_secs(20));
+    let owner_mac = c.host(&owner).mac().to_string();
+    let preferred = ["node-a", "node-b", "node-c"]
+        .into_iter()
+        .find(|n| *n != owner)
+        .unwrap()
+        .to_string();
+    c.kubectl(&["label", "node", &preferred, "pref=yes"]);
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        probe.macs_between(t, Instant::now()),
+        vec![owner_mac.clone()],
+        "a node that gains preference takes nothing from a sticky holder"
+    );
+    assert_eq!(c.holders(VIP), vec![owner.clone()]);
+    assert_eq!(c.agreed_winner(VIP).as_deref(), Some(owner.as_str()));
+
+    let t = Instant::now();
+    c.kubectl(&["annotate", "service", "web", "hostlb.io/rebalance=now"]);
+    let o = until_only(&probe, c.host(&preferred).mac(), t, Duration::from_secs(10));
+    eprintln!("rebalanced: {owner} -> {preferred}, {o:?}");
+    assert_eq!(o.lost, 0, "make before break: {o:?}");
+    let moved = last_move(&c, &preferred, &owner);
+    assert_eq!(
+        (moved.0.as_str(), moved.1.as_str(), moved.2.as_str()),
+        (VIP, owner.as_str(), "preference"),
+        "{moved:?}"
+    );
+
+    c.kubectl(&["annotate", "service", "web", "hostlb.io/rebalance-"]);
+    c.kubectl(&["label", "node", &preferred, "pref-"]);
+    let preferred_mac = c.host(&preferred).mac().to_string();
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        probe.macs_between(t, Instant::now()),
+        vec![preferred_mac],
+        "sticky again where it is"
+    );
+
+    // The holder's agent is killed and systemd's cleanup runs: failover
+    // as without stickiness.
+    let t = Instant::now();
+    c.kill(&preferred);
+    let config = c.config_path(&preferred);
+    let (ok, out, err) = c.agent_command(
+        &preferred,
+        &["cleanup", "--config", config.to_str().unwrap()],
+    );
+    assert!(ok, "cleanup failed: {out} {err}");
+    let next = c.wait_single_holder(VIP, Duration::from_secs(5));
+    assert_ne!(next, preferred);
+    let o = until_only(&probe, c.host(&next).mac(), t, Duration::from_secs(5));
+    eprintln!("sticky holder killed: {next} answers, {o:?}");
+    assert!(o.lost <= 2, "{o:?}");
+}

@@ -4295,3 +4295,72 @@ fn a_lost_gateway_that_comes_to_count_hands_an_orphan_to_the_first_node_not_behi
         "c, first after a that is not behind"
     );
 }
+
+/// Sticky placement: b, the preferred node, restarts and finds the
+/// address of a sticky VIP its previous run left in the kernel, while a,
+/// which took the VIP over meanwhile, holds it and says so. b's gossip
+/// still shows that address as it published it while starting. The
+/// address of a previous run is no claim until this run decides to keep
+/// it: b lets it go to a rather than keeping it as a second holder that
+/// outranks a (which would take the VIP back, the move sticky placement
+/// prevents).
+#[test]
+fn a_restarted_preferred_node_lets_a_sticky_vip_go_to_its_holder() {
+    let v = ip("10.0.1.1");
+    let mut sticky = cluster(&[v]);
+    sticky.advertisements[0].sticky = true;
+    let mut b = Node::new("b");
+    b.step(Input::Adopted(vec![OwnedAddress {
+        interface: "eth0".into(),
+        ifindex: 2,
+        ip: v,
+        prefix_len: 16,
+    }]));
+    b.step(Input::Cluster {
+        cluster: sticky.clone(),
+        errors: Vec::new(),
+        revision: 1,
+        digest: None,
+    });
+    let members = |own: Status, held: &[IpAddr]| {
+        let mut view = view("b", vec![peer("a", Status::Alive, &[v], 1)], Vec::new());
+        let me = peer("b", own, held, 1);
+        for n in &mut view.nodes {
+            if n.node == "b" {
+                *n = me.clone();
+            }
+        }
+        view.local = me;
+        view.members = view
+            .nodes
+            .iter()
+            .filter(|n| n.status == Status::Alive)
+            .map(MemberInfo::to_member)
+            .collect();
+        view
+    };
+    b.step(Input::Members(members(Status::Starting, &[v])));
+    assert_eq!(
+        b.core.election().winner(v),
+        Some("a"),
+        "a holds it, and b is no member yet"
+    );
+    let mut removed = false;
+    for _ in 0..10 {
+        b.advance(INTERVAL);
+        let act = b.step(Input::Tick);
+        assert!(act.add.is_empty(), "nothing kept or taken: {act:?}");
+        if ips(&act.remove) == [v].into() {
+            removed = true;
+            b.done(&act);
+            break;
+        }
+    }
+    assert!(removed, "the previous run's address is let go to a");
+    b.step(Input::Members(members(Status::Alive, &[])));
+    assert_eq!(b.core.election().winner(v), Some("a"));
+    for _ in 0..10 {
+        b.advance(INTERVAL);
+        assert!(b.step(Input::Tick).add.is_empty(), "a keeps it");
+    }
+}

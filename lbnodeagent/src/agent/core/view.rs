@@ -215,12 +215,20 @@ impl Core {
         if !self.election.any_sticky() {
             return Vec::new();
         }
+        // An address of this agent's previous run is no claim until this
+        // run decides to keep it: as a second holder it could outrank the
+        // node that took the VIP over meanwhile, and take it back. (Peers
+        // never count it: it is published only while this node starts,
+        // and no starting node is a candidate.)
+        let me = self.settings.node.as_str();
+        let vips = &self.vips;
         let nodes = &self.membership.view().nodes;
-        self.election.set_holders(
-            nodes
+        self.election.set_holders(nodes.iter().flat_map(|n| {
+            n.vips
                 .iter()
-                .flat_map(|n| n.vips.iter().map(move |ip| (*ip, n.node.as_str()))),
-        )
+                .filter(move |ip| n.node != me || !vips.get(ip).is_some_and(|s| s.adopted()))
+                .map(move |ip| (*ip, n.node.as_str()))
+        }))
     }
 
     /// A drain counts in the election only once every node gossip shows
