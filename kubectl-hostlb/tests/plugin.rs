@@ -613,3 +613,95 @@ fn drain_follows_the_vips_off_the_node_and_undrain_lets_it_win_again() {
     assert_eq!(code, 2);
     assert!(err.contains("no NodeAgent record node-z"), "{err}");
 }
+
+/// `rebalance svc/web`: with the advertisement sticky, web's address
+/// stays on node-b, which announces it, though node-a is preferred
+/// (explain agrees with node-b); the command annotates the Service, names
+/// the move, sees it arrive once node-a announces it (the agents' part,
+/// played here), and takes the annotation away. With no sticky address,
+/// `--all` has nothing to do.
+#[test]
+fn rebalance_moves_a_sticky_address_to_the_preferred_node() {
+    use std::process::Stdio;
+    let b = bed();
+    let services =
+        |client: Client| Api::<k8s_openapi::api::core::v1::Service>::namespaced(client, "default");
+    let announce = |node: &'static str| {
+        move |client: Client| async move {
+            services(client)
+                .patch(
+                    "web",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {"hostlb.io/announcing-IPv4": format!("{node},eth0")}}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let (code, out, _) = b.run(&["rebalance", "--all"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("nothing to rebalance"), "{out}");
+    b.api(|client| async move {
+        Api::<hostlb_api::v1::L2Advertisement>::namespaced(client, "hostlb-system")
+            .patch(
+                "main",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"placement": "Sticky", "preferredNodeSelectors": [{"weight": 50, "preference": {"matchLabels": {"zone": "a"}}}]}})),
+            )
+            .await
+            .unwrap();
+    });
+    b.api(announce("node-b"));
+    let (code, out, _) = b.run(&["explain", "svc/web", "-n", "default"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("node-b (holds it: sticky)"), "{out}");
+
+    let rebalance = Command::new(env!("CARGO_BIN_EXE_kubectl-hostlb"))
+        .arg("--kubeconfig")
+        .arg(&b.kubeconfig)
+        .args(["rebalance", "svc/web", "-n", "default", "--timeout", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let annotation = || {
+        b.rt.block_on(async {
+            services(b.server.client())
+                .get("web")
+                .await
+                .unwrap()
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get("hostlb.io/rebalance")
+                .cloned()
+        })
+    };
+    let asked = std::time::Instant::now();
+    while annotation().is_none() {
+        assert!(
+            asked.elapsed() < std::time::Duration::from_secs(10),
+            "the rebalance annotation never set"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    b.api(announce("node-a"));
+    let out = rebalance.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    eprintln!("{stdout}{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stdout.contains("10.77.0.100 (default/web): node-b -> node-a"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("10.77.0.100 (default/web): now on node-a ("),
+        "{stdout}"
+    );
+    assert!(stdout.contains("rebalanced: 1 moved"), "{stdout}");
+    assert_eq!(annotation(), None, "the annotation is taken away");
+}
