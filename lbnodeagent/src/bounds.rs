@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::agent::core::conflict::{
     LAPSE_HOLD, LAPSE_PROBE, OWNER_PROBE, PRECHECK, YIELD_HOLD, YIELD_PROBE,
 };
+use crate::agent::core::upstream::SETTLE_ROUNDS;
 use crate::agent::core::{HANDOVER_MAX, LEAVE_MAX, STARTUP_GRACE, UNCONFIRMED_GRACE};
 
 /// The settled end of a run in which nothing may change.
@@ -42,6 +43,15 @@ pub const PARTITION_BOUND: Duration = OWNER_PROBE
 /// From the end of a pre-check's window to its address in the kernel: a
 /// kernel batch (`BATCH_MS` and a little per address), with a margin.
 pub const PRECHECK_SLACK: Duration = Duration::from_millis(20);
+/// From an agent finding its gateways lost or back to the last of its
+/// peers counting it in their elections: its own wait of
+/// [`SETTLE_ROUNDS`] gossip rounds (300 ms at the simulation's 100 ms),
+/// the slowest spread of its word (150 ms) and a round lost, a peer's
+/// same wait, and a pre-check and batch for a move decided meanwhile; with
+/// a margin. Until then a holder whose gateway came back is still last
+/// resort by some peer's word.
+pub const UPSTREAM_COUNTED: Duration =
+    Duration::from_millis(2 * SETTLE_ROUNDS as u64 * 100 + 150 + 100 + 50 + 100);
 /// Since the last unplanned fault, for a stall to be judged on its own:
 /// detection and a rejoin, with a margin.
 pub const CALM: Duration = Duration::from_secs(3);

@@ -704,6 +704,7 @@ impl World {
             return;
         }
         h.gateway_heard = lost;
+        h.gateway_changed_at = Some(self.t);
         let set: crate::model::UpstreamLost = if lost {
             [
                 ("eth0".to_string(), hostlb_api::Family::V4),

@@ -75,6 +75,7 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
                 // record says: during an API outage nobody knows yet.
                 drained: h.agent != Agent::Stopped && h.drain_heard == Some(true),
                 gateway_lost: h.agent != Agent::Stopped && h.gateway_heard,
+                gateway_changed_at: h.gateway_changed_at,
                 name: &h.name,
             })
             .collect(),

@@ -232,6 +232,8 @@ struct Host {
     gateway_lost: bool,
     /// This run of the agent has found its gateways lost and told its core.
     gateway_heard: bool,
+    /// When its agent last found its gateways lost, or back.
+    gateway_changed_at: Option<Duration>,
     /// This run of the agent has heard its gateways answer: only then can
     /// it find them lost.
     gateway_answered: bool,
@@ -498,6 +500,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             drain_heard: None,
             gateway_lost: false,
             gateway_heard: false,
+            gateway_changed_at: None,
             gateway_answered: false,
             published: LocalState::default(),
             pub_version: 0,

@@ -75,7 +75,7 @@ mod settling;
 mod slot;
 #[cfg(test)]
 mod tests;
-mod upstream;
+pub mod upstream;
 mod view;
 mod vips;
 mod watching;

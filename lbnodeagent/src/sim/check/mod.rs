@@ -163,6 +163,8 @@ pub struct HostState<'a> {
     pub drained: bool,
     /// Its agent found its gateways lost (and gossips it).
     pub gateway_lost: bool,
+    /// When its agent last found its gateways lost, or back.
+    pub gateway_changed_at: Option<Duration>,
 }
 
 /// How a host's questions on the wire about an address went lately: when
@@ -489,6 +491,18 @@ impl Checker {
         };
         let made = ctx.versions[&ctx.newest].made;
         if !self.calm(t, ctx) || t.saturating_sub(made) < CALM {
+            return;
+        }
+        // A change of some host's gateways counts in the elections only
+        // once it has settled everywhere (`UPSTREAM_COUNTED`): until
+        // then a holder whose gateway just came back is still last resort
+        // by its peers' word, and a node that never lost its own (one
+        // started during a router's silence) may take its VIPs, make
+        // before break, as from any holder cut off from its gateway.
+        if ctx.hosts.iter().any(|h| {
+            h.gateway_changed_at
+                .is_some_and(|at| t.saturating_sub(at) < UPSTREAM_COUNTED)
+        }) {
             return;
         }
         let h = &ctx.hosts[holder];
