@@ -5,6 +5,7 @@
 //! does not, what would explain it.
 
 use hostlb_api::Family;
+use k8s_openapi::api::core::v1::Service;
 use lbnodeagent::agent::status::VipDoc;
 use lbnodeagent::election::VipReport;
 use lbnodeagent::simulate::render_vip;
@@ -65,7 +66,13 @@ pub fn service_name(target: &str) -> Result<&str, ExplainError> {
     }
 }
 
-pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc, ExplainError> {
+/// The LoadBalancer Service `namespace/name` that hostlb handles, or why
+/// there is none.
+pub fn handled<'a>(
+    fleet: &'a Fleet,
+    namespace: &str,
+    name: &str,
+) -> Result<&'a Service, ExplainError> {
     let svc = fleet
         .services
         .iter()
@@ -77,6 +84,11 @@ pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc,
     if !fleet.scope.handles(svc) {
         return Err(ExplainError::NotOurs(format!("{namespace}/{name}")));
     }
+    Ok(svc)
+}
+
+pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc, ExplainError> {
+    let svc = handled(fleet, namespace, name)?;
     let election = fleet.election();
     let firewall = lbnodeagent::model::Firewall::of(&fleet.cluster().0);
     let mut members: Vec<String> = lbnodeagent::agent::record::members_of(&fleet.agents, fleet.now)

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams};
 
 use crate::Fleet;
+use crate::explain::{ExplainError, handled};
 use crate::status::{addresses, announcing};
 
 /// One address of a Service being rebalanced.
@@ -40,20 +41,12 @@ impl Spot {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum RebalanceError {
-    #[error("no Service {0} in namespace {1}")]
-    NotFound(String, String),
-    #[error("Service {0} is not a LoadBalancer that hostlb handles")]
-    NotOurs(String),
-}
-
 /// The Services to rebalance, as `(namespace, name)`: the one named, or
 /// every Service hostlb handles with an address placed sticky.
 pub fn targets(
     fleet: &Fleet,
     one: Option<(&str, &str)>,
-) -> Result<Vec<(String, String)>, RebalanceError> {
+) -> Result<Vec<(String, String)>, ExplainError> {
     let key = |s: &Service| {
         (
             s.metadata.namespace.clone().unwrap_or_default(),
@@ -61,18 +54,7 @@ pub fn targets(
         )
     };
     if let Some((namespace, name)) = one {
-        let svc = fleet
-            .services
-            .iter()
-            .find(|s| {
-                s.metadata.namespace.as_deref() == Some(namespace)
-                    && s.metadata.name.as_deref() == Some(name)
-            })
-            .ok_or_else(|| RebalanceError::NotFound(name.into(), namespace.into()))?;
-        if !fleet.scope.handles(svc) {
-            return Err(RebalanceError::NotOurs(format!("{namespace}/{name}")));
-        }
-        return Ok(vec![key(svc)]);
+        return Ok(vec![key(handled(fleet, namespace, name)?)]);
     }
     let election = fleet.election();
     Ok(fleet
