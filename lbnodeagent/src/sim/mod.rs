@@ -777,6 +777,11 @@ mod tests {
             // the VIP go as an orphan waiting for the view to spread, and
             // it was answered 96 ms after the lapse against 90.
             3_000_618_605,
+            // A sticky VIP's holder stalled (out of its peers' view, its
+            // kernel answering) and the node first by hash asked the LAN,
+            // heard it, and took the VIP anyway: it judged the answerer by
+            // the usual order, not as the holder.
+            5_000_049_585,
         ];
         for &seed in ONCE_FAILED {
             let o = run(seed, &Options::default());

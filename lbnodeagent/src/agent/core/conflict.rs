@@ -391,6 +391,7 @@ impl Conflicts {
         me: &str,
         own_macs: &BTreeSet<MacAddr>,
         held: Option<&Want>,
+        asking: bool,
         election: &Election,
         live: impl Fn(&str) -> bool,
         heard: impl Fn(&str) -> bool,
@@ -417,10 +418,16 @@ impl Conflicts {
             Some(other) if live(&other) => Verdict::Ignore,
             Some(other) => {
                 // Unknown address (just deleted): keep, nothing to settle.
-                if election
-                    .outranks(claim.ip, me, &other, heard(&other))
-                    .unwrap_or(true)
-                {
+                // Asking before taking it, this node holds nothing: of a
+                // sticky VIP, the node that answers is the holder.
+                let first = if asking {
+                    election
+                        .outranks_holding(claim.ip, &other, me, heard(&other))
+                        .map(|b| !b)
+                } else {
+                    election.outranks(claim.ip, me, &other, heard(&other))
+                };
+                if first.unwrap_or(true) {
                     Verdict::Keep { other, gone: false }
                 } else if gone(&other) && unrecorded(&self.records, &other) {
                     Verdict::Keep { other, gone: true }
@@ -668,6 +675,7 @@ mod tests {
                 me,
                 &[mine].into(),
                 Some(&want()),
+                false,
                 &e,
                 |_| false,
                 |_| false,
@@ -708,6 +716,7 @@ mod tests {
             loser,
             &[mine].into(),
             None,
+            false,
             &e,
             |_| false,
             |_| false,
@@ -764,6 +773,7 @@ mod tests {
             "a",
             &[MAC_A].into(),
             Some(&want()),
+            false,
             &e,
             |_| false,
             |_| false,
@@ -790,6 +800,7 @@ mod tests {
             "a",
             &[MAC_A].into(),
             Some(&want()),
+            false,
             &e,
             |_| false,
             |_| false,
@@ -802,6 +813,7 @@ mod tests {
             "a",
             &[MAC_A].into(),
             Some(&want()),
+            false,
             &e,
             |_| false,
             |_| false,
@@ -818,6 +830,7 @@ mod tests {
                 "a",
                 &[MAC_A].into(),
                 Some(&want()),
+                false,
                 &e,
                 |_| false,
                 |_| false,
@@ -832,6 +845,7 @@ mod tests {
                 "a",
                 &[MAC_A].into(),
                 None,
+                false,
                 &e,
                 |_| false,
                 |_| false,
@@ -867,6 +881,7 @@ mod tests {
             "b",
             &[MAC_B].into(),
             Some(&want()),
+            false,
             &e,
             |n| n == "a",
             |_| false,
@@ -898,6 +913,7 @@ mod tests {
                 "b",
                 &[MAC_B].into(),
                 None,
+                false,
                 &election(&["b"]),
                 |_| false,
                 |_| false,
@@ -997,6 +1013,7 @@ mod tests {
                 "b",
                 &[MAC_B].into(),
                 None,
+                false,
                 &election(&["a", "b"]),
                 |_| false,
                 |_| false,
@@ -1044,6 +1061,7 @@ mod tests {
                 "a",
                 &[MAC_A].into(),
                 Some(&want()),
+                false,
                 &election(&["a"]),
                 |_| false,
                 |_| false,

@@ -326,11 +326,16 @@ impl Core {
                     .lost_at(n)
                     .is_none_or(|lost| records_at.is_some_and(|r| r > lost))
         };
+        let asking = self
+            .vips
+            .get(&claim.ip)
+            .is_some_and(|s| s.probing().is_some());
         self.conflicts.judge(
             claim,
             &self.settings.node,
             &self.links.macs(),
             held,
+            asking,
             &self.election,
             settled_by_gossip,
             |n: &str| gossip.node(n).is_some_and(|i| i.status == Status::Alive),

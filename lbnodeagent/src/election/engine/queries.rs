@@ -25,9 +25,37 @@ impl Election {
     /// only because this node is drained outranks it.
     /// `None` when the address is unknown.
     pub fn outranks(&self, ip: IpAddr, node: &str, other: &str, drains: bool) -> Option<bool> {
+        self.outranks_with(ip, node, other, drains, None)
+    }
+
+    /// [`Election::outranks`] where `holder` answers for `ip` and `other`
+    /// only asks the LAN before taking it: a sticky VIP's holder comes
+    /// first (after nodes of last resort), as in the election. Without
+    /// that, a node that ranks first by hash, asking about a sticky VIP
+    /// whose holder's agent stalled for a moment (out of its view, its
+    /// kernel answering), would take it from the holder.
+    pub fn outranks_holding(
+        &self,
+        ip: IpAddr,
+        holder: &str,
+        other: &str,
+        drains: bool,
+    ) -> Option<bool> {
+        self.outranks_with(ip, holder, other, drains, Some(holder))
+    }
+
+    fn outranks_with(
+        &self,
+        ip: IpAddr,
+        node: &str,
+        other: &str,
+        drains: bool,
+        holder: Option<&str>,
+    ) -> Option<bool> {
         let v = *self.vip_of.get(&ip)?;
         let vip = &self.c.vips[v];
-        let rank = |name: &str| -> Option<(bool, std::cmp::Reverse<u32>, [u8; 32])> {
+        let sticky = vip.sticky;
+        let rank = |name: &str| -> Option<(bool, bool, std::cmp::Reverse<u32>, [u8; 32])> {
             let (class, id) = self.class_and_node(v, name)?;
             if !self.c.eligible_in(class, id) {
                 return None;
@@ -37,6 +65,7 @@ impl Election {
                 (drains
                     && (self.c.slots[id as usize].drained_seen || self.c.upstream_lost_at(v, id)))
                     || self.c.cordon_drains(class, id),
+                !(sticky && holder == Some(name)),
                 std::cmp::Reverse(class.score[id as usize]),
                 rank_key(name, &vip.text),
             ))

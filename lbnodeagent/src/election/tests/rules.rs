@@ -935,6 +935,12 @@ fn a_sticky_address_stays_with_its_holder_while_it_is_a_candidate() {
         "a preferred node does not take it back"
     );
     assert_eq!(e.winner(p), Some("a"), "not sticky: holders do not count");
+    // On the wire: a node asking before it takes the VIP defers to the
+    // one answering for it, of a sticky VIP even if it outranks it by
+    // preference; the contest of two holders is by the usual order.
+    assert_eq!(e.outranks(s, "a", "b", false), Some(true));
+    assert_eq!(e.outranks_holding(s, "b", "a", false), Some(true));
+    assert_eq!(e.outranks_holding(p, "b", "a", false), Some(false));
     assert_eq!(e.winner_without(s, |n| n == "c"), Some("b"));
     assert_eq!(
         e.winner_without(s, |n| n == "b"),
