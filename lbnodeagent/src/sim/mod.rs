@@ -782,6 +782,10 @@ mod tests {
             // heard it, and took the VIP anyway: it judged the answerer by
             // the usual order, not as the holder.
             5_000_049_585,
+            // A node frozen for 2 s later stopped watching a live owner
+            // and took its VIPs without asking, 2.2 s before their lapse,
+            // at a lapse that owner had told before renewing.
+            3_000_701_863,
         ];
         for &seed in ONCE_FAILED {
             let o = run(seed, &Options::default());

@@ -185,6 +185,23 @@ impl Sessions {
     /// until `live` says gossip itself lost it.
     pub fn watch(&mut self, owners: Owners, live: impl Fn(&str) -> bool) {
         let before = self.watched.len();
+        // An owner no longer watched while it is heard (the election moved
+        // and another node is next in line for it) stops beating this
+        // node: the lapse it told goes stale as it renews its addresses,
+        // and is forgotten with it. Kept for a silent owner, or one a
+        // relay told of: that is when it is needed. (Simulation seed
+        // 3000701863: a node took a live owner's VIPs without asking, at a
+        // lapse told seconds before it stopped watching that owner.)
+        let relayed = &self.relayed;
+        let stale: Vec<String> = self
+            .watched
+            .iter()
+            .filter(|(n, w)| !owners.contains_key(*n) && !w.suspect && !relayed.contains_key(*n))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in &stale {
+            self.lapses.remove(n);
+        }
         self.watched
             .retain(|n, w| owners.contains_key(n) || (w.suspect && live(n)));
         let kept = self.watched.len();
@@ -504,6 +521,29 @@ mod tests {
         assert!(s.is_suspect("a"));
         assert_eq!(s.expire(t1 + RELAY_TTL), (vec![], true), "lifted");
         assert!(!s.is_suspect("a") && !s.any_suspect());
+    }
+
+    /// An owner this node stops watching while it still hears it no longer
+    /// beats this node: the lapse it told is forgotten, not followed later
+    /// as if it were still true. A silent owner's, or a relayed one's, is
+    /// kept.
+    #[test]
+    fn an_owner_no_longer_watched_while_heard_takes_its_lapse_along() {
+        let t0 = Instant::now();
+        let lapse_in = Some((Duration::from_secs(4), Duration::from_secs(5)));
+        let mut s = Sessions::default();
+        s.watch(owners(&["a", "b"]), |_| true);
+        s.heard(
+            Beat {
+                lapse: lapse_in,
+                ..beat("a")
+            },
+            t0,
+        );
+        s.heard(relay("b", Some(Duration::from_secs(4))), t0);
+        s.watch(owners(&[]), |_| true);
+        assert_eq!(s.lapse("a"), None, "a heard, no longer watched");
+        assert!(s.lapse("b").is_some(), "b relayed silent");
     }
 
     #[test]
