@@ -192,18 +192,16 @@ impl Sessions {
         // relay told of: that is when it is needed. (Simulation seed
         // 3000701863: a node took a live owner's VIPs without asking, at a
         // lapse told seconds before it stopped watching that owner.)
-        let relayed = &self.relayed;
-        let stale: Vec<String> = self
-            .watched
-            .iter()
-            .filter(|(n, w)| !owners.contains_key(*n) && !w.suspect && !relayed.contains_key(*n))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for n in &stale {
-            self.lapses.remove(n);
-        }
-        self.watched
-            .retain(|n, w| owners.contains_key(n) || (w.suspect && live(n)));
+        let (relayed, lapses) = (&self.relayed, &mut self.lapses);
+        self.watched.retain(|n, w| {
+            if owners.contains_key(n) {
+                return true;
+            }
+            if !w.suspect && !relayed.contains_key(n) {
+                lapses.remove(n);
+            }
+            w.suspect && live(n)
+        });
         let kept = self.watched.len();
         for (o, relay_to) in owners {
             let w = self.watched.entry(o).or_default();

@@ -130,8 +130,6 @@ pub struct Stats {
     /// by [`LAPSE_BOUND`]), and the longest gap.
     pub lapses_followed: u64,
     pub lapse_longest: Duration,
-    /// Sticky VIPs taken from a holder that could still serve them.
-    pub sticky_taken: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -520,7 +518,6 @@ impl Checker {
         if !e.sticky(ip) || e.winner_without(ip, |n| n != h.name) != Some(h.name) {
             return;
         }
-        self.stats.sticky_taken += 1;
         self.fail(
             t,
             format!(
@@ -546,30 +543,9 @@ impl Checker {
         if self.oracles.len() > 1024 {
             self.oracles.clear();
         }
-        if !self.oracles.contains_key(&key) {
-            let e = self.election(ctx, version, counted);
-            self.oracles.insert(key, e);
-        }
-        &self.oracles[&key]
-    }
-
-    /// The election over cluster `version` among the hosts `counted`, as
-    /// the checker sees them (its own rule for their links).
-    fn election(&self, ctx: &Context, version: u64, counted: Mask) -> Election {
-        let members: Vec<Member> = ctx
-            .hosts
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| counted & 1 << i != 0)
-            .map(|(i, h)| Member {
-                node: h.name.to_string(),
-                leaving: false,
-                drained: h.drained,
-                virtual_mode: true,
-                on_link: lan_on_link(ctx.on_link & 1 << i != 0, h.gateway_lost).into(),
-            })
-            .collect();
-        Election::new(&ctx.versions[&version].cluster, members)
+        self.oracles
+            .entry(key)
+            .or_insert_with(|| election(ctx, version, counted))
     }
 
     /// Some ready agent could serve `ip`, by what the agents know: the
@@ -765,7 +741,7 @@ impl Checker {
         let all = mask(ctx.hosts.iter().map(|_| true));
         // A sticky VIP is expected where it is held, if its holder may
         // serve it: the election with the holders the kernels show.
-        let mut e = self.election(ctx, ctx.latest, all);
+        let mut e = election(ctx, ctx.latest, all);
         e.set_holders(held.iter().enumerate().flat_map(|(i, h)| {
             h.iter()
                 .filter(|(ifindex, _)| *ifindex == ETH0)
@@ -802,6 +778,25 @@ impl Checker {
             }
         }
     }
+}
+
+/// The election over cluster `version` among the hosts `counted`, as the
+/// checker sees them (its own rule for their links).
+fn election(ctx: &Context, version: u64, counted: Mask) -> Election {
+    let members: Vec<Member> = ctx
+        .hosts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| counted & 1 << i != 0)
+        .map(|(i, h)| Member {
+            node: h.name.to_string(),
+            leaving: false,
+            drained: h.drained,
+            virtual_mode: true,
+            on_link: lan_on_link(ctx.on_link & 1 << i != 0, h.gateway_lost).into(),
+        })
+        .collect();
+    Election::new(&ctx.versions[&version].cluster, members)
 }
 
 /// What a simulated host publishes as on-link, by the checker's own
