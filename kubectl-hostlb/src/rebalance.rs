@@ -16,6 +16,7 @@ use hostlb_api::Family;
 use hostlb_api::annotations::REBALANCE;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams};
+pub use lbnodeagent::drain::Outcome;
 
 use crate::Fleet;
 use crate::explain::{ExplainError, handled};
@@ -92,13 +93,6 @@ pub fn snapshot(fleet: &Fleet, targets: &[(String, String)]) -> Vec<Spot> {
     out
 }
 
-/// What a rebalance came to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Done,
-    TimedOut,
-}
-
 /// Follows the moves: a line when an address is found to move and when it
 /// arrives, and the summary last.
 #[derive(Debug, Default)]
@@ -144,7 +138,7 @@ impl Progress {
         (lines, spots.iter().all(|s| !s.pending()))
     }
 
-    pub fn summary(&self, spots: &[Spot], outcome: Outcome) -> String {
+    pub fn summary(&self, spots: &[Spot], outcome: &Outcome) -> String {
         let left: Vec<String> = spots
             .iter()
             .filter(|s| s.pending())
@@ -240,7 +234,7 @@ async fn follow(
             } else {
                 Outcome::TimedOut
             };
-            print!("{}", progress.summary(&spots, outcome));
+            print!("{}", progress.summary(&spots, &outcome));
             return Ok(outcome);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -287,12 +281,12 @@ mod tests {
         assert!(done);
         let spots = [spot("10.0.0.1", Some("a"), Some("a"))];
         assert_eq!(
-            p.summary(&spots, Outcome::Done),
+            p.summary(&spots, &Outcome::Done),
             "rebalanced: 1 moved, 0 already in place\n"
         );
         let spots = [spot("10.0.0.1", Some("b"), Some("a"))];
         assert_eq!(
-            p.summary(&spots, Outcome::TimedOut),
+            p.summary(&spots, &Outcome::TimedOut),
             "timed out with 1 still to move (they stay sticky where they are):\n  10.0.0.1 (shop/web): on b, not yet on a\n"
         );
     }
