@@ -2,7 +2,10 @@
 //! server's health, and the peers file `cleanup` reads.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use tracing::{debug, info, warn};
 
@@ -93,21 +96,88 @@ impl<B: AddressBackend + 'static> Agent<B> {
     /// on a blocking thread.
     pub(super) fn write_peers(&mut self) {
         let peers = self.core.peers();
-        if peers == self.gossip.peers_written {
-            return;
+        if let Some(file) = self.gossip.peers_file.offer(peers) {
+            tokio::task::spawn_blocking(move || file.write());
         }
-        self.gossip.peers_written = peers.clone();
-        let dir = self.cfg.run_dir.clone();
-        tokio::task::spawn_blocking(move || {
-            let text: String = peers.iter().map(|p| format!("{p}\n")).collect();
-            let path = dir.join(PEERS_FILE);
-            let tmp = dir.join(format!("{PEERS_FILE}.tmp"));
-            let written = std::fs::create_dir_all(&dir)
-                .and_then(|()| std::fs::write(&tmp, text))
-                .and_then(|()| std::fs::rename(&tmp, &path));
-            if let Err(e) = written {
-                debug!(error = %e, path = %path.display(), "cannot write the peer list");
-            }
-        });
+    }
+}
+
+/// The peers file `cleanup` reads to tell every peer this node left. A
+/// starting node's peers change twice within milliseconds (one peer met,
+/// then the other), and writes on blocking threads may finish in any
+/// order: each write takes the newest list when it runs, and one write at
+/// a time, so the last to finish writes the newest. Were an older list to
+/// land last, `cleanup` would never tell the peer it lacks, which would
+/// take the VIPs over only when gossip shows the node gone, hundreds of
+/// milliseconds later.
+#[derive(Clone)]
+pub(super) struct PeersFile {
+    path: PathBuf,
+    /// The newest list given.
+    newest: Arc<Mutex<Vec<SocketAddr>>>,
+    /// Held while writing: one write at a time.
+    writing: Arc<Mutex<()>>,
+}
+
+impl PeersFile {
+    pub(super) fn new(run_dir: &Path) -> PeersFile {
+        PeersFile {
+            path: run_dir.join(PEERS_FILE),
+            newest: Arc::default(),
+            writing: Arc::default(),
+        }
+    }
+
+    /// Notes `peers` as the newest; a handle to write with when they are
+    /// news.
+    pub(super) fn offer(&self, peers: Vec<SocketAddr>) -> Option<PeersFile> {
+        let mut newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        if *newest == peers {
+            return None;
+        }
+        *newest = peers;
+        Some(self.clone())
+    }
+
+    /// Writes the newest list, whole (a temporary file renamed over it).
+    pub(super) fn write(&self) {
+        let _one = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let peers = self
+            .newest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let text: String = peers.iter().map(|p| format!("{p}\n")).collect();
+        let tmp = self.path.with_extension("tmp");
+        let written = self
+            .path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&tmp, text))
+            .and_then(|()| std::fs::rename(&tmp, &self.path));
+        if let Err(e) = written {
+            debug!(error = %e, path = %self.path.display(), "cannot write the peer list");
+        }
+    }
+}
+
+#[cfg(test)]
+mod peers_tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_peers_are_written_whichever_write_runs_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = PeersFile::new(dir.path());
+        let a: SocketAddr = "10.0.0.1:7934".parse().unwrap();
+        let c: SocketAddr = "10.0.0.3:7934".parse().unwrap();
+        let first = file.offer(vec![a]).expect("news");
+        let second = file.offer(vec![a, c]).expect("news");
+        assert!(file.offer(vec![a, c]).is_none(), "the same list is no news");
+        // The later write finishes first, the earlier one last.
+        second.write();
+        first.write();
+        let text = std::fs::read_to_string(dir.path().join(PEERS_FILE)).unwrap();
+        assert_eq!(text, "10.0.0.1:7934\n10.0.0.3:7934\n");
     }
 }

@@ -131,7 +131,7 @@ struct Gossip {
     transport: AuthTransport,
     views: watch::Receiver<MembershipView>,
     seeds_given: Vec<SocketAddr>,
-    peers_written: Vec<SocketAddr>,
+    peers_file: checks::PeersFile,
 }
 
 /// The shell's state. See the module docs.

@@ -142,6 +142,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             identities.clone(),
             cfg.gossip.replay_window,
         );
+        let peers_file = super::checks::PeersFile::new(&cfg.run_dir);
         Ok(Agent {
             core,
             cfg,
@@ -160,7 +161,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 transport,
                 views,
                 seeds_given: Vec::new(),
-                peers_written: Vec::new(),
+                peers_file,
             },
             kube,
             report,
