@@ -14,6 +14,7 @@ pub mod heap;
 pub mod identity;
 pub mod inputs;
 pub mod model;
+pub mod resident;
 /// The agent core's seeded simulation and its checker: many cores on one
 /// clock, beside the core and built only for its tests, the `sim` binary
 /// and the `sim` feature, never into the agent.

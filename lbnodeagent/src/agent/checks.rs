@@ -92,6 +92,26 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
     }
 
+    /// Once the agent has been ready for [`START_OVER`], the pages of code
+    /// it ran only to start are unmapped (see `crate::resident`), on a
+    /// blocking thread.
+    pub(super) fn drop_start_code(&mut self) {
+        let now = std::time::Instant::now();
+        match self.start_code {
+            StartCode::Starting if self.telemetry.applied.load(Ordering::Relaxed) => {
+                self.start_code = StartCode::ReadyAt(now);
+            }
+            StartCode::ReadyAt(at) if now.saturating_duration_since(at) >= START_OVER => {
+                self.start_code = StartCode::Dropped;
+                tokio::task::spawn_blocking(|| match crate::resident::drop_code_pages() {
+                    Ok(bytes) => debug!(mib = bytes >> 20, "unmapped the code pages start-up ran"),
+                    Err(e) => debug!(error = %e, "cannot unmap the code pages start-up ran"),
+                });
+            }
+            _ => {}
+        }
+    }
+
     /// Peers for `cleanup`, which runs after this process is gone; written
     /// on a blocking thread.
     pub(super) fn write_peers(&mut self) {
@@ -100,6 +120,19 @@ impl<B: AddressBackend + 'static> Agent<B> {
             tokio::task::spawn_blocking(move || file.write());
         }
     }
+}
+
+/// How long after it became ready an agent's start-up counts as over:
+/// its first lists, reconcile, annotation writes and Events are done
+/// within seconds even with a thousand Services.
+const START_OVER: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Where the agent is in unmapping start-up's code pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StartCode {
+    Starting,
+    ReadyAt(std::time::Instant),
+    Dropped,
 }
 
 /// The peers file `cleanup` reads to tell every peer this node left. A

@@ -183,6 +183,8 @@ pub struct Agent<B: AddressBackend + 'static> {
     drain_sent: bool,
     /// The firewall task's latest plan.
     firewall: firewall::Firewall,
+    /// When start-up's code pages are unmapped (see `checks`).
+    start_code: checks::StartCode,
 }
 
 impl<B: AddressBackend + 'static> Agent<B> {
@@ -599,6 +601,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
         self.api_health();
         self.check_arp();
+        self.drop_start_code();
         self.telemetry
             .ready
             .set(i64::from(self.telemetry.not_ready().is_none()));

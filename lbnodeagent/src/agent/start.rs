@@ -178,6 +178,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             cluster_sent: false,
             drain_sent: false,
             firewall,
+            start_code: super::checks::StartCode::Starting,
             _admission: crate::addrs::AbortOnDrop(admission),
         })
     }
