@@ -25,3 +25,20 @@ pub fn keep_freed() {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
+
+/// Gives the heap's free pages back to the kernel, wherever they lie in
+/// it: once start-up is over, what it parsed and wrote (the first lists
+/// of every watched kind, a thousand Events) is freed but kept by the
+/// heap, above [`keep_freed`]'s threshold only at its top. Returns whether
+/// any memory was given back.
+#[allow(unsafe_code)]
+pub fn give_back() -> bool {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim takes the allocator's own locks; any thread may
+    // call it.
+    unsafe {
+        libc::malloc_trim(0) == 1
+    }
+    #[cfg(not(target_env = "gnu"))]
+    false
+}

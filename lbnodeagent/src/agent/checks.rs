@@ -93,7 +93,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
     }
 
     /// Once the agent has been ready for [`START_OVER`], the pages of code
-    /// it ran only to start are unmapped (see `crate::resident`), on a
+    /// it ran only to start are unmapped (see `crate::resident`), and the
+    /// heap gives back the pages start-up freed (`heap::give_back`), on a
     /// blocking thread.
     pub(super) fn drop_start_code(&mut self) {
         let now = std::time::Instant::now();
@@ -103,9 +104,15 @@ impl<B: AddressBackend + 'static> Agent<B> {
             }
             StartCode::ReadyAt(at) if now.saturating_duration_since(at) >= START_OVER => {
                 self.start_code = StartCode::Dropped;
-                tokio::task::spawn_blocking(|| match crate::resident::drop_code_pages() {
-                    Ok(bytes) => debug!(mib = bytes >> 20, "unmapped the code pages start-up ran"),
-                    Err(e) => debug!(error = %e, "cannot unmap the code pages start-up ran"),
+                tokio::task::spawn_blocking(|| {
+                    match crate::resident::drop_code_pages() {
+                        Ok(bytes) => {
+                            debug!(mib = bytes >> 20, "unmapped the code pages start-up ran")
+                        }
+                        Err(e) => debug!(error = %e, "cannot unmap the code pages start-up ran"),
+                    }
+                    let gave = crate::heap::give_back();
+                    debug!(gave, "gave the heap's free pages back");
                 });
             }
             _ => {}
