@@ -3,9 +3,9 @@
 //! An agent runs most of its code once, at start: the Kubernetes client's
 //! config and TLS set-up, the first lists of every watched kind, the first
 //! reconcile, a thousand Events and annotation writes on a busy node. Each
-//! page of code it ran (and of constants it read) stays mapped, and so counted in its RSS, for as long
-//! as it runs, though it may never run again. [`drop_code_pages`] unmaps
-//! them once start-up is over: the pages themselves stay where they were,
+//! page of code it ran (and of constants it read) stays mapped, and so
+//! counted in its RSS, for as long as it runs, though it may never run
+//! again. [`drop_code_pages`] unmaps them once start-up is over: the pages themselves stay where they were,
 //! in the page cache (shared, clean, reclaimable under pressure, exactly as
 //! before), and each page the agent runs again is mapped back by a minor
 //! fault, with no read from disk while the page cache keeps it. From then

@@ -1,5 +1,6 @@
 //! What the shell checks and keeps on the side: the ARP sysctls, the API
-//! server's health, and the peers file `cleanup` reads.
+//! server's health, the peers file `cleanup` reads, and start-up's pages,
+//! let go once it is over.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
