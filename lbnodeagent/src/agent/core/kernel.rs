@@ -96,7 +96,15 @@ impl Core {
                         let p = std::mem::replace(&mut h.at, want.clone());
                         (h, Some(p))
                     }
-                    None => (Held::new(want.clone(), Some(now)), None),
+                    None => {
+                        let mut h = Held::new(want.clone(), Some(now));
+                        h.taken_from = self
+                            .conflicts
+                            .last_holder(ip)
+                            .filter(|n| *n != self.settings.node)
+                            .map(Box::from);
+                        (h, None)
+                    }
                 };
                 let held = slot.hold(held);
                 held.expires = expiry(&want, now);

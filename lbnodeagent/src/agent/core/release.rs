@@ -379,6 +379,17 @@ impl Core {
     /// answer on the wire (see [`Core::on_claim`]). Once a few gossip
     /// rounds passed, its word stands.
     ///
+    /// Nor, while leaving, is the word of the node this one took the VIP
+    /// from less than a hand-over's time ago: that node answered until it
+    /// heard this one hold it, or again while their views differed, and a
+    /// state of it from then, still showing the VIP, may arrive after the
+    /// leave began, when it has let go already (seed 5000867531: a VIP
+    /// taken back as a gateway answered again, a SIGTERM 150 ms later; the
+    /// leaving node let go on such a state 8 ms into its leave, and nobody
+    /// answered). Its answer on the wire counts (see [`Core::on_claim`]);
+    /// failing that, this node answers beside it until the leave's wait
+    /// ends.
+    ///
     /// Nor, while this node is drained and took the VIP less than a
     /// hand-over's time ago, is a word from before its hand-over began: the
     /// peer may be handing the VIP to this node right then (it took it a
@@ -400,10 +411,12 @@ impl Core {
                 .map_or(self.now, |h| h.since);
             !self.shown_after(node, ip, since)
         };
+        let from_its_giver =
+            lately_taken && slot.and_then(|s| s.held()?.taken_from.as_deref()) == Some(node);
         self.holds(node, ip)
             && !stale_for_drain
             && match self.phase {
-                Phase::Leaving { since } => self.shown_after(node, ip, since),
+                Phase::Leaving { since } => !from_its_giver && self.shown_after(node, ip, since),
                 _ => self.fresh_take(ip).is_none(),
             }
     }

@@ -120,6 +120,9 @@ pub(super) struct Held {
     /// an announcement: one a second at most, so two nodes that each think
     /// they outrank the other do not trade announcements at wire speed.
     pub(super) kept_at: Option<Instant>,
+    /// The node that published it held before this node took it: its word
+    /// may still be in flight (see `Core::may_leave_it_to`).
+    pub(super) taken_from: Option<Box<str>>,
 }
 
 impl Held {
@@ -134,6 +137,7 @@ impl Held {
             contested: None,
             garp: None,
             kept_at: None,
+            taken_from: None,
         }
     }
 
