@@ -98,7 +98,8 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
     .unwrap();
 
     // `cleanup` tells the peers its agent last knew: both are listed.
-    let peers = std::fs::read_to_string(c.run_dir(&owner).join("peers")).unwrap_or_default();
+    let peers = std::fs::read_to_string(c.run_dir(&owner).join(lbnodeagent::agent::PEERS_FILE))
+        .unwrap_or_default();
     assert_eq!(peers.lines().count(), 2, "{owner}'s peers file: {peers:?}");
 
     // The owner's agent is killed and systemd's ExecStopPost runs

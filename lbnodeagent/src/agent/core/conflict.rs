@@ -369,6 +369,12 @@ impl Conflicts {
         self.last_holder.get(&ip).map(String::as_str)
     }
 
+    /// The node other than `me` that last published `ip` as held: whom a
+    /// VIP taken now is taken from.
+    pub fn previous_holder(&self, ip: IpAddr, me: &str) -> Option<&str> {
+        self.last_holder(ip).filter(|n| *n != me)
+    }
+
     pub fn owner_of(&self, mac: MacAddr) -> Option<&str> {
         self.owner(&mac).map(String::as_str)
     }

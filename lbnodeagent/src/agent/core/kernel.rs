@@ -100,8 +100,7 @@ impl Core {
                         let mut h = Held::new(want.clone(), Some(now));
                         h.taken_from = self
                             .conflicts
-                            .last_holder(ip)
-                            .filter(|n| *n != self.settings.node)
+                            .previous_holder(ip, &self.settings.node)
                             .map(Box::from);
                         (h, None)
                     }

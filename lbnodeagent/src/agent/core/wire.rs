@@ -456,8 +456,7 @@ impl Core {
     pub(super) fn observe_move(&mut self, ip: IpAddr, now: Instant, out: &mut Actions) {
         let Some(from) = self
             .conflicts
-            .last_holder(ip)
-            .filter(|n| *n != self.settings.node)
+            .previous_holder(ip, &self.settings.node)
             .map(str::to_string)
         else {
             return;
