@@ -44,6 +44,13 @@ rm -rf "$out/man"
 "$bin" man --dir "$out/man"
 "$out/kubectl-hostlb" man --dir "$out/man"
 gzip -9n "$out"/man/*.1
+# Every page generated is shipped by both packages: a subcommand added
+# without its page in lbnodeagent/Cargo.toml fails here, not at install.
+for page in "$out"/man/*.1.gz; do
+  name=$(basename "$page")
+  (( $(grep -c "target/release/man/$name\"" lbnodeagent/Cargo.toml) == 2 )) \
+    || { echo "packaging: $name is not listed for both the .deb and the .rpm in lbnodeagent/Cargo.toml" >&2; exit 1; }
+done
 
 # The oldest glibc each binary runs on is the newest symbol version it
 # needs; packaging/test.sh fails the packages above the floor.
