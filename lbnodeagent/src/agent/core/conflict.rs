@@ -32,7 +32,9 @@
 //! Pure: the core ([`super::Core`]) feeds claims, gossip and the clock in,
 //! and acts on the verdicts.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use foldhash::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 

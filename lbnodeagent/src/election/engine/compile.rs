@@ -2,7 +2,9 @@
 //! advertisements a VIP falls under) and VIPs (address, class, endpoint
 //! filter).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashMapExt};
 use std::net::IpAddr;
 
 use hostlb_api::rules::{age_key, pool_holding};

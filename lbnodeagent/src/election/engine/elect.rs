@@ -1,7 +1,7 @@
 //! Electing: the winner of each VIP by walking its cached order by
 //! `sha256(node#ip)` through its top score tier.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::net::IpAddr;
 
 use super::super::hash::{order_key, rank_key};

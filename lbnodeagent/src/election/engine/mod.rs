@@ -25,8 +25,8 @@ mod explain;
 mod queries;
 mod rules;
 
+use foldhash::{HashMap, HashMapExt};
 use std::cmp::Ordering;
-use std::collections::HashMap;
 use std::net::IpAddr;
 
 use hostlb_api::Selector;
@@ -316,8 +316,7 @@ impl Election {
             return Vec::new();
         }
         let mut moved = Vec::new();
-        let keep: std::collections::HashSet<&str> =
-            members.clone().map(|m| m.node.as_str()).collect();
+        let keep: foldhash::HashSet<&str> = members.clone().map(|m| m.node.as_str()).collect();
         let gone: Vec<String> = self
             .c
             .slots

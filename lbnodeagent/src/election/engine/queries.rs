@@ -2,7 +2,9 @@
 //! who outranks whom.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::net::IpAddr;
 
 use super::super::hash::rank_key;
