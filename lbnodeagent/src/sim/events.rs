@@ -5,7 +5,7 @@ use super::*;
 
 impl World {
     pub(super) fn run_until(&mut self, end: Duration) -> Option<Violation> {
-        while let Some(Reverse(Scheduled { at, ev, .. })) = self.queue.pop() {
+        while let Some((at, ev)) = self.queue.pop() {
             if at > end {
                 break;
             }
