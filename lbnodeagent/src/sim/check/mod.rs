@@ -440,6 +440,19 @@ impl Checker {
             if self.oracle(ctx, ctx.newest, counted).winner(ip) != Some(ctx.hosts[i].name) {
                 continue;
             }
+            // Its gateways changed and had not settled everywhere
+            // (`UPSTREAM_COUNTED`): by its peers' word it may still be cut
+            // off from them (its return not yet counted, or not yet told
+            // when it stalled), and a node that counts its own gateway as
+            // sound takes its VIPs, make before break, as from any holder
+            // cut off. The stalled owner cannot let go; the two owners
+            // this makes are judged as any hand-over's.
+            if ctx.hosts[i]
+                .gateway_changed_at
+                .is_some_and(|at| t.saturating_sub(at) < UPSTREAM_COUNTED)
+            {
+                continue;
+            }
             // The LAN was asked, and every question or answer of the
             // pre-check was lost: what a dead owner looks like. Counted,
             // and the two owners it makes are judged like any other.
