@@ -89,8 +89,9 @@ pub const LAPSE_BOUND: Duration = LAPSE_HOLD
 /// for ever (each take a gratuitous ARP that turns the clients). An owner
 /// probe's period: the contest settles on the first answer to one, and
 /// with nothing new, nothing a node learns in less time tells it the VIP
-/// is its own again. A fault, a planned change or a new view between the
-/// two begins an episode of its own, under its own bound.
+/// is its own again. A fault, a planned change, a new view or an agent
+/// finding its gateways lost or back between the two begins an episode of
+/// its own, under its own bound.
 pub const REJOIN_GAP: Duration = OWNER_PROBE;
 
 /// From the moment nothing keeps an agent from it (started, thawed, its

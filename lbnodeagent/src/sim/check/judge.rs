@@ -151,12 +151,21 @@ impl Checker {
             // A pair that answers again soon after it ended, with nothing
             // carried out and no change of the cluster since, goes on with
             // its episode (see `REJOIN_GAP`); any other begins one now.
+            // An agent finding its gateways lost or back counts as a fault
+            // then: it comes seconds after the router's silence began (seed
+            // 5001674549: a pair ended 50 ms after a host's gateway went
+            // silent, and the host found it lost 0.5 s later and handed
+            // its VIPs over, a new episode).
             if rejoin
                 && !v.pairs.contains_key(&(a, b))
                 && let Some((at, version, e)) = v.ended.remove(&(a, b))
                 && t - at < REJOIN_GAP
                 && version == ctx.newest
                 && last_fault.is_none_or(|f| f <= at)
+                && ctx
+                    .hosts
+                    .iter()
+                    .all(|h| h.gateway_changed_at.is_none_or(|g| g <= at))
             {
                 v.pairs.insert((a, b), Episode { agreed: None, ..e });
             }
