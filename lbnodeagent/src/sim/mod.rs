@@ -802,6 +802,11 @@ mod tests {
             // other's gateway fell silent; 0.9 s later that one found it
             // lost and handed its VIPs over: two episodes, judged as one.
             5_001_674_549,
+            // An owner undrained, took its VIPs back and stalled 41 ms
+            // later: a node that still had it drained counted its own
+            // gateway back and took two of them, make before break (the
+            // checker had judged it a stall's takeover).
+            5_001_819_101,
         ];
         for &seed in ONCE_FAILED {
             let o = run(seed, &Options::default());

@@ -163,6 +163,8 @@ pub struct HostState<'a> {
     pub gateway_lost: bool,
     /// When its agent last found its gateways lost, or back.
     pub gateway_changed_at: Option<Duration>,
+    /// The hosts whose latest published state this one has not heard.
+    pub unheard: Mask,
 }
 
 /// How a host's questions on the wire about an address went lately: when
@@ -438,6 +440,20 @@ impl Checker {
             // started may rightly win the VIP and take it over.
             let counted = mask(ctx.hosts.iter().map(|h| h.agent_running)) | 1 << i;
             if self.oracle(ctx, ctx.newest, counted).winner(ip) != Some(ctx.hosts[i].name) {
+                continue;
+            }
+            // Every host that took it had not heard this owner's latest
+            // word: the stall kept it from spreading (a drain lifted, a
+            // gateway back, a VIP taken a moment before), and by what the
+            // taker last heard it may take the VIP, make before break, as
+            // a planned move (fresh seed 5001819101: an owner undrained,
+            // took its VIPs back and stalled 41 ms later; a node that still
+            // had it drained counted its own gateway back and took two of
+            // them). The stalled owner cannot let go; the two owners this
+            // makes are judged as any hand-over's. A takeover for the
+            // silence alone comes from a node that heard the owner's last
+            // word: a stall is long past that.
+            if added.iter().all(|&h| ctx.hosts[h].unheard & 1 << i != 0) {
                 continue;
             }
             // Its gateways changed and had not settled everywhere
