@@ -151,23 +151,33 @@ impl Checker {
             // A pair that answers again soon after it ended, with nothing
             // carried out and no change of the cluster since, goes on with
             // its episode (see `REJOIN_GAP`); any other begins one now.
-            // An agent finding its gateways lost or back counts as a fault
-            // then: it comes seconds after the router's silence began (seed
-            // 5001674549: a pair ended 50 ms after a host's gateway went
-            // silent, and the host found it lost 0.5 s later and handed
-            // its VIPs over, a new episode).
+            // An agent finding its gateways lost or back meanwhile begins
+            // one too: it finds them seconds after the router's silence
+            // began, a fault's effect (seed 5001674549: a pair ended 50 ms
+            // after a host's gateway went silent, and the host found it
+            // lost 0.5 s later and handed its VIPs over). Such an episode
+            // keeps the deadline of the one before if that is later, so
+            // that it is never judged more strictly than the two as one.
             if rejoin
                 && !v.pairs.contains_key(&(a, b))
                 && let Some((at, version, e)) = v.ended.remove(&(a, b))
                 && t - at < REJOIN_GAP
                 && version == ctx.newest
                 && last_fault.is_none_or(|f| f <= at)
-                && ctx
+            {
+                let gateway_news = ctx
                     .hosts
                     .iter()
-                    .all(|h| h.gateway_changed_at.is_none_or(|g| g <= at))
-            {
-                v.pairs.insert((a, b), Episode { agreed: None, ..e });
+                    .any(|h| h.gateway_changed_at.is_some_and(|g| g > at));
+                let since = if gateway_news { t } else { e.since };
+                v.pairs.insert(
+                    (a, b),
+                    Episode {
+                        since,
+                        agreed: None,
+                        ..e
+                    },
+                );
             }
             let since = v.pairs.get(&(a, b)).map_or(t, |e| e.since);
             let (deadline, kind) = self.allowance(&pair, ctx, since);
