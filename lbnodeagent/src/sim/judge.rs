@@ -76,13 +76,8 @@ pub(super) fn context(w: &World) -> check::Context<'_> {
                 drained: h.agent != Agent::Stopped && h.drain_heard == Some(true),
                 gateway_lost: h.agent != Agent::Stopped && h.gateway_heard,
                 gateway_changed_at: h.gateway_changed_at,
-                unheard: check::mask(hosts.iter().enumerate().map(|(j, o)| {
-                    h.known
-                        .get(j)
-                        .and_then(Option::as_ref)
-                        .is_none_or(|k| (k.generation, k.version) < (o.generation, o.pub_version))
-                        && !std::ptr::eq(h, o)
-                })),
+                published: (h.generation, h.pub_version),
+                heard: &h.known,
                 name: &h.name,
             })
             .collect(),

@@ -163,8 +163,20 @@ pub struct HostState<'a> {
     pub gateway_lost: bool,
     /// When its agent last found its gateways lost, or back.
     pub gateway_changed_at: Option<Duration>,
-    /// The hosts whose latest published state this one has not heard.
-    pub unheard: Mask,
+    /// Its latest published state: generation and version.
+    pub published: (u64, u64),
+    /// What it last heard of each host's published state, by host.
+    pub(super) heard: &'a [Option<super::Known>],
+}
+
+impl HostState<'_> {
+    /// It has heard the latest published state of `of`, host `i`.
+    fn has_heard(&self, i: usize, of: &HostState) -> bool {
+        self.heard
+            .get(i)
+            .and_then(Option::as_ref)
+            .is_some_and(|k| (k.generation, k.version) >= of.published)
+    }
 }
 
 /// How a host's questions on the wire about an address went lately: when
@@ -453,7 +465,10 @@ impl Checker {
             // makes are judged as any hand-over's. A takeover for the
             // silence alone comes from a node that heard the owner's last
             // word: a stall is long past that.
-            if added.iter().all(|&h| ctx.hosts[h].unheard & 1 << i != 0) {
+            if added
+                .iter()
+                .all(|&h| !ctx.hosts[h].has_heard(i, &ctx.hosts[i]))
+            {
                 continue;
             }
             // Its gateways changed and had not settled everywhere
