@@ -33,10 +33,10 @@
 //! and acts on the verdicts.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-
-use foldhash::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
+
+use foldhash::HashMap;
 
 use super::api::{AgentRecord, ConflictSeen};
 use super::links::Want;

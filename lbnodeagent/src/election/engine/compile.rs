@@ -3,10 +3,9 @@
 //! filter).
 
 use std::collections::BTreeMap;
-
-use foldhash::{HashMap, HashMapExt};
 use std::net::IpAddr;
 
+use foldhash::{HashMap, HashMapExt};
 use hostlb_api::rules::{age_key, pool_holding};
 
 use super::super::report::Note;

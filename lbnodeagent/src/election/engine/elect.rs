@@ -1,8 +1,9 @@
 //! Electing: the winner of each VIP by walking its cached order by
 //! `sha256(node#ip)` through its top score tier.
 
-use foldhash::HashMap;
 use std::net::IpAddr;
+
+use foldhash::HashMap;
 
 use super::super::hash::{order_key, rank_key};
 use super::super::report::VipReport;

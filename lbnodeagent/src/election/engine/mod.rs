@@ -25,10 +25,10 @@ mod explain;
 mod queries;
 mod rules;
 
-use foldhash::{HashMap, HashMapExt};
 use std::cmp::Ordering;
 use std::net::IpAddr;
 
+use foldhash::{HashMap, HashMapExt};
 use hostlb_api::Selector;
 use hostlb_api::annotations::EXCLUDE_FROM_EXTERNAL_LB;
 

@@ -3,9 +3,9 @@
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use foldhash::HashMap;
-use std::net::IpAddr;
 
 use super::super::hash::rank_key;
 use super::super::report::Reason;
