@@ -93,7 +93,7 @@ pub fn explain(fleet: &Fleet, namespace: &str, name: &str) -> Result<ExplainDoc,
     let firewall = lbnodeagent::model::Firewall::of(&fleet.cluster().0);
     let mut members: Vec<String> = lbnodeagent::agent::record::members_of(&fleet.agents, fleet.now)
         .into_iter()
-        .map(|m| m.node)
+        .map(|m| m.node.to_string())
         .collect();
     members.sort();
     let addresses = addresses(svc)

@@ -59,7 +59,7 @@ use lbnodeagent::agent::beats::{BeatCheck, Beats, Prover, drain};
 use lbnodeagent::agent::core::sessions::{self, BEAT_INTERVAL, Sessions};
 use lbnodeagent::agent::core::{BeatPlan, Relay};
 use lbnodeagent::election::{
-    Advertisement, Cluster, Election, Endpoints, Labels, Member, NodeInfo, OnLink, Pool,
+    Advertisement, Cluster, Election, Endpoints, Labels, Member, NodeInfo, NodeName, OnLink, Pool,
     ServiceInfo,
 };
 use lbnodeagent::gossip::BeatLink;
@@ -331,8 +331,8 @@ fn digest_decode_cost(n: usize) -> (usize, Duration) {
 /// one election of ten VIPs per node among the nodes still up, as every
 /// agent works it out (again once a crash has left every view).
 struct Watches {
-    watch: Vec<BTreeMap<String, BTreeSet<String>>>,
-    next: BTreeMap<String, BTreeSet<String>>,
+    watch: Vec<BTreeMap<NodeName, BTreeSet<NodeName>>>,
+    next: BTreeMap<NodeName, BTreeSet<NodeName>>,
 }
 
 fn watches(n: usize, down: &BTreeSet<usize>) -> Watches {
@@ -398,7 +398,7 @@ fn watches(n: usize, down: &BTreeSet<usize>) -> Watches {
 }
 
 /// When each node first held an owner suspect: (node, owner, when).
-type Suspicions = Arc<Mutex<Vec<(usize, String, Instant)>>>;
+type Suspicions = Arc<Mutex<Vec<(usize, NodeName, Instant)>>>;
 
 /// Beats sent by one node: datagrams and payload bytes.
 #[derive(Default)]
@@ -445,7 +445,7 @@ impl Proofs {
         for (i, k) in keys.iter().enumerate() {
             identities.set(&node_name(i), Known::Key(k.public()));
             view.nodes.push(MemberInfo {
-                node: node_name(i),
+                node: node_name(i).into(),
                 gossip_addr: node_addr(i),
                 ..view.local.clone()
             });
@@ -462,7 +462,7 @@ async fn run_sessions(
     me: usize,
     n: usize,
     link: BeatLink,
-    mut watch: tokio::sync::watch::Receiver<BTreeMap<String, BTreeSet<String>>>,
+    mut watch: tokio::sync::watch::Receiver<BTreeMap<NodeName, BTreeSet<NodeName>>>,
     sent: Arc<Sent>,
     suspicions: Suspicions,
     proofs: Arc<Proofs>,
@@ -489,8 +489,8 @@ async fn run_sessions(
     sessions.watch(watch.borrow_and_update().clone(), |_| true);
     let mut recv = link.recv;
     let mut every = tokio::time::interval(BEAT_INTERVAL);
-    let index: HashMap<String, usize> = (0..n).map(|i| (node_name(i), i)).collect();
-    let addrs = |names: &BTreeSet<String>| -> Vec<SocketAddr> {
+    let index: HashMap<NodeName, usize> = (0..n).map(|i| (node_name(i).into(), i)).collect();
+    let addrs = |names: &BTreeSet<NodeName>| -> Vec<SocketAddr> {
         names.iter().map(|n| node_addr(index[n])).collect()
     };
     loop {
@@ -509,7 +509,7 @@ async fn run_sessions(
         let mut suspect = Vec::new();
         for b in received {
             let subject = b.silent.as_ref().map(|s| s.node.clone());
-            if b.leaving || subject.as_ref() == Some(&name) {
+            if b.leaving || subject.as_deref() == Some(name.as_str()) {
                 continue;
             }
             if sessions.heard(b, now.into_std())
@@ -832,7 +832,7 @@ fn measure(n: usize, settings: &Settings) -> Figures {
             .await;
             let log = suspicions.lock().unwrap().clone();
             let mut known = Duration::ZERO;
-            for follower in next.get(&name).into_iter().flatten() {
+            for follower in next.get(name.as_str()).into_iter().flatten() {
                 let first = log
                     .iter()
                     .filter(|(i, s, t)| node_name(*i) == *follower && *s == name && *t >= crashed)

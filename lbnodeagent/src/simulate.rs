@@ -20,7 +20,7 @@ use hostlb_api::Prefix;
 use hostlb_api::snapshot::{ObjectError, Snapshot, SnapshotError};
 use serde::Serialize;
 
-use crate::election::{Election, Member, OnLink, VipReport};
+use crate::election::{Election, Member, NodeName, OnLink, VipReport};
 use crate::inputs::{self, Scope};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -90,7 +90,7 @@ pub fn run(opts: &Options) -> Result<String, SimulateError> {
         .iter()
         .filter(|n| !opts.down.iter().any(|d| d == *n))
         .map(|n| Member {
-            node: n.to_string(),
+            node: NodeName::from(&**n),
             leaving: false,
             drained: false,
             virtual_mode: true,

@@ -87,7 +87,7 @@ async fn cluster(names: &[&str], keys: &[[u8; 32]]) -> Vec<Agent> {
 }
 
 fn members(view: &MembershipView) -> Vec<String> {
-    view.members.iter().map(|m| m.node.clone()).collect()
+    view.members.iter().map(|m| m.node.to_string()).collect()
 }
 
 /// Waits until `agent`'s view satisfies `pred`; returns how long it took.

@@ -70,7 +70,7 @@ fn wait_view(
         let got = tokio::time::timeout(
             within,
             views.wait_for(|v| {
-                let names: Vec<String> = v.members.iter().map(|m| m.node.clone()).collect();
+                let names: Vec<String> = v.members.iter().map(|m| m.node.to_string()).collect();
                 pred(&names)
             }),
         )
@@ -80,7 +80,7 @@ fn wait_view(
             .borrow()
             .members
             .iter()
-            .map(|m| m.node.clone())
+            .map(|m| m.node.to_string())
             .collect();
         assert!(got, "view not as expected within {within:?}: {names:?}");
         (names, started.elapsed())

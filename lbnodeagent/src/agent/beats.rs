@@ -296,7 +296,7 @@ async fn send_beats(
                     generation: Some(generation),
                     lapse: lapse(plan.lapse),
                     silent: Some(Subject {
-                        node: r.node.clone(),
+                        node: r.node.to_string(),
                         generation: Some(r.generation),
                         lapse: lapse(r.lapse),
                     }),
@@ -470,13 +470,13 @@ pub fn drain(
                 &from_its_node,
             ) {
                 Ok(true) => beats.push(Beat {
-                    node: m.node,
+                    node: m.node.into(),
                     generation: m.generation,
                     lapse: m.lapse,
                     leaving: m.leaving,
                     watching: m.watching,
                     silent: m.silent.map(|s| Silent {
-                        node: s.node,
+                        node: s.node.into(),
                         generation: s.generation,
                         lapse: s.lapse,
                     }),
@@ -529,7 +529,7 @@ mod tests {
         v.nodes = nodes
             .iter()
             .map(|(n, a)| MemberInfo {
-                node: n.to_string(),
+                node: (*n).into(),
                 gossip_addr: a.parse().unwrap(),
                 status: Status::Alive,
                 ..v.local.clone()

@@ -289,7 +289,7 @@ pub fn members_of(records: &[NodeAgent], now: jiff::Timestamp) -> Vec<Member> {
                 })
                 .collect();
             Some(Member {
-                node: r.metadata.name.clone()?,
+                node: r.metadata.name.as_deref()?.into(),
                 leaving: false,
                 drained: status.drained,
                 virtual_mode: status.virtual_mode,
@@ -573,7 +573,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
             .view()
             .members
             .iter()
-            .map(|m| m.node.clone())
+            .map(|m| m.node.to_string())
             .collect();
         members.sort();
         let members_hash = short_hash(members.join("\n").as_bytes());

@@ -344,7 +344,7 @@ pub(super) fn source_address(prefix: &hostlb_api::Prefix) -> Option<IpAddr> {
 /// The core's settings from the configuration.
 pub(super) fn settings(cfg: &AgentConfig, wire: bool) -> Settings {
     Settings {
-        node: cfg.node_name.clone(),
+        node: cfg.node_name.as_str().into(),
         lifetime: cfg.announce.lifetime,
         garp: cfg.announce.garp,
         gossip_interval: cfg.gossip.interval,

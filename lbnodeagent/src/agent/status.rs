@@ -202,7 +202,7 @@ pub fn doc(core: &Core, not_ready: Option<&str>, api_healthy: bool) -> StatusDoc
             .nodes
             .iter()
             .map(|n| MemberDoc {
-                node: n.node.clone(),
+                node: n.node.to_string(),
                 status: n.status.as_str().to_string(),
                 gossip: n.gossip_addr.to_string(),
                 version: n.agent_version.clone(),

@@ -8,11 +8,13 @@
 
 mod engine;
 mod hash;
+mod node;
 mod report;
 pub mod view;
 
 pub use engine::{Duty, Election, elect_all};
 pub use hash::{order_key, rank_key};
+pub use node::NodeName;
 pub use report::{Candidate, Excluded, Note, Reason, VipReport};
 pub use view::{
     Advertisement, Cluster, Endpoints, Labels, Member, NodeInfo, OnLink, Pool, Preference,

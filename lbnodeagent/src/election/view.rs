@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use hostlb_api::{AddressRange, Prefix, Selector};
 
+use super::node::NodeName;
+
 pub type Labels = BTreeMap<String, String>;
 
 /// The cluster objects the election reads.
@@ -165,7 +167,7 @@ impl Endpoints {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
     /// Equals the Kubernetes Node name.
-    pub node: String,
+    pub node: NodeName,
     /// Shutting down: never a candidate, even before it disappears.
     pub leaving: bool,
     /// Drained by its operator (`kubectl hostlb drain`): a candidate of
@@ -182,7 +184,7 @@ impl Member {
     /// A live member with the given on-link prefixes on its announce interface.
     pub fn alive(node: &str, prefixes: impl IntoIterator<Item = Prefix>) -> Self {
         Member {
-            node: node.to_string(),
+            node: node.into(),
             leaving: false,
             drained: false,
             virtual_mode: true,

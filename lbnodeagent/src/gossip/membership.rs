@@ -723,7 +723,7 @@ impl ViewBuilder {
             .and_then(state::decode)
             .unwrap_or_else(|| MemberInfo {
                 // Unreachable in practice: `status` is among the initial keys.
-                node: own.node_id.to_string(),
+                node: crate::election::NodeName::from(&*own.node_id),
                 generation: own.generation_id,
                 gossip_addr: own.gossip_advertise_addr,
                 agent_version: String::new(),
@@ -819,7 +819,7 @@ mod tests {
             revision: 0,
             digest: None,
             drained: false,
-            behind: BTreeSet::from(["n7".to_string(), "n8".to_string()]).into(),
+            behind: BTreeSet::from(["n7".into(), "n8".into()]).into(),
         }
     }
 

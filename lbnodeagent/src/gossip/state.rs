@@ -39,7 +39,7 @@ use chitchat::NodeState;
 use hostlb_api::{Family, Prefix};
 use serde::{Deserialize, Serialize};
 
-use crate::election::OnLink;
+use crate::election::{NodeName, OnLink};
 pub use crate::model::{LocalState, MemberInfo, PROTOCOL, PROTOCOL_UNSAID, Status};
 
 pub const KEY_VERSION: &str = "version";
@@ -226,7 +226,7 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
     }
     let id = node.chitchat_id();
     Some(MemberInfo {
-        node: id.node_id.to_string(),
+        node: NodeName::from(&*id.node_id),
         generation: id.generation_id,
         gossip_addr: id.gossip_advertise_addr,
         agent_version: node.get(KEY_VERSION).unwrap_or_default().to_string(),
@@ -257,7 +257,7 @@ pub fn decode(node: &NodeState) -> Option<MemberInfo> {
             .get(KEY_BEHIND)
             .unwrap_or_default()
             .split_ascii_whitespace()
-            .map(str::to_string)
+            .map(NodeName::from)
             .collect::<BTreeSet<_>>()
             .into(),
     })

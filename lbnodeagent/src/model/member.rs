@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::MacAddr;
-use crate::election::{Member, OnLink};
+use crate::election::{Member, NodeName, OnLink};
 
 /// The gossip port, UDP (SPEC).
 pub const DEFAULT_PORT: u16 = 7934;
@@ -90,13 +90,13 @@ pub struct LocalState {
     pub drained: bool,
     /// Peers this node has found behind its view of the cluster for a
     /// hand-over's time (see `KEY_BEHIND`).
-    pub behind: Arc<BTreeSet<String>>,
+    pub behind: Arc<BTreeSet<NodeName>>,
 }
 
 /// One node as seen through gossip.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberInfo {
-    pub node: String,
+    pub node: NodeName,
     /// Chitchat generation: start time in ns; a restart makes a new one.
     pub generation: u64,
     pub gossip_addr: SocketAddr,
@@ -114,7 +114,7 @@ pub struct MemberInfo {
     pub revision: u64,
     pub digest: Option<u64>,
     pub drained: bool,
-    pub behind: Arc<BTreeSet<String>>,
+    pub behind: Arc<BTreeSet<NodeName>>,
 }
 
 impl MemberInfo {
@@ -161,7 +161,7 @@ impl MembershipView {
     pub fn empty() -> MembershipView {
         MembershipView {
             local: MemberInfo {
-                node: String::new(),
+                node: NodeName::default(),
                 generation: 0,
                 gossip_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
                 agent_version: String::new(),

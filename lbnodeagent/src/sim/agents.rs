@@ -596,7 +596,7 @@ impl World {
             .hosts
             .iter()
             .map(|h| AgentRecord {
-                node: h.name.clone(),
+                node: h.name.to_string(),
                 macs: [h.mac].into(),
                 fresh: h.agent != Agent::Stopped || h.killed || !h.powered,
             })

@@ -46,7 +46,7 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::election::Member;
+use crate::election::{Member, NodeName};
 use crate::model::AnnounceConfig;
 use crate::model::Claim;
 use crate::model::{Applied, Interface, Lifetime, MacAddr, OwnedAddress, VipAddress};
@@ -160,7 +160,7 @@ struct Known {
 }
 
 struct Host {
-    name: String,
+    name: NodeName,
     mac: MacAddr,
     gossip_addr: SocketAddr,
     powered: bool,
@@ -455,7 +455,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
     let mut truth = Truth::generate(&mut plan, &names, shape.services);
     truth.make_sticky(seed);
     let settings = Settings {
-        node: String::new(),
+        node: NodeName::default(),
         lifetime: Lifetime::new(shape.lifetime),
         // Odd seeds refresh every held VIP each second: the rounds reach
         // every other host as claims, which the conflict rules must take
@@ -483,7 +483,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         .iter()
         .enumerate()
         .map(|(i, name)| Host {
-            name: name.clone(),
+            name: NodeName::from(name),
             mac: MacAddr([2, 0, 0, 0, (i >> 8) as u8, i as u8]),
             gossip_addr: SocketAddr::from(([10, 0, 0, 10 + i as u8], 7934)),
             powered: true,

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::election::{Cluster, Endpoints};
+use crate::election::{Cluster, Endpoints, NodeName};
 use crate::model::Claim;
 use crate::model::{AnnounceConfig, Target};
 use crate::model::{Applied, Lifetime, MacAddr, OwnedAddress, VipAddress};
@@ -17,7 +17,7 @@ use super::sessions::{Beat, Lapse};
 /// What the core needs from the configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
-    pub node: String,
+    pub node: NodeName,
     pub lifetime: Lifetime,
     pub garp: AnnounceConfig,
     pub gossip_interval: Duration,
@@ -422,7 +422,7 @@ pub struct BeatPlan {
 /// A silent owner, and whom to tell (see [`sessions`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Relay {
-    pub node: String,
+    pub node: NodeName,
     pub generation: u64,
     /// When its addresses lapse, as its last beat said.
     pub lapse: Option<Lapse>,

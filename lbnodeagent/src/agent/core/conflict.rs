@@ -42,6 +42,7 @@ use super::api::{AgentRecord, ConflictSeen};
 use super::links::Want;
 use super::sessions::Lapse;
 use crate::election::Election;
+use crate::election::NodeName;
 use crate::model::Claim;
 use crate::model::MacAddr;
 use crate::model::MemberInfo;
@@ -113,9 +114,9 @@ pub enum Verdict {
     /// lapsing): no answer of its host can be its own, so this node keeps
     /// the address all the same. A claim in a dead node's name, forged by
     /// anyone who knows its MAC, must not leave a VIP dark.
-    Keep { other: String, gone: bool },
+    Keep { other: NodeName, gone: bool },
     /// Another hostlb node answers too and outranks this one: remove it.
-    Yield { to: String },
+    Yield { to: NodeName },
     /// A MAC no hostlb node published answers; `first` the first time for
     /// this address and MAC among the last [`REPORTED_PER_VIP`] (report
     /// it then, as [`Conflicts::say`] allows).
@@ -158,7 +159,7 @@ pub fn lapsing(lapse: Option<Lapse>, now: Instant) -> bool {
 
 #[derive(Clone, Debug)]
 pub struct Yielded {
-    pub to: String,
+    pub to: NodeName,
     pub mac: MacAddr,
     pub seen: Instant,
     /// Where the VIP would be held, to keep asking about it there.
@@ -199,16 +200,16 @@ struct Reports {
 #[derive(Default)]
 pub struct Conflicts {
     /// From gossip, which only a holder of the key can sign.
-    mac_owner: HashMap<MacAddr, String>,
+    mac_owner: HashMap<MacAddr, NodeName>,
     /// From the records in the API, as last listed: each names a Node's
     /// MACs, and a MAC two records name, or that a record names against
     /// gossip, is nobody's (see [`Conflicts::owner`]).
-    recorded: HashMap<MacAddr, String>,
+    recorded: HashMap<MacAddr, NodeName>,
     disputed: BTreeSet<MacAddr>,
     /// Who last published each VIP as held: only a VIP somebody held can
     /// have an owner still answering, so only those are asked about before
     /// a takeover (a new Service's address is taken at once).
-    last_holder: HashMap<IpAddr, String>,
+    last_holder: HashMap<IpAddr, NodeName>,
     yielded: BTreeMap<IpAddr, Yielded>,
     reported: HashMap<IpAddr, Reports>,
     /// The agents' records as last listed: the MACs they name (see
@@ -236,12 +237,12 @@ impl Conflicts {
     pub fn learn<'a>(&mut self, nodes: impl IntoIterator<Item = &'a MemberInfo>, me: &str) {
         // Views come many times a second and mostly repeat who holds what:
         // a name is copied only where it changes.
-        fn set<K: std::hash::Hash + Eq>(map: &mut HashMap<K, String>, key: K, node: &str) {
+        fn set<K: std::hash::Hash + Eq>(map: &mut HashMap<K, NodeName>, key: K, node: &NodeName) {
             match map.get_mut(&key) {
                 Some(held) if held == node => {}
-                Some(held) => node.clone_into(held),
+                Some(held) => *held = node.clone(),
                 None => {
-                    map.insert(key, node.to_owned());
+                    map.insert(key, node.clone());
                 }
             }
         }
@@ -341,7 +342,7 @@ impl Conflicts {
                         self.disputed.insert(*mac);
                     }
                     _ => {
-                        self.recorded.insert(*mac, r.node.clone());
+                        self.recorded.insert(*mac, r.node.as_str().into());
                     }
                 }
             }
@@ -356,7 +357,7 @@ impl Conflicts {
     /// nobody's, one host's record could make an honest node's answers a
     /// stranger's, and two honest owners across a gossip partition would
     /// never settle.
-    fn owner(&self, mac: &MacAddr) -> Option<&String> {
+    fn owner(&self, mac: &MacAddr) -> Option<&NodeName> {
         if let Some(g) = self.mac_owner.get(mac) {
             return Some(g);
         }
@@ -368,7 +369,7 @@ impl Conflicts {
 
     /// The node that last published `ip` as held, as far as gossip told.
     pub fn last_holder(&self, ip: IpAddr) -> Option<&str> {
-        self.last_holder.get(&ip).map(String::as_str)
+        self.last_holder.get(&ip).map(NodeName::as_str)
     }
 
     /// The node other than `me` that last published `ip` as held: whom a
@@ -378,7 +379,7 @@ impl Conflicts {
     }
 
     pub fn owner_of(&self, mac: MacAddr) -> Option<&str> {
-        self.owner(&mac).map(String::as_str)
+        self.owner(&mac).map(NodeName::as_str)
     }
 
     /// The verdict on one claim. `held` is where this node holds `claim.ip`
@@ -551,7 +552,7 @@ impl Conflicts {
             self.yielded.insert(
                 ip,
                 Yielded {
-                    to: to.to_string(),
+                    to: to.into(),
                     mac,
                     seen: now,
                     want,

@@ -10,10 +10,11 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use super::ISOLATED_AFTER;
+use crate::election::NodeName;
 
 pub(super) struct Isolation {
     /// Nodes whose NodeAgent record is fresh, this one aside.
-    running_elsewhere: BTreeSet<String>,
+    running_elsewhere: BTreeSet<NodeName>,
     /// Gossip last showed a live peer then (or the agent started).
     peer_seen: Instant,
     isolated: bool,
@@ -29,7 +30,7 @@ impl Isolation {
     }
 
     /// The agents the records show running elsewhere.
-    pub fn set_running_elsewhere(&mut self, nodes: BTreeSet<String>) {
+    pub fn set_running_elsewhere(&mut self, nodes: BTreeSet<NodeName>) {
         self.running_elsewhere = nodes;
     }
 
@@ -48,13 +49,16 @@ impl Isolation {
     /// none of them (empty unless isolated).
     pub fn from(&self) -> Vec<String> {
         if self.isolated {
-            self.running_elsewhere.iter().cloned().collect()
+            self.running_elsewhere
+                .iter()
+                .map(|n| n.to_string())
+                .collect()
         } else {
             Vec::new()
         }
     }
 
-    pub fn running_elsewhere(&self) -> &BTreeSet<String> {
+    pub fn running_elsewhere(&self) -> &BTreeSet<NodeName> {
         &self.running_elsewhere
     }
 
@@ -91,7 +95,7 @@ mod tests {
         // Alone, but nobody else runs: a lone node, not isolated.
         assert_eq!(i.note(true, t + ISOLATED_AFTER), None);
         assert_eq!(i.deadline(true), None);
-        i.set_running_elsewhere(["b".to_string()].into());
+        i.set_running_elsewhere(["b".into()].into());
         let seen = t + ISOLATED_AFTER;
         assert_eq!(i.note(false, seen), None);
         assert_eq!(i.deadline(true), Some(seen + ISOLATED_AFTER));

@@ -15,6 +15,7 @@ use crate::model::{MemberInfo, MembershipView, Status};
 
 use super::sessions::Sessions;
 use super::{HANDOVER_MAX, TAKEOVER_WINDOW};
+use crate::election::NodeName;
 
 pub(super) struct Membership {
     /// Membership as gossip reports it.
@@ -26,21 +27,21 @@ pub(super) struct Membership {
     /// `cleanup` for a dead one), with the gossip generation they had
     /// then: acted on as leaving (as if gossip said so already) until
     /// gossip shows another generation or loses them.
-    left: BTreeMap<String, u64>,
+    left: BTreeMap<NodeName, u64>,
     /// Nodes gossip had lost when their leaving beat came, or lost after
     /// it came, and when: `cleanup` of a killed agent sends the beat and
     /// the failure detector's leave, and the leave can come first. Their
     /// host's answers are the last of a hand-over for a hand-over's time,
     /// as a graceful leaver's are (see `Core::judge`).
-    left_gone: BTreeMap<String, Instant>,
+    left_gone: BTreeMap<NodeName, Instant>,
     /// When each member was last seen live, for the takeover metric.
-    lost_at: BTreeMap<String, Instant>,
+    lost_at: BTreeMap<NodeName, Instant>,
     /// When each live node's published VIPs came to include each VIP, in
     /// our views: a peer's word that it holds a VIP counts against this
     /// node's fresh take only if it came after (see `Core::holds`). Per
     /// VIP, not per node: a publication about another VIP that arrives
     /// late must not make an old word look new.
-    vips_gained: BTreeMap<String, BTreeMap<IpAddr, Instant>>,
+    vips_gained: BTreeMap<NodeName, BTreeMap<IpAddr, Instant>>,
 }
 
 /// What a new view changed, for the parts that follow it.
@@ -91,12 +92,12 @@ impl Membership {
 
     /// `node`'s leaving beat says it goes: its addresses answer until
     /// others do. True when that is news for the view.
-    pub(super) fn left_by_beat(&mut self, me: &str, node: String, now: Instant) -> bool {
+    pub(super) fn left_by_beat(&mut self, me: &str, node: NodeName, now: Instant) -> bool {
         if node == me {
             return false;
         }
         let Some(generation) = self.gossip.node(&node).map(|n| n.generation) else {
-            if self.lost_at.contains_key(&node) {
+            if self.lost_at.contains_key(node.as_str()) {
                 // Lost a moment ago: its `cleanup` removes each address
                 // once another node answers for it, so an answer from its
                 // host is no owner to stay off for.
@@ -109,7 +110,7 @@ impl Membership {
             }
             return false;
         };
-        if self.left.get(&node) == Some(&generation) {
+        if self.left.get(node.as_str()) == Some(&generation) {
             return false;
         }
         info!(%node, "its leaving beat says it goes; taking its addresses as from a leaving node");
@@ -156,7 +157,7 @@ impl Membership {
 
     /// `node` left gracefully and gossip no longer shows it: its host's
     /// answers for a hand-over's time are the last of its hand-over.
-    fn note_left_gone(&mut self, node: String, now: Instant) {
+    fn note_left_gone(&mut self, node: NodeName, now: Instant) {
         self.left_gone
             .retain(|_, t| now.saturating_duration_since(*t) < HANDOVER_MAX);
         self.left_gone.insert(node, now);
@@ -173,7 +174,7 @@ impl Membership {
         // not a second owner to let go to (seed 10090839114: the VIP
         // went unanswered).
         let gossip = Arc::clone(&self.gossip);
-        let gone_after_leaving: Vec<String> = self
+        let gone_after_leaving: Vec<NodeName> = self
             .left
             .keys()
             .filter(|n| gossip.node(n).is_none())

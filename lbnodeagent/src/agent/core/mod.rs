@@ -86,7 +86,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::election::{Cluster, Election};
+use crate::election::{Cluster, Election, NodeName};
 use crate::model::VipAddress;
 use crate::model::{Firewall, FirewallPlan, MembershipView};
 use conflict::Conflicts;
@@ -574,7 +574,7 @@ impl Core {
                 .records()
                 .iter()
                 .filter(|r| r.fresh && r.node != *me && election.is_node(&r.node))
-                .map(|r| r.node.clone())
+                .map(|r| NodeName::from(r.node.as_str()))
                 .collect(),
         );
     }

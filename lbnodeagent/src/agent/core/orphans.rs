@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{HANDOVER_MAX, VIEW_SPREAD};
+use crate::election::NodeName;
 
 #[derive(Default)]
 pub(super) struct Orphans {
@@ -24,7 +25,7 @@ pub(super) struct Orphans {
     /// Who came first for each orphan when its duty was last read: the
     /// first live candidate not behind. It moves when a node behind
     /// catches up, and as well when one that is not comes or goes.
-    fallback: BTreeMap<IpAddr, Option<String>>,
+    fallback: BTreeMap<IpAddr, Option<NodeName>>,
     /// Orphans due before [`HANDOVER_MAX`] because nobody answered for
     /// them once the view had [`VIEW_SPREAD`] to spread.
     spread: BTreeSet<IpAddr>,
@@ -36,7 +37,7 @@ pub(super) struct Orphans {
     scan: bool,
     /// The winners of those orphans that have been behind for a
     /// hand-over's time, as this node publishes them.
-    behind: Arc<BTreeSet<String>>,
+    behind: Arc<BTreeSet<NodeName>>,
 }
 
 /// What a new scan changed.
@@ -76,7 +77,7 @@ impl Orphans {
     pub fn replace(
         &mut self,
         found: BTreeMap<IpAddr, Instant>,
-        fallback: BTreeMap<IpAddr, Option<String>>,
+        fallback: BTreeMap<IpAddr, Option<NodeName>>,
     ) -> Rescanned {
         let changed = found != self.since;
         let moved: Vec<IpAddr> = found
@@ -160,12 +161,12 @@ impl Orphans {
 
     /// The winners this node says are behind, as its gossip state carries
     /// them.
-    pub fn behind(&self) -> &Arc<BTreeSet<String>> {
+    pub fn behind(&self) -> &Arc<BTreeSet<NodeName>> {
         &self.behind
     }
 
     /// `true` when what this node says is behind changed.
-    pub fn set_behind(&mut self, behind: BTreeSet<String>) -> bool {
+    pub fn set_behind(&mut self, behind: BTreeSet<NodeName>) -> bool {
         if *self.behind == behind {
             return false;
         }
@@ -245,8 +246,8 @@ mod tests {
     fn behind_is_news_only_when_it_changes() {
         let mut o = Orphans::default();
         assert!(!o.set_behind(BTreeSet::new()));
-        assert!(o.set_behind(["b".to_string()].into()));
-        assert!(!o.set_behind(["b".to_string()].into()));
+        assert!(o.set_behind(["b".into()].into()));
+        assert!(!o.set_behind(["b".into()].into()));
         assert_eq!(o.behind().len(), 1);
     }
 }

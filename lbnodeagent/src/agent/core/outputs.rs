@@ -11,6 +11,7 @@ use hostlb_api::Family;
 use hostlb_api::annotations::{self};
 use tracing::info;
 
+use crate::election::NodeName;
 use crate::model::{LocalState, Status};
 
 use super::conflict::{self, LAPSE_EARLY, lapsing};
@@ -62,7 +63,7 @@ impl Core {
         let plan = self.sessions.plan();
         let gossip = self.membership.gossip();
         let known = || gossip.nodes.iter().chain(&gossip.gone);
-        let addrs = |names: &BTreeSet<String>| -> Vec<SocketAddr> {
+        let addrs = |names: &BTreeSet<NodeName>| -> Vec<SocketAddr> {
             known()
                 .filter(|n| names.contains(&n.node) && n.node != self.settings.node)
                 .map(|n| n.gossip_addr)

@@ -80,7 +80,7 @@ impl Own {
         virtual_mode: bool,
     ) -> Option<Member> {
         running.then(|| Member {
-            node: node.to_string(),
+            node: node.into(),
             leaving: false,
             drained: self.drain && drain_in_force,
             virtual_mode,

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::election::{Note, Reason};
+use crate::election::{NodeName, Note, Reason};
 
 /// Why a held VIP goes (a kernel removal's cause).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,26 +16,26 @@ pub(super) enum LetGo {
     AdoptedTakenOver,
     /// Another starting node kept it from its previous run too and comes
     /// first by the hash order (see `Core::starting_holder_first`).
-    StartingHolderFirst(String),
+    StartingHolderFirst(NodeName),
     /// The interface it is held on lost carrier.
     NoCarrier(String),
     /// The election no longer gives it to this node.
     NotWon(NotWon),
     /// The winner shows it held (or, leaving, a live peer does).
-    HeldBy(String),
+    HeldBy(NodeName),
     /// The winner answered for it on the wire during the hand-over.
-    AnsweredBy(String),
+    AnsweredBy(NodeName),
     /// A live peer with a newer view of the cluster holds it.
-    NewerHolder(String),
+    NewerHolder(NodeName),
     /// Kept for views that differ, and a holder of this node's view that
     /// ranks first keeps it too.
-    KeptByFirst(String),
+    KeptByFirst(NodeName),
     /// The winner did not show it held within the hand-over's time.
-    HandoverTimedOut(String),
+    HandoverTimedOut(NodeName),
     /// Contested: a live holder with a newer view.
-    ContestNewer(String),
+    ContestNewer(NodeName),
     /// Contested: a live holder of the same view that outranks this node.
-    ContestOutranked(String),
+    ContestOutranked(NodeName),
     /// A second owner on the wire that outranks this node.
     OutrankedOnWire,
     /// The old place of a VIP that moved to this interface.

@@ -16,12 +16,13 @@ use super::links::{Mode, Want};
 use super::reason::{LetGo, NotWon};
 use super::slot::{Handover, Held, Slot};
 use super::{Actions, Core, GOSSIP_ROUNDS_TO_SETTLE, HANDOVER_MAX, LEAVE_GRACE_ROUNDS, Phase};
+use crate::election::NodeName;
 
 /// What a leaving node with no winner to hand a VIP to may still hope for
 /// (see [`Core::leaving_without_successor`]).
 pub(super) enum Successor {
     /// A live peer holds it now: it goes.
-    Holds(String),
+    Holds(NodeName),
     /// A peer may come to win it (its view is newer, or the leave's grace
     /// is not over): kept meanwhile.
     MayCome,
@@ -63,7 +64,7 @@ impl Core {
             .election
             .winner(ip)
             .filter(|w| *w != self.settings.node)
-            .map(str::to_string)
+            .map(NodeName::from)
         else {
             if let Phase::Leaving { since } = self.phase {
                 match self.leaving_without_successor(ip, since, now) {
@@ -92,7 +93,7 @@ impl Core {
             let older = self.older_peers();
             match self.election.winner_without(ip, |n| older.contains(n)) {
                 Some(w) if w == self.settings.node => first_that_knows = true,
-                Some(w) => winner = w.to_string(),
+                Some(w) => winner = w.into(),
                 None => {}
             }
         }
@@ -218,9 +219,9 @@ impl Core {
     /// went away while a change was on its way. The node with the older
     /// view lets go; with equal views (the memberships differ), the one the
     /// election ranks lower, liveness aside. Both sides compute the same.
-    pub(super) fn contest(&mut self, ip: IpAddr, now: Instant) -> Option<(String, LetGo)> {
+    pub(super) fn contest(&mut self, ip: IpAddr, now: Instant) -> Option<(NodeName, LetGo)> {
         let me = self.settings.node.as_str();
-        let peers: Vec<(String, u64)> = self
+        let peers: Vec<(NodeName, u64)> = self
             .alive_peers()
             .filter(|n| n.vips.contains(&ip))
             .map(|n| (n.node.clone(), self.revision_of(n)))
@@ -277,7 +278,7 @@ impl Core {
     /// returns and the election moves the VIP make before break. The one
     /// that let go puts the address back should the other stop showing it
     /// meanwhile ([`Core::starting_comebacks`]).
-    fn starting_holder_first(&self, ip: IpAddr) -> Option<String> {
+    fn starting_holder_first(&self, ip: IpAddr) -> Option<NodeName> {
         let me = &self.settings.node;
         let text = ip.to_string();
         let mine = order_key(me, &text);
@@ -289,7 +290,7 @@ impl Core {
             .map(|n| order_key(&n.node, &text))
             .filter(|key| *key < mine)
             .min()
-            .map(|(_, node)| node.to_string())
+            .map(|(_, node)| node.into())
     }
 
     /// Puts back an address let go to a starting node first in the hash
@@ -592,13 +593,13 @@ impl Core {
         } else {
             self.passed_over_among(older)
         };
-        let fallback: BTreeMap<IpAddr, Option<String>> = found
+        let fallback: BTreeMap<IpAddr, Option<NodeName>> = found
             .keys()
             .map(|ip| {
                 let first = self
                     .election
                     .winner_without(*ip, |n| passed_over.contains(n));
-                (*ip, first.map(str::to_string))
+                (*ip, first.map(NodeName::from))
             })
             .collect();
         let count = found.len();
@@ -614,7 +615,7 @@ impl Core {
 
     /// Older peers that a peer whose view is newer than theirs, and no
     /// newer than this node's, has found behind for a hand-over's time.
-    pub(super) fn said_behind(&self, older: &BTreeSet<String>) -> BTreeSet<String> {
+    pub(super) fn said_behind(&self, older: &BTreeSet<NodeName>) -> BTreeSet<NodeName> {
         let node_revision = |node: &str| {
             self.membership
                 .view()
@@ -636,11 +637,11 @@ impl Core {
     /// Publishes the winners of the orphans this node has waited a
     /// hand-over's time for (see [`Core::orphans`]).
     pub(super) fn publish_behind(&mut self, now: Instant) {
-        let behind: BTreeSet<String> = self
+        let behind: BTreeSet<NodeName> = self
             .orphans
             .overdue(now)
             .filter_map(|ip| self.election.winner(ip))
-            .map(str::to_string)
+            .map(NodeName::from)
             .collect();
         if self.orphans.set_behind(behind) {
             self.sent.touch_publish();

@@ -39,6 +39,7 @@
 //!
 //! [`Election::runners_up`]: crate::election::Election::runners_up
 
+use crate::election::NodeName;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -72,7 +73,7 @@ pub const LAPSE_KEPT: Duration = Duration::from_secs(3);
 /// What one beat said.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Beat {
-    pub node: String,
+    pub node: NodeName,
     /// The sender's gossip generation, when the beat says it.
     pub generation: Option<u64>,
     /// When the sender's addresses lapse if it renews nothing more, counted
@@ -91,7 +92,7 @@ pub struct Beat {
 /// A relay's subject: the silent owner, and what its last beat told.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Silent {
-    pub node: String,
+    pub node: NodeName,
     pub generation: Option<u64>,
     /// As in [`Beat::lapse`], counted from the moment the relay arrived.
     pub lapse: Option<(Duration, Duration)>,
@@ -119,11 +120,11 @@ struct Watched {
     suspect: bool,
     /// The others next in line for the owner's VIPs: told when it is
     /// silent.
-    relay_to: BTreeSet<String>,
+    relay_to: BTreeSet<NodeName>,
 }
 
 /// Owners to watch, each with the others next in line for its VIPs.
-pub type Owners = BTreeMap<String, BTreeSet<String>>;
+pub type Owners = BTreeMap<NodeName, BTreeSet<NodeName>>;
 
 /// The owners `me` watches, given every owner's VIPs with the node next
 /// in line for each ([`Election::runners_up`]): those for whose lowest VIP
@@ -132,7 +133,7 @@ pub type Owners = BTreeMap<String, BTreeSet<String>>;
 /// [`Election::runners_up`]: crate::election::Election::runners_up
 pub fn watched_by<'a>(
     me: &str,
-    runners_up: impl IntoIterator<Item = (&'a String, &'a Vec<(IpAddr, String)>)>,
+    runners_up: impl IntoIterator<Item = (&'a NodeName, &'a Vec<(IpAddr, NodeName)>)>,
 ) -> Owners {
     runners_up
         .into_iter()
@@ -147,19 +148,19 @@ pub fn watched_by<'a>(
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    watched: BTreeMap<String, Watched>,
+    watched: BTreeMap<NodeName, Watched>,
     /// Nodes that beat this one, when last heard.
-    watchers: BTreeMap<String, Instant>,
+    watchers: BTreeMap<NodeName, Instant>,
     /// Owners a watcher says are silent, until when.
-    relayed: BTreeMap<String, Instant>,
+    relayed: BTreeMap<NodeName, Instant>,
     /// The last lapse each peer told (or a relay told of it), kept after
     /// it goes silent (that is when it is needed) until [`LAPSE_KEPT`]
     /// after its last address.
-    lapses: BTreeMap<String, Lapse>,
+    lapses: BTreeMap<NodeName, Lapse>,
     /// When each peer's last beat came, watched or not, for a move's
     /// record: how long its VIPs may have been dark when one is taken.
     /// Forgotten [`HEARD_KEPT`] after.
-    last_beat: BTreeMap<String, Instant>,
+    last_beat: BTreeMap<NodeName, Instant>,
     /// [`Sessions::plan`] changed since [`Sessions::take_changed`].
     changed: bool,
 }
@@ -171,12 +172,12 @@ const HEARD_KEPT: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SessionPlan {
     /// Every [`BEAT_INTERVAL`]: the watchers.
-    pub dense: BTreeSet<String>,
+    pub dense: BTreeSet<NodeName>,
     /// The owners watched, beaten saying so: every [`SPARSE_EVERY`]
     /// beats, or with the dense ones if they watch this node too.
-    pub sparse: BTreeSet<String>,
+    pub sparse: BTreeSet<NodeName>,
     /// Every [`RELAY_EVERY`]: each silent owner, and whom to tell.
-    pub relays: BTreeMap<String, BTreeSet<String>>,
+    pub relays: BTreeMap<NodeName, BTreeSet<NodeName>>,
 }
 
 impl Sessions {
@@ -260,7 +261,7 @@ impl Sessions {
     /// Marks the owners silent for [`BEAT_MISS`] and lifts relayed
     /// suspects past their hold. The owners newly suspect, and whether
     /// who is suspect changed at all.
-    pub fn expire(&mut self, now: Instant) -> (Vec<String>, bool) {
+    pub fn expire(&mut self, now: Instant) -> (Vec<NodeName>, bool) {
         let mut new = Vec::new();
         for (n, w) in &mut self.watched {
             if !w.suspect
@@ -302,7 +303,7 @@ impl Sessions {
 
     /// Whom to beat and whom to tell of a silent owner.
     pub fn plan(&self) -> SessionPlan {
-        let dense: BTreeSet<String> = self.watchers.keys().cloned().collect();
+        let dense: BTreeSet<NodeName> = self.watchers.keys().cloned().collect();
         let sparse = self.watched.keys().cloned().collect();
         let relays = self
             .watched
@@ -355,13 +356,16 @@ mod tests {
         }
     }
 
-    fn set(nodes: &[&str]) -> BTreeSet<String> {
-        nodes.iter().map(|n| n.to_string()).collect()
+    fn set(nodes: &[&str]) -> BTreeSet<NodeName> {
+        nodes.iter().map(|n| NodeName::from(*n)).collect()
     }
 
     /// Owners watched, none with others next in line.
-    fn owners(nodes: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
-        nodes.iter().map(|n| (n.to_string(), set(&[]))).collect()
+    fn owners(nodes: &[&str]) -> BTreeMap<NodeName, BTreeSet<NodeName>> {
+        nodes
+            .iter()
+            .map(|n| (NodeName::from(*n), set(&[])))
+            .collect()
     }
 
     fn relay(owner: &str, lapse: Option<Duration>) -> Beat {
@@ -396,7 +400,7 @@ mod tests {
         s.heard(beat("a"), t0);
         assert_eq!(s.deadline(), Some(t0 + BEAT_MISS));
         assert!(!s.expire(t0 + BEAT_MISS - Duration::from_millis(1)).1);
-        assert_eq!(s.expire(t0 + BEAT_MISS), (vec!["a".to_string()], true));
+        assert_eq!(s.expire(t0 + BEAT_MISS), (vec![NodeName::from("a")], true));
         assert!(s.is_suspect("a"));
         assert!(!s.expire(t0 + BEAT_MISS * 2).1, "suspect once");
         assert!(s.heard(beat("a"), t0 + BEAT_MISS * 3));
@@ -473,20 +477,17 @@ mod tests {
     fn a_silent_owner_is_relayed_to_the_others_next_in_line() {
         let t0 = Instant::now();
         let mut s = Sessions::default();
-        let with_others = [("a".to_string(), set(&["b", "c"]))].into();
+        let with_others = [("a".into(), set(&["b", "c"]))].into();
         s.watch(with_others, |_| true);
         s.heard(beat("a"), t0);
         assert!(s.plan().relays.is_empty());
         s.take_changed();
         s.expire(t0 + BEAT_MISS);
         assert!(s.take_changed(), "the relays are news");
-        assert_eq!(
-            s.plan().relays,
-            [("a".to_string(), set(&["b", "c"]))].into()
-        );
-        s.watch([("a".to_string(), set(&["c"]))].into(), |_| true);
+        assert_eq!(s.plan().relays, [("a".into(), set(&["b", "c"]))].into());
+        s.watch([("a".into(), set(&["c"]))].into(), |_| true);
         assert!(s.take_changed());
-        assert_eq!(s.plan().relays, [("a".to_string(), set(&["c"]))].into());
+        assert_eq!(s.plan().relays, [("a".into(), set(&["c"]))].into());
         s.heard(beat("a"), t0 + BEAT_MISS * 2);
         assert!(s.take_changed());
         assert!(s.plan().relays.is_empty(), "heard again");

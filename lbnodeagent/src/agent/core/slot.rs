@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::election::NodeName;
 use crate::model::{MacAddr, VipAddress};
 
 use super::links::Want;
@@ -49,10 +50,10 @@ pub(super) struct Handover {
     /// Since when (restarted while the views differ).
     pub(super) since: Instant,
     /// To whom.
-    pub(super) to: String,
+    pub(super) to: NodeName,
     /// The hostlb node whose MAC claimed it on the wire meanwhile: the
     /// winner answering is as good as its gossip saying so.
-    pub(super) answered_by: Option<String>,
+    pub(super) answered_by: Option<NodeName>,
     /// Still answering, past the hand-over time, because the winner has a
     /// view of the cluster other than this node's (see
     /// [`Core::may_release`]): published as held again.
@@ -60,7 +61,7 @@ pub(super) struct Handover {
 }
 
 impl Handover {
-    pub(super) fn new(since: Instant, to: String) -> Handover {
+    pub(super) fn new(since: Instant, to: NodeName) -> Handover {
         Handover {
             since,
             to,

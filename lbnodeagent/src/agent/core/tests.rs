@@ -851,7 +851,7 @@ fn an_orphan_a_peer_has_waited_for_is_not_waited_for_again() {
     let c_says = |revision: u64, behind: &[&str]| MemberInfo {
         behind: behind
             .iter()
-            .map(|n| n.to_string())
+            .map(|n| NodeName::from(*n))
             .collect::<BTreeSet<_>>()
             .into(),
         ..peer("c", Status::Alive, &[], revision)

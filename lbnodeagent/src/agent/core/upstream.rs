@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::election::NodeName;
 use crate::election::{Member, OnLink};
 
 /// Gossip rounds between the first change of the lost gateways not yet
@@ -31,7 +32,7 @@ pub const SETTLE_ROUNDS: u32 = 3;
 pub(super) struct Upstream {
     /// Per node: its prefixes whose gateway counts as lost, in the order
     /// of its `on_link`, and the call that last saw it a member.
-    counted: BTreeMap<String, (u64, Vec<OnLink>)>,
+    counted: BTreeMap<NodeName, (u64, Vec<OnLink>)>,
     /// Calls to [`Upstream::count`]: who was not a member at the last one
     /// is forgotten.
     calls: u64,
@@ -136,7 +137,7 @@ mod tests {
         m
     }
 
-    fn lost_of(members: &[Member]) -> Vec<(String, bool)> {
+    fn lost_of(members: &[Member]) -> Vec<(NodeName, bool)> {
         members
             .iter()
             .map(|m| (m.node.clone(), m.on_link[0].upstream_lost))

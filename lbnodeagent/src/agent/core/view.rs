@@ -13,6 +13,7 @@ use crate::model::{PROTOCOL_DRAIN, Status};
 use super::sessions::{self};
 use super::upstream;
 use super::{Actions, ConflictSeen, Core, Metric, Phase};
+use crate::election::NodeName;
 
 impl Core {
     /// Acts on membership: the view [`super::membership::Membership`] makes from gossip's and
@@ -344,7 +345,7 @@ impl Core {
             && self.revision_of(peer) < self.dating.revision()
     }
 
-    pub(super) fn older_peers(&self) -> BTreeSet<String> {
+    pub(super) fn older_peers(&self) -> BTreeSet<NodeName> {
         self.alive_peers()
             .filter(|n| self.revision_of(n) < self.dating.revision())
             .map(|n| n.node.clone())
@@ -363,12 +364,12 @@ impl Core {
     /// on and off for 5 s while labels moved). A holder deciding whether
     /// to keep a VIP passes over every older peer at once (`may_release`):
     /// keeping is never the move that leaves a VIP unanswered.
-    pub(super) fn passed_over(&self) -> BTreeSet<String> {
+    pub(super) fn passed_over(&self) -> BTreeSet<NodeName> {
         self.passed_over_among(self.older_peers())
     }
 
     /// [`Core::passed_over`], given the older peers.
-    pub(super) fn passed_over_among(&self, older: BTreeSet<String>) -> BTreeSet<String> {
+    pub(super) fn passed_over_among(&self, older: BTreeSet<NodeName>) -> BTreeSet<NodeName> {
         if self.dating.spread(self.now) {
             older
         } else {

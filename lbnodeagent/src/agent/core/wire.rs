@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
+use crate::election::NodeName;
 use crate::model::Claim;
 use crate::model::{Lifetime, Status};
 
@@ -58,7 +59,7 @@ impl Core {
             && let Some(node) = self.conflicts.owner_of(claim.mac)
             && node != self.settings.node
         {
-            let node = node.to_string();
+            let node = NodeName::from(node);
             if let Some(handover) = self
                 .vips
                 .get_mut(&claim.ip)
@@ -165,7 +166,7 @@ impl Core {
                 self.conflicts.seen(ConflictSeen {
                     ip: claim.ip,
                     mac: claim.mac,
-                    node: Some(other),
+                    node: Some(other.to_string()),
                     outcome: ConflictOutcome::Kept,
                 });
                 if let Some(t) = held.and_then(|h| h.target) {
@@ -183,7 +184,7 @@ impl Core {
                 self.conflicts.seen(ConflictSeen {
                     ip: claim.ip,
                     mac: claim.mac,
-                    node: Some(to.clone()),
+                    node: Some(to.to_string()),
                     outcome: ConflictOutcome::Yielded,
                 });
                 self.vips.unsettle(claim.ip);

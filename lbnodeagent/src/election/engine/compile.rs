@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use foldhash::{HashMap, HashMapExt};
 use hostlb_api::rules::{age_key, pool_holding};
 
+use super::super::node::NodeName;
 use super::super::report::Note;
 use super::super::view::{Cluster, Endpoints, Pool, ServiceInfo};
 use super::{Class, CompiledAd, Election, EndpointFilter, IfaceSet, NodeId, Tier, Vip};
@@ -158,7 +159,7 @@ impl Election {
 
 /// Which nodes a VIP's endpoints allow (SPEC §5.5).
 pub(super) fn endpoint_filter(
-    slot_of: &HashMap<String, NodeId>,
+    slot_of: &HashMap<NodeName, NodeId>,
     endpoints: &Endpoints,
     local_traffic: bool,
 ) -> EndpointFilter {
@@ -171,7 +172,7 @@ pub(super) fn endpoint_filter(
     let mut ids: Vec<NodeId> = endpoints
         .nodes
         .iter()
-        .filter_map(|n| slot_of.get(n).copied())
+        .filter_map(|n| slot_of.get(n.as_str()).copied())
         .collect();
     ids.sort_unstable();
     if ids.is_empty() {

@@ -41,13 +41,13 @@ impl Election {
                     &self.c.classes[vip.class.expect("candidate has a class")],
                     n,
                 )),
-                Some(_) if self.holds_virtual(v, n) => virtual_nodes.push(slot.name.clone()),
+                Some(_) if self.holds_virtual(v, n) => virtual_nodes.push(slot.name.to_string()),
                 Some(reason) if self.goes_virtual(n, Some(reason)) => excluded.push(Excluded {
-                    node: slot.name.clone(),
+                    node: slot.name.to_string(),
                     reason: Reason::Drained,
                 }),
                 Some(reason) => excluded.push(Excluded {
-                    node: slot.name.clone(),
+                    node: slot.name.to_string(),
                     reason,
                 }),
             }
@@ -73,7 +73,7 @@ impl Election {
                     .find(|(_, (_, n))| *n == w.node)
                     .expect("present");
                 Candidate {
-                    node: self.c.slots[w.node as usize].name.clone(),
+                    node: self.c.slots[w.node as usize].name.to_string(),
                     drained: self.c.drained_at(v, w.node),
                     upstream_lost: self.c.upstream_lost_at(v, w.node),
                     held: w.held,

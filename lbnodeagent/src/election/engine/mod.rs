@@ -33,6 +33,7 @@ use hostlb_api::Selector;
 use hostlb_api::annotations::EXCLUDE_FROM_EXTERNAL_LB;
 
 use super::hash::rank_key;
+use super::node::NodeName;
 use super::report::{Note, Reason};
 use super::view::{Cluster, Endpoints, Labels, Member, OnLink};
 use compile::endpoint_filter;
@@ -57,7 +58,7 @@ pub enum Duty {
 }
 
 struct Slot {
-    name: String,
+    name: NodeName,
     /// Facts from the Node object; `None` when there is no Node of that name.
     node: Option<NodeFacts>,
     member: Option<Member>,
@@ -195,7 +196,7 @@ struct Win {
 /// The election for every VIP of the cluster. See the module docs.
 pub struct Election {
     c: Compiled,
-    slot_of: HashMap<String, NodeId>,
+    slot_of: HashMap<NodeName, NodeId>,
     /// Per address: the first node ids by rank key, built on first need.
     orders: HashMap<IpAddr, Order>,
     winners: Vec<Option<Win>>,
@@ -317,7 +318,7 @@ impl Election {
         }
         let mut moved = Vec::new();
         let keep: foldhash::HashSet<&str> = members.clone().map(|m| m.node.as_str()).collect();
-        let gone: Vec<String> = self
+        let gone: Vec<NodeName> = self
             .c
             .slots
             .iter()
@@ -383,13 +384,14 @@ impl Election {
             return id;
         }
         let id = self.c.slots.len() as NodeId;
+        let name = NodeName::from(name);
         self.c.slots.push(Slot {
-            name: name.to_string(),
+            name: name.clone(),
             node: None,
             member: None,
             drained_seen: false,
         });
-        self.slot_of.insert(name.to_string(), id);
+        self.slot_of.insert(name, id);
         let slots = &self.c.slots;
         for (ip, order) in &mut self.orders {
             order.insert(slots, id, &ip.to_string());

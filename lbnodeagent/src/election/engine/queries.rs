@@ -12,6 +12,7 @@ use super::super::report::Reason;
 use super::super::view::Member;
 use super::elect::elect;
 use super::{Class, Duty, Election, NodeId};
+use crate::election::NodeName;
 
 impl Election {
     /// Whether `node` outranks `other` for `ip` by the election's order with
@@ -275,8 +276,8 @@ impl Election {
     /// pairs are whose failure must be noticed first (see the agent core's
     /// owner sessions). One election per VIP, each walking the cached
     /// order.
-    pub fn runners_up(&mut self) -> BTreeMap<String, Vec<(IpAddr, String)>> {
-        let mut out: BTreeMap<String, Vec<(IpAddr, String)>> = BTreeMap::new();
+    pub fn runners_up(&mut self) -> BTreeMap<NodeName, Vec<(IpAddr, NodeName)>> {
+        let mut out: BTreeMap<NodeName, Vec<(IpAddr, NodeName)>> = BTreeMap::new();
         for v in 0..self.c.vips.len() {
             let Some(w) = self.winners[v] else { continue };
             if let Some(r) = elect(&self.c, &mut self.orders, v, Some(w.node)) {

@@ -8,7 +8,7 @@ use hostlb_tests::rng::Rng;
 use proptest::prelude::*;
 
 use super::*;
-use crate::election::Duty;
+use crate::election::{Duty, NodeName};
 
 fn random_selector(r: &mut Rng) -> Selector {
     let choices: [&[(&str, &str)]; 7] = [
@@ -381,7 +381,7 @@ proptest! {
         let node = w.members[i].node.clone();
         let mut e = Election::new(&w.cluster, w.members.clone());
         let before = winners(&e);
-        let already: BTreeSet<String> = w.members.iter().filter(|m| m.drained).map(|m| m.node.clone()).collect();
+        let already: BTreeSet<String> = w.members.iter().filter(|m| m.drained).map(|m| m.node.to_string()).collect();
         let mut drained = w.members[i].clone();
         drained.drained = true;
         let moved = e.upsert_member(drained.clone());
@@ -437,7 +437,7 @@ proptest! {
         let mut early = w.cluster.clone();
         early.nodes.retain(|_| r.chance(0.5));
         let early_names: Vec<String> = early.nodes.iter().map(|n| n.name.clone()).collect();
-        let early_members: Vec<Member> = w.members.iter().filter(|m| early_names.contains(&m.node)).cloned().collect();
+        let early_members: Vec<Member> = w.members.iter().filter(|m| early_names.contains(&m.node.to_string())).cloned().collect();
         let depth = 1 + r.below(4) as usize;
         let mut e = Election::tuned(&early, early_members, r.below(3) as usize, depth);
         e.set_cluster(&w.cluster);
@@ -544,11 +544,11 @@ proptest! {
         for (direct, depth) in [(0, 1), (usize::MAX, 32)] {
             let mut e = Election::tuned(&w.cluster, w.members.clone(), direct, depth);
             let reports = e.report_all();
-            let mut expected: std::collections::BTreeMap<String, Vec<(std::net::IpAddr, String)>> =
+            let mut expected: std::collections::BTreeMap<NodeName, Vec<(std::net::IpAddr, NodeName)>> =
                 Default::default();
             for r in &reports {
                 if let (Some(w0), Some(second)) = (&r.winner, r.candidates.get(1)) {
-                    expected.entry(w0.clone()).or_default().push((r.ip, second.node.clone()));
+                    expected.entry(w0.into()).or_default().push((r.ip, second.node.as_str().into()));
                 }
             }
             for runs in expected.values_mut() {

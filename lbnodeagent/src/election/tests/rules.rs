@@ -948,7 +948,7 @@ fn a_sticky_address_stays_with_its_holder_while_it_is_a_candidate() {
         "next in line as usual"
     );
     let mut runners = e.runners_up();
-    assert_eq!(runners.remove("b"), Some(vec![(s, "a".to_string())]));
+    assert_eq!(runners.remove("b"), Some(vec![(s, "a".into())]));
     assert!(matches!(e.duty("b", s), Some(Duty::Announce { .. })));
     assert_eq!(e.duty("a", s), None);
     // Two holders: the usual order among them.

@@ -59,7 +59,7 @@ use super::scenario::{SUBNET_V4, SUBNET_V6};
 use super::{ETH0, KUBE_LB0};
 use crate::agent::core::HANDOVER_MAX;
 use crate::agent::core::conflict::{PRECHECK, YIELD_HOLD};
-use crate::election::{Cluster, Election, Member, OnLink};
+use crate::election::{Cluster, Election, Member, NodeName, OnLink};
 
 mod judge;
 use crate::bounds::*;
@@ -833,7 +833,7 @@ fn election(ctx: &Context, version: u64, counted: Mask) -> Election {
         .enumerate()
         .filter(|(i, _)| counted & 1 << i != 0)
         .map(|(i, h)| Member {
-            node: h.name.to_string(),
+            node: NodeName::from(h.name),
             leaving: false,
             drained: h.drained,
             virtual_mode: true,
