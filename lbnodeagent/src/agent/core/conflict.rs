@@ -235,26 +235,17 @@ impl Conflicts {
     /// node's own state (`me`) names no holder: its echo in gossip lags
     /// what it holds, and would hide the last other holder.
     pub fn learn<'a>(&mut self, nodes: impl IntoIterator<Item = &'a MemberInfo>, me: &str) {
-        // Views come many times a second and mostly repeat who holds what:
-        // a name is copied only where it changes.
-        fn set<K: std::hash::Hash + Eq>(map: &mut HashMap<K, NodeName>, key: K, node: &NodeName) {
-            match map.get_mut(&key) {
-                Some(held) if held == node => {}
-                Some(held) => *held = node.clone(),
-                None => {
-                    map.insert(key, node.clone());
-                }
-            }
-        }
+        // A name is shared, not copied: views come many times a second,
+        // and each entry is a count whether it changed or not.
         for n in nodes {
             for mac in n.macs.iter() {
-                set(&mut self.mac_owner, *mac, &n.node);
+                self.mac_owner.insert(*mac, n.node.clone());
             }
             if n.node == me {
                 continue;
             }
             for ip in n.vips.iter() {
-                set(&mut self.last_holder, *ip, &n.node);
+                self.last_holder.insert(*ip, n.node.clone());
             }
         }
     }
@@ -542,17 +533,17 @@ impl Conflicts {
     /// newer view of the cluster holds it), and must not take it back when
     /// that peer drops out of gossip but still answers (a partition).
     pub fn yield_to(&mut self, ip: IpAddr, to: &str, want: Want, now: Instant) {
-        let mac = self
+        let found = self
             .mac_owner
             .iter()
             .chain(&self.recorded)
             .find(|(m, n)| n.as_str() == to && self.owner(m) == Some(n))
-            .map(|(m, _)| *m);
-        if let Some(mac) = mac {
+            .map(|(m, n)| (*m, n.clone()));
+        if let Some((mac, to)) = found {
             self.yielded.insert(
                 ip,
                 Yielded {
-                    to: to.into(),
+                    to,
                     mac,
                     seen: now,
                     want,

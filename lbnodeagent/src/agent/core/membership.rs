@@ -97,7 +97,7 @@ impl Membership {
             return false;
         }
         let Some(generation) = self.gossip.node(&node).map(|n| n.generation) else {
-            if self.lost_at.contains_key(node.as_str()) {
+            if self.lost_at.contains_key(&node) {
                 // Lost a moment ago: its `cleanup` removes each address
                 // once another node answers for it, so an answer from its
                 // host is no owner to stay off for.
@@ -110,7 +110,7 @@ impl Membership {
             }
             return false;
         };
-        if self.left.get(node.as_str()) == Some(&generation) {
+        if self.left.get(&node) == Some(&generation) {
             return false;
         }
         info!(%node, "its leaving beat says it goes; taking its addresses as from a leaving node");
