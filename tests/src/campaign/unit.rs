@@ -353,9 +353,11 @@ impl Runner {
     /// Watches the running agent until it exits; why, when it was asked to.
     fn supervise(&self, child: &mut Child) -> Option<Ending> {
         let pid = child.id().to_string();
+        // Noted before it is sent, so whatever the signal causes (a line the
+        // agent writes, its exit) is never seen ahead of the record of it.
         let signal = |sig: &'static str| {
-            let _ = Command::new("kill").args(["-s", sig, &pid]).status();
             self.note(Event::Signalled { signal: sig });
+            let _ = Command::new("kill").args(["-s", sig, &pid]).status();
         };
         let mut ending: Option<Ending> = None;
         let mut stopped = false;
