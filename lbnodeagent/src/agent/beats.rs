@@ -459,6 +459,7 @@ pub fn drain(
     let mut beats = Vec::new();
     let mut refused = Vec::new();
     let now_us = crate::gossip::beats::counter_now();
+    let at = Instant::now();
     let mut next = Some(first);
     while let Some((source, payload)) = next {
         if let Some((m, proof)) = BeatMessage::decode_proved(&payload) {
@@ -470,6 +471,7 @@ pub fn drain(
                 &from_its_node,
             ) {
                 Ok(true) => beats.push(Beat {
+                    at,
                     node: m.node.into(),
                     generation: m.generation,
                     lapse: m.lapse,

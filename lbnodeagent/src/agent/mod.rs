@@ -49,6 +49,7 @@ use hostlb_api::runtime::signals::{Signal, Signals};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, error, info, warn};
 
+use self::core::sessions::Beat;
 pub use self::core::{
     Actions, ConflictKind, Core, HANDOVER_MAX, Input, LEAVE_MAX, Metric, OpKind, OpResult,
     STARTUP_GRACE, Settings, UNCONFIRMED_GRACE, conflict, links,
@@ -127,6 +128,12 @@ struct Gossip {
     /// The owner sessions: beats sent, and beats received.
     beats: Option<beats::Beats>,
     beats_in: Option<mpsc::Receiver<(SocketAddr, Vec<u8>)>>,
+    /// Beats that change nothing but when their senders were last heard
+    /// ([`Core::beat_is_routine`]), with their arrival times: handed to the
+    /// core before the next input, or at the wake-up it asked for (a
+    /// watched owner's silence deadline), not each at its own step. A
+    /// watcher hears its owner 40 times a second and so steps about 7.
+    waiting: Vec<Beat>,
     /// Kept to apply a reloaded key file to the open sockets.
     transport: AuthTransport,
     views: watch::Receiver<MembershipView>,
@@ -303,6 +310,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     });
                     drop(view);
                     self.beats_refused(&refused);
+                    if beats.iter().all(|b| self.core.beat_is_routine(b)) {
+                        self.gossip.waiting.extend(beats);
+                        continue;
+                    }
                     Input::Beats(beats)
                 }
                 Some(done) = self.kernel.results.recv() => done,
@@ -340,6 +351,28 @@ impl<B: AddressBackend + 'static> Agent<B> {
 
     /// One step of the core, carried out. `true` when the core is done.
     async fn step(&mut self, input: Input) -> bool {
+        // Beats held back go first, as they came: the core counts each
+        // from its arrival, so nothing judged at this step misses one.
+        if !self.gossip.waiting.is_empty() {
+            let mut beats = std::mem::take(&mut self.gossip.waiting);
+            let input = match input {
+                Input::Beats(more) => {
+                    beats.extend(more);
+                    Input::Beats(beats)
+                }
+                other => {
+                    if self.step_one(Input::Beats(beats)).await {
+                        return true;
+                    }
+                    other
+                }
+            };
+            return self.step_one(input).await;
+        }
+        self.step_one(input).await
+    }
+
+    async fn step_one(&mut self, input: Input) -> bool {
         let timed = matches!(
             input,
             Input::Cluster { .. } | Input::Members(_) | Input::Endpoints { .. } | Input::Links(_)

@@ -158,6 +158,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 membership,
                 beats,
                 beats_in,
+                waiting: Vec::new(),
                 transport,
                 views,
                 seeds_given: Vec::new(),

@@ -142,7 +142,8 @@ impl World {
         let Some(core) = self.hosts[host].core.as_mut() else {
             return;
         };
-        let actions = core.step(now, input);
+        // Beats arrive at the step that delivers them.
+        let actions = core.step(now, input.arriving(now));
         drop(span);
         self.carry_out(host, actions);
     }
@@ -423,6 +424,7 @@ impl World {
             // A leaving run's every beat says so, as the shell's do.
             let leaving = self.hosts[j].core.as_ref().is_some_and(|c| c.is_leaving());
             let beat = Beat {
+                at: now,
                 node: self.hosts[j].name.clone(),
                 generation: Some(self.hosts[j].generation),
                 lapse: lapse(plan.lapse),

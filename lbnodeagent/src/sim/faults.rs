@@ -279,7 +279,9 @@ impl World {
         if !self.gossip_wire(host) {
             return;
         }
+        // Counted as arriving at the step that delivers it (`step`).
         let beat = Beat {
+            at: self.now(),
             node: self.hosts[host].name.clone(),
             generation,
             lapse: None,

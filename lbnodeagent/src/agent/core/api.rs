@@ -119,7 +119,11 @@ pub enum Input {
         digest: Option<u64>,
     },
     Members(MembershipView),
-    /// Beats from session peers (see [`sessions`]), as they arrived.
+    /// Beats from session peers (see [`sessions`]), each with when it
+    /// arrived: the shell holds those that change nothing but when their
+    /// sender was last heard ([`Core::beat_is_routine`]) until its next
+    /// step, so an agent watching an owner steps every few beats, not at
+    /// every one.
     Beats(Vec<Beat>),
     Links(Links),
     /// Addresses a previous run of the agent left in the kernel (at start).
@@ -160,6 +164,17 @@ pub enum Input {
 }
 
 impl Input {
+    /// The same input, its beats arriving at `at`: for callers that deliver
+    /// each beat at the step it arrives (the simulation, the core's tests).
+    pub fn arriving(mut self, at: Instant) -> Input {
+        if let Input::Beats(beats) = &mut self {
+            for b in beats {
+                b.at = at;
+            }
+        }
+        self
+    }
+
     /// Its kind, for logs.
     pub fn kind(&self) -> &'static str {
         match self {

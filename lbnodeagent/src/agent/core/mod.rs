@@ -91,7 +91,7 @@ use crate::model::VipAddress;
 use crate::model::{Firewall, FirewallPlan, MembershipView};
 use conflict::Conflicts;
 use links::{Links, Mode, Want};
-use sessions::{Lapse, Sessions};
+use sessions::{Beat, Lapse, Sessions};
 
 pub use api::{
     Actions, AgentRecord, Announcing, BeatPlan, ConflictKind, ConflictOutcome, ConflictSeen,
@@ -364,6 +364,23 @@ impl Core {
         &self.election
     }
 
+    /// Whether `beat` changes nothing but when its sender was last heard
+    /// and when its addresses lapse ([`Sessions::routine`]), and says
+    /// nothing of leaving or of another run. Handed over later with its
+    /// arrival time, before any other input, such a beat makes the same
+    /// decisions as at once: only a step judges a silence, and the loop
+    /// steps by the wake-up the core asks for (a watched owner's is its
+    /// silence's deadline from the beats the core has), handing the
+    /// waiting beats over first.
+    ///
+    /// [`Sessions::routine`]: sessions::Sessions::routine
+    pub fn beat_is_routine(&self, beat: &Beat) -> bool {
+        !beat.leaving
+            && !self.membership.left(&beat.node)
+            && !self.membership.of_another_run(&beat.node, beat.generation)
+            && self.sessions.routine(beat)
+    }
+
     /// Feeds one input; returns what to do.
     pub fn step(&mut self, now: Instant, input: Input) -> Actions {
         let mut out = Actions::default();
@@ -419,6 +436,9 @@ impl Core {
             Input::Beats(beats) => {
                 let mut changed = false;
                 for b in beats {
+                    // Counted from when it arrived: a routine beat may have
+                    // waited for this step (never from after it).
+                    let at = b.at.min(now);
                     if let Some(silent) = &b.silent {
                         if silent.node == self.settings.node
                             || self
@@ -428,7 +448,7 @@ impl Core {
                             continue;
                         }
                         let owner = silent.node.clone();
-                        if self.sessions.heard(b, now) {
+                        if self.sessions.heard(b, at) {
                             warn!(%owner, "its watcher finds the owner silent; taking over what it holds unless it still answers");
                             changed = true;
                         }
@@ -450,7 +470,7 @@ impl Core {
                             warn!(node = %b.node, "a node marked as leaving beats as alive under its own key; the mark was not its own, and ends");
                             changed = true;
                         }
-                        if self.sessions.heard(b, now) {
+                        if self.sessions.heard(b, at) {
                             info!("a silent owner is heard again");
                             changed = true;
                         }

@@ -73,6 +73,10 @@ pub const LAPSE_KEPT: Duration = Duration::from_secs(3);
 /// What one beat said.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Beat {
+    /// When it arrived. The loop may hand a beat that changes nothing but
+    /// when its sender was last heard to the core at its next step rather
+    /// than at once ([`Sessions::routine`]); the core counts it from here.
+    pub at: Instant,
     pub node: NodeName,
     /// The sender's gossip generation, when the beat says it.
     pub generation: Option<u64>,
@@ -214,7 +218,19 @@ impl Sessions {
         self.changed |= kept != before || self.watched.len() != kept;
     }
 
-    /// A beat arrived. True when it changes who is suspect.
+    /// Whether `beat` would change nothing here but when its sender was
+    /// last heard and when its addresses lapse: no relay, its sender not
+    /// suspect by this node's watch, and not a watcher this node does not
+    /// know yet. Such a beat decides nothing until a step judges silence,
+    /// so it may wait for that step if it is handed over with its arrival
+    /// time.
+    pub fn routine(&self, beat: &Beat) -> bool {
+        beat.silent.is_none()
+            && !self.watched.get(&beat.node).is_some_and(|w| w.suspect)
+            && (!beat.watching || self.watchers.contains_key(&beat.node))
+    }
+
+    /// A beat arrived at `now`. True when it changes who is suspect.
     pub fn heard(&mut self, beat: Beat, now: Instant) -> bool {
         if let Some(silent) = beat.silent {
             return self.relayed(silent, now);
@@ -347,6 +363,7 @@ mod tests {
 
     fn beat(node: &str) -> Beat {
         Beat {
+            at: Instant::now(),
             node: node.into(),
             generation: None,
             lapse: None,
@@ -421,6 +438,30 @@ mod tests {
             t += BEAT_INTERVAL;
             assert!(!s.expire(t).1, "suspected at beat {i}");
         }
+    }
+
+    /// Only a beat that changes nothing here but when its sender was last
+    /// heard is routine: not a relay, not from a suspect, not from a
+    /// watcher this node does not know yet.
+    #[test]
+    fn only_a_beat_that_changes_no_one_is_routine() {
+        let t0 = Instant::now();
+        let mut s = Sessions::default();
+        s.watch(owners(&["a"]), |_| true);
+        let plain = Beat {
+            watching: false,
+            ..beat("a")
+        };
+        assert!(s.routine(&plain), "a watched owner, never suspect");
+        assert!(!s.routine(&beat("w")), "a watcher not known yet");
+        s.heard(beat("w"), t0);
+        assert!(s.routine(&beat("w")), "a watcher known");
+        assert!(!s.routine(&relay("a", None)), "a relay");
+        s.heard(plain.clone(), t0);
+        s.expire(t0 + BEAT_MISS);
+        assert!(!s.routine(&plain), "a suspect heard again");
+        assert!(s.heard(plain.clone(), t0 + BEAT_MISS * 2), "back");
+        assert!(s.routine(&plain), "heard again, routine again");
     }
 
     #[test]

@@ -219,7 +219,8 @@ impl Node {
 
     fn step(&mut self, input: Input) -> Actions {
         let tick = matches!(input, Input::Tick);
-        let a = self.core.step(self.now, input);
+        // Each beat arrives at the step that delivers it.
+        let a = self.core.step(self.now, input.arriving(self.now));
         if let Some(w) = a.wake {
             // At once only to read the wire, which a wake does.
             assert!(
@@ -1988,6 +1989,7 @@ fn b_holds(v: IpAddr) -> (Node, BTreeSet<IpAddr>) {
 /// `node`'s leaving beat.
 fn leaving(node: &str) -> Input {
     Input::Beats(vec![sessions::Beat {
+        at: Instant::now(),
         node: node.into(),
         generation: None,
         lapse: None,
@@ -1999,6 +2001,7 @@ fn leaving(node: &str) -> Input {
 
 fn beat(node: &str, lapse_in: Option<Duration>) -> Input {
     Input::Beats(vec![sessions::Beat {
+        at: Instant::now(),
         node: node.into(),
         generation: None,
         lapse: lapse_in.map(|d| (d, d)),
@@ -2084,6 +2087,72 @@ fn a_silent_owner_is_asked_about_and_followed_at_its_lapse() {
     assert!(asked_near_lapse >= 3, "asked densely near the lapse");
 }
 
+/// A beat that only says its owner lives may wait for the loop's next
+/// step (the shell holds such beats): handed over late, it counts from
+/// when it arrived, so the owner's silence is judged from its true last
+/// word, neither earlier (a takeover from a live owner) nor later (a dead
+/// one followed late). A beat from an owner already suspect, and a
+/// relay, are news and never wait.
+#[test]
+fn a_routine_beat_handed_over_late_counts_from_its_arrival() {
+    let v = ip("10.0.1.1");
+    let (mut a, held) = b_holds(v);
+    assert!(held.is_empty(), "b wins");
+    a.advance(Duration::from_millis(200));
+    a.step(Input::Tick);
+    assert!(
+        a.core.beats().is_some_and(|p| !p.sparse.is_empty()),
+        "a watches b"
+    );
+    a.step(beat("b", Some(Duration::from_secs(10))));
+    let of_b = |at: Instant| sessions::Beat {
+        at,
+        node: "b".into(),
+        generation: None,
+        lapse: Some((Duration::from_secs(10), Duration::from_secs(10))),
+        leaving: false,
+        watching: false,
+        silent: None,
+    };
+    a.advance(Duration::from_millis(100));
+    let arrived = a.now;
+    let waiting = of_b(arrived);
+    assert!(a.core.beat_is_routine(&waiting), "b is heard, not suspect");
+    // The wake-up the core asked for: b's silence as it knows it.
+    a.advance(sessions::BEAT_MISS - Duration::from_millis(100));
+    let act = a.core.step(a.now, Input::Beats(vec![waiting]));
+    assert!(act.probe.is_empty(), "heard 50 ms ago, not silent");
+    assert!(a.step(Input::Tick).probe.is_empty(), "not silent");
+    a.advance(arrived + sessions::BEAT_MISS - a.now - Duration::from_millis(1));
+    assert!(a.step(Input::Tick).probe.is_empty(), "not before its miss");
+    a.advance(Duration::from_millis(1));
+    let act = a.step(Input::Tick);
+    assert_eq!(
+        targets(&act.probe),
+        [v].into(),
+        "asked about at the miss from the beat's arrival, not from its hand-over"
+    );
+    assert!(
+        !a.core.beat_is_routine(&of_b(a.now)),
+        "a suspect heard again is news"
+    );
+    let relay = sessions::Beat {
+        node: "c".into(),
+        silent: Some(sessions::Silent {
+            node: "b".into(),
+            generation: None,
+            lapse: None,
+        }),
+        ..of_b(a.now)
+    };
+    assert!(!a.core.beat_is_routine(&relay), "a relay is news");
+    let leaving = sessions::Beat {
+        leaving: true,
+        ..of_b(a.now)
+    };
+    assert!(!a.core.beat_is_routine(&leaving), "a leaving beat is news");
+}
+
 /// An owner found silent and taken over from restarts (its port down, so
 /// no address of the old run answers, and gossip still shows that run
 /// holding the VIP). The new run's beats must not bring the old run back:
@@ -2097,6 +2166,7 @@ fn a_restarted_owners_beats_do_not_vouch_for_its_old_run() {
     assert!(held.is_empty(), "b wins");
     let run = |generation: u64| {
         Input::Beats(vec![sessions::Beat {
+            at: Instant::now(),
             node: "b".into(),
             generation: Some(generation),
             lapse: None,
@@ -2216,6 +2286,7 @@ fn the_watcher_relays_a_silent_owner_to_the_others_next_in_line() {
     );
     let relay = |lapse: Option<Duration>| {
         Input::Beats(vec![sessions::Beat {
+            at: Instant::now(),
             node: "c".into(),
             generation: Some(1),
             lapse: None,
