@@ -12,7 +12,9 @@ use rtnetlink::packet_route::address::{
     AddressAttribute, AddressFlags, AddressProtocol, CacheInfo,
 };
 
-use super::ownership::{KernelAddress, Owned, Presence, Tags, longer, restore, shares_subnet};
+use super::ownership::{
+    KernelAddress, Owned, Presence, Tags, by_ip, longer, restore, shares_subnet,
+};
 use super::{IN_FLIGHT, NetlinkBackend, listening};
 use crate::addrs::error::errno;
 use crate::addrs::record::Snapshot;
@@ -298,12 +300,15 @@ impl NetlinkBackend {
                     single.extend(indexes);
                     continue;
                 };
+                let at = by_ip(&on_link);
                 for &i in indexes {
                     let vip = &vips[i];
                     let key = (vip.ifindex, vip.ip);
-                    let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = on_link
-                        .iter()
-                        .filter(|a| a.ip == vip.ip)
+                    let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = at
+                        .get(&vip.ip)
+                        .into_iter()
+                        .flatten()
+                        .copied()
                         .partition(|a| self.is_ours(&state, &vip.interface, a));
                     if !foreign.is_empty() {
                         if ours.is_empty() {

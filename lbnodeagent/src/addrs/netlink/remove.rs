@@ -10,7 +10,7 @@ use rtnetlink::Handle;
 
 use super::add::promotes_secondaries;
 use super::links::read_link_addresses;
-use super::ownership::{ExpectedDelete, KernelAddress, State};
+use super::ownership::{ExpectedDelete, KernelAddress, State, by_ip};
 use super::{IN_FLIGHT, NetlinkBackend};
 use crate::addrs::error::errno;
 use crate::addrs::{AddressBackend, Applied, Error, Result, VipAddress};
@@ -114,11 +114,14 @@ impl NetlinkBackend {
                     single.extend(indexes);
                     continue;
                 };
+                let at = by_ip(&on_link);
                 for &i in indexes {
                     let vip = &vips[i];
-                    let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = on_link
-                        .iter()
-                        .filter(|a| a.ip == vip.ip)
+                    let (ours, foreign): (Vec<&KernelAddress>, Vec<&KernelAddress>) = at
+                        .get(&vip.ip)
+                        .into_iter()
+                        .flatten()
+                        .copied()
                         .partition(|a| self.is_ours(&state, &vip.interface, a));
                     let behind = ours
                         .iter()
