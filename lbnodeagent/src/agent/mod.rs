@@ -349,7 +349,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
         }
     }
 
-    /// One step of the core, carried out. `true` when the core is done.
+    /// One step of the core, carried out, after the beats held back (see
+    /// [`Gossip::waiting`]). `true` when the core is done.
     async fn step(&mut self, input: Input) -> bool {
         // Beats held back go first, as they came: the core counts each
         // from its arrival, so nothing judged at this step misses one.
@@ -372,6 +373,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.step_one(input).await
     }
 
+    /// One input's step of the core, carried out.
     async fn step_one(&mut self, input: Input) -> bool {
         let timed = matches!(
             input,
