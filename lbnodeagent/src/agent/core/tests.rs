@@ -1986,28 +1986,32 @@ fn b_holds(v: IpAddr) -> (Node, BTreeSet<IpAddr>) {
     (a, held)
 }
 
-/// `node`'s leaving beat.
-fn leaving(node: &str) -> Input {
-    Input::Beats(vec![sessions::Beat {
+/// A beat in which `node` says only that it lives. It arrives at the step
+/// that delivers it ([`Node::step`]), whatever `at` says here.
+fn beat_of(node: &str) -> sessions::Beat {
+    sessions::Beat {
         at: Instant::now(),
         node: node.into(),
         generation: None,
         lapse: None,
-        leaving: true,
+        leaving: false,
         watching: false,
         silent: None,
+    }
+}
+
+/// `node`'s leaving beat.
+fn leaving(node: &str) -> Input {
+    Input::Beats(vec![sessions::Beat {
+        leaving: true,
+        ..beat_of(node)
     }])
 }
 
 fn beat(node: &str, lapse_in: Option<Duration>) -> Input {
     Input::Beats(vec![sessions::Beat {
-        at: Instant::now(),
-        node: node.into(),
-        generation: None,
         lapse: lapse_in.map(|d| (d, d)),
-        leaving: false,
-        watching: false,
-        silent: None,
+        ..beat_of(node)
     }])
 }
 
@@ -2107,12 +2111,8 @@ fn a_routine_beat_handed_over_late_counts_from_its_arrival() {
     a.step(beat("b", Some(Duration::from_secs(10))));
     let of_b = |at: Instant| sessions::Beat {
         at,
-        node: "b".into(),
-        generation: None,
         lapse: Some((Duration::from_secs(10), Duration::from_secs(10))),
-        leaving: false,
-        watching: false,
-        silent: None,
+        ..beat_of("b")
     };
     a.advance(Duration::from_millis(100));
     let arrived = a.now;
@@ -2166,13 +2166,8 @@ fn a_restarted_owners_beats_do_not_vouch_for_its_old_run() {
     assert!(held.is_empty(), "b wins");
     let run = |generation: u64| {
         Input::Beats(vec![sessions::Beat {
-            at: Instant::now(),
-            node: "b".into(),
             generation: Some(generation),
-            lapse: None,
-            leaving: false,
-            watching: false,
-            silent: None,
+            ..beat_of("b")
         }])
     };
     a.advance(Duration::from_millis(200));
@@ -2286,17 +2281,13 @@ fn the_watcher_relays_a_silent_owner_to_the_others_next_in_line() {
     );
     let relay = |lapse: Option<Duration>| {
         Input::Beats(vec![sessions::Beat {
-            at: Instant::now(),
-            node: "c".into(),
             generation: Some(1),
-            lapse: None,
-            leaving: false,
-            watching: false,
             silent: Some(sessions::Silent {
                 node: "b".into(),
                 generation: Some(1),
                 lapse: lapse.map(|d| (d, d)),
             }),
+            ..beat_of("c")
         }])
     };
     let act = a.step(relay(None));
