@@ -1836,7 +1836,7 @@ fn a_beat_forged_from_another_address_is_dropped_and_counted() {
                 &name,
                 Some(generation),
                 Some(&own),
-                lbnodeagent::gossip::beats::counter_now,
+                &lbnodeagent::gossip::beats::Counter::default(),
                 &to,
                 |to, p| send.send(to, p),
             )

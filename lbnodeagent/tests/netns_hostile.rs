@@ -303,7 +303,7 @@ fn a_key_holder_cannot_speak_for_another_node() {
                     &name,
                     Some(generation),
                     key,
-                    lbnodeagent::gossip::beats::counter_now,
+                    &lbnodeagent::gossip::beats::Counter::default(),
                     &peers,
                     |to, p| send.send(to, p),
                 )

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::core::BeatPlan;
 use super::core::sessions::{BEAT_INTERVAL, Beat, Lapse, RELAY_EVERY, SPARSE_EVERY, Silent};
+use crate::gossip::Arrived;
 use crate::gossip::ProbeSend;
 use crate::gossip::beats::{BeatMessage, Counter, Proof, Subject, send_leaving};
 use crate::identity::{Identities, Known, NodeKey, PairKey, PublicId};
@@ -70,22 +71,27 @@ impl Prover {
         Some(k)
     }
 
-    /// Appends the proof for `peer` to the beat in `out` (its length
-    /// before any proof: `body`): the pair tag, or the signature where no
-    /// pair key can be had yet (the peer's identity unknown here).
-    fn prove(
+    /// Proves the beat in `out` (its length before any proof: `body`) for
+    /// `peer` and sends it: the pair tag, or the signature where no pair
+    /// key can be had yet (the peer's identity unknown here). The count
+    /// is taken and the beat sent in one go ([`Counter::send`]).
+    fn prove_and_send(
         &self,
         cache: &mut HashMap<SocketAddr, (PublicId, PairKey)>,
         out: &mut Vec<u8>,
         body: usize,
         peer: SocketAddr,
+        send: &dyn ProbeSend,
     ) {
         out.truncate(body);
-        let counter = self.counter.next();
-        match self.pair_for(cache, peer) {
-            Some(k) => Proof::pair(out, counter, &k),
-            None => Proof::sign(out, counter, &self.key),
-        }
+        let pair = self.pair_for(cache, peer);
+        self.counter.send(|counter| {
+            match pair {
+                Some(k) => Proof::pair(out, counter, &k),
+                None => Proof::sign(out, counter, &self.key),
+            }
+            send.send(peer, out);
+        });
     }
 }
 
@@ -162,7 +168,7 @@ impl Beats {
                 &node,
                 generation,
                 Some(&key),
-                || counter.next(),
+                &counter,
                 &peers,
                 |to, payload| send.send(to, payload),
             )
@@ -283,8 +289,7 @@ async fn send_beats(
             .encode(&mut out);
             let body = out.len();
             for peer in to {
-                prover.prove(&mut pairs, &mut out, body, *peer);
-                send.send(*peer, &out);
+                prover.prove_and_send(&mut pairs, &mut out, body, *peer, &*send);
             }
         }
         if changed || tick.is_multiple_of(relay_every) {
@@ -304,8 +309,7 @@ async fn send_beats(
                 .encode(&mut out);
                 let body = out.len();
                 for peer in &r.to {
-                    prover.prove(&mut pairs, &mut out, body, *peer);
-                    send.send(*peer, &out);
+                    prover.prove_and_send(&mut pairs, &mut out, body, *peer, &*send);
                 }
             }
         }
@@ -451,17 +455,21 @@ impl BeatCheck {
 /// gossip key proves a sender is a member, not which one. The refusals
 /// come back too, by why.
 pub fn drain(
-    first: (SocketAddr, Vec<u8>),
-    recv: &mut mpsc::Receiver<(SocketAddr, Vec<u8>)>,
+    first: Arrived,
+    recv: &mut mpsc::Receiver<Arrived>,
     check: &mut BeatCheck,
     from_its_node: impl Fn(&str, IpAddr) -> bool,
 ) -> (Vec<Beat>, Vec<(Refused, String)>) {
     let mut beats = Vec::new();
     let mut refused = Vec::new();
     let now_us = crate::gossip::beats::counter_now();
-    let at = Instant::now();
     let mut next = Some(first);
-    while let Some((source, payload)) = next {
+    while let Some(Arrived {
+        from: source,
+        payload,
+        at,
+    }) = next
+    {
         if let Some((m, proof)) = BeatMessage::decode_proved(&payload) {
             match check.admit(
                 &m,
@@ -630,7 +638,14 @@ mod tests {
         let bad: SocketAddr = "10.0.0.66:40000".parse().unwrap();
         let (tx, mut rx) = mpsc::channel(16);
         let mine = me.public();
-        for b in [
+        // Each as it came: the loop may read them later than that.
+        let t0 = Instant::now();
+        let arrived = |ms: u64, (from, payload): (SocketAddr, Vec<u8>)| Arrived {
+            from,
+            payload,
+            at: t0 + Duration::from_millis(ms),
+        };
+        for (i, b) in [
             (bad, proved("a", false, Some(&a), Some(&mine), now + 2)),
             (good, proved("a", true, Some(&forger), None, now + 3)),
             (good, proved("a", true, Some(&forger), Some(&mine), now + 4)),
@@ -648,10 +663,13 @@ mod tests {
             ),
             (good, proved("old", false, None, None, now)),
             (bad, proved("old", false, None, None, now)),
-        ] {
-            tx.try_send(b).unwrap();
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            tx.try_send(arrived(i as u64, b)).unwrap();
         }
-        let first = (good, proved("a", false, Some(&a), Some(&mine), now));
+        let first = arrived(100, (good, proved("a", false, Some(&a), Some(&mine), now)));
         let v = view(&[("a", "10.0.0.1:7934"), ("old", "10.0.0.1:7934")]);
         let (beats, refused) = drain(first, &mut rx, &mut check, |n, src| {
             from_its_node(n, src, &v, |_| Vec::new())
@@ -662,6 +680,8 @@ mod tests {
             [("a", false), ("a", false), ("a", true), ("old", false)],
             "a's own, from any address, in order; its leaving beat once; the old agent's from its address"
         );
+        let at: Vec<u128> = beats.iter().map(|b| (b.at - t0).as_millis()).collect();
+        assert_eq!(at, [100, 0, 5, 9], "each beat counts from its arrival");
         let why: Vec<Refused> = refused.iter().map(|(w, _)| *w).collect();
         assert_eq!(
             why,

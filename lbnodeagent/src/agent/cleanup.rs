@@ -334,7 +334,7 @@ impl LeavingBeats {
             &self.node,
             self.generation,
             self.key.as_deref(),
-            || counter.next(),
+            &counter,
             &self.peers,
             |to, payload| {
                 let socket = if to.is_ipv4() { &self.v4 } else { &self.v6 };

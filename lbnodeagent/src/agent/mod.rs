@@ -127,7 +127,7 @@ struct Gossip {
     membership: Membership,
     /// The owner sessions: beats sent, and beats received.
     beats: Option<beats::Beats>,
-    beats_in: Option<mpsc::Receiver<(SocketAddr, Vec<u8>)>>,
+    beats_in: Option<mpsc::Receiver<crate::gossip::Arrived>>,
     /// Beats that change nothing but when their senders were last heard
     /// ([`Core::beat_is_routine`]), with their arrival times: handed to the
     /// core before the next input, or at the wake-up it asked for (a
@@ -283,12 +283,24 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     self.telemetry.gateways_lost.set(lost.len() as i64);
                     Input::Upstream(lost)
                 }
-                () = &mut wake => match self.wire.received() {
-                    // Claims that arrived before the deadline first; the
+                () = &mut wake => {
+                    // Beats and claims that arrived before the deadline
+                    // first (an owner's beat still queued must count
+                    // before the deadline that would call it silent); the
                     // wake, still due, fires again after them.
-                    Some(claims) => Input::Claims(claims),
-                    None => Input::Tick,
-                },
+                    let queued = self.gossip.beats_in.as_mut().and_then(|r| r.try_recv().ok());
+                    if let Some(first) = queued {
+                        match self.beats_arrived(first) {
+                            Some(input) => input,
+                            None => continue,
+                        }
+                    } else {
+                        match self.wire.received() {
+                            Some(claims) => Input::Claims(claims),
+                            None => Input::Tick,
+                        }
+                    }
+                }
                 listed = self.records.listed() => match listed {
                     Some(records) => Input::Records(records),
                     None => continue,
@@ -301,21 +313,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     }
                     Input::Claims(claims)
                 }
-                Some(first) = recv_if(&mut self.gossip.beats_in) => {
-                    let rest = self.gossip.beats_in.as_mut().expect("a beat came from it");
-                    let view = self.gossip.views.borrow();
-                    let kube = &self.kube;
-                    let (beats, refused) = beats::drain(first, rest, &mut self.beat_check, |node, source| {
-                        beats::from_its_node(node, source, &view, |n| kube.node_addresses(n))
-                    });
-                    drop(view);
-                    self.beats_refused(&refused);
-                    if beats.iter().all(|b| self.core.beat_is_routine(b)) {
-                        self.gossip.waiting.extend(beats);
-                        continue;
-                    }
-                    Input::Beats(beats)
-                }
+                Some(first) = recv_if(&mut self.gossip.beats_in) => match self.beats_arrived(first) {
+                    Some(input) => input,
+                    None => continue,
+                },
                 Some(done) = self.kernel.results.recv() => done,
                 Some(signal) = signals.next() => match signal {
                     Signal::Reload => match self.reload().await {
@@ -347,6 +348,25 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 return self.finish().await;
             }
         }
+    }
+
+    /// The beats queued, `first` first, checked: the input they make, or
+    /// `None` when each is routine ([`Core::beat_is_routine`]) and waits
+    /// for the next step in [`Gossip::waiting`].
+    fn beats_arrived(&mut self, first: crate::gossip::Arrived) -> Option<Input> {
+        let rest = self.gossip.beats_in.as_mut()?;
+        let view = self.gossip.views.borrow();
+        let kube = &self.kube;
+        let (beats, refused) = beats::drain(first, rest, &mut self.beat_check, |node, source| {
+            beats::from_its_node(node, source, &view, |n| kube.node_addresses(n))
+        });
+        drop(view);
+        self.beats_refused(&refused);
+        if beats.iter().all(|b| self.core.beat_is_routine(b)) {
+            self.gossip.waiting.extend(beats);
+            return None;
+        }
+        Some(Input::Beats(beats))
     }
 
     /// One step of the core, carried out, after the beats held back (see

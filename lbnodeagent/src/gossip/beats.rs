@@ -66,13 +66,14 @@ pub const LEAVING_EVERY: Duration = Duration::from_millis(5);
 /// Sends `node`'s leaving beat to every peer, [`LEAVING_ROUNDS`] times,
 /// signed with the node's key (`key`; `None` only for an agent that has
 /// none, which peers that know its identity refuse), each round under a
-/// new count from `counter` (the run's own, so that its other beats, sent
-/// meanwhile, never make a later round look played back).
+/// new count from `counter`: the run's own, so that its other beats, sent
+/// meanwhile, never make a later round look played back, nor a round
+/// overtake them on the wire ([`Counter::send`]).
 pub async fn send_leaving(
     node: &str,
     generation: Option<u64>,
     key: Option<&crate::identity::NodeKey>,
-    counter: impl Fn() -> u64,
+    counter: &Counter,
     peers: &[SocketAddr],
     send: impl Fn(SocketAddr, &[u8]),
 ) {
@@ -91,13 +92,15 @@ pub async fn send_leaving(
         if round > 0 {
             tokio::time::sleep(LEAVING_EVERY).await;
         }
-        if let Some(key) = key {
-            payload.truncate(body);
-            Proof::sign(&mut payload, counter(), key);
-        }
-        for p in peers {
-            send(*p, &payload);
-        }
+        counter.send(|count| {
+            if let Some(key) = key {
+                payload.truncate(body);
+                Proof::sign(&mut payload, count, key);
+            }
+            for p in peers {
+                send(*p, &payload);
+            }
+        });
     }
 }
 
@@ -111,22 +114,28 @@ pub fn counter_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// A sender's counter: [`counter_now`], but always past the last one.
+/// A sender's counter: [`counter_now`], but always past the last one;
+/// and the order its proofs go on the wire in.
 #[derive(Debug, Default)]
-pub struct Counter(std::sync::atomic::AtomicU64);
+pub struct Counter(std::sync::Mutex<u64>);
 
 impl Counter {
+    /// Runs `send` with the next count, alone: whatever is proved with a
+    /// count goes out before anything proved with a later one. A run's
+    /// beats come from two tasks (the beat task, and a leave's rounds); if
+    /// one took a count and the other sent a later one first (a signature
+    /// takes a while, a thread may be preempted), peers would refuse the
+    /// earlier one as played back (a reordering the network itself
+    /// hardly ever makes on one LAN).
+    pub fn send<R>(&self, send: impl FnOnce(u64) -> R) -> R {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let next = counter_now().max(*last + 1);
+        *last = next;
+        send(next)
+    }
+
     pub fn next(&self) -> u64 {
-        let now = counter_now();
-        let prev = self
-            .0
-            .fetch_update(
-                std::sync::atomic::Ordering::SeqCst,
-                std::sync::atomic::Ordering::SeqCst,
-                |last| Some(now.max(last + 1)),
-            )
-            .unwrap_or(0);
-        now.max(prev + 1)
+        self.send(|count| count)
     }
 }
 
@@ -511,6 +520,35 @@ mod tests {
         assert!(!proof.verifies(&c.public(), || None));
         // A format-2 reader takes it as the beat it is.
         assert_eq!(BeatMessage::decode(&leaving).map(|m| m.leaving), Some(true));
+    }
+
+    #[test]
+    fn proofs_go_out_in_the_order_of_their_counts() {
+        // Two senders, as a run has (its beat task, a leave's rounds),
+        // each taking a count and then sending: the wire sees the counts
+        // in order, or a peer refuses the earlier one as played back.
+        let counter = std::sync::Arc::new(Counter::default());
+        let wire = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let senders: Vec<_> = (0..4)
+            .map(|_| {
+                let (counter, wire) = (counter.clone(), wire.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..2_000 {
+                        counter.send(|count| {
+                            // A proof being made: others may run meanwhile.
+                            std::thread::yield_now();
+                            wire.lock().unwrap().push(count);
+                        });
+                    }
+                })
+            })
+            .collect();
+        for s in senders {
+            s.join().unwrap();
+        }
+        let wire = wire.lock().unwrap();
+        assert_eq!(wire.len(), 8_000);
+        assert!(wire.windows(2).all(|w| w[0] < w[1]), "sent out of order");
     }
 
     #[test]

@@ -457,7 +457,7 @@ struct Task {
     send: Arc<dyn ProbeSend>,
     recv: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
     /// Beats go on to the agent (dropped while nobody reads them).
-    beats: mpsc::Sender<(SocketAddr, Vec<u8>)>,
+    beats: mpsc::Sender<super::link::Arrived>,
     commands: mpsc::UnboundedReceiver<Command>,
     up: watch::Sender<Arc<Up>>,
     period: Duration,
@@ -519,7 +519,11 @@ impl Task {
 
     fn receive(&mut self, from: SocketAddr, payload: &[u8]) {
         if payload.starts_with(&super::link::BEAT_MARK) {
-            let _ = self.beats.try_send((from, payload.to_vec()));
+            let _ = self.beats.try_send(super::link::Arrived {
+                from,
+                payload: payload.to_vec(),
+                at: std::time::Instant::now(),
+            });
             return;
         }
         let Some(data) = payload.strip_prefix(&PROBE_MARK) else {

@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::mpsc;
 
@@ -43,5 +44,15 @@ pub struct BeatLink {
     /// This run's gossip generation, which its beats carry.
     pub generation: u64,
     pub send: Arc<dyn ProbeSend>,
-    pub recv: mpsc::Receiver<(SocketAddr, Vec<u8>)>,
+    pub recv: mpsc::Receiver<Arrived>,
+}
+
+/// A beat off the socket, verified, and when it came: a busy loop may
+/// read it later, and an owner is judged silent by when its beats came,
+/// not by when the loop got round to them.
+#[derive(Clone, Debug)]
+pub struct Arrived {
+    pub from: SocketAddr,
+    pub payload: Vec<u8>,
+    pub at: Instant,
 }

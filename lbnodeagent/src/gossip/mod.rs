@@ -196,7 +196,9 @@ pub use counters::{AuthCounters, AuthStats};
 pub use detector::{Detector, DetectorCounters, MAX_PACKET, MemProbes, Peer, Up};
 pub(crate) use keys::SHARED_MODE_BITS;
 pub use keys::{GossipKeys, MAX_KEYS, MIN_KEY_LEN};
-pub use link::{BEAT_INBOX, BEAT_MARK, BeatLink, PROBE_MARK, ProbeLink, ProbeNet, ProbeSend};
+pub use link::{
+    Arrived, BEAT_INBOX, BEAT_MARK, BeatLink, PROBE_MARK, ProbeLink, ProbeNet, ProbeSend,
+};
 pub use membership::{Membership, MembershipView, ViewBuilder, build_view};
 pub use state::{
     KEY_STATUS, LocalState, MemberInfo, PROTOCOL, PROTOCOL_UNSAID, Status, initial_key_values,
