@@ -76,6 +76,16 @@ pub enum Outcome {
     TimedOut,
 }
 
+/// How long the VIPs that stay must have stayed, the same ones, before a
+/// drain that leaves them on the node is over. Whether a VIP can move is
+/// read off one moment's view of the cluster: a busy host's detector may
+/// take its peers for gone for a moment (they are back within a second or
+/// two, as they rejoin), and a drain that ended on that view would say
+/// "stays" of VIPs that were about to move, and the operator would stop
+/// the host with them on it. Waiting costs only this much at the end of a
+/// drain that leaves something behind; one that moves all ends at once.
+pub const STAYING_SETTLE: Duration = Duration::from_secs(3);
+
 /// A drain followed from snapshot to snapshot.
 pub struct Progress {
     node: String,
@@ -84,6 +94,8 @@ pub struct Progress {
     first: Option<BTreeSet<IpAddr>>,
     /// VIPs whose move was already printed.
     told: BTreeSet<IpAddr>,
+    /// The VIPs that stay, and since when they have been those.
+    staying: Option<(BTreeSet<IpAddr>, Instant)>,
 }
 
 impl Progress {
@@ -93,13 +105,15 @@ impl Progress {
             started,
             first: None,
             told: BTreeSet::new(),
+            staying: None,
         }
     }
 
-    /// Takes a snapshot: a line for each VIP that moved since the last
-    /// one, and whether the drain is over (nothing left but VIPs that
-    /// stay, with the drain in force).
-    pub fn observe(&mut self, s: &Snapshot) -> (Vec<String>, bool) {
+    /// Takes a snapshot, read at `now`: a line for each VIP that moved
+    /// since the last one, and whether the drain is over (nothing left, or
+    /// nothing but VIPs that have stayed for [`STAYING_SETTLE`], with the
+    /// drain in force).
+    pub fn observe(&mut self, s: &Snapshot, now: Instant) -> (Vec<String>, bool) {
         let first = self
             .first
             .get_or_insert_with(|| s.held.keys().copied().collect());
@@ -120,7 +134,21 @@ impl Progress {
             .keys()
             .filter(|ip| !s.staying.contains_key(ip))
             .count();
-        let done = movable == 0 && (s.held.is_empty() || s.in_force.is_ok());
+        let staying: BTreeSet<IpAddr> = s
+            .held
+            .keys()
+            .filter(|ip| s.staying.contains_key(ip))
+            .copied()
+            .collect();
+        let since = match &self.staying {
+            Some((same, since)) if *same == staying => *since,
+            _ => {
+                self.staying = Some((staying, now));
+                now
+            }
+        };
+        let settled = now.saturating_duration_since(since) >= STAYING_SETTLE;
+        let done = movable == 0 && (s.held.is_empty() || (s.in_force.is_ok() && settled));
         (lines, done)
     }
 
@@ -200,7 +228,7 @@ where
     let tty = std::io::stderr().is_terminal();
     loop {
         let s = read().await?;
-        let (lines, done) = progress.observe(&s);
+        let (lines, done) = progress.observe(&s, Instant::now());
         if tty {
             eprint!("\r\x1b[K");
         }
@@ -295,24 +323,25 @@ mod tests {
     #[test]
     fn each_move_is_told_once_and_the_drain_ends_when_only_what_stays_is_left() {
         let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut p = Progress::new("node-c", t0);
         let s = snapshot(&["10.0.0.1", "10.0.0.2", "10.0.0.3"], &["10.0.0.3"], &[]);
-        assert_eq!(p.observe(&s), (vec![], false));
+        assert_eq!(p.observe(&s, at(0)), (vec![], false));
         assert!(p.counter(&s, t0).contains("0/3 moved, 2 to go"));
 
         // 10.0.0.2 left, but nobody shows it yet: not told, not over.
         let s = snapshot(&["10.0.0.1", "10.0.0.3"], &["10.0.0.3"], &[]);
-        assert_eq!(p.observe(&s), (vec![], false));
+        assert_eq!(p.observe(&s, at(200)), (vec![], false));
         let s = snapshot(
             &["10.0.0.1", "10.0.0.3"],
             &["10.0.0.3"],
             &[("10.0.0.2", "node-a")],
         );
         assert_eq!(
-            p.observe(&s),
+            p.observe(&s, at(400)),
             (vec!["moved 10.0.0.2 to node-a".into()], false)
         );
-        assert_eq!(p.observe(&s), (vec![], false), "told once");
+        assert_eq!(p.observe(&s, at(600)), (vec![], false), "told once");
 
         let s = snapshot(
             &["10.0.0.3"],
@@ -322,23 +351,60 @@ mod tests {
                 ("10.0.0.1", "routed via node-a,node-b"),
             ],
         );
-        let (lines, done) = p.observe(&s);
+        let (lines, done) = p.observe(&s, at(800));
         assert_eq!(lines, vec!["moved 10.0.0.1 to routed via node-a,node-b"]);
-        assert!(done, "what is left stays");
-        let summary = p.summary(&s, &Outcome::Done, t0 + Duration::from_millis(1500));
-        assert!(summary.starts_with("node-c drained: 2 of 3 VIPs moved in 1.50 s"));
+        assert!(!done, "what is left has stayed for less than the settle");
+        assert!(!p.observe(&s, at(2_999)).1);
+        assert!(p.observe(&s, at(3_000)).1, "what is left stays");
+        let summary = p.summary(&s, &Outcome::Done, at(3_000));
+        assert!(summary.starts_with("node-c drained: 2 of 3 VIPs moved in 3.00 s"));
         assert!(summary.contains("stays: 10.0.0.3 (ns/10.0.0.3): no other node can serve it"));
+    }
+
+    /// A moment's view in which every peer looks gone (a busy host's
+    /// detector) makes every VIP look as if it stays; the drain goes on,
+    /// and the VIPs move once the peers are back.
+    #[test]
+    fn a_drain_does_not_end_on_a_moment_in_which_everything_stays() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut p = Progress::new("node-c", t0);
+        let all = ["10.0.0.1", "10.0.0.2", "10.0.0.3"];
+        let s = snapshot(&all, &all, &[]);
+        assert!(!p.observe(&s, at(0)).1, "stays, for now");
+        assert!(!p.observe(&s, at(1_000)).1);
+        // The peers are back: two can move, one still stays.
+        let s = snapshot(&all, &["10.0.0.3"], &[]);
+        assert!(!p.observe(&s, at(1_200)).1);
+        let s = snapshot(
+            &["10.0.0.3"],
+            &["10.0.0.3"],
+            &[("10.0.0.1", "node-a"), ("10.0.0.2", "node-b")],
+        );
+        assert!(
+            !p.observe(&s, at(2_000)).1,
+            "what stays has not stayed long enough"
+        );
+        let (_, done) = p.observe(&s, at(4_200));
+        assert!(done, "10.0.0.3 has stayed since 1.2 s");
+        let summary = p.summary(&s, &Outcome::Done, at(4_200));
+        assert!(
+            summary.starts_with("node-c drained: 2 of 3 VIPs moved"),
+            "{summary}"
+        );
     }
 
     #[test]
     fn a_drain_not_in_force_is_not_over_while_anything_is_left() {
-        let mut p = Progress::new("node-c", Instant::now());
+        let t0 = Instant::now();
+        let mut p = Progress::new("node-c", t0);
         let mut s = snapshot(&["10.0.0.3"], &["10.0.0.3"], &[]);
         s.in_force = Err("node-c's agent has not heard of it yet".into());
-        assert!(!p.observe(&s).1);
+        assert!(!p.observe(&s, t0).1);
+        assert!(!p.observe(&s, t0 + STAYING_SETTLE).1);
         let mut empty = snapshot(&[], &[], &[]);
         empty.in_force = Err("whatever".into());
-        assert!(p.observe(&empty).1, "nothing left: over either way");
+        assert!(p.observe(&empty, t0).1, "nothing left: over either way");
     }
 
     /// What a drain says of a VIP that stays: each other node with the
@@ -408,7 +474,7 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Progress::new("node-c", t0);
         let s = snapshot(&["10.0.0.1", "10.0.0.3"], &["10.0.0.3"], &[]);
-        p.observe(&s);
+        p.observe(&s, t0);
         let summary = p.summary(&s, &Outcome::TimedOut, t0 + Duration::from_secs(60));
         assert!(summary.starts_with("node-c not drained after 60.00 s: 0 of 2 VIPs moved"));
         assert!(summary.contains("not moved yet: 10.0.0.1 (ns/10.0.0.1)"));
