@@ -129,17 +129,8 @@ impl Progress {
             self.told.insert(*ip);
             lines.push(format!("moved {ip} to {at}"));
         }
-        let movable = s
-            .held
-            .keys()
-            .filter(|ip| !s.staying.contains_key(ip))
-            .count();
-        let staying: BTreeSet<IpAddr> = s
-            .held
-            .keys()
-            .filter(|ip| s.staying.contains_key(ip))
-            .copied()
-            .collect();
+        let (staying, movable): (BTreeSet<IpAddr>, BTreeSet<IpAddr>) =
+            s.held.keys().partition(|ip| s.staying.contains_key(ip));
         let since = match &self.staying {
             Some((same, since)) if *same == staying => *since,
             _ => {
@@ -148,7 +139,7 @@ impl Progress {
             }
         };
         let settled = now.saturating_duration_since(since) >= STAYING_SETTLE;
-        let done = movable == 0 && (s.held.is_empty() || (s.in_force.is_ok() && settled));
+        let done = movable.is_empty() && (s.held.is_empty() || (s.in_force.is_ok() && settled));
         (lines, done)
     }
 

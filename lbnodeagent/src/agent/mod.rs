@@ -283,24 +283,20 @@ impl<B: AddressBackend + 'static> Agent<B> {
                     self.telemetry.gateways_lost.set(lost.len() as i64);
                     Input::Upstream(lost)
                 }
-                () = &mut wake => {
-                    // Beats and claims that arrived before the deadline
-                    // first (an owner's beat still queued must count
-                    // before the deadline that would call it silent); the
-                    // wake, still due, fires again after them.
-                    let queued = self.gossip.beats_in.as_mut().and_then(|r| r.try_recv().ok());
-                    if let Some(first) = queued {
-                        match self.beats_arrived(first) {
-                            Some(input) => input,
-                            None => continue,
-                        }
-                    } else {
-                        match self.wire.received() {
-                            Some(claims) => Input::Claims(claims),
-                            None => Input::Tick,
-                        }
-                    }
-                }
+                // Beats and claims that arrived before the deadline first
+                // (an owner's beat still queued must count before the
+                // deadline that would call it silent); the wake, still
+                // due, fires again after them.
+                () = &mut wake => match self.gossip.beats_in.as_mut().and_then(|r| r.try_recv().ok()) {
+                    Some(first) => match self.beats_arrived(first) {
+                        Some(input) => input,
+                        None => continue,
+                    },
+                    None => match self.wire.received() {
+                        Some(claims) => Input::Claims(claims),
+                        None => Input::Tick,
+                    },
+                },
                 listed = self.records.listed() => match listed {
                     Some(records) => Input::Records(records),
                     None => continue,

@@ -133,10 +133,6 @@ impl Counter {
         *last = next;
         send(next)
     }
-
-    pub fn next(&self) -> u64 {
-        self.send(|count| count)
-    }
 }
 
 /// A beat's proof that it is its sender's (see the module docs).
@@ -556,7 +552,7 @@ mod tests {
         let c = Counter::default();
         let mut last = 0;
         for _ in 0..1000 {
-            let n = c.next();
+            let n = c.send(|count| count);
             assert!(n > last);
             last = n;
         }
