@@ -679,7 +679,7 @@ impl Core {
         }
         self.starting_comebacks(now, out);
         self.note_isolation(now, out);
-        if self.dating.take_spread(now) && !self.older_peers().is_empty() {
+        if self.dating.take_spread(now) && self.any_older_peer() {
             // Peers still older than this view are behind now, not
             // catching up: what falls back past them is decided again.
             self.orphans.rescan();

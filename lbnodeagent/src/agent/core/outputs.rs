@@ -63,13 +63,18 @@ impl Core {
         let plan = self.sessions.plan();
         let gossip = self.membership.gossip();
         let known = || gossip.nodes.iter().chain(&gossip.gone);
+        // Sorted, each once.
         let addrs = |names: &BTreeSet<NodeName>| -> Vec<SocketAddr> {
-            known()
+            if names.is_empty() {
+                return Vec::new();
+            }
+            let mut addrs: Vec<SocketAddr> = known()
                 .filter(|n| names.contains(&n.node) && n.node != self.settings.node)
                 .map(|n| n.gossip_addr)
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect()
+                .collect();
+            addrs.sort_unstable();
+            addrs.dedup();
+            addrs
         };
         let relays = plan
             .relays

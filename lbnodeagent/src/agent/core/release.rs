@@ -539,9 +539,15 @@ impl Core {
     /// (`behind`), and their word counts when their view is no newer than
     /// this node's and still newer than the winner's.
     pub(super) fn orphans(&mut self, now: Instant) {
-        let older = self.older_peers();
+        // Views come many times a second, most of them while every peer
+        // is as new as this node: the older peers are listed only then.
+        let older = if self.phase == Phase::Running && self.any_older_peer() {
+            self.older_peers()
+        } else {
+            BTreeSet::new()
+        };
         let mut found = BTreeMap::new();
-        if !older.is_empty() && self.phase == Phase::Running {
+        if !older.is_empty() {
             let said_behind = self.said_behind(&older);
             let waited = now.checked_sub(HANDOVER_MAX);
             for (ip, winner) in self.election.winners() {

@@ -345,6 +345,14 @@ impl Core {
             && self.revision_of(peer) < self.dating.revision()
     }
 
+    /// Whether some live peer's view is older than this node's: whether
+    /// [`Core::older_peers`] would list any.
+    pub(super) fn any_older_peer(&self) -> bool {
+        let revision = self.dating.revision();
+        self.alive_peers().any(|n| self.revision_of(n) < revision)
+    }
+
+    /// The live peers whose view is older than this node's.
     pub(super) fn older_peers(&self) -> BTreeSet<NodeName> {
         self.alive_peers()
             .filter(|n| self.revision_of(n) < self.dating.revision())
