@@ -436,6 +436,13 @@ impl AddressBackend for NetlinkBackend {
         socket
             .set_rx_buf_sz(self.config.event_buffer_bytes)
             .map_err(Error::Socket)?;
+        // Only an optimisation: without it every notification still
+        // arrives and the ones not acted on are dropped here.
+        if let Err(error) =
+            socket2::SockRef::from(&*socket).attach_filter(&events::new_address_filter())
+        {
+            tracing::warn!(%error, "cannot filter new-address notifications in the kernel; reading them all");
+        }
         // Bound before the link states are read, so no change falls between.
         let links = self.links().await?;
         let mut translator = Translator::new(Arc::clone(&self.state), &links);
