@@ -809,23 +809,49 @@ fn our_address_removed_by_hand_is_an_event_and_can_be_added_again() {
     assert_eq!(rx.try_recv().ok(), None, "nothing else was reported");
 }
 
+/// A namespace with `br0` up (and, with `veth`, the pair `v0`/`v1` up)
+/// and a backend whose event socket holds only 4 kB, so that a burst of
+/// notifications nobody reads overflows it. The agent goes first, the
+/// namespace last.
+struct SmallBuffer {
+    agent: Agent,
+    dir: tempfile::TempDir,
+    _ns: Netns,
+}
+
+impl SmallBuffer {
+    fn new(role: &str, veth: bool) -> SmallBuffer {
+        let ns = Netns::new(role).unwrap();
+        ns.ip("link add br0 type bridge").unwrap();
+        ns.ip("link set br0 up").unwrap();
+        if veth {
+            ns.ip("link add v0 type veth peer name v1").unwrap();
+            ns.ip("link set v0 up").unwrap();
+            ns.ip("link set v1 up").unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let agent = Agent::start(
+            &ns,
+            NetlinkConfig {
+                event_buffer_bytes: 4096,
+                ..NetlinkConfig::for_test(dir.path())
+            },
+        );
+        SmallBuffer {
+            agent,
+            dir,
+            _ns: ns,
+        }
+    }
+}
+
 #[test]
 fn lost_kernel_events_ask_for_a_resync() {
     require_root();
-    let ns = Netns::new("overrun").unwrap();
-    ns.ip("link add br0 type bridge").unwrap();
-    ns.ip("link set br0 up").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(
-        &ns,
-        NetlinkConfig {
-            event_buffer_bytes: 4096,
-            ..NetlinkConfig::for_test(dir.path())
-        },
-    );
-    let batch = dir.path().join("batch");
+    let bed = SmallBuffer::new("overrun", false);
+    let batch = bed.dir.path().join("batch");
     std::fs::write(&batch, host_addresses_come_and_go("10.88", "br0", 1000)).unwrap();
-    let events = events_through_a_burst(&agent, batch);
+    let events = events_through_a_burst(&bed.agent, batch);
     assert_eq!(
         events.last(),
         Some(&KernelEvent::Resync),
@@ -842,26 +868,13 @@ fn lost_kernel_events_ask_for_a_resync() {
 #[test]
 fn new_address_notifications_never_reach_the_agent() {
     require_root();
-    let ns = Netns::new("newaddr-filter").unwrap();
-    ns.ip("link add br0 type bridge").unwrap();
-    ns.ip("link set br0 up").unwrap();
-    ns.ip("link add v0 type veth peer name v1").unwrap();
-    ns.ip("link set v0 up").unwrap();
-    ns.ip("link set v1 up").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(
-        &ns,
-        NetlinkConfig {
-            event_buffer_bytes: 4096,
-            ..NetlinkConfig::for_test(dir.path())
-        },
-    );
-    let batch = dir.path().join("batch");
+    let bed = SmallBuffer::new("newaddr-filter", true);
+    let batch = bed.dir.path().join("batch");
     let mut lines = host_addresses("10.88", "br0", 1000);
     lines.push_str("link set v1 down\n");
     std::fs::write(&batch, lines).unwrap();
     let events = events_through_a_burst_until(
-        &agent,
+        &bed.agent,
         batch,
         |e| matches!(e, KernelEvent::CarrierLost { interface, .. } if interface == "v0"),
     );
@@ -1403,27 +1416,14 @@ fn a_cancelled_remove_never_leaves_an_address_the_agent_forgot() {
 #[test]
 fn a_carrier_change_among_lost_events_is_reported_before_the_resync() {
     require_root();
-    let ns = Netns::new("overrun-carrier").unwrap();
-    ns.ip("link add br0 type bridge").unwrap();
-    ns.ip("link set br0 up").unwrap();
-    ns.ip("link add v0 type veth peer name v1").unwrap();
-    ns.ip("link set v0 up").unwrap();
-    ns.ip("link set v1 up").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(
-        &ns,
-        NetlinkConfig {
-            event_buffer_bytes: 4096,
-            ..NetlinkConfig::for_test(dir.path())
-        },
-    );
+    let bed = SmallBuffer::new("overrun-carrier", true);
     // A burst that overflows the event buffer, then v0 loses carrier (its
     // peer goes down): that notification is lost with the rest.
-    let batch = dir.path().join("batch");
+    let batch = bed.dir.path().join("batch");
     let mut lines = host_addresses_come_and_go("10.88", "br0", 1000);
     lines.push_str("link set v1 down\n");
     std::fs::write(&batch, lines).unwrap();
-    let events = events_through_a_burst(&agent, batch);
+    let events = events_through_a_burst(&bed.agent, batch);
     assert_eq!(events.last(), Some(&KernelEvent::Resync), "{events:?}");
     assert!(
         events
