@@ -540,7 +540,8 @@ impl Core {
     /// this node's and still newer than the winner's.
     pub(super) fn orphans(&mut self, now: Instant) {
         // Views come many times a second, most of them while every peer
-        // is as new as this node: the older peers are listed only then.
+        // is as new as this node: the older peers are listed only when
+        // some peer is older.
         let older = if self.phase == Phase::Running && self.any_older_peer() {
             self.older_peers()
         } else {
