@@ -539,10 +539,8 @@ impl Core {
     /// (`behind`), and their word counts when their view is no newer than
     /// this node's and still newer than the winner's.
     pub(super) fn orphans(&mut self, now: Instant) {
-        // Views come many times a second, most of them while every peer
-        // is as new as this node: the older peers are listed only when
-        // some peer is older.
-        let older = if self.phase == Phase::Running && self.any_older_peer() {
+        // Orphans are looked for only while running.
+        let older = if self.phase == Phase::Running {
             self.older_peers()
         } else {
             BTreeSet::new()

@@ -345,19 +345,25 @@ impl Core {
             && self.revision_of(peer) < self.dating.revision()
     }
 
-    /// Whether some live peer's view is older than this node's: whether
-    /// [`Core::older_peers`] would list any.
-    pub(super) fn any_older_peer(&self) -> bool {
-        let revision = self.dating.revision();
-        self.alive_peers().any(|n| self.revision_of(n) < revision)
+    /// The live peers whose view is older than this node's
+    /// ([`Core::view_behind`]).
+    fn older(&self) -> impl Iterator<Item = &crate::model::MemberInfo> {
+        self.membership
+            .view()
+            .nodes
+            .iter()
+            .filter(|n| self.view_behind(n))
     }
 
-    /// The live peers whose view is older than this node's.
+    /// Whether some live peer's view is older than this node's, without
+    /// listing them.
+    pub(super) fn any_older_peer(&self) -> bool {
+        self.older().next().is_some()
+    }
+
+    /// The names of the live peers whose view is older than this node's.
     pub(super) fn older_peers(&self) -> BTreeSet<NodeName> {
-        self.alive_peers()
-            .filter(|n| self.revision_of(n) < self.dating.revision())
-            .map(|n| n.node.clone())
-            .collect()
+        self.older().map(|n| n.node.clone()).collect()
     }
 
     /// The older peers an orphan falls back past when this node asks
