@@ -809,6 +809,11 @@ fn our_address_removed_by_hand_is_an_event_and_can_be_added_again() {
     assert_eq!(rx.try_recv().ok(), None, "nothing else was reported");
 }
 
+/// `v0` lost its carrier (its peer `v1` went down), in a [`SmallBuffer`].
+fn v0_lost_carrier(e: &KernelEvent) -> bool {
+    matches!(e, KernelEvent::CarrierLost { interface, .. } if interface == "v0")
+}
+
 /// A namespace with `br0` up (and, with `veth`, the pair `v0`/`v1` up)
 /// and a backend whose event socket holds only 4 kB, so that a burst of
 /// notifications nobody reads overflows it. The agent goes first, the
@@ -873,19 +878,13 @@ fn new_address_notifications_never_reach_the_agent() {
     let mut lines = host_addresses("10.88", "br0", 1000);
     lines.push_str("link set v1 down\n");
     std::fs::write(&batch, lines).unwrap();
-    let events = events_through_a_burst_until(
-        &bed.agent,
-        batch,
-        |e| matches!(e, KernelEvent::CarrierLost { interface, .. } if interface == "v0"),
-    );
+    let events = events_through_a_burst_until(&bed.agent, batch, v0_lost_carrier);
     assert!(
         !events.contains(&KernelEvent::Resync),
         "1,000 additions overflowed the event buffer: {events:?}"
     );
     assert!(
-        events
-            .iter()
-            .any(|e| matches!(e, KernelEvent::CarrierLost { interface, .. } if interface == "v0")),
+        events.iter().any(v0_lost_carrier),
         "v0's carrier loss: {events:?}"
     );
 }
@@ -1426,9 +1425,7 @@ fn a_carrier_change_among_lost_events_is_reported_before_the_resync() {
     let events = events_through_a_burst(&bed.agent, batch);
     assert_eq!(events.last(), Some(&KernelEvent::Resync), "{events:?}");
     assert!(
-        events
-            .iter()
-            .any(|e| matches!(e, KernelEvent::CarrierLost { interface, .. } if interface == "v0")),
+        events.iter().any(v0_lost_carrier),
         "v0's carrier loss before the resync: {events:?}"
     );
 }
