@@ -15,8 +15,25 @@ use crate::agent::core::{HANDOVER_MAX, LEAVE_MAX, STARTUP_GRACE, UNCONFIRMED_GRA
 
 /// The settled end of a run in which nothing may change.
 pub const STEADY_WINDOW: Duration = Duration::from_secs(6);
-/// Slowest failure detection of the simulated gossip.
-pub const DETECTION: Duration = Duration::from_millis(650);
+/// The simulated gossip's interval and the detector's period (ms).
+pub const GOSSIP_PERIOD_MS: u64 = 100;
+/// Slowest failure detection of the simulated gossip while the detector
+/// is busy, at small sizes: a probe period or two until some node probes
+/// the dead one, a period for the probe to fail, the suspicion timeout.
+pub const DETECTION_BUSY: Duration = Duration::from_millis(650);
+/// What rest adds to it: each node starts a probe only every
+/// [`REST_PERIODS`](crate::gossip::REST_PERIODS) periods, and in
+/// a cluster of three a node probes each peer at least once in three
+/// cycles (its two peers in a fresh order each round), so the wait for
+/// the probe that finds the dead node grows by up to three times the
+/// cycle's extra. A VIP that only SWIM can move (its owner watched by no
+/// session, or a new VIP whose winner died unseen) is dark that much
+/// longer; an owner that a session watches is taken over in its beats'
+/// time, at rest or not.
+pub const REST_WAIT: Duration =
+    Duration::from_millis(3 * (crate::gossip::REST_PERIODS as u64 - 1) * GOSSIP_PERIOD_MS);
+/// Slowest failure detection of the simulated gossip, from rest.
+pub const DETECTION: Duration = DETECTION_BUSY.saturating_add(REST_WAIT);
 /// Two owners after a make-before-break move started, at most: the hand-over
 /// time, and a gossip round or two (with loss) for the word to spread.
 pub const HANDOVER_BOUND: Duration = HANDOVER_MAX.saturating_add(Duration::from_secs(1));

@@ -193,7 +193,7 @@ pub use config::{
     DEFAULT_TOMBSTONE_GRACE, GossipConfig, MIN_MAX_BANDWIDTH,
 };
 pub use counters::{AuthCounters, AuthStats};
-pub use detector::{Detector, DetectorCounters, MAX_PACKET, MemProbes, Peer, Up};
+pub use detector::{Detector, DetectorCounters, MAX_PACKET, MemProbes, Peer, REST_PERIODS, Up};
 pub(crate) use keys::SHARED_MODE_BITS;
 pub use keys::{GossipKeys, MAX_KEYS, MIN_KEY_LEN};
 pub use link::{

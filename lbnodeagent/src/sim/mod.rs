@@ -66,10 +66,11 @@ const KUBE_LB0: u32 = 3;
 const ETH1: u32 = 4;
 /// The second port's network: no VIP lies in it.
 const SECOND_SUBNET: &str = "10.1.0.0/16";
-const GOSSIP_INTERVAL: Duration = Duration::from_millis(100);
+const GOSSIP_INTERVAL: Duration = Duration::from_millis(crate::bounds::GOSSIP_PERIOD_MS);
 /// A peer that stops answering is declared down this long after (the
-/// failure detector's spread at small sizes, ms).
-const DETECT_MS: (u64, u64) = (350, 650);
+/// failure detector's spread at small sizes, ms), up to the slowest
+/// detection from rest ([`crate::bounds::DETECTION`]).
+const DETECT_MS: (u64, u64) = (350, crate::bounds::DETECTION.as_millis() as u64);
 /// A peer that answers again is back in views this long after (ms).
 const REJOIN_MS: (u64, u64) = (100, 400);
 /// A published change reaches a peer this long after (ms), plus a gossip

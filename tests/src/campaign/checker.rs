@@ -121,9 +121,10 @@ pub const ANSWER_WITHIN: Duration = Duration::from_millis(50);
 /// The wire's failure detection: an owner's beats missed for `BEAT_MISS`
 /// (150 ms) tell its successor at once; a node that no owner beats with is
 /// found by the SWIM detector (its suspicion timeout at this size, about
-/// a second: docs/agent-network.md). The simulation's gossip detects in
-/// 650 ms at most; the real one is held to a second.
-pub const DETECTION_WIRE: Duration = Duration::from_secs(1);
+/// a second busy: docs/agent-network.md), which from rest waits up to
+/// three slower probe cycles more for a probe to find the dead node, as
+/// the simulation's does ([`sim::REST_WAIT`]).
+pub const DETECTION_WIRE: Duration = Duration::from_secs(1).saturating_add(sim::REST_WAIT);
 
 /// [`sim::NO_OWNER_BOUND`] with the real detector's detection in place of
 /// the simulated one's.
