@@ -85,8 +85,12 @@ pub struct Bounds {
     pub starting: Duration,
     /// An agent not running keeps answering until its address lapses.
     pub lifetime: Duration,
-    /// No owner while a candidate is live and reachable.
+    /// No owner while a candidate is live and reachable, when a node went
+    /// away (see [`Inputs::someone_away`]); without one, less the
+    /// detection.
     pub no_owner: Duration,
+    /// The wire's failure detection, part of `no_owner`.
+    pub detection: Duration,
     /// A started agent is a candidate once it reconciled: its watches
     /// synced after it reached the API.
     pub reconcile: Duration,
@@ -106,6 +110,7 @@ impl Bounds {
             starting: sim::STARTING_BOUND,
             lifetime,
             no_owner: NO_OWNER_WIRE,
+            detection: DETECTION_WIRE,
             reconcile: RECONCILE,
             calm_after: CALM_AFTER,
         }
@@ -314,6 +319,33 @@ impl Inputs<'_> {
             }
         }
         out
+    }
+
+    /// Whether a fault that takes an agent or a host away from its peers
+    /// (or their messages from each other) was in force during the dark
+    /// run from `s` to `e`, or ended less than a detection before it:
+    /// only then must the others find something out before the VIP may
+    /// answer elsewhere, and the no-owner bound carries the failure
+    /// detector's time. An `ip addr del` on a live host, an API outage, a
+    /// Service's churn, a drain or a preference edit leave every agent
+    /// where its peers see it.
+    fn someone_away(&self, s: Instant, e: Instant, bounds: &Bounds) -> bool {
+        self.faults.iter().any(|f| {
+            let away = matches!(
+                f.fault.kind,
+                Kind::HostGone { .. }
+                    | Kind::LinkFlap { .. }
+                    | Kind::Stall { .. }
+                    | Kind::KillCleanup { .. }
+                    | Kind::KillNoCleanup { .. }
+                    | Kind::Upgrade { .. }
+                    | Kind::Lossy { .. }
+                    | Kind::OneWay { .. }
+                    | Kind::Partition { .. }
+                    | Kind::GossipCut { .. }
+            );
+            away && f.start <= e && s <= f.end + bounds.detection
+        })
     }
 
     /// While the agents could not know what the API says: each outage and
@@ -561,6 +593,14 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
                 .collect();
             let longest = longest_union(&mut with);
             let len = e.saturating_duration_since(s);
+            let (bound, why) = if inputs.someone_away(s, e, bounds) {
+                (bounds.no_owner, "")
+            } else {
+                (
+                    bounds.no_owner.saturating_sub(bounds.detection),
+                    ", no node away",
+                )
+            };
             worst.dark_with_candidate = worst.dark_with_candidate.max(longest);
             if inputs.calm(s, bounds) && longest > Duration::ZERO {
                 worst.dark_calm = worst.dark_calm.max(len);
@@ -571,14 +611,14 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
                         len.as_millis()
                     ),
                 });
-            } else if longest > bounds.no_owner {
+            } else if longest > bound {
                 violations.push(Violation {
                     at: s,
                     what: format!(
-                        "{ip} ({service}): no answer for {} ms, {} ms of them while a candidate ran and was reachable (bound {} ms)",
+                        "{ip} ({service}): no answer for {} ms, {} ms of them while a candidate ran and was reachable (bound {} ms{why})",
                         len.as_millis(),
                         longest.as_millis(),
-                        bounds.no_owner.as_millis()
+                        bound.as_millis()
                     ),
                 });
             }
@@ -1105,6 +1145,45 @@ mod tests {
         ]);
         let stall = applied(w.t0, 4_000, 5_000, Kind::Stall { node: "n2".into() });
         assert!(judge_with(&w, h, &[gone, stall]).is_empty());
+    }
+
+    /// Detection is part of the no-owner bound only when a node went away:
+    /// an address removed on a live host must be back within the rest.
+    #[test]
+    fn no_owner_counts_detection_only_when_a_node_went_away() {
+        let w = world();
+        let dark_3s = || {
+            history(w.t0, 20_000, |t| match t {
+                0..5_000 => vec!["m1"],
+                5_000..8_000 => vec![],
+                _ => vec!["m1"],
+            })
+        };
+        let del = applied(
+            w.t0,
+            5_000,
+            10,
+            Kind::AddrDel {
+                index: 0,
+                ipv6: false,
+            },
+        );
+        let without = NO_OWNER_WIRE - DETECTION_WIRE;
+        assert!(without < Duration::from_millis(2_960) && NO_OWNER_WIRE > Duration::from_secs(3));
+        let v = judge_with(&w, dark_3s(), std::slice::from_ref(&del));
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].what
+                .contains(&format!("(bound {} ms, no node away)", without.as_millis())),
+            "{v:?}"
+        );
+        // The same silence with n1's host gone meanwhile: within the bound
+        // that carries the detection.
+        let gone = applied(w.t0, 4_990, 2_000, Kind::HostGone { node: "n1".into() });
+        assert!(judge_with(&w, dark_3s(), &[del.clone(), gone]).is_empty());
+        // A host gone long before (its detection over) gives nothing.
+        let long_before = applied(w.t0, 1_000, 500, Kind::HostGone { node: "n1".into() });
+        assert_eq!(judge_with(&w, dark_3s(), &[long_before, del]).len(), 1);
     }
 
     #[test]
