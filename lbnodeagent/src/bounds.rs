@@ -68,7 +68,7 @@ pub const PRECHECK_SLACK: Duration = Duration::from_millis(20);
 /// a margin. Until then a holder whose gateway came back is still last
 /// resort by some peer's word.
 pub const UPSTREAM_COUNTED: Duration =
-    Duration::from_millis(2 * SETTLE_ROUNDS as u64 * 100 + 150 + 100 + 50 + 100);
+    Duration::from_millis(2 * SETTLE_ROUNDS as u64 * GOSSIP_PERIOD_MS + 150 + 100 + 50 + 100);
 /// Since the last unplanned fault, for a stall to be judged on its own:
 /// detection and a rejoin, with a margin.
 pub const CALM: Duration = Duration::from_secs(3);

@@ -53,9 +53,9 @@
 //! waits 0.4 P for its answer, and the moment one goes unanswered the
 //! detector is busy again, so the silent member is suspect at the end of
 //! the ordinary period and down after the same suspicion timeout. What
-//! rest costs is the wait until some node probes a member that died: up
-//! to two more periods' worth of each slower cycle (see
-//! `bounds::DETECTION`). Owners are watched by their sessions' beats, not
+//! rest costs is the wait until some node probes a member that died: at
+//! three members, up to three slower cycles' extra (see
+//! `bounds::REST_WAIT`). Owners are watched by their sessions' beats, not
 //! by this, so a host that held VIPs is taken over as fast at rest.
 
 use std::collections::{BinaryHeap, HashMap, HashSet};
