@@ -11,11 +11,18 @@ use hostlb_api::rules::{age_key, pool_holding};
 use super::super::node::NodeName;
 use super::super::report::Note;
 use super::super::view::{Cluster, Endpoints, Pool, ServiceInfo};
-use super::{Class, CompiledAd, Election, EndpointFilter, IfaceSet, NodeId, Tier, Vip};
+use super::{Class, CompiledAd, Election, EndpointFilter, IfaceSet, NodeId, RankCache, Tier, Vip};
 
 impl Election {
     /// Compile pools, advertisements and Services into classes and VIPs.
     pub(super) fn compile(&mut self, cluster: &Cluster) {
+        // What the last compile worked out of each address alone (its text
+        // and the rank keys hashed so far, by node ids that outlive
+        // compiles): most cluster views keep most VIPs.
+        let mut known: HashMap<IpAddr, (String, RankCache)> = std::mem::take(&mut self.c.vips)
+            .into_iter()
+            .map(|v| (v.ip, (v.text, v.ranks)))
+            .collect();
         let slots = &self.c.slots;
         let n_slots = slots.len();
 
@@ -130,17 +137,20 @@ impl Election {
             let sticky = class
                 .is_some_and(|c| class_ads[c].iter().any(|&a| compiled_ads[a].sticky))
                 && !oldest.rebalance;
+            let (text, ranks) = known
+                .remove(&ip)
+                .unwrap_or_else(|| (ip.to_string(), RankCache::default()));
             vips.push(Vip {
                 ip,
                 sticky,
-                text: ip.to_string(),
+                text,
                 services: svcs,
                 pool: pool.map(|p| pools[p].name.clone()),
                 class,
                 local_traffic: oldest.local_traffic,
                 endpoints,
                 note,
-                ranks: Default::default(),
+                ranks,
             });
         }
 

@@ -136,8 +136,11 @@ struct Vip {
     /// and orphan asked), each time hashing the same few nodes. Only the
     /// key's first 8 bytes, and only the first [`RANKS_KEPT`] nodes: a
     /// few bytes per VIP, whatever the cluster's size.
-    ranks: std::cell::RefCell<Vec<(NodeId, u64)>>,
+    ranks: RankCache,
 }
+
+/// A VIP's rank keys worked out so far (see `Vip::ranks`).
+type RankCache = std::cell::RefCell<Vec<(NodeId, u64)>>;
 
 /// Rank keys kept per VIP (see `Vip::ranks`): the nodes a small tier or
 /// an endpoint list hashes directly.
