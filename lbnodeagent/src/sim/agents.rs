@@ -489,18 +489,23 @@ impl World {
         let h = &self.hosts[host];
         let local = info(host, h.generation, &h.published);
         let mut nodes = Vec::with_capacity(self.hosts.len());
-        nodes.push(local.clone());
-        let mut live = 1u64 << host;
+        let mut live = 0u64;
         for (j, k) in h.known.iter().enumerate() {
-            if let Some(k) = k
+            if j == host {
+                nodes.push(local.clone());
+                live |= 1 << j;
+            } else if let Some(k) = k
                 && k.up
-                && j != host
             {
                 nodes.push(info(j, k.generation, &k.state));
                 live |= 1 << j;
             }
         }
-        nodes.sort_by(|a, b| a.node.cmp(&b.node));
+        // Listed by name, as gossip lists them: hosts are named in their
+        // order, so this sorts only hosts named otherwise.
+        if !nodes.is_sorted_by(|a, b| a.node <= b.node) {
+            nodes.sort_by(|a, b| a.node.cmp(&b.node));
+        }
         // Nodes not live here, as last heard of here or through a live peer
         // (gossip carries every node's state, not only live ones').
         let gone: Vec<MemberInfo> = (0..self.hosts.len())
