@@ -421,8 +421,14 @@ impl World {
                     )
                 })
             };
-            // A leaving run's every beat says so, as the shell's do.
-            let leaving = self.hosts[j].core.as_ref().is_some_and(|c| c.is_leaving());
+            // A leaving run's every beat says so, as the shell's do; so do
+            // the last ones of a run that exited after SIGTERM, which the
+            // path's break hands over once its core is gone (an older
+            // beat that came late would be refused as played back).
+            let leaving = match &self.hosts[j].core {
+                Some(c) => c.is_leaving(),
+                None => self.hosts[j].termed_at.is_some(),
+            };
             let beat = Beat {
                 at: now,
                 node: self.hosts[j].name.clone(),

@@ -808,6 +808,11 @@ mod tests {
             // gateway back and took two of them, make before break (the
             // checker had judged it a stall's takeover).
             5_001_819_101,
+            // A node taking over from a leaver heard, as the leaver's
+            // agent exited, a last beat that did not say it left (the
+            // model lost the mark with the core): it took the leaver for
+            // back, and let a VIP go to the leaver's own late advert.
+            8_400_020_582,
         ];
         for &seed in ONCE_FAILED {
             let o = run(seed, &Options::default());
