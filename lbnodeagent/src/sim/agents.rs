@@ -508,10 +508,8 @@ impl World {
             }
         }
         // Listed by name, as gossip lists them: hosts are named in their
-        // order, so this sorts only hosts named otherwise.
-        if !nodes.is_sorted_by(|a, b| a.node <= b.node) {
-            nodes.sort_by(|a, b| a.node.cmp(&b.node));
-        }
+        // order, so the sort finds them in place (one comparison each).
+        nodes.sort_by(|a, b| a.node.cmp(&b.node));
         // Nodes not live here, as last heard of here or through a live peer
         // (gossip carries every node's state, not only live ones').
         let gone: Vec<MemberInfo> = (0..self.hosts.len())
