@@ -104,7 +104,8 @@ impl Core {
             if self.vips.get(&ip).is_some_and(|s| {
                 s.handover()
                     .is_some_and(|h| h.answered_by.as_deref() == Some(winner.as_str()))
-            }) {
+            }) && self.answer_counts(&winner, ip)
+            {
                 return Some(LetGo::AnsweredBy(winner));
             }
         }
@@ -387,9 +388,9 @@ impl Core {
     /// leave began, when it has let go already (seed 5000867531: a VIP
     /// taken back as a gateway answered again, a SIGTERM 150 ms later; the
     /// leaving node let go on such a state 8 ms into its leave, and nobody
-    /// answered). Its answer on the wire counts (see [`Core::on_claim`]);
-    /// failing that, this node answers beside it until the leave's wait
-    /// ends.
+    /// answered). Its answer on the wire counts once its state shows the
+    /// VIP again since the leave began (see `answer_counts`); failing
+    /// that, this node answers beside it until the leave's wait ends.
     ///
     /// Nor, while this node is drained and took the VIP less than a
     /// hand-over's time ago, is a word from before its hand-over began: the
@@ -403,23 +404,58 @@ impl Core {
     /// than that has no such hand-over behind it.
     fn may_leave_it_to(&self, node: &str, ip: IpAddr) -> bool {
         let slot = self.vips.get(&ip);
-        let lately_taken = slot
-            .and_then(|s| s.held()?.since)
-            .is_some_and(|since| self.now.saturating_duration_since(since) < HANDOVER_MAX);
+        let lately_taken = self.lately_taken(ip);
         let stale_for_drain = self.own.drain() && lately_taken && {
             let since = slot
                 .and_then(|s| s.handover())
                 .map_or(self.now, |h| h.since);
             !self.shown_after(node, ip, since)
         };
-        let from_its_giver =
-            lately_taken && slot.and_then(|s| s.held()?.taken_from.as_deref()) == Some(node);
+        let from_its_giver = self.lately_given_by(ip) == Some(node);
         self.holds(node, ip)
             && !stale_for_drain
             && match self.phase {
                 Phase::Leaving { since } => !from_its_giver && self.shown_after(node, ip, since),
                 _ => self.fresh_take(ip).is_none(),
             }
+    }
+
+    /// Whether `node`'s answer on the wire for `ip`, heard while handing it
+    /// over, says it holds the VIP. A leaving node's winner takes the VIP
+    /// from a leaving node rather than letting go to it once it has heard
+    /// the leave, so its answer counts, unless it is the node this one
+    /// lately took the VIP from: that node may not have heard the leave yet
+    /// and answers as the tail of its own hand-over, which it completes on
+    /// this node's word from before the leave, and each would let go to the
+    /// other (seed 8400596645: taken by preference, SIGTERM 26 ms later,
+    /// both let go within 3 ms). Its answer counts once its state shows the
+    /// VIP again since the leave began, as it does when, having heard the
+    /// leave, it keeps the VIP or takes it back.
+    fn answer_counts(&self, node: &str, ip: IpAddr) -> bool {
+        match self.phase {
+            Phase::Leaving { since } => {
+                self.lately_given_by(ip) != Some(node) || self.shown_after(node, ip, since)
+            }
+            _ => true,
+        }
+    }
+
+    /// Whether this node took `ip` less than a hand-over's time ago.
+    fn lately_taken(&self, ip: IpAddr) -> bool {
+        self.vips
+            .get(&ip)
+            .and_then(|s| s.held()?.since)
+            .is_some_and(|since| self.now.saturating_duration_since(since) < HANDOVER_MAX)
+    }
+
+    /// The node this one took `ip` from, if less than a hand-over's time
+    /// ago: that node answers for it until it hears this one hold it, so
+    /// its answers and its word then are the tail of its own hand-over.
+    fn lately_given_by(&self, ip: IpAddr) -> Option<&str> {
+        if !self.lately_taken(ip) {
+            return None;
+        }
+        self.vips.get(&ip)?.held()?.taken_from.as_deref()
     }
 
     /// When this node took `ip`, if less than a few gossip rounds ago: its

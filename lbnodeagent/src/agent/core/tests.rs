@@ -2593,6 +2593,48 @@ fn a_leaving_node_lets_go_once_the_winner_answers_on_the_wire() {
     assert_eq!(ips(&act.remove), [v].into(), "c answers: let go");
 }
 
+/// A node leaving a moment after it took a VIP from its winner does not
+/// let go on that node's answer on the wire: the node may not have heard
+/// the leave, and answers as the last of its own hand-over, which it
+/// completes on the leaving node's word from before the leave (seed
+/// 8400596645: both let go within 3 ms). The answer counts once the
+/// node's state shows the VIP again since the leave began.
+#[test]
+fn a_leaving_node_does_not_let_go_on_the_answer_of_the_node_it_took_the_vip_from() {
+    let v = ip("10.0.1.1");
+    let mut a = Node::new("a");
+    let peers = |c: &[IpAddr]| {
+        vec![
+            peer("c", Status::Alive, c, 1),
+            peer("d", Status::Alive, &[], 1),
+        ]
+    };
+    let held = a.running(cluster(&[v]), peers(&[v]));
+    assert_eq!(held, [v].into(), "b is away: a wins and takes it from c");
+    a.advance(Duration::from_millis(20));
+    // c hands it over: its state shows it no longer.
+    a.step(Input::Members(view("a", peers(&[]), Vec::new())));
+    a.advance(Duration::from_millis(5));
+    let act = a.step(Input::Leave);
+    assert!(act.remove.is_empty(), "kept until c holds it");
+    a.advance(Duration::from_millis(1));
+    let act = a.step(claim(Claim {
+        ip: v,
+        mac: mac("c"),
+    }));
+    assert!(
+        act.remove.is_empty(),
+        "c's answer may be the last of its own hand-over"
+    );
+    a.advance(Duration::from_millis(30));
+    let act = a.step(Input::Members(view("a", peers(&[v]), Vec::new())));
+    assert_eq!(
+        ips(&act.remove),
+        [v].into(),
+        "c heard the leave and shows it again: its answer counts"
+    );
+}
+
 /// A node handing a VIP over to a winner that does not take it yields to
 /// a second owner gossip cannot reach that outranks it and answers on the
 /// wire: the winner stays off for that owner too, and waiting for it kept

@@ -51,9 +51,10 @@ impl Core {
         // node let go in turn (taken on an undrain, handed back on a drain
         // 100 ms later: each let go to the other, seed 10090236915). Once
         // a few gossip rounds passed, the winner's word and its answers
-        // count (see `may_leave_it_to`). A leaving node's winner has heard
-        // the leave, and takes the VIP from a leaving node rather than
-        // letting go to it: its answer counts at once.
+        // count (see `may_leave_it_to`). A leaving node's winner takes the
+        // VIP from a leaving node rather than letting go to it once it has
+        // heard the leave: its answer is taken at once, and counts as
+        // `Core::answer_counts` says.
         if slot.handover().is_some()
             && (self.phase != Phase::Running || self.fresh_take(claim.ip).is_none())
             && let Some(node) = self.conflicts.owner_of(claim.mac)
