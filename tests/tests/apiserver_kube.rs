@@ -535,6 +535,28 @@ async fn status_subresource_and_generation() {
         .await
         .unwrap();
     assert_eq!(first_ingress_ip(&s), Some("10.0.0.2"));
+    // The same manager's apply to the main resource leaves the status alone;
+    // its status apply that leaves the ingress out clears it.
+    let spec = json!({"apiVersion": "v1", "kind": "Service", "spec": {"type": "LoadBalancer"}});
+    let s = svcs
+        .patch(
+            "web",
+            &PatchParams::apply("hostlb-allocator"),
+            &Patch::Apply(&spec),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first_ingress_ip(&s), Some("10.0.0.2"));
+    let cleared = json!({"apiVersion": "v1", "kind": "Service", "status": {"loadBalancer": {}}});
+    let s = svcs
+        .patch_status(
+            "web",
+            &PatchParams::apply("hostlb-allocator"),
+            &Patch::Apply(&cleared),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first_ingress_ip(&s), None);
     let e = api_err(
         svcs.patch_status(
             "nope",
@@ -641,6 +663,27 @@ async fn patch_kinds_and_apply_create() {
     .await
     .unwrap();
     assert_eq!(cms.get("ssa").await.unwrap().data.unwrap()["a"], "mine");
+    // A field an apply stops naming is given up: kept while another manager
+    // owns it, removed once none does; others' fields stay.
+    let mine = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"d": "4"}});
+    cms.patch("ssa", &PatchParams::apply("me"), &Patch::Apply(&mine))
+        .await
+        .unwrap();
+    let data = cms.get("ssa").await.unwrap().data.unwrap();
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["a", "b", "c", "d"]);
+    let none = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}});
+    cms.patch("ssa", &PatchParams::apply("other"), &Patch::Apply(&none))
+        .await
+        .unwrap();
+    let data = cms.get("ssa").await.unwrap().data.unwrap();
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["b", "c", "d"]);
+    cms.patch(
+        "ssa",
+        &PatchParams::apply("other").force(),
+        &Patch::Apply(&theirs),
+    )
+    .await
+    .unwrap();
     // A patch that leaves no object is refused, and the server goes on.
     for p in [
         json!([{"op": "replace", "path": "", "value": [1, 2]}]),

@@ -51,8 +51,9 @@ pub fn parse_apply(body: &[u8]) -> Result<Value, ApiError> {
 }
 
 /// Merge an apply configuration into the live object: maps merge
-/// recursively, lists and scalars replace, explicit nulls remove. Field
-/// ownership is not tracked, so there are no apply conflicts.
+/// recursively, lists and scalars replace, explicit nulls remove. What the
+/// apply leaves out is the store's to remove (`fields::given_up`): that
+/// depends on who owns it.
 pub fn apply_merge(target: &mut Value, applied: &Value) {
     match (target, applied) {
         (Value::Object(t), Value::Object(a)) => {

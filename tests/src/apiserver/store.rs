@@ -781,9 +781,14 @@ impl Store {
             return match old {
                 None if status => Err(ApiError::not_found(&def.gr(), name)),
                 None => {
-                    let mut obj = applied;
+                    let mut obj = applied.clone();
                     meta_mut(&mut obj).insert("name".into(), Value::String(name.into()));
-                    self.create(def, ns, obj, opts)
+                    let out = self.create(def, ns, obj, opts)?;
+                    if !opts.dry_run {
+                        let o = self.owners.entry(key_of(&def.gr(), &out)).or_default();
+                        fields::record_apply(o, &applied, opts.manager(), false, opts.force);
+                    }
+                    Ok(out)
                 }
                 Some(old) => {
                     let manager = opts.manager().to_string();
@@ -795,11 +800,17 @@ impl Store {
                     }
                     let mut new = old.clone();
                     patch::apply_merge(&mut new, &applied);
+                    // What this manager's last apply named and this one
+                    // leaves out goes, unless another manager owns it too.
+                    let removed = fields::given_up(&owners, &applied, &manager, status)
+                        .into_iter()
+                        .filter_map(|(path, alone)| alone.then_some(path))
+                        .collect();
+                    fields::remove_leaves(&mut new, &removed);
                     let out = self.write(def, old, new, opts)?;
-                    if !opts.dry_run
-                        && let Some(o) = self.owners.get_mut(&key)
-                    {
-                        fields::record_apply(o, &applied, &manager, opts.force);
+                    if !opts.dry_run {
+                        let o = self.owners.entry(key).or_default();
+                        fields::record_apply(o, &applied, &manager, status, opts.force);
                     }
                     Ok(out)
                 }
