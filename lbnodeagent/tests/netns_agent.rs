@@ -1785,6 +1785,23 @@ fn a_drain_moves_every_vip_without_losing_a_reply() {
         },
     )
     .unwrap();
+    // The agent's status leaves `drained` out once it is false: the API
+    // server drops the field its only manager stopped naming.
+    wait_for(
+        "the record to say undrained",
+        Duration::from_secs(10),
+        || {
+            let state = c.kubectl(&[
+                "get",
+                "nodeagent",
+                "node-c",
+                "-o",
+                "jsonpath={.spec.drain}/{.status.drained}",
+            ]);
+            matches!(state.as_str(), "false/" | "/").then_some(())
+        },
+    )
+    .unwrap();
 }
 
 /// A host with the gossip key (root on any one node) sends leaving beats
