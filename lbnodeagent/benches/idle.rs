@@ -12,6 +12,7 @@
 //! IDLE_HEAPTRACK=/tmp/ht IDLE_RUNS=1 ... # node-a under heaptrack, its file /tmp/ht.*
 //! IDLE_CALLGRIND=/tmp/cg IDLE_RUNS=1 ... # node-a and node-b under callgrind
 //! HOSTLB_AGENT_BINARY=target/x86_64-unknown-linux-gnu/release/lbnodeagent ... # the packaged build
+//! IDLE_RX=threaded ...  # frames received by kernel threads, not inside the sender's sendto
 //! ```
 //!
 //! Under callgrind (`IDLE_CALLGRIND=DIR`) the two agents' profiles are
@@ -119,8 +120,34 @@ struct Row {
     rss_mib: f64,
 }
 
+/// A veth pair delivers a frame inside the sender's `sendto`: the
+/// receiving side's whole path (the bridge, the peer's UDP and nftables)
+/// is charged to the sending agent, which no host with a NIC of its own
+/// pays. `IDLE_RX=threaded` turns on NAPI (GRO) and threaded polling at
+/// both ends of every host's link, so kernel threads receive the frames
+/// and an agent pays for its own sends and reads only. TSO goes off: a
+/// veth hands a datagram of a device with TSO on to the peer's NAPI only
+/// when the peer forwards UDP GRO, and otherwise still receives it inline.
+fn receive_in_kernel_threads(c: &Cluster) {
+    for h in &c.lan.hosts {
+        for (ns, ifname) in [(&h.ns, "eth0"), (&c.lan.switch, h.port.as_str())] {
+            ns.run(&["ethtool", "-K", ifname, "gro", "on", "tso", "off"])
+                .expect("GRO on and TSO off on a veth");
+            let threaded = format!("echo 1 > /sys/class/net/{ifname}/threaded");
+            ns.run(&["sh", "-c", &threaded])
+                .expect("threaded NAPI on a veth");
+        }
+    }
+}
+
 fn measure(nodes: &[&str], vips: usize, secs: u64) -> Vec<Row> {
     let mut c = Cluster::new(nodes);
+    let rx = std::env::var("IDLE_RX").unwrap_or_default();
+    match rx.as_str() {
+        "" | "inline" => {}
+        "threaded" => receive_in_kernel_threads(&c),
+        other => panic!("IDLE_RX={other}: `inline` (the default) or `threaded`"),
+    }
     // The shipped lifetime: renewals are part of the cost at rest.
     c.lifetime = "15s".into();
     // With many VIPs on a small cluster, `node-a` holds them all (the
