@@ -129,14 +129,12 @@ struct Row {
 /// veth hands a datagram of a device with TSO on to the peer's NAPI only
 /// when the peer forwards UDP GRO, and otherwise still receives it inline.
 fn receive_in_kernel_threads(c: &Cluster) {
-    for h in &c.lan.hosts {
-        for (ns, ifname) in [(&h.ns, "eth0"), (&c.lan.switch, h.port.as_str())] {
-            ns.run(&["ethtool", "-K", ifname, "gro", "on", "tso", "off"])
-                .expect("GRO on and TSO off on a veth");
-            let threaded = format!("echo 1 > /sys/class/net/{ifname}/threaded");
-            ns.run(&["sh", "-c", &threaded])
-                .expect("threaded NAPI on a veth");
-        }
+    for (ns, ifname) in c.lan.link_ends() {
+        ns.run(&["ethtool", "-K", ifname, "gro", "on", "tso", "off"])
+            .expect("GRO on and TSO off on a veth");
+        let threaded = format!("echo 1 > /sys/class/net/{ifname}/threaded");
+        ns.run(&["sh", "-c", &threaded])
+            .expect("threaded NAPI on a veth");
     }
 }
 

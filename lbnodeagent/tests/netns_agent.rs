@@ -112,9 +112,7 @@ fn a_service_vip_answers_from_one_host_and_fails_over() {
     assert!(ok, "cleanup failed: {out} {err}");
     assert!(out.contains("removed 1 addresses"), "{out}");
     // The killed agent's record says so at once (cleanup wrote it).
-    let state = |c: &Cluster, n: &str| {
-        c.kubectl(&["get", "nodeagent", n, "-o", "jsonpath={.status.state}"])
-    };
+    let state = |c: &Cluster, n: &str| c.record(n, "{.status.state}");
     assert_eq!(state(&c, &owner), "Stopped");
     let next = c.wait_single_holder(VIP, Duration::from_secs(5));
     assert_ne!(next, owner);
@@ -513,13 +511,7 @@ fn an_off_link_vip_goes_on_the_virtual_interface() {
         "node-c's record to say why",
         Duration::from_secs(10),
         || {
-            let record = c.kubectl(&[
-                "get",
-                "nodeagent",
-                "node-c",
-                "-o",
-                "jsonpath={.status.state}: {.status.reason}",
-            ]);
+            let record = c.record("node-c", "{.status.state}: {.status.reason}");
             (record.starts_with("Degraded: ") && record.contains("virtual mode is off"))
                 .then_some(())
         },
@@ -1740,15 +1732,9 @@ fn a_drain_moves_every_vip_without_losing_a_reply() {
         took.as_millis()
     );
     // The record is written at most every 5 s.
+    let drain_state = |c: &Cluster| c.record("node-c", "{.spec.drain}/{.status.drained}");
     wait_for("the record to say drained", Duration::from_secs(10), || {
-        let state = c.kubectl(&[
-            "get",
-            "nodeagent",
-            "node-c",
-            "-o",
-            "jsonpath={.spec.drain}/{.status.drained}",
-        ]);
-        (state == "true/true").then_some(())
+        (drain_state(&c) == "true/true").then_some(())
     })
     .unwrap();
 
@@ -1790,16 +1776,7 @@ fn a_drain_moves_every_vip_without_losing_a_reply() {
     wait_for(
         "the record to say undrained",
         Duration::from_secs(10),
-        || {
-            let state = c.kubectl(&[
-                "get",
-                "nodeagent",
-                "node-c",
-                "-o",
-                "jsonpath={.spec.drain}/{.status.drained}",
-            ]);
-            matches!(state.as_str(), "false/" | "/").then_some(())
-        },
+        || matches!(drain_state(&c).as_str(), "false/" | "/").then_some(()),
     )
     .unwrap();
 }

@@ -206,11 +206,7 @@ fn an_agent_says_when_the_service_policy_is_not_in_force() {
         hostlb_tests::netns::wait_for(
             &format!("{n}'s record Degraded"),
             Duration::from_secs(30),
-            || {
-                (c.kubectl(&["get", "nodeagent", n, "-o", "jsonpath={.status.state}"])
-                    == "Degraded")
-                    .then_some(())
-            },
+            || (c.record(n, "{.status.state}") == "Degraded").then_some(()),
         )
         .unwrap();
     }

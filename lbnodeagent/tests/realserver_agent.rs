@@ -62,13 +62,10 @@ fn served_by_node_a(c: &Cluster, extra: &str) -> ArpProbe {
 /// FROM CAUSE`).
 fn wait_last_move(c: &Cluster, node: &str, want: &str) {
     let last = || {
-        c.kubectl(&[
-            "get",
-            "nodeagent",
+        c.record(
             node,
-            "-o",
-            "jsonpath={range .status.recentMoves[*]}{.address} {.from} {.cause}{\"\\n\"}{end}",
-        ])
+            "{range .status.recentMoves[*]}{.address} {.from} {.cause}{\"\\n\"}{end}",
+        )
         .lines()
         .last()
         .map(str::to_string)
@@ -427,9 +424,7 @@ fn a_record_changed_while_the_api_was_cut_off_is_written_at_its_return() {
     c.service("web", &[VIP], &["node-a", "node-b", "node-c"], "");
     assert_eq!(c.wait_single_holder(VIP, Duration::from_secs(30)), "node-a");
     c.wait_ready(Duration::from_secs(30));
-    let vips_of = |c: &Cluster, node: &str| {
-        c.kubectl(&["get", "nodeagent", node, "-o", "jsonpath={.status.vips}"])
-    };
+    let vips_of = |c: &Cluster, node: &str| c.record(node, "{.status.vips}");
     let api = &c.host("api").ns;
     api.run(&[
         "nft",

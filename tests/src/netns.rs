@@ -583,21 +583,30 @@ impl Lan {
         let offloads = [
             "tx", "off", "rx", "off", "sg", "off", "tso", "off", "gso", "off", "gro", "off",
         ];
-        let mut ports = Vec::new();
-        for h in &lan.hosts {
-            for (ns, ifname) in [(&h.ns, "eth0"), (&lan.switch, h.port.as_str())] {
-                let mut argv = vec!["ethtool", "-K", ifname];
-                argv.extend(offloads);
-                ns.run(&argv)?;
-            }
-            ports.push((h.role.clone(), h.port.clone()));
+        for (ns, ifname) in lan.link_ends() {
+            let mut argv = vec!["ethtool", "-K", ifname];
+            argv.extend(offloads);
+            ns.run(&argv)?;
         }
+        let ports = lan
+            .hosts
+            .iter()
+            .map(|h| (h.role.clone(), h.port.clone()))
+            .collect::<Vec<_>>();
         lan.wire = Some(crate::switch::Switch::start(
             lan.switch.name(),
             &ports,
             seed,
         )?);
         Ok(lan)
+    }
+
+    /// Both ends of every host's link to the LAN: its `eth0`, and its port
+    /// in the switch's namespace.
+    pub fn link_ends(&self) -> impl Iterator<Item = (&Netns, &str)> {
+        self.hosts
+            .iter()
+            .flat_map(|h| [(&h.ns, "eth0"), (&self.switch, h.port.as_str())])
     }
 
     fn plug(&mut self, role: &str, i: usize, bridged: bool) -> Result<()> {

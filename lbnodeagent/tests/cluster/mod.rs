@@ -452,6 +452,18 @@ garp_interval = "200ms"
         )
     }
 
+    /// What `node`'s NodeAgent record holds at `jsonpath` (kubectl's
+    /// template, e.g. `{.status.state}`); panics if kubectl fails.
+    pub fn record(&self, node: &str, jsonpath: &str) -> String {
+        self.kubectl(&[
+            "get",
+            "nodeagent",
+            node,
+            "-o",
+            &format!("jsonpath={jsonpath}"),
+        ])
+    }
+
     /// `kubectl ARGS` from the API host; panics on failure.
     pub fn kubectl(&self, args: &[&str]) -> String {
         self.try_kubectl(args)
