@@ -3,7 +3,9 @@
 //! Services (default 1, each with one IPv4 VIP), nothing happening. Per
 //! agent, over `IDLE_SECS` (default 60) after a settling pause: CPU as a
 //! share of one core, datagrams its host sent, wake-ups (context switches
-//! of all its threads), and resident memory at the end.
+//! of all its threads), and resident memory at the end. Then the floor:
+//! what a bare thread pays on this machine to send one datagram every
+//! beat interval between the same two hosts (see [`floor`]).
 //!
 //! ```sh
 //! cargo bench -p lbnodeagent --bench idle                    # 3 runs (root)
@@ -39,9 +41,13 @@
 #[path = "../tests/cluster/mod.rs"]
 mod cluster;
 
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cluster::{Cluster, median};
+use lbnodeagent::agent::core::sessions::BEAT_INTERVAL;
 
 /// `node-a`, `node-b`, ...: `node-a` is the preferred one.
 fn node_names(n: usize) -> Vec<String> {
@@ -138,7 +144,100 @@ fn receive_in_kernel_threads(c: &Cluster) {
     }
 }
 
-fn measure(nodes: &[&str], vips: usize, secs: u64) -> Vec<Row> {
+/// CPU time of the calling thread alone.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// What the floor loop measured.
+struct Floor {
+    /// % of a core of a thread that sleeps to each tick and sends.
+    sending: f64,
+    /// % of a core of the same thread sleeping to the ticks only.
+    sleeping: f64,
+    received: u64,
+    ticks: u64,
+}
+
+/// The least any sender of beats pays on this bed, whatever its code: a
+/// bare thread in `from`'s namespace that sleeps to each tick,
+/// `BEAT_INTERVAL` apart, and sends one datagram of a beat's size to a
+/// socket a thread reads in `to`'s namespace; then the same thread
+/// sleeping to the ticks without sending. Only that thread's own CPU time
+/// counts, so it is the cost of a wake-up and a `sendto` on this machine,
+/// the receiving namespace's path included as it is for the agents'
+/// beats. Run while the agents still run, as they were measured.
+fn floor(c: &Cluster, from: &str, to: &str, secs: u64) -> Floor {
+    const PORT: u16 = 7999;
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader_ns = &c.host(to).ns;
+    let target = SocketAddr::from((c.host(to).ipv4, PORT));
+    let ticks = secs * 1000 / BEAT_INTERVAL.as_millis() as u64;
+    let run = move |send: bool| {
+        let socket = UdpSocket::bind(("0.0.0.0", 0)).expect("bind the floor's sender");
+        let payload = [7u8; 120];
+        let start = Instant::now();
+        let cpu = thread_cpu();
+        for k in 1..=ticks {
+            let due = start + BEAT_INTERVAL * k as u32;
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            if send {
+                socket
+                    .send_to(&payload, target)
+                    .expect("send a floor datagram");
+            }
+        }
+        (thread_cpu() - cpu).as_secs_f64() / start.elapsed().as_secs_f64() * 100.0
+    };
+    let (sending, sleeping, received) = std::thread::scope(|s| {
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let reader_stop = stop.clone();
+        let reader = s.spawn(move || {
+            reader_ns.block_on(move || async move {
+                let socket = UdpSocket::bind(("0.0.0.0", PORT)).expect("bind the floor's reader");
+                socket
+                    .set_read_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                bound_tx.send(()).unwrap();
+                let mut buf = [0u8; 1500];
+                let mut received = 0u64;
+                while !reader_stop.load(Ordering::Relaxed) {
+                    if socket.recv(&mut buf).is_ok() {
+                        received += 1;
+                    }
+                }
+                received
+            })
+        });
+        bound_rx.recv().expect("the floor's reader bound");
+        let (sending, sleeping) = c
+            .host(from)
+            .ns
+            .block_on(move || async move { (run(true), run(false)) })
+            .expect("run in the sender's namespace");
+        stop.store(true, Ordering::Relaxed);
+        let received = reader
+            .join()
+            .expect("the floor's reader")
+            .expect("run in the reader's namespace");
+        (sending, sleeping, received)
+    });
+    Floor {
+        sending,
+        sleeping,
+        received,
+        ticks,
+    }
+}
+
+fn measure(nodes: &[&str], vips: usize, secs: u64) -> (Vec<Row>, Option<Floor>) {
     let mut c = Cluster::new(nodes);
     let rx = std::env::var("IDLE_RX").unwrap_or_default();
     match rx.as_str() {
@@ -241,7 +340,7 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> Vec<Row> {
             .collect();
         eprintln!("  node-a memory, MiB: {}", parts.join(", "));
     }
-    nodes
+    let rows = nodes
         .iter()
         .zip(before)
         .map(|(n, b)| {
@@ -255,7 +354,11 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> Vec<Row> {
                 rss_mib: c.rss_kib(n) as f64 / 1024.0,
             }
         })
-        .collect()
+        .collect();
+    // The owner's beats go to its watcher: the same pair of hosts.
+    let floor = (nodes.len() >= 2 && std::env::var_os("IDLE_CALLGRIND").is_none())
+        .then(|| floor(&c, nodes[0], nodes[1], secs.min(20)));
+    (rows, floor)
 }
 
 fn main() {
@@ -266,13 +369,27 @@ fn main() {
     let names = node_names(env("IDLE_NODES", 3));
     let nodes: Vec<&str> = names.iter().map(String::as_str).collect();
     let mut all = Vec::new();
+    let mut floors = Vec::new();
     for run in 0..runs {
         eprintln!(
             "at rest, {} members, {vips} VIPs: run {}/{runs}",
             nodes.len(),
             run + 1
         );
-        let rows = measure(&nodes, vips, secs);
+        let (rows, floor) = measure(&nodes, vips, secs);
+        if let Some(f) = floor {
+            eprintln!(
+                "  floor, a bare thread on {} sending to {} every {} ms: {:.2}% of a core sending, {:.2}% sleeping to the same ticks ({} of {} received)",
+                nodes[0],
+                nodes[1],
+                BEAT_INTERVAL.as_millis(),
+                f.sending,
+                f.sleeping,
+                f.received,
+                f.ticks
+            );
+            floors.push(f);
+        }
         // Every node of a small cluster; of a large one, the holder and
         // two others (the table has them all).
         let shown = if nodes.len() <= 5 { nodes.len() } else { 3 };
@@ -302,4 +419,13 @@ fn main() {
         col(|r| r.rss_mib),
         hi(|r| r.rss_mib),
     );
+    if !floors.is_empty() {
+        println!(
+            "floor of one sender of a datagram every {} ms on this machine, median of {}: {:.2}% of a core ({:.2}% of it the wake-ups alone)",
+            BEAT_INTERVAL.as_millis(),
+            floors.len(),
+            median(floors.iter().map(|f| f.sending).collect()),
+            median(floors.iter().map(|f| f.sleeping).collect()),
+        );
+    }
 }
