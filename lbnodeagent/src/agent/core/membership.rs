@@ -29,11 +29,14 @@ pub(super) struct Membership {
     /// gossip shows another generation or loses them.
     left: BTreeMap<NodeName, u64>,
     /// Nodes gossip had lost when their leaving beat came, or lost after
-    /// it came, and when: `cleanup` of a killed agent sends the beat and
-    /// the failure detector's leave, and the leave can come first. Their
-    /// host's answers are the last of a hand-over for a hand-over's time,
-    /// as a graceful leaver's are (see `Core::judge`).
-    left_gone: BTreeMap<NodeName, Instant>,
+    /// it came, when, and the run (gossip generation) that left, where
+    /// known: `cleanup` of a killed agent sends the beat and the failure
+    /// detector's leave, and the leave can come first. Their host's
+    /// answers are the last of a hand-over for a hand-over's time, as a
+    /// graceful leaver's are (see `Core::judge`), unless gossip shows
+    /// another run of the node by then: a restarted agent's answers are
+    /// its own (seed 12100112819).
+    left_gone: BTreeMap<NodeName, (Instant, Option<u64>)>,
     /// When each member was last seen live, for the takeover metric.
     lost_at: BTreeMap<NodeName, Instant>,
     /// When each live node's published VIPs came to include each VIP, in
@@ -92,7 +95,13 @@ impl Membership {
 
     /// `node`'s leaving beat says it goes: its addresses answer until
     /// others do. True when that is news for the view.
-    pub(super) fn left_by_beat(&mut self, me: &str, node: NodeName, now: Instant) -> bool {
+    pub(super) fn left_by_beat(
+        &mut self,
+        me: &str,
+        node: NodeName,
+        beat_generation: Option<u64>,
+        now: Instant,
+    ) -> bool {
         if node == me {
             return false;
         }
@@ -104,7 +113,7 @@ impl Membership {
                 info!(%node, "its leaving beat came after gossip lost it; taking its addresses as from a leaving node");
                 // A VIP yielded to it and wanted here is unsettled, so
                 // decided again at this very step: the yield ends there.
-                self.note_left_gone(node, now);
+                self.note_left_gone(node, beat_generation, now);
             } else {
                 debug!(%node, "leaving beat from a node gossip does not show live");
             }
@@ -135,11 +144,21 @@ impl Membership {
     }
 
     /// `node`'s leaving beat came after gossip had lost it, within a
-    /// hand-over's time.
+    /// hand-over's time, and gossip shows no other run of it since. A run
+    /// started after the leave is not leaving: it answers for what it took
+    /// itself, and an agent of it that stalls is stayed off for like any
+    /// (seed 12100112819: a node restarted 0.2 s after its old run left,
+    /// took its VIPs back, and stalled; its peers found it silent and took
+    /// them all while its host still answered, 1.6 s after the old run's
+    /// leave, its answers heard as the old run's last).
     pub(super) fn left_lately(&self, node: &str, now: Instant) -> bool {
-        self.left_gone
-            .get(node)
-            .is_some_and(|t| now.saturating_duration_since(*t) < HANDOVER_MAX)
+        self.left_gone.get(node).is_some_and(|(t, generation)| {
+            now.saturating_duration_since(*t) < HANDOVER_MAX
+                && self
+                    .gossip
+                    .node(node)
+                    .is_none_or(|n| generation.is_some_and(|g| g == n.generation))
+        })
     }
 
     /// When `node` was last seen live, if it was lost lately.
@@ -157,10 +176,10 @@ impl Membership {
 
     /// `node` left gracefully and gossip no longer shows it: its host's
     /// answers for a hand-over's time are the last of its hand-over.
-    fn note_left_gone(&mut self, node: NodeName, now: Instant) {
+    fn note_left_gone(&mut self, node: NodeName, generation: Option<u64>, now: Instant) {
         self.left_gone
-            .retain(|_, t| now.saturating_duration_since(*t) < HANDOVER_MAX);
-        self.left_gone.insert(node, now);
+            .retain(|_, (t, _)| now.saturating_duration_since(*t) < HANDOVER_MAX);
+        self.left_gone.insert(node, (now, generation));
     }
 
     /// Makes the view this node acts on: gossip's, without the owners
@@ -174,14 +193,14 @@ impl Membership {
         // not a second owner to let go to (seed 10090839114: the VIP
         // went unanswered).
         let gossip = Arc::clone(&self.gossip);
-        let gone_after_leaving: Vec<NodeName> = self
+        let gone_after_leaving: Vec<(NodeName, u64)> = self
             .left
-            .keys()
-            .filter(|n| gossip.node(n).is_none())
-            .cloned()
+            .iter()
+            .filter(|(n, _)| gossip.node(n).is_none())
+            .map(|(n, g)| (n.clone(), *g))
             .collect();
-        for n in gone_after_leaving {
-            self.note_left_gone(n, now);
+        for (n, generation) in gone_after_leaving {
+            self.note_left_gone(n, Some(generation), now);
         }
         self.left
             .retain(|n, g| gossip.node(n).is_some_and(|i| i.generation == *g));
@@ -350,12 +369,22 @@ mod tests {
 
     /// A gossip view of live `nodes` (each a member, alive, in run 1),
     /// `vips` published by the first.
-    fn gossip(nodes: &[&str], vips: &[&str]) -> MembershipView {
+    /// Gossip showing each node alive in its own run.
+    fn gossip_runs(nodes: &[(&str, u64)]) -> MembershipView {
         let mut view = MembershipView::empty();
-        view.nodes = nodes.iter().map(|n| info(n, 1)).collect();
+        view.nodes = nodes.iter().map(|(n, g)| info(n, *g)).collect();
         for n in &mut view.nodes {
             n.status = Status::Alive;
         }
+        view.members = view.nodes.iter().map(MemberInfo::to_member).collect();
+        view
+    }
+
+    /// Gossip showing each node alive in its first run, the first node
+    /// holding `vips`.
+    fn gossip(nodes: &[&str], vips: &[&str]) -> MembershipView {
+        let runs: Vec<(&str, u64)> = nodes.iter().map(|n| (*n, 1)).collect();
+        let mut view = gossip_runs(&runs);
         if let Some(first) = view.nodes.first_mut() {
             first.vips = Arc::new(vips.iter().map(|s| ip(s)).collect());
         }
@@ -413,9 +442,12 @@ mod tests {
         let mut m = Membership::new();
         m.set_gossip(gossip(&["a", "b"], &[]));
         m.apply(&sessions, "a", t0);
-        assert!(!m.left_by_beat("a", "a".into(), t0), "never itself");
-        assert!(m.left_by_beat("a", "b".into(), t0));
-        assert!(!m.left_by_beat("a", "b".into(), t0), "news once");
+        assert!(
+            !m.left_by_beat("a", "a".into(), Some(1), t0),
+            "never itself"
+        );
+        assert!(m.left_by_beat("a", "b".into(), Some(1), t0));
+        assert!(!m.left_by_beat("a", "b".into(), Some(1), t0), "news once");
         let change = m.apply(&sessions, "a", t0);
         assert!(change.members_changed);
         let b = m.view().node("b").expect("still listed");
@@ -428,7 +460,7 @@ mod tests {
         assert!(!m.left("b"));
         // Left again, then lost by gossip: left lately for a hand-over's
         // time, and no longer left.
-        assert!(m.left_by_beat("a", "b".into(), t0));
+        assert!(m.left_by_beat("a", "b".into(), Some(1), t0));
         m.apply(&sessions, "a", t0);
         let t1 = t0 + Duration::from_millis(10);
         m.set_gossip(gossip(&["a"], &[]));
@@ -436,6 +468,13 @@ mod tests {
         assert!(!m.left("b"));
         assert!(m.left_lately("b", t1 + HANDOVER_MAX - Duration::from_millis(1)));
         assert!(!m.left_lately("b", t1 + HANDOVER_MAX));
+        // Gossip shows b's run again: its answers are still the last of
+        // that run's hand-over.
+        m.set_gossip(gossip(&["a", "b"], &[]));
+        assert!(m.left_lately("b", t1 + Duration::from_millis(500)));
+        // Another run of b: a restarted agent, not a leaving one.
+        m.set_gossip(gossip_runs(&[("a", 1), ("b", 2)]));
+        assert!(!m.left_lately("b", t1 + Duration::from_millis(500)));
         // A beat from a run gossip does not show.
         m.set_gossip(gossip(&["a", "b"], &[]));
         assert!(m.of_another_run("b", Some(7)));

@@ -458,9 +458,12 @@ impl Core {
                         // gone: the new run counts once gossip has it.
                         debug!(node = %b.node, "a beat of a run gossip does not show yet");
                     } else if b.leaving {
-                        changed |= self
-                            .membership
-                            .left_by_beat(&self.settings.node, b.node, now);
+                        changed |= self.membership.left_by_beat(
+                            &self.settings.node,
+                            b.node,
+                            b.generation,
+                            now,
+                        );
                     } else {
                         // Heard alive under its own key (the shell
                         // believes a beat only of its node's proof, and
