@@ -355,7 +355,8 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> (Vec<Row>, Option<Floor>) 
             }
         })
         .collect();
-    // The owner's beats go to its watcher: the same pair of hosts.
+    // Between the first two hosts, whichever owns or watches: what it
+    // measures is the machine's, not an agent's.
     let floor = (nodes.len() >= 2 && std::env::var_os("IDLE_CALLGRIND").is_none())
         .then(|| floor(&c, nodes[0], nodes[1], secs.min(20)));
     (rows, floor)

@@ -87,8 +87,9 @@ impl Membership {
         self.gossip = Arc::new(view);
     }
 
-    /// Whether a beat's `generation` of `node` is another run than the
-    /// one gossip shows.
+    /// Whether `generation` of `node` (a beat's, or the run whose leave
+    /// was noted) is another run than the one gossip shows. An unknown
+    /// generation (an agent of an older release) never is.
     pub(super) fn of_another_run(&self, node: &str, generation: Option<u64>) -> bool {
         generation.is_some_and(|g| self.gossip.node(node).is_some_and(|n| n.generation != g))
     }
@@ -154,10 +155,7 @@ impl Membership {
     pub(super) fn left_lately(&self, node: &str, now: Instant) -> bool {
         self.left_gone.get(node).is_some_and(|(t, generation)| {
             now.saturating_duration_since(*t) < HANDOVER_MAX
-                && self
-                    .gossip
-                    .node(node)
-                    .is_none_or(|n| generation.is_some_and(|g| g == n.generation))
+                && !self.of_another_run(node, *generation)
         })
     }
 
@@ -367,9 +365,8 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// A gossip view of live `nodes` (each a member, alive, in run 1),
-    /// `vips` published by the first.
-    /// Gossip showing each node alive in its own run.
+    /// A gossip view of live `nodes`, each a member, alive, in the run
+    /// paired with it.
     fn gossip_runs(nodes: &[(&str, u64)]) -> MembershipView {
         let mut view = MembershipView::empty();
         view.nodes = nodes.iter().map(|(n, g)| info(n, *g)).collect();
@@ -380,8 +377,8 @@ mod tests {
         view
     }
 
-    /// Gossip showing each node alive in its first run, the first node
-    /// holding `vips`.
+    /// A gossip view of live `nodes` (each a member, alive, in run 1),
+    /// `vips` published by the first.
     fn gossip(nodes: &[&str], vips: &[&str]) -> MembershipView {
         let runs: Vec<(&str, u64)> = nodes.iter().map(|n| (*n, 1)).collect();
         let mut view = gossip_runs(&runs);
