@@ -7,6 +7,7 @@
 //! cargo run --release -p lbnodeagent --features sim --bin sim -- --seeds 0..20000 --digests FILE
 //! RUST_LOG=lbnodeagent=debug cargo run ... -- --seed 4242 --trace   # the cores' own logs too
 //! cargo run --release -p lbnodeagent --features sim --bin sim -- --seed 2603 --apart   # each two-owner episode judged apart
+//! cargo run --profile sim -p lbnodeagent --features sim --bin sim -- --seeds 0..500 --threads 1 --costs   # where the time goes
 //! ```
 //!
 //! Seeds run on every core of the machine (`--threads` to choose); the
@@ -33,6 +34,8 @@ struct Args {
     threads: usize,
     /// Judge each two-owner episode apart (see `Options::apart`).
     apart: bool,
+    /// Print where the runs' time went (see `Options::costs`).
+    costs: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -42,6 +45,7 @@ fn parse() -> Result<Args, String> {
         digests: None,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         apart: false,
+        costs: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -58,6 +62,7 @@ fn parse() -> Result<Args, String> {
             }
             "--trace" => args.trace = true,
             "--apart" => args.apart = true,
+            "--costs" => args.costs = true,
             "--digests" => args.digests = Some(it.next().ok_or("--digests FILE")?.into()),
             "--threads" => {
                 args.threads = it
@@ -92,6 +97,7 @@ fn main() -> ExitCode {
         trace: args.trace,
         digest: args.digests.is_some(),
         apart: args.apart,
+        costs: args.costs,
     };
     std::thread::scope(|scope| {
         for _ in 0..args.threads.max(1) {
@@ -138,6 +144,12 @@ fn main() -> ExitCode {
         args.threads,
         t.events
     );
+    if args.costs {
+        println!(
+            "where the time went (part, times, mean, share of the runs):\n{}",
+            t.costs.table()
+        );
+    }
     println!(
         "longest no owner while a candidate lived: {:?} (seed {})",
         t.no_owner.0, t.no_owner.1
@@ -200,6 +212,7 @@ struct Totals {
     lapses_followed: u64,
     lapse_longest: Duration,
     digests: std::collections::BTreeMap<u64, u64>,
+    costs: sim::Costs,
 }
 
 impl Totals {
@@ -225,6 +238,9 @@ impl Totals {
         self.lapse_longest = self.lapse_longest.max(o.stats.lapse_longest);
         if o.digest != 0 {
             self.digests.insert(o.seed, o.digest);
+        }
+        if let Some(c) = &o.costs {
+            self.costs.add(c);
         }
     }
 }

@@ -143,7 +143,11 @@ impl World {
             return;
         };
         // Beats arrive at the step that delivers them.
-        let actions = core.step(now, input.arriving(now));
+        let cost = self
+            .costs
+            .as_mut()
+            .map(|c| c.steps.entry(input.kind()).or_default());
+        let actions = costs::timed(cost, || core.step(now, input.arriving(now)));
         drop(span);
         self.carry_out(host, actions);
     }
@@ -470,7 +474,9 @@ impl World {
                 continue;
             }
             self.hosts[host].view_dirty = false;
-            let view = self.view_of(host);
+            let mut costs = self.costs.take();
+            let view = costs::timed(costs.as_mut().map(|c| &mut c.views), || self.view_of(host));
+            self.costs = costs;
             self.step(host, Input::Members(view));
         }
     }

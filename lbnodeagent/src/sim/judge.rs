@@ -8,8 +8,12 @@ impl World {
     pub(super) fn judge(&mut self, f: impl FnOnce(&mut check::Checker, &check::Context, Duration)) {
         // Out of the world while the context borrows the rest of it.
         let mut checker = std::mem::replace(&mut self.checker, check::Checker::new(Duration::ZERO));
-        let ctx = context(self);
-        f(&mut checker, &ctx, self.t);
+        let mut costs = self.costs.take();
+        costs::timed(costs.as_mut().map(|c| &mut c.checker), || {
+            let ctx = context(self);
+            f(&mut checker, &ctx, self.t);
+        });
+        self.costs = costs;
         self.checker = checker;
     }
 

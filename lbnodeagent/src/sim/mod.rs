@@ -32,6 +32,8 @@
 
 mod agents;
 pub mod check;
+mod costs;
+pub use costs::{Cost, Costs};
 mod events;
 mod faults;
 mod judge;
@@ -112,6 +114,8 @@ pub struct Options {
     /// the same episode ([`crate::bounds::REJOIN_GAP`]): only to compare,
     /// as it misses a flap whose episodes are each under their bound.
     pub apart: bool,
+    /// Time the run's parts ([`Outcome::costs`]).
+    pub costs: bool,
 }
 
 /// How a run ended.
@@ -127,6 +131,8 @@ pub struct Outcome {
     pub trace: Vec<String>,
     /// With [`Options::digest`], a hash of every line of the full trace.
     pub digest: u64,
+    /// With [`Options::costs`], where the run's time went.
+    pub costs: Option<Costs>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -359,6 +365,8 @@ struct World {
     handled: u64,
     /// A compromised host's forged records, in a quarter of the seeds.
     forgery: Option<Forgery>,
+    /// Where the run's time goes, with [`Options::costs`].
+    costs: Option<Costs>,
 }
 
 /// From `from` on, host `forger` writes its own record claiming the MAC
@@ -449,6 +457,7 @@ impl Trace {
 
 /// Runs one seed to the end or to its first violation.
 pub fn run(seed: u64, options: &Options) -> Outcome {
+    let started = Instant::now();
     let mut plan = Rng::new(seed);
     let rng = Rng::new(plan.next_u64());
     let shape = Shape::draw(&mut plan);
@@ -570,6 +579,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         },
         handled: 0,
         forgery,
+        costs: options.costs.then(Costs::default),
     };
     w.links = w.hosts.iter().map(links_of).collect();
     for h in 0..n {
@@ -597,6 +607,10 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
     w.schedule(shape.end - check::STEADY_WINDOW, Ev::CheckWindow);
     w.schedule(Duration::from_millis(50), Ev::Sweep);
     let violation = w.run_until(shape.end);
+    let costs = w.costs.take().map(|mut c| {
+        c.total = started.elapsed();
+        c
+    });
     Outcome {
         seed,
         shape,
@@ -605,6 +619,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         events: w.handled,
         digest: w.trace.digest.unwrap_or(0),
         trace: w.trace.lines.into_iter().collect(),
+        costs,
     }
 }
 
@@ -838,5 +853,39 @@ mod tests {
         assert_eq!(a.events, b.events);
         assert_eq!(a.trace, b.trace);
         assert_eq!(a.stats.kernel_changes, b.stats.kernel_changes);
+    }
+
+    /// Timing a run's parts reads the clock and nothing else: the run is
+    /// the same, and every membership view built reaches a step.
+    #[test]
+    fn costs_time_a_run_without_changing_it() {
+        let digest = Options {
+            digest: true,
+            ..Options::default()
+        };
+        let plain = run(7, &digest);
+        let timed = run(
+            7,
+            &Options {
+                costs: true,
+                ..digest
+            },
+        );
+        assert_eq!(plain.digest, timed.digest);
+        assert_eq!(plain.events, timed.events);
+        assert!(plain.costs.is_none());
+        let c = timed.costs.expect("costs were asked for");
+        let members = c.steps.get("members").map_or(0, |m| m.count);
+        assert!(c.views.count > 0 && c.views.count >= members);
+        assert!(c.steps.get("cluster").is_some_and(|s| s.count > 0));
+        assert!(c.checker.count > 0);
+        let parts =
+            c.steps.values().map(|s| s.time).sum::<Duration>() + c.views.time + c.checker.time;
+        assert!(
+            parts <= c.total,
+            "{parts:?} of parts in a run of {:?}",
+            c.total
+        );
+        assert!(c.table().contains("step: members"));
     }
 }
