@@ -80,6 +80,19 @@ struct Demo {
     agents: Vec<Option<usize>>,
 }
 
+/// The blocked-signal mask of `pid`'s main thread, if it blocks SIGTERM
+/// (signal 15, bit 14 of /proc's mask); `None` once the process is gone too.
+fn sigterm_blocked(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))?
+        .trim()
+        .to_string();
+    let bits = u64::from_str_radix(&mask, 16).ok()?;
+    (bits & (1 << 14) != 0).then_some(mask)
+}
+
 fn say(line: &str) {
     println!("{line}");
 }
@@ -246,15 +259,19 @@ impl Demo {
             t.children.len() - 1
         };
         // What is started here must take signals as under systemd: a
-        // blocked SIGTERM would hide the planned hand-over.
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        if let Some(blocked) = status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigBlk:"))
-            .map(str::trim)
-            .filter(|m| m.chars().any(|c| c != '0'))
-        {
-            bail!("{program} on {host} starts with signals blocked (SigBlk {blocked})");
+        // blocked SIGTERM would hide the planned hand-over. A program's
+        // thread that starts a child blocks every signal for the instant of
+        // the clone (glibc's posix_spawn does), so one reading may show a
+        // full mask; only a mask that keeps SIGTERM blocked is the fault.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match sigterm_blocked(pid) {
+                None => break,
+                Some(mask) if Instant::now() >= deadline => {
+                    bail!("{program} on {host} starts with signals blocked (SigBlk {mask})")
+                }
+                Some(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
         }
         Ok(index)
     }
