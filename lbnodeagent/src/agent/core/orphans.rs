@@ -140,13 +140,28 @@ impl Orphans {
 
     /// When each orphan's wait ends: its hand-over's time, and its view's
     /// spread where that still counts (`unanswered`, as the core knows it).
-    pub fn deadlines(&self, unanswered: impl Fn(IpAddr) -> bool) -> Vec<Instant> {
+    /// Also `view_spread` (the view's own spread, while not yet seen; see
+    /// `Dating::spread_at`) when an orphan's wait is over by then: one found
+    /// in an earlier view has no deadline of its own left, and its first
+    /// node is read again only once the peers still older are passed over
+    /// at that spread. One still waiting then wakes the node at its own
+    /// deadline, after it.
+    pub fn deadlines(
+        &self,
+        unanswered: impl Fn(IpAddr) -> bool,
+        view_spread: Option<Instant>,
+    ) -> Vec<Instant> {
         let mut out = Vec::new();
         for (ip, since) in &self.since {
             out.push(*since + HANDOVER_MAX);
             if !self.spread.contains(ip) && unanswered(*ip) {
                 out.push(*since + VIEW_SPREAD);
             }
+        }
+        if let Some(t) = view_spread
+            && self.iter().any(|(ip, since)| self.waited(ip, since, t))
+        {
+            out.push(t);
         }
         out
     }
@@ -223,13 +238,26 @@ mod tests {
         let mut o = Orphans::default();
         o.replace([(a, t)].into(), [(a, None)].into());
         assert!(!o.waited(a, t, t + VIEW_SPREAD));
+        // Still waiting at a view's spread: its own deadlines wake the node,
+        // not the spread.
+        assert_eq!(
+            o.deadlines(|_| true, Some(t + VIEW_SPREAD / 2)),
+            vec![t + HANDOVER_MAX, t + VIEW_SPREAD]
+        );
         assert!(o.spread_candidates(t).is_empty());
         assert_eq!(o.spread_candidates(t + VIEW_SPREAD), vec![a]);
         o.spread([a]);
         assert!(o.waited(a, t, t + VIEW_SPREAD));
         assert!(o.spread_candidates(t + VIEW_SPREAD).is_empty());
         // Its deadlines: the hand-over's time only, once spread.
-        assert_eq!(o.deadlines(|_| true), vec![t + HANDOVER_MAX]);
+        assert_eq!(o.deadlines(|_| true, None), vec![t + HANDOVER_MAX]);
+        // A newer view's spread is a deadline too: the wait is over by then,
+        // and the winner still older is passed over only at it.
+        let newer = t + Duration::from_millis(40) + VIEW_SPREAD;
+        assert_eq!(
+            o.deadlines(|_| true, Some(newer)),
+            vec![t + HANDOVER_MAX, newer]
+        );
         // Heard answering after all: the whole hand-over's time.
         assert!(o.answered(a));
         assert!(o.heard(a));

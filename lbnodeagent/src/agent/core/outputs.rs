@@ -295,18 +295,9 @@ impl Core {
         {
             at(r);
         }
-        for t in self.orphans.deadlines(|ip| self.unanswered(ip)) {
-            at(t);
-        }
-        // An orphan whose wait is over by the view's spread has no
-        // deadline of its own left to wake for when its first node is
-        // read again (see `Dating::spread_at`); one still waiting then
-        // wakes the node at its own deadline, after the spread.
-        if let Some(t) = self.dating.spread_at()
-            && self
-                .orphans
-                .iter()
-                .any(|(ip, since)| self.orphans.waited(ip, since, t))
+        for t in self
+            .orphans
+            .deadlines(|ip| self.unanswered(ip), self.dating.spread_at())
         {
             at(t);
         }
