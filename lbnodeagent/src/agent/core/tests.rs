@@ -813,6 +813,89 @@ fn an_orphans_waits_wake_the_core_when_they_end() {
     );
 }
 
+/// An orphan found in an earlier view keeps its wait, over already, when a
+/// newer view comes; its first node is read again only once the peers
+/// still older are passed over, at the new view's spread, and that spread
+/// wakes the node even if it holds nothing (seed 12300252185 of the
+/// simulation: a node that held nothing slept past it while the API server
+/// was away, and the VIP was dark 5.2 s). Here `v`'s winner `b` lags from
+/// the first view on; `c` comes before `a` in view 2 and holds `v`, and
+/// view 3, which only `a` has, puts `a` before `c`.
+#[test]
+fn an_orphan_waited_for_in_an_earlier_view_is_taken_at_the_new_views_spread() {
+    let v = ip("10.0.1.1");
+    let c_before_a = |addresses: &[IpAddr]| {
+        let mut objects = cluster(addresses);
+        objects.nodes[0].labels.insert("tier".into(), "none".into());
+        objects.nodes[2]
+            .labels
+            .insert("tier".into(), "second".into());
+        objects
+    };
+    // Steps `a` at each wake it asks for, up to `until`: when it first
+    // asked the LAN about `v` or added it, if it did.
+    fn acted_by(a: &mut Node, v: IpAddr, mut act: Actions, until: Instant) -> Option<Instant> {
+        while let Some(w) = act.wake.filter(|w| *w <= until) {
+            a.now = w;
+            act = a.step(Input::Tick);
+            if targets(&act.probe).contains(&v) || ips(&act.add).contains(&v) {
+                return Some(a.now);
+            }
+        }
+        None
+    }
+    let mut a = Node::new("a");
+    let held = a.running(
+        c_before_a(&[]),
+        vec![
+            peer("b", Status::Alive, &[], 1),
+            peer("c", Status::Alive, &[], 1),
+        ],
+    );
+    assert!(held.is_empty());
+    let peers = || {
+        view(
+            "a",
+            vec![
+                peer("b", Status::Alive, &[], 1),
+                peer("c", Status::Alive, &[v], 2),
+            ],
+            Vec::new(),
+        )
+    };
+    a.step(Input::Cluster {
+        cluster: c_before_a(&[v]),
+        errors: Vec::new(),
+        revision: 2,
+        digest: None,
+    });
+    let act = a.step(Input::Members(peers()));
+    let since = a.now;
+    assert_eq!(
+        acted_by(&mut a, v, act, since + HANDOVER_MAX * 2),
+        None,
+        "c holds it and comes before a"
+    );
+    a.now = since + HANDOVER_MAX * 2;
+    a.step(Input::Cluster {
+        cluster: cluster(&[v]),
+        errors: Vec::new(),
+        revision: 3,
+        digest: None,
+    });
+    let act = a.step(Input::Members(peers()));
+    let newer = a.now;
+    assert!(
+        !targets(&act.probe).contains(&v) && !ips(&act.add).contains(&v),
+        "b may catch up with view 3 yet"
+    );
+    assert_eq!(
+        acted_by(&mut a, v, act, newer + HANDOVER_MAX),
+        Some(newer + VIEW_SPREAD),
+        "b and c are passed over once view 3 has spread: a's, and a is woken for it"
+    );
+}
+
 /// `a`, running, hears of a new Service (revision 9) whose VIP `b` wins,
 /// while `b`'s view is older (8) and `c`'s is `a`'s: what that view's
 /// step did.
