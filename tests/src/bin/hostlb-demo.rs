@@ -263,15 +263,13 @@ impl Demo {
         // thread that starts a child blocks every signal for the instant of
         // the clone (glibc's posix_spawn does), so one reading may show a
         // full mask; only a mask that keeps SIGTERM blocked is the fault.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            match sigterm_blocked(pid) {
-                None => break,
-                Some(mask) if Instant::now() >= deadline => {
-                    bail!("{program} on {host} starts with signals blocked (SigBlk {mask})")
-                }
-                Some(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
+        let unblocked = wait_for("SIGTERM unblocked", Duration::from_secs(2), || {
+            sigterm_blocked(pid).is_none().then_some(())
+        });
+        if unblocked.is_err()
+            && let Some(mask) = sigterm_blocked(pid)
+        {
+            bail!("{program} on {host} starts with signals blocked (SigBlk {mask})");
         }
         Ok(index)
     }

@@ -263,6 +263,25 @@ impl Node {
         self.advance(PRECHECK_ANSWER)
     }
 
+    /// Steps at each wake the core asks for, from `act` on, up to `until`,
+    /// as a shell with no other input would: the moment of the first step
+    /// whose actions `did` holds of, if any.
+    fn wakes_until(
+        &mut self,
+        mut act: Actions,
+        until: Instant,
+        did: impl Fn(&Actions) -> bool,
+    ) -> Option<Instant> {
+        while let Some(w) = act.wake.filter(|w| *w <= until) {
+            self.now = w;
+            act = self.step(Input::Tick);
+            if did(&act) {
+                return Some(self.now);
+            }
+        }
+        None
+    }
+
     /// Every kernel operation of `a` succeeded.
     fn done(&mut self, a: &Actions) -> Actions {
         let results = a
@@ -768,18 +787,9 @@ fn an_orphan_its_winner_answers_for_on_the_wire_waits_for_it() {
 /// wait, which does not apply to it.
 #[test]
 fn an_orphans_waits_wake_the_core_when_they_end() {
-    // Steps `a` at each wake it asks for, up to `until`: when it first
-    // asked the LAN about `v`, if it did.
-    fn asked_by(a: &mut Node, v: IpAddr, mut act: Actions, until: Instant) -> Option<Instant> {
-        while let Some(w) = act.wake.filter(|w| *w <= until) {
-            a.now = w;
-            act = a.step(Input::Tick);
-            if targets(&act.probe).contains(&v) {
-                return Some(a.now);
-            }
-        }
-        None
-    }
+    let asked_by = |a: &mut Node, v: IpAddr, act: Actions, until: Instant| {
+        a.wakes_until(act, until, |act| targets(&act.probe).contains(&v))
+    };
     let (mut a, v, act) = a_new_vip_whose_winner_b_lags();
     let since = a.now;
     let asked = asked_by(&mut a, v, act, since + HANDOVER_MAX);
@@ -832,18 +842,12 @@ fn an_orphan_waited_for_in_an_earlier_view_is_taken_at_the_new_views_spread() {
             .insert("tier".into(), "second".into());
         objects
     };
-    // Steps `a` at each wake it asks for, up to `until`: when it first
-    // asked the LAN about `v` or added it, if it did.
-    fn acted_by(a: &mut Node, v: IpAddr, mut act: Actions, until: Instant) -> Option<Instant> {
-        while let Some(w) = act.wake.filter(|w| *w <= until) {
-            a.now = w;
-            act = a.step(Input::Tick);
-            if targets(&act.probe).contains(&v) || ips(&act.add).contains(&v) {
-                return Some(a.now);
-            }
-        }
-        None
-    }
+    // When `a` first asked the LAN about `v` or added it, if it did.
+    let acted_by = |a: &mut Node, v: IpAddr, act: Actions, until: Instant| {
+        a.wakes_until(act, until, |act| {
+            targets(&act.probe).contains(&v) || ips(&act.add).contains(&v)
+        })
+    };
     let mut a = Node::new("a");
     let held = a.running(
         c_before_a(&[]),
