@@ -444,11 +444,11 @@ impl Proofs {
         let mut view = MembershipView::empty();
         for (i, k) in keys.iter().enumerate() {
             identities.set(&node_name(i), Known::Key(k.public()));
-            view.nodes.push(MemberInfo {
+            view.nodes.push(Arc::new(MemberInfo {
                 node: node_name(i).into(),
                 gossip_addr: node_addr(i),
                 ..view.local.clone()
-            });
+            }));
         }
         Proofs {
             keys,

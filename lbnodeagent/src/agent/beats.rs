@@ -538,11 +538,13 @@ mod tests {
         let mut v = MembershipView::empty();
         v.nodes = nodes
             .iter()
-            .map(|(n, a)| MemberInfo {
-                node: (*n).into(),
-                gossip_addr: a.parse().unwrap(),
-                status: Status::Alive,
-                ..v.local.clone()
+            .map(|(n, a)| {
+                Arc::new(MemberInfo {
+                    node: (*n).into(),
+                    gossip_addr: a.parse().unwrap(),
+                    status: Status::Alive,
+                    ..v.local.clone()
+                })
             })
             .collect();
         v

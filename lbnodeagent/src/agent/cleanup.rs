@@ -517,7 +517,7 @@ async fn tell_peers(
         v.nodes
             .iter()
             .filter(|n| n.node != cfg.node_name)
-            .cloned()
+            .map(|n| (**n).clone())
             .collect()
     };
     let deadline = Instant::now() + REACH_PEERS;

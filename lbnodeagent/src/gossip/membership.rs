@@ -705,18 +705,20 @@ impl ViewBuilder {
         }
         unconfirmed.retain(|node| !newest.contains_key(node));
         newest_gone.retain(|node, _| !newest.contains_key(node));
-        let nodes: Vec<MemberInfo> = newest
+        let nodes: Vec<Arc<MemberInfo>> = newest
             .values()
             .filter_map(|id| c.node_state(id).and_then(|node| self.decode(id, node)))
+            .map(Arc::new)
             .collect();
-        let gone: Vec<MemberInfo> = newest_gone
+        let gone: Vec<Arc<MemberInfo>> = newest_gone
             .values()
             .filter_map(|id| c.node_state(id).and_then(|node| self.decode(id, node)))
+            .map(Arc::new)
             .collect();
         let members = nodes
             .iter()
             .filter(|n| n.status == Status::Alive)
-            .map(MemberInfo::to_member)
+            .map(|n| n.to_member())
             .collect();
         let local = c
             .node_state(own)

@@ -141,8 +141,10 @@ pub struct MembershipView {
     pub members: Vec<Member>,
     /// Every live node, leaving ones included, with everything it publishes
     /// (held VIPs, agent version): for `lbnodeagent status` and for a
-    /// leaving node to see that others have taken over its VIPs.
-    pub nodes: Vec<MemberInfo>,
+    /// leaving node to see that others have taken over its VIPs. Each
+    /// node's record is shared: a view is made again at every change of
+    /// any node, and most nodes are as they were.
+    pub nodes: Vec<Arc<MemberInfo>>,
     /// Nodes gossip reports alive that the failure detector has not heard
     /// from yet (not in `members`): many right after this node starts,
     /// until its detector has reached them. The reconcile loop waits for
@@ -153,7 +155,7 @@ pub struct MembershipView {
     /// started after one of them was cut off learns from them which MACs
     /// are hostlb nodes' and who held which VIP: a second owner on the
     /// wire is then recognised, not taken for a stranger.
-    pub gone: Vec<MemberInfo>,
+    pub gone: Vec<Arc<MemberInfo>>,
 }
 
 impl MembershipView {
@@ -189,6 +191,6 @@ impl MembershipView {
     }
 
     pub fn node(&self, node: &str) -> Option<&MemberInfo> {
-        self.nodes.iter().find(|m| m.node == node)
+        self.nodes.iter().find(|m| m.node == node).map(|m| &**m)
     }
 }

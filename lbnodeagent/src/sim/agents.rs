@@ -53,6 +53,7 @@ impl World {
         h.deferred.clear();
         h.view_dirty = true;
         let generation = h.generation;
+        self.hosts[host].published_info = Arc::new(self.member_info(host));
         self.note(format!("{}: agent starts", self.hosts[host].name));
         self.judge_candidacy(host);
         self.reachability(host);
@@ -335,6 +336,9 @@ impl World {
         let h = &mut self.hosts[host];
         let was = std::mem::replace(&mut h.published, local).status;
         h.pub_version += 1;
+        let info = Arc::new(self.member_info(host));
+        let h = &mut self.hosts[host];
+        h.published_info = info.clone();
         let (generation, version) = (h.generation, h.pub_version);
         if was != Status::Alive {
             self.judge_candidacy(host);
@@ -351,7 +355,6 @@ impl World {
             while self.rng.chance(self.shape.loss) {
                 d += GOSSIP_INTERVAL;
             }
-            let state = Box::new(self.hosts[host].published.clone());
             self.after(
                 d,
                 Ev::Gossip {
@@ -359,7 +362,7 @@ impl World {
                     from: host,
                     generation,
                     version,
-                    state,
+                    info: info.clone(),
                 },
             );
         }
@@ -481,11 +484,15 @@ impl World {
         }
     }
 
-    pub(super) fn view_of(&self, host: usize) -> MembershipView {
-        let info = |i: usize, generation: u64, state: &LocalState| MemberInfo {
-            node: self.hosts[i].name.clone(),
-            generation,
-            gossip_addr: self.hosts[i].gossip_addr,
+    /// What `host` publishes now, in its current run, as its peers'
+    /// views list it.
+    fn member_info(&self, host: usize) -> MemberInfo {
+        let h = &self.hosts[host];
+        let state = &h.published;
+        MemberInfo {
+            node: h.name.clone(),
+            generation: h.generation,
+            gossip_addr: h.gossip_addr,
             agent_version: String::new(),
             protocol: crate::model::PROTOCOL,
             status: state.status,
@@ -497,9 +504,14 @@ impl World {
             digest: state.digest,
             drained: state.drained,
             behind: state.behind.clone(),
-        };
+        }
+    }
+
+    /// The membership view `host`'s gossip gives its agent: every node's
+    /// record shared with the others' views, not copied.
+    pub(super) fn view_of(&self, host: usize) -> MembershipView {
         let h = &self.hosts[host];
-        let local = info(host, h.generation, &h.published);
+        let local = &h.published_info;
         let mut nodes = Vec::with_capacity(self.hosts.len());
         let mut live = 0u64;
         for (j, k) in h.known.iter().enumerate() {
@@ -509,7 +521,7 @@ impl World {
             } else if let Some(k) = k
                 && k.up
             {
-                nodes.push(info(j, k.generation, &k.state));
+                nodes.push(k.info.clone());
                 live |= 1 << j;
             }
         }
@@ -518,7 +530,7 @@ impl World {
         nodes.sort_by(|a, b| a.node.cmp(&b.node));
         // Nodes not live here, as last heard of here or through a live peer
         // (gossip carries every node's state, not only live ones').
-        let gone: Vec<MemberInfo> = (0..self.hosts.len())
+        let gone: Vec<Arc<MemberInfo>> = (0..self.hosts.len())
             .filter(|&j| live & 1 << j == 0)
             .filter_map(|j| {
                 let known = h.known[j].as_ref().or_else(|| {
@@ -527,16 +539,16 @@ impl World {
                         .filter_map(|k| self.hosts[k].known[j].as_ref())
                         .max_by_key(|x| (x.generation, x.version))
                 })?;
-                Some(info(j, known.generation, &known.state))
+                Some(known.info.clone())
             })
             .collect();
         let members: Vec<Member> = nodes
             .iter()
             .filter(|n| n.status == Status::Alive)
-            .map(MemberInfo::to_member)
+            .map(|n| n.to_member())
             .collect();
         MembershipView {
-            local,
+            local: (**local).clone(),
             members,
             nodes,
             unconfirmed: 0,

@@ -162,7 +162,7 @@ impl World {
                 from,
                 generation,
                 version,
-                state,
+                info,
             } => {
                 if !self.reach[to][from] {
                     return;
@@ -172,7 +172,7 @@ impl World {
                 {
                     k.generation = generation;
                     k.version = version;
-                    k.state = *state;
+                    k.info = info;
                     self.hosts[to].view_dirty = true;
                 }
             }
@@ -200,7 +200,7 @@ impl World {
                     let known = Known {
                         generation: s.generation,
                         version: s.pub_version,
-                        state: s.published.clone(),
+                        info: s.published_info.clone(),
                         up: true,
                     };
                     self.hosts[observer].known[subject] = Some(known);

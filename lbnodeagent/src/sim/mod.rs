@@ -46,6 +46,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::election::{Member, NodeName};
@@ -162,7 +163,9 @@ struct Address {
 struct Known {
     generation: u64,
     version: u64,
-    state: LocalState,
+    /// What the node published, as its peers' views list it: shared by
+    /// every peer that heard this version and every view made of it.
+    info: Arc<MemberInfo>,
     up: bool,
 }
 
@@ -201,6 +204,8 @@ struct Host {
     api_content: u64,
     wake_due: Option<Duration>,
     published: LocalState,
+    /// `published` in this run, as views list it (see [`Known::info`]).
+    published_info: Arc<MemberInfo>,
     pub_version: u64,
     known: Vec<Option<Known>>,
     view_dirty: bool,
@@ -303,7 +308,7 @@ enum Ev {
         from: usize,
         generation: u64,
         version: u64,
-        state: Box<LocalState>,
+        info: Arc<MemberInfo>,
     },
     Suspect {
         observer: usize,
@@ -521,6 +526,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             gateway_changed_at: None,
             gateway_answered: false,
             published: LocalState::default(),
+            published_info: Arc::new(MembershipView::empty().local),
             pub_version: 0,
             known: vec![None; shape.nodes],
             view_dirty: false,

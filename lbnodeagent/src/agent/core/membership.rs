@@ -211,7 +211,7 @@ impl Membership {
                 view.members.retain(|m| !left.contains_key(&m.node));
                 for n in &mut view.nodes {
                     if n.status == Status::Alive && left.contains_key(&n.node) {
-                        n.status = Status::Leaving;
+                        Arc::make_mut(n).status = Status::Leaving;
                     }
                 }
             }
@@ -305,15 +305,15 @@ impl Membership {
 /// owners moved among the gone) has the map built.
 enum ByName<'a> {
     Sorted {
-        live: &'a [MemberInfo],
-        gone: &'a [MemberInfo],
+        live: &'a [Arc<MemberInfo>],
+        gone: &'a [Arc<MemberInfo>],
     },
     Map(BTreeMap<&'a str, (&'a MemberInfo, bool)>),
 }
 
 impl<'a> ByName<'a> {
     fn of(view: &'a MembershipView) -> ByName<'a> {
-        let sorted = |nodes: &[MemberInfo]| nodes.windows(2).all(|w| w[0].node < w[1].node);
+        let sorted = |nodes: &[Arc<MemberInfo>]| nodes.windows(2).all(|w| w[0].node < w[1].node);
         if sorted(&view.nodes) && sorted(&view.gone) {
             return ByName::Sorted {
                 live: &view.nodes,
@@ -323,8 +323,8 @@ impl<'a> ByName<'a> {
         ByName::Map(
             view.gone
                 .iter()
-                .map(|n| (n.node.as_str(), (n, false)))
-                .chain(view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
+                .map(|n| (n.node.as_str(), (&**n, false)))
+                .chain(view.nodes.iter().map(|n| (n.node.as_str(), (&**n, true))))
                 .collect(),
         )
     }
@@ -338,9 +338,9 @@ impl<'a> ByName<'a> {
         if let Some(n) = live.get(at).filter(|n| n.node == node) {
             return Some((n, true));
         }
-        let find = |nodes: &'a [MemberInfo]| {
+        let find = |nodes: &'a [Arc<MemberInfo>]| {
             let i = nodes.binary_search_by(|n| n.node.as_str().cmp(node)).ok()?;
-            Some(&nodes[i])
+            Some(&*nodes[i])
         };
         find(live)
             .map(|n| (n, true))
@@ -369,11 +369,15 @@ mod tests {
     /// paired with it.
     fn gossip_runs(nodes: &[(&str, u64)]) -> MembershipView {
         let mut view = MembershipView::empty();
-        view.nodes = nodes.iter().map(|(n, g)| info(n, *g)).collect();
-        for n in &mut view.nodes {
-            n.status = Status::Alive;
-        }
-        view.members = view.nodes.iter().map(MemberInfo::to_member).collect();
+        view.nodes = nodes
+            .iter()
+            .map(|(n, g)| {
+                let mut n = info(n, *g);
+                n.status = Status::Alive;
+                Arc::new(n)
+            })
+            .collect();
+        view.members = view.nodes.iter().map(|n| n.to_member()).collect();
         view
     }
 
@@ -383,9 +387,9 @@ mod tests {
         let runs: Vec<(&str, u64)> = nodes.iter().map(|n| (*n, 1)).collect();
         let mut view = gossip_runs(&runs);
         if let Some(first) = view.nodes.first_mut() {
-            first.vips = Arc::new(vips.iter().map(|s| ip(s)).collect());
+            Arc::make_mut(first).vips = Arc::new(vips.iter().map(|s| ip(s)).collect());
         }
-        view.members = view.nodes.iter().map(MemberInfo::to_member).collect();
+        view.members = view.nodes.iter().map(|n| n.to_member()).collect();
         view
     }
 
@@ -408,15 +412,15 @@ mod tests {
         ];
         for (nodes, gone) in views {
             let view = MembershipView {
-                nodes,
-                gone,
+                nodes: nodes.into_iter().map(Arc::new).collect(),
+                gone: gone.into_iter().map(Arc::new).collect(),
                 ..MembershipView::empty()
             };
             let map: BTreeMap<&str, (&MemberInfo, bool)> = view
                 .gone
                 .iter()
-                .map(|n| (n.node.as_str(), (n, false)))
-                .chain(view.nodes.iter().map(|n| (n.node.as_str(), (n, true))))
+                .map(|n| (n.node.as_str(), (&**n, false)))
+                .chain(view.nodes.iter().map(|n| (n.node.as_str(), (&**n, true))))
                 .collect();
             let by_name = ByName::of(&view);
             for name in ["a", "b", "c", "d", "e", "f"] {

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostlb_api::{AddressRange, LabelSelector, Selector};
@@ -173,13 +174,14 @@ fn peer(node: &str, status: Status, vips: &[IpAddr], revision: u64) -> MemberInf
 }
 
 fn view(me: &str, peers: Vec<MemberInfo>, gone: Vec<MemberInfo>) -> MembershipView {
-    let mut nodes = peers;
-    nodes.push(peer(me, Status::Alive, &[], 1));
+    let mut nodes: Vec<Arc<MemberInfo>> = peers.into_iter().map(Arc::new).collect();
+    nodes.push(Arc::new(peer(me, Status::Alive, &[], 1)));
+    let gone = gone.into_iter().map(Arc::new).collect();
     nodes.sort_by(|a, b| a.node.cmp(&b.node));
     let members = nodes
         .iter()
         .filter(|n| n.status == Status::Alive)
-        .map(MemberInfo::to_member)
+        .map(|n| n.to_member())
         .collect();
     MembershipView {
         local: peer(me, Status::Alive, &[], 1),
@@ -3685,7 +3687,7 @@ fn a_winner_behind_only_by_writes_the_election_never_reads_is_given_the_vip_at_o
         });
         let mut m = b_and_c(&[], 8, 9);
         for n in &mut m.nodes {
-            n.digest = Some(if n.node == "b" { b_view } else { 0xd1 });
+            Arc::make_mut(n).digest = Some(if n.node == "b" { b_view } else { 0xd1 });
         }
         let act = a.step(Input::Members(m));
         assert!(act.remove.is_empty(), "b has not shown it held");
@@ -4039,6 +4041,7 @@ fn two_starting_holders_of_one_vip_keep_one_without_a_view_of_the_cluster() {
         view.local.status = Status::Starting;
         for m in &mut view.nodes {
             if m.node == me {
+                let m = Arc::make_mut(m);
                 m.status = Status::Starting;
                 m.vips = BTreeSet::from([v]).into();
             }
@@ -4111,7 +4114,7 @@ fn the_status_page_shows_whose_view_is_older() {
     // that only annotations moved.
     let mut m = b_and_c(&[], 8, 7);
     for n in &mut m.nodes {
-        n.digest = Some(if n.node == "b" { 0xd2 } else { 0xd1 });
+        Arc::make_mut(n).digest = Some(if n.node == "b" { 0xd2 } else { 0xd1 });
     }
     a.step(Input::Members(m));
     let doc = crate::agent::status::doc(&a.core, None, true);
@@ -4518,7 +4521,7 @@ fn a_restarted_preferred_node_lets_a_sticky_vip_go_to_its_holder() {
         let me = peer("b", own, held, 1);
         for n in &mut view.nodes {
             if n.node == "b" {
-                *n = me.clone();
+                *n = Arc::new(me.clone());
             }
         }
         view.local = me;
@@ -4526,7 +4529,7 @@ fn a_restarted_preferred_node_lets_a_sticky_vip_go_to_its_holder() {
             .nodes
             .iter()
             .filter(|n| n.status == Status::Alive)
-            .map(MemberInfo::to_member)
+            .map(|n| n.to_member())
             .collect();
         view
     };

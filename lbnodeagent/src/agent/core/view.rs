@@ -30,8 +30,8 @@ impl Core {
             change
                 .gone_news
                 .iter()
-                .map(|&i| &view.gone[i])
-                .chain(change.live_news.iter().map(|&i| &view.nodes[i])),
+                .map(|&i| &*view.gone[i])
+                .chain(change.live_news.iter().map(|&i| &*view.nodes[i])),
             &self.settings.node,
         );
         let members_changed = change.members_changed;
@@ -322,6 +322,7 @@ impl Core {
             .view()
             .nodes
             .iter()
+            .map(|n| &**n)
             .filter(|n| n.node != self.settings.node && n.status == Status::Alive)
     }
 
@@ -352,6 +353,7 @@ impl Core {
             .view()
             .nodes
             .iter()
+            .map(|n| &**n)
             .filter(|n| self.view_behind(n))
     }
 
