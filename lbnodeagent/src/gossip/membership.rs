@@ -600,16 +600,18 @@ pub fn build_view(c: &Chitchat, up: &Up) -> MembershipView {
 /// the builder runs with chitchat's lock held, which gossip waits on.
 #[derive(Default)]
 pub struct ViewBuilder {
-    decoded: HashMap<ChitchatId, (Version, Option<MemberInfo>)>,
+    decoded: HashMap<ChitchatId, (Version, Option<Arc<MemberInfo>>)>,
 }
 
 impl ViewBuilder {
-    fn decode(&mut self, id: &ChitchatId, node: &NodeState) -> Option<MemberInfo> {
+    /// The node's record, decoded once per version it publishes and shared
+    /// by every view that lists it.
+    fn decode(&mut self, id: &ChitchatId, node: &NodeState) -> Option<Arc<MemberInfo>> {
         let version = node.max_version();
         match self.decoded.get(id) {
             Some((seen, info)) if *seen == version => info.clone(),
             _ => {
-                let info = state::decode(node);
+                let info = state::decode(node).map(Arc::new);
                 self.decoded.insert(id.clone(), (version, info.clone()));
                 info
             }
@@ -708,12 +710,10 @@ impl ViewBuilder {
         let nodes: Vec<Arc<MemberInfo>> = newest
             .values()
             .filter_map(|id| c.node_state(id).and_then(|node| self.decode(id, node)))
-            .map(Arc::new)
             .collect();
         let gone: Vec<Arc<MemberInfo>> = newest_gone
             .values()
             .filter_map(|id| c.node_state(id).and_then(|node| self.decode(id, node)))
-            .map(Arc::new)
             .collect();
         let members = nodes
             .iter()
