@@ -173,6 +173,10 @@ pub struct Worst {
     pub dark_calm: Duration,
     pub unanswered: u64,
     pub requests: u64,
+    /// The unanswered requests by what was in force or recent when each
+    /// was sent ([`cause_of`]): an outage of the product is told from
+    /// requests a lossy wire dropped, or a host gone took with it.
+    pub unanswered_by: BTreeMap<&'static str, u64>,
     /// Two-owner episodes by the bound that held them (the fault whose
     /// excuse lasted longest, or the base bound): the longest, and the
     /// least room left under its bound.
@@ -187,6 +191,9 @@ impl Worst {
         self.dark_calm = self.dark_calm.max(o.dark_calm);
         self.unanswered += o.unanswered;
         self.requests += o.requests;
+        for (k, n) in &o.unanswered_by {
+            *self.unanswered_by.entry(k).or_default() += n;
+        }
         for (k, &(len, room)) in &o.by_bound {
             self.held(k, len, room);
         }
@@ -211,6 +218,14 @@ impl fmt::Display for Worst {
             self.unanswered,
             self.requests
         )?;
+        if !self.unanswered_by.is_empty() {
+            let by: Vec<String> = self
+                .unanswered_by
+                .iter()
+                .map(|(cause, n)| format!("{cause} {n}"))
+                .collect();
+            write!(f, " (by what was in force: {})", by.join(", "))?;
+        }
         for (bound, (len, room)) in &self.by_bound {
             write!(
                 f,
@@ -566,7 +581,13 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
         // No owner, while the address was a Service's.
         let assigned = |w: &Window| inputs.service_of(*ip, w.at).is_some();
         worst.requests += ws.iter().filter(|w| assigned(w)).count() as u64;
-        worst.unanswered += ws.iter().filter(|w| assigned(w) && !w.answered).count() as u64;
+        for w in ws.iter().filter(|w| assigned(w) && !w.answered) {
+            worst.unanswered += 1;
+            *worst
+                .unanswered_by
+                .entry(cause_of(inputs, w.at, bounds))
+                .or_default() += 1;
+        }
         for (s, e, _) in episodes(&ws, |w| !w.answered && assigned(w), Duration::ZERO) {
             let Some(service) = inputs.service_of(*ip, s) else {
                 continue;
@@ -627,6 +648,30 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
     violations.extend(units(inputs));
     violations.sort_by_key(|v| v.at);
     (violations, worst)
+}
+
+/// What a request sent at `at` that went unanswered is counted under:
+/// the fault that began last of those in force then or ended within
+/// the no-owner bound before (its tail: the takeover it set off), else an
+/// agent started within the starting bound, else nothing.
+fn cause_of(inputs: &Inputs<'_>, at: Instant, bounds: &Bounds) -> &'static str {
+    let fault = inputs
+        .faults
+        .iter()
+        .filter(|f| f.start <= at && at <= f.end + bounds.no_owner)
+        .max_by_key(|f| f.start);
+    if let Some(f) = fault {
+        return f.fault.kind.name();
+    }
+    let starting =
+        inputs.units.values().flatten().any(|(t, e)| {
+            matches!(e, Event::Started { .. }) && *t <= at && at <= *t + bounds.starting
+        });
+    if starting {
+        "an agent starting"
+    } else {
+        "nothing in force or recent"
+    }
 }
 
 /// By when an episode of two owners that began at `s` must end, and the
@@ -1184,6 +1229,45 @@ mod tests {
         // A host gone long before (its detection over) gives nothing.
         let long_before = applied(w.t0, 1_000, 500, Kind::HostGone { node: "n1".into() });
         assert_eq!(judge_with(&w, dark_3s(), &[long_before, del]).len(), 1);
+    }
+
+    /// Each unanswered request is counted under the fault that began last
+    /// of those in force or in their tail when it was sent, or under
+    /// nothing.
+    #[test]
+    fn unanswered_requests_are_counted_by_what_was_in_force() {
+        let w = world();
+        let dark = history(w.t0, 40_000, |t| match t {
+            5_000..5_200 | 8_000..8_100 | 15_100..15_200 | 30_000..30_100 => vec![],
+            _ => vec!["m1"],
+        });
+        let gone = applied(w.t0, 4_990, 2_000, Kind::HostGone { node: "n1".into() });
+        let lossy = applied(
+            w.t0,
+            15_000,
+            1_000,
+            Kind::Lossy {
+                node: "n2".into(),
+                faults: crate::switch::LinkFaults {
+                    loss: 0.2,
+                    ..Default::default()
+                },
+            },
+        );
+        let (_, worst) = judge_all(&w, dark, &[gone, lossy]);
+        let by = |cause: &str| worst.unanswered_by.get(cause).copied().unwrap_or(0);
+        // A request every 10 ms, answered if the light is back within
+        // 50 ms of it: 16 unanswered while the host was gone, 6 in the
+        // takeover its end set off, 6 on the lossy wire, 6 with nothing
+        // to blame.
+        assert_eq!(by("host gone"), 22, "{worst}");
+        assert_eq!(by("loss, delay, duplication"), 6, "{worst}");
+        assert_eq!(by("nothing in force or recent"), 6, "{worst}");
+        assert_eq!(worst.unanswered, 34);
+        assert!(
+            worst.to_string().contains("host gone 22"),
+            "the report says it: {worst}"
+        );
     }
 
     #[test]
