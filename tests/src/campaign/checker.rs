@@ -177,6 +177,9 @@ pub struct Worst {
     /// was sent ([`cause_of`]): an outage of the product is told from
     /// requests a lossy wire dropped, or a host gone took with it.
     pub unanswered_by: BTreeMap<&'static str, u64>,
+    /// Under each cause, the longest run of unanswered requests to one
+    /// address: from the first of them to the next request answered.
+    pub longest_unanswered_by: BTreeMap<&'static str, Duration>,
     /// Two-owner episodes by the bound that held them (the fault whose
     /// excuse lasted longest, or the base bound): the longest, and the
     /// least room left under its bound.
@@ -193,6 +196,10 @@ impl Worst {
         self.requests += o.requests;
         for (k, n) in &o.unanswered_by {
             *self.unanswered_by.entry(k).or_default() += n;
+        }
+        for (k, d) in &o.longest_unanswered_by {
+            let e = self.longest_unanswered_by.entry(k).or_default();
+            *e = (*e).max(*d);
         }
         for (k, &(len, room)) in &o.by_bound {
             self.held(k, len, room);
@@ -222,7 +229,14 @@ impl fmt::Display for Worst {
             let by: Vec<String> = self
                 .unanswered_by
                 .iter()
-                .map(|(cause, n)| format!("{cause} {n}"))
+                .map(|(cause, n)| {
+                    let longest = self
+                        .longest_unanswered_by
+                        .get(cause)
+                        .copied()
+                        .unwrap_or_default();
+                    format!("{cause} {n} (at most {} ms)", longest.as_millis())
+                })
                 .collect();
             write!(f, " (by what was in force: {})", by.join(", "))?;
         }
@@ -581,12 +595,39 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
         // No owner, while the address was a Service's.
         let assigned = |w: &Window| inputs.service_of(*ip, w.at).is_some();
         worst.requests += ws.iter().filter(|w| assigned(w)).count() as u64;
-        for w in ws.iter().filter(|w| assigned(w) && !w.answered) {
+        // The Service each answer since its address was assigned was for,
+        // and the run of unanswered requests under way: its cause and
+        // first request.
+        let mut announced: Option<&str> = None;
+        let mut run: Option<(&'static str, Instant)> = None;
+        for w in &ws {
+            let service = inputs.service_of(*ip, w.at);
+            if (w.answered || service.is_none())
+                && let Some((cause, first)) = run.take()
+            {
+                let e = worst.longest_unanswered_by.entry(cause).or_default();
+                *e = (*e).max(w.at.saturating_duration_since(first));
+            }
+            let Some(service) = service else {
+                announced = None;
+                continue;
+            };
+            if announced != Some(service) {
+                announced = None;
+            }
+            if w.answered {
+                announced = Some(service);
+                continue;
+            }
             worst.unanswered += 1;
-            *worst
-                .unanswered_by
-                .entry(cause_of(inputs, w.at, bounds))
-                .or_default() += 1;
+            // Dark until first announced is a new address, not an outage
+            // (as the no-owner check below takes it).
+            let cause = match announced {
+                None => NOT_YET_ANNOUNCED,
+                Some(_) => cause_of(inputs, w.at, bounds),
+            };
+            *worst.unanswered_by.entry(cause).or_default() += 1;
+            run.get_or_insert((cause, w.at));
         }
         for (s, e, _) in episodes(&ws, |w| !w.answered && assigned(w), Duration::ZERO) {
             let Some(service) = inputs.service_of(*ip, s) else {
@@ -649,6 +690,10 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
     violations.sort_by_key(|v| v.at);
     (violations, worst)
 }
+
+/// What an unanswered request is counted under when its address had not
+/// answered yet for its Service.
+const NOT_YET_ANNOUNCED: &str = "a new address not announced yet";
 
 /// What a request sent at `at` that went unanswered is counted under:
 /// the fault that began last of those in force then or ended within
@@ -1233,12 +1278,13 @@ mod tests {
 
     /// Each unanswered request is counted under the fault that began last
     /// of those in force or in their tail when it was sent, or under
-    /// nothing.
+    /// nothing; one before its address first answered, as not announced
+    /// yet.
     #[test]
     fn unanswered_requests_are_counted_by_what_was_in_force() {
         let w = world();
         let dark = history(w.t0, 40_000, |t| match t {
-            5_000..5_200 | 8_000..8_100 | 15_100..15_200 | 30_000..30_100 => vec![],
+            0..100 | 5_000..5_200 | 8_000..8_100 | 15_100..15_200 | 30_000..30_100 => vec![],
             _ => vec!["m1"],
         });
         let gone = applied(w.t0, 4_990, 2_000, Kind::HostGone { node: "n1".into() });
@@ -1257,15 +1303,21 @@ mod tests {
         let (_, worst) = judge_all(&w, dark, &[gone, lossy]);
         let by = |cause: &str| worst.unanswered_by.get(cause).copied().unwrap_or(0);
         // A request every 10 ms, answered if the light is back within
-        // 50 ms of it: 16 unanswered while the host was gone, 6 in the
-        // takeover its end set off, 6 on the lossy wire, 6 with nothing
-        // to blame.
+        // 50 ms of it: 6 before the address first answered, 16 while the
+        // host was gone, 6 in the takeover its end set off, 6 on the
+        // lossy wire, 6 with nothing to blame.
+        assert_eq!(by(NOT_YET_ANNOUNCED), 6, "{worst}");
         assert_eq!(by("host gone"), 22, "{worst}");
         assert_eq!(by("loss, delay, duplication"), 6, "{worst}");
         assert_eq!(by("nothing in force or recent"), 6, "{worst}");
-        assert_eq!(worst.unanswered, 34);
+        assert_eq!(worst.unanswered, 40);
+        // Its longest run: 5,000 to the first request answered, 5,160.
+        assert_eq!(
+            worst.longest_unanswered_by.get("host gone"),
+            Some(&Duration::from_millis(160))
+        );
         assert!(
-            worst.to_string().contains("host gone 22"),
+            worst.to_string().contains("host gone 22 (at most 160 ms)"),
             "the report says it: {worst}"
         );
     }
