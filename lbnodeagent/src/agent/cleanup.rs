@@ -513,11 +513,11 @@ async fn tell_peers(
         membership.sign_with(key).await;
     }
     let mut views = membership.views();
-    let others = |v: &crate::gossip::MembershipView| -> Vec<crate::gossip::MemberInfo> {
+    let others = |v: &crate::gossip::MembershipView| -> Vec<Arc<crate::gossip::MemberInfo>> {
         v.nodes
             .iter()
             .filter(|n| n.node != cfg.node_name)
-            .map(|n| (**n).clone())
+            .cloned()
             .collect()
     };
     let deadline = Instant::now() + REACH_PEERS;

@@ -178,7 +178,8 @@ pub struct Worst {
     /// requests a lossy wire dropped, or a host gone took with it.
     pub unanswered_by: BTreeMap<&'static str, u64>,
     /// Under each cause, the longest run of unanswered requests to one
-    /// address: from the first of them to the next request answered.
+    /// address that began under it: from the first of them to the next
+    /// request answered (or the last judged, for a run still dark then).
     pub longest_unanswered_by: BTreeMap<&'static str, Duration>,
     /// Two-owner episodes by the bound that held them (the fault whose
     /// excuse lasted longest, or the base bound): the longest, and the
@@ -206,6 +207,15 @@ impl Worst {
         }
     }
 
+    /// A run of unanswered requests to one address (its cause and first
+    /// request), if one was under way, ended at `at`.
+    fn run_ended(&mut self, run: Option<(&'static str, Instant)>, at: Instant) {
+        if let Some((cause, first)) = run {
+            let e = self.longest_unanswered_by.entry(cause).or_default();
+            *e = (*e).max(at.saturating_duration_since(first));
+        }
+    }
+
     fn held(&mut self, bound: &'static str, len: Duration, room: Duration) {
         let e = self.by_bound.entry(bound).or_insert((len, room));
         e.0 = e.0.max(len);
@@ -229,13 +239,10 @@ impl fmt::Display for Worst {
             let by: Vec<String> = self
                 .unanswered_by
                 .iter()
-                .map(|(cause, n)| {
-                    let longest = self
-                        .longest_unanswered_by
-                        .get(cause)
-                        .copied()
-                        .unwrap_or_default();
-                    format!("{cause} {n} (at most {} ms)", longest.as_millis())
+                .map(|(cause, n)| match self.longest_unanswered_by.get(cause) {
+                    Some(longest) => format!("{cause} {n} (at most {} ms)", longest.as_millis()),
+                    // Only within runs that began under another cause.
+                    None => format!("{cause} {n}"),
                 })
                 .collect();
             write!(f, " (by what was in force: {})", by.join(", "))?;
@@ -602,11 +609,8 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
         let mut run: Option<(&'static str, Instant)> = None;
         for w in &ws {
             let service = inputs.service_of(*ip, w.at);
-            if (w.answered || service.is_none())
-                && let Some((cause, first)) = run.take()
-            {
-                let e = worst.longest_unanswered_by.entry(cause).or_default();
-                *e = (*e).max(w.at.saturating_duration_since(first));
+            if w.answered || service.is_none() {
+                worst.run_ended(run.take(), w.at);
             }
             let Some(service) = service else {
                 announced = None;
@@ -628,6 +632,9 @@ pub fn judge(inputs: &Inputs<'_>, bounds: &Bounds) -> (Vec<Violation>, Worst) {
             };
             *worst.unanswered_by.entry(cause).or_default() += 1;
             run.get_or_insert((cause, w.at));
+        }
+        if let Some(last) = ws.last() {
+            worst.run_ended(run, last.at);
         }
         for (s, e, _) in episodes(&ws, |w| !w.answered && assigned(w), Duration::ZERO) {
             let Some(service) = inputs.service_of(*ip, s) else {
@@ -1319,6 +1326,20 @@ mod tests {
         assert!(
             worst.to_string().contains("host gone 22 (at most 160 ms)"),
             "the report says it: {worst}"
+        );
+        // A run still dark when the judged stretch ends counts up to its
+        // last request: 39,000 to 39,990.
+        let dark_at_the_end = history(w.t0, 40_000, |t| match t {
+            39_000.. => vec![],
+            _ => vec!["m1"],
+        });
+        let (_, worst) = judge_all(&w, dark_at_the_end, &[]);
+        assert_eq!(
+            worst
+                .longest_unanswered_by
+                .get("nothing in force or recent"),
+            Some(&Duration::from_millis(990)),
+            "{worst}"
         );
     }
 
