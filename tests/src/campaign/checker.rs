@@ -265,6 +265,11 @@ pub struct ServiceLife {
     pub local: bool,
     /// `(since, endpoint nodes)`.
     pub endpoints: Vec<(Instant, Vec<String>)>,
+    /// When the campaign asked the API server to delete it. The timeline
+    /// reads the Services every [`TIMELINE_EVERY`](super::bed::TIMELINE_EVERY), so it still shows the address
+    /// a moment after; a request from then on is no longer one its
+    /// address owes an answer.
+    pub deleted: Option<Instant>,
 }
 
 impl ServiceLife {
@@ -303,10 +308,18 @@ pub struct Inputs<'a> {
 }
 
 impl Inputs<'_> {
+    /// The Service whose address `ip` was when a request went out at `t`:
+    /// as the timeline last read it, unless the Service was deleted by
+    /// then.
     fn service_of(&self, ip: IpAddr, t: Instant) -> Option<&str> {
         let i = self.timeline.partition_point(|(at, _)| *at <= t);
         let (_, assigned) = self.timeline.get(i.checked_sub(1)?)?;
-        assigned.get(&ip).map(String::as_str)
+        let service = assigned.get(&ip)?;
+        let deleted = self.services.get(service).and_then(|l| l.deleted);
+        if deleted.is_some_and(|d| d <= t) {
+            return None;
+        }
+        Some(service)
     }
 
     /// Whether anything happened within `calm_after` of the window whose
@@ -870,6 +883,7 @@ pub fn service_lives(
                 ServiceLife {
                     local: *local,
                     endpoints: vec![(t0, eps.clone())],
+                    deleted: None,
                 },
             )
         })
@@ -889,8 +903,14 @@ pub fn service_lives(
                     ServiceLife {
                         local: *local,
                         endpoints: vec![(f.start, endpoints.clone())],
+                        deleted: None,
                     },
                 );
+            }
+            Kind::Churn(Churn::Delete { name }) => {
+                if let Some(l) = out.get_mut(name) {
+                    l.deleted = Some(f.start);
+                }
             }
             Kind::Churn(Churn::Endpoints { name, endpoints }) => {
                 if let Some(l) = out.get_mut(name) {
@@ -980,6 +1000,7 @@ mod tests {
             ServiceLife {
                 local: false,
                 endpoints: vec![(t0 - Duration::from_secs(30), nodes.clone())],
+                deleted: None,
             },
         )]
         .into();
@@ -1341,6 +1362,49 @@ mod tests {
             Some(&Duration::from_millis(990)),
             "{worst}"
         );
+    }
+
+    /// The timeline reads the Services every 200 ms, so it shows a deleted
+    /// Service's address a moment after the deletion: requests from the
+    /// deletion on are no longer the address's to answer.
+    #[test]
+    fn requests_after_a_service_is_deleted_are_not_owed_an_answer() {
+        let mut w = world();
+        let delete = Applied {
+            round: 0,
+            fault: Fault {
+                at: Duration::from_millis(20_000),
+                len: Duration::ZERO,
+                kind: Kind::Churn(Churn::Delete { name: "svc".into() }),
+            },
+            start: ms(w.t0, 20_000),
+            end: ms(w.t0, 20_000),
+            note: None,
+        };
+        w.timeline.push((ms(w.t0, 20_190), BTreeMap::new()));
+        let answered_until_deleted = || {
+            history(
+                w.t0,
+                40_000,
+                |t| {
+                    if t < 20_000 { vec!["m1"] } else { vec![] }
+                },
+            )
+        };
+        // The timeline alone still counts the 19 requests before its
+        // next reading, 20,000 to 20,180.
+        let (_, worst) = judge_all(&w, answered_until_deleted(), &[]);
+        assert_eq!(worst.unanswered, 19, "{worst}");
+        w.services = service_lives(
+            &[("svc".into(), false, w.nodes.clone())],
+            w.t0 - Duration::from_secs(30),
+            std::slice::from_ref(&delete),
+        );
+        assert_eq!(w.services["svc"].deleted, Some(ms(w.t0, 20_000)));
+        let (v, worst) = judge_all(&w, answered_until_deleted(), std::slice::from_ref(&delete));
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(worst.unanswered, 0, "{worst}");
+        assert_eq!(worst.requests, 2_000, "{worst}");
     }
 
     #[test]
