@@ -133,7 +133,7 @@ impl<B: AddressBackend + 'static> Agent<B> {
 /// How long after it became ready an agent's start-up counts as over:
 /// its first lists, reconcile, annotation writes and Events are done
 /// within seconds even with a thousand Services.
-const START_OVER: std::time::Duration = std::time::Duration::from_secs(30);
+pub const START_OVER: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Where the agent is in unmapping start-up's code pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -56,6 +56,7 @@ pub use self::core::{
 };
 use crate::addrs::AddressBackend;
 use crate::gossip::{AuthTransport, Membership, MembershipView};
+pub use checks::START_OVER;
 pub use config::AgentConfig;
 use kernel::{Kernel, KernelJob};
 use report::ReportHandle;

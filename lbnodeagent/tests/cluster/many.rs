@@ -565,13 +565,16 @@ pub fn cold_start(bed: &mut Bed) -> ColdStart {
 /// other anonymous memory).
 pub fn memory(c: &Cluster, node: &str) -> BTreeMap<String, u64> {
     let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", c.pid(node))).unwrap();
+    // The binary it runs, wherever it is (`HOSTLB_AGENT_BINARY` may name
+    // another file).
+    let exe = std::fs::read_link(format!("/proc/{}/exe", c.pid(node))).unwrap_or_default();
     let mut out: BTreeMap<String, u64> = BTreeMap::new();
     let mut kind = String::new();
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or_default();
         if first.contains('-') && first.chars().all(|ch| ch.is_ascii_hexdigit() || ch == '-') {
             let path = line.split_whitespace().nth(5).unwrap_or_default();
-            kind = if path.ends_with("lbnodeagent") {
+            kind = if path.ends_with("lbnodeagent") || std::path::Path::new(path) == exe {
                 "binary".into()
             } else if path.contains(".so") {
                 "libraries".into()
