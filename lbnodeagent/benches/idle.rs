@@ -335,20 +335,22 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> (Vec<Row>, Option<Floor>) 
         }
     }
     if std::env::var_os("IDLE_HEAPTRACK").is_none() {
-        let parts: Vec<String> = cluster::many::memory(&c, "node-a")
-            .into_iter()
-            .map(|(kind, kib)| format!("{kind} {:.1}", kib as f64 / 1024.0))
+        let memory = cluster::many::memory(&c, "node-a");
+        let parts: Vec<String> = memory
+            .iter()
+            .map(|(kind, kib)| format!("{kind} {:.1}", *kib as f64 / 1024.0))
             .collect();
         eprintln!("  node-a memory, MiB: {}", parts.join(", "));
         // The window opens once every agent is ready: after `START_OVER`
         // more, start-up's code pages are gone and what stays is the code
         // run at rest.
-        if Duration::from_secs(secs) > START_OVER + Duration::from_secs(5) {
-            hot_list_check(&c, "node-a");
+        let judged_after = START_OVER + Duration::from_secs(5);
+        if Duration::from_secs(secs) > judged_after {
+            hot_list_check(&c, "node-a", memory.get("binary").copied().unwrap_or(0));
         } else {
             eprintln!(
                 "  (a window under {} s is too short to judge the hot-code list: start-up's code is unmapped {} s after the agent is ready)",
-                (START_OVER + Duration::from_secs(5)).as_secs(),
+                judged_after.as_secs(),
                 START_OVER.as_secs()
             );
         }
@@ -375,8 +377,9 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> (Vec<Row>, Option<Floor>) 
     (rows, floor)
 }
 
-/// How much more of its binary an agent keeps resident than its hot code,
-/// and a word when that points at an aged hot-code list. The link lays the
+/// How much more of its binary an agent keeps resident (`resident` KiB,
+/// from its smaps) than its hot code, and a word when that points at an
+/// aged hot-code list. The link lays the
 /// code an agent runs at rest together (`link/hot.ld`); code the list does
 /// not name (new or renamed since it was made) lands among cold code, and
 /// each such function keeps its 64 KiB neighbourhood resident. With a
@@ -384,13 +387,9 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> (Vec<Row>, Option<Floor>) 
 /// (constants, tables and the code outside it); with one aged over 39
 /// commits, 3.3-3.6 MiB. CI's guard (`link/matched.py`) cannot see this:
 /// an aged list still matches what it names.
-fn hot_list_check(c: &Cluster, node: &str) {
+fn hot_list_check(c: &Cluster, node: &str, resident: u64) {
     /// 2.6 MiB: between the two figures above.
     const AGED_BEYOND_HOT_KIB: u64 = 2_662;
-    let resident = cluster::many::memory(c, node)
-        .get("binary")
-        .copied()
-        .unwrap_or(0);
     let Some(hot) = std::fs::read(c.binary(node))
         .ok()
         .and_then(|elf| section_size(&elf, ".text.hot"))
