@@ -15,6 +15,7 @@
 //! IDLE_CALLGRIND=/tmp/cg IDLE_RUNS=1 ... # node-a and node-b under callgrind
 //! HOSTLB_AGENT_BINARY=target/x86_64-unknown-linux-gnu/release/lbnodeagent ... # the packaged build
 //! IDLE_RX=threaded ...  # frames received by kernel threads, not inside the sender's sendto
+//! IDLE_LIFETIME=0s ...  # addresses kept forever: no renewals (the shipped 15 s otherwise)
 //! ```
 //!
 //! Under callgrind (`IDLE_CALLGRIND=DIR`) the two agents' profiles are
@@ -247,7 +248,8 @@ fn measure(nodes: &[&str], vips: usize, secs: u64) -> (Vec<Row>, Option<Floor>) 
         other => panic!("IDLE_RX={other}: `inline` (the default) or `threaded`"),
     }
     // The shipped lifetime: renewals are part of the cost at rest.
-    c.lifetime = "15s".into();
+    // `IDLE_LIFETIME=0s` (forever) shows what they cost.
+    c.lifetime = std::env::var("IDLE_LIFETIME").unwrap_or_else(|_| "15s".into());
     // With many VIPs on a small cluster, `node-a` holds them all (the
     // memory row); on a large one the election spreads them.
     let preferred = vips > 1 && nodes.len() <= 3;

@@ -18,6 +18,9 @@ pub mod packet;
 #[allow(unsafe_code)]
 mod sys;
 
+#[cfg(test)]
+pub(crate) use sys::in_new_netns;
+
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;

@@ -4,7 +4,8 @@
 //! addresses, and Tokio's registration of a raw descriptor is unsafe since
 //! it cannot check who owns the descriptor; those two steps, and two socket
 //! options socket2 does not name (`SO_RCVBUFFORCE`, `ICMP6_FILTER`), are
-//! all.
+//! all; and, for the crate's tests, entering a network namespace of their
+//! own.
 
 use std::io;
 use std::mem::size_of;
@@ -382,6 +383,41 @@ fn link_layer_address(ifindex: u32, frame: &Frame) -> io::Result<SockAddr> {
 }
 
 #[cfg(test)]
+/// Runs `f`'s future on a thread of its own, in a Tokio runtime, in a
+/// new network namespace with `lo` up and a veth pair `v0`-`v1`. Needs
+/// root; fails without it.
+pub(crate) fn in_new_netns<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    std::thread::spawn(move || {
+        // SAFETY: unshare affects this thread only, which ends after f.
+        let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "unshare(CLONE_NEWNET): run as root");
+        let ip = |args: &str| {
+            let ok = std::process::Command::new("ip")
+                .args(args.split(' '))
+                .status()
+                .expect("ip (iproute2)")
+                .success();
+            assert!(ok, "ip {args}");
+        };
+        ip("link set lo up");
+        ip("link add v0 type veth peer name v1");
+        ip("link set v0 up");
+        ip("link set v1 up");
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f());
+    })
+    .join()
+    .unwrap();
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::announce::packet::{ArpOp, gratuitous_arp};
@@ -419,40 +455,6 @@ mod tests {
             let nd = icmp6.get_ref().recv_buffer_size().unwrap();
             assert!(nd >= CLAIM_BUFFER, "ICMPv6 socket buffer {nd}");
         }
-    }
-
-    /// Runs `f`'s future on a thread of its own, in a Tokio runtime, in a
-    /// new network namespace with `lo` up and a veth pair `v0`-`v1`. Needs
-    /// root; fails without it.
-    fn in_new_netns<F, Fut>(f: F)
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()>,
-    {
-        std::thread::spawn(move || {
-            // SAFETY: unshare affects this thread only, which ends after f.
-            let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "unshare(CLONE_NEWNET): run as root");
-            let ip = |args: &str| {
-                let ok = std::process::Command::new("ip")
-                    .args(args.split(' '))
-                    .status()
-                    .expect("ip (iproute2)")
-                    .success();
-                assert!(ok, "ip {args}");
-            };
-            ip("link set lo up");
-            ip("link add v0 type veth peer name v1");
-            ip("link set v0 up");
-            ip("link set v1 up");
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(f());
-        })
-        .join()
-        .unwrap();
     }
 
     fn drain(s: &ClaimSocket) -> Vec<Received> {

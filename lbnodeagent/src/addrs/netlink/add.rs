@@ -1,21 +1,20 @@
-//! Adding and renewing: one address, or a batch sent 64 at a time, each
-//! checked against what the link holds so that nothing of another's is
-//! touched or made primary.
+//! Adding and renewing: one address, or a batch sent 64 to a datagram (see
+//! `batch`), each checked against what the link holds so that nothing of
+//! another's is touched or made primary.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
-use futures::StreamExt;
 use hostlb_api::{Family, Prefix};
 use rtnetlink::packet_route::address::{
-    AddressAttribute, AddressFlags, AddressProtocol, CacheInfo,
+    AddressAttribute, AddressFlags, AddressMessage, AddressProtocol, CacheInfo,
 };
 
 use super::ownership::{
     KernelAddress, Owned, Presence, Tags, by_ip, longer, restore, shares_subnet,
 };
-use super::{IN_FLIGHT, NetlinkBackend, listening};
+use super::{NetlinkBackend, listening};
 use crate::addrs::error::errno;
 use crate::addrs::record::Snapshot;
 use crate::addrs::{Applied, Error, IFA_PROTO_HOSTLB, Result, VipAddress};
@@ -25,12 +24,17 @@ impl NetlinkBackend {
         &self,
         vip: &VipAddress,
     ) -> std::result::Result<(), rtnetlink::Error> {
+        let mut outcomes = self.batches.replace(vec![self.address_message(vip)]).await;
+        outcomes.pop().expect("one request, one outcome")
+    }
+
+    /// The request that adds `vip`, or renews it (`ip address replace`).
+    fn address_message(&self, vip: &VipAddress) -> AddressMessage {
         let mut request = self
             .handle
             .address()
-            .add(vip.ifindex, vip.ip, vip.prefix_len)
-            .replace();
-        let msg = request.message_mut();
+            .add(vip.ifindex, vip.ip, vip.prefix_len);
+        let mut msg = std::mem::take(request.message_mut());
         // No prefix route: the subnet's route already exists (it is how the
         // prefix was found), and one more would outlive a moved VIP. No DAD:
         // the election already decided who holds the address, and DAD would
@@ -59,7 +63,7 @@ impl NetlinkBackend {
                     IFA_PROTO_HOSTLB,
                 )));
         }
-        request.execute().await
+        msg
     }
 
     /// `sysctl net.ipv4.conf.<interface>.promote_secondaries=1`, unless it is
@@ -358,16 +362,11 @@ impl NetlinkBackend {
                     "the VIP is the primary address of its subnet; addresses added to that subnet later go with it when it expires");
             }
         }
-        // Collected first: a stream over a borrowing closure is not `Send`.
-        let requests: Vec<_> = send
+        let requests = send
             .iter()
-            .map(|(i, _, _)| self.add_to_kernel(&vips[*i]))
+            .map(|(i, _, _)| self.address_message(&vips[*i]))
             .collect();
-        let outcomes: Vec<std::result::Result<(), rtnetlink::Error>> =
-            futures::stream::iter(requests)
-                .buffered(IN_FLIGHT)
-                .collect()
-                .await;
+        let outcomes = self.batches.replace(requests).await;
         let mut first_new = None;
         let snapshot = {
             let mut state = self.lock();

@@ -60,6 +60,7 @@
 //! trip), against someone deleting and re-adding the address in between.
 
 mod add;
+mod batch;
 mod events;
 mod links;
 mod listening;
@@ -149,6 +150,8 @@ pub struct NetlinkBackend {
     config: NetlinkConfig,
     record: RecordWriter,
     state: Arc<Mutex<State>>,
+    /// Adds and renewals, many to a datagram.
+    batches: batch::Batches,
     _connection: AbortOnDrop,
     _strict_connection: AbortOnDrop,
 }
@@ -165,6 +168,7 @@ impl NetlinkBackend {
             .or_else(|_| rtnetlink::new_connection())
             .map_err(Error::Socket)?;
         let strict_connection = AbortOnDrop(tokio::spawn(strict_connection));
+        let batches = batch::Batches::new().map_err(Error::Socket)?;
         let record = Record::new(&config.run_dir);
         let (previous, record_lost) = match record.load_or_set_aside()? {
             Loaded::Found(previous) => (previous, false),
@@ -191,6 +195,7 @@ impl NetlinkBackend {
                 promoted: BTreeSet::new(),
             })),
             config,
+            batches,
             _connection: connection,
             _strict_connection: strict_connection,
         })
