@@ -178,6 +178,7 @@ impl MemoryBackend {
                 prefixes,
             },
         );
+        k.broadcast(|_| Some(KernelEvent::LinksChanged));
         index
     }
 
@@ -186,6 +187,7 @@ impl MemoryBackend {
         let mut k = self.kernel();
         let (index, _) = k.link_by_name(interface).expect("known link");
         k.defaults.insert(family, index);
+        k.broadcast(|_| Some(KernelEvent::LinksChanged));
     }
 
     /// Makes creating a `dummy` link fail as on kernels without the driver.

@@ -73,6 +73,11 @@ pub enum KernelEvent {
     /// Kernel events were lost (netlink buffer overrun, or more than
     /// [`EVENT_QUEUE`] waiting for the caller): re-read everything.
     Resync,
+    /// Something a read of the links shows may have changed: a route of
+    /// the main table, a link's name, MAC or flags, a link added or
+    /// deleted. Coalesced: however many changes came since the subscriber
+    /// last took one, it gets one, after the events queued before it.
+    LinksChanged,
 }
 
 /// How many kernel events may wait for one subscriber. Beyond it the
@@ -81,11 +86,15 @@ pub enum KernelEvent {
 /// with thousands of addresses flushed) one full resync.
 pub const EVENT_QUEUE: usize = 1024;
 
-/// A queue overflowed: the events dropped since are replaced by one
-/// [`KernelEvent::Resync`], delivered after the events queued before.
+/// What is owed beside the queue. A queue overflowed: the events dropped
+/// since are replaced by one [`KernelEvent::Resync`], delivered after the
+/// events queued before. The links changed: one
+/// [`KernelEvent::LinksChanged`] stands for any number of them, so a burst
+/// of route changes neither fills the queue nor costs a read each.
 #[derive(Default)]
 struct Overflow {
     lost: AtomicBool,
+    links_changed: AtomicBool,
     notify: Notify,
 }
 
@@ -102,6 +111,12 @@ impl EventSender {
     /// all of them happened. `false` once the subscriber is gone.
     pub(crate) fn send(&self, event: KernelEvent) -> bool {
         if self.overflow.lost.load(Ordering::SeqCst) {
+            return !self.tx.is_closed();
+        }
+        if event == KernelEvent::LinksChanged {
+            if !self.overflow.links_changed.swap(true, Ordering::SeqCst) {
+                self.overflow.notify.notify_one();
+            }
             return !self.tx.is_closed();
         }
         match self.tx.try_send(event) {
@@ -170,14 +185,18 @@ impl Events {
 
     /// An event if one is waiting, without blocking.
     pub fn try_recv(&mut self) -> Option<KernelEvent> {
-        match self.rx.try_recv() {
-            Ok(event) => Some(event),
-            Err(_) => self
-                .overflow
-                .lost
-                .swap(false, Ordering::SeqCst)
-                .then_some(KernelEvent::Resync),
+        if let Ok(event) = self.rx.try_recv() {
+            return Some(event);
         }
+        if self.overflow.lost.swap(false, Ordering::SeqCst) {
+            // A resync reads the links too.
+            self.overflow.links_changed.store(false, Ordering::SeqCst);
+            return Some(KernelEvent::Resync);
+        }
+        self.overflow
+            .links_changed
+            .swap(false, Ordering::SeqCst)
+            .then_some(KernelEvent::LinksChanged)
     }
 }
 
@@ -234,8 +253,9 @@ pub trait AddressBackend: Send + Sync {
 
     /// [`interfaces`](Self::interfaces), and the announce interface of IPv4
     /// and of IPv6 as [`announce_interface`](Self::announce_interface) gives
-    /// them. The agent reads these every second, so a backend that can
-    /// answers all three from one read of the links and routes.
+    /// them. The agent reads these whenever the kernel says they changed,
+    /// so a backend that can answers all three from one read of the links
+    /// and routes.
     fn links_and_announce(
         &self,
         configured: Option<&str>,

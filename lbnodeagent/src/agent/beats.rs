@@ -24,7 +24,7 @@ use crate::identity::{Identities, Known, NodeKey, PairKey, PublicId};
 use crate::model::MembershipView;
 
 /// A loop that has not turned for this long sends no more beats. The loop
-/// turns at least once a second (links are re-read then).
+/// turns at least once a second (its housekeeping tick).
 pub const LOOP_STALL: Duration = Duration::from_millis(1_500);
 
 /// `turned` before the loop's first turn: nothing is sent yet.

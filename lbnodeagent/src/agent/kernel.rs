@@ -1,6 +1,6 @@
 //! The kernel side of the shell: the worker that runs the core's address
 //! batches off the loop, kernel events and their resubscription, and
-//! reading links and routes.
+//! reading links and routes when they change.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -42,6 +42,10 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 // that the read is not older than their results.
                 self.kernel.read();
                 self.link_reads.ask();
+                None
+            }
+            KernelEvent::LinksChanged => {
+                self.link_reads.ask_soon();
                 None
             }
         }
@@ -102,6 +106,9 @@ pub(super) fn gateway_probes(links: &Links) -> Vec<crate::announce::gateway::Pro
         .collect()
 }
 
+/// The least time between a read of the links and one asked for soon.
+pub(super) const SOON_GAP: Duration = Duration::from_secs(1);
+
 /// Reads of the links and routes, off the loop. A read waits for the
 /// kernel's RTNL lock, which any namespace's link changes take and which
 /// a busy host (another namespace being set up or torn down) may hold for
@@ -111,8 +118,18 @@ pub(super) fn gateway_probes(links: &Links) -> Vec<crate::announce::gateway::Pro
 /// the loop asks ([`LinkReads::ask`]) and goes on; the read comes back as
 /// an input of its own. Asks made while a read runs become one read after
 /// it, so a burst of kernel events costs two reads, not one each.
+///
+/// Asks come in two kinds. A carrier change or a resync asks now
+/// ([`LinkReads::ask`]): the VIPs of a link that lost carrier go
+/// elsewhere on this read. A route or link change that may show in a read
+/// ([`KernelEvent::LinksChanged`](crate::addrs::KernelEvent), and the
+/// safety read) asks soon ([`LinkReads::ask_soon`]): at once after a quiet
+/// spell, but at most once per [`SOON_GAP`] after any read, so a host whose
+/// routes churn (a routing daemon, pods coming and going) costs no more
+/// reads than a read every second did.
 pub(super) struct LinkReads {
     ask: tokio::sync::watch::Sender<(u64, Arc<AgentConfig>)>,
+    soon: tokio::sync::watch::Sender<()>,
     results: mpsc::UnboundedReceiver<(u64, Links)>,
     /// Bumped when the configuration changes: a read made under the old one
     /// is dropped when it comes back.
@@ -126,10 +143,26 @@ impl LinkReads {
         cfg: AgentConfig,
     ) -> LinkReads {
         let (ask, mut asked) = tokio::sync::watch::channel((0, Arc::new(cfg)));
+        let (soon, mut asked_soon) = tokio::sync::watch::channel(());
         let (done, results) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
-            while asked.changed().await.is_ok() {
+            let mut soon_from = tokio::time::Instant::now();
+            loop {
+                let asked_at_all = tokio::select! {
+                    biased;
+                    now = asked.changed() => now.is_ok(),
+                    later = async {
+                        tokio::time::sleep_until(soon_from).await;
+                        asked_soon.changed().await
+                    } => later.is_ok(),
+                };
+                if !asked_at_all {
+                    return;
+                }
+                // This read answers both kinds of ask made so far.
+                asked_soon.mark_unchanged();
                 let (generation, cfg) = asked.borrow_and_update().clone();
+                soon_from = tokio::time::Instant::now() + SOON_GAP;
                 let started = std::time::Instant::now();
                 let links = read_links(&*backend, &cfg, false).await;
                 if started.elapsed() >= super::SLOW_TURN {
@@ -145,15 +178,22 @@ impl LinkReads {
         });
         LinkReads {
             ask,
+            soon,
             results,
             generation: 0,
             _task: crate::addrs::AbortOnDrop(task),
         }
     }
 
-    /// Asks for a read; it comes back from [`LinkReads::next`].
+    /// Asks for a read now; it comes back from [`LinkReads::next`].
     pub(super) fn ask(&self) {
         self.ask.send_modify(|_| {});
+    }
+
+    /// Asks for a read within [`SOON_GAP`] of the last one; it comes back
+    /// from [`LinkReads::next`].
+    pub(super) fn ask_soon(&self) {
+        self.soon.send_modify(|_| {});
     }
 
     /// Reads from now on follow `cfg`; those made before are dropped. Asks
@@ -560,5 +600,56 @@ mod tests {
             .map(|a| a.ip.to_string())
             .collect();
         assert_eq!(held, BTreeSet::from([old.to_string(), new.to_string()]));
+    }
+
+    /// A read asked for soon (a route changed) comes at once after a
+    /// quiet spell, then at most once a gap however often it is asked
+    /// for; a read asked for now (carrier) never waits for the gap, and
+    /// answers the soon ones asked before it.
+    async fn read(reads: &mut LinkReads, within: Duration) -> bool {
+        tokio::time::timeout(within, reads.next()).await.is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn soon_reads_come_at_most_once_a_gap_and_urgent_ones_at_once() {
+        let backend = Arc::new(MemoryBackend::new());
+        backend.add_link("eth0", None, &["10.0.0.0/24"]);
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = AgentConfig::for_test("node-a", "127.0.0.1:7934".parse().unwrap(), dir.path());
+        let mut reads = LinkReads::start(Arc::clone(&backend), cfg);
+        let quick = Duration::from_millis(10);
+
+        reads.ask_soon();
+        assert!(read(&mut reads, quick).await, "at once after a quiet spell");
+        let asked = tokio::time::Instant::now();
+        for _ in 0..5 {
+            reads.ask_soon();
+        }
+        assert!(
+            !read(&mut reads, SOON_GAP - 2 * quick).await,
+            "not within the gap"
+        );
+        assert!(
+            read(&mut reads, 3 * quick).await,
+            "one read at the gap's end"
+        );
+        assert!(asked.elapsed() >= SOON_GAP - quick);
+        assert!(
+            !read(&mut reads, 3 * SOON_GAP).await,
+            "the five asks made one read"
+        );
+
+        reads.ask_soon();
+        assert!(read(&mut reads, quick).await, "quiet again: at once");
+        reads.ask_soon();
+        reads.ask();
+        assert!(
+            read(&mut reads, quick).await,
+            "an urgent ask waits for no gap"
+        );
+        assert!(
+            !read(&mut reads, 3 * SOON_GAP).await,
+            "and it answered the soon one before it"
+        );
     }
 }

@@ -68,8 +68,15 @@ use telemetry::Telemetry;
 use watches::KubeInputs;
 use wire::{Wire, send_each};
 
-/// Links and routes are re-read this often: route changes raise no event.
+/// The loop's housekeeping (seeds, health, the ARP check) runs this often.
 const TICK: Duration = Duration::from_secs(1);
+/// Links and routes are read when the kernel says they changed
+/// ([`KernelEvent::LinksChanged`](crate::addrs::KernelEvent), carrier
+/// changes, a resync), and at least this often besides: a read that no
+/// notification asks for, for what the kernel tells no subscriber of (a
+/// host address without a route of its own; see the event socket's
+/// filter) and for anything a notification missed.
+const SAFETY_READ: Duration = Duration::from_secs(10);
 /// systemd's watchdog is told the loop is turning at most this often.
 /// A loop turn at least this long is logged (at debug) with where its time
 /// went.
@@ -211,6 +218,8 @@ impl<B: AddressBackend + 'static> Agent<B> {
         self.telemetry.set_status_channel(status_tx);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut safety_read = tokio::time::interval(SAFETY_READ);
+        safety_read.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The service is up (gossip joined, /readyz answering) even while
         // the API is away: a running, degraded service that is no
         // candidate until its first reconcile, not a start that times out
@@ -276,7 +285,14 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 },
                 _ = tick.tick() => {
                     self.on_tick();
-                    self.link_reads.ask();
+                    // The loop turns at least once a second, so the
+                    // watchdog, `/healthz` and the beats' stall guard hear
+                    // from it at rest as well.
+                    self.turned(watchdog, &mut last_watchdog);
+                    continue;
+                }
+                _ = safety_read.tick() => {
+                    self.link_reads.ask_soon();
                     continue;
                 }
                 links = self.link_reads.next() => Input::Links(self.links_read(links)),
@@ -333,17 +349,24 @@ impl<B: AddressBackend + 'static> Agent<B> {
                 .wake_hint()
                 .unwrap_or_else(|| Instant::now() + TICK * 60);
             wake.as_mut().reset(next.into());
-            if watchdog && last_watchdog.elapsed() >= WATCHDOG_EVERY {
-                last_watchdog = Instant::now();
-                notify(&[NotifyState::Watchdog]);
-            }
-            self.telemetry.beat();
-            if let Some(b) = &self.gossip.beats {
-                b.turned();
-            }
+            self.turned(watchdog, &mut last_watchdog);
             if exit {
                 return self.finish().await;
             }
+        }
+    }
+
+    /// The loop is turning: systemd's watchdog (at most every
+    /// [`WATCHDOG_EVERY`]), `/healthz` and the beats' stall guard
+    /// ([`beats::LOOP_STALL`]) are told.
+    fn turned(&self, watchdog: bool, last_watchdog: &mut Instant) {
+        if watchdog && last_watchdog.elapsed() >= WATCHDOG_EVERY {
+            *last_watchdog = Instant::now();
+            notify(&[NotifyState::Watchdog]);
+        }
+        self.telemetry.beat();
+        if let Some(b) = &self.gossip.beats {
+            b.turned();
         }
     }
 

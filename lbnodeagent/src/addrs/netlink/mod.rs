@@ -73,7 +73,9 @@ use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt};
 use hostlb_api::{Family, Prefix};
-use rtnetlink::constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, RTMGRP_LINK};
+use rtnetlink::constants::{
+    RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE, RTMGRP_LINK,
+};
 use rtnetlink::packet_core::NetlinkPayload;
 use rtnetlink::packet_route::link::{LinkFlags, LinkMessage};
 use rtnetlink::sys::{AsyncSocket, SocketAddr};
@@ -436,7 +438,11 @@ impl AddressBackend for NetlinkBackend {
         socket
             .bind(&SocketAddr::new(
                 0,
-                RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR,
+                RTMGRP_LINK
+                    | RTMGRP_IPV4_IFADDR
+                    | RTMGRP_IPV6_IFADDR
+                    | RTMGRP_IPV4_ROUTE
+                    | RTMGRP_IPV6_ROUTE,
             ))
             .map_err(Error::Socket)?;
         socket
@@ -444,10 +450,9 @@ impl AddressBackend for NetlinkBackend {
             .map_err(Error::Socket)?;
         // Only an optimisation: without it every notification still
         // arrives and the ones not acted on are dropped here.
-        if let Err(error) =
-            socket2::SockRef::from(&*socket).attach_filter(&events::new_address_filter())
+        if let Err(error) = socket2::SockRef::from(&*socket).attach_filter(&events::event_filter())
         {
-            tracing::warn!(%error, "cannot filter new-address notifications in the kernel; reading them all");
+            tracing::warn!(%error, "cannot filter new-address and route notifications in the kernel; reading them all");
         }
         // Bound before the link states are read, so no change falls between.
         let links = self.links().await?;
@@ -632,8 +637,12 @@ mod tests {
                 interface: "eth0".into()
             }]
         );
-        // a link seen for the first time is not a transition
-        assert!(t.translate(new(link(9, "veth9", up))).is_empty());
+        // a link seen for the first time is no transition, but a change
+        // a read of the links shows
+        assert_eq!(
+            t.translate(new(link(9, "veth9", up))),
+            vec![KernelEvent::LinksChanged]
+        );
         // deleting a link that had carrier loses it
         assert_eq!(
             t.translate(NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(
@@ -643,6 +652,107 @@ mod tests {
                 ifindex: 9,
                 interface: "veth9".into()
             }]
+        );
+    }
+
+    /// What a read of the links shows of a link (its name, MAC, ARP, and
+    /// its presence) asks for a read when it changes; what it does not
+    /// show asks for nothing.
+    #[test]
+    fn link_changes_a_read_shows_ask_for_one() {
+        let up = LinkFlags::Up | LinkFlags::LowerUp | LinkFlags::Running;
+        let with_mac = |mac: [u8; 6], flags| {
+            let mut l = link(2, "eth0", flags);
+            l.attributes.push(LinkAttribute::Address(mac.to_vec()));
+            l
+        };
+        let mut t = Translator::new(state(&[]), &[with_mac([2, 0, 0, 0, 0, 1], up)]);
+        let new = |l| NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l));
+        let changed = vec![KernelEvent::LinksChanged];
+        // statistics or features: the same link as far as a read goes
+        let mut same = with_mac([2, 0, 0, 0, 0, 1], up);
+        same.attributes.push(LinkAttribute::Mtu(9000));
+        assert!(t.translate(new(same)).is_empty());
+        assert_eq!(t.translate(new(with_mac([2, 0, 0, 0, 0, 2], up))), changed);
+        assert_eq!(
+            t.translate(new(with_mac([2, 0, 0, 0, 0, 2], up | LinkFlags::Noarp))),
+            changed
+        );
+        let mut renamed = with_mac([2, 0, 0, 0, 0, 2], up | LinkFlags::Noarp);
+        renamed.attributes[0] = LinkAttribute::IfName("uplink".into());
+        assert_eq!(t.translate(new(renamed.clone())), changed);
+        assert!(t.translate(new(renamed)).is_empty());
+        // deleted without carrier: no carrier event, but a change
+        let mut down = link(5, "veth5", LinkFlags::Up);
+        assert_eq!(t.translate(new(down.clone())), changed);
+        down.header.flags = LinkFlags::Up;
+        assert_eq!(
+            t.translate(NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(
+                down
+            ))),
+            changed
+        );
+    }
+
+    /// Routes of the main table ask for a read of the links; the `local`
+    /// routes every address (a VIP among them) brings, and other tables,
+    /// do not: the same rule as the socket's filter, for a socket without
+    /// one.
+    #[test]
+    fn main_table_routes_ask_for_a_read_and_local_addresses_do_not() {
+        use rtnetlink::packet_route::route::{
+            RouteAddress, RouteAttribute, RouteMessage, RouteType,
+        };
+        let route = |table: u8, kind: RouteType, extra: Option<u32>| {
+            let mut m = RouteMessage::default();
+            m.header.address_family = rtnetlink::packet_route::AddressFamily::Inet;
+            m.header.destination_prefix_length = 24;
+            m.header.table = table;
+            m.header.kind = kind;
+            m.attributes
+                .push(RouteAttribute::Destination(RouteAddress::Inet(
+                    "10.0.0.0".parse().unwrap(),
+                )));
+            m.attributes.push(RouteAttribute::Oif(2));
+            if let Some(t) = extra {
+                m.attributes.push(RouteAttribute::Table(t));
+            }
+            m
+        };
+        let mut t = translator(&[]);
+        let main = libc::RT_TABLE_MAIN;
+        let local = libc::RT_TABLE_LOCAL;
+        let changed = vec![KernelEvent::LinksChanged];
+        let new = |m| NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(m));
+        let del = |m| NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelRoute(m));
+        assert_eq!(
+            t.translate(new(route(main, RouteType::Unicast, None))),
+            changed
+        );
+        assert_eq!(
+            t.translate(del(route(main, RouteType::Unicast, None))),
+            changed
+        );
+        assert_eq!(
+            t.translate(new(route(local, RouteType::Broadcast, None))),
+            changed
+        );
+        assert!(
+            t.translate(new(route(local, RouteType::Local, None)))
+                .is_empty()
+        );
+        assert!(
+            t.translate(del(route(local, RouteType::Local, None)))
+                .is_empty()
+        );
+        assert!(
+            t.translate(new(route(100, RouteType::Unicast, None)))
+                .is_empty()
+        );
+        // a table beyond 255 is named by its attribute
+        assert!(
+            t.translate(new(route(252, RouteType::Unicast, Some(1000))))
+                .is_empty()
         );
     }
 
