@@ -60,6 +60,8 @@ struct Kernel {
     defaults: BTreeMap<Family, u32>,
     addresses: Vec<MemoryAddress>,
     dummy_supported: bool,
+    /// Reads of the links fail, as a dump the kernel cuts short does.
+    links_unreadable: bool,
     subscribers: Vec<Subscriber>,
 }
 
@@ -190,6 +192,11 @@ impl MemoryBackend {
         k.broadcast(|_| Some(KernelEvent::LinksChanged));
     }
 
+    /// Makes reads of the links fail, or work again.
+    pub fn set_links_unreadable(&self, unreadable: bool) {
+        self.kernel().links_unreadable = unreadable;
+    }
+
     /// Makes creating a `dummy` link fail as on kernels without the driver.
     pub fn set_dummy_supported(&self, supported: bool) {
         self.kernel().dummy_supported = supported;
@@ -297,6 +304,11 @@ impl AddressBackend for MemoryBackend {
 
     async fn interfaces(&self) -> Result<Vec<Interface>> {
         let k = self.kernel();
+        if k.links_unreadable {
+            return Err(Error::Socket(std::io::Error::from_raw_os_error(
+                libc::ENOBUFS,
+            )));
+        }
         Ok(k.links.keys().filter_map(|&i| k.describe(i)).collect())
     }
 

@@ -69,8 +69,12 @@ impl<B: AddressBackend + 'static> Agent<B> {
     /// The links read now, the loop waiting: only where the next step
     /// must have them (a reload, which may create the virtual interface).
     pub(super) async fn read_links(&mut self) -> Links {
-        let links = read_links(&*self.backend, &self.cfg, self.ensure_virtual).await;
+        let (links, complete) =
+            read_links_telling(&*self.backend, &self.cfg, self.ensure_virtual).await;
         self.ensure_virtual = false;
+        if !complete {
+            self.link_reads.ask_soon();
+        }
         self.links_read(links)
     }
 
@@ -147,12 +151,17 @@ impl LinkReads {
         let (done, results) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             let mut soon_from = tokio::time::Instant::now();
+            // The last read failed: another is owed, as if asked soon.
+            let mut failed = false;
             loop {
                 let asked_at_all = tokio::select! {
                     biased;
                     now = asked.changed() => now.is_ok(),
                     later = async {
                         tokio::time::sleep_until(soon_from).await;
+                        if failed {
+                            return Ok(());
+                        }
                         asked_soon.changed().await
                     } => later.is_ok(),
                 };
@@ -164,7 +173,8 @@ impl LinkReads {
                 let (generation, cfg) = asked.borrow_and_update().clone();
                 soon_from = tokio::time::Instant::now() + SOON_GAP;
                 let started = std::time::Instant::now();
-                let links = read_links(&*backend, &cfg, false).await;
+                let (links, complete) = read_links_telling(&*backend, &cfg, false).await;
+                failed = !complete;
                 if started.elapsed() >= super::SLOW_TURN {
                     debug!(
                         took_ms = started.elapsed().as_millis() as u64,
@@ -447,13 +457,25 @@ pub(super) async fn read_links<B: AddressBackend>(
     cfg: &AgentConfig,
     ensure_virtual: bool,
 ) -> Links {
+    read_links_telling(backend, cfg, ensure_virtual).await.0
+}
+
+/// [`read_links`], and whether the links and routes could be read: a read
+/// that failed shows no link at all, so the VIPs held go elsewhere until
+/// the next read, which must come soon rather than at the next change.
+async fn read_links_telling<B: AddressBackend>(
+    backend: &B,
+    cfg: &AgentConfig,
+    ensure_virtual: bool,
+) -> (Links, bool) {
     let configured = cfg.announce.interface.as_deref();
     let read = backend.links_and_announce(configured).await;
     let (all, found, local, gateways) = (read.all, read.announce, read.local, read.gateways);
+    let complete = all.is_ok();
     let all = match all {
         Ok(a) => a,
         Err(e) => {
-            warn!(error = %e, "cannot read links");
+            warn!(error = %e, "cannot read links; reading again in a second");
             Vec::new()
         }
     };
@@ -478,7 +500,7 @@ pub(super) async fn read_links<B: AddressBackend>(
         },
         Some(name) => all.iter().find(|i| i.name == *name).cloned(),
     };
-    Links {
+    let links = Links {
         all,
         local,
         gateways,
@@ -488,7 +510,8 @@ pub(super) async fn read_links<B: AddressBackend>(
             prefixes: Vec::new(),
             ..v
         }),
-    }
+    };
+    (links, complete)
 }
 
 /// A node with no announce interface publishes no subnet of its own in
@@ -651,5 +674,18 @@ mod tests {
             !read(&mut reads, 3 * SOON_GAP).await,
             "and it answered the soon one before it"
         );
+
+        // A read that failed is made again a gap later, unasked, until
+        // one works.
+        backend.set_links_unreadable(true);
+        reads.ask();
+        assert!(read(&mut reads, quick).await);
+        assert!(read(&mut reads, SOON_GAP + quick).await, "again");
+        backend.set_links_unreadable(false);
+        let links = tokio::time::timeout(SOON_GAP + quick, reads.next())
+            .await
+            .expect("and again");
+        assert_eq!(links.all.len(), 1, "this one worked");
+        assert!(!read(&mut reads, 3 * SOON_GAP).await, "and was the last");
     }
 }

@@ -74,8 +74,8 @@ const TICK: Duration = Duration::from_secs(1);
 /// ([`KernelEvent::LinksChanged`](crate::addrs::KernelEvent), carrier
 /// changes, a resync), and at least this often besides: a read that no
 /// notification asks for, for what the kernel tells no subscriber of (a
-/// host address without a route of its own; see the event socket's
-/// filter) and for anything a notification missed.
+/// host address added with no main-table route of its own; see the route
+/// socket's filter) and for anything a notification missed.
 const SAFETY_READ: Duration = Duration::from_secs(10);
 /// systemd's watchdog is told the loop is turning at most this often.
 /// A loop turn at least this long is logged (at debug) with where its time

@@ -1,8 +1,10 @@
 //! The address backend on a real kernel, over rtnetlink.
 //!
 //! One netlink connection carries requests; each [`Events`] subscription opens
-//! its own, bound to the link and address multicast groups, because a socket
-//! that both dumps and listens mixes replies with notifications.
+//! two of its own, one bound to the link and address multicast groups and one
+//! to the route groups, because a socket that both dumps and listens mixes
+//! replies with notifications, and a burst of routes that overflows its
+//! socket should cost a read of the links, not a resync of every address.
 //!
 //! # Ownership
 //!
@@ -86,7 +88,7 @@ use super::record::{Loaded, Record, RecordWriter, Snapshot};
 use super::routes::{self};
 use super::{
     AbortOnDrop, AddressBackend, Applied, DEFAULT_ADDRESS_LIFETIME, EVENT_QUEUE, Error, Events,
-    Interface, Lifetime, LinksRead, OwnedAddress, Result, VipAddress, event_channel,
+    Interface, KernelEvent, Lifetime, LinksRead, OwnedAddress, Result, VipAddress, event_channel,
 };
 use events::Translator;
 use links::describe_link;
@@ -438,11 +440,7 @@ impl AddressBackend for NetlinkBackend {
         socket
             .bind(&SocketAddr::new(
                 0,
-                RTMGRP_LINK
-                    | RTMGRP_IPV4_IFADDR
-                    | RTMGRP_IPV6_IFADDR
-                    | RTMGRP_IPV4_ROUTE
-                    | RTMGRP_IPV6_ROUTE,
+                RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR,
             ))
             .map_err(Error::Socket)?;
         socket
@@ -450,9 +448,26 @@ impl AddressBackend for NetlinkBackend {
             .map_err(Error::Socket)?;
         // Only an optimisation: without it every notification still
         // arrives and the ones not acted on are dropped here.
-        if let Err(error) = socket2::SockRef::from(&*socket).attach_filter(&events::event_filter())
+        if let Err(error) =
+            socket2::SockRef::from(&*socket).attach_filter(&events::new_address_filter())
         {
-            tracing::warn!(%error, "cannot filter new-address and route notifications in the kernel; reading them all");
+            tracing::warn!(%error, "cannot filter new-address notifications in the kernel; reading them all");
+        }
+        // Routes on a socket of their own: a burst of them (a routing
+        // daemon's table in main, a flush) that overflows it costs one
+        // read of the links, not a resync of every address held.
+        let (mut route_connection, _, mut route_messages) =
+            rtnetlink::new_connection().map_err(Error::Socket)?;
+        let socket = route_connection.socket_mut().socket_mut();
+        socket
+            .bind(&SocketAddr::new(0, RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE))
+            .map_err(Error::Socket)?;
+        socket
+            .set_rx_buf_sz(self.config.event_buffer_bytes)
+            .map_err(Error::Socket)?;
+        if let Err(error) = socket2::SockRef::from(&*socket).attach_filter(&events::route_filter())
+        {
+            tracing::warn!(%error, "cannot filter route notifications in the kernel; reading them all");
         }
         // Bound before the link states are read, so no change falls between.
         let links = self.links().await?;
@@ -461,23 +476,38 @@ impl AddressBackend for NetlinkBackend {
         let (tx, mut subscription) = event_channel(EVENT_QUEUE);
         let task = tokio::spawn(async move {
             let connection = AbortOnDrop(tokio::spawn(connection));
-            while let Some((message, _)) = messages.next().await {
-                let overrun = matches!(message.payload, NetlinkPayload::Overrun(_));
-                let mut events = translator.translate(message.payload);
-                if overrun {
-                    // Carrier changes may be among the lost events: compare
-                    // with the kernel's links now, and only then resync.
-                    let links: std::result::Result<Vec<LinkMessage>, _> =
-                        handle.link().get().execute().try_collect().await;
-                    events.extend(translator.overrun(links.ok().as_deref()));
-                }
+            let route_connection = AbortOnDrop(tokio::spawn(route_connection));
+            loop {
+                let events = tokio::select! {
+                    message = messages.next() => {
+                        let Some((message, _)) = message else { break };
+                        let overrun = matches!(message.payload, NetlinkPayload::Overrun(_));
+                        let mut events = translator.translate(message.payload);
+                        if overrun {
+                            // Carrier changes may be among the lost events:
+                            // compare with the kernel's links now, and only
+                            // then resync.
+                            let links: std::result::Result<Vec<LinkMessage>, _> =
+                                handle.link().get().execute().try_collect().await;
+                            events.extend(translator.overrun(links.ok().as_deref()));
+                        }
+                        events
+                    }
+                    message = route_messages.next() => {
+                        let Some((message, _)) = message else { break };
+                        match message.payload {
+                            NetlinkPayload::Overrun(_) => vec![KernelEvent::LinksChanged],
+                            payload => translator.translate(payload),
+                        }
+                    }
+                };
                 for event in events {
                     if !tx.send(event) {
                         return;
                     }
                 }
             }
-            drop(connection);
+            drop((connection, route_connection));
             tracing::warn!("kernel event stream ended");
         });
         subscription.attach(task);
@@ -579,12 +609,14 @@ mod tests {
             t.translate(del_address(2, "10.0.0.100", 24)),
             vec![KernelEvent::AddressRemoved(ours(2, "10.0.0.100", 24))]
         );
-        // someone else's address, the same IP on another link, another prefix length
-        assert!(t.translate(del_address(2, "10.0.0.7", 24)).is_empty());
-        assert!(t.translate(del_address(3, "10.0.0.100", 24)).is_empty());
-        assert!(t.translate(del_address(2, "10.0.0.100", 32)).is_empty());
+        // someone else's address, the same IP on another link, another
+        // prefix length: only a change of the links to read
+        let changed = vec![KernelEvent::LinksChanged];
+        assert_eq!(t.translate(del_address(2, "10.0.0.7", 24)), changed);
+        assert_eq!(t.translate(del_address(3, "10.0.0.100", 24)), changed);
+        assert_eq!(t.translate(del_address(2, "10.0.0.100", 32)), changed);
         // Reported once: whatever holds the IP later was not added by us.
-        assert!(t.translate(del_address(2, "10.0.0.100", 24)).is_empty());
+        assert_eq!(t.translate(del_address(2, "10.0.0.100", 24)), changed);
         let state = lock(&t.state);
         assert_eq!(
             state.owned[&(2, "10.0.0.100".parse().unwrap())].presence,
@@ -685,7 +717,9 @@ mod tests {
         // deleted without carrier: no carrier event, but a change
         let mut down = link(5, "veth5", LinkFlags::Up);
         assert_eq!(t.translate(new(down.clone())), changed);
-        down.header.flags = LinkFlags::Up;
+        // set down while it had no carrier: IPv4 dropped its routes
+        down.header.flags = LinkFlags::empty();
+        assert_eq!(t.translate(new(down.clone())), changed);
         assert_eq!(
             t.translate(NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(
                 down
@@ -754,6 +788,68 @@ mod tests {
             t.translate(new(route(252, RouteType::Unicast, Some(1000))))
                 .is_empty()
         );
+    }
+
+    /// The route socket's filter, in the kernel: of 100 addresses' `local`
+    /// routes, 50 routes of another table and a main-table route, only the
+    /// main table's reach the socket; an address with a prefix brings its
+    /// main-table prefix route and the `local` table's broadcast route,
+    /// which is kept (a read does not use it, but it comes only with host
+    /// addresses, never with VIPs).
+    #[test]
+    fn the_route_filter_keeps_what_a_read_of_the_links_shows() {
+        crate::announce::in_new_netns(|| async {
+            let (mut connection, _, mut messages) = rtnetlink::new_connection().unwrap();
+            let socket = connection.socket_mut().socket_mut();
+            socket
+                .bind(&SocketAddr::new(0, RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE))
+                .unwrap();
+            socket2::SockRef::from(&*socket)
+                .attach_filter(&events::route_filter())
+                .unwrap();
+            let _connection = AbortOnDrop(tokio::spawn(connection));
+            let mut batch: String = (0..100)
+                .map(|i| format!("addr add 10.88.0.{}/32 dev v0\n", i + 1))
+                .collect();
+            for i in 0..50 {
+                batch.push_str(&format!("route add 10.66.{i}.0/24 dev v0 table 100\n"));
+            }
+            batch.push_str("route add 10.67.0.0/24 dev v0\n");
+            batch.push_str("addr add 10.68.0.1/24 dev v0\n");
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("batch");
+            std::fs::write(&file, batch).unwrap();
+            let ok = std::process::Command::new("ip")
+                .arg("-batch")
+                .arg(&file)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok);
+            let mut seen = Vec::new();
+            while let Ok(Some((m, _))) =
+                tokio::time::timeout(Duration::from_millis(300), messages.next()).await
+            {
+                match m.payload {
+                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(r)) => {
+                        let r = routes::Route::parse(&r).expect("an IPv4 route");
+                        seen.push((r.table, r.kind, r.destination.to_string()));
+                    }
+                    other => panic!("only route notifications: {other:?}"),
+                }
+            }
+            let main = u32::from(libc::RT_TABLE_MAIN);
+            let local = u32::from(libc::RT_TABLE_LOCAL);
+            use rtnetlink::packet_route::route::RouteType;
+            assert_eq!(
+                seen,
+                vec![
+                    (main, RouteType::Unicast, "10.67.0.0/24".to_string()),
+                    (main, RouteType::Unicast, "10.68.0.0/24".to_string()),
+                    (local, RouteType::Broadcast, "10.68.0.255/32".to_string()),
+                ],
+            );
+        });
     }
 
     #[test]
