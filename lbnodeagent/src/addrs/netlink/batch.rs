@@ -8,8 +8,7 @@
 //! say which failed. A holder of 1,000 VIPs renews each of them every
 //! third of their lifetime; one request and one answer apiece made 2,000
 //! system calls and as many wake-ups of the connection's task for every
-//! renewal, and this makes 32. Removals go the same way: a drain, or a
-//! move of them all, of 1,000 VIPs.
+//! renewal, and this makes 32.
 //!
 //! Rtnetlink handles a request in the sender's own `sendto`, so the answers
 //! are queued by the time it returns. Reading waits for them anyway,
@@ -58,43 +57,12 @@ impl Batches {
         &self,
         messages: Vec<AddressMessage>,
     ) -> Vec<Result<(), rtnetlink::Error>> {
-        let requests = messages
-            .into_iter()
-            .map(|m| {
-                (
-                    RouteNetlinkMessage::NewAddress(m),
-                    NLM_F_REQUEST | NLM_F_CREATE | NLM_F_REPLACE,
-                )
-            })
-            .collect();
-        self.send(requests).await
-    }
-
-    /// Deletes each of `messages` (`RTM_DELADDR`, as `ip address del`) and
-    /// says how each went, in order.
-    pub(super) async fn delete(
-        &self,
-        messages: Vec<AddressMessage>,
-    ) -> Vec<Result<(), rtnetlink::Error>> {
-        let requests = messages
-            .into_iter()
-            .map(|m| (RouteNetlinkMessage::DelAddress(m), NLM_F_REQUEST))
-            .collect();
-        self.send(requests).await
-    }
-
-    /// Sends `requests` (each with its header's flags) and says how each
-    /// went, in order.
-    async fn send(
-        &self,
-        requests: Vec<(RouteNetlinkMessage, u16)>,
-    ) -> Vec<Result<(), rtnetlink::Error>> {
-        let mut outcomes = Vec::with_capacity(requests.len());
+        let mut outcomes = Vec::with_capacity(messages.len());
         let mut guard = self.socket.lock().await;
         let (socket, seq) = &mut *guard;
-        let mut messages = requests.into_iter().peekable();
+        let mut messages = messages.into_iter().peekable();
         while messages.peek().is_some() {
-            let chunk: Vec<_> = messages.by_ref().take(PER_DATAGRAM).collect();
+            let chunk: Vec<AddressMessage> = messages.by_ref().take(PER_DATAGRAM).collect();
             let first = seq.wrapping_add(1);
             *seq = seq.wrapping_add(u32::try_from(chunk.len()).expect("a chunk is small"));
             outcomes.extend(send_chunk(socket, first, chunk).await);
@@ -108,14 +76,14 @@ impl Batches {
 async fn send_chunk(
     socket: &TokioSocket,
     first: u32,
-    chunk: Vec<(RouteNetlinkMessage, u16)>,
+    chunk: Vec<AddressMessage>,
 ) -> Vec<Result<(), rtnetlink::Error>> {
     let n = chunk.len();
     let last = first.wrapping_add(u32::try_from(n - 1).expect("a chunk is small"));
     let mut datagram = Vec::new();
-    for (i, (message, flags)) in chunk.into_iter().enumerate() {
-        let mut request = NetlinkMessage::from(message);
-        request.header.flags = flags;
+    for (i, message) in chunk.into_iter().enumerate() {
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::NewAddress(message));
+        request.header.flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_REPLACE;
         let seq = first.wrapping_add(u32::try_from(i).expect("a chunk is small"));
         if seq == last {
             request.header.flags |= NLM_F_ACK;
@@ -254,32 +222,6 @@ mod tests {
             let outcomes = batches.replace(requests(1)).await;
             assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
             assert_eq!(on_lo().len(), 1 + n);
-
-            // Deleted the same way: every fifth one twice, and the second
-            // time the kernel says it has no such address.
-            let mut deletions = Vec::new();
-            for (i, m) in requests(1).into_iter().enumerate() {
-                if i % 5 == 0 {
-                    deletions.push(m.clone());
-                }
-                deletions.push(m);
-            }
-            let outcomes = batches.delete(deletions).await;
-            let refused: Vec<usize> = outcomes
-                .iter()
-                .enumerate()
-                .filter_map(|(i, o)| o.as_ref().err().map(|e| (i, e)))
-                .map(|(i, e)| {
-                    assert_eq!(
-                        crate::addrs::error::errno(e),
-                        Some(libc::EADDRNOTAVAIL),
-                        "{i}: {e}"
-                    );
-                    i
-                })
-                .collect();
-            assert_eq!(refused.len(), n.div_ceil(5), "{refused:?}");
-            assert_eq!(on_lo(), vec!["127.0.0.1/8".to_string()]);
         });
     }
 }

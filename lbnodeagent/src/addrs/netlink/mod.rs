@@ -139,6 +139,12 @@ impl NetlinkConfig {
     }
 }
 
+/// Deletions a batch of removals keeps in flight on the netlink connection
+/// at once: the kernel handles them one by one anyway, and this keeps the
+/// socket's buffers far from full. Adds go many to a datagram instead
+/// (`batch`).
+pub(super) const IN_FLIGHT: usize = 64;
+
 /// The address backend of a real host. Create it inside the Tokio runtime
 /// that will drive it: its netlink connection is a task on that runtime.
 pub struct NetlinkBackend {

@@ -4,13 +4,14 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use futures::StreamExt;
 use hostlb_api::Family;
 use rtnetlink::Handle;
 
-use super::NetlinkBackend;
 use super::add::promotes_secondaries;
 use super::links::read_link_addresses;
 use super::ownership::{ExpectedDelete, KernelAddress, State, by_ip};
+use super::{IN_FLIGHT, NetlinkBackend};
 use crate::addrs::error::errno;
 use crate::addrs::{AddressBackend, Applied, Error, Result, VipAddress};
 
@@ -89,35 +90,8 @@ impl NetlinkBackend {
         }
     }
 
-    /// Deletes every address of each entry's `ours` many to a datagram
-    /// (see `batch`); an entry's outcome is its first failure, or `Ok`.
-    /// Subscriptions expect each deletion before any is sent.
-    async fn delete_many(&self, entries: &[(usize, Vec<KernelAddress>, bool)]) -> Vec<Result<()>> {
-        let all: Vec<&KernelAddress> = entries.iter().flat_map(|(_, ours, _)| ours).collect();
-        let expected: Vec<ExpectedDelete> = all
-            .iter()
-            .map(|a| ExpectedDelete::new(&self.state, a.key()))
-            .collect();
-        let answers = self
-            .batches
-            .delete(all.iter().map(|a| a.message.clone()).collect())
-            .await;
-        let mut each = all
-            .into_iter()
-            .zip(expected)
-            .zip(answers)
-            .map(|((a, expected), answer)| deleted(a, expected, answer));
-        entries
-            .iter()
-            .map(|(_, ours, _)| {
-                let outcomes: Vec<Result<()>> = each.by_ref().take(ours.len()).collect();
-                outcomes.into_iter().collect::<Result<()>>()
-            })
-            .collect()
-    }
-
     /// `remove_many`: one read of each link's addresses and one record write;
-    /// the deletions many to a datagram. An address that is the primary of
+    /// the deletions in flight together. An address that is the primary of
     /// its subnet, with others behind it, takes the single path, which reads
     /// the link again and puts back what the kernel takes with it.
     pub(super) async fn remove_batch(&self, vips: &[VipAddress]) -> Vec<Result<Applied>> {
@@ -160,7 +134,14 @@ impl NetlinkBackend {
                 }
             }
         }
-        let outcomes = self.delete_many(&delete).await;
+        let requests: Vec<_> = delete
+            .iter()
+            .map(|(_, ours, _)| delete_all(&self.handle, &self.state, ours))
+            .collect();
+        let outcomes: Vec<Result<()>> = futures::stream::iter(requests)
+            .buffered(IN_FLIGHT)
+            .collect()
+            .await;
         let snapshot = {
             let mut state = self.lock();
             let mut changed = false;
@@ -219,17 +200,7 @@ pub(super) async fn delete_one(
     a: &KernelAddress,
 ) -> Result<()> {
     let expected = ExpectedDelete::new(state, a.key());
-    let answer = handle.address().del(a.message.clone()).execute().await;
-    deleted(a, expected, answer)
-}
-
-/// What the kernel's answer to deleting `a` means.
-fn deleted(
-    a: &KernelAddress,
-    expected: ExpectedDelete<'_>,
-    answer: std::result::Result<(), rtnetlink::Error>,
-) -> Result<()> {
-    match answer {
+    match handle.address().del(a.message.clone()).execute().await {
         Ok(()) => {
             expected.happened();
             Ok(())
@@ -241,4 +212,16 @@ fn deleted(
             e,
         )),
     }
+}
+
+/// Deletes each of `ours`, in turn.
+pub(super) async fn delete_all(
+    handle: &Handle,
+    state: &Mutex<State>,
+    ours: &[KernelAddress],
+) -> Result<()> {
+    for a in ours {
+        delete_one(handle, state, a).await?;
+    }
+    Ok(())
 }
