@@ -75,7 +75,7 @@ pub enum KernelEvent {
     Resync,
     /// Something a read of the links shows may have changed: a route of
     /// the main table, a link's name, MAC or flags, a link added or
-    /// deleted. Coalesced: however many changes came since the subscriber
+    /// deleted, someone else's address deleted. Coalesced: however many changes came since the subscriber
     /// last took one, it gets one, after the events queued before it.
     LinksChanged,
 }

@@ -78,7 +78,8 @@ use hostlb_api::{Family, Prefix};
 use rtnetlink::constants::{
     RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE, RTMGRP_LINK,
 };
-use rtnetlink::packet_core::NetlinkPayload;
+use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
+use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::link::{LinkFlags, LinkMessage};
 use rtnetlink::sys::{AsyncSocket, SocketAddr};
 use rtnetlink::{Handle, LinkDummy, LinkUnspec};
@@ -144,6 +145,40 @@ impl NetlinkConfig {
 /// socket's buffers far from full. Adds go many to a datagram instead
 /// (`batch`).
 pub(super) const IN_FLIGHT: usize = 64;
+
+/// The multicast groups of route changes, both families.
+const ROUTE_GROUPS: u32 = RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE;
+
+/// Notifications as a listening connection hands them over.
+type Notifications =
+    futures::channel::mpsc::UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>;
+
+/// A netlink connection that only listens: bound to the multicast
+/// `groups`, with a receive buffer of `buffer_bytes`, and `filter`
+/// attached so that the kernel drops what the agent would only parse and
+/// drop. The filter is only an optimisation: without it (`what` names the
+/// notifications it drops, in the warning) every notification still
+/// arrives and the ones not acted on are dropped by the translator.
+fn listening(
+    groups: u32,
+    buffer_bytes: usize,
+    filter: &[socket2::SockFilter],
+    what: &str,
+) -> Result<(
+    rtnetlink::proto::Connection<RouteNetlinkMessage>,
+    Notifications,
+)> {
+    let (mut connection, _, messages) = rtnetlink::new_connection().map_err(Error::Socket)?;
+    let socket = connection.socket_mut().socket_mut();
+    socket
+        .bind(&SocketAddr::new(0, groups))
+        .map_err(Error::Socket)?;
+    socket.set_rx_buf_sz(buffer_bytes).map_err(Error::Socket)?;
+    if let Err(error) = socket2::SockRef::from(&*socket).attach_filter(filter) {
+        tracing::warn!(%error, "cannot filter {what} notifications in the kernel; reading them all");
+    }
+    Ok((connection, messages))
+}
 
 /// The address backend of a real host. Create it inside the Tokio runtime
 /// that will drive it: its netlink connection is a task on that runtime.
@@ -434,41 +469,18 @@ impl AddressBackend for NetlinkBackend {
     }
 
     async fn subscribe(&self) -> Result<Events> {
-        let (mut connection, _, mut messages) =
-            rtnetlink::new_connection().map_err(Error::Socket)?;
-        let socket = connection.socket_mut().socket_mut();
-        socket
-            .bind(&SocketAddr::new(
-                0,
-                RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR,
-            ))
-            .map_err(Error::Socket)?;
-        socket
-            .set_rx_buf_sz(self.config.event_buffer_bytes)
-            .map_err(Error::Socket)?;
-        // Only an optimisation: without it every notification still
-        // arrives and the ones not acted on are dropped here.
-        if let Err(error) =
-            socket2::SockRef::from(&*socket).attach_filter(&events::new_address_filter())
-        {
-            tracing::warn!(%error, "cannot filter new-address notifications in the kernel; reading them all");
-        }
+        let buffer = self.config.event_buffer_bytes;
+        let (connection, mut messages) = listening(
+            RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR,
+            buffer,
+            &events::new_address_filter(),
+            "new-address",
+        )?;
         // Routes on a socket of their own: a burst of them (a routing
         // daemon's table in main, a flush) that overflows it costs one
         // read of the links, not a resync of every address held.
-        let (mut route_connection, _, mut route_messages) =
-            rtnetlink::new_connection().map_err(Error::Socket)?;
-        let socket = route_connection.socket_mut().socket_mut();
-        socket
-            .bind(&SocketAddr::new(0, RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE))
-            .map_err(Error::Socket)?;
-        socket
-            .set_rx_buf_sz(self.config.event_buffer_bytes)
-            .map_err(Error::Socket)?;
-        if let Err(error) = socket2::SockRef::from(&*socket).attach_filter(&events::route_filter())
-        {
-            tracing::warn!(%error, "cannot filter route notifications in the kernel; reading them all");
-        }
+        let (route_connection, mut route_messages) =
+            listening(ROUTE_GROUPS, buffer, &events::route_filter(), "route")?;
         // Bound before the link states are read, so no change falls between.
         let links = self.links().await?;
         let mut translator = Translator::new(Arc::clone(&self.state), &links);
@@ -799,14 +811,8 @@ mod tests {
     #[test]
     fn the_route_filter_keeps_what_a_read_of_the_links_shows() {
         crate::announce::in_new_netns(|| async {
-            let (mut connection, _, mut messages) = rtnetlink::new_connection().unwrap();
-            let socket = connection.socket_mut().socket_mut();
-            socket
-                .bind(&SocketAddr::new(0, RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE))
-                .unwrap();
-            socket2::SockRef::from(&*socket)
-                .attach_filter(&events::route_filter())
-                .unwrap();
+            let (connection, mut messages) =
+                listening(ROUTE_GROUPS, 1 << 20, &events::route_filter(), "route").unwrap();
             let _connection = AbortOnDrop(tokio::spawn(connection));
             let mut batch: String = (0..100)
                 .map(|i| format!("addr add 10.88.0.{}/32 dev v0\n", i + 1))
